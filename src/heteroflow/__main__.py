@@ -1,0 +1,3 @@
+from heteroflow.cli.main import app
+
+app()

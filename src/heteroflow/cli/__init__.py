@@ -1,0 +1,1 @@
+"""The ``heteroflow`` command (typer): server, admin, db and the local cluster."""

@@ -1,0 +1,59 @@
+"""``heteroflow`` — the single command surface of the platform."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import typer
+
+from heteroflow.cli import admin, local
+from heteroflow.core.logs import configure_logging
+from heteroflow.health.settings import HealthStorageSettings
+from heteroflow.server.settings import ServerSettings
+
+app = typer.Typer(
+    name="heteroflow",
+    help="HeteroFlow keeps large GPU/NPU inference fleets serving through hardware faults.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+)
+app.add_typer(admin.app, name="admin")
+app.add_typer(admin.db_app, name="db")
+app.command("up")(local.up)
+
+
+@app.command()
+def server(
+    host: Annotated[
+        str | None, typer.Option(help="Bind address [env HETEROFLOW_SERVER_HOST; 127.0.0.1]")
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="TCP port [env HETEROFLOW_SERVER_PORT; 8080]")] = None,
+    database_url: Annotated[
+        str | None, typer.Option(help="sqlite:///PATH or postgresql://… [env HETEROFLOW_DATABASE_URL]")
+    ] = None,
+) -> None:
+    """Run the platform server (migrates the database first)."""
+    import uvicorn
+
+    from heteroflow.server.app import build_context, create_app
+
+    overrides = {
+        key: value
+        for key, value in {"host": host, "port": port, "database_url": database_url}.items()
+        if value is not None
+    }
+    settings = ServerSettings.load(**overrides)
+    configure_logging(level=settings.log_level)
+    ctx = build_context(settings=settings, health_settings=HealthStorageSettings.load())
+    uvicorn.run(
+        create_app(ctx),
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+    )
+
+
+if __name__ == "__main__":  # pragma: no cover
+    app()

@@ -1,0 +1,68 @@
+"""The five hardware error counters and the rule that unknown is never 0 (H-1).
+
+A counter is an ``int`` or ``None``. ``None`` means *unknown*: not collected, not parseable, not supported
+or not permitted. Reading an unknown counter as 0 would turn a card with no observability into "a healthy
+card with zero errors", the one distortion this subsystem exists to prevent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Final
+
+#: Largest value a counter column holds (64-bit signed). Larger readings are unknown, not clamped.
+COUNTER_MAX: Final = 2**63 - 1
+
+HEALTH_KEYS: Final = (
+    "ecc_uncorrected_total",
+    "ecc_corrected_total",
+    "retired_pages",
+    "remapped_rows_pending",
+    "remapped_rows_failure",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Counters:
+    """One reading of the five counters of one card; ``None`` = unknown."""
+
+    ecc_uncorrected_total: int | None = None
+    ecc_corrected_total: int | None = None
+    retired_pages: int | None = None
+    remapped_rows_pending: int | None = None
+    remapped_rows_failure: int | None = None
+
+    @property
+    def all_unknown(self) -> bool:
+        return all(getattr(self, name) is None for name in HEALTH_KEYS)
+
+    def as_dict(self) -> dict[str, int | None]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+    @classmethod
+    def from_wire(cls, stat: Mapping[str, object]) -> Counters:
+        """The counters of one heartbeat stat; every malformed value becomes unknown, nothing raises."""
+        return cls(**{name: parse_counter(stat.get(name)) for name in HEALTH_KEYS})
+
+
+def parse_counter(value: object) -> int | None:
+    """A counter from any JSON value: a non-negative integer, or ``None`` (unknown).
+
+    Missing, ``null``, booleans, strings, non-integral or non-finite numbers, negative values and values
+    beyond 64 bits are all unknown. Integral floats (``12.0``) are accepted as the integer they spell.
+    """
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        number = value
+    elif isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer():
+            return None
+        number = int(value)
+    else:
+        return None
+    if number < 0 or number > COUNTER_MAX:
+        return None
+    return number

@@ -1,0 +1,82 @@
+"""The dedup cache: per card, the newest row the store confirmed (H-23).
+
+A steady heartbeat (same counters, same uuid, stored row younger than the keepalive) is skipped with zero
+database access. The cache only ever says "safe to skip": it is filled from what the store reported (a row
+it inserted or a row a SELECT returned), never from what a heartbeat claimed. Losing an entry costs one
+SELECT, never a wrong skip. Caches are per process; with several servers the worst case is one extra
+keepalive row with identical counters.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Iterable
+from datetime import timedelta
+
+from heteroflow.core.ids import NodeId
+from heteroflow.health.samples import CardKey, HealthReading, StoredSample
+from heteroflow.health.write_policy import decide_write
+
+DEFAULT_MAX_ENTRIES = 4096  # 512 nodes x 8 cards
+DEFAULT_IDLE_SECONDS = 30 * 60
+
+
+class DedupCache:
+    """LRU of :class:`StoredSample` by :class:`CardKey`, with idle eviction on a monotonic clock."""
+
+    def __init__(
+        self,
+        *,
+        keepalive: timedelta,
+        max_entries: int = DEFAULT_MAX_ENTRIES,
+        idle_seconds: float = DEFAULT_IDLE_SECONDS,
+    ) -> None:
+        if max_entries < 1:
+            raise ValueError("max_entries must be positive")
+        self._keepalive = keepalive
+        self._max = max_entries
+        self._idle = idle_seconds
+        self._entries: OrderedDict[CardKey, tuple[StoredSample, float]] = OrderedDict()
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def get(self, key: CardKey, *, now: float) -> StoredSample | None:
+        entry = self._entries.get(key)
+        if entry is None:
+            return None
+        sample, used = entry
+        if now - used > self._idle:
+            del self._entries[key]
+            return None
+        self._entries[key] = (sample, now)
+        self._entries.move_to_end(key)
+        return sample
+
+    def can_skip(self, reading: HealthReading, *, now: float) -> bool:
+        """True only when the cached stored row proves this reading needs no write."""
+        latest = self.get(reading.key, now=now)
+        return latest is not None and decide_write(reading, latest, keepalive=self._keepalive) is None
+
+    def confirm(self, sample: StoredSample, *, now: float) -> None:
+        """Record a row the store reported as the newest of its card."""
+        current = self._entries.get(sample.key)
+        if current is not None and current[0].sampled_at > sample.sampled_at:
+            return  # an older confirmation arriving late never replaces a newer one
+        self._entries[sample.key] = (sample, now)
+        self._entries.move_to_end(sample.key)
+        while len(self._entries) > self._max:
+            self._entries.popitem(last=False)
+
+    def evict_idle(self, *, now: float) -> int:
+        stale = [key for key, (_, used) in self._entries.items() if now - used > self._idle]
+        for key in stale:
+            del self._entries[key]
+        return len(stale)
+
+    def forget(self, keys: Iterable[CardKey]) -> None:
+        for key in keys:
+            self._entries.pop(key, None)
+
+    def forget_node(self, node_id: NodeId) -> None:
+        self.forget([key for key in self._entries if key.node_id == node_id])

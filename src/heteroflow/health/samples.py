@@ -1,0 +1,45 @@
+"""Health samples: what a heartbeat offers and what the store keeps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from heteroflow.core.ids import SOURCES, NodeId, Source
+from heteroflow.health.counters import Counters
+
+__all__ = ["SOURCES", "CardKey", "HealthReading", "Source", "StoredSample"]
+
+
+@dataclass(frozen=True, slots=True)
+class CardKey:
+    """A card slot of one node and one data source: (node, declared physical index, source).
+
+    The index is the one the stat declares, never its position in the heartbeat array (H-14). The uuid is
+    not part of the key: a slot whose uuid changes gets a new row so that an old card's counters never
+    continue on the new card's timeline (H-21, H-4).
+    """
+
+    node_id: NodeId
+    gpu_index: int
+    source: Source
+
+
+@dataclass(frozen=True, slots=True)
+class HealthReading:
+    """The counters of one card as one heartbeat reported them."""
+
+    key: CardKey
+    uuid: str | None
+    sampled_at: datetime
+    counters: Counters
+
+
+@dataclass(frozen=True, slots=True)
+class StoredSample:
+    """A row of ``gpu_health_samples`` as the store reported it (times as read back)."""
+
+    key: CardKey
+    uuid: str | None
+    sampled_at: datetime
+    counters: Counters

@@ -1,0 +1,88 @@
+"""Settings of the GPU health subsystem (H-24, H-25): invalid values fall back to the default."""
+
+from __future__ import annotations
+
+from pydantic import Field
+
+from heteroflow.core.settings import LenientSettings, env_names
+
+
+class HealthStorageSettings(LenientSettings):
+    """How health samples are stored, deduplicated and expired."""
+
+    retention_days: int = Field(
+        default=180,
+        gt=0,
+        le=36500,
+        validation_alias=env_names("gpu_health_retention_days", "GPU_HEALTH_RETENTION_DAYS"),
+        description=(
+            "Days a health sample is kept (default 180: a 30-day window plus a 7-day baseline, with room to "
+            "look back at old predictions). Non-numeric or <= 0 falls back to 180 with a warning: a typo "
+            "must never empty the table."
+        ),
+    )
+    keepalive_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        validation_alias=env_names("gpu_health_keepalive_seconds", "GPU_HEALTH_KEEPALIVE_SECONDS"),
+        description=(
+            "Seconds after which an unchanged card still gets a row (default 300 = 5 min, at most 288 rows "
+            "per card per day), measured from the stored row's time."
+        ),
+    )
+    dedup_cache_entries: int = Field(
+        default=4096,
+        ge=1,
+        validation_alias=env_names("gpu_health_dedup_cache_entries", "GPU_HEALTH_DEDUP_CACHE_ENTRIES"),
+        description="Cards the dedup cache remembers (default 4096 = 512 nodes x 8 cards).",
+    )
+    dedup_idle_seconds: float = Field(
+        default=1800.0,
+        gt=0,
+        validation_alias=env_names("gpu_health_dedup_idle_seconds", "GPU_HEALTH_DEDUP_IDLE_SECONDS"),
+        description="Seconds after which an unused dedup cache entry is dropped (default 1800 = 30 min).",
+    )
+    cleanup_every_writes: int = Field(
+        default=5000,
+        ge=1,
+        validation_alias=env_names("gpu_health_cleanup_every_writes", "GPU_HEALTH_CLEANUP_EVERY_WRITES"),
+        description=(
+            "Retention cleanup runs once per this many written rows (default 5000), so a deployment that "
+            "writes no health samples never runs the DELETE."
+        ),
+    )
+    cleanup_timeout_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        validation_alias=env_names(
+            "gpu_health_cleanup_timeout_seconds", "GPU_HEALTH_CLEANUP_TIMEOUT_SECONDS"
+        ),
+        description="Time limit of one retention cleanup, in its own task (default 60 s).",
+    )
+    max_pending_readings: int = Field(
+        default=100_000,
+        ge=1,
+        validation_alias=env_names("gpu_health_max_pending_readings"),
+        description=(
+            "Readings waiting for the writer, across all cards, while the database is slow or down (default "
+            "100000). Beyond it the newest reading is dropped and counted; the agent re-sends the same "
+            "counters on its next beat, so nothing that still matters is lost when the database returns."
+        ),
+    )
+    write_batch_size: int = Field(
+        default=500,
+        ge=1,
+        validation_alias=env_names("gpu_health_write_batch_size"),
+        description="Readings the writer decides and inserts in one transaction (default 500).",
+    )
+    stall_threshold_minutes: int = Field(
+        default=60,
+        gt=0,
+        validation_alias=env_names(
+            "gpu_health_stall_threshold_minutes", "GPU_HEALTH_STALL_THRESHOLD_MINUTES"
+        ),
+        description=(
+            "Minutes without any sample (keepalive rows included) after which a card's collection is "
+            "reported stalled (default 60)."
+        ),
+    )

@@ -1,0 +1,31 @@
+"""The write side of sample storage, as the ingestion path needs it.
+
+Two implementations: :class:`heteroflow.storage.health_store.SqlHealthSampleStore` (SQLite, PostgreSQL)
+and :class:`heteroflow.health.testing.InMemoryHealthSampleStore`. One contract suite runs against all.
+Methods are blocking; the async shell calls them from a worker thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Protocol
+
+from heteroflow.core.errors import StoreUnavailableError
+from heteroflow.health.samples import CardKey, HealthReading, StoredSample
+
+__all__ = ["HealthSampleStore", "StoreUnavailableError"]
+
+
+class HealthSampleStore(Protocol):
+    def latest(self, key: CardKey) -> StoredSample | None:
+        """The newest stored row of a card slot (by sampled_at), or ``None``. One SELECT."""
+        ...
+
+    def insert(self, readings: Sequence[HealthReading]) -> list[StoredSample]:
+        """Insert all readings in one transaction; return the rows as read back."""
+        ...
+
+    def delete_older_than(self, cutoff: datetime, *, timeout_seconds: float) -> int:
+        """Delete rows sampled before ``cutoff``; return how many. Bounded by ``timeout_seconds``."""
+        ...

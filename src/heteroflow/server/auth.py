@@ -1,0 +1,68 @@
+"""Authentication dependencies: bearer tokens, scopes, and the tenant's view of nodes."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from heteroflow.core.ids import NodeId
+from heteroflow.platform.auth import Principal, Scope, hash_token
+from heteroflow.platform.nodes import NodeRecord
+from heteroflow.server.context import ServerContext
+from heteroflow.server.errors import Forbidden, NotFound, Unauthorized
+
+_bearer = HTTPBearer(auto_error=False, description="An API token: Authorization: Bearer hf_…")
+
+
+def context(request: Request) -> ServerContext:
+    ctx: ServerContext = request.app.state.context
+    return ctx
+
+
+async def authenticate(
+    request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
+) -> Principal:
+    """The caller, from the bearer token; verified tokens are trusted from memory for a short while."""
+    if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
+        raise Unauthorized("a bearer token is required (Authorization: Bearer <token>)")
+    ctx = context(request)
+    token_hash = hash_token(credentials.credentials)
+    now = ctx.clock.monotonic()
+    principal = ctx.token_cache.get(token_hash, now=now)
+    if principal is None:
+        principal = await asyncio.to_thread(ctx.tokens.principal, token_hash)
+        if principal is None:
+            raise Unauthorized("unknown or revoked token")
+        ctx.token_cache.put(token_hash, principal, now=now)
+    return principal
+
+
+def require(scope: Scope) -> Callable[..., Awaitable[Principal]]:
+    """A dependency that authenticates and demands ``scope`` (``admin`` grants every scope)."""
+
+    async def dependency(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
+        if not principal.has(scope):
+            raise Forbidden(f"this route needs the {scope.value!r} scope")
+        return principal
+
+    dependency.__name__ = f"require_{scope.value.replace(':', '_')}"
+    return dependency
+
+
+async def visible_node(ctx: ServerContext, principal: Principal, node_id: str, *, cached: bool) -> NodeRecord:
+    """The node if it exists and the caller may see it; otherwise the same 404 either way (H-80)."""
+    node: NodeRecord | None = None
+    now = ctx.clock.monotonic()
+    if cached:
+        node = ctx.node_cache.get(NodeId(node_id), now=now)
+    if node is None:
+        node = await asyncio.to_thread(ctx.nodes.get, NodeId(node_id))
+        if node is not None:
+            ctx.node_cache.put(node.id, node, now=now)
+    if node is None or not principal.sees_node(node.tenant_id):
+        raise NotFound(f"node {node_id!r} not found")
+    return node

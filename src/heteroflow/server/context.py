@@ -1,0 +1,45 @@
+"""Everything a request handler needs, built once at start-up and passed down (no singletons)."""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+
+from sqlalchemy.engine import Engine
+
+from heteroflow.core.clock import Clock
+from heteroflow.core.ids import NodeId
+from heteroflow.core.ttl_cache import TtlCache
+from heteroflow.health.ingest import HealthIngestor
+from heteroflow.health.settings import HealthStorageSettings
+from heteroflow.platform.auth import Principal
+from heteroflow.platform.liveness import LivenessTracker
+from heteroflow.platform.nodes import NodeRecord
+from heteroflow.server.metrics import ServerMetrics
+from heteroflow.server.settings import ServerSettings
+from heteroflow.storage.health_store import SqlHealthSampleStore
+from heteroflow.storage.node_store import SqlNodeStore
+from heteroflow.storage.token_store import SqlTokenStore
+
+
+@dataclass
+class ServerContext:
+    settings: ServerSettings
+    health_settings: HealthStorageSettings
+    clock: Clock
+    engine: Engine
+    tokens: SqlTokenStore
+    nodes: SqlNodeStore
+    samples: SqlHealthSampleStore
+    ingestor: HealthIngestor
+    liveness: LivenessTracker
+    metrics: ServerMetrics
+    token_cache: TtlCache[str, Principal]
+    node_cache: TtlCache[NodeId, NodeRecord]
+    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+
+    def forget_node(self, node_id: NodeId) -> None:
+        """Drop every in-memory trace of a deleted node."""
+        self.node_cache.discard(node_id)
+        self.liveness.forget(node_id)
+        self.ingestor.forget_node(node_id)

@@ -1,0 +1,104 @@
+"""Prometheus metrics of the platform server, on a registry of its own (no global state).
+
+Counters kept by the services themselves (ingestion, liveness) are read from their status objects at
+scrape time by a collector, so each number has exactly one owner.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from heteroflow.health.ingest import IngestStatus
+from heteroflow.platform.liveness import LivenessStatus
+
+
+class ServerMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        self.heartbeats = Counter("heteroflow_heartbeats", "Heartbeats accepted.", registry=self.registry)
+        self.heartbeat_seconds = Histogram(
+            "heteroflow_heartbeat_handler_seconds",
+            "Time spent handling one heartbeat, seconds.",
+            buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0),
+            registry=self.registry,
+        )
+        self.health_stats_invalid = Counter(
+            "heteroflow_health_stats_invalid",
+            "Heartbeat GPU stats whose health part was ignored (no valid declared index).",
+            registry=self.registry,
+        )
+        self.xid_events_stored = Counter(
+            "heteroflow_xid_events_stored",
+            "XID events stored (re-sent duplicates excluded).",
+            registry=self.registry,
+        )
+        self.xid_event_failures = Counter(
+            "heteroflow_xid_event_write_failures",
+            "Heartbeats whose XID events could not be stored (the agent keeps and re-sends them).",
+            registry=self.registry,
+        )
+
+    def watch(self, ingest: Callable[[], IngestStatus], liveness: Callable[[], LivenessStatus]) -> None:
+        self.registry.register(_StatusCollector(ingest, liveness))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+
+class _StatusCollector(Collector):
+    def __init__(self, ingest: Callable[[], IngestStatus], liveness: Callable[[], LivenessStatus]) -> None:
+        self._ingest = ingest
+        self._liveness = liveness
+
+    def collect(self) -> Iterator[CounterMetricFamily | GaugeMetricFamily]:
+        status = self._ingest()
+        written = CounterMetricFamily("heteroflow_health_samples_written", "Health sample rows written.")
+        written.add_metric([], status.written_total)
+        yield written
+        skipped = CounterMetricFamily(
+            "heteroflow_health_readings_skipped", "Health readings not written, by reason.", labels=["reason"]
+        )
+        skipped.add_metric(["dedup_cache"], status.skipped_dedup_total)
+        skipped.add_metric(["all_unknown"], status.skipped_all_unknown_total)
+        skipped.add_metric(["unchanged"], status.skipped_unchanged_total)
+        skipped.add_metric(["dropped"], status.dropped_total)
+        yield skipped
+        failures = CounterMetricFamily(
+            "heteroflow_health_write_failures",
+            "Failed health write transactions (side path; beats unaffected).",
+        )
+        failures.add_metric([], status.write_failures_total)
+        yield failures
+        selects = CounterMetricFamily(
+            "heteroflow_health_latest_selects", "SELECTs of a card's newest row after a dedup cache miss."
+        )
+        selects.add_metric([], status.selects_total)
+        yield selects
+        cleanups = CounterMetricFamily(
+            "heteroflow_health_cleanup_runs", "Retention cleanup runs, by outcome.", labels=["outcome"]
+        )
+        cleanups.add_metric(["ok"], status.cleanup_runs_total - status.cleanup_failures_total)
+        cleanups.add_metric(["failed"], status.cleanup_failures_total)
+        yield cleanups
+        deleted = CounterMetricFamily(
+            "heteroflow_health_cleanup_deleted_rows", "Rows deleted by retention cleanup."
+        )
+        deleted.add_metric([], status.cleanup_deleted_total)
+        yield deleted
+        pending = GaugeMetricFamily("heteroflow_health_pending_readings", "Readings waiting for the writer.")
+        pending.add_metric([], status.pending_readings)
+        yield pending
+        cache = GaugeMetricFamily("heteroflow_health_dedup_cache_entries", "Cards in the dedup cache.")
+        cache.add_metric([], status.cache_entries)
+        yield cache
+        live = self._liveness()
+        flushes = CounterMetricFamily(
+            "heteroflow_liveness_flushes", "Liveness flushes, by outcome.", labels=["outcome"]
+        )
+        flushes.add_metric(["ok"], live.flushes_total)
+        flushes.add_metric(["failed"], live.flush_failures_total)
+        yield flushes

@@ -1,0 +1,157 @@
+"""Node routes: registration and heartbeats (agents), listing and deletion (operators)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from datetime import timedelta
+from typing import Annotated
+
+import structlog
+from fastapi import APIRouter, Depends, Query, Response
+
+from heteroflow.core.ids import NodeId
+from heteroflow.health.heartbeat import readings_from_stats, xid_events_from_wire
+from heteroflow.platform.auth import NodeScope, Principal, Scope
+from heteroflow.platform.nodes import NodeConflictError, NodeRecord, is_online, newest
+from heteroflow.server.auth import context, require, visible_node
+from heteroflow.server.context import ServerContext
+from heteroflow.server.errors import Conflict
+from heteroflow.server.schemas import (
+    Heartbeat,
+    HeartbeatAccepted,
+    NodeList,
+    NodeOut,
+    NodeRegistered,
+    NodeRegistration,
+    XidEventsResult,
+)
+
+router = APIRouter(prefix="/api/v1/nodes", tags=["nodes"])
+_log = structlog.get_logger(__name__)
+
+Ctx = Annotated[ServerContext, Depends(context)]
+
+
+def node_out(ctx: ServerContext, node: NodeRecord) -> NodeOut:
+    last = newest(node.last_heartbeat_at, ctx.liveness.last_seen(node.id))
+    offline_after = timedelta(seconds=ctx.settings.offline_after_seconds)
+    return NodeOut(
+        id=node.id,
+        name=node.name,
+        vendor=node.vendor,
+        model=node.model,
+        gpu_count=node.gpu_count,
+        source=node.source,
+        tenant_id=node.tenant_id,
+        registered_at=node.registered_at,
+        last_heartbeat=last,
+        online=is_online(last, now=ctx.clock.now(), offline_after=offline_after),
+    )
+
+
+@router.post("/register", response_model=NodeRegistered, summary="Register a node (agents)")
+async def register(
+    body: NodeRegistration, ctx: Ctx, principal: Annotated[Principal, Depends(require(Scope.AGENT))]
+) -> NodeRegistered:
+    """Register by hostname. The same hostname again returns the same node id (agents restart)."""
+    try:
+        node, created = await asyncio.to_thread(
+            ctx.nodes.register,
+            name=body.hostname,
+            vendor=body.vendor,
+            model=body.model,
+            gpu_count=body.gpu_count,
+            source=body.source,
+            tenant_id=principal.tenant_id,
+            now=ctx.clock.now(),
+        )
+    except NodeConflictError as exc:
+        raise Conflict(str(exc)) from exc
+    ctx.node_cache.put(node.id, node, now=ctx.clock.monotonic())
+    _log.info("node.registered", node_id=node.id, hostname=node.name, created=created, source=node.source)
+    return NodeRegistered(
+        node_id=node.id, created=created, heartbeat_interval_seconds=ctx.settings.heartbeat_interval_seconds
+    )
+
+
+@router.post("/{node_id}/heartbeat", response_model=HeartbeatAccepted, summary="Heartbeat (agents)")
+async def heartbeat(
+    node_id: str,
+    body: Heartbeat,
+    ctx: Ctx,
+    principal: Annotated[Principal, Depends(require(Scope.AGENT))],
+) -> HeartbeatAccepted:
+    """Record liveness and offer the GPU health readings to the side path.
+
+    In steady state this makes no database statement: the token and the node come from short-lived
+    caches, liveness is flushed in batches, and unchanged health readings are skipped by the dedup cache.
+    A health write that fails never fails the beat. XID events are stored before answering; when that
+    fails, ``xid_events.retry`` tells the agent to keep them and send them again.
+    """
+    started = time.perf_counter()
+    node = await visible_node(ctx, principal, node_id, cached=True)
+    received_at = ctx.clock.now()
+    ctx.liveness.beat(node.id, received_at)
+    stats = [stat.model_dump() for stat in body.gpu_stats]
+    readings, invalid = readings_from_stats(
+        stats, node_id=node.id, source=node.source, received_at=received_at
+    )
+    if invalid:
+        ctx.metrics.health_stats_invalid.inc(invalid)
+    ctx.ingestor.offer(readings)
+    xid_result = await _store_xid_events(ctx, node, body)
+    ctx.metrics.heartbeats.inc()
+    ctx.metrics.heartbeat_seconds.observe(time.perf_counter() - started)
+    return HeartbeatAccepted(server_time=received_at, xid_events=xid_result)
+
+
+async def _store_xid_events(ctx: ServerContext, node: NodeRecord, body: Heartbeat) -> XidEventsResult:
+    if not body.xid_events:
+        return XidEventsResult(received=0, stored=0, rejected=[], retry=False)
+    events, rejected = xid_events_from_wire([event.model_dump() for event in body.xid_events])
+    try:
+        stored = await asyncio.to_thread(
+            ctx.samples.insert_xid_events,
+            events,
+            node_id=node.id,
+            source=node.source,
+            received_at=ctx.clock.now(),
+        )
+    except Exception as exc:  # the side path never fails the beat; the agent re-sends
+        ctx.metrics.xid_event_failures.inc()
+        _log.warning("xid.write_failed", node_id=node.id, error=f"{type(exc).__name__}: {exc}"[:300])
+        return XidEventsResult(received=len(body.xid_events), stored=0, rejected=rejected, retry=True)
+    ctx.metrics.xid_events_stored.inc(stored)
+    return XidEventsResult(received=len(body.xid_events), stored=stored, rejected=rejected, retry=False)
+
+
+@router.get("", response_model=NodeList, summary="List the nodes in the caller's scope")
+async def list_nodes(
+    ctx: Ctx,
+    principal: Annotated[Principal, Depends(require(Scope.NODES_READ))],
+    limit: Annotated[int, Query(ge=1, le=1000)] = 200,
+    offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
+) -> NodeList:
+    nodes, total = await asyncio.to_thread(
+        ctx.nodes.list, scope=NodeScope.of(principal), limit=limit, offset=offset
+    )
+    return NodeList(items=[node_out(ctx, node) for node in nodes], total=total, limit=limit, offset=offset)
+
+
+@router.get("/{node_id}", response_model=NodeOut, summary="One node")
+async def get_node(
+    node_id: str, ctx: Ctx, principal: Annotated[Principal, Depends(require(Scope.NODES_READ))]
+) -> NodeOut:
+    return node_out(ctx, await visible_node(ctx, principal, node_id, cached=False))
+
+
+@router.delete("/{node_id}", status_code=204, summary="Delete a node with its samples and events")
+async def delete_node(
+    node_id: str, ctx: Ctx, principal: Annotated[Principal, Depends(require(Scope.NODES_WRITE))]
+) -> Response:
+    node = await visible_node(ctx, principal, node_id, cached=False)
+    await asyncio.to_thread(ctx.nodes.delete, node.id)
+    ctx.forget_node(NodeId(node.id))
+    _log.info("node.deleted", node_id=node.id, hostname=node.name)
+    return Response(status_code=204)

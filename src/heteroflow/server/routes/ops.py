@@ -1,0 +1,36 @@
+"""Operational routes: liveness probe, Prometheus metrics, server status."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from heteroflow.platform.auth import Principal, Scope
+from heteroflow.server.auth import authenticate, context, require
+from heteroflow.server.context import ServerContext
+
+router = APIRouter(tags=["operations"])
+
+Ctx = Annotated[ServerContext, Depends(context)]
+
+
+@router.get("/healthz", summary="Liveness of the server process (any valid token)")
+async def healthz(_: Annotated[Principal, Depends(authenticate)]) -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
+async def metrics(ctx: Ctx, _: Annotated[Principal, Depends(require(Scope.METRICS_READ))]) -> Response:
+    return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+
+@router.get("/api/v1/server/status", summary="Status of the server's background paths (admin)")
+async def status(ctx: Ctx, _: Annotated[Principal, Depends(require(Scope.ADMIN))]) -> dict[str, Any]:
+    return {
+        "health_ingest": asdict(ctx.ingestor.status()),
+        "liveness": asdict(ctx.liveness.status()),
+        "config_warnings": [*ctx.settings.config_warnings, *ctx.health_settings.config_warnings],
+    }

@@ -1,0 +1,143 @@
+"""Wire models of the platform API (requests are lenient where the spec says so, responses exact)."""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from heteroflow.core.ids import Source
+
+MAX_GPU_STATS = 256
+MAX_XID_EVENTS = 1000
+
+
+class NodeRegistration(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    hostname: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
+    vendor: str = Field(min_length=1, max_length=64)
+    model: str = Field(default="", max_length=200)
+    gpu_count: int = Field(ge=0, le=1024)
+    source: Source = "real"
+
+
+class NodeRegistered(BaseModel):
+    node_id: str
+    created: bool
+    heartbeat_interval_seconds: float
+
+
+class GpuStat(BaseModel):
+    """One GPU in a heartbeat. Every value is taken leniently: a bad value is unknown, never a rejection."""
+
+    model_config = ConfigDict(extra="allow")
+
+    index: JsonValue = None
+    uuid: JsonValue = None
+    sampled_at: JsonValue = None
+    temperature_c: JsonValue = None
+    utilization_pct: JsonValue = None
+    memory_used_mib: JsonValue = None
+    memory_total_mib: JsonValue = None
+    power_w: JsonValue = None
+    ecc_uncorrected_total: JsonValue = None
+    ecc_corrected_total: JsonValue = None
+    retired_pages: JsonValue = None
+    remapped_rows_pending: JsonValue = None
+    remapped_rows_failure: JsonValue = None
+
+
+class XidEventIn(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    index: JsonValue = None
+    uuid: JsonValue = None
+    xid: JsonValue = None
+    occurred_at: JsonValue = None
+
+
+class Heartbeat(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    gpu_stats: list[GpuStat] = Field(default_factory=list, max_length=MAX_GPU_STATS)
+    xid_events: list[XidEventIn] = Field(default_factory=list, max_length=MAX_XID_EVENTS)
+
+
+class XidEventsResult(BaseModel):
+    received: int
+    stored: int = Field(description="New events stored by this beat (re-sent ones are not counted again).")
+    rejected: list[str] = Field(description="Why an event was unusable; the agent should drop those.")
+    retry: bool = Field(description="True when the events could not be stored now: keep and re-send them.")
+
+
+class HeartbeatAccepted(BaseModel):
+    status: Literal["ok"] = "ok"
+    server_time: datetime
+    xid_events: XidEventsResult
+
+
+class NodeOut(BaseModel):
+    id: str
+    name: str
+    vendor: str
+    model: str
+    gpu_count: int
+    source: Source
+    tenant_id: str | None
+    registered_at: datetime
+    last_heartbeat: datetime | None
+    online: bool
+
+
+class NodeList(BaseModel):
+    items: list[NodeOut]
+    total: int
+    limit: int
+    offset: int
+
+
+class SampleOut(BaseModel):
+    sampled_at: datetime
+    uuid: str | None
+    ecc_uncorrected_total: int | None
+    ecc_corrected_total: int | None
+    retired_pages: int | None
+    remapped_rows_pending: int | None
+    remapped_rows_failure: int | None
+
+
+class SamplesOut(BaseModel):
+    node_id: str
+    gpu_index: int
+    source: Source
+    since: datetime
+    limit: int
+    truncated: bool = Field(description="True when more samples exist in the period; the newest are kept.")
+    samples: list[SampleOut]
+
+
+class CardCapabilityOut(BaseModel):
+    node_id: str
+    gpu_index: int
+    uuid: str | None
+    metrics: dict[str, Literal["collectable", "unknown"]]
+    first_sample_at: datetime
+    last_sample_at: datetime
+    sample_count: int
+    collection_stalled: bool
+    trend_prediction_possible: bool
+
+
+class CapabilitiesOut(BaseModel):
+    source: Source
+    since: datetime
+    stall_threshold_minutes: int
+    cards: list[CardCapabilityOut]
+    note: str
+
+
+class ErrorOut(BaseModel):
+    error: str
+    detail: str

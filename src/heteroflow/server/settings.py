@@ -1,0 +1,84 @@
+"""Settings of the platform server process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+
+from heteroflow.core.settings import LenientSettings, env_names
+
+
+def default_database_url() -> str:
+    return f"sqlite:///{Path.home() / '.local' / 'share' / 'heteroflow' / 'heteroflow.db'}"
+
+
+class ServerSettings(LenientSettings):
+    """Where the server listens, what it stores into, and how it paces liveness and auth caching."""
+
+    host: str = Field(
+        default="127.0.0.1",
+        min_length=1,
+        validation_alias=env_names("server_host"),
+        description="Address to bind (default loopback; set 0.0.0.0 explicitly to serve other hosts).",
+    )
+    port: int = Field(
+        default=8080, ge=1, le=65535, validation_alias=env_names("server_port"), description="TCP port."
+    )
+    database_url: str = Field(
+        default_factory=default_database_url,
+        min_length=1,
+        validation_alias=env_names("database_url"),
+        description=(
+            "SQLAlchemy URL: sqlite:///PATH (default ~/.local/share/heteroflow/heteroflow.db) or "
+            "postgresql://user:pass@host:port/db (psycopg 3) in production."
+        ),
+    )
+    heartbeat_interval_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        validation_alias=env_names("heartbeat_interval_seconds"),
+        description="Heartbeat period the server asks agents to keep (default 5 s).",
+    )
+    offline_after_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        validation_alias=env_names("offline_after_seconds"),
+        description=(
+            "A node whose newest heartbeat is older than this is offline (default 30 s: several missed "
+            "beats plus one liveness flush interval, so a node is not flapped by one late beat)."
+        ),
+    )
+    liveness_flush_seconds: float = Field(
+        default=5.0,
+        gt=0,
+        validation_alias=env_names("liveness_flush_seconds"),
+        description=(
+            "Every node's newest heartbeat is written to the database once per this interval, in one "
+            "statement for all nodes (default 5 s)."
+        ),
+    )
+    auth_cache_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        validation_alias=env_names("auth_cache_seconds"),
+        description=(
+            "A verified token is trusted from memory for this long (default 30 s); a revoked token stops "
+            "working within this time on every server."
+        ),
+    )
+    node_cache_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        validation_alias=env_names("node_cache_seconds"),
+        description=(
+            "A node's registration is trusted from memory for this long on the heartbeat path (default "
+            "30 s); a node deleted through another server stops being accepted within this time."
+        ),
+    )
+    log_level: str = Field(
+        default="info",
+        pattern="^(debug|info|warning|error)$",
+        validation_alias=env_names("log_level"),
+        description="debug, info, warning or error.",
+    )

@@ -1,0 +1,106 @@
+"""Engines, connection settings and schema migrations."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import sqlalchemy as sa
+from alembic import command
+from alembic.config import Config
+from sqlalchemy.engine import Engine
+
+from heteroflow.core.errors import StoreUnavailableError
+
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+_PG_MIGRATION_LOCK = 0x6865_7465  # advisory lock id: one server migrates at a time
+
+
+class DatabaseUrlError(ValueError):
+    """A database URL HeteroFlow cannot use."""
+
+
+@contextmanager
+def unavailable_as_store_error() -> Iterator[None]:
+    """Translate "the database cannot be reached" into :class:`StoreUnavailableError` (retry later)."""
+    try:
+        yield
+    except (sa.exc.OperationalError, sa.exc.InterfaceError, sa.exc.TimeoutError) as exc:
+        origin = getattr(exc, "orig", None) or exc
+        lines = str(origin).strip().splitlines()
+        raise StoreUnavailableError(f"{type(origin).__name__}: {lines[0] if lines else ''}") from exc
+
+
+def normalise_url(url: str) -> sa.URL:
+    """Accept ``sqlite:///path`` and ``postgresql://…`` (psycopg 3 is the driver for the latter)."""
+    try:
+        parsed = sa.make_url(url)
+    except sa.exc.ArgumentError as exc:
+        raise DatabaseUrlError(f"not a database URL: {url!r}") from exc
+    backend = parsed.get_backend_name()
+    if backend == "postgresql":
+        return parsed.set(drivername="postgresql+psycopg")
+    if backend == "sqlite":
+        return parsed.set(drivername="sqlite")
+    raise DatabaseUrlError(f"unsupported database {backend!r}: use sqlite:///PATH or postgresql://…")
+
+
+def create_db_engine(url: str, *, connect_timeout_seconds: int = 5) -> Engine:
+    """An engine tuned for the backend: WAL + foreign keys on SQLite, a connect timeout on PostgreSQL."""
+    parsed = normalise_url(url)
+    if parsed.get_backend_name() == "sqlite":
+        database = parsed.database
+        if database and database != ":memory:" and not database.startswith("file:"):
+            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+        engine = sa.create_engine(
+            parsed,
+            connect_args={"check_same_thread": False, "timeout": 30},
+            pool_size=8,
+            max_overflow=8,
+        )
+        sa.event.listen(engine, "connect", _sqlite_on_connect)
+        return engine
+    return sa.create_engine(
+        parsed,
+        pool_pre_ping=True,
+        pool_size=10,
+        max_overflow=10,
+        pool_timeout=connect_timeout_seconds,
+        connect_args={"connect_timeout": connect_timeout_seconds},
+    )
+
+
+def _sqlite_on_connect(dbapi_connection: Any, _: Any) -> None:
+    cursor = dbapi_connection.cursor()
+    cursor.execute("PRAGMA foreign_keys=ON")
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=NORMAL")
+    cursor.close()
+
+
+def alembic_config(engine: Engine) -> Config:
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    config.attributes["engine"] = engine
+    return config
+
+
+def upgrade_database(engine: Engine) -> None:
+    """Bring the schema to the newest migration (servers run this at start; concurrent starts serialise)."""
+    config = alembic_config(engine)
+    if engine.dialect.name == "postgresql":
+        with engine.connect() as conn:
+            conn.execute(sa.text("SELECT pg_advisory_lock(:id)"), {"id": _PG_MIGRATION_LOCK})
+            try:
+                config.attributes["connection"] = conn
+                command.upgrade(config, "head")
+                conn.commit()
+            finally:
+                conn.execute(sa.text("SELECT pg_advisory_unlock(:id)"), {"id": _PG_MIGRATION_LOCK})
+                conn.commit()
+        return
+    with engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.upgrade(config, "head")

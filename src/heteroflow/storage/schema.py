@@ -1,0 +1,123 @@
+"""Tables. Counters are 64-bit, nullable and have no DEFAULT: NULL is unknown and reads back as NULL."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.engine import Dialect
+
+metadata = sa.MetaData(
+    naming_convention={
+        "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+        "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+        "ck": "ck_%(table_name)s_%(constraint_name)s",
+        "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+        "pk": "pk_%(table_name)s",
+    }
+)
+
+
+class UtcDateTime(sa.TypeDecorator[datetime]):
+    """Aware UTC datetimes in, aware UTC datetimes out, stored as naive UTC with microseconds.
+
+    Both backends keep microseconds, so a value compares the same before and after the round trip;
+    comparisons that matter (H-40) are made on values as read back.
+    """
+
+    impl = sa.DateTime(timezone=False)
+    cache_ok = True
+
+    def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        return value.astimezone(UTC).replace(tzinfo=None)
+
+    def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        if value is None:
+            return None
+        if isinstance(value, str):  # SQLite through raw SQL
+            value = datetime.fromisoformat(value)
+        assert isinstance(value, datetime)
+        return value.replace(tzinfo=UTC)
+
+
+BigId = sa.BigInteger().with_variant(sa.Integer(), "sqlite")  # SQLite autoincrements INTEGER only
+SOURCE_CHECK = "source IN ('real', 'simulated')"
+
+tenants = sa.Table(
+    "tenants",
+    metadata,
+    sa.Column("id", sa.String(36), primary_key=True),
+    sa.Column("name", sa.String(128), nullable=False, unique=True),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+)
+
+api_tokens = sa.Table(
+    "api_tokens",
+    metadata,
+    sa.Column("id", sa.String(36), primary_key=True),
+    sa.Column("token_hash", sa.String(64), nullable=False, unique=True),
+    sa.Column("name", sa.String(200), nullable=False),
+    sa.Column("scopes", sa.String(500), nullable=False),
+    sa.Column("tenant_id", sa.String(36), sa.ForeignKey("tenants.id", ondelete="RESTRICT"), nullable=True),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+    sa.Column("revoked_at", UtcDateTime(), nullable=True),
+)
+
+nodes = sa.Table(
+    "nodes",
+    metadata,
+    sa.Column("id", sa.String(36), primary_key=True),
+    sa.Column("name", sa.String(253), nullable=False, unique=True),
+    sa.Column("vendor", sa.String(64), nullable=False),
+    sa.Column("model", sa.String(200), nullable=False),
+    sa.Column("gpu_count", sa.Integer(), nullable=False),
+    sa.Column("source", sa.String(16), nullable=False),
+    sa.Column("tenant_id", sa.String(36), sa.ForeignKey("tenants.id", ondelete="RESTRICT"), nullable=True),
+    sa.Column("registered_at", UtcDateTime(), nullable=False),
+    sa.Column("last_heartbeat_at", UtcDateTime(), nullable=True),
+    sa.CheckConstraint(SOURCE_CHECK, name="source"),
+    sa.Index(None, "tenant_id"),
+)
+
+gpu_health_samples = sa.Table(
+    "gpu_health_samples",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("node_id", sa.String(36), sa.ForeignKey("nodes.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("gpu_index", sa.Integer(), nullable=False),
+    sa.Column("uuid", sa.String(128), nullable=True),
+    sa.Column("source", sa.String(16), nullable=False),
+    sa.Column("sampled_at", UtcDateTime(), nullable=False),
+    sa.Column("ecc_uncorrected_total", sa.BigInteger(), nullable=True),
+    sa.Column("ecc_corrected_total", sa.BigInteger(), nullable=True),
+    sa.Column("retired_pages", sa.BigInteger(), nullable=True),
+    sa.Column("remapped_rows_pending", sa.BigInteger(), nullable=True),
+    sa.Column("remapped_rows_failure", sa.BigInteger(), nullable=True),
+    sa.CheckConstraint(SOURCE_CHECK, name="source"),
+    # one card's series, read back in time order
+    sa.Index(None, "node_id", "gpu_index", "sampled_at"),
+    # the source filter of every query, and retention cleanup by time
+    sa.Index(None, "source", "sampled_at"),
+)
+
+gpu_xid_events = sa.Table(
+    "gpu_xid_events",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("node_id", sa.String(36), sa.ForeignKey("nodes.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("gpu_index", sa.Integer(), nullable=False),
+    sa.Column("uuid", sa.String(128), nullable=True),
+    sa.Column("xid", sa.Integer(), nullable=False),
+    sa.Column("source", sa.String(16), nullable=False),
+    sa.Column("occurred_at", UtcDateTime(), nullable=False),
+    sa.Column("received_at", UtcDateTime(), nullable=False),
+    sa.CheckConstraint(SOURCE_CHECK, name="source"),
+    # an agent re-sends unacknowledged events; the same event is stored once
+    sa.UniqueConstraint("node_id", "gpu_index", "xid", "occurred_at"),
+    sa.Index(None, "source", "occurred_at"),
+)
