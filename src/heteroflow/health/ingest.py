@@ -82,6 +82,7 @@ class HealthIngestor:
         )
         self._pending: OrderedDict[CardKey, deque[HealthReading]] = OrderedDict()
         self._pending_count = 0
+        self._in_flight: set[CardKey] = set()
         self._wake = asyncio.Event()
         self._writer: asyncio.Task[None] | None = None
         self._cleanup: asyncio.Task[None] | None = None
@@ -115,7 +116,10 @@ class HealthIngestor:
                 self._skipped_unknown += 1
                 continue
             queue = self._pending.get(reading.key)
-            if queue is None and self._cache.can_skip(reading, now=now):
+            # while a batch holding this card is being written, the cache may not show its newest row yet,
+            # so only the writer (which sees the batch's outcome) may decide to skip
+            in_flight = reading.key in self._in_flight
+            if queue is None and not in_flight and self._cache.can_skip(reading, now=now):
                 self._skipped_dedup += 1
                 continue
             if queue is not None and _same_values(queue[-1], reading):
@@ -201,10 +205,12 @@ class HealthIngestor:
                 continue
             batch = self._take_batch()
             known = {r.key: s for r in batch if (s := self._cache.get(r.key, now=self._clock.monotonic()))}
+            self._in_flight = {r.key for r in batch}
             try:
                 result = await asyncio.to_thread(self._write_batch, batch, known)
             except StoreUnavailableError as exc:
                 # transient: keep the readings, back off, try again
+                self._in_flight = set()
                 self._note_failure(exc, readings=len(batch), retrying=True)
                 self._requeue(batch)
                 self._backing_off = True
@@ -214,6 +220,7 @@ class HealthIngestor:
             except Exception as exc:
                 # permanent for this batch: drop it. The cache was not confirmed, so the agent's next
                 # beat re-offers the same counters and they are written then.
+                self._in_flight = set()
                 self._note_failure(exc, readings=len(batch), retrying=False)
                 self._dropped += len(batch)
                 continue
@@ -223,6 +230,7 @@ class HealthIngestor:
             now = self._clock.monotonic()
             for sample in result.confirmed:
                 self._cache.confirm(sample, now=now)
+            self._in_flight = set()
             self._selects += result.selects
             self._skipped_unchanged += result.skipped
             self._written += len(result.written)

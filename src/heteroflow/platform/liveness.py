@@ -8,7 +8,6 @@ agree on liveness within one interval. A failed flush keeps the times and retrie
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
@@ -22,8 +21,12 @@ _log = structlog.get_logger(__name__)
 
 
 class LivenessStore(Protocol):
-    def record_heartbeats(self, beats: dict[NodeId, datetime]) -> None:
-        """Raise each node's stored last heartbeat to the given time (one statement for all)."""
+    def record_heartbeats(self, beats: dict[NodeId, datetime]) -> set[NodeId]:
+        """Raise each node's stored last heartbeat to the given time, in one statement for all nodes.
+
+        Returns the ids that exist: a node missing from the answer was deleted (perhaps through another
+        server), and the caller stops trusting its cached registration.
+        """
         ...
 
 
@@ -72,27 +75,29 @@ class LivenessTracker:
             last_flush_error=self.last_flush_error,
         )
 
-    async def flush(self, store: LivenessStore) -> None:
+    async def flush(self, store: LivenessStore) -> FlushResult:
+        """Write the unflushed heartbeats; a failure keeps them for the next flush."""
         beats = self.take_unflushed()
         if not beats:
-            return
+            return FlushResult(confirmed=set(), missing=set())
         try:
-            await asyncio.to_thread(store.record_heartbeats, beats)
+            existing = await asyncio.to_thread(store.record_heartbeats, beats)
         except Exception as exc:
             self.restore(beats)
             self.flush_failures_total += 1
             self.last_flush_error = f"{type(exc).__name__}: {exc}"[:500]
             _log.warning("liveness.flush_failed", error=self.last_flush_error, nodes=len(beats))
-            return
+            return FlushResult(confirmed=set(), missing=set(), failed=True)
         self.flushes_total += 1
         self.last_flush_error = None
+        missing = set(beats) - existing
+        for node_id in missing:
+            self.forget(node_id)
+        return FlushResult(confirmed=existing, missing=missing)
 
-    async def run_flusher(self, store: LivenessStore, *, interval_seconds: float) -> None:
-        """Flush every ``interval_seconds`` until cancelled; a final flush runs on cancellation."""
-        try:
-            while True:
-                await asyncio.sleep(interval_seconds)
-                await self.flush(store)
-        finally:
-            with contextlib.suppress(Exception):
-                await asyncio.shield(self.flush(store))
+
+@dataclass(frozen=True, slots=True)
+class FlushResult:
+    confirmed: set[NodeId]
+    missing: set[NodeId]
+    failed: bool = False

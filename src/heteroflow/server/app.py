@@ -20,6 +20,7 @@ from heteroflow.platform.liveness import LivenessTracker
 from heteroflow.server.auth import authenticate
 from heteroflow.server.context import ServerContext
 from heteroflow.server.errors import install_error_handlers
+from heteroflow.server.maintenance import run_maintenance
 from heteroflow.server.metrics import ServerMetrics
 from heteroflow.server.routes import gpu_health, nodes, ops
 from heteroflow.server.settings import ServerSettings
@@ -65,10 +66,7 @@ def create_app(ctx: ServerContext, *, migrate: bool = True) -> FastAPI:
         if migrate:
             await asyncio.to_thread(upgrade_database, ctx.engine)
         ctx.ingestor.start()
-        flusher = asyncio.create_task(
-            ctx.liveness.run_flusher(ctx.nodes, interval_seconds=ctx.settings.liveness_flush_seconds),
-            name="liveness-flusher",
-        )
+        flusher = asyncio.create_task(run_maintenance(ctx), name="maintenance")
         try:
             yield
         finally:

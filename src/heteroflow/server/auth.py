@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from heteroflow.core.errors import StoreUnavailableError
 from heteroflow.core.ids import NodeId
 from heteroflow.platform.auth import Principal, Scope, hash_token
 from heteroflow.platform.nodes import NodeRecord
@@ -33,11 +34,20 @@ async def authenticate(
     token_hash = hash_token(credentials.credentials)
     now = ctx.clock.monotonic()
     principal = ctx.token_cache.get(token_hash, now=now)
-    if principal is None:
+    if principal is not None:
+        return principal
+    try:
         principal = await asyncio.to_thread(ctx.tokens.principal, token_hash)
-        if principal is None:
-            raise Unauthorized("unknown or revoked token")
-        ctx.token_cache.put(token_hash, principal, now=now)
+    except StoreUnavailableError:
+        # the database is down: a token verified earlier stays good; an unknown one cannot be checked
+        stale = ctx.token_cache.get_stale(token_hash)
+        if stale is None:
+            raise
+        return stale
+    if principal is None:
+        ctx.token_cache.discard(token_hash)
+        raise Unauthorized("unknown or revoked token")
+    ctx.token_cache.put(token_hash, principal, now=now)
     return principal
 
 
@@ -60,9 +70,17 @@ async def visible_node(ctx: ServerContext, principal: Principal, node_id: str, *
     if cached:
         node = ctx.node_cache.get(NodeId(node_id), now=now)
     if node is None:
-        node = await asyncio.to_thread(ctx.nodes.get, NodeId(node_id))
-        if node is not None:
-            ctx.node_cache.put(node.id, node, now=now)
+        try:
+            node = await asyncio.to_thread(ctx.nodes.get, NodeId(node_id))
+        except StoreUnavailableError:
+            node = ctx.node_cache.get_stale(NodeId(node_id)) if cached else None
+            if node is None:
+                raise
+        else:
+            if node is None:
+                ctx.node_cache.discard(NodeId(node_id))
+            else:
+                ctx.node_cache.put(node.id, node, now=now)
     if node is None or not principal.sees_node(node.tenant_id):
         raise NotFound(f"node {node_id!r} not found")
     return node

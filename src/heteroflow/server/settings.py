@@ -55,25 +55,28 @@ class ServerSettings(LenientSettings):
         validation_alias=env_names("liveness_flush_seconds"),
         description=(
             "Every node's newest heartbeat is written to the database once per this interval, in one "
-            "statement for all nodes (default 5 s)."
+            "statement for all nodes, and cached tokens are re-confirmed in one more (default 5 s)."
         ),
     )
     auth_cache_seconds: float = Field(
-        default=30.0,
+        default=60.0,
         ge=0,
         validation_alias=env_names("auth_cache_seconds"),
         description=(
-            "A verified token is trusted from memory for this long (default 30 s); a revoked token stops "
-            "working within this time on every server."
+            "A verified token is trusted from memory for this long without a new check (default 60 s). "
+            "Cached tokens are re-confirmed together every liveness flush, so a revoked token stops working "
+            "within one flush interval on every server; while the database is down, tokens verified earlier "
+            "keep working."
         ),
     )
     node_cache_seconds: float = Field(
-        default=30.0,
+        default=60.0,
         ge=0,
         validation_alias=env_names("node_cache_seconds"),
         description=(
             "A node's registration is trusted from memory for this long on the heartbeat path (default "
-            "30 s); a node deleted through another server stops being accepted within this time."
+            "60 s). Beating nodes are re-confirmed by every liveness flush, so a node deleted through "
+            "another server is refused (404, the agent re-registers) within one flush interval."
         ),
     )
     log_level: str = Field(

@@ -130,8 +130,9 @@ class SqlHealthSampleStore:
             insert: Any = (
                 postgresql.insert(xid_t) if conn.dialect.name == "postgresql" else sqlite.insert(xid_t)
             )
-            result = conn.execute(insert.on_conflict_do_nothing(), rows)
-            return int(result.rowcount or 0)
+            # rowcount is not reliable for a multi-row insert; count what RETURNING gives back
+            result = conn.execute(insert.on_conflict_do_nothing().returning(xid_t.c.id), rows)
+            return len(result.all())
 
     # -- read side ------------------------------------------------------------------------------------------
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
@@ -103,29 +103,41 @@ class SqlNodeStore:
             result = conn.execute(sa.delete(nodes_t).where(nodes_t.c.id == node_id))
         return bool(result.rowcount)
 
-    def record_heartbeats(self, beats: dict[NodeId, datetime]) -> None:
-        """One UPDATE for every node: raise last_heartbeat_at, never lower it (several servers write)."""
+    def record_heartbeats(self, beats: dict[NodeId, datetime]) -> set[NodeId]:
+        """One UPDATE for every node: raise last_heartbeat_at, never lower it (several servers write).
+
+        Returns the ids of the nodes that exist.
+        """
         if not beats:
-            return
+            return set()
         payload = json.dumps(
-            [{"id": node_id, "ts": at.strftime("%Y-%m-%d %H:%M:%S.%f")} for node_id, at in beats.items()]
+            [
+                {"id": node_id, "ts": at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")}
+                for node_id, at in beats.items()
+            ]
         )
         with unavailable_as_store_error(), self._engine.begin() as conn:
-            conn.execute(_LIVENESS_SQL[conn.dialect.name], {"beats": payload})
+            result = conn.execute(_LIVENESS_SQL[conn.dialect.name], {"beats": payload})
+            return {NodeId(row[0]) for row in result}
 
 
 # Newest times arrive as one JSON parameter: a single statement whatever the number of nodes, and no
-# bind-parameter limit to chunk around. Times are naive UTC, as the column stores them.
+# bind-parameter limit to chunk around. Times are naive UTC, as the column stores them. Every existing
+# node is updated (to the newer of both times) so that RETURNING names exactly the nodes that exist.
+_NEWER = (
+    "CASE WHEN nodes.last_heartbeat_at IS NULL OR nodes.last_heartbeat_at < b.ts "
+    "THEN b.ts ELSE nodes.last_heartbeat_at END"
+)
 _LIVENESS_SQL = {
     "postgresql": sa.text(
-        "UPDATE nodes SET last_heartbeat_at = b.ts "
+        f"UPDATE nodes SET last_heartbeat_at = {_NEWER} "
         "FROM json_to_recordset(CAST(:beats AS json)) AS b(id text, ts timestamp) "
-        "WHERE nodes.id = b.id AND (nodes.last_heartbeat_at IS NULL OR nodes.last_heartbeat_at < b.ts)"
+        "WHERE nodes.id = b.id RETURNING nodes.id"
     ),
     "sqlite": sa.text(
-        "UPDATE nodes SET last_heartbeat_at = b.ts "
+        f"UPDATE nodes SET last_heartbeat_at = {_NEWER} "
         "FROM (SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.ts') AS ts "
         "      FROM json_each(:beats)) AS b "
-        "WHERE nodes.id = b.id AND (nodes.last_heartbeat_at IS NULL OR nodes.last_heartbeat_at < b.ts)"
+        "WHERE nodes.id = b.id RETURNING nodes.id"
     ),
 }

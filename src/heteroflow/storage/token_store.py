@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
+from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
@@ -12,6 +14,19 @@ from heteroflow.core.ids import TenantId, TokenId
 from heteroflow.platform.auth import Principal, Scope, generate_token, hash_token
 from heteroflow.storage.db import unavailable_as_store_error
 from heteroflow.storage.schema import api_tokens, tenants
+
+
+_CHUNK = 1000
+
+
+def _principal(row: Any) -> Principal:
+    known = {scope.value: scope for scope in Scope}
+    return Principal(
+        token_id=TokenId(row.id),
+        scopes=frozenset(known[name] for name in row.scopes.split(",") if name in known),
+        tenant_id=TenantId(row.tenant_id) if row.tenant_id is not None else None,
+        tenant_name=row.name,
+    )
 
 
 class UnknownTenantError(LookupError):
@@ -61,22 +76,30 @@ class SqlTokenStore:
 
     def principal(self, token_hash: str) -> Principal | None:
         """The principal of a live token by its hash, or None (unknown or revoked)."""
-        query = (
-            sa.select(api_tokens.c.id, api_tokens.c.scopes, api_tokens.c.tenant_id, tenants.c.name)
-            .select_from(api_tokens.outerjoin(tenants, tenants.c.id == api_tokens.c.tenant_id))
-            .where(api_tokens.c.token_hash == token_hash, api_tokens.c.revoked_at.is_(None))
-        )
-        with unavailable_as_store_error(), self._engine.connect() as conn:
-            row = conn.execute(query).first()
-        if row is None:
-            return None
-        known = {scope.value: scope for scope in Scope}
-        return Principal(
-            token_id=TokenId(row.id),
-            scopes=frozenset(known[name] for name in row.scopes.split(",") if name in known),
-            tenant_id=TenantId(row.tenant_id) if row.tenant_id is not None else None,
-            tenant_name=row.name,
-        )
+        return self.principals([token_hash]).get(token_hash)
+
+    def principals(self, token_hashes: Sequence[str]) -> dict[str, Principal]:
+        """The live tokens among ``token_hashes`` (revoked and unknown ones are absent)."""
+        found: dict[str, Principal] = {}
+        for start in range(0, len(token_hashes), _CHUNK):
+            query = (
+                sa.select(
+                    api_tokens.c.token_hash,
+                    api_tokens.c.id,
+                    api_tokens.c.scopes,
+                    api_tokens.c.tenant_id,
+                    tenants.c.name,
+                )
+                .select_from(api_tokens.outerjoin(tenants, tenants.c.id == api_tokens.c.tenant_id))
+                .where(
+                    api_tokens.c.token_hash.in_(token_hashes[start : start + _CHUNK]),
+                    api_tokens.c.revoked_at.is_(None),
+                )
+            )
+            with unavailable_as_store_error(), self._engine.connect() as conn:
+                for row in conn.execute(query):
+                    found[row.token_hash] = _principal(row)
+        return found
 
     def revoke(self, token_id: TokenId, *, now: datetime) -> bool:
         with unavailable_as_store_error(), self._engine.begin() as conn:

@@ -1,0 +1,148 @@
+"""The platform API as the agent sees it: register and heartbeat. The only agent module importing httpx.
+
+Errors (one tree, foreign errors translated here with ``raise … from``)::
+
+    PlatformError
+    ├── ServerUnavailableError   connection refused/reset, timeout, 5xx: retry with backoff
+    ├── NodeGoneError            404 on heartbeat: the node was deleted, register again
+    └── PermanentError           401/403/409/422: retrying the same request cannot help
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import httpx
+
+from heteroflow.core.ids import NodeId, Source
+
+
+class PlatformError(Exception):
+    """Base of every error talking to the platform server."""
+
+
+class ServerUnavailableError(PlatformError):
+    """The server could not be reached or failed; the same request may succeed later."""
+
+
+class NodeGoneError(PlatformError):
+    """The server does not know this node any more (deleted): register again."""
+
+
+class PermanentError(PlatformError):
+    """The server refused the request for good (bad token, hostname taken by another source or tenant)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Registration:
+    hostname: str
+    vendor: str
+    model: str
+    gpu_count: int
+    source: Source
+
+
+@dataclass(frozen=True, slots=True)
+class Registered:
+    node_id: NodeId
+    created: bool
+    heartbeat_interval_seconds: float
+
+
+@dataclass(frozen=True, slots=True)
+class BeatResult:
+    xid_received: int
+    xid_stored: int
+    xid_rejected: tuple[str, ...]
+    xid_retry: bool
+
+
+class PlatformClient(Protocol):
+    def register(self, registration: Registration) -> Registered: ...
+
+    def heartbeat(self, node_id: NodeId, body: Mapping[str, Any]) -> BeatResult: ...
+
+    def close(self) -> None: ...
+
+
+def _detail(response: httpx.Response) -> str:
+    try:
+        body = response.json()
+    except ValueError:
+        return response.text[:200]
+    if isinstance(body, dict):
+        return str(body.get("detail") or body.get("error") or body)[:200]
+    return str(body)[:200]
+
+
+class HttpPlatformClient:
+    """Talks to ``heteroflow server`` over HTTP with a bearer token (scope ``agent``)."""
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        token: str,
+        timeout_s: float = 5.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._http = httpx.Client(
+            base_url=base_url.rstrip("/"),
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout_s,
+            transport=transport,
+        )
+
+    def _post(self, path: str, body: Mapping[str, Any]) -> httpx.Response:
+        try:
+            response = self._http.post(path, json=dict(body))
+        except httpx.HTTPError as exc:
+            raise ServerUnavailableError(f"{type(exc).__name__}: {exc}") from exc
+        if response.status_code >= 500:
+            raise ServerUnavailableError(f"server answered {response.status_code}: {_detail(response)}")
+        return response
+
+    def register(self, registration: Registration) -> Registered:
+        response = self._post(
+            "/api/v1/nodes/register",
+            {
+                "hostname": registration.hostname,
+                "vendor": registration.vendor,
+                "model": registration.model,
+                "gpu_count": registration.gpu_count,
+                "source": registration.source,
+            },
+        )
+        if response.status_code != 200:
+            raise PermanentError(f"registration refused ({response.status_code}): {_detail(response)}")
+        try:
+            body = response.json()
+            return Registered(
+                node_id=NodeId(str(body["node_id"])),
+                created=bool(body.get("created", False)),
+                heartbeat_interval_seconds=float(body.get("heartbeat_interval_seconds", 5.0)),
+            )
+        except (ValueError, KeyError, TypeError) as exc:
+            raise ServerUnavailableError(f"unreadable registration answer: {response.text[:200]}") from exc
+
+    def heartbeat(self, node_id: NodeId, body: Mapping[str, Any]) -> BeatResult:
+        response = self._post(f"/api/v1/nodes/{node_id}/heartbeat", body)
+        if response.status_code == 404:
+            raise NodeGoneError(f"node {node_id} is unknown to the server")
+        if response.status_code != 200:
+            raise PermanentError(f"heartbeat refused ({response.status_code}): {_detail(response)}")
+        try:
+            xid = response.json().get("xid_events") or {}
+            return BeatResult(
+                xid_received=int(xid.get("received", 0)),
+                xid_stored=int(xid.get("stored", 0)),
+                xid_rejected=tuple(str(reason) for reason in xid.get("rejected", [])),
+                xid_retry=bool(xid.get("retry", False)),
+            )
+        except (ValueError, AttributeError, TypeError) as exc:
+            raise ServerUnavailableError(f"unreadable heartbeat answer: {response.text[:200]}") from exc
+
+    def close(self) -> None:
+        self._http.close()

@@ -1,0 +1,70 @@
+"""The heartbeat payload, built from what the caches hold now. Purely computational, no side effects.
+
+Each stat carries its own declared physical ``index`` and the hardware ``uuid`` (H-14); health keys are
+present only when known and fresh — absent means unknown (H-1), and the server never reads absence as 0.
+``sampled_at`` is the collection time of the health reading, not the send time, so a beat repeating a
+60 s reading does not pretend it was measured just now.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from heteroflow.agent.readings import GpuHealth, GpuTelemetry, HealthCollection, TelemetryCollection
+from heteroflow.agent.xid_queue import Pending
+from heteroflow.health.counters import HEALTH_KEYS
+
+MAX_XID_EVENTS_PER_BEAT = 1000
+"""The server accepts at most this many events in one beat; the rest wait for the next."""
+
+
+def _iso(value: Any) -> str:
+    return str(value.isoformat())
+
+
+def gpu_stats(health: HealthCollection | None, telemetry: TelemetryCollection | None) -> list[dict[str, Any]]:
+    """One stat per card seen by either collection, in index order."""
+    by_health: dict[int, GpuHealth] = {gpu.index: gpu for gpu in (health.gpus if health else ())}
+    by_telemetry: dict[int, GpuTelemetry] = {gpu.index: gpu for gpu in (telemetry.gpus if telemetry else ())}
+    stats: list[dict[str, Any]] = []
+    for index in sorted(by_health.keys() | by_telemetry.keys()):
+        h = by_health.get(index)
+        t = by_telemetry.get(index)
+        stat: dict[str, Any] = {"index": index, "uuid": (h.uuid if h else None) or (t.uuid if t else None)}
+        if t is not None:
+            stat.update(
+                temperature_c=t.temperature_c,
+                utilization_pct=t.utilization_pct,
+                memory_used_mib=t.memory_used_mib,
+                memory_total_mib=t.memory_total_mib,
+                power_w=t.power_w,
+            )
+        if h is not None and health is not None:
+            known = {key: value for key, value in h.counters.as_dict().items() if value is not None}
+            if known:
+                stat["sampled_at"] = _iso(health.collected_at)
+                stat.update({key: known[key] for key in HEALTH_KEYS if key in known})
+        stats.append(stat)
+    return stats
+
+
+def xid_payload(events: Sequence[Pending]) -> list[dict[str, Any]]:
+    return [
+        {
+            "index": item.event.index,
+            "uuid": item.event.uuid,
+            "xid": item.event.xid,
+            "occurred_at": _iso(item.event.occurred_at),
+        }
+        for item in events
+    ]
+
+
+def heartbeat_body(
+    *,
+    health: HealthCollection | None,
+    telemetry: TelemetryCollection | None,
+    xid_events: Sequence[Pending],
+) -> dict[str, Any]:
+    return {"gpu_stats": gpu_stats(health, telemetry), "xid_events": xid_payload(xid_events)}

@@ -1,0 +1,290 @@
+"""The nvidia-smi collector: probe the driver's field list, query only listed fields (H-11).
+
+One invalid field fails a whole ``--query-gpu`` call, and field names move between drivers
+(``retired_pages.double_bit.count`` is not ``double_bit_ecc``; old drivers have no ``remapped_rows``). So the
+field names are never trusted blindly: ``--help-query-gpu`` is read (cached 30 minutes), and a health field
+the help text does not list is simply not queried — its key stays unknown. Columns are mapped by the
+requested order with ``--format=csv,noheader,nounits`` (the ``csv`` header carries unit suffixes).
+
+The parsing functions are pure; :class:`NvidiaSmiCollector` is the thin shell around the tool.
+"""
+
+from __future__ import annotations
+
+import csv
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Final
+
+from heteroflow.agent.commands import CommandError, CommandRunner, ToolMissingError
+from heteroflow.agent.parsing import add_counts, parse_count, parse_flag, parse_measure
+from heteroflow.agent.readings import GpuHealth, GpuTelemetry, HealthCollection, TelemetryCollection
+from heteroflow.core.clock import Clock
+from heteroflow.health.counters import Counters
+
+TOOL: Final = "nvidia-smi"
+PROBE_TTL_SECONDS: Final = 1800.0
+
+IDENTITY_FIELDS: Final = (("index",), ("uuid", "gpu_uuid"), ("name", "gpu_name"))
+TELEMETRY_FIELDS: Final = (
+    ("temperature.gpu",),
+    ("utilization.gpu",),
+    ("memory.used",),
+    ("memory.total",),
+    ("power.draw",),
+)
+#: Each health field by its candidate names, preferred first (aliases from the driver's help text).
+HEALTH_FIELDS: Final = (
+    ("ecc.errors.uncorrected.aggregate.total",),
+    ("ecc.errors.corrected.aggregate.total",),
+    ("retired_pages.single_bit_ecc.count", "retired_pages.sbe"),
+    ("retired_pages.double_bit.count", "retired_pages.dbe"),
+    ("remapped_rows.pending",),
+    ("remapped_rows.failure",),
+)
+
+#: Shown by ``agent probe`` (extras), never sent: pending page retirement and the remapped row counts.
+EXTRA_FIELDS: Final = (
+    ("retired_pages.pending",),
+    ("remapped_rows.correctable", "remapped_rows.sbe"),
+    ("remapped_rows.uncorrectable", "remapped_rows.dbe"),
+)
+EXTRA_KEYS: Final = ("retired_pages_pending", "remapped_rows_correctable", "remapped_rows_uncorrectable")
+
+_HELP_FIELD_LINE = re.compile(r'^"([A-Za-z0-9_.\-]+)"(?:\s+or\s+"([A-Za-z0-9_.\-]+)")*\s*$')
+_QUOTED = re.compile(r'"([A-Za-z0-9_.\-]+)"')
+_INVALID_FIELD = re.compile(r'Field "([^"]*)" is not a valid field to query', re.IGNORECASE)
+
+
+def parse_help_fields(help_text: str) -> frozenset[str]:
+    """Every field name (and alias) that ``nvidia-smi --help-query-gpu`` lists, one per line as
+    ``"name"`` or ``"name" or "alias"``. Anything else in the text is ignored."""
+    names: set[str] = set()
+    for line in help_text.splitlines():
+        stripped = line.strip()
+        if _HELP_FIELD_LINE.match(stripped):
+            names.update(_QUOTED.findall(stripped))
+    return frozenset(names)
+
+
+def choose_fields(
+    available: frozenset[str], wanted: Sequence[tuple[str, ...]]
+) -> dict[tuple[str, ...], str]:
+    """For each wanted field (by its candidate names), the first name the driver lists; absent → omitted."""
+    chosen: dict[tuple[str, ...], str] = {}
+    for candidates in wanted:
+        for name in candidates:
+            if name in available:
+                chosen[candidates] = name
+                break
+    return chosen
+
+
+def query_argv(fields: Sequence[str]) -> list[str]:
+    return [TOOL, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"]
+
+
+def parse_query_rows(stdout: str, fields: Sequence[str]) -> tuple[list[dict[str, str]], list[str]]:
+    """Rows of a ``csv,noheader,nounits`` answer keyed by the requested field names, and warnings.
+
+    A line with the wrong number of columns (``Unable to determine the device handle for GPU…``) is
+    skipped with a warning; the other GPUs' rows are kept (H-11).
+    """
+    rows: list[dict[str, str]] = []
+    warnings: list[str] = []
+    for line in stdout.splitlines():
+        if not line.strip():
+            continue
+        try:
+            cells = next(csv.reader([line], skipinitialspace=True))
+        except (csv.Error, StopIteration):
+            cells = []
+        if len(cells) != len(fields):
+            warnings.append(f"nvidia-smi: skipped an unreadable line: {line.strip()[:160]}")
+            continue
+        rows.append({name: cell.strip() for name, cell in zip(fields, cells, strict=True)})
+    return rows, warnings
+
+
+def _pick(row: Mapping[str, str], chosen: Mapping[tuple[str, ...], str], candidates: tuple[str, ...]) -> str:
+    name = chosen.get(candidates)
+    return row.get(name, "") if name is not None else ""
+
+
+def _index_of(row: Mapping[str, str]) -> int | None:
+    index = parse_count(row.get("index"))
+    return index if index is not None and index <= 4095 else None
+
+
+def _uuid_of(row: Mapping[str, str], chosen: Mapping[tuple[str, ...], str]) -> str | None:
+    uuid = _pick(row, chosen, ("uuid", "gpu_uuid"))
+    return uuid if uuid.startswith(("GPU-", "MIG-")) and len(uuid) <= 128 else None
+
+
+def health_from_rows(
+    rows: Sequence[Mapping[str, str]], chosen: Mapping[tuple[str, ...], str]
+) -> tuple[list[GpuHealth], list[str]]:
+    """Health readings from query rows; a row without a readable index (a lost GPU) is left out."""
+    gpus: list[GpuHealth] = []
+    warnings: list[str] = []
+    for row in rows:
+        index = _index_of(row)
+        if index is None:
+            warnings.append("nvidia-smi: a GPU row has no readable index (lost GPU?); left out")
+            continue
+        sbe = parse_count(_pick(row, chosen, HEALTH_FIELDS[2]))
+        dbe = parse_count(_pick(row, chosen, HEALTH_FIELDS[3]))
+        counters = Counters(
+            ecc_uncorrected_total=parse_count(_pick(row, chosen, HEALTH_FIELDS[0])),
+            ecc_corrected_total=parse_count(_pick(row, chosen, HEALTH_FIELDS[1])),
+            # Both causes, or unknown: a half sum would read as a (false) decrease when the other appears.
+            retired_pages=add_counts(sbe, dbe),
+            remapped_rows_pending=parse_flag(_pick(row, chosen, HEALTH_FIELDS[4])),
+            remapped_rows_failure=parse_flag(_pick(row, chosen, HEALTH_FIELDS[5])),
+        )
+        gpus.append(
+            GpuHealth(
+                index=index,
+                vendor="NVIDIA",
+                uuid=_uuid_of(row, chosen),
+                name=_pick(row, chosen, ("name", "gpu_name"))[:200],
+                counters=counters,
+                extras=(
+                    (EXTRA_KEYS[0], parse_flag(_pick(row, chosen, EXTRA_FIELDS[0]))),
+                    (EXTRA_KEYS[1], parse_count(_pick(row, chosen, EXTRA_FIELDS[1]))),
+                    (EXTRA_KEYS[2], parse_count(_pick(row, chosen, EXTRA_FIELDS[2]))),
+                ),
+            )
+        )
+    return gpus, warnings
+
+
+def telemetry_from_rows(
+    rows: Sequence[Mapping[str, str]], chosen: Mapping[tuple[str, ...], str]
+) -> list[GpuTelemetry]:
+    gpus: list[GpuTelemetry] = []
+    for row in rows:
+        index = _index_of(row)
+        if index is None:
+            continue
+        gpus.append(
+            GpuTelemetry(
+                index=index,
+                uuid=_uuid_of(row, chosen),
+                name=_pick(row, chosen, ("name", "gpu_name"))[:200],
+                temperature_c=parse_measure(_pick(row, chosen, ("temperature.gpu",))),
+                utilization_pct=parse_measure(_pick(row, chosen, ("utilization.gpu",))),
+                memory_used_mib=parse_measure(_pick(row, chosen, ("memory.used",))),
+                memory_total_mib=parse_measure(_pick(row, chosen, ("memory.total",))),
+                power_w=parse_measure(_pick(row, chosen, ("power.draw",))),
+            )
+        )
+    return gpus
+
+
+def invalid_field_in(output: str) -> str | None:
+    match = _INVALID_FIELD.search(output)
+    return match.group(1) if match else None
+
+
+@dataclass(frozen=True, slots=True)
+class _Probe:
+    fields: frozenset[str]
+    at_monotonic: float
+
+
+class NvidiaSmiCollector:
+    """Reads all NVIDIA GPUs with one ``nvidia-smi --query-gpu`` call per tick.
+
+    The ``--help-query-gpu`` probe is cached for ``probe_ttl_s`` (30 minutes), so a tick normally starts
+    exactly one process; a failed query drops the cache so the next tick re-probes.
+    """
+
+    name = "nvidia-smi"
+
+    def __init__(
+        self,
+        *,
+        runner: CommandRunner,
+        clock: Clock,
+        timeout_s: float = 10.0,
+        probe_ttl_s: float = PROBE_TTL_SECONDS,
+    ) -> None:
+        self._runner = runner
+        self._clock = clock
+        self._timeout_s = timeout_s
+        self._probe_ttl_s = probe_ttl_s
+        self._probe: _Probe | None = None
+        self.probe_runs = 0
+        """How many times ``--help-query-gpu`` ran (tests pin the 30-minute cache with it)."""
+
+    def available(self) -> tuple[bool, str]:
+        if self._runner.which(TOOL) is None:
+            return False, "nvidia-smi is not installed (not found on PATH); NVIDIA GPUs are not collected"
+        return True, ""
+
+    def _fields(self) -> frozenset[str]:
+        now = self._clock.monotonic()
+        if self._probe is not None and now - self._probe.at_monotonic < self._probe_ttl_s:
+            return self._probe.fields
+        self.probe_runs += 1
+        result = self._runner.run([TOOL, "--help-query-gpu"], timeout_s=self._timeout_s)
+        fields = parse_help_fields(result.stdout)
+        if result.returncode != 0 or not fields:
+            raise CommandError(f"nvidia-smi --help-query-gpu failed (exit {result.returncode})")
+        self._probe = _Probe(fields=fields, at_monotonic=now)
+        return fields
+
+    def _query(
+        self, wanted: Sequence[tuple[str, ...]]
+    ) -> tuple[list[dict[str, str]], dict[tuple[str, ...], str], list[str]]:
+        available = self._fields()
+        chosen = choose_fields(available, [*IDENTITY_FIELDS, *wanted])
+        if ("index",) not in chosen:
+            raise CommandError("nvidia-smi does not list the field 'index'; GPUs cannot be told apart")
+        fields = list(dict.fromkeys(chosen.values()))
+        result = self._runner.run(query_argv(fields), timeout_s=self._timeout_s)
+        rows, warnings = parse_query_rows(result.stdout, fields)
+        if result.returncode != 0:
+            bad = invalid_field_in(result.stdout + result.stderr)
+            if bad is not None:
+                self._probe = None  # the driver disagrees with its help text: re-probe next tick
+                raise CommandError(f"nvidia-smi rejected the field {bad!r}; this tick's values are unknown")
+            warnings.append(f"nvidia-smi exited {result.returncode}; kept the {len(rows)} readable rows")
+        return rows, chosen, warnings
+
+    def read_health(self) -> HealthCollection:
+        now = self._clock.now()
+        try:
+            rows, chosen, warnings = self._query((*HEALTH_FIELDS, *EXTRA_FIELDS))
+        except ToolMissingError as exc:
+            return HealthCollection(collector="nvidia-smi", collected_at=now, warnings=(str(exc),))
+        except CommandError as exc:
+            return HealthCollection(collector="nvidia-smi", collected_at=now, warnings=(str(exc),))
+        missing = [names[0] for names in HEALTH_FIELDS if names not in chosen]
+        if missing:
+            warnings.append(f"nvidia-smi does not list {', '.join(missing)}; those keys are unknown")
+        gpus, row_warnings = health_from_rows(rows, chosen)
+        return HealthCollection(
+            collector="nvidia-smi",
+            collected_at=now,
+            gpus=tuple(gpus),
+            warnings=tuple(warnings + row_warnings),
+        )
+
+    def read_telemetry(self) -> TelemetryCollection:
+        now = self._clock.now()
+        try:
+            rows, chosen, warnings = self._query(TELEMETRY_FIELDS)
+        except CommandError as exc:
+            return TelemetryCollection(collector="nvidia-smi", collected_at=now, warnings=(str(exc),))
+        return TelemetryCollection(
+            collector="nvidia-smi",
+            collected_at=now,
+            gpus=tuple(telemetry_from_rows(rows, chosen)),
+            warnings=tuple(warnings),
+        )
+
+    def close(self) -> None:
+        return None

@@ -1,0 +1,133 @@
+"""Kunlunxin ``xpu-smi``: the default table's ``Volatile Uncorr. ECC`` column (H-12).
+
+The vendor is recognised by the banner (``XPU-SMI … Driver Version … XPU-RT Version``), never by the
+binary name: Intel ships an unrelated tool called ``xpu-smi`` too. Only the third generation prints the
+ECC column; where it is absent the key stays unknown. The column is *volatile* (reset with the driver), so
+a decrease after a reload is expected and stored as read (H-3). No retired-page or remap data exists.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Final
+
+from heteroflow.agent.commands import CommandError, CommandRunner
+from heteroflow.agent.parsing import parse_count, parse_measure
+from heteroflow.agent.readings import GpuHealth, GpuTelemetry, HealthCollection, TelemetryCollection
+from heteroflow.agent.tables import cells, find_box_table, locate, value_at
+from heteroflow.core.clock import Clock
+from heteroflow.health.counters import Counters
+
+TOOL: Final = "xpu-smi"
+_BANNER = re.compile(r"XPU-SMI\b.*Driver Version", re.IGNORECASE)
+_TEMP = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)C\b")
+_POWER = re.compile(r"(\d+(?:\.\d+)?)\s*W\s*/")
+_MEMORY = re.compile(r"(\d+(?:\.\d+)?)\s*MiB\s*/\s*(\d+(?:\.\d+)?)\s*MiB")
+_UTIL = re.compile(r"(\d+(?:\.\d+)?)\s*%")
+
+
+@dataclass(frozen=True, slots=True)
+class XpuSmiTable:
+    health: tuple[GpuHealth, ...]
+    telemetry: tuple[GpuTelemetry, ...]
+    warnings: tuple[str, ...]
+
+
+def _first(pattern: re.Pattern[str], text: str) -> float | None:
+    match = pattern.search(text)
+    return parse_measure(match.group(1)) if match else None
+
+
+def parse_xpu_smi(text: str) -> XpuSmiTable | None:
+    """The cards of an ``xpu-smi`` default table; ``None`` when the banner is not Kunlunxin's."""
+    lines = text.splitlines()
+    banner = next((i for i, line in enumerate(lines) if _BANNER.search(line)), None)
+    if banner is None:
+        return None
+    table = find_box_table(lines, start=banner + 1)
+    if table is None:
+        return XpuSmiTable(health=(), telemetry=(), warnings=("xpu-smi: no device table found",))
+    ecc_ref = locate(table.header, "Volatile Uncorr. ECC")
+    warnings: list[str] = []
+    if ecc_ref is None:
+        warnings.append("xpu-smi has no 'Volatile Uncorr. ECC' column (first/second generation); ECC unknown")
+    health: list[GpuHealth] = []
+    telemetry: list[GpuTelemetry] = []
+    for block in table.devices:
+        first = cells(block[0])[0].split()
+        index = parse_count(first[0]) if first else None
+        if index is None or index > 4095:
+            continue
+        # "XPU  Name  Persistence-M": the name sits between the index and the persistence mode.
+        name = " ".join(first[1:-1]) if len(first) > 2 else " ".join(first[1:])
+        ecc = parse_count(value_at(block, ecc_ref)) if ecc_ref is not None else None
+        health.append(
+            GpuHealth(
+                index=index,
+                vendor="Kunlunxin",
+                uuid=None,
+                name=name[:200],
+                counters=Counters(ecc_uncorrected_total=ecc),
+            )
+        )
+        second = block[1] if len(block) > 1 else ""
+        memory = _MEMORY.search(second)
+        util_cells = cells(second)
+        telemetry.append(
+            GpuTelemetry(
+                index=index,
+                name=name[:200],
+                temperature_c=_first(_TEMP, second),
+                power_w=_first(_POWER, second),
+                memory_used_mib=parse_measure(memory.group(1)) if memory else None,
+                memory_total_mib=parse_measure(memory.group(2)) if memory else None,
+                utilization_pct=_first(_UTIL, util_cells[-1]) if len(util_cells) > 2 else None,
+            )
+        )
+    return XpuSmiTable(health=tuple(health), telemetry=tuple(telemetry), warnings=tuple(warnings))
+
+
+class XpuSmiCollector:
+    """One ``xpu-smi`` call per tick covers every Kunlunxin card."""
+
+    name = "xpu-smi"
+
+    def __init__(self, *, runner: CommandRunner, clock: Clock, timeout_s: float = 10.0) -> None:
+        self._runner = runner
+        self._clock = clock
+        self._timeout_s = timeout_s
+
+    def available(self) -> tuple[bool, str]:
+        if self._runner.which(TOOL) is None:
+            return False, "xpu-smi is not installed (not found on PATH); Kunlunxin cards are not collected"
+        return True, ""
+
+    def _read(self) -> XpuSmiTable:
+        try:
+            result = self._runner.run([TOOL], timeout_s=self._timeout_s)
+        except CommandError as exc:
+            return XpuSmiTable(health=(), telemetry=(), warnings=(str(exc),))
+        table = parse_xpu_smi(result.stdout)
+        if table is None:
+            return XpuSmiTable(
+                health=(),
+                telemetry=(),
+                warnings=("xpu-smi on PATH is not Kunlunxin's (no XPU-SMI banner; Intel's tool?); not collected",),
+            )
+        return table
+
+    def read_health(self) -> HealthCollection:
+        now = self._clock.now()
+        table = self._read()
+        return HealthCollection(collector="xpu-smi", collected_at=now, gpus=table.health, warnings=table.warnings)
+
+    def read_telemetry(self) -> TelemetryCollection:
+        now = self._clock.now()
+        table = self._read()
+        return TelemetryCollection(
+            collector="xpu-smi", collected_at=now, gpus=table.telemetry, warnings=table.warnings
+        )
+
+    def close(self) -> None:
+        return None

@@ -1,0 +1,85 @@
+"""Fixtures shared by every tier: databases (SQLite and a real PostgreSQL), a server harness."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+
+import pytest
+import sqlalchemy as sa
+import structlog
+from sqlalchemy.engine import Engine
+
+from heteroflow.storage.db import create_db_engine, upgrade_database
+from heteroflow.storage.testing import PostgresServer, PostgresUnavailableError
+
+_HEALTH_ENV_PREFIXES = ("HETEROFLOW_", "GPU_HEALTH_")
+
+
+@pytest.fixture(autouse=True)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests never inherit HeteroFlow settings from the shell that runs them."""
+    for name in list(os.environ):
+        if name.startswith(_HEALTH_ENV_PREFIXES):
+            monkeypatch.delenv(name)
+    structlog.reset_defaults()
+
+
+@pytest.fixture(scope="session")
+def pg_server() -> Iterator[PostgresServer]:
+    try:
+        server = PostgresServer()
+    except PostgresUnavailableError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"PostgreSQL is required in CI: {exc}")
+        pytest.skip(str(exc))
+    server.start()
+    try:
+        yield server
+    finally:
+        server.close()
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
+def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Every storage test runs on SQLite and on a fresh database of a real PostgreSQL server."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path_factory.mktemp('db') / 'heteroflow.db'}"
+    server: PostgresServer = request.getfixturevalue("pg_server")
+    if not server.running:
+        server.start()  # a previous test stopped it on purpose
+    return server.create_database()
+
+
+@pytest.fixture
+def engine(database_url: str) -> Iterator[Engine]:
+    engine = create_db_engine(database_url)
+    upgrade_database(engine)
+    yield engine
+    engine.dispose()
+
+
+class StatementCounter:
+    """Counts the SQL statements an engine sends (every cursor execution, executemany included)."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.statements: list[str] = []
+        sa.event.listen(engine, "before_cursor_execute", self._record)
+
+    def _record(self, _conn: object, _cursor: object, statement: str, *_: object) -> None:
+        self.statements.append(statement)
+
+    def reset(self) -> None:
+        self.statements.clear()
+
+    @property
+    def count(self) -> int:
+        return len(self.statements)
+
+    def matching(self, prefix: str) -> list[str]:
+        return [s for s in self.statements if s.lstrip().upper().startswith(prefix)]
+
+
+@pytest.fixture
+def statements(engine: Engine) -> StatementCounter:
+    return StatementCounter(engine)

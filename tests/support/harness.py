@@ -1,0 +1,87 @@
+"""An in-process platform server on a real database, a fake clock and starlette's TestClient."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+from datetime import datetime
+from typing import Any
+
+import httpx2 as httpx
+from fastapi.testclient import TestClient
+from sqlalchemy.engine import Engine
+
+from heteroflow.core.clock import SystemClock
+from heteroflow.core.testing import FakeClock
+from heteroflow.health.settings import HealthStorageSettings
+from heteroflow.platform.auth import parse_scopes
+from heteroflow.server.app import build_context, create_app
+from heteroflow.server.context import ServerContext
+from heteroflow.server.maintenance import maintain
+from heteroflow.server.settings import ServerSettings
+from heteroflow.storage.token_store import SqlTokenStore
+
+
+class Harness:
+    def __init__(self, client: TestClient, ctx: ServerContext, clock: FakeClock) -> None:
+        self.client = client
+        self.ctx = ctx
+        self.clock = clock
+
+    def token(self, scopes: str, *, tenant: str | None = None) -> str:
+        store = SqlTokenStore(self.ctx.engine)
+        now = SystemClock().now()
+        tenant_id = store.ensure_tenant(tenant, now=now)[0] if tenant else None
+        return store.create_token(name="test", scopes=parse_scopes(scopes), tenant_id=tenant_id, now=now)[1]
+
+    @staticmethod
+    def auth(token: str) -> dict[str, str]:
+        return {"Authorization": f"Bearer {token}"}
+
+    def register(self, token: str, hostname: str, **fields: Any) -> str:
+        body = {"hostname": hostname, "vendor": "nvidia", "model": "H100", "gpu_count": 8, **fields}
+        response = self.client.post("/api/v1/nodes/register", json=body, headers=self.auth(token))
+        assert response.status_code == 200, response.text
+        node_id: str = response.json()["node_id"]
+        return node_id
+
+    def beat(
+        self, token: str, node_id: str, stats: list[dict[str, Any]], **extra: Any
+    ) -> httpx.Response:
+        return self.client.post(
+            f"/api/v1/nodes/{node_id}/heartbeat",
+            json={"gpu_stats": stats, **extra},
+            headers=self.auth(token),
+        )
+
+    def drain(self) -> None:
+        """Wait until the health writer has processed every offered reading."""
+        self.client.portal.call(self.ctx.ingestor.drained)  # type: ignore[union-attr]
+
+    def maintain(self) -> None:
+        """One round of the server's periodic upkeep (liveness flush, node and token re-confirmation)."""
+        self.client.portal.call(maintain, self.ctx)  # type: ignore[union-attr]
+
+    def get(self, token: str, path: str, **params: Any) -> httpx.Response:
+        return self.client.get(path, params=params, headers=self.auth(token))
+
+
+@contextlib.contextmanager
+def running_server(
+    engine: Engine,
+    *,
+    start: datetime | None = None,
+    health: dict[str, Any] | None = None,
+    server: dict[str, Any] | None = None,
+    clock: FakeClock | None = None,
+) -> Iterator[Harness]:
+    """A server on ``engine`` whose liveness flusher never fires by itself (tests flush explicitly)."""
+    clock = clock or FakeClock(start)
+    settings = ServerSettings.load(
+        database_url=str(engine.url), liveness_flush_seconds=3600.0, **(server or {})
+    )
+    ctx = build_context(
+        settings=settings, health_settings=HealthStorageSettings.load(**(health or {})), clock=clock, engine=engine
+    )
+    with TestClient(create_app(ctx)) as client:
+        yield Harness(client, ctx, clock)
