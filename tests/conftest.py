@@ -40,15 +40,24 @@ def pg_server() -> Iterator[PostgresServer]:
         server.close()
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)])
-def database_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Every storage test runs on SQLite and on a fresh database of a real PostgreSQL server."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path_factory.mktemp('db') / 'heteroflow.db'}"
+BACKENDS = ["sqlite", pytest.param("postgres", marks=pytest.mark.postgres)]
+
+
+def new_database(backend: str, request: pytest.FixtureRequest) -> str:
+    """The URL of a new empty database on ``backend`` (``sqlite`` or ``postgres``)."""
+    if backend == "sqlite":
+        tmp: pytest.TempPathFactory = request.getfixturevalue("tmp_path_factory")
+        return f"sqlite:///{tmp.mktemp('db') / 'heteroflow.db'}"
     server: PostgresServer = request.getfixturevalue("pg_server")
     if not server.running:
         server.start()  # a previous test stopped it on purpose
     return server.create_database()
+
+
+@pytest.fixture(params=BACKENDS)
+def database_url(request: pytest.FixtureRequest) -> str:
+    """Every storage test runs on SQLite and on a fresh database of a real PostgreSQL server."""
+    return new_database(request.param, request)
 
 
 @pytest.fixture

@@ -1,0 +1,98 @@
+"""The real commands: ``heteroflow admin create-token`` and ``heteroflow server`` as processes over HTTP."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+
+from heteroflow.storage.testing import free_port
+
+pytestmark = pytest.mark.e2e
+
+
+def heteroflow(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "heteroflow", *args], capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def create_token(database_url: str, scopes: str, *extra: str) -> str:
+    result = heteroflow("admin", "create-token", "--scopes", scopes, "--database-url", database_url, *extra)
+    assert result.returncode == 0, result.stderr
+    return result.stdout.strip().splitlines()[-1]
+
+
+@pytest.fixture
+def server(database_url: str) -> Iterator[tuple[str, str, subprocess.Popen[bytes]]]:
+    token = create_token(database_url, "agent,nodes:read")
+    port = free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "heteroflow", "server", "--port", str(port), "--database-url", database_url],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            if httpx.get(f"{url}/healthz", headers={"Authorization": f"Bearer {token}"}).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError(f"server did not start: {process.stderr.read() if process.stderr else ''!r}")
+        time.sleep(0.1)
+    try:
+        yield url, token, process
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        if process.stderr is not None:
+            process.stderr.close()
+
+
+def test_token_register_heartbeat_and_read_back_over_http(server: tuple[str, str, subprocess.Popen[bytes]]) -> None:
+    url, token, process = server
+    headers = {"Authorization": f"Bearer {token}"}
+    with httpx.Client(base_url=url, headers=headers, timeout=10) as client:
+        assert httpx.get(f"{url}/api/v1/nodes").status_code == 401
+        node = client.post(
+            "/api/v1/nodes/register", json={"hostname": "gpu-a", "vendor": "nvidia", "gpu_count": 1}
+        ).json()["node_id"]
+        beat = {"gpu_stats": [{"index": 0, "uuid": "GPU-1", "ecc_corrected_total": 3, "retired_pages": "[N/A]"}]}
+        assert client.post(f"/api/v1/nodes/{node}/heartbeat", json=beat).status_code == 200
+        deadline = time.monotonic() + 15
+        while True:
+            body = client.get("/api/v1/gpu-health/samples", params={"node_id": node, "gpu_index": 0}).json()
+            if body["samples"] or time.monotonic() > deadline:
+                break
+            time.sleep(0.05)
+        assert [(s["ecc_corrected_total"], s["retired_pages"]) for s in body["samples"]] == [(3, None)]
+        assert client.get("/api/v1/nodes").json()["items"][0]["online"] is True
+    process.send_signal(signal.SIGTERM)
+    # uvicorn shuts down gracefully, then re-raises the signal so the exit status tells why it stopped
+    assert process.wait(15) in (0, -signal.SIGTERM)
+    assert process.stderr is not None
+    assert "Application shutdown complete" in process.stderr.read().decode()
+
+
+def test_create_token_refuses_unknown_scopes_with_a_message(tmp_path: object) -> None:
+    result = heteroflow("admin", "create-token", "--scopes", "nodes:read,root", "--database-url", "sqlite:///:memory:")
+    assert result.returncode == 2
+    assert "unknown scope" in result.stderr
+
+
+def test_create_token_for_a_tenant_prints_the_token_last(database_url: str) -> None:
+    result = heteroflow("admin", "create-token", "--scopes", "nodes:read", "--tenant", "team-a",
+                        "--database-url", database_url)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip().splitlines()[-1].startswith("hf_")
+    assert "created tenant 'team-a'" in result.stderr

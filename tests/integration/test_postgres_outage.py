@@ -1,0 +1,77 @@
+"""PostgreSQL stops mid-run: heartbeats keep answering 2xx; when it returns, samples resume (H-22)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+
+import pytest
+import sqlalchemy as sa
+
+from heteroflow.storage.db import create_db_engine, upgrade_database
+from heteroflow.storage.schema import gpu_health_samples
+from heteroflow.storage.testing import PostgresServer
+from tests.support.harness import running_server
+
+pytestmark = pytest.mark.postgres
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+
+
+def wait_until(condition: Callable[[], bool], *, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(0.05)
+
+
+@pytest.mark.timeout(120)
+def test_heartbeats_survive_a_database_outage_and_samples_resume(pg_server: PostgresServer) -> None:
+    if not pg_server.running:
+        pg_server.start()
+    engine = create_db_engine(pg_server.create_database(), connect_timeout_seconds=2)
+    upgrade_database(engine)
+
+    def corrected_values() -> list[int]:
+        with engine.connect() as conn:
+            query = sa.select(gpu_health_samples.c.ecc_corrected_total).order_by(gpu_health_samples.c.id)
+            return list(conn.scalars(query))
+
+    try:
+        with running_server(engine, start=T0) as h:
+            agent = h.token("agent")
+            reader = h.token("nodes:read")
+            node = h.register(agent, "gpu-1")
+            h.beat(agent, node, [{"index": 0, "uuid": "G", "ecc_corrected_total": 1}])
+            h.drain()
+            assert corrected_values() == [1]
+
+            pg_server.stop()
+            for value in (2, 3):
+                h.clock.advance(120)  # past the token and node cache times: they cannot be re-checked
+                response = h.beat(agent, node, [{"index": 0, "uuid": "G", "ecc_corrected_total": value}])
+                assert response.status_code == 200, response.text
+            xid = h.beat(agent, node, [], xid_events=[{"index": 0, "xid": 48, "occurred_at": T0.isoformat()}])
+            assert xid.status_code == 200
+            assert xid.json()["xid_events"]["retry"] is True  # the agent keeps the event
+            wait_until(lambda: h.ctx.ingestor.status().write_failures_total >= 1, timeout=30, what="a failure")
+            h.maintain()
+            assert h.ctx.liveness.status().flush_failures_total == 1
+            assert h.get(reader, "/api/v1/gpu-health/samples", node_id=node, gpu_index=0).status_code == 503
+
+            pg_server.start()
+            wait_until(lambda: h.ctx.ingestor.status().pending_readings == 0, timeout=60, what="the backlog")
+            h.drain()
+            assert corrected_values() == [1, 2, 3]
+            h.maintain()
+            assert h.ctx.liveness.status().unflushed_nodes == 0
+            again = h.beat(agent, node, [], xid_events=[{"index": 0, "xid": 48, "occurred_at": T0.isoformat()}])
+            assert again.json()["xid_events"] == {"received": 1, "stored": 1, "rejected": [], "retry": False}
+            listing = h.get(reader, f"/api/v1/nodes/{node}").json()
+            assert listing["online"] is True
+    finally:
+        if not pg_server.running:
+            pg_server.start()
+        engine.dispose()

@@ -1,0 +1,78 @@
+"""Every configuration variable: an invalid value gives the default plus a warning (H-25)."""
+
+from __future__ import annotations
+
+import pytest
+from pydantic import AliasChoices
+
+from heteroflow.core.settings import LenientSettings
+from heteroflow.health.settings import HealthStorageSettings
+from heteroflow.server.settings import ServerSettings
+
+GROUPS: list[type[LenientSettings]] = [HealthStorageSettings, ServerSettings]
+
+
+def env_names(group: type[LenientSettings], field: str) -> list[str]:
+    alias = group.model_fields[field].validation_alias
+    assert isinstance(alias, AliasChoices)
+    return [str(name) for name in alias.choices if isinstance(name, str) and name.isupper()]
+
+
+def invalid_values(group: type[LenientSettings], field: str) -> list[str]:
+    annotation = group.model_fields[field].annotation
+    if annotation in (int, float):
+        return ["abc", "-5", "0"] if field != "port" else ["abc", "0", "70000"]
+    return [""] if field != "log_level" else ["", "loud"]
+
+
+CASES = [
+    (group, field, name, value)
+    for group in GROUPS
+    for field in group.model_fields
+    for name in env_names(group, field)
+    for value in invalid_values(group, field)
+    # 0 is a legal cache time (no caching)
+    if not (field in ("auth_cache_seconds", "node_cache_seconds") and value == "0")
+]
+
+
+@pytest.mark.parametrize(("group", "field", "name", "value"), CASES, ids=lambda c: str(getattr(c, "__name__", c)))
+def test_invalid_value_falls_back_to_default_with_a_warning(
+    monkeypatch: pytest.MonkeyPatch, group: type[LenientSettings], field: str, name: str, value: str
+) -> None:
+    monkeypatch.setenv(name, value)
+    loaded = group.load()
+    default = group.model_fields[field].get_default(call_default_factory=True)
+    assert getattr(loaded, field) == default
+    assert len(loaded.config_warnings) == 1
+    assert name in loaded.config_warnings[0]
+    assert repr(value) in loaded.config_warnings[0]
+
+
+def test_every_field_is_described() -> None:
+    for group in GROUPS:
+        for field, info in group.model_fields.items():
+            assert info.description, f"{group.__name__}.{field} has no description"
+
+
+def test_seed_names_are_read_as_written_and_the_prefix_wins(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("GPU_HEALTH_RETENTION_DAYS", "90")
+    assert HealthStorageSettings.load().retention_days == 90
+    monkeypatch.setenv("HETEROFLOW_GPU_HEALTH_RETENTION_DAYS", "30")
+    loaded = HealthStorageSettings.load()
+    assert loaded.retention_days == 30
+    assert loaded.config_warnings == ()
+
+
+def test_valid_values_and_explicit_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HETEROFLOW_SERVER_PORT", "9000")
+    monkeypatch.setenv("HETEROFLOW_DATABASE_URL", "postgresql://u@db/heteroflow")
+    loaded = ServerSettings.load(host="0.0.0.0")  # noqa: S104 - explicit, as an operator would
+    assert (loaded.host, loaded.port, loaded.database_url) == ("0.0.0.0", 9000, "postgresql://u@db/heteroflow")  # noqa: S104
+    assert ServerSettings.load().host == "127.0.0.1"  # loopback unless told otherwise
+
+
+def test_an_invalid_explicit_override_also_falls_back() -> None:
+    loaded = HealthStorageSettings.load(keepalive_seconds=-1)
+    assert loaded.keepalive_seconds == 300
+    assert loaded.config_warnings

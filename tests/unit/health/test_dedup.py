@@ -1,0 +1,66 @@
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from heteroflow.core.ids import NodeId
+from heteroflow.health.counters import Counters
+from heteroflow.health.dedup import DedupCache
+from heteroflow.health.samples import CardKey, HealthReading, StoredSample
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def key(node: str = "n", index: int = 0) -> CardKey:
+    return CardKey(node_id=NodeId(node), gpu_index=index, source="real")
+
+
+def row(k: CardKey, at: float = 0, value: int = 1) -> StoredSample:
+    return StoredSample(key=k, uuid="G", sampled_at=T0 + timedelta(seconds=at), counters=Counters(retired_pages=value))
+
+
+def reading(k: CardKey, at: float, value: int = 1) -> HealthReading:
+    return HealthReading(key=k, uuid="G", sampled_at=T0 + timedelta(seconds=at), counters=Counters(retired_pages=value))
+
+
+def cache(**kw: float) -> DedupCache:
+    return DedupCache(keepalive=timedelta(minutes=5), max_entries=int(kw.get("max_entries", 4096)),
+                      idle_seconds=kw.get("idle", 1800))
+
+
+def test_skip_only_what_a_confirmed_row_proves_unchanged() -> None:
+    c = cache()
+    assert not c.can_skip(reading(key(), 5), now=0)  # nothing confirmed: never guess
+    c.confirm(row(key()), now=0)
+    assert c.can_skip(reading(key(), 5), now=1)
+    assert not c.can_skip(reading(key(), 5, value=2), now=1)
+    assert not c.can_skip(reading(key(), 300), now=1)  # keepalive from the stored row
+
+
+def test_lru_bound_and_idle_eviction() -> None:
+    c = cache(max_entries=2, idle=60)
+    for i in range(3):
+        c.confirm(row(key(index=i)), now=0)
+    assert len(c) == 2
+    assert c.get(key(index=0), now=0) is None  # least recently used went first
+    assert c.get(key(index=2), now=61) is None  # idle too long
+    c.confirm(row(key(index=5)), now=100)
+    assert c.evict_idle(now=200) >= 1
+    assert len(c) == 0
+
+
+def test_a_late_older_confirmation_never_replaces_a_newer_row() -> None:
+    c = cache()
+    c.confirm(row(key(), at=10, value=2), now=0)
+    c.confirm(row(key(), at=0, value=1), now=1)
+    cached = c.get(key(), now=2)
+    assert cached is not None
+    assert cached.counters.retired_pages == 2
+
+
+def test_forget_node() -> None:
+    c = cache()
+    c.confirm(row(key("a")), now=0)
+    c.confirm(row(key("b")), now=0)
+    c.forget_node(NodeId("a"))
+    assert c.get(key("a"), now=0) is None
+    assert c.get(key("b"), now=0) is not None
