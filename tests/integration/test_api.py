@@ -33,9 +33,7 @@ def test_every_route_refuses_a_missing_or_unknown_token(harness: Harness) -> Non
         ("GET", "/healthz"),
         ("GET", "/openapi.json"),
     ]
-    schema_paths = {
-        path for path in harness.client.app.openapi()["paths"]  # type: ignore[attr-defined]
-    }
+    schema_paths = set(harness.client.app.openapi()["paths"])
     assert schema_paths <= {path.replace("/x", "/{node_id}") for _, path in routes}
     for method, path in routes:
         for headers in ({}, {"Authorization": "Bearer hf_not-a-real-token"}, {"Authorization": "Basic abc"}):
@@ -47,11 +45,14 @@ def test_every_route_refuses_a_missing_or_unknown_token(harness: Harness) -> Non
 def test_scopes_are_enforced_with_403(harness: Harness) -> None:
     reader = harness.token("nodes:read")
     agent = harness.token("agent")
-    assert harness.client.post(
-        "/api/v1/nodes/register",
-        json={"hostname": "n1", "vendor": "nvidia", "gpu_count": 1},
-        headers=harness.auth(reader),
-    ).status_code == 403
+    assert (
+        harness.client.post(
+            "/api/v1/nodes/register",
+            json={"hostname": "n1", "vendor": "nvidia", "gpu_count": 1},
+            headers=harness.auth(reader),
+        ).status_code
+        == 403
+    )
     assert harness.get(agent, "/api/v1/nodes").status_code == 403
     assert harness.get(agent, "/metrics").status_code == 403
     assert harness.get(reader, "/api/v1/server/status").status_code == 403
@@ -123,11 +124,14 @@ def test_registration_is_idempotent_by_hostname_and_never_switches_source(harnes
     assert conflict.status_code == 409
     assert "never switches source" in conflict.json()["detail"]
     other_tenant = harness.token("agent", tenant="t")
-    assert harness.client.post(
-        "/api/v1/nodes/register",
-        json={"hostname": "gpu-7", "vendor": "nvidia", "gpu_count": 4},
-        headers=harness.auth(other_tenant),
-    ).status_code == 409
+    assert (
+        harness.client.post(
+            "/api/v1/nodes/register",
+            json={"hostname": "gpu-7", "vendor": "nvidia", "gpu_count": 4},
+            headers=harness.auth(other_tenant),
+        ).status_code
+        == 409
+    )
     reader = harness.token("nodes:read")
     assert harness.get(reader, f"/api/v1/nodes/{first}").json()["gpu_count"] == 4
 
@@ -179,9 +183,7 @@ def test_samples_are_ascending_bounded_and_truncated_keeping_the_newest(harness:
     since = (T0 + timedelta(minutes=8)).isoformat()
     recent = harness.get(reader, "/api/v1/gpu-health/samples", node_id=node, gpu_index=3, since=since).json()
     assert [s["ecc_corrected_total"] for s in recent["samples"]] == [8, 9]
-    simulated = harness.get(
-        reader, "/api/v1/gpu-health/samples", node_id=node, gpu_index=3, source="simulated"
-    ).json()
+    simulated = harness.get(reader, "/api/v1/gpu-health/samples", node_id=node, gpu_index=3, source="simulated").json()
     assert simulated["samples"] == []
 
 

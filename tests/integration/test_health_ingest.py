@@ -150,9 +150,7 @@ def test_all_unknown_cards_are_rejected_before_any_database_access(
     assert harness.ctx.ingestor.status().skipped_all_unknown_total == 11
 
 
-def test_declared_index_wins_over_array_position(
-    harness: Harness, agent: tuple[str, str], engine: Engine
-) -> None:
+def test_declared_index_wins_over_array_position(harness: Harness, agent: tuple[str, str], engine: Engine) -> None:
     token, node = agent
     harness.beat(
         token,
@@ -252,7 +250,7 @@ def test_cache_loss_costs_one_select_only(engine: Engine, statements: StatementC
 def test_a_simulated_day_of_a_stable_card_writes_at_most_288_rows(
     harness: Harness, agent: tuple[str, str], engine: Engine
 ) -> None:
-    token, node = agent
+    _, node = agent
     ingestor = harness.ctx.ingestor
     from heteroflow.core.ids import NodeId
     from heteroflow.health.heartbeat import readings_from_stats

@@ -44,9 +44,7 @@ def test_cleanup_runs_once_per_n_written_rows_and_deletes_only_expired_ones(
         assert count_rows(engine) == 1
 
 
-def test_a_deployment_without_health_writes_never_runs_the_delete(
-    engine: Engine, statements: StatementCounter
-) -> None:
+def test_a_deployment_without_health_writes_never_runs_the_delete(engine: Engine, statements: StatementCounter) -> None:
     with running_server(engine, start=T0, health={"cleanup_every_writes": 1}) as h:
         agent = h.token("agent")
         node = h.register(agent, "n1")
@@ -72,8 +70,18 @@ def test_invalid_retention_falls_back_to_180_days_and_keeps_younger_rows(
         agent = h.token("agent")
         node = h.register(agent, "n1")
         for value, age_days in enumerate((200, 100)):
-            h.beat(agent, node, [{"index": 0, "uuid": "G", "ecc_corrected_total": value,
-                                  "sampled_at": (T0 - timedelta(days=age_days)).isoformat()}])
+            h.beat(
+                agent,
+                node,
+                [
+                    {
+                        "index": 0,
+                        "uuid": "G",
+                        "ecc_corrected_total": value,
+                        "sampled_at": (T0 - timedelta(days=age_days)).isoformat(),
+                    }
+                ],
+            )
             h.drain()
         h.beat(agent, node, [{"index": 0, "uuid": "G", "ecc_corrected_total": 7}])
         h.drain()

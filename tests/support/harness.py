@@ -45,9 +45,7 @@ class Harness:
         node_id: str = response.json()["node_id"]
         return node_id
 
-    def beat(
-        self, token: str, node_id: str, stats: list[dict[str, Any]], **extra: Any
-    ) -> httpx.Response:
+    def beat(self, token: str, node_id: str, stats: list[dict[str, Any]], **extra: Any) -> httpx.Response:
         return self.client.post(
             f"/api/v1/nodes/{node_id}/heartbeat",
             json={"gpu_stats": stats, **extra},
@@ -77,9 +75,7 @@ def running_server(
 ) -> Iterator[Harness]:
     """A server on ``engine`` whose liveness flusher never fires by itself (tests flush explicitly)."""
     clock = clock or FakeClock(start)
-    settings = ServerSettings.load(
-        database_url=str(engine.url), liveness_flush_seconds=3600.0, **(server or {})
-    )
+    settings = ServerSettings.load(database_url=str(engine.url), liveness_flush_seconds=3600.0, **(server or {}))
     ctx = build_context(
         settings=settings, health_settings=HealthStorageSettings.load(**(health or {})), clock=clock, engine=engine
     )

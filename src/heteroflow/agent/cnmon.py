@@ -1,6 +1,6 @@
 """Cambricon ``cnmon``: the ``Ecc-Error`` column, located by its header label (H-12).
 
-Two header layouts exist (CNMON ≤1.x with ``Inited Driver``/``vMemory-Usage``; v4–v5 with ``Bus-Id`` /
+Two header layouts exist (CNMON ≤1.x with ``Inited Driver``/``vMemory-Usage``; v4-v5 with ``Bus-Id`` /
 ``Mode Compute-Mode``), so the column is found by label, never by position. ``N/A`` is unknown.
 
 The vendor has not said whether ``Ecc-Error`` counts correctable errors, uncorrectable errors or both.
@@ -16,7 +16,13 @@ from typing import Final
 
 from heteroflow.agent.commands import CommandError, CommandRunner
 from heteroflow.agent.parsing import parse_count, parse_measure
-from heteroflow.agent.readings import GpuHealth, GpuTelemetry, HealthCollection, TelemetryCollection
+from heteroflow.agent.readings import (
+    CollectorName,
+    GpuHealth,
+    GpuTelemetry,
+    HealthCollection,
+    TelemetryCollection,
+)
 from heteroflow.agent.tables import cells, find_box_table, locate, value_at
 from heteroflow.core.clock import Clock
 from heteroflow.health.counters import Counters
@@ -98,7 +104,7 @@ def parse_cnmon(text: str) -> CnmonTable | None:
 class CnmonCollector:
     """One ``cnmon`` call per tick covers every Cambricon card."""
 
-    name = "cnmon"
+    name: CollectorName = "cnmon"
 
     def __init__(self, *, runner: CommandRunner, clock: Clock, timeout_s: float = 10.0) -> None:
         self._runner = runner

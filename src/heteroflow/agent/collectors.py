@@ -20,12 +20,11 @@ from heteroflow.agent.readings import CollectorName, HealthCollection, Telemetry
 from heteroflow.agent.xpu_smi import XpuSmiCollector
 from heteroflow.core.clock import Clock
 
+VendorCollector = Literal["nvml", "nvidia-smi", "xpu-smi", "cnmon"]
 CollectorChoice = Literal["auto", "nvml", "nvidia-smi", "xpu-smi", "cnmon"]
 CHOICES: tuple[CollectorChoice, ...] = ("auto", "nvml", "nvidia-smi", "xpu-smi", "cnmon")
-AUTO_ORDER: tuple[CollectorChoice, ...] = ("nvml", "nvidia-smi", "xpu-smi", "cnmon")
-NOT_COLLECTED_NOTE = (
-    "other vendors (MetaX, Enflame, Iluvatar, Biren, Hygon, Moore Threads, Ascend) are not collected"
-)
+AUTO_ORDER: tuple[VendorCollector, ...] = ("nvml", "nvidia-smi", "xpu-smi", "cnmon")
+NOT_COLLECTED_NOTE = "other vendors (MetaX, Enflame, Iluvatar, Biren, Hygon, Moore Threads, Ascend) are not collected"
 
 
 class Collector(Protocol):
@@ -80,7 +79,7 @@ class Selection:
 
 
 def build_collector(
-    choice: Literal["nvml", "nvidia-smi", "xpu-smi", "cnmon"],
+    choice: VendorCollector,
     *,
     runner: CommandRunner,
     clock: Clock,
@@ -109,11 +108,9 @@ def select_collector(
     An explicit choice is used as long as it is available (even when it sees no card, so that
     ``probe --collector X`` shows what X sees). ``auto`` tries :data:`AUTO_ORDER`.
     """
-    order = AUTO_ORDER if choice == "auto" else (choice,)
+    order: tuple[VendorCollector, ...] = AUTO_ORDER if choice == "auto" else (choice,)
     warnings: list[str] = []
     for name in order:
-        if name == "auto":  # pragma: no cover - AUTO_ORDER never contains it
-            continue
         collector = build_collector(name, runner=runner, clock=clock, timeout_s=timeout_s, nvml_loader=nvml_loader)
         ok, why = collector.available()
         if not ok:
@@ -128,5 +125,7 @@ def select_collector(
     if choice == "auto":
         warnings.append(NOT_COLLECTED_NOTE)
     return Selection(
-        collector=NoCollector(clock=clock, warnings=tuple(warnings)), first_health=None, warnings=tuple(warnings)
+        collector=NoCollector(clock=clock, warnings=tuple(warnings)),
+        first_health=None,
+        warnings=tuple(warnings),
     )

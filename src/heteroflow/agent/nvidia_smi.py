@@ -17,9 +17,15 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Final
 
-from heteroflow.agent.commands import CommandError, CommandRunner, ToolMissingError
+from heteroflow.agent.commands import CommandError, CommandRunner
 from heteroflow.agent.parsing import add_counts, parse_count, parse_flag, parse_measure
-from heteroflow.agent.readings import GpuHealth, GpuTelemetry, HealthCollection, TelemetryCollection
+from heteroflow.agent.readings import (
+    CollectorName,
+    GpuHealth,
+    GpuTelemetry,
+    HealthCollection,
+    TelemetryCollection,
+)
 from heteroflow.core.clock import Clock
 from heteroflow.health.counters import Counters
 
@@ -68,9 +74,7 @@ def parse_help_fields(help_text: str) -> frozenset[str]:
     return frozenset(names)
 
 
-def choose_fields(
-    available: frozenset[str], wanted: Sequence[tuple[str, ...]]
-) -> dict[tuple[str, ...], str]:
+def choose_fields(available: frozenset[str], wanted: Sequence[tuple[str, ...]]) -> dict[tuple[str, ...], str]:
     """For each wanted field (by its candidate names), the first name the driver lists; absent → omitted."""
     chosen: dict[tuple[str, ...], str] = {}
     for candidates in wanted:
@@ -160,9 +164,7 @@ def health_from_rows(
     return gpus, warnings
 
 
-def telemetry_from_rows(
-    rows: Sequence[Mapping[str, str]], chosen: Mapping[tuple[str, ...], str]
-) -> list[GpuTelemetry]:
+def telemetry_from_rows(rows: Sequence[Mapping[str, str]], chosen: Mapping[tuple[str, ...], str]) -> list[GpuTelemetry]:
     gpus: list[GpuTelemetry] = []
     for row in rows:
         index = _index_of(row)
@@ -201,7 +203,7 @@ class NvidiaSmiCollector:
     exactly one process; a failed query drops the cache so the next tick re-probes.
     """
 
-    name = "nvidia-smi"
+    name: CollectorName = "nvidia-smi"
 
     def __init__(
         self,
@@ -258,9 +260,7 @@ class NvidiaSmiCollector:
         now = self._clock.now()
         try:
             rows, chosen, warnings = self._query((*HEALTH_FIELDS, *EXTRA_FIELDS))
-        except ToolMissingError as exc:
-            return HealthCollection(collector="nvidia-smi", collected_at=now, warnings=(str(exc),))
-        except CommandError as exc:
+        except CommandError as exc:  # missing, hung, or a field the driver refused
             return HealthCollection(collector="nvidia-smi", collected_at=now, warnings=(str(exc),))
         missing = [names[0] for names in HEALTH_FIELDS if names not in chosen]
         if missing:

@@ -12,6 +12,8 @@ produces a warning naming the card (the health event).
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,6 +21,7 @@ from typing import Any, Final, Protocol, TypeVar, cast
 
 from heteroflow.agent.parsing import add_counts
 from heteroflow.agent.readings import (
+    CollectorName,
     GpuHealth,
     GpuTelemetry,
     HealthCollection,
@@ -130,7 +133,7 @@ def _count(value: object) -> int | None:
 class NvmlCollector:
     """Reads every NVIDIA GPU in-process through NVML; one call per value, each failure isolated."""
 
-    name = "nvml"
+    name: CollectorName = "nvml"
 
     def __init__(self, *, clock: Clock, loader: Callable[[], NvmlApi] = load_pynvml) -> None:
         self._clock = clock
@@ -187,7 +190,7 @@ class NvmlCollector:
         cards: list[_Card] = []
         for index in range(count):
             card = _Card(index=index, handle=None, warnings=warnings)
-            card.handle = self._call(card, "handle", lambda i=index: api.nvmlDeviceGetHandleByIndex(i))
+            card.handle = self._call(card, "handle", functools.partial(api.nvmlDeviceGetHandleByIndex, index))
             cards.append(card)
         return cards
 
@@ -268,52 +271,53 @@ class NvmlCollector:
             )
         return HealthCollection(collector="nvml", collected_at=now, gpus=tuple(gpus), warnings=tuple(warnings))
 
+    def _telemetry(self, card: _Card) -> GpuTelemetry:
+        api = self._require()
+        h = card.handle
+        uuid, name = self._identity(card)
+        if h is None:
+            return GpuTelemetry(index=card.index)
+        temp = self._call(card, "temperature", lambda: api.nvmlDeviceGetTemperature(h, TEMPERATURE_GPU))
+        util = self._call(card, "utilisation", lambda: api.nvmlDeviceGetUtilizationRates(h))
+        memory = self._call(card, "memory", lambda: api.nvmlDeviceGetMemoryInfo(h))
+        power = self._call(card, "power", lambda: api.nvmlDeviceGetPowerUsage(h))
+        return GpuTelemetry(
+            index=card.index,
+            uuid=uuid,
+            name=name,
+            temperature_c=_number(temp),
+            utilization_pct=_number(getattr(util, "gpu", None)),
+            memory_used_mib=_mib(getattr(memory, "used", None)),
+            memory_total_mib=_mib(getattr(memory, "total", None)),
+            power_w=_milli(power),
+        )
+
     def read_telemetry(self) -> TelemetryCollection:
         now = self._clock.now()
         warnings: list[str] = []
         try:
             cards = self._cards(warnings)
-            api = self._require()
         except NvmlUnavailableError as exc:
             return TelemetryCollection(collector="nvml", collected_at=now, warnings=(str(exc),))
-        gpus: list[GpuTelemetry] = []
-        for card in cards:
-            h = card.handle
-            uuid, name = self._identity(card)
-            if h is None:
-                gpus.append(GpuTelemetry(index=card.index))
-                continue
-            temp = self._call(card, "temperature", lambda: api.nvmlDeviceGetTemperature(h, TEMPERATURE_GPU))
-            util = self._call(card, "utilisation", lambda: api.nvmlDeviceGetUtilizationRates(h))
-            memory = self._call(card, "memory", lambda: api.nvmlDeviceGetMemoryInfo(h))
-            power = self._call(card, "power", lambda: api.nvmlDeviceGetPowerUsage(h))
-            gpus.append(
-                GpuTelemetry(
-                    index=card.index,
-                    uuid=uuid,
-                    name=name,
-                    temperature_c=float(temp) if isinstance(temp, int) else None,
-                    utilization_pct=_number(getattr(util, "gpu", None)),
-                    memory_used_mib=_mib(getattr(memory, "used", None)),
-                    memory_total_mib=_mib(getattr(memory, "total", None)),
-                    power_w=float(power) / 1000.0 if isinstance(power, int) else None,
-                )
-            )
-        return TelemetryCollection(collector="nvml", collected_at=now, gpus=tuple(gpus), warnings=tuple(warnings))
+        gpus = tuple(self._telemetry(card) for card in cards)
+        return TelemetryCollection(collector="nvml", collected_at=now, gpus=gpus, warnings=tuple(warnings))
 
     def close(self) -> None:
         if self._api is not None:
             api, self._api = self._api, None
-            try:
+            with contextlib.suppress(api.NVMLError):
                 api.nvmlShutdown()
-            except api.NVMLError:
-                pass
 
 
 def _number(value: object) -> float | None:
     if isinstance(value, bool) or not isinstance(value, int | float):
         return None
     return float(value) if value >= 0 else None
+
+
+def _milli(value: object) -> float | None:
+    number = _number(value)
+    return number / 1000.0 if number is not None else None
 
 
 def _mib(value: object) -> float | None:
@@ -378,7 +382,5 @@ class XidWatcher:
     def close(self) -> None:
         if self._set is not None:
             event_set, self._set = self._set, None
-            try:
+            with contextlib.suppress(self._api.NVMLError):
                 self._api.nvmlEventSetFree(event_set)
-            except self._api.NVMLError:
-                pass

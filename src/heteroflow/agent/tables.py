@@ -41,7 +41,7 @@ def cells(line: str) -> list[str]:
 
 def _is_border(line: str) -> bool:
     stripped = line.strip()
-    return stripped.startswith("+") and set(stripped) <= set("+-=|")
+    return len(stripped) > 2 and stripped[0] in "+|" and "-" in stripped and set(stripped) <= set("+-=|")
 
 
 def _is_rule(line: str) -> bool:

@@ -14,7 +14,13 @@ from typing import Final
 
 from heteroflow.agent.commands import CommandError, CommandRunner
 from heteroflow.agent.parsing import parse_count, parse_measure
-from heteroflow.agent.readings import GpuHealth, GpuTelemetry, HealthCollection, TelemetryCollection
+from heteroflow.agent.readings import (
+    CollectorName,
+    GpuHealth,
+    GpuTelemetry,
+    HealthCollection,
+    TelemetryCollection,
+)
 from heteroflow.agent.tables import cells, find_box_table, locate, value_at
 from heteroflow.core.clock import Clock
 from heteroflow.health.counters import Counters
@@ -91,7 +97,7 @@ def parse_xpu_smi(text: str) -> XpuSmiTable | None:
 class XpuSmiCollector:
     """One ``xpu-smi`` call per tick covers every Kunlunxin card."""
 
-    name = "xpu-smi"
+    name: CollectorName = "xpu-smi"
 
     def __init__(self, *, runner: CommandRunner, clock: Clock, timeout_s: float = 10.0) -> None:
         self._runner = runner
@@ -125,9 +131,7 @@ class XpuSmiCollector:
     def read_telemetry(self) -> TelemetryCollection:
         now = self._clock.now()
         table = self._read()
-        return TelemetryCollection(
-            collector="xpu-smi", collected_at=now, gpus=table.telemetry, warnings=table.warnings
-        )
+        return TelemetryCollection(collector="xpu-smi", collected_at=now, gpus=table.telemetry, warnings=table.warnings)
 
     def close(self) -> None:
         return None

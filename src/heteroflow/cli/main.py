@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from heteroflow.cli import admin, local
+from heteroflow.cli import admin, agent, local
 from heteroflow.core.logs import configure_logging
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.server.settings import ServerSettings
@@ -19,14 +19,13 @@ app = typer.Typer(
 )
 app.add_typer(admin.app, name="admin")
 app.add_typer(admin.db_app, name="db")
+app.add_typer(agent.app, name="agent")
 app.command("up")(local.up)
 
 
 @app.command()
 def server(
-    host: Annotated[
-        str | None, typer.Option(help="Bind address [env HETEROFLOW_SERVER_HOST; 127.0.0.1]")
-    ] = None,
+    host: Annotated[str | None, typer.Option(help="Bind address [env HETEROFLOW_SERVER_HOST; 127.0.0.1]")] = None,
     port: Annotated[int | None, typer.Option(help="TCP port [env HETEROFLOW_SERVER_PORT; 8080]")] = None,
     database_url: Annotated[
         str | None, typer.Option(help="sqlite:///PATH or postgresql://… [env HETEROFLOW_DATABASE_URL]")

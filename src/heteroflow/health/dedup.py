@@ -37,6 +37,9 @@ class DedupCache:
         self._max = max_entries
         self._idle = idle_seconds
         self._entries: OrderedDict[CardKey, tuple[StoredSample, float]] = OrderedDict()
+        self.capacity_evictions = 0
+        """Entries pushed out by the size bound: steadily rising means the cache is smaller than the fleet
+        (cards = nodes x GPUs) and steady beats are costing SELECTs."""
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -67,6 +70,7 @@ class DedupCache:
         self._entries.move_to_end(sample.key)
         while len(self._entries) > self._max:
             self._entries.popitem(last=False)
+            self.capacity_evictions += 1
 
     def evict_idle(self, *, now: float) -> int:
         stale = [key for key, (_, used) in self._entries.items() if now - used > self._idle]

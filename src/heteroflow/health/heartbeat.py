@@ -95,8 +95,6 @@ def xid_events_from_wire(events: Sequence[Mapping[str, object]]) -> tuple[list[P
             rejected.append(f"xid_events[{position}]: occurred_at must be an ISO-8601 time")
         else:
             parsed.append(
-                ParsedXid(
-                    gpu_index=index, uuid=parse_uuid(event.get("uuid")), xid=xid, occurred_at=occurred_at
-                )
+                ParsedXid(gpu_index=index, uuid=parse_uuid(event.get("uuid")), xid=xid, occurred_at=occurred_at)
             )
     return parsed, rejected

@@ -39,6 +39,7 @@ class IngestStatus:
 
     pending_readings: int
     cache_entries: int
+    cache_capacity_evictions: int
     offered_total: int
     written_total: int
     skipped_dedup_total: int
@@ -145,6 +146,7 @@ class HealthIngestor:
         return IngestStatus(
             pending_readings=self._pending_count,
             cache_entries=len(self._cache),
+            cache_capacity_evictions=self._cache.capacity_evictions,
             offered_total=self._offered,
             written_total=self._written,
             skipped_dedup_total=self._skipped_dedup,
@@ -239,9 +241,7 @@ class HealthIngestor:
     def _note_failure(self, exc: Exception, *, readings: int, retrying: bool) -> None:
         self._write_failures += 1
         self._last_write_error = f"{type(exc).__name__}: {exc}"[:500]
-        _log.warning(
-            "health.write_failed", error=self._last_write_error, readings=readings, retrying=retrying
-        )
+        _log.warning("health.write_failed", error=self._last_write_error, readings=readings, retrying=retrying)
 
     def _take_batch(self) -> list[HealthReading]:
         batch: list[HealthReading] = []
@@ -265,9 +265,7 @@ class HealthIngestor:
             queue.appendleft(reading)
             self._pending_count += 1
 
-    def _write_batch(
-        self, batch: Sequence[HealthReading], known: dict[CardKey, StoredSample]
-    ) -> _BatchResult:
+    def _write_batch(self, batch: Sequence[HealthReading], known: dict[CardKey, StoredSample]) -> _BatchResult:
         """Runs in a worker thread: decide every reading against the newest stored row, insert, read back."""
         latest = dict(known)
         selects = 0

@@ -34,7 +34,11 @@ class HealthStorageSettings(LenientSettings):
         default=4096,
         ge=1,
         validation_alias=env_names("gpu_health_dedup_cache_entries", "GPU_HEALTH_DEDUP_CACHE_ENTRIES"),
-        description="Cards the dedup cache remembers (default 4096 = 512 nodes x 8 cards).",
+        description=(
+            "Cards the dedup cache remembers (default 4096 = 512 nodes x 8 cards). Size it to the cards one "
+            "server sees (nodes x GPUs, e.g. 24576 for 3,000 8-GPU nodes; ~0.5 KiB each): a smaller cache "
+            "costs a SELECT per beat for the cards it cannot hold (see the capacity-evictions metric)."
+        ),
     )
     dedup_idle_seconds: float = Field(
         default=1800.0,
@@ -54,9 +58,7 @@ class HealthStorageSettings(LenientSettings):
     cleanup_timeout_seconds: float = Field(
         default=60.0,
         gt=0,
-        validation_alias=env_names(
-            "gpu_health_cleanup_timeout_seconds", "GPU_HEALTH_CLEANUP_TIMEOUT_SECONDS"
-        ),
+        validation_alias=env_names("gpu_health_cleanup_timeout_seconds", "GPU_HEALTH_CLEANUP_TIMEOUT_SECONDS"),
         description="Time limit of one retention cleanup, in its own task (default 60 s).",
     )
     max_pending_readings: int = Field(
@@ -78,9 +80,7 @@ class HealthStorageSettings(LenientSettings):
     stall_threshold_minutes: int = Field(
         default=60,
         gt=0,
-        validation_alias=env_names(
-            "gpu_health_stall_threshold_minutes", "GPU_HEALTH_STALL_THRESHOLD_MINUTES"
-        ),
+        validation_alias=env_names("gpu_health_stall_threshold_minutes", "GPU_HEALTH_STALL_THRESHOLD_MINUTES"),
         description=(
             "Minutes without any sample (keepalive rows included) after which a card's collection is "
             "reported stalled (default 60)."

@@ -15,9 +15,7 @@ class WriteReason(StrEnum):
     KEEPALIVE = "keepalive"
 
 
-def decide_write(
-    reading: HealthReading, latest: StoredSample | None, *, keepalive: timedelta
-) -> WriteReason | None:
+def decide_write(reading: HealthReading, latest: StoredSample | None, *, keepalive: timedelta) -> WriteReason | None:
     """Why ``reading`` must be written given the newest stored row of its card, or ``None`` to skip.
 
     The keepalive is measured from the *stored row's* time, not the last heartbeat: measured from the

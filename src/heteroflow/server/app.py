@@ -7,6 +7,7 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
+import sqlalchemy as sa
 from fastapi import Depends, FastAPI
 from sqlalchemy.engine import Engine
 
@@ -41,6 +42,7 @@ def build_context(
     engine = engine or create_db_engine(settings.database_url)
     samples = SqlHealthSampleStore(engine)
     metrics = ServerMetrics()
+    sa.event.listen(engine, "before_cursor_execute", lambda *_: metrics.db_statements.inc())
     ingestor = HealthIngestor(store=samples, clock=clock, settings=health_settings)
     liveness = LivenessTracker()
     metrics.watch(ingestor.status, liveness.status)

@@ -19,9 +19,14 @@ from heteroflow.server.errors import Forbidden, NotFound, Unauthorized
 _bearer = HTTPBearer(auto_error=False, description="An API token: Authorization: Bearer hf_…")
 
 
-def context(request: Request) -> ServerContext:
+def server_context(request: Request) -> ServerContext:
     ctx: ServerContext = request.app.state.context
     return ctx
+
+
+async def context(request: Request) -> ServerContext:
+    """The server context, as a dependency (async, so that FastAPI does not hop to a thread for it)."""
+    return server_context(request)
 
 
 async def authenticate(
@@ -30,7 +35,7 @@ async def authenticate(
     """The caller, from the bearer token; verified tokens are trusted from memory for a short while."""
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
         raise Unauthorized("a bearer token is required (Authorization: Bearer <token>)")
-    ctx = context(request)
+    ctx = server_context(request)
     token_hash = hash_token(credentials.credentials)
     now = ctx.clock.monotonic()
     principal = ctx.token_cache.get(token_hash, now=now)

@@ -65,9 +65,7 @@ def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
         headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
-        return JSONResponse(
-            {"error": exc.code, "detail": exc.message}, status_code=exc.status_code, headers=headers
-        )
+        return JSONResponse({"error": exc.code, "detail": exc.message}, status_code=exc.status_code, headers=headers)
 
     @app.exception_handler(StoreUnavailableError)
     async def _store_unavailable(_: Request, exc: StoreUnavailableError) -> JSONResponse:

@@ -36,6 +36,11 @@ class ServerMetrics:
             "XID events stored (re-sent duplicates excluded).",
             registry=self.registry,
         )
+        self.db_statements = Counter(
+            "heteroflow_db_statements",
+            "SQL statements this server sent to the database (all paths).",
+            registry=self.registry,
+        )
         self.xid_event_failures = Counter(
             "heteroflow_xid_event_write_failures",
             "Heartbeats whose XID events could not be stored (the agent keeps and re-sends them).",
@@ -84,9 +89,7 @@ class _StatusCollector(Collector):
         cleanups.add_metric(["ok"], status.cleanup_runs_total - status.cleanup_failures_total)
         cleanups.add_metric(["failed"], status.cleanup_failures_total)
         yield cleanups
-        deleted = CounterMetricFamily(
-            "heteroflow_health_cleanup_deleted_rows", "Rows deleted by retention cleanup."
-        )
+        deleted = CounterMetricFamily("heteroflow_health_cleanup_deleted_rows", "Rows deleted by retention cleanup.")
         deleted.add_metric([], status.cleanup_deleted_total)
         yield deleted
         pending = GaugeMetricFamily("heteroflow_health_pending_readings", "Readings waiting for the writer.")
@@ -95,6 +98,13 @@ class _StatusCollector(Collector):
         cache = GaugeMetricFamily("heteroflow_health_dedup_cache_entries", "Cards in the dedup cache.")
         cache.add_metric([], status.cache_entries)
         yield cache
+        evictions = CounterMetricFamily(
+            "heteroflow_health_dedup_capacity_evictions",
+            "Dedup cache entries pushed out by the size bound; a steady rise means the cache is smaller than "
+            "the fleet (nodes x GPUs) and steady beats cost SELECTs: raise GPU_HEALTH_DEDUP_CACHE_ENTRIES.",
+        )
+        evictions.add_metric([], status.cache_capacity_evictions)
+        yield evictions
         live = self._liveness()
         flushes = CounterMetricFamily(
             "heteroflow_liveness_flushes", "Liveness flushes, by outcome.", labels=["outcome"]

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema
 
 from heteroflow.core.ids import Source
 
@@ -58,11 +58,18 @@ class XidEventIn(BaseModel):
     occurred_at: JsonValue = None
 
 
+# On the heartbeat path each stat stays a plain dict: the lenient parsing of health.heartbeat reads it
+# directly, and validating JsonValue fields model by model would cost more than the rest of the beat.
+# The published schema still describes the fields.
+GpuStatObject = Annotated[dict[str, Any], WithJsonSchema(GpuStat.model_json_schema())]
+XidEventObject = Annotated[dict[str, Any], WithJsonSchema(XidEventIn.model_json_schema())]
+
+
 class Heartbeat(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    gpu_stats: list[GpuStat] = Field(default_factory=list, max_length=MAX_GPU_STATS)
-    xid_events: list[XidEventIn] = Field(default_factory=list, max_length=MAX_XID_EVENTS)
+    gpu_stats: list[GpuStatObject] = Field(default_factory=list, max_length=MAX_GPU_STATS)
+    xid_events: list[XidEventObject] = Field(default_factory=list, max_length=MAX_XID_EVENTS)
 
 
 class XidEventsResult(BaseModel):

@@ -22,9 +22,7 @@ class ServerSettings(LenientSettings):
         validation_alias=env_names("server_host"),
         description="Address to bind (default loopback; set 0.0.0.0 explicitly to serve other hosts).",
     )
-    port: int = Field(
-        default=8080, ge=1, le=65535, validation_alias=env_names("server_port"), description="TCP port."
-    )
+    port: int = Field(default=8080, ge=1, le=65535, validation_alias=env_names("server_port"), description="TCP port.")
     database_url: str = Field(
         default_factory=default_database_url,
         min_length=1,

@@ -127,9 +127,7 @@ class SqlHealthSampleStore:
             for e in events
         ]
         with unavailable_as_store_error(), self._engine.begin() as conn:
-            insert: Any = (
-                postgresql.insert(xid_t) if conn.dialect.name == "postgresql" else sqlite.insert(xid_t)
-            )
+            insert: Any = postgresql.insert(xid_t) if conn.dialect.name == "postgresql" else sqlite.insert(xid_t)
             # rowcount is not reliable for a multi-row insert; count what RETURNING gives back
             result = conn.execute(insert.on_conflict_do_nothing().returning(xid_t.c.id), rows)
             return len(result.all())

@@ -124,18 +124,18 @@ class SqlNodeStore:
 # Newest times arrive as one JSON parameter: a single statement whatever the number of nodes, and no
 # bind-parameter limit to chunk around. Times are naive UTC, as the column stores them. Every existing
 # node is updated (to the newer of both times) so that RETURNING names exactly the nodes that exist.
-_NEWER = (
-    "CASE WHEN nodes.last_heartbeat_at IS NULL OR nodes.last_heartbeat_at < b.ts "
-    "THEN b.ts ELSE nodes.last_heartbeat_at END"
-)
 _LIVENESS_SQL = {
     "postgresql": sa.text(
-        f"UPDATE nodes SET last_heartbeat_at = {_NEWER} "
+        "UPDATE nodes SET last_heartbeat_at = CASE "
+        "  WHEN nodes.last_heartbeat_at IS NULL OR nodes.last_heartbeat_at < b.ts THEN b.ts "
+        "  ELSE nodes.last_heartbeat_at END "
         "FROM json_to_recordset(CAST(:beats AS json)) AS b(id text, ts timestamp) "
         "WHERE nodes.id = b.id RETURNING nodes.id"
     ),
     "sqlite": sa.text(
-        f"UPDATE nodes SET last_heartbeat_at = {_NEWER} "
+        "UPDATE nodes SET last_heartbeat_at = CASE "
+        "  WHEN nodes.last_heartbeat_at IS NULL OR nodes.last_heartbeat_at < b.ts THEN b.ts "
+        "  ELSE nodes.last_heartbeat_at END "
         "FROM (SELECT json_extract(value, '$.id') AS id, json_extract(value, '$.ts') AS ts "
         "      FROM json_each(:beats)) AS b "
         "WHERE nodes.id = b.id RETURNING nodes.id"

@@ -27,9 +27,7 @@ class PostgresUnavailableError(RuntimeError):
 
 def find_postgres_bin() -> Path:
     """The newest installed ``/usr/lib/postgresql/<version>/bin`` holding ``initdb`` and ``pg_ctl``."""
-    candidates = sorted(
-        glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parent.parent.name)
-    )
+    candidates = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"), key=lambda p: int(Path(p).parent.parent.name))
     if candidates:
         return Path(candidates[-1]).parent
     initdb = shutil.which("initdb")
@@ -63,7 +61,7 @@ class PostgresServer:
         command = [str(self.bin_dir / tool), *args]
         if self._as_postgres:
             command = ["runuser", "-u", "postgres", "--", *command]
-        subprocess.run(command, check=True, capture_output=True, timeout=120)
+        subprocess.run(command, check=True, capture_output=True, timeout=120)  # noqa: S603 - our own paths
 
     def start(self) -> None:
         options = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=off"

@@ -15,7 +15,6 @@ from heteroflow.platform.auth import Principal, Scope, generate_token, hash_toke
 from heteroflow.storage.db import unavailable_as_store_error
 from heteroflow.storage.schema import api_tokens, tenants
 
-
 _CHUNK = 1000
 
 

@@ -67,8 +67,8 @@ def test_seed_names_are_read_as_written_and_the_prefix_wins(monkeypatch: pytest.
 def test_valid_values_and_explicit_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HETEROFLOW_SERVER_PORT", "9000")
     monkeypatch.setenv("HETEROFLOW_DATABASE_URL", "postgresql://u@db/heteroflow")
-    loaded = ServerSettings.load(host="0.0.0.0")  # noqa: S104 - explicit, as an operator would
-    assert (loaded.host, loaded.port, loaded.database_url) == ("0.0.0.0", 9000, "postgresql://u@db/heteroflow")  # noqa: S104
+    loaded = ServerSettings.load(host="0.0.0.0")
+    assert (loaded.host, loaded.port, loaded.database_url) == ("0.0.0.0", 9000, "postgresql://u@db/heteroflow")
     assert ServerSettings.load().host == "127.0.0.1"  # loopback unless told otherwise
 
 

@@ -23,8 +23,9 @@ def reading(k: CardKey, at: float, value: int = 1) -> HealthReading:
 
 
 def cache(**kw: float) -> DedupCache:
-    return DedupCache(keepalive=timedelta(minutes=5), max_entries=int(kw.get("max_entries", 4096)),
-                      idle_seconds=kw.get("idle", 1800))
+    return DedupCache(
+        keepalive=timedelta(minutes=5), max_entries=int(kw.get("max_entries", 4096)), idle_seconds=kw.get("idle", 1800)
+    )
 
 
 def test_skip_only_what_a_confirmed_row_proves_unchanged() -> None:
@@ -41,6 +42,7 @@ def test_lru_bound_and_idle_eviction() -> None:
     for i in range(3):
         c.confirm(row(key(index=i)), now=0)
     assert len(c) == 2
+    assert c.capacity_evictions == 1
     assert c.get(key(index=0), now=0) is None  # least recently used went first
     assert c.get(key(index=2), now=61) is None  # idle too long
     c.confirm(row(key(index=5)), now=100)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 from heteroflow.core.ids import NodeId
@@ -27,9 +27,10 @@ def reading(clock: FakeClock, value: int | None, *, index: int = 0, node: str = 
     )
 
 
-async def wait_for(condition: object, timeout: float = 5.0) -> None:
-    async with asyncio.timeout(timeout):
-        while not condition():  # type: ignore[operator]
+async def wait_for(condition: Callable[[], bool], limit: float = 5.0) -> None:
+    """Poll a condition owned by another task or thread, with a deadline."""
+    async with asyncio.timeout(limit):
+        while not condition():  # noqa: ASYNC110 - the condition has no event to await
             await asyncio.sleep(0.005)
 
 
@@ -152,9 +153,7 @@ def test_cleanup_failure_is_counted_and_never_stops_the_writer() -> None:
     async def scenario() -> None:
         clock = FakeClock(T0)
         store = NoDelete()
-        ingestor = HealthIngestor(
-            store=store, clock=clock, settings=HealthStorageSettings.load(cleanup_every_writes=2)
-        )
+        ingestor = HealthIngestor(store=store, clock=clock, settings=HealthStorageSettings.load(cleanup_every_writes=2))
         ingestor.start()
         for value in range(3):
             ingestor.offer([reading(clock, value)])

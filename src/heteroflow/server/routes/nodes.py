@@ -93,9 +93,8 @@ async def heartbeat(
     node = await visible_node(ctx, principal, node_id, cached=True)
     received_at = ctx.clock.now()
     ctx.liveness.beat(node.id, received_at)
-    stats = [stat.model_dump() for stat in body.gpu_stats]
     readings, invalid = readings_from_stats(
-        stats, node_id=node.id, source=node.source, received_at=received_at
+        body.gpu_stats, node_id=node.id, source=node.source, received_at=received_at
     )
     if invalid:
         ctx.metrics.health_stats_invalid.inc(invalid)
@@ -109,7 +108,7 @@ async def heartbeat(
 async def _store_xid_events(ctx: ServerContext, node: NodeRecord, body: Heartbeat) -> XidEventsResult:
     if not body.xid_events:
         return XidEventsResult(received=0, stored=0, rejected=[], retry=False)
-    events, rejected = xid_events_from_wire([event.model_dump() for event in body.xid_events])
+    events, rejected = xid_events_from_wire(body.xid_events)
     try:
         stored = await asyncio.to_thread(
             ctx.samples.insert_xid_events,
@@ -133,9 +132,7 @@ async def list_nodes(
     limit: Annotated[int, Query(ge=1, le=1000)] = 200,
     offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
 ) -> NodeList:
-    nodes, total = await asyncio.to_thread(
-        ctx.nodes.list, scope=NodeScope.of(principal), limit=limit, offset=offset
-    )
+    nodes, total = await asyncio.to_thread(ctx.nodes.list, scope=NodeScope.of(principal), limit=limit, offset=offset)
     return NodeList(items=[node_out(ctx, node) for node in nodes], total=total, limit=limit, offset=offset)
 
 

@@ -64,9 +64,7 @@ def upgrade() -> None:
 
     op.create_table(
         "gpu_health_samples",
-        sa.Column(
-            "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False
-        ),
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False),
         sa.Column("node_id", sa.String(length=36), nullable=False),
         sa.Column("gpu_index", sa.Integer(), nullable=False),
         sa.Column("uuid", sa.String(length=128), nullable=True),
@@ -95,9 +93,7 @@ def upgrade() -> None:
 
     op.create_table(
         "gpu_xid_events",
-        sa.Column(
-            "id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False
-        ),
+        sa.Column("id", sa.BigInteger().with_variant(sa.Integer(), "sqlite"), autoincrement=True, nullable=False),
         sa.Column("node_id", sa.String(length=36), nullable=False),
         sa.Column("gpu_index", sa.Integer(), nullable=False),
         sa.Column("uuid", sa.String(length=128), nullable=True),

@@ -1,0 +1,187 @@
+"""The agent against a real server process: fake nvidia-smi on PATH, the samples and capabilities APIs,
+SIGTERM, simulated mode, and a server restart that loses no queued XID event."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+import sqlalchemy as sa
+
+from heteroflow.agent.assembly import build_agent
+from heteroflow.agent.settings import AgentSettings
+from heteroflow.agent.testing import FakeCommandRunner, FakeGpu, FakeNvml
+from heteroflow.core.clock import SystemClock
+
+from .conftest import OWN_FIXTURES, SHARED_FIXTURES, ServerProcess, agent_env, fake_smi_path, poll, start_server
+
+pytestmark = pytest.mark.e2e
+
+FIVE = (
+    "ecc_uncorrected_total",
+    "ecc_corrected_total",
+    "retired_pages",
+    "remapped_rows_pending",
+    "remapped_rows_failure",
+)
+
+
+def run_agent(node: str, env: dict[str, str], server: ServerProcess) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [
+            sys.executable, "-m", "heteroflow", "agent", "run",
+            "--server", server.url, "--token", server.token, "--node-name", node,
+            "--heartbeat-interval", "0.2", "--health-interval", "0.5", "--tick-timeout", "10",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+
+
+def node_id_of(server: ServerProcess, name: str) -> str | None:
+    items = server.get("/api/v1/nodes").json()["items"]
+    return next((item["id"] for item in items if item["name"] == name), None)
+
+
+def samples(server: ServerProcess, node_id: str, index: int, source: str = "real") -> list[dict[str, object]]:
+    body = server.get("/api/v1/gpu-health/samples", node_id=node_id, gpu_index=index, source=source).json()
+    return list(body["samples"])
+
+
+def stop_agent(agent: subprocess.Popen[str]) -> str:
+    agent.send_signal(signal.SIGTERM)
+    _, stderr = agent.communicate(timeout=20)
+    assert agent.returncode == 0, stderr[-2000:]
+    return stderr
+
+
+def test_synthetic_nvidia_smi_beats_into_a_real_server(server: ServerProcess, tmp_path: Path) -> None:
+    env = agent_env(
+        fake_smi_path(tmp_path),
+        FAKE_NVIDIA_SMI_HELP=str(OWN_FIXTURES / "help-query-gpu.synthetic.txt"),
+        FAKE_NVIDIA_SMI_CSV=str(OWN_FIXTURES / "query-gpu.synthetic.csv"),
+        FAKE_NVIDIA_SMI_EXIT="15",  # the real tool exits non-zero when a GPU is lost
+    )
+    agent = run_agent("e2e-synthetic", env, server)
+    try:
+        node_id = str(poll(lambda: node_id_of(server, "e2e-synthetic")))
+        rows = poll(lambda: samples(server, node_id, 0))
+        assert isinstance(rows, list)
+        assert next(tuple(row[k] for k in FIVE) for row in rows) == (0, 12, 0, 1, 0)
+        assert rows[0]["uuid"] == "GPU-aaaaaaaa-0000-0000-0000-000000000000"
+        three = poll(lambda: samples(server, node_id, 3))
+        assert isinstance(three, list)
+        assert tuple(three[0][k] for k in FIVE) == (None, 55_000_000_000, 5, 0, 1)
+        # GPU 1: every counter unknown → never stored; the lost GPU: no row at all
+        assert samples(server, node_id, 1) == []
+        cards = {
+            card["gpu_index"]: card
+            for card in server.get("/api/v1/gpu-health/capabilities").json()["cards"]
+            if card["node_id"] == node_id
+        }
+        assert sorted(cards) == [0, 3, 4]
+        assert cards[0]["metrics"]["ecc_corrected_total"] == "collectable"
+        assert cards[4]["metrics"]["ecc_corrected_total"] == "unknown"
+        node = next(item for item in server.get("/api/v1/nodes").json()["items"] if item["id"] == node_id)
+        assert (node["vendor"], node["model"], node["gpu_count"], node["source"]) == ("NVIDIA", "NVIDIA A10", 4, "real")
+    finally:
+        if agent.poll() is None:
+            stderr = stop_agent(agent)
+            assert "Traceback" not in stderr
+            assert "agent.registered" in stderr
+
+
+@pytest.mark.skipif(not SHARED_FIXTURES.is_dir(), reason=f"shared captures not present at {SHARED_FIXTURES}")
+def test_h100_capture_through_the_agent_process(server: ServerProcess, tmp_path: Path) -> None:
+    capture = (
+        SHARED_FIXTURES
+        / "nvidia-smi"
+        / "nvidia_gpu_exporter__capture__linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt"
+    )
+    env = agent_env(fake_smi_path(tmp_path), FAKE_NVIDIA_SMI_CAPTURE=str(capture), FAKE_NVIDIA_SMI_PHASE="load")
+    agent = run_agent("e2e-h100", env, server)
+    try:
+        node_id = str(poll(lambda: node_id_of(server, "e2e-h100")))
+        rows = poll(lambda: samples(server, node_id, 0))
+        assert isinstance(rows, list)
+        assert tuple(rows[0][k] for k in FIVE) == (0, 0, None, 0, 0)
+    finally:
+        if agent.poll() is None:
+            stop_agent(agent)
+
+
+def test_simulated_mode_registers_a_simulated_node(server: ServerProcess) -> None:
+    settings = AgentSettings.load(
+        server_url=server.url,
+        token=server.token,
+        node_name="e2e-sim",
+        heartbeat_interval_seconds=0.2,
+        health_interval_seconds=0.5,
+        simulate_gpus=2,
+    )
+    agent = build_agent(settings, runner=FakeCommandRunner(installed=[]), clock=SystemClock())
+    thread = threading.Thread(target=agent.run)
+    thread.start()
+    try:
+        node_id = str(poll(lambda: node_id_of(server, "e2e-sim")))
+        rows = poll(lambda: samples(server, node_id, 1, source="simulated"))
+        assert isinstance(rows, list)
+        assert rows[0]["uuid"]
+        assert samples(server, node_id, 1, source="real") == []
+        node = next(item for item in server.get("/api/v1/nodes").json()["items"] if item["id"] == node_id)
+        assert node["source"] == "simulated"
+    finally:
+        agent.stop_event.set()
+        thread.join(20)
+    assert agent.status().registrations == 1
+
+
+def test_a_server_restart_loses_no_queued_xid_event(tmp_path: Path) -> None:
+    server = start_server(tmp_path)
+    fake = FakeNvml([FakeGpu(uuid="GPU-x0"), FakeGpu(uuid="GPU-x1")])
+    settings = AgentSettings.load(
+        server_url=server.url,
+        token=server.token,
+        node_name="e2e-xid",
+        heartbeat_interval_seconds=0.1,
+        health_interval_seconds=0.5,
+        reconnect_initial_seconds=0.05,
+        reconnect_max_seconds=0.2,
+        request_timeout_seconds=2,
+    )
+    agent = build_agent(settings, runner=FakeCommandRunner(installed=[]), clock=SystemClock(), nvml_loader=lambda: fake)
+    thread = threading.Thread(target=agent.run)
+    thread.start()
+    engine = sa.create_engine(server.database_url)
+    try:
+        assert agent.status().collection.collector == "nvml"
+        poll(lambda: agent.status().beats_sent >= 2)
+        server.stop()
+        poll(lambda: agent.status().consecutive_failures >= 2)
+        fake.emit_xid(1, 48)
+        fake.emit_xid(0, 79)
+        poll(lambda: agent.status().xid.pending == 2)
+        poll(lambda: agent.status().consecutive_failures >= 4)  # events are retried while the server is away
+        assert agent.status().xid.pending == 2
+        server.start()
+
+        def stored() -> list[tuple[int, int, str | None]]:
+            with engine.connect() as conn:
+                rows = conn.execute(sa.text("SELECT gpu_index, xid, uuid FROM gpu_xid_events ORDER BY xid"))
+                return [(int(r[0]), int(r[1]), r[2]) for r in rows]
+
+        assert poll(stored) == [(1, 48, "GPU-x1"), (0, 79, "GPU-x0")]
+        poll(lambda: agent.status().xid.pending == 0)
+        assert agent.status().xid.dropped == 0
+        assert agent.status().registrations == 1  # same node across the restart
+    finally:
+        agent.stop_event.set()
+        thread.join(20)
+        engine.dispose()
+        server.stop()

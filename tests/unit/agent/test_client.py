@@ -1,0 +1,86 @@
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from heteroflow.agent.client import (
+    HttpPlatformClient,
+    NodeGoneError,
+    PermanentError,
+    Registration,
+    ServerUnavailableError,
+)
+from heteroflow.core.ids import NodeId
+
+REG = Registration(hostname="n1", vendor="NVIDIA", model="H100", gpu_count=8, source="real")
+
+
+def client_for(handler: httpx.MockTransport) -> HttpPlatformClient:
+    return HttpPlatformClient(base_url="http://server", token="secret", transport=handler)
+
+
+def test_register_and_beat_speak_the_wire_format() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path.endswith("/register"):
+            return httpx.Response(200, json={"node_id": "abc", "created": True, "heartbeat_interval_seconds": 5})
+        return httpx.Response(
+            200,
+            json={
+                "status": "ok",
+                "server_time": "x",
+                "xid_events": {"received": 1, "stored": 1, "rejected": [], "retry": False},
+            },
+        )
+
+    client = client_for(httpx.MockTransport(handler))
+    registered = client.register(REG)
+    assert registered.node_id == "abc"
+    result = client.heartbeat(registered.node_id, {"gpu_stats": [], "xid_events": []})
+    assert result.xid_stored == 1
+    assert not result.xid_retry
+    assert seen[0].headers["Authorization"] == "Bearer secret"
+    assert json.loads(seen[0].content) == {
+        "hostname": "n1",
+        "vendor": "NVIDIA",
+        "model": "H100",
+        "gpu_count": 8,
+        "source": "real",
+    }
+    assert seen[1].url.path == "/api/v1/nodes/abc/heartbeat"
+
+
+@pytest.mark.parametrize(
+    ("status", "error"),
+    [
+        (404, NodeGoneError),
+        (500, ServerUnavailableError),
+        (503, ServerUnavailableError),
+        (401, PermanentError),
+        (422, PermanentError),
+    ],
+)
+def test_heartbeat_errors_carry_their_retry_meaning(status: int, error: type[Exception]) -> None:
+    client = client_for(httpx.MockTransport(lambda _: httpx.Response(status, json={"detail": "x"})))
+    with pytest.raises(error):
+        client.heartbeat(NodeId("abc"), {})
+
+
+def test_a_conflict_on_register_is_permanent() -> None:
+    client = client_for(httpx.MockTransport(lambda _: httpx.Response(409, json={"detail": "other source"})))
+    with pytest.raises(PermanentError, match="other source"):
+        client.register(REG)
+
+
+def test_connection_errors_are_unavailable() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    client = client_for(httpx.MockTransport(refuse))
+    with pytest.raises(ServerUnavailableError):
+        client.register(REG)
+    client.close()

@@ -1,0 +1,182 @@
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from heteroflow.agent.client import PermanentError, ServerUnavailableError
+from heteroflow.agent.collectors import Selection
+from heteroflow.agent.readings import GpuHealth, GpuTelemetry, HealthCollection, TelemetryCollection, XidEvent
+from heteroflow.agent.runner import Agent, registration_for
+from heteroflow.agent.scheduler import CollectionService
+from heteroflow.agent.testing import FakeCollector, FakePlatformClient
+from heteroflow.agent.xid_queue import XidQueue
+from heteroflow.core.ids import Source
+from heteroflow.core.testing import FakeClock
+from heteroflow.health.counters import Counters
+
+
+def make_agent(
+    clock: FakeClock,
+    client: FakePlatformClient,
+    *,
+    source: Source = "real",
+    capacity: int = 100,
+    interval_s: float = 5.0,
+    backoff_s: tuple[float, float] = (1.0, 30.0),
+) -> tuple[Agent, CollectionService, XidQueue]:
+    health = HealthCollection(
+        collector="nvidia-smi",
+        collected_at=clock.now(),
+        gpus=tuple(
+            GpuHealth(
+                index=i, vendor="NVIDIA", uuid=f"GPU-{i}", name="NVIDIA H100", counters=Counters(0, i, None, 0, 0)
+            )
+            for i in range(2)
+        ),
+    )
+    telemetry = TelemetryCollection(
+        collector="nvidia-smi", collected_at=clock.now(), gpus=(GpuTelemetry(index=0, temperature_c=40.0),)
+    )
+    collector = FakeCollector(clock=clock, health=health, telemetry=telemetry)
+    svc = CollectionService(
+        selection=Selection(collector=collector, first_health=health, warnings=()),
+        clock=clock,
+        heartbeat_interval_s=5.0,
+        health_interval_s=60.0,
+        tick_timeout_s=5.0,
+    )
+    svc.tick_telemetry()
+    queue = XidQueue(capacity)
+    agent = Agent(
+        client=client,
+        collection=svc,
+        xid_queue=queue,
+        clock=clock,
+        hostname="gpu-node-1",
+        source=source,
+        heartbeat_interval_s=interval_s,
+        reconnect_initial_s=backoff_s[0],
+        reconnect_max_s=backoff_s[1],
+    )
+    return agent, svc, queue
+
+
+def test_registers_once_then_beats_the_cached_readings(clock: FakeClock) -> None:
+    client = FakePlatformClient()
+    agent, _, _ = make_agent(clock, client)
+    agent.beat()
+    agent.beat()
+    assert client.nodes["gpu-node-1"][1].gpu_count == 2
+    assert client.nodes["gpu-node-1"][1].model == "NVIDIA H100"
+    assert client.nodes["gpu-node-1"][1].vendor == "NVIDIA"
+    assert client.nodes["gpu-node-1"][1].source == "real"
+    assert agent.status().registrations == 1
+    assert agent.status().beats_sent == 2
+    stats = client.beats[-1][1]["gpu_stats"]
+    assert stats[1]["ecc_corrected_total"] == 1
+    assert "retired_pages" not in stats[1]
+
+
+def test_a_deleted_node_registers_again(clock: FakeClock) -> None:
+    from heteroflow.agent.client import NodeGoneError
+
+    client = FakePlatformClient()
+    agent, _, _ = make_agent(clock, client)
+    agent.beat()
+    client.forget("gpu-node-1")
+    with pytest.raises(NodeGoneError):
+        agent.beat()
+    agent.beat()
+    assert agent.status().registrations == 2
+    assert agent.status().node_id == client.nodes["gpu-node-1"][0]
+
+
+def test_xid_events_survive_an_outage_and_a_retry_answer(clock: FakeClock) -> None:
+    client = FakePlatformClient()
+    agent, _, queue = make_agent(clock, client)
+    agent.beat()
+    queue.put(XidEvent(index=1, uuid="GPU-1", xid=48, occurred_at=clock.now()))
+    client.fail_with = ServerUnavailableError("connection refused")
+    with pytest.raises(ServerUnavailableError):
+        agent.beat()
+    assert queue.status().pending == 1
+    client.fail_with = None
+    client.xid_retry = True  # the server could not store them: keep
+    agent.beat()
+    assert queue.status().pending == 1
+    client.xid_retry = False
+    agent.beat()
+    assert queue.status().pending == 0
+    assert len(client.stored_xids) == 1
+    assert [len(body["xid_events"]) for _, body in client.beats] == [0, 1, 1]
+
+
+def test_a_simulated_node_registers_as_simulated(clock: FakeClock) -> None:
+    client = FakePlatformClient()
+    agent, _, _ = make_agent(clock, client, source="simulated")
+    agent.beat()
+    assert client.nodes["gpu-node-1"][1].source == "simulated"
+
+
+def test_run_backs_off_while_the_server_is_away_and_stops_cleanly(clock: FakeClock) -> None:
+    client = FakePlatformClient()
+    client.fail_with = ServerUnavailableError("connection refused")
+    agent, _, _ = make_agent(clock, client, interval_s=0.01, backoff_s=(0.01, 0.02))
+    thread = threading.Thread(target=agent.run)
+    thread.start()
+    deadline = 200
+    while agent.status().beats_failed < 3 and deadline:
+        agent.stop_event.wait(0.02)
+        deadline -= 1
+    assert agent.status().consecutive_failures >= 3
+    client.fail_with = None
+    while agent.status().beats_sent < 1 and deadline:
+        agent.stop_event.wait(0.02)
+        deadline -= 1
+    assert agent.status().consecutive_failures == 0
+    agent.stop_event.set()
+    thread.join(5)
+    assert not thread.is_alive()
+    assert agent.status().stopped_reason == "stopped"
+    assert client.closed
+
+
+def test_run_stops_with_exit_2_when_refused(clock: FakeClock) -> None:
+    client = FakePlatformClient()
+    client.fail_with = PermanentError("hostname registered with another source")
+    agent, _, _ = make_agent(clock, client, interval_s=0.01)
+    assert agent.run() == 2
+    assert "another source" in (agent.status().stopped_reason or "")
+
+
+def test_registration_of_a_node_with_nothing_collected(clock: FakeClock) -> None:
+    registration = registration_for(hostname="h", source="real", health=None, telemetry=None)
+    assert (registration.vendor, registration.model, registration.gpu_count) == ("unknown", "", 0)
+
+
+def test_beats_go_on_while_the_collector_hangs(clock: FakeClock) -> None:
+    client = FakePlatformClient()
+    agent, svc, _ = make_agent(clock, client, interval_s=0.01)
+    collector = svc.collector
+    assert isinstance(collector, FakeCollector)
+    collector.hold = threading.Event()  # every read from now on blocks, like a hung driver
+    thread = threading.Thread(target=agent.run)
+    thread.start()
+    try:
+        for _ in range(500):
+            if collector.telemetry_reads >= 1:
+                break
+            agent.stop_event.wait(0.01)
+        assert collector.telemetry_reads >= 1  # the telemetry loop is now stuck inside the collector
+        beats_then = agent.status().beats_sent
+        for _ in range(500):
+            if agent.status().beats_sent >= beats_then + 20:
+                break
+            agent.stop_event.wait(0.01)
+        assert agent.status().beats_sent >= beats_then + 20
+    finally:
+        agent.stop_event.set()
+        collector.hold.set()
+        thread.join(10)
+    assert not thread.is_alive()
