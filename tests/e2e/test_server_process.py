@@ -91,8 +91,9 @@ def test_create_token_refuses_unknown_scopes_with_a_message(tmp_path: object) ->
 
 
 def test_create_token_for_a_tenant_prints_the_token_last(database_url: str) -> None:
-    result = heteroflow("admin", "create-token", "--scopes", "nodes:read", "--tenant", "team-a",
-                        "--database-url", database_url)
+    result = heteroflow(
+        "admin", "create-token", "--scopes", "nodes:read", "--tenant", "team-a", "--database-url", database_url
+    )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1].startswith("hf_")
     assert "created tenant 'team-a'" in result.stderr

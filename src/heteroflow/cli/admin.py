@@ -16,9 +16,7 @@ from heteroflow.storage.token_store import SqlTokenStore
 app = typer.Typer(help="Administer tokens and tenants.", no_args_is_help=True)
 db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 
-DatabaseUrl = Annotated[
-    str | None, typer.Option(help="sqlite:///PATH or postgresql://… [env HETEROFLOW_DATABASE_URL]")
-]
+DatabaseUrl = Annotated[str | None, typer.Option(help="sqlite:///PATH or postgresql://… [env HETEROFLOW_DATABASE_URL]")]
 
 
 def _store(database_url: str | None) -> SqlTokenStore:
@@ -35,13 +33,9 @@ def _store(database_url: str | None) -> SqlTokenStore:
 def create_token(
     scopes: Annotated[
         str,
-        typer.Option(
-            help="Comma-separated: nodes:read, nodes:write, agent, alerts:write, metrics:read, admin"
-        ),
+        typer.Option(help="Comma-separated: nodes:read, nodes:write, agent, alerts:write, metrics:read, admin"),
     ],
-    tenant: Annotated[
-        str | None, typer.Option(help="Limit the token to this tenant's nodes (created if new)")
-    ] = None,
+    tenant: Annotated[str | None, typer.Option(help="Limit the token to this tenant's nodes (created if new)")] = None,
     name: Annotated[str, typer.Option(help="A label to recognise the token by")] = "cli",
     database_url: DatabaseUrl = None,
 ) -> None:

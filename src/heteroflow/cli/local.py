@@ -24,9 +24,7 @@ from heteroflow.storage.token_store import SqlTokenStore
 
 def up(
     port: Annotated[int, typer.Option(help="Platform server port on 127.0.0.1")] = 8080,
-    data_dir: Annotated[Path, typer.Option(help="Where the SQLite database and state file live")] = Path(
-        "var/local"
-    ),
+    data_dir: Annotated[Path, typer.Option(help="Where the SQLite database and state file live")] = Path("var/local"),
     state_file: Annotated[Path | None, typer.Option(help="Where to write URLs and the admin token")] = None,
 ) -> None:
     """Run HeteroFlow locally on embedded defaults; Ctrl-C stops it."""
@@ -54,6 +52,4 @@ def up(
     typer.echo(f"try: curl -H 'Authorization: Bearer {token}' {server_url}/api/v1/nodes")
     settings = ServerSettings.load(host="127.0.0.1", port=port, database_url=database_url)
     ctx = build_context(settings=settings, health_settings=HealthStorageSettings.load(), engine=engine)
-    uvicorn.run(
-        create_app(ctx, migrate=False), host="127.0.0.1", port=port, log_config=None, access_log=False
-    )
+    uvicorn.run(create_app(ctx, migrate=False), host="127.0.0.1", port=port, log_config=None, access_log=False)

@@ -59,12 +59,8 @@ class LenientSettings(BaseSettings):
                         removed = True
                     if keys:
                         names = " or ".join(_env_names(cls, field_name))
-                        default = cls.model_fields[_field_of(cls, field_name)].get_default(
-                            call_default_factory=True
-                        )
-                        warnings.append(
-                            f"invalid value {rejected!r} for {names}; using the default {default!r}"
-                        )
+                        default = cls.model_fields[_field_of(cls, field_name)].get_default(call_default_factory=True)
+                        warnings.append(f"invalid value {rejected!r} for {names}; using the default {default!r}")
                 if not removed:
                     raise
                 continue
