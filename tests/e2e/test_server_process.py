@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -97,3 +99,62 @@ def test_create_token_for_a_tenant_prints_the_token_last(database_url: str) -> N
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip().splitlines()[-1].startswith("hf_")
     assert "created tenant 'team-a'" in result.stderr
+
+
+def test_revoke_token_through_the_cli(database_url: str) -> None:
+    result = heteroflow("admin", "create-token", "--scopes", "nodes:read", "--database-url", database_url)
+    token_id = result.stderr.split("token id ")[1].split()[0]
+    revoked = heteroflow("admin", "revoke-token", token_id, "--database-url", database_url)
+    assert revoked.returncode == 0, revoked.stderr
+    again = heteroflow("admin", "revoke-token", token_id, "--database-url", database_url)
+    assert again.returncode == 1
+    assert "no live token" in again.stderr
+
+
+def test_up_runs_the_local_platform_and_stops_cleanly_on_ctrl_c(tmp_path: Path) -> None:
+    port = free_port()
+    state_file = tmp_path / "state.json"
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "heteroflow",
+            "up",
+            "--port",
+            str(port),
+            "--data-dir",
+            str(tmp_path / "data"),
+            "--state-file",
+            str(state_file),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while not state_file.exists():
+            assert process.poll() is None, process.stderr.read() if process.stderr else b""
+            assert time.monotonic() < deadline, "no state file"
+            time.sleep(0.05)
+        state = json.loads(state_file.read_text())
+        assert state_file.stat().st_mode & 0o077 == 0  # the admin token is for its owner only
+        headers = {"Authorization": f"Bearer {state['admin_token']}"}
+        while True:
+            try:
+                response = httpx.get(f"{state['server_url']}/api/v1/nodes", headers=headers)
+                break
+            except httpx.TransportError:
+                assert time.monotonic() < deadline, "server did not answer"
+                time.sleep(0.05)
+        assert response.status_code == 200
+        assert response.json()["total"] == 0
+        assert state["server_url"] == f"http://127.0.0.1:{port}"
+        process.send_signal(signal.SIGINT)
+        assert process.wait(15) in (0, -signal.SIGINT)
+    finally:
+        if process.poll() is None:
+            process.kill()
+            process.wait(10)
+        for stream in (process.stdout, process.stderr):
+            if stream is not None:
+                stream.close()

@@ -112,6 +112,7 @@ class AgentSettings(LenientSettings):
     )
     log_level: str = Field(
         default="info",
+        pattern="^(debug|info|warning|error)$",
         validation_alias=env_names("agent_log_level"),
         description="Log level (debug, info, warning, error).",
     )
