@@ -8,12 +8,17 @@ from collections.abc import Iterator
 import pytest
 import sqlalchemy as sa
 import structlog
+from hypothesis import HealthCheck, settings
 from sqlalchemy.engine import Engine
 
 from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.testing import PostgresServer, PostgresUnavailableError
 
 _HEALTH_ENV_PREFIXES = ("HETEROFLOW_", "GPU_HEALTH_")
+
+# Two shared cores: a per-example deadline would fail on the machine's load, not on the code.
+settings.register_profile("heteroflow", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("heteroflow")
 
 
 @pytest.fixture(autouse=True)
