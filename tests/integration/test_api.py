@@ -28,13 +28,21 @@ def test_every_route_refuses_a_missing_or_unknown_token(harness: Harness) -> Non
         ("POST", "/api/v1/nodes/x/heartbeat"),
         ("GET", "/api/v1/gpu-health/samples"),
         ("GET", "/api/v1/gpu-health/capabilities"),
+        ("GET", "/api/v1/gpu-health/predictions"),
+        ("GET", "/api/v1/gpu-health/prediction-stats"),
+        ("GET", "/api/v1/alerts"),
+        ("GET", "/api/v1/alerts/x"),
+        ("POST", "/api/v1/alerts/x/resolve"),
         ("GET", "/api/v1/server/status"),
         ("GET", "/metrics"),
         ("GET", "/healthz"),
         ("GET", "/openapi.json"),
     ]
     schema_paths = set(harness.client.app.openapi()["paths"])
-    assert schema_paths <= {path.replace("/x", "/{node_id}") for _, path in routes}
+    named = {
+        path.replace("/nodes/x", "/nodes/{node_id}").replace("/alerts/x", "/alerts/{alert_id}") for _, path in routes
+    }
+    assert schema_paths <= named, schema_paths - named
     for method, path in routes:
         for headers in ({}, {"Authorization": "Bearer hf_not-a-real-token"}, {"Authorization": "Basic abc"}):
             response = harness.client.request(method, path, headers=headers)

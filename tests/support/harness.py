@@ -79,5 +79,5 @@ def running_server(
     ctx = build_context(
         settings=settings, health_settings=HealthStorageSettings.load(**(health or {})), clock=clock, engine=engine
     )
-    with TestClient(create_app(ctx)) as client:
+    with TestClient(create_app(ctx, run_worker=False)) as client:
         yield Harness(client, ctx, clock)

@@ -8,7 +8,7 @@ from datetime import datetime
 from heteroflow.core.ids import SOURCES, NodeId, Source
 from heteroflow.health.counters import Counters
 
-__all__ = ["SOURCES", "CardKey", "HealthReading", "Source", "StoredSample"]
+__all__ = ["SOURCES", "Card", "CardKey", "HealthReading", "Source", "StoredSample"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,3 +43,20 @@ class StoredSample:
     uuid: str | None
     sampled_at: datetime
     counters: Counters
+
+
+@dataclass(frozen=True, slots=True)
+class Card:
+    """ "The same card" everywhere in rules, backfill and statistics (H-4): node, physical index, uuid, source.
+
+    A value read under another uuid belongs to another card and is unknown for this one.
+    """
+
+    node_id: NodeId
+    gpu_index: int
+    uuid: str | None
+    source: Source
+
+    @property
+    def slot(self) -> CardKey:
+        return CardKey(node_id=self.node_id, gpu_index=self.gpu_index, source=self.source)

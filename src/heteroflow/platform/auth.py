@@ -63,6 +63,12 @@ class Principal:
     scopes: frozenset[Scope]
     tenant_id: TenantId | None
     tenant_name: str | None = None
+    token_name: str = ""
+
+    @property
+    def actor(self) -> str:
+        """How audit trails name this caller: the token's label and id, never the token."""
+        return f"token:{self.token_name or '-'}:{self.token_id}"
 
     def has(self, scope: Scope) -> bool:
         return scope in self.scopes or Scope.ADMIN in self.scopes

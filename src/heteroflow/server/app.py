@@ -15,19 +15,29 @@ import heteroflow
 from heteroflow.core.clock import Clock, SystemClock
 from heteroflow.core.ttl_cache import TtlCache
 from heteroflow.health.ingest import HealthIngestor
+from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform.auth import Principal
 from heteroflow.platform.liveness import LivenessTracker
+from heteroflow.server.alert_delivery import AlertDeliverySettings, AlertNotifier
 from heteroflow.server.auth import authenticate
 from heteroflow.server.context import ServerContext
 from heteroflow.server.errors import install_error_handlers
 from heteroflow.server.maintenance import run_maintenance
 from heteroflow.server.metrics import ServerMetrics
-from heteroflow.server.routes import gpu_health, nodes, ops
+from heteroflow.server.prediction_worker import PredictionWorker
+from heteroflow.server.routes import alerts as alert_routes
+from heteroflow.server.routes import gpu_health as gpu_health_routes
+from heteroflow.server.routes import nodes as node_routes
+from heteroflow.server.routes import ops as ops_routes
+from heteroflow.server.routes import predictions as prediction_routes
 from heteroflow.server.settings import ServerSettings
+from heteroflow.storage.alert_store import SqlAlertStore
 from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.health_store import SqlHealthSampleStore
+from heteroflow.storage.lease_store import SqlLeaseStore
 from heteroflow.storage.node_store import SqlNodeStore
+from heteroflow.storage.prediction_store import SqlPredictionStore
 from heteroflow.storage.token_store import SqlTokenStore
 
 
@@ -35,12 +45,29 @@ def build_context(
     *,
     settings: ServerSettings,
     health_settings: HealthStorageSettings,
+    prediction_settings: PredictionSettings | None = None,
+    delivery_settings: AlertDeliverySettings | None = None,
     clock: Clock | None = None,
     engine: Engine | None = None,
 ) -> ServerContext:
     clock = clock or SystemClock()
     engine = engine or create_db_engine(settings.database_url)
+    prediction_settings = prediction_settings or PredictionSettings.load()
     samples = SqlHealthSampleStore(engine)
+    nodes = SqlNodeStore(engine)
+    predictions = SqlPredictionStore(engine)
+    alerts = SqlAlertStore(engine)
+    notifier = AlertNotifier(delivery_settings or AlertDeliverySettings.load())
+    worker = PredictionWorker(
+        predictions=predictions,
+        alerts=alerts,
+        nodes=nodes,
+        leases=SqlLeaseStore(engine),
+        settings=prediction_settings,
+        health_settings=health_settings,
+        clock=clock,
+        notifier=notifier,
+    )
     metrics = ServerMetrics()
     sa.event.listen(engine, "before_cursor_execute", lambda *_: metrics.db_statements.inc())
     ingestor = HealthIngestor(store=samples, clock=clock, settings=health_settings)
@@ -52,30 +79,40 @@ def build_context(
         clock=clock,
         engine=engine,
         tokens=SqlTokenStore(engine),
-        nodes=SqlNodeStore(engine),
+        nodes=nodes,
         samples=samples,
         ingestor=ingestor,
         liveness=liveness,
         metrics=metrics,
+        prediction_settings=prediction_settings,
+        predictions=predictions,
+        alerts=alerts,
+        worker=worker,
+        notifier=notifier,
         token_cache=TtlCache(ttl_seconds=settings.auth_cache_seconds, max_entries=10_000),
         node_cache=TtlCache(ttl_seconds=settings.node_cache_seconds, max_entries=100_000),
     )
 
 
-def create_app(ctx: ServerContext, *, migrate: bool = True) -> FastAPI:
+def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = True) -> FastAPI:
     @contextlib.asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if migrate:
             await asyncio.to_thread(upgrade_database, ctx.engine)
         ctx.ingestor.start()
-        flusher = asyncio.create_task(run_maintenance(ctx), name="maintenance")
+        ctx.notifier.start()
+        tasks = [asyncio.create_task(run_maintenance(ctx), name="maintenance")]
+        if ctx.prediction_settings.enabled and run_worker:
+            tasks.append(asyncio.create_task(ctx.worker.run(), name="prediction-worker"))
         try:
             yield
         finally:
-            flusher.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await flusher
+            for task in tasks:
+                task.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
             await ctx.ingestor.stop()
+            await ctx.notifier.stop()
 
     app = FastAPI(
         title="HeteroFlow platform server",
@@ -88,9 +125,8 @@ def create_app(ctx: ServerContext, *, migrate: bool = True) -> FastAPI:
     )
     app.state.context = ctx
     install_error_handlers(app)
-    app.include_router(nodes.router)
-    app.include_router(gpu_health.router)
-    app.include_router(ops.router)
+    for routes in (node_routes, gpu_health_routes, prediction_routes, alert_routes, ops_routes):
+        app.include_router(routes.router)
 
     @app.get("/openapi.json", include_in_schema=False)
     async def openapi(_: Annotated[Principal, Depends(authenticate)]) -> dict[str, Any]:

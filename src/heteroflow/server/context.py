@@ -11,14 +11,19 @@ from heteroflow.core.clock import Clock
 from heteroflow.core.ids import NodeId
 from heteroflow.core.ttl_cache import TtlCache
 from heteroflow.health.ingest import HealthIngestor
+from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform.auth import Principal
 from heteroflow.platform.liveness import LivenessTracker
 from heteroflow.platform.nodes import NodeRecord
+from heteroflow.server.alert_delivery import AlertNotifier
 from heteroflow.server.metrics import ServerMetrics
+from heteroflow.server.prediction_worker import PredictionWorker
 from heteroflow.server.settings import ServerSettings
+from heteroflow.storage.alert_store import SqlAlertStore
 from heteroflow.storage.health_store import SqlHealthSampleStore
 from heteroflow.storage.node_store import SqlNodeStore
+from heteroflow.storage.prediction_store import SqlPredictionStore
 from heteroflow.storage.token_store import SqlTokenStore
 
 
@@ -34,6 +39,11 @@ class ServerContext:
     ingestor: HealthIngestor
     liveness: LivenessTracker
     metrics: ServerMetrics
+    prediction_settings: PredictionSettings
+    predictions: SqlPredictionStore
+    alerts: SqlAlertStore
+    worker: PredictionWorker
+    notifier: AlertNotifier
     token_cache: TtlCache[str, Principal]
     node_cache: TtlCache[NodeId, NodeRecord]
     tasks: list[asyncio.Task[None]] = field(default_factory=list)

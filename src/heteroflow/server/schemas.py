@@ -148,3 +148,99 @@ class CapabilitiesOut(BaseModel):
 class ErrorOut(BaseModel):
     error: str
     detail: str
+
+
+class PredictionOut(BaseModel):
+    id: str
+    node_id: str
+    gpu_index: int
+    uuid: str | None
+    source: Source
+    rule_version: str = Field(description="Frozen when the prediction was made; never re-judged with another.")
+    window_days: int = Field(description="Frozen hit window, days.")
+    t0: datetime = Field(description="The time of the last sample the prediction was based on.")
+    window_end: datetime = Field(description="t0 + window_days; the window is (t0, window_end].")
+    status: Literal["pending", "hit", "miss", "voided"]
+    signals: list[str]
+    evidence: str
+    created_at: datetime
+    judged_at: datetime | None
+    conclusion: str | None = Field(description="The backfill's conclusion, the voided reason included.")
+
+
+class PredictionList(BaseModel):
+    items: list[PredictionOut]
+    total: int
+    limit: int
+    offset: int
+    current_rule_version: str
+
+
+class BandOut(BaseModel):
+    window_days: int
+    pending: int
+    hit: int
+    miss: int
+    voided: int
+    matured: int = Field(description="hit + miss; voided never enters a denominator")
+    failed_cards: int = Field(description="Monitorable cards with a failure event in the period (recall denominator).")
+    predicted_cards: int = Field(description="Failed cards with a same-card prediction whose window held the failure.")
+    missed_cards: int = Field(description="Failed cards without such a prediction.")
+    precision: float | None = Field(description="hit / (hit + miss); null when the evidence is insufficient.")
+    recall: float | None = Field(description="predicted_cards / failed_cards; null when insufficient.")
+    insufficient: list[str] = Field(description="Why the ratios are null, e.g. 'observed 3.0 of ≥ 8 days'.")
+
+
+class PredictionStatsOut(BaseModel):
+    source: Source
+    since: datetime
+    until: datetime
+    rule_version: str
+    monitorable_cards: int
+    card_days: float
+    span_days: float | None
+    min_matured: int
+    min_span_days: float
+    windows: list[BandOut]
+    disclaimer: str
+
+
+class AlertOut(BaseModel):
+    id: str
+    type: str
+    severity: str
+    node_id: str
+    node_name: str
+    status: Literal["open", "resolved"]
+    message: str
+    created_at: datetime
+    resolved_at: datetime | None
+    resolved_by: str | None
+    resolution: str | None
+    backlog: bool = Field(description="Open longer than the backlog threshold (72 h): operations backlog.")
+    backlog_since: datetime | None
+
+
+class AlertList(BaseModel):
+    items: list[AlertOut]
+    total: int
+    limit: int
+    offset: int
+
+
+class AlertEventOut(BaseModel):
+    at: datetime
+    actor: str
+    action: str
+    note: str
+
+
+class AlertDetail(BaseModel):
+    alert: AlertOut
+    history: list[AlertEventOut]
+
+
+class ResolveRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(min_length=1, max_length=2000, description="Why the alert is resolved (kept in the history).")

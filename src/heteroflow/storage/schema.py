@@ -121,3 +121,81 @@ gpu_xid_events = sa.Table(
     sa.UniqueConstraint("node_id", "gpu_index", "xid", "occurred_at"),
     sa.Index(None, "source", "occurred_at"),
 )
+
+predictions = sa.Table(
+    "gpu_fault_predictions",
+    metadata,
+    # derived from (node, index, uuid, source, rule version, window, t0): overlapping workers insert one row
+    sa.Column("id", sa.String(64), primary_key=True),
+    sa.Column("node_id", sa.String(36), sa.ForeignKey("nodes.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("gpu_index", sa.Integer(), nullable=False),
+    sa.Column("uuid", sa.String(128), nullable=True),
+    sa.Column("source", sa.String(16), nullable=False),
+    sa.Column("rule_version", sa.String(32), nullable=False),
+    sa.Column("window_days", sa.Integer(), nullable=False),
+    sa.Column("t0", UtcDateTime(), nullable=False),
+    sa.Column("window_end", UtcDateTime(), nullable=False),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("signals", sa.String(200), nullable=False),
+    sa.Column("evidence", sa.Text(), nullable=False),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+    sa.Column("judged_at", UtcDateTime(), nullable=True),
+    sa.Column("conclusion", sa.Text(), nullable=True),
+    sa.Column("alert_id", sa.String(36), nullable=True),
+    sa.CheckConstraint(SOURCE_CHECK, name="source"),
+    sa.CheckConstraint("status IN ('pending', 'hit', 'miss', 'voided')", name="status"),
+    sa.Index(None, "node_id", "gpu_index", "source", "t0"),
+    sa.Index(None, "status", "window_end"),
+    sa.Index(None, "source", "window_days", "t0"),
+)
+
+alerts = sa.Table(
+    "alerts",
+    metadata,
+    sa.Column("id", sa.String(36), primary_key=True),
+    sa.Column("type", sa.String(64), nullable=False),
+    sa.Column("severity", sa.String(16), nullable=False),
+    # no foreign key: an alert outlives its node as history; deleting the node resolves it (orphan sweep)
+    sa.Column("node_id", sa.String(36), nullable=False),
+    sa.Column("node_name", sa.String(253), nullable=False),
+    sa.Column("tenant_id", sa.String(36), nullable=True),
+    sa.Column("status", sa.String(16), nullable=False),
+    sa.Column("message", sa.Text(), nullable=False),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+    sa.Column("resolved_at", UtcDateTime(), nullable=True),
+    sa.Column("resolved_by", sa.String(200), nullable=True),
+    sa.Column("resolution", sa.Text(), nullable=True),
+    sa.Column("backlog_since", UtcDateTime(), nullable=True),
+    sa.CheckConstraint("status IN ('open', 'resolved')", name="status"),
+    sa.Index(None, "status", "created_at"),
+    sa.Index(None, "node_id", "type"),
+    # node-scoped dedup: at most one open alert of a type per node, whoever races to create it
+    sa.Index(
+        "uq_alerts_open_per_node",
+        "node_id",
+        "type",
+        unique=True,
+        postgresql_where=sa.text("status = 'open'"),
+        sqlite_where=sa.text("status = 'open'"),
+    ),
+)
+
+alert_events = sa.Table(
+    "alert_events",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("alert_id", sa.String(36), sa.ForeignKey("alerts.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("at", UtcDateTime(), nullable=False),
+    sa.Column("actor", sa.String(200), nullable=False),
+    sa.Column("action", sa.String(32), nullable=False),
+    sa.Column("note", sa.Text(), nullable=False),
+    sa.Index(None, "alert_id", "at"),
+)
+
+leases = sa.Table(
+    "leases",
+    metadata,
+    sa.Column("name", sa.String(64), primary_key=True),
+    sa.Column("holder", sa.String(128), nullable=False),
+    sa.Column("expires_at", UtcDateTime(), nullable=False),
+)

@@ -24,7 +24,8 @@ def _principal(row: Any) -> Principal:
         token_id=TokenId(row.id),
         scopes=frozenset(known[name] for name in row.scopes.split(",") if name in known),
         tenant_id=TenantId(row.tenant_id) if row.tenant_id is not None else None,
-        tenant_name=row.name,
+        tenant_name=row.tenant_name,
+        token_name=row.token_name,
     )
 
 
@@ -85,9 +86,10 @@ class SqlTokenStore:
                 sa.select(
                     api_tokens.c.token_hash,
                     api_tokens.c.id,
+                    api_tokens.c.name.label("token_name"),
                     api_tokens.c.scopes,
                     api_tokens.c.tenant_id,
-                    tenants.c.name,
+                    tenants.c.name.label("tenant_name"),
                 )
                 .select_from(api_tokens.outerjoin(tenants, tenants.c.id == api_tokens.c.tenant_id))
                 .where(

@@ -150,5 +150,6 @@ async def delete_node(
     node = await visible_node(ctx, principal, node_id, cached=False)
     await asyncio.to_thread(ctx.nodes.delete, node.id)
     ctx.forget_node(NodeId(node.id))
+    await asyncio.to_thread(ctx.alerts.sweep_node, node.id, now=ctx.clock.now())  # close its orphaned alerts
     _log.info("node.deleted", node_id=node.id, hostname=node.name)
     return Response(status_code=204)

@@ -1,0 +1,99 @@
+"""Predictions: identity, frozen rule and window, and the judgement of their window (H-33, H-40).
+
+Purely computational, no side effects.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Literal
+
+from heteroflow.health.samples import Card, StoredSample
+
+PredictionStatus = Literal["pending", "hit", "miss", "voided"]
+STATUSES: tuple[PredictionStatus, ...] = ("pending", "hit", "miss", "voided")
+
+#: memory-related XIDs counted as failure events (H-15); 79 (fell off the bus) is recorded, not counted
+COUNTED_XIDS = frozenset({48, 64, 94, 95, 171})
+
+
+def prediction_id(card: Card, *, rule_version: str, window_days: int, t0: datetime) -> str:
+    """Derived from what the prediction is about, never from the clock: two overlapping workers that see the
+    same samples compute the same id, and the primary key keeps one row."""
+    material = "|".join(
+        [
+            card.node_id,
+            str(card.gpu_index),
+            card.uuid if card.uuid is not None else "\x00",
+            card.source,
+            rule_version,
+            str(window_days),
+            t0.isoformat(timespec="microseconds"),
+        ]
+    )
+    return hashlib.sha256(material.encode("utf-8")).hexdigest()[:40]
+
+
+def window_end(t0: datetime, window_days: int) -> datetime:
+    return t0 + timedelta(days=window_days)
+
+
+@dataclass(frozen=True, slots=True)
+class XidObservation:
+    gpu_index: int
+    uuid: str | None
+    xid: int
+    occurred_at: datetime
+
+
+@dataclass(frozen=True, slots=True)
+class Judgement:
+    status: Literal["hit", "miss", "voided"]
+    conclusion: str
+
+
+def judge(
+    *,
+    card: Card,
+    t0: datetime,
+    end: datetime,
+    now: datetime,
+    samples: Sequence[StoredSample],
+    xids: Sequence[XidObservation] = (),
+) -> Judgement | None:
+    """The judgement of the window (t0, end], or ``None`` while it has not expired (no early hit either).
+
+    ``samples`` are the slot's samples with t0 <= sampled_at <= end in time order (the t0 sample included:
+    the first step inside the window starts from it). Growth is judged step by step between consecutive known
+    values of the predicted card, so a counter reset is neither growth nor a void (H-3). A step that shows
+    growth of the predicted card before a swap is a hit: it is the failure the prediction was about.
+    """
+    if end > now:
+        return None
+    inside = [s for s in samples if t0 < s.sampled_at <= end]
+    if not inside:
+        return Judgement("voided", "voided: no sample inside the window (collection stalled or node offline)")
+    previous: StoredSample | None = None
+    for sample in samples:
+        if sample.uuid != card.uuid or sample.counters.ecc_uncorrected_total is None or sample.sampled_at > end:
+            continue
+        if previous is not None and sample.sampled_at > t0:
+            before, after = previous.counters.ecc_uncorrected_total, sample.counters.ecc_uncorrected_total
+            if before is not None and after > before:
+                return Judgement(
+                    "hit",
+                    f"hit: uncorrectable ECC grew from {before} to {after} at {sample.sampled_at.isoformat()}",
+                )
+        previous = sample
+    for event in sorted(xids, key=lambda e: e.occurred_at):
+        same_card = event.uuid is None or event.uuid == card.uuid
+        if event.xid in COUNTED_XIDS and same_card and t0 < event.occurred_at <= end:
+            return Judgement("hit", f"hit: XID {event.xid} at {event.occurred_at.isoformat()}")
+    if any(s.uuid != card.uuid for s in inside):
+        return Judgement("voided", "voided: the card was replaced inside the window (uuid changed)")
+    return Judgement(
+        "miss", f"miss: window expired with {len(inside)} samples inside it and no uncorrectable-ECC growth"
+    )

@@ -1,0 +1,194 @@
+"""Rules v1-ecc-growth (H-30, H-31): purely computational, no side effects, no database.
+
+EXPERIMENTAL. The thresholds are initial values from a public mechanism, not calibrated on real failures.
+
+Three layers:
+
+* strong — uncorrectable ECC total > 0; row-remap failure > 0. Either fires alone.
+* trend  — corrected-ECC growth (two conditions, below); pending remaps grew in the observation period and are
+           > 0 now; retired pages grew in the observation period and are > 0 now. Each fires alone.
+* weak   — reserved (temperature, power…). A weak signal can never fire alone: it is evidence beside a strong
+           or trend signal, nothing more. A test pins this gate.
+
+The rules see a card through :class:`CardView`: its newest sample (t0) and the samples at a few boundary
+instants, fetched by the shell with indexed point queries. A boundary value is *unknown* — and the signal that
+needs it is abandoned, never filled with 0 — when there is no sample at or before the instant, the sample is
+older than the staleness bound, it belongs to another uuid (another card, H-4), the counter is unknown, or the
+counter decreased after it (H-3: a driver reload resets counters; an increase across it is meaningless).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from itertools import pairwise
+from typing import Literal
+
+from heteroflow.health.samples import Card, StoredSample
+
+RULE_VERSION = "v1-ecc-growth"
+
+Layer = Literal["strong", "trend", "weak"]
+
+#: counters whose growth is judged across boundaries (the shell reports their last decrease)
+GROWTH_KEYS = ("ecc_corrected_total", "remapped_rows_pending", "retired_pages")
+
+
+@dataclass(frozen=True, slots=True)
+class RuleParams:
+    growth_window: timedelta = timedelta(hours=24)
+    consecutive_windows: int = 3
+    baseline: timedelta = timedelta(days=7)
+    ratio: float = 1.2
+    min_increase: int = 32
+    observation: timedelta = timedelta(days=7)
+    staleness: timedelta = timedelta(minutes=60)
+
+
+@dataclass(frozen=True, slots=True)
+class Signal:
+    layer: Layer
+    code: str
+    evidence: str
+
+
+@dataclass(frozen=True, slots=True)
+class CardView:
+    """What the rules may know of one card at t0 = the newest sample's time (never the clock)."""
+
+    card: Card
+    latest: StoredSample
+    boundaries: Mapping[datetime, StoredSample | None]
+    """The newest sample of the slot at or before each instant of :func:`boundary_instants`."""
+    last_decrease: Mapping[str, datetime | None] = field(default_factory=dict)
+    """Per growth counter, the time of the newest sample that was lower than the one before it."""
+
+    @property
+    def t0(self) -> datetime:
+        return self.latest.sampled_at
+
+
+@dataclass(frozen=True, slots=True)
+class Evaluation:
+    signals: tuple[Signal, ...]
+    abandoned: tuple[str, ...]
+    """Why a signal could not be evaluated (unknown boundary values), for diagnostics."""
+
+    @property
+    def predicts(self) -> bool:
+        """The gate: only a strong or trend signal makes a prediction; weak signals never do alone."""
+        return any(signal.layer in ("strong", "trend") for signal in self.signals)
+
+    @property
+    def evidence(self) -> str:
+        return "\n".join(f"{s.layer} signal [{s.code}]: {s.evidence}" for s in self.signals)
+
+
+def boundary_instants(t0: datetime, params: RuleParams) -> list[datetime]:
+    """The instants whose values the rules need, relative to t0."""
+    instants = {t0 - params.growth_window * k for k in range(1, params.consecutive_windows + 1)}
+    instants.add(t0 - params.baseline)
+    instants.add(t0 - params.observation)
+    return sorted(instants)
+
+
+def evaluate(view: CardView, params: RuleParams, *, weak_signals: Sequence[Signal] = ()) -> Evaluation:
+    signals: list[Signal] = []
+    abandoned: list[str] = []
+    now = view.latest.counters
+
+    if now.ecc_uncorrected_total is not None and now.ecc_uncorrected_total > 0:
+        signals.append(
+            Signal("strong", "uncorrectable_ecc", f"uncorrectable ECC total {now.ecc_uncorrected_total} > 0")
+        )
+    if now.remapped_rows_failure is not None and now.remapped_rows_failure > 0:
+        signals.append(
+            Signal(
+                "strong",
+                "remap_failure",
+                f"row remapping failure {now.remapped_rows_failure} > 0 (spare rows exhausted)",
+            )
+        )
+
+    growth, reason = _corrected_growth(view, params)
+    if growth is not None:
+        signals.append(growth)
+    elif reason:
+        abandoned.append(reason)
+
+    for key, code, label in (
+        ("remapped_rows_pending", "pending_remap_growth", "pending row remaps"),
+        ("retired_pages", "retired_pages_growth", "retired pages"),
+    ):
+        current = getattr(now, key)
+        start = _value_at(view, key, view.t0 - params.observation, params)
+        if current is None or start is None:
+            abandoned.append(f"{key}: unknown at t0 or at the start of the observation period")
+        elif current > start and current > 0:
+            days = params.observation / timedelta(days=1)
+            signals.append(Signal("trend", code, f"{label} grew from {start} to {current} in {days:g} days"))
+
+    for weak in weak_signals:
+        if weak.layer != "weak":
+            raise ValueError("weak_signals takes weak signals only")
+        signals.append(weak)
+    return Evaluation(signals=tuple(signals), abandoned=tuple(abandoned))
+
+
+def _corrected_growth(view: CardView, params: RuleParams) -> tuple[Signal | None, str | None]:
+    """Both conditions: magnitude (Δ ≥ min and ≥ ratio x daily mean) and shape (strictly increasing windows)."""
+    key = "ecc_corrected_total"
+    now = view.latest.counters.ecc_corrected_total
+    if now is None:
+        return None, f"{key}: unknown at t0"
+    edges = [view.t0 - params.growth_window * k for k in range(params.consecutive_windows + 1)]
+    values: list[int] = [now]
+    for edge in edges[1:]:
+        value = _value_at(view, key, edge, params)
+        if value is None:
+            return None, f"{key}: unknown at t0-{_hours(view.t0 - edge)}"
+        values.append(value)
+    base = _value_at(view, key, view.t0 - params.baseline, params)
+    if base is None:
+        return None, f"{key}: unknown at the baseline start"
+    # increases, oldest window first
+    increases = [values[k] - values[k + 1] for k in range(params.consecutive_windows)][::-1]
+    last = increases[-1]
+    baseline_days = params.baseline / timedelta(days=1)
+    window_days = params.growth_window / timedelta(days=1)
+    # daily mean over a baseline that includes the last window: a constant rate gives exactly 1.0
+    daily_mean = (now - base) / baseline_days
+    per_window_mean = daily_mean * window_days
+    magnitude = last >= params.min_increase and last >= params.ratio * per_window_mean
+    shape = all(a < b for a, b in pairwise(increases))
+    if not (magnitude and shape):
+        return None, None
+    ratio = last / per_window_mean if per_window_mean > 0 else float("inf")
+    return (
+        Signal(
+            "trend",
+            "corrected_ecc_growth",
+            f"corrected ECC +{last} in the last {_hours(params.growth_window)} (≥ {params.min_increase}), "
+            f"{ratio:.2f}x the {baseline_days:g}-day mean (≥ {params.ratio:g}x); "
+            f"increases of the last {params.consecutive_windows} windows {increases} strictly increase",
+        ),
+        None,
+    )
+
+
+def _value_at(view: CardView, key: str, instant: datetime, params: RuleParams) -> int | None:
+    sample = view.boundaries.get(instant)
+    if sample is None or sample.sampled_at > instant:
+        return None
+    if sample.uuid != view.card.uuid or instant - sample.sampled_at > params.staleness:
+        return None
+    decreased = view.last_decrease.get(key)
+    if decreased is not None and decreased > sample.sampled_at:
+        return None  # never an increase across a decrease (H-3)
+    value = getattr(sample.counters, key)
+    return value if isinstance(value, int) else None
+
+
+def _hours(delta: timedelta) -> str:
+    return f"{delta / timedelta(hours=1):g}h"

@@ -1,0 +1,73 @@
+"""Prediction statistics: the evidence gate (H-50, H-51). Purely computational, no side effects.
+
+Precision and recall have different denominators and are never mixed. Below the evidence thresholds both
+ratios are ``None`` (JSON null), never 0: 0% would read as "the predictions were all wrong" when the truth is
+"there is not enough data yet".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+DISCLAIMER = (
+    "Fault prediction is experimental: the rule thresholds are initial values from a public mechanism, not "
+    "calibrated on this platform's failure history. Ratios are shown only with at least {min_matured} matured "
+    "predictions and {min_span:g} days of observation; below that only the raw counts are given."
+)
+
+
+@dataclass(frozen=True, slots=True)
+class BandCounts:
+    window_days: int
+    pending: int
+    hit: int
+    miss: int
+    voided: int
+    failed_cards: int
+    predicted_cards: int
+
+
+@dataclass(frozen=True, slots=True)
+class Exposure:
+    monitorable_cards: int
+    card_days: float
+    span_days: float | None
+
+
+@dataclass(frozen=True, slots=True)
+class BandStatistics:
+    counts: BandCounts
+    precision: float | None
+    recall: float | None
+    insufficient: tuple[str, ...]
+
+    @property
+    def matured(self) -> int:
+        return self.counts.hit + self.counts.miss
+
+    @property
+    def missed_cards(self) -> int:
+        return self.counts.failed_cards - self.counts.predicted_cards
+
+
+def band_statistics(
+    counts: BandCounts, exposure: Exposure, *, min_matured: int, min_span_days: float
+) -> BandStatistics:
+    matured = counts.hit + counts.miss
+    reasons: list[str] = []
+    if matured < min_matured:
+        reasons.append(f"{matured} of ≥ {min_matured} matured predictions (hit + miss; voided excluded)")
+    if exposure.span_days is None:
+        reasons.append(f"observation span unknown (no samples); ≥ {min_span_days:g} days needed")
+    elif exposure.span_days < min_span_days:
+        reasons.append(f"observed {exposure.span_days:.1f} of ≥ {min_span_days:g} days")
+    if reasons:
+        return BandStatistics(counts, None, None, tuple(reasons))
+    precision = counts.hit / matured
+    recall = counts.predicted_cards / counts.failed_cards if counts.failed_cards else None
+    extra = () if counts.failed_cards else ("no failed card in the period: recall undefined",)
+    return BandStatistics(counts, precision, recall, extra)
+
+
+def disclaimer(*, min_matured: int, min_span_days: float) -> str:
+    return DISCLAIMER.format(min_matured=min_matured, min_span=min_span_days)

@@ -1,0 +1,226 @@
+"""Delivery of alert events to a webhook and to a Prometheus Alertmanager, off the worker's path.
+
+The worker only submits events (thread-safe, never blocks, bounded); a background task delivers them with
+retries and exponential backoff. A receiver that is down costs retries and, past the bound, dropped events
+that are counted — never a stalled worker.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import httpx
+import structlog
+from pydantic import Field
+
+from heteroflow.core.settings import LenientSettings, env_names
+from heteroflow.storage.alert_store import AlertRecord
+
+_log = structlog.get_logger(__name__)
+
+EventKind = Literal["raised", "resolved", "backlog"]
+
+
+class AlertDeliverySettings(LenientSettings):
+    """Where alert events go. Nothing is delivered when no target is set."""
+
+    webhook_url: str = Field(
+        default="",
+        validation_alias=env_names("alert_webhook_url"),
+        description="POST every alert event as JSON to this URL (default: none).",
+    )
+    alertmanager_url: str = Field(
+        default="",
+        validation_alias=env_names("alertmanager_url"),
+        description="Base URL of a Prometheus Alertmanager; events go to POST {url}/api/v2/alerts (default: none).",
+    )
+    max_attempts: int = Field(
+        default=8,
+        ge=1,
+        le=100,
+        validation_alias=env_names("alert_delivery_max_attempts"),
+        description="Attempts per event and target before it is dropped and counted (default 8).",
+    )
+    retry_initial_seconds: float = Field(
+        default=1.0,
+        gt=0,
+        validation_alias=env_names("alert_delivery_retry_seconds"),
+        description="First retry delay, doubled per attempt up to 60 s (default 1 s).",
+    )
+    queue_size: int = Field(
+        default=10_000,
+        ge=1,
+        validation_alias=env_names("alert_delivery_queue_size"),
+        description="Events waiting for delivery (default 10000); beyond it new events are dropped and counted.",
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class AlertEventOut:
+    kind: EventKind
+    alert: AlertRecord
+
+
+@dataclass(frozen=True, slots=True)
+class DeliveryStatus:
+    queued: int
+    delivered_total: int
+    failed_attempts_total: int
+    dropped_total: int
+
+
+def webhook_payload(event: AlertEventOut) -> dict[str, Any]:
+    a = event.alert
+    return {
+        "event": event.kind,
+        "alert": {
+            "id": a.id,
+            "type": a.type,
+            "severity": a.severity,
+            "status": a.status,
+            "node_id": a.node_id,
+            "node_name": a.node_name,
+            "message": a.message,
+            "created_at": a.created_at.isoformat(),
+            "resolved_at": a.resolved_at.isoformat() if a.resolved_at else None,
+            "resolved_by": a.resolved_by,
+            "resolution": a.resolution,
+            "backlog_since": a.backlog_since.isoformat() if a.backlog_since else None,
+        },
+    }
+
+
+def alertmanager_payload(event: AlertEventOut) -> list[dict[str, Any]]:
+    a = event.alert
+    alert: dict[str, Any] = {
+        "labels": {
+            "alertname": a.type,
+            "severity": "warning" if a.severity == "WARN" else a.severity.lower(),
+            "node": a.node_name,
+            "node_id": a.node_id,
+            "heteroflow_alert_id": a.id,
+        },
+        "annotations": {"summary": a.message, "backlog": "true" if a.backlog_since else "false"},
+        "startsAt": a.created_at.isoformat(),
+    }
+    if a.resolved_at is not None:
+        alert["endsAt"] = a.resolved_at.isoformat()
+    return [alert]
+
+
+class AlertNotifier:
+    def __init__(self, settings: AlertDeliverySettings, *, transport: httpx.AsyncBaseTransport | None = None) -> None:
+        self._settings = settings
+        self._transport = transport
+        self._queue: asyncio.Queue[tuple[AlertEventOut, str, int]] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread = 0
+        self._task: asyncio.Task[None] | None = None
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
+        self.delivered_total = 0
+        self.failed_attempts_total = 0
+        self.dropped_total = 0
+
+    @property
+    def targets(self) -> list[str]:
+        return [t for t in (self._settings.webhook_url, self._settings.alertmanager_url) if t]
+
+    def start(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._loop_thread = threading.get_ident()
+        self._queue = asyncio.Queue(maxsize=self._settings.queue_size)
+        self._task = asyncio.create_task(self._run(), name="alert-delivery")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    def submit(self, kind: EventKind, alert: AlertRecord) -> None:
+        """Queue an event for every target. Safe from any thread; never blocks."""
+        if self._loop is None or self._queue is None or not self.targets:
+            return
+        event = AlertEventOut(kind, alert)
+        on_loop_thread = threading.get_ident() == self._loop_thread
+        for target in self.targets:
+            if on_loop_thread:
+                self._put((event, target, 1))
+            else:
+                self._loop.call_soon_threadsafe(self._put, (event, target, 1))
+
+    def _put(self, item: tuple[AlertEventOut, str, int]) -> None:
+        assert self._queue is not None
+        try:
+            self._queue.put_nowait(item)
+            self._idle.clear()
+        except asyncio.QueueFull:
+            self.dropped_total += 1
+            _log.warning("alert.delivery_dropped", reason="queue full", alert_id=item[0].alert.id)
+        self._check_idle()
+
+    def _check_idle(self) -> None:
+        if self._queue is not None and self._queue.empty() and self._in_flight == 0:
+            self._idle.set()
+
+    def status(self) -> DeliveryStatus:
+        queued = (self._queue.qsize() if self._queue else 0) + self._in_flight
+        return DeliveryStatus(queued, self.delivered_total, self.failed_attempts_total, self.dropped_total)
+
+    async def drained(self) -> None:
+        """Wait until every event has been delivered or given up, retries included (tests, the CLI tick)."""
+        await self._idle.wait()
+
+    async def _run(self) -> None:
+        assert self._queue is not None
+        async with httpx.AsyncClient(timeout=10, transport=self._transport) as client:
+            while True:
+                event, target, attempt = await self._queue.get()
+                self._in_flight += 1
+                try:
+                    await self._deliver(client, event, target)
+                    self.delivered_total += 1
+                except (httpx.HTTPError, _RejectedError) as exc:
+                    self.failed_attempts_total += 1
+                    if attempt >= self._settings.max_attempts:
+                        self.dropped_total += 1
+                        _log.warning(
+                            "alert.delivery_gave_up", target=target, alert_id=event.alert.id, error=str(exc)[:200]
+                        )
+                    else:
+                        delay = min(60.0, self._settings.retry_initial_seconds * 2 ** (attempt - 1))
+                        self._retry_later(delay, (event, target, attempt + 1))
+                finally:
+                    self._in_flight -= 1
+                    self._queue.task_done()
+                    self._check_idle()
+
+    def _retry_later(self, delay: float, item: tuple[AlertEventOut, str, int]) -> None:
+        assert self._loop is not None
+        self._in_flight += 1
+
+        def requeue() -> None:
+            self._in_flight -= 1
+            self._put(item)
+
+        self._loop.call_later(delay, requeue)
+
+    async def _deliver(self, client: httpx.AsyncClient, event: AlertEventOut, target: str) -> None:
+        if target == self._settings.alertmanager_url:
+            url = target.rstrip("/") + "/api/v2/alerts"
+            body: Any = alertmanager_payload(event)
+        else:
+            url, body = target, webhook_payload(event)
+        response = await client.post(url, json=body, headers={"User-Agent": "heteroflow-alerts"})
+        if response.status_code >= 300:
+            raise _RejectedError(f"{url} answered {response.status_code}")
+
+
+class _RejectedError(Exception):
+    """The receiver answered, but not with success."""

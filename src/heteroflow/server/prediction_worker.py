@@ -1,0 +1,279 @@
+"""The prediction worker: backfill, then predict, then the alert upkeep — on the elected leader only (H-35).
+
+Each tick loads what it needs, calls the pure core (:mod:`heteroflow.health.rules`,
+:mod:`heteroflow.health.predictions`, :mod:`heteroflow.health.alerts`) and applies the result. Backfill runs
+first, so that a card whose window expired this tick is judged before "no second prediction while a window is
+open" is checked. Storage idempotency (a derived primary key; judgements as ``UPDATE … WHERE
+status='pending'``) makes an overlap of two leaders during a hand-over harmless; the lease keeps it rare.
+Real and simulated series are evaluated separately; simulated predictions never alert.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+import structlog
+
+from heteroflow.core.clock import Clock
+from heteroflow.core.ids import SOURCES, Source
+from heteroflow.health.alerts import (
+    GPU_FAULT_PREDICTED,
+    PredictedFault,
+    predicted_fault_message,
+    resolution_by_backfill,
+)
+from heteroflow.health.prediction_settings import PredictionSettings
+from heteroflow.health.predictions import PredictionStatus, judge, prediction_id, window_end
+from heteroflow.health.rules import RULE_VERSION, RuleParams, evaluate
+from heteroflow.health.settings import HealthStorageSettings
+from heteroflow.server.alert_delivery import AlertNotifier
+from heteroflow.storage.alert_store import SYSTEM, SqlAlertStore
+from heteroflow.storage.lease_store import SqlLeaseStore
+from heteroflow.storage.node_store import SqlNodeStore
+from heteroflow.storage.prediction_store import PredictionRecord, SqlPredictionStore
+
+_log = structlog.get_logger(__name__)
+
+LEASE_NAME = "gpu-fault-prediction-worker"
+
+
+def rule_params(settings: PredictionSettings) -> RuleParams:
+    return RuleParams(
+        growth_window=timedelta(hours=settings.growth_window_hours),
+        consecutive_windows=settings.consecutive_windows,
+        baseline=timedelta(days=settings.baseline_days),
+        ratio=settings.ratio,
+        min_increase=settings.min_increase,
+        observation=timedelta(days=settings.observation_days),
+        staleness=timedelta(minutes=settings.boundary_staleness_minutes),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class TickReport:
+    started_at: datetime
+    seconds: float
+    cards_evaluated: dict[str, int]
+    predictions_created: dict[str, int]
+    judged: dict[str, int]
+    alerts_raised: int
+    alerts_resolved: int
+    alerts_backlogged: int
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerStatus:
+    leader: bool
+    holder: str
+    ticks_total: int
+    tick_failures_total: int
+    last_tick: TickReport | None
+    last_error: str | None
+
+
+@dataclass
+class _Tally:
+    evaluated: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    created: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    judged: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    raised: int = 0
+    resolved: int = 0
+    backlogged: int = 0
+
+
+class PredictionWorker:
+    def __init__(
+        self,
+        *,
+        predictions: SqlPredictionStore,
+        alerts: SqlAlertStore,
+        nodes: SqlNodeStore,
+        leases: SqlLeaseStore,
+        settings: PredictionSettings,
+        health_settings: HealthStorageSettings,
+        clock: Clock,
+        notifier: AlertNotifier | None = None,
+    ) -> None:
+        self._predictions = predictions
+        self._alerts = alerts
+        self._nodes = nodes
+        self._leases = leases
+        self._settings = settings
+        self._health = health_settings
+        self._clock = clock
+        self._notifier = notifier
+        self._params = rule_params(settings)
+        self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._leader = False
+        self._ticks = 0
+        self._failures = 0
+        self._last: TickReport | None = None
+        self._last_error: str | None = None
+
+    def status(self) -> WorkerStatus:
+        return WorkerStatus(self._leader, self.holder, self._ticks, self._failures, self._last, self._last_error)
+
+    # -- one tick (blocking: the async shell runs it in a thread) ---------------------------------------------
+
+    def tick(self) -> TickReport:
+        started = self._clock.now()
+        began = time.perf_counter()
+        tally = _Tally()
+        for source in SOURCES:
+            self._backfill(source, started, tally)
+            self._predict(source, started, tally)
+        self._alert_upkeep(started, tally)
+        report = TickReport(
+            started_at=started,
+            seconds=time.perf_counter() - began,
+            cards_evaluated=dict(tally.evaluated),
+            predictions_created=dict(tally.created),
+            judged=dict(tally.judged),
+            alerts_raised=tally.raised,
+            alerts_resolved=tally.resolved,
+            alerts_backlogged=tally.backlogged,
+        )
+        self._ticks += 1
+        self._last = report
+        _log.info(
+            "prediction.tick",
+            seconds=round(report.seconds, 3),
+            created=report.predictions_created,
+            judged=report.judged,
+        )
+        return report
+
+    def _backfill(self, source: Source, now: datetime, tally: _Tally) -> None:
+        for record in self._predictions.due(source=source, now=now):
+            samples = self._predictions.window_samples(record.card, t0=record.t0, end=record.window_end)
+            xids = self._predictions.window_xids(record.card, t0=record.t0, end=record.window_end)
+            judgement = judge(
+                card=record.card, t0=record.t0, end=record.window_end, now=now, samples=samples, xids=xids
+            )
+            if judgement is not None and self._predictions.record_judgement(record.id, judgement, now=now):
+                tally.judged[judgement.status] += 1
+
+    def _predict(self, source: Source, now: datetime, tally: _Tally) -> None:
+        since = now - timedelta(days=self._health.retention_days)
+        window_days = self._settings.window_days
+        for card in self._predictions.evaluation_cards(source=source, since=since, now=now):
+            if self._predictions.has_open_window(card, now=now):
+                continue
+            view = self._predictions.card_view(card, now=now, params=self._params)
+            if view is None:
+                continue
+            tally.evaluated[source] += 1
+            evaluation = evaluate(view, self._params)
+            if not evaluation.predicts:
+                continue
+            record = PredictionRecord(
+                id=prediction_id(card, rule_version=RULE_VERSION, window_days=window_days, t0=view.t0),
+                card=card,
+                rule_version=RULE_VERSION,
+                window_days=window_days,
+                t0=view.t0,
+                window_end=window_end(view.t0, window_days),
+                status="pending",
+                signals=tuple(signal.code for signal in evaluation.signals),
+                evidence=evaluation.evidence,
+                created_at=now,
+                judged_at=None,
+                conclusion=None,
+                alert_id=None,
+            )
+            if not self._predictions.insert(record):
+                continue  # another worker created it: it raises the alert, not us
+            tally.created[source] += 1
+            if source == "real" and self._settings.alert_enabled:
+                self._raise_alert(record, now, tally)
+
+    def _raise_alert(self, record: PredictionRecord, now: datetime, tally: _Tally) -> None:
+        node = self._nodes.get(record.card.node_id)
+        if node is None:
+            return
+        message = predicted_fault_message(
+            PredictedFault(
+                node_name=node.name,
+                gpu_index=record.card.gpu_index,
+                uuid=record.card.uuid,
+                window_days=record.window_days,
+                rule_version=record.rule_version,
+                evidence=record.evidence,
+            )
+        )
+        alert, created = self._alerts.raise_alert(
+            type=GPU_FAULT_PREDICTED,
+            severity="WARN",
+            node_id=node.id,
+            node_name=node.name,
+            tenant_id=node.tenant_id,
+            message=message,
+            now=now,
+        )
+        self._predictions.attach_alert(record.id, alert.id)
+        if created:
+            tally.raised += 1
+            if self._notifier is not None:
+                self._notifier.submit("raised", alert)
+
+    def _alert_upkeep(self, now: datetime, tally: _Tally) -> None:
+        for alert in self._alerts.open_alerts(GPU_FAULT_PREDICTED):
+            records = self._predictions.node_predictions(alert.node_id, alert_id=alert.id)
+            latest: dict[int, PredictionRecord] = {}
+            for record in records:
+                if record.card.gpu_index not in latest or record.t0 > latest[record.card.gpu_index].t0:
+                    latest[record.card.gpu_index] = record
+            by_slot: dict[int, PredictionStatus] = {index: r.status for index, r in latest.items()}
+            reason = resolution_by_backfill(by_slot, any_hit=any(r.status == "hit" for r in records))
+            if reason is not None and self._alerts.resolve(alert.id, by=SYSTEM, reason=reason, now=now):
+                tally.resolved += 1
+                if self._notifier is not None and (resolved := self._alerts.get(alert.id)) is not None:
+                    self._notifier.submit("resolved", resolved)
+        older_than = now - timedelta(hours=self._settings.backlog_hours)
+        for alert in self._alerts.flag_backlog(older_than=older_than, now=now):
+            tally.backlogged += 1
+            if self._notifier is not None:
+                self._notifier.submit("backlog", alert)
+
+    # -- the leader loop ----------------------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Hold the lease and tick every ``tick_minutes`` while leader; retry the lease every third of its TTL."""
+        ttl = timedelta(seconds=self._settings.lease_seconds)
+        tick_every = self._settings.tick_minutes * 60
+        last_tick = float("-inf")
+        try:
+            while True:
+                try:
+                    leader = await asyncio.to_thread(
+                        self._leases.acquire, LEASE_NAME, holder=self.holder, now=self._clock.now(), ttl=ttl
+                    )
+                except Exception as exc:
+                    leader = False
+                    self._last_error = f"lease: {type(exc).__name__}: {exc}"[:300]
+                if leader != self._leader:
+                    _log.info("prediction.leadership", leader=leader, holder=self.holder)
+                self._leader = leader
+                if leader and self._clock.monotonic() - last_tick >= tick_every:
+                    last_tick = self._clock.monotonic()
+                    try:
+                        await asyncio.to_thread(self.tick)
+                        self._last_error = None
+                    except Exception as exc:
+                        self._failures += 1
+                        self._last_error = f"{type(exc).__name__}: {exc}"[:300]
+                        _log.warning("prediction.tick_failed", error=self._last_error)
+                await asyncio.sleep(self._settings.lease_seconds / 3)
+        finally:
+            if self._leader:
+                try:
+                    await asyncio.to_thread(self._leases.release, LEASE_NAME, holder=self.holder)
+                except Exception as exc:  # the lease expires by itself
+                    _log.warning("prediction.lease_release_failed", error=str(exc)[:200])

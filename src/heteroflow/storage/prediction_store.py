@@ -1,0 +1,449 @@
+"""SQL storage of predictions, and the reads the rules, the backfill and the statistics need.
+
+The rules need a card's counters at a few boundary instants: each is an indexed point query (the newest
+sample of the slot at or before the instant), sent together as one UNION ALL statement, plus one statement
+for the newest decrease of each growth counter. Failure events and exposure for the statistics are computed
+in SQL with window functions (H-52), never by reading every card's series into Python.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+import sqlalchemy as sa
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Connection, Engine
+
+from heteroflow.core.ids import NodeId, Source
+from heteroflow.health.counters import HEALTH_KEYS, Counters
+from heteroflow.health.predictions import COUNTED_XIDS, Judgement, PredictionStatus, XidObservation
+from heteroflow.health.rules import GROWTH_KEYS, CardView, RuleParams, boundary_instants
+from heteroflow.health.samples import Card, CardKey, StoredSample
+from heteroflow.health.statistics import BandCounts, Exposure
+from heteroflow.platform.auth import NodeScope
+from heteroflow.storage.db import unavailable_as_store_error
+from heteroflow.storage.health_store import scoped_node_ids
+from heteroflow.storage.schema import gpu_health_samples as samples_t
+from heteroflow.storage.schema import gpu_xid_events as xid_t
+from heteroflow.storage.schema import predictions as predictions_t
+
+
+@dataclass(frozen=True, slots=True)
+class PredictionRecord:
+    id: str
+    card: Card
+    rule_version: str
+    window_days: int
+    t0: datetime
+    window_end: datetime
+    status: PredictionStatus
+    signals: tuple[str, ...]
+    evidence: str
+    created_at: datetime
+    judged_at: datetime | None
+    conclusion: str | None
+    alert_id: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class PredictionFilter:
+    source: Source
+    scope: NodeScope
+    node_id: str | None = None
+    gpu_index: int | None = None
+    status: PredictionStatus | None = None
+    since: datetime | None = None
+    until: datetime | None = None
+
+
+def _record(row: Any) -> PredictionRecord:
+    return PredictionRecord(
+        id=row.id,
+        card=Card(node_id=NodeId(row.node_id), gpu_index=row.gpu_index, uuid=row.uuid, source=row.source),
+        rule_version=row.rule_version,
+        window_days=row.window_days,
+        t0=row.t0,
+        window_end=row.window_end,
+        status=row.status,
+        signals=tuple(s for s in row.signals.split(",") if s),
+        evidence=row.evidence,
+        created_at=row.created_at,
+        judged_at=row.judged_at,
+        conclusion=row.conclusion,
+        alert_id=row.alert_id,
+    )
+
+
+def _sample(row: Any) -> StoredSample:
+    return StoredSample(
+        key=CardKey(node_id=NodeId(row.node_id), gpu_index=row.gpu_index, source=row.source),
+        uuid=row.uuid,
+        sampled_at=row.sampled_at,
+        counters=Counters(**{name: getattr(row, name) for name in HEALTH_KEYS}),
+    )
+
+
+def _same_card(table: sa.Table, card: Card) -> list[sa.ColumnElement[bool]]:
+    return [
+        table.c.node_id == card.node_id,
+        table.c.gpu_index == card.gpu_index,
+        table.c.uuid.is_not_distinct_from(card.uuid),
+        table.c.source == card.source,
+    ]
+
+
+def _slot(card: Card) -> list[sa.ColumnElement[bool]]:
+    return [
+        samples_t.c.node_id == card.node_id,
+        samples_t.c.gpu_index == card.gpu_index,
+        samples_t.c.source == card.source,
+    ]
+
+
+class SqlPredictionStore:
+    def __init__(self, engine: Engine) -> None:
+        self._engine = engine
+
+    # -- what the rules read ------------------------------------------------------------------------------
+
+    def evaluation_cards(self, *, source: Source, since: datetime, now: datetime) -> list[Card]:
+        """The capability matrix: every card with a sample in [since, now] (samples are never all-unknown)."""
+        query = (
+            sa.select(samples_t.c.node_id, samples_t.c.gpu_index, samples_t.c.uuid)
+            .where(samples_t.c.source == source, samples_t.c.sampled_at >= since, samples_t.c.sampled_at <= now)
+            .group_by(samples_t.c.node_id, samples_t.c.gpu_index, samples_t.c.uuid)
+            .order_by(samples_t.c.node_id, samples_t.c.gpu_index)
+        )
+        with unavailable_as_store_error(), self._engine.connect() as conn:
+            return [
+                Card(node_id=NodeId(r.node_id), gpu_index=r.gpu_index, uuid=r.uuid, source=source)
+                for r in conn.execute(query)
+            ]
+
+    def card_view(self, card: Card, *, now: datetime, params: RuleParams) -> CardView | None:
+        """The card's newest sample at or before ``now`` (H-34: never a future-dated one) and its boundaries."""
+        with unavailable_as_store_error(), self._engine.connect() as conn:
+            latest_row = conn.execute(
+                sa.select(samples_t)
+                .where(*_slot(card), samples_t.c.uuid.is_not_distinct_from(card.uuid), samples_t.c.sampled_at <= now)
+                .order_by(samples_t.c.sampled_at.desc(), samples_t.c.id.desc())
+                .limit(1)
+            ).first()
+            if latest_row is None:
+                return None
+            latest = _sample(latest_row)
+            instants = boundary_instants(latest.sampled_at, params)
+            boundaries = self._as_of(conn, card, instants)
+            start = instants[0] - params.staleness
+            decreases = self._last_decreases(conn, card, start=start, end=latest.sampled_at)
+        return CardView(card=card, latest=latest, boundaries=boundaries, last_decrease=decreases)
+
+    def _as_of(self, conn: Connection, card: Card, instants: Sequence[datetime]) -> dict[datetime, StoredSample | None]:
+        parts = []
+        for position, instant in enumerate(instants):
+            inner = (
+                sa.select(*samples_t.c, sa.literal(position).label("boundary"))
+                .where(*_slot(card), samples_t.c.sampled_at <= instant)
+                .order_by(samples_t.c.sampled_at.desc(), samples_t.c.id.desc())
+                .limit(1)
+                .subquery()
+            )
+            parts.append(sa.select(inner))
+        found: dict[datetime, StoredSample | None] = dict.fromkeys(instants)
+        for row in conn.execute(sa.union_all(*parts)):
+            found[instants[row.boundary]] = _sample(row)
+        return found
+
+    def _last_decreases(
+        self, conn: Connection, card: Card, *, start: datetime, end: datetime
+    ) -> dict[str, datetime | None]:
+        columns = []
+        for key in GROWTH_KEYS:
+            value = samples_t.c[key]
+            steps = (
+                sa.select(
+                    samples_t.c.sampled_at,
+                    value.label("v"),
+                    sa.func.lag(value)
+                    .over(partition_by=samples_t.c.uuid, order_by=(samples_t.c.sampled_at, samples_t.c.id))
+                    .label("prev"),
+                )
+                .where(*_slot(card), value.is_not(None), samples_t.c.sampled_at >= start, samples_t.c.sampled_at <= end)
+                .subquery()
+            )
+            columns.append(
+                sa.select(sa.func.max(steps.c.sampled_at)).where(steps.c.v < steps.c.prev).scalar_subquery().label(key)
+            )
+        row = conn.execute(sa.select(*columns)).one()
+        return {key: getattr(row, key) for key in GROWTH_KEYS}
+
+    # -- predictions ----------------------------------------------------------------------------------------
+
+    def has_open_window(self, card: Card, *, now: datetime) -> bool:
+        query = (
+            sa.select(predictions_t.c.id)
+            .where(
+                *_same_card(predictions_t, card), predictions_t.c.status == "pending", predictions_t.c.window_end > now
+            )
+            .limit(1)
+        )
+        with unavailable_as_store_error(), self._engine.connect() as conn:
+            return conn.execute(query).first() is not None
+
+    def insert(self, record: PredictionRecord) -> bool:
+        """Insert once: True only for the process whose INSERT created the row (a key conflict is False)."""
+        row = {
+            "id": record.id,
+            "node_id": record.card.node_id,
+            "gpu_index": record.card.gpu_index,
+            "uuid": record.card.uuid,
+            "source": record.card.source,
+            "rule_version": record.rule_version,
+            "window_days": record.window_days,
+            "t0": record.t0,
+            "window_end": record.window_end,
+            "status": record.status,
+            "signals": ",".join(record.signals),
+            "evidence": record.evidence,
+            "created_at": record.created_at,
+            "judged_at": None,
+            "conclusion": None,
+            "alert_id": record.alert_id,
+        }
+        with unavailable_as_store_error(), self._engine.begin() as conn:
+            insert: Any = (
+                postgresql.insert(predictions_t) if conn.dialect.name == "postgresql" else sqlite.insert(predictions_t)
+            )
+            created = conn.execute(insert.values(**row).on_conflict_do_nothing().returning(predictions_t.c.id)).first()
+        return created is not None
+
+    def attach_alert(self, prediction_id: str, alert_id: str) -> None:
+        with unavailable_as_store_error(), self._engine.begin() as conn:
+            conn.execute(sa.update(predictions_t).where(predictions_t.c.id == prediction_id).values(alert_id=alert_id))
+
+    def due(self, *, source: Source, now: datetime) -> list[PredictionRecord]:
+        query = (
+            sa.select(predictions_t)
+            .where(
+                predictions_t.c.source == source, predictions_t.c.status == "pending", predictions_t.c.window_end <= now
+            )
+            .order_by(predictions_t.c.window_end)
+        )
+        with unavailable_as_store_error(), self._engine.connect() as conn:
+            return [_record(row) for row in conn.execute(query)]
+
+    def window_samples(self, card: Card, *, t0: datetime, end: datetime) -> list[StoredSample]:
+        """The slot's samples with t0 <= sampled_at <= end, compared on the stored (read-back) values."""
+        query = (
+            sa.select(samples_t)
+            .where(*_slot(card), samples_t.c.sampled_at >= t0, samples_t.c.sampled_at <= end)
+            .order_by(samples_t.c.sampled_at, samples_t.c.id)
+        )
+        with unavailable_as_store_error(), self._engine.connect() as conn:
+            return [_sample(row) for row in conn.execute(query)]
+
+    def window_xids(self, card: Card, *, t0: datetime, end: datetime) -> list[XidObservation]:
+        query = sa.select(xid_t).where(
+            xid_t.c.node_id == card.node_id,
+            xid_t.c.gpu_index == card.gpu_index,
+            xid_t.c.source == card.source,
+            xid_t.c.occurred_at > t0,
+            xid_t.c.occurred_at <= end,
+        )
+        with unavailable_as_store_error(), self._engine.connect() as conn:
+            return [
+                XidObservation(gpu_index=r.gpu_index, uuid=r.uuid, xid=r.xid, occurred_at=r.occurred_at)
+                for r in conn.execute(query)
+            ]
+
+    def record_judgement(self, prediction_id: str, judgement: Judgement, *, now: datetime) -> bool:
+        """Compare-and-set on ``status='pending'``: exactly one worker's judgement takes effect."""
+        with unavailable_as_store_error(), self._engine.begin() as conn:
+            result = conn.execute(
+                sa.update(predictions_t)
+                .where(predictions_t.c.id == prediction_id, predictions_t.c.status == "pending")
+                .values(status=judgement.status, judged_at=now, conclusion=judgement.conclusion)
+            )
+        return bool(result.rowcount)
+
+    def node_predictions(self, node_id: NodeId, *, alert_id: str) -> list[PredictionRecord]:
+        query = sa.select(predictions_t).where(predictions_t.c.node_id == node_id, predictions_t.c.alert_id == alert_id)
+        with unavailable_as_store_error(), self._engine.connect() as conn:
+            return [_record(row) for row in conn.execute(query)]
+
+    def list(self, flt: PredictionFilter, *, limit: int, offset: int) -> tuple[list[PredictionRecord], int]:
+        conditions = [predictions_t.c.source == flt.source, predictions_t.c.node_id.in_(scoped_node_ids(flt.scope))]
+        if flt.node_id is not None:
+            conditions.append(predictions_t.c.node_id == flt.node_id)
+        if flt.gpu_index is not None:
+            conditions.append(predictions_t.c.gpu_index == flt.gpu_index)
+        if flt.status is not None:
+            conditions.append(predictions_t.c.status == flt.status)
+        if flt.since is not None:
+            conditions.append(predictions_t.c.t0 >= flt.since)
+        if flt.until is not None:
+            conditions.append(predictions_t.c.t0 <= flt.until)
+        query = (
+            sa.select(predictions_t)
+            .where(*conditions)
+            .order_by(predictions_t.c.t0.desc(), predictions_t.c.id)
+            .limit(limit)
+            .offset(offset)
+        )
+        count = sa.select(sa.func.count()).select_from(predictions_t).where(*conditions)
+        with unavailable_as_store_error(), self._engine.connect() as conn:
+            rows = [_record(row) for row in conn.execute(query)]
+            total = int(conn.execute(count).scalar_one())
+        return rows, total
+
+    def delete_source(self, source: Source) -> int:
+        with unavailable_as_store_error(), self._engine.begin() as conn:
+            return int(conn.execute(sa.delete(predictions_t).where(predictions_t.c.source == source)).rowcount or 0)
+
+    # -- statistics (H-50…H-52) -------------------------------------------------------------------------------
+
+    def band_counts(
+        self, *, source: Source, scope: NodeScope, since: datetime, now: datetime, window_days: Sequence[int]
+    ) -> dict[int, BandCounts]:
+        nodes = scoped_node_ids(scope)
+        by_status = (
+            sa.select(predictions_t.c.window_days, predictions_t.c.status, sa.func.count().label("n"))
+            .where(
+                predictions_t.c.source == source,
+                predictions_t.c.node_id.in_(nodes),
+                predictions_t.c.t0 >= since,
+                predictions_t.c.t0 <= now,
+            )
+            .group_by(predictions_t.c.window_days, predictions_t.c.status)
+        )
+        failures = self._failures(source=source, nodes=nodes, since=since, now=now).cte("failures")
+        failed = sa.select(sa.func.count()).select_from(
+            sa.select(failures.c.node_id, failures.c.gpu_index, failures.c.uuid).distinct().subquery()
+        )
+        with unavailable_as_store_error(), self._engine.connect() as conn:
+            statuses: dict[int, dict[str, int]] = {n: {} for n in window_days}
+            for row in conn.execute(by_status):
+                if row.window_days in statuses:
+                    statuses[row.window_days][row.status] = row.n
+            failed_cards = int(conn.execute(failed).scalar_one())
+            predicted: dict[int, int] = {}
+            for n in window_days:
+                p = predictions_t
+                covered = (
+                    sa.select(sa.literal(1))
+                    .where(
+                        p.c.node_id == failures.c.node_id,
+                        p.c.gpu_index == failures.c.gpu_index,
+                        p.c.uuid.is_not_distinct_from(failures.c.uuid),
+                        p.c.source == source,
+                        p.c.window_days == n,
+                        p.c.t0 < failures.c.at,
+                        failures.c.at <= p.c.window_end,
+                    )
+                    .exists()
+                )
+                cards = (
+                    sa.select(failures.c.node_id, failures.c.gpu_index, failures.c.uuid)
+                    .where(covered)
+                    .distinct()
+                    .subquery()
+                )
+                predicted[n] = int(conn.execute(sa.select(sa.func.count()).select_from(cards)).scalar_one())
+        return {
+            n: BandCounts(
+                window_days=n,
+                pending=statuses[n].get("pending", 0),
+                hit=statuses[n].get("hit", 0),
+                miss=statuses[n].get("miss", 0),
+                voided=statuses[n].get("voided", 0),
+                failed_cards=failed_cards,
+                predicted_cards=predicted[n],
+            )
+            for n in window_days
+        }
+
+    def _failures(
+        self, *, source: Source, nodes: sa.Select[tuple[str]], since: datetime, now: datetime
+    ) -> sa.Select[Any]:
+        """Failure events of monitorable cards: a strict increase of uncorrectable ECC between consecutive known
+        samples of one card (a first sample never is one), or a counted XID; found by scanning samples in SQL."""
+        ue = samples_t.c.ecc_uncorrected_total
+        steps = (
+            sa.select(
+                samples_t.c.node_id,
+                samples_t.c.gpu_index,
+                samples_t.c.uuid,
+                samples_t.c.sampled_at,
+                ue.label("v"),
+                sa.func.lag(ue)
+                .over(
+                    partition_by=(samples_t.c.node_id, samples_t.c.gpu_index, samples_t.c.uuid),
+                    order_by=(samples_t.c.sampled_at, samples_t.c.id),
+                )
+                .label("prev"),
+            )
+            .where(
+                samples_t.c.source == source,
+                ue.is_not(None),
+                samples_t.c.sampled_at <= now,
+                samples_t.c.node_id.in_(nodes),
+            )
+            .subquery()
+        )
+        counter_failures = sa.select(
+            steps.c.node_id, steps.c.gpu_index, steps.c.uuid, steps.c.sampled_at.label("at")
+        ).where(steps.c.prev.is_not(None), steps.c.v > steps.c.prev, steps.c.sampled_at >= since)
+        monitorable = (
+            sa.select(samples_t.c.node_id, samples_t.c.gpu_index, samples_t.c.uuid)
+            .where(samples_t.c.source == source, samples_t.c.sampled_at >= since, samples_t.c.sampled_at <= now)
+            .distinct()
+            .subquery()
+        )
+        xid_failures = (
+            sa.select(
+                monitorable.c.node_id, monitorable.c.gpu_index, monitorable.c.uuid, xid_t.c.occurred_at.label("at")
+            )
+            .join(
+                xid_t,
+                sa.and_(
+                    xid_t.c.node_id == monitorable.c.node_id,
+                    xid_t.c.gpu_index == monitorable.c.gpu_index,
+                    sa.or_(xid_t.c.uuid.is_(None), xid_t.c.uuid == monitorable.c.uuid),
+                ),
+            )
+            .where(
+                xid_t.c.source == source,
+                xid_t.c.xid.in_(sorted(COUNTED_XIDS)),
+                xid_t.c.occurred_at >= since,
+                xid_t.c.occurred_at <= now,
+                xid_t.c.node_id.in_(nodes),
+            )
+        )
+        return sa.union_all(counter_failures, xid_failures).subquery().select()
+
+    def exposure(self, *, source: Source, scope: NodeScope, since: datetime, now: datetime) -> Exposure:
+        """Monitorable cards, card-days from each card's first..last sample, and the observation span."""
+        per_card = (
+            sa.select(
+                sa.func.min(samples_t.c.sampled_at).label("first"),
+                sa.func.max(samples_t.c.sampled_at).label("last"),
+            )
+            .where(
+                samples_t.c.source == source,
+                samples_t.c.sampled_at >= since,
+                samples_t.c.sampled_at <= now,
+                samples_t.c.node_id.in_(scoped_node_ids(scope)),
+            )
+            .group_by(samples_t.c.node_id, samples_t.c.gpu_index, samples_t.c.uuid)
+        )
+        with unavailable_as_store_error(), self._engine.connect() as conn:
+            rows = conn.execute(per_card).all()
+        if not rows:
+            return Exposure(monitorable_cards=0, card_days=0.0, span_days=None)
+        day = timedelta(days=1)
+        card_days = sum((row.last - row.first) / day for row in rows)
+        span = (max(row.last for row in rows) - min(row.first for row in rows)) / day
+        return Exposure(monitorable_cards=len(rows), card_days=card_days, span_days=span)
