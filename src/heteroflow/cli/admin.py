@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Annotated
 
 import typer
+from sqlalchemy.engine import Engine
 
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.ids import TenantId
@@ -19,14 +20,19 @@ db_app = typer.Typer(help="Database schema.", no_args_is_help=True)
 DatabaseUrl = Annotated[str | None, typer.Option(help="sqlite:///PATH or postgresql://… [env HETEROFLOW_DATABASE_URL]")]
 
 
-def _store(database_url: str | None) -> SqlTokenStore:
+def engine_for(database_url: str | None) -> Engine:
+    """An engine on ``--database-url`` (or the server's setting), schema migrated."""
     url = database_url or ServerSettings.load().database_url
     try:
         engine = create_db_engine(url)
     except DatabaseUrlError as exc:
         raise typer.BadParameter(str(exc), param_hint="--database-url") from exc
     upgrade_database(engine)
-    return SqlTokenStore(engine)
+    return engine
+
+
+def _store(database_url: str | None) -> SqlTokenStore:
+    return SqlTokenStore(engine_for(database_url))
 
 
 @app.command("create-token")

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from heteroflow.cli import admin, agent, local
+from heteroflow.cli import admin, agent, health, local, sim
 from heteroflow.core.logs import configure_logging
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.server.settings import ServerSettings
@@ -20,6 +20,8 @@ app = typer.Typer(
 app.add_typer(admin.app, name="admin")
 app.add_typer(admin.db_app, name="db")
 app.add_typer(agent.app, name="agent")
+app.add_typer(health.app, name="health")
+app.add_typer(sim.app, name="sim")
 app.command("up")(local.up)
 
 

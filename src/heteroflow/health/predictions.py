@@ -53,6 +53,8 @@ class XidObservation:
 class Judgement:
     status: Literal["hit", "miss", "voided"]
     conclusion: str
+    failure_at: datetime | None = None
+    """For a hit: when the failure was observed (the lead time is failure_at - t0)."""
 
 
 def judge(
@@ -86,12 +88,13 @@ def judge(
                 return Judgement(
                     "hit",
                     f"hit: uncorrectable ECC grew from {before} to {after} at {sample.sampled_at.isoformat()}",
+                    failure_at=sample.sampled_at,
                 )
         previous = sample
     for event in sorted(xids, key=lambda e: e.occurred_at):
         same_card = event.uuid is None or event.uuid == card.uuid
         if event.xid in COUNTED_XIDS and same_card and t0 < event.occurred_at <= end:
-            return Judgement("hit", f"hit: XID {event.xid} at {event.occurred_at.isoformat()}")
+            return Judgement("hit", f"hit: XID {event.xid} at {event.occurred_at.isoformat()}", event.occurred_at)
     if any(s.uuid != card.uuid for s in inside):
         return Judgement("voided", "voided: the card was replaced inside the window (uuid changed)")
     return Judgement(

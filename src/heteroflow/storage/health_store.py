@@ -189,3 +189,19 @@ class SqlHealthSampleStore:
             )
             for row in rows
         ]
+
+
+def purge_simulated(engine: Engine) -> dict[str, int]:
+    """Delete every simulated row — predictions, samples, XID events, simulated nodes — and nothing real."""
+    from heteroflow.storage.schema import predictions
+
+    deleted: dict[str, int] = {}
+    with unavailable_as_store_error(), engine.begin() as conn:
+        for name, table in (
+            ("predictions", predictions),
+            ("samples", samples_t),
+            ("xid_events", xid_t),
+            ("nodes", nodes_t),
+        ):
+            deleted[name] = int(conn.execute(sa.delete(table).where(table.c.source == "simulated")).rowcount or 0)
+    return deleted

@@ -46,6 +46,7 @@ class PredictionRecord:
     judged_at: datetime | None
     conclusion: str | None
     alert_id: str | None
+    failure_at: datetime | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,7 @@ def _record(row: Any) -> PredictionRecord:
         judged_at=row.judged_at,
         conclusion=row.conclusion,
         alert_id=row.alert_id,
+        failure_at=row.failure_at,
     )
 
 
@@ -211,6 +213,7 @@ class SqlPredictionStore:
             "created_at": record.created_at,
             "judged_at": None,
             "conclusion": None,
+            "failure_at": None,
             "alert_id": record.alert_id,
         }
         with unavailable_as_store_error(), self._engine.begin() as conn:
@@ -265,7 +268,12 @@ class SqlPredictionStore:
             result = conn.execute(
                 sa.update(predictions_t)
                 .where(predictions_t.c.id == prediction_id, predictions_t.c.status == "pending")
-                .values(status=judgement.status, judged_at=now, conclusion=judgement.conclusion)
+                .values(
+                    status=judgement.status,
+                    judged_at=now,
+                    conclusion=judgement.conclusion,
+                    failure_at=judgement.failure_at,
+                )
             )
         return bool(result.rowcount)
 

@@ -141,6 +141,7 @@ predictions = sa.Table(
     sa.Column("created_at", UtcDateTime(), nullable=False),
     sa.Column("judged_at", UtcDateTime(), nullable=True),
     sa.Column("conclusion", sa.Text(), nullable=True),
+    sa.Column("failure_at", UtcDateTime(), nullable=True),
     sa.Column("alert_id", sa.String(36), nullable=True),
     sa.CheckConstraint(SOURCE_CHECK, name="source"),
     sa.CheckConstraint("status IN ('pending', 'hit', 'miss', 'voided')", name="status"),

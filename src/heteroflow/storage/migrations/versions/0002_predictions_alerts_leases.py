@@ -87,6 +87,7 @@ def upgrade() -> None:
         sa.Column("created_at", heteroflow.storage.schema.UtcDateTime(), nullable=False),
         sa.Column("judged_at", heteroflow.storage.schema.UtcDateTime(), nullable=True),
         sa.Column("conclusion", sa.Text(), nullable=True),
+        sa.Column("failure_at", heteroflow.storage.schema.UtcDateTime(), nullable=True),
         sa.Column("alert_id", sa.String(length=36), nullable=True),
         sa.CheckConstraint("source IN ('real', 'simulated')", name=op.f("ck_gpu_fault_predictions_source")),
         sa.CheckConstraint(
