@@ -13,8 +13,10 @@ from sqlalchemy.engine import Engine
 
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.testing import FakeClock
+from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform.auth import parse_scopes
+from heteroflow.server.alert_delivery import AlertDeliverySettings
 from heteroflow.server.app import build_context, create_app
 from heteroflow.server.context import ServerContext
 from heteroflow.server.maintenance import maintain
@@ -71,13 +73,20 @@ def running_server(
     start: datetime | None = None,
     health: dict[str, Any] | None = None,
     server: dict[str, Any] | None = None,
+    prediction: dict[str, Any] | None = None,
+    delivery: dict[str, Any] | None = None,
     clock: FakeClock | None = None,
 ) -> Iterator[Harness]:
     """A server on ``engine`` whose liveness flusher never fires by itself (tests flush explicitly)."""
     clock = clock or FakeClock(start)
     settings = ServerSettings.load(database_url=str(engine.url), liveness_flush_seconds=3600.0, **(server or {}))
     ctx = build_context(
-        settings=settings, health_settings=HealthStorageSettings.load(**(health or {})), clock=clock, engine=engine
+        settings=settings,
+        health_settings=HealthStorageSettings.load(**(health or {})),
+        prediction_settings=PredictionSettings.load(**(prediction or {})),
+        delivery_settings=AlertDeliverySettings.load(**(delivery or {})),
+        clock=clock,
+        engine=engine,
     )
     with TestClient(create_app(ctx, run_worker=False)) as client:
         yield Harness(client, ctx, clock)

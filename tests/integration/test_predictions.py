@@ -1,0 +1,356 @@
+"""The prediction worker, backfill, alerts and statistics on SQLite and PostgreSQL (H-33…H-62, H-70)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import Engine
+
+from heteroflow.core.ids import NodeId, Source
+from heteroflow.health.counters import Counters
+from heteroflow.health.samples import CardKey, HealthReading
+from heteroflow.health.simulation import Profile, series
+from heteroflow.storage.health_store import SqlHealthSampleStore
+from tests.support.harness import Harness, running_server
+
+NOW = datetime(2026, 5, 20, 12, 0, 0, 654321, tzinfo=UTC)
+DAY = timedelta(days=1)
+
+
+@pytest.fixture
+def harness(engine: Engine) -> Iterator[Harness]:
+    with running_server(engine, start=NOW) as h:
+        yield h
+
+
+def write(
+    h: Harness,
+    node: str,
+    index: int,
+    rows: list[tuple[datetime, str | None, dict[str, int | None]]],
+    source: Source = "real",
+) -> None:
+    key = CardKey(node_id=NodeId(node), gpu_index=index, source=source)
+    SqlHealthSampleStore(h.ctx.engine).insert(
+        [HealthReading(key=key, uuid=uuid, sampled_at=at, counters=Counters(**c)) for at, uuid, c in rows]
+    )
+
+
+def write_profile(
+    h: Harness, node: str, index: int, profile: Profile, *, days: float = 10, source: Source = "real"
+) -> None:
+    key = CardKey(node_id=NodeId(node), gpu_index=index, source=source)
+    SqlHealthSampleStore(h.ctx.engine).insert(
+        [
+            HealthReading(key=key, uuid=s.uuid, sampled_at=s.sampled_at, counters=s.counters)
+            for s in series(profile, card=index, start=h.clock.now() - days * DAY, end=h.clock.now())
+        ]
+    )
+
+
+def predictions(h: Harness, token: str, **params: Any) -> dict[str, Any]:
+    response = h.get(token, "/api/v1/gpu-health/predictions", **params)
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def alerts(h: Harness, token: str, **params: Any) -> list[dict[str, Any]]:
+    items: list[dict[str, Any]] = h.get(token, "/api/v1/alerts", **params).json()["items"]
+    return items
+
+
+def uuid_of(index: int) -> str:
+    return f"SIM-degrading-{index:04d}"
+
+
+def test_degrading_cards_predict_once_per_window_with_one_alert_per_node(harness: Harness) -> None:
+    agent, reader = harness.token("agent"), harness.token("nodes:read")
+    node = harness.register(agent, "gpu-a")
+    write_profile(harness, node, 0, "degrading")
+    write_profile(harness, node, 1, "degrading")
+    write_profile(harness, node, 2, "healthy")
+    report = harness.ctx.worker.tick()
+    assert report.predictions_created == {"real": 2}
+    body = predictions(harness, reader)
+    assert body["total"] == 2
+    assert body["current_rule_version"] == "v1-ecc-growth"
+    item = body["items"][0]
+    assert item["status"] == "pending"
+    assert item["window_days"] == 7
+    assert item["signals"] == ["corrected_ecc_growth"]
+    assert datetime.fromisoformat(item["window_end"]) - datetime.fromisoformat(item["t0"]) == 7 * DAY
+    assert datetime.fromisoformat(item["t0"]) <= NOW
+    [alert] = alerts(harness, reader)
+    assert alert["type"] == "GPU_FAULT_PREDICTED"
+    assert alert["severity"] == "WARN"
+    assert "predicted" in alert["message"]
+    # later ticks, new samples: no second prediction while the window is open
+    harness.clock.advance(3600)
+    write_profile(harness, node, 0, "degrading", days=0.04)
+    assert harness.ctx.worker.tick().predictions_created == {}
+    assert predictions(harness, reader)["total"] == 2
+
+
+def test_simulated_predictions_exist_but_never_alert_or_count(harness: Harness) -> None:
+    agent, reader = harness.token("agent"), harness.token("nodes:read")
+    node = harness.register(agent, "sim-1", source="simulated")
+    write_profile(harness, node, 0, "degrading", source="simulated")
+    write_profile(harness, node, 1, "healthy", source="simulated")
+    assert harness.ctx.worker.tick().predictions_created == {"simulated": 1}
+    assert alerts(harness, reader) == []
+    assert predictions(harness, reader)["total"] == 0
+    assert predictions(harness, reader, source="simulated")["total"] == 1
+    real = harness.get(reader, "/api/v1/gpu-health/prediction-stats").json()
+    assert real["monitorable_cards"] == 0
+    assert all(w["pending"] == 0 for w in real["windows"])
+    assert harness.get(reader, "/api/v1/gpu-health/prediction-stats", source="all").status_code == 400
+
+
+def test_backfill_hit_keeps_the_alert_open_until_a_manual_resolve(harness: Harness) -> None:
+    agent, reader = harness.token("agent"), harness.token("nodes:read")
+    operator = harness.token("alerts:write,nodes:read")
+    node = harness.register(agent, "gpu-b")
+    write_profile(harness, node, 0, "degrading")
+    harness.ctx.worker.tick()
+    t0 = datetime.fromisoformat(predictions(harness, reader)["items"][0]["t0"])
+    write(
+        harness,
+        node,
+        0,
+        [
+            (t0 + 2 * DAY, uuid_of(0), {"ecc_uncorrected_total": 0}),
+            (t0 + 3 * DAY, uuid_of(0), {"ecc_uncorrected_total": 4}),
+        ],
+    )
+    harness.clock.advance(8 * 86400)
+    report = harness.ctx.worker.tick()
+    assert report.judged == {"hit": 1}
+    item = predictions(harness, reader, status="hit")["items"][0]
+    assert "uncorrectable ECC grew from 0 to 4" in item["conclusion"]
+    [alert] = alerts(harness, reader)
+    assert alert["status"] == "open"  # a hit is never resolved by the system
+    assert alert["backlog"] is True  # open for more than 72 h: operations backlog, no exemption
+    harness.ctx.worker.tick()
+    assert alerts(harness, reader)[0]["status"] == "open"
+
+    url = f"/api/v1/alerts/{alert['id']}/resolve"
+    assert harness.client.post(url, json={"reason": "x"}, headers=harness.auth(reader)).status_code == 403
+    assert harness.client.post(url, json={"reason": ""}, headers=harness.auth(operator)).status_code == 422
+    done = harness.client.post(url, json={"reason": "card replaced"}, headers=harness.auth(operator))
+    assert done.status_code == 200, done.text
+    detail = done.json()
+    assert detail["alert"]["status"] == "resolved"
+    assert detail["alert"]["resolution"] == "card replaced"
+    assert detail["alert"]["resolved_by"].startswith("token:test:")
+    assert [e["action"] for e in detail["history"]] == ["raised", "backlog", "resolved"]
+    assert harness.client.post(url, json={"reason": "again"}, headers=harness.auth(operator)).status_code == 409
+
+
+def test_all_miss_resolves_by_the_system_and_voided_does_not(harness: Harness) -> None:
+    agent, reader = harness.token("agent"), harness.token("nodes:read")
+    missed = harness.register(agent, "gpu-miss")
+    silent = harness.register(agent, "gpu-silent")
+    write_profile(harness, missed, 0, "degrading")
+    write_profile(harness, silent, 0, "degrading")
+    harness.ctx.worker.tick()
+    t0 = datetime.fromisoformat(predictions(harness, reader, node_id=missed)["items"][0]["t0"])
+    write(harness, missed, 0, [(t0 + 4 * DAY, uuid_of(0), {"ecc_uncorrected_total": 0, "ecc_corrected_total": 1})])
+    harness.clock.advance(8 * 86400)
+    report = harness.ctx.worker.tick()
+    assert report.judged == {"miss": 1, "voided": 1}
+    by_node = {a["node_id"]: a for a in alerts(harness, reader)}
+    assert by_node[missed]["status"] == "resolved"
+    assert by_node[missed]["resolved_by"] == "system"
+    assert by_node[missed]["resolution"] == "window expired, no uncorrectable-ECC growth"
+    assert by_node[silent]["status"] == "open"  # nothing observed: no claim of recovery
+    voided = predictions(harness, reader, status="voided")["items"][0]
+    assert "no sample inside the window" in voided["conclusion"]
+
+
+def test_window_edges_at_microsecond_precision(harness: Harness) -> None:
+    agent, reader = harness.token("agent"), harness.token("nodes:read")
+    node = harness.register(agent, "gpu-edge")
+    t0 = NOW - timedelta(microseconds=1)
+    for index in (0, 1):
+        write(harness, node, index, [(t0, f"G{index}", {"ecc_uncorrected_total": 1})])
+    harness.ctx.worker.tick()
+    end = t0 + 7 * DAY
+    write(harness, node, 0, [(end, "G0", {"ecc_uncorrected_total": 2})])  # exactly t0 + N: inside
+    write(
+        harness,
+        node,
+        1,
+        [
+            (end - timedelta(microseconds=1), "G1", {"ecc_uncorrected_total": 1}),
+            (end + timedelta(microseconds=1), "G1", {"ecc_uncorrected_total": 2}),
+        ],
+    )  # just outside
+    harness.clock.advance(7 * 86400 + 1)
+    harness.ctx.worker.tick()
+    status = {
+        i["gpu_index"]: i["status"]
+        for i in predictions(harness, reader, node_id=node)["items"]
+        if datetime.fromisoformat(i["t0"]) == t0
+    }
+    assert status == {0: "hit", 1: "miss"}
+
+
+def test_a_future_dated_sample_never_moves_t0_or_voids_the_prediction(harness: Harness) -> None:
+    agent, reader = harness.token("agent"), harness.token("nodes:read")
+    node = harness.register(agent, "gpu-skew")
+    write(
+        harness,
+        node,
+        0,
+        [(NOW - DAY, "G", {"ecc_uncorrected_total": 1}), (NOW + 2 * DAY, "G", {"ecc_uncorrected_total": 1})],
+    )  # the agent's clock is ahead
+    harness.ctx.worker.tick()
+    [item] = predictions(harness, reader)["items"]
+    assert datetime.fromisoformat(item["t0"]) == NOW - DAY
+    harness.clock.advance(7 * 86400)
+    harness.ctx.worker.tick()
+    assert predictions(harness, reader)["items"][-1]["status"] == "miss"
+
+
+def test_statistics_stay_null_until_the_evidence_suffices(harness: Harness) -> None:
+    agent, reader = harness.token("agent"), harness.token("nodes:read")
+    node = harness.register(agent, "gpu-stats")
+    start = NOW - 9 * DAY
+    # card 0 fails (a strict uncorrectable step) and card 1 does not
+    write(harness, node, 0, [(start + DAY * d, "G0", {"ecc_uncorrected_total": 0 if d < 5 else 3}) for d in range(10)])
+    write(harness, node, 1, [(start + DAY * d, "G1", {"ecc_uncorrected_total": 0}) for d in range(10)])
+    body = harness.get(reader, "/api/v1/gpu-health/prediction-stats").json()
+    assert [w["window_days"] for w in body["windows"]] == [7, 30]
+    seven = body["windows"][0]
+    assert seven["precision"] is None
+    assert seven["recall"] is None
+    assert seven["insufficient"] == ["0 of ≥ 20 matured predictions (hit + miss; voided excluded)"]
+    assert seven["failed_cards"] == 1
+    assert seven["missed_cards"] == 1
+    assert body["monitorable_cards"] == 2
+    assert body["span_days"] == 9.0
+    assert body["card_days"] == 18.0
+    assert "experimental" in body["disclaimer"]
+
+    # 20 matured predictions, one of them holding card 0's failure
+    store = harness.ctx.predictions
+    from heteroflow.health.predictions import Judgement
+    from heteroflow.health.samples import Card
+    from heteroflow.storage.prediction_store import PredictionRecord
+
+    for k in range(20):
+        card = Card(NodeId(node), 0 if k == 0 else 1, "G0" if k == 0 else "G1", "real")
+        t0 = start + timedelta(days=4) if k == 0 else start + timedelta(hours=k)
+        record = PredictionRecord(
+            f"p{k}", card, "v1-ecc-growth", 7, t0, t0 + 7 * DAY, "pending", ("x",), "e", NOW, None, None, None
+        )
+        assert store.insert(record)
+        store.record_judgement(f"p{k}", Judgement("hit" if k < 5 else "miss", "c"), now=NOW)
+    body = harness.get(reader, "/api/v1/gpu-health/prediction-stats").json()
+    seven = body["windows"][0]
+    assert seven["insufficient"] == []
+    assert seven["precision"] == 0.25
+    assert seven["recall"] == 1.0
+    assert seven["predicted_cards"] == 1
+    assert body["windows"][1]["precision"] is None  # the 30-day band has its own predictions: none
+
+
+def test_two_workers_overlapping_make_one_prediction_and_one_judgement_each(engine: Engine) -> None:
+    with running_server(engine, start=NOW) as first, running_server(engine, start=NOW) as second:
+        agent, reader = first.token("agent"), first.token("nodes:read")
+        node = first.register(agent, "gpu-race")
+        for index in range(4):
+            write_profile(first, node, index, "degrading")
+        barrier = threading.Barrier(2)
+        reports: list[Any] = []
+
+        def tick(h: Harness) -> None:
+            barrier.wait()
+            reports.append(h.ctx.worker.tick())
+
+        def both() -> None:
+            threads = [threading.Thread(target=tick, args=(h,)) for h in (first, second)]
+            for t in threads:
+                t.start()
+            for t in threads:
+                t.join(60)
+
+        both()
+        assert predictions(first, reader)["total"] == 4
+        assert sum(r.predictions_created.get("real", 0) for r in reports) == 4
+        assert len(alerts(first, reader)) == 1
+        reports.clear()
+        for h in (first, second):
+            h.clock.advance(8 * 86400)
+        both()
+        assert sum(sum(r.judged.values()) for r in reports) == 4
+        assert predictions(first, reader, status="voided")["total"] == 4
+
+
+def test_the_lease_has_one_holder_and_expires(harness: Harness) -> None:
+    from heteroflow.storage.lease_store import SqlLeaseStore
+
+    leases = SqlLeaseStore(harness.ctx.engine)
+    ttl = timedelta(seconds=90)
+    assert leases.acquire("w", holder="a", now=NOW, ttl=ttl)
+    assert not leases.acquire("w", holder="b", now=NOW + timedelta(seconds=30), ttl=ttl)
+    assert leases.acquire("w", holder="a", now=NOW + timedelta(seconds=60), ttl=ttl)  # renewal
+    assert leases.holder("w", now=NOW + timedelta(seconds=100)) == "a"
+    assert leases.acquire("w", holder="b", now=NOW + timedelta(seconds=151), ttl=ttl)  # a died: b takes over
+    assert not leases.acquire("w", holder="a", now=NOW + timedelta(seconds=152), ttl=ttl)
+
+
+def test_deleting_a_node_sweeps_its_open_alerts_and_tenants_see_only_theirs(harness: Harness) -> None:
+    agent = harness.token("agent", tenant="t1")
+    own = harness.token("nodes:read,nodes:write,alerts:write", tenant="t1")
+    other = harness.token("nodes:read,alerts:write", tenant="t2")
+    node = harness.register(agent, "gpu-t1")
+    write_profile(harness, node, 0, "degrading")
+    harness.ctx.worker.tick()
+    [alert] = alerts(harness, own)
+    assert alerts(harness, other) == []
+    assert harness.get(other, f"/api/v1/alerts/{alert['id']}").status_code == 404
+    assert (
+        harness.client.post(
+            f"/api/v1/alerts/{alert['id']}/resolve", json={"reason": "r"}, headers=harness.auth(other)
+        ).status_code
+        == 404
+    )
+    assert predictions(harness, other)["total"] == 0
+    assert harness.client.delete(f"/api/v1/nodes/{node}", headers=harness.auth(own)).status_code == 204
+    swept = harness.get(own, f"/api/v1/alerts/{alert['id']}").json()
+    assert swept["alert"]["status"] == "resolved"
+    assert swept["alert"]["resolution"] == "node deleted"
+
+
+def test_the_alert_switch_is_fail_open(engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    for value, expected in (("garbage", 1), ("false", 0)):
+        monkeypatch.setenv("GPU_FAULT_PREDICTED_ALERT_ENABLED", value)
+        with running_server(engine, start=NOW) as h:
+            agent, reader = h.token("agent"), h.token("nodes:read")
+            node = h.register(agent, f"gpu-switch-{value}")
+            write_profile(h, node, 0, "degrading")
+            h.ctx.worker.tick()
+            assert len(alerts(h, reader, node_id=node)) == expected
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"limit": 0}, "limit"),
+        ({"limit": 501}, "limit"),
+        ({"offset": -1}, "offset"),
+        ({"status": "done"}, "status"),
+        ({"source": "all"}, "source"),
+    ],
+)
+def test_prediction_list_parameters_get_400(harness: Harness, params: dict[str, Any], message: str) -> None:
+    reader = harness.token("nodes:read")
+    response = harness.get(reader, "/api/v1/gpu-health/predictions", **params)
+    assert response.status_code == 400
+    assert message in response.json()["detail"]
