@@ -1,0 +1,196 @@
+"""``heteroflow engine-sim``: one simulated vLLM DP rank (external-LB mode) — API server plus torch worker.
+
+Signals (the signal-based fault path, usable without the cluster token): SIGUSR1 kills the worker
+(this rank → ``dead``), SIGUSR2 injects a transient collective failure; SIGSTOP/SIGCONT on the worker's
+pid (``GET /sim/info``) hang and resume it; SIGKILL to the session kills the whole rank.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from typing import Annotated, Any
+
+import structlog
+import typer
+
+from heteroflow.core.clock import SystemClock
+from heteroflow.core.logs import configure_logging
+from heteroflow.engine_sim.backend import FaultKind, WorkerStartError
+from heteroflow.engine_sim.engine import EngineCore, EngineTimeouts
+from heteroflow.engine_sim.process_backend import ProcessWorkerBackend, WorkerLaunch
+from heteroflow.engine_sim.server import create_app
+from heteroflow.engine_sim.settings import EngineSimSettings, Topology
+from heteroflow.engine_sim.state import ConfigurationError, initial_state
+
+_log = structlog.get_logger(__name__)
+
+
+def parse_rank_list(text: str) -> frozenset[int]:
+    """``"0,2"`` → {0, 2}; raises ``typer.BadParameter`` for anything else."""
+    ranks: set[int] = set()
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        if not part.isdigit():
+            raise typer.BadParameter(f"{part!r} is not a DP rank (comma-separated non-negative integers)")
+        ranks.add(int(part))
+    return frozenset(ranks)
+
+
+def engine_sim(
+    dp_size: Annotated[int, typer.Option(min=1, help="Data-parallel size of the instance (all ranks ever)")],
+    dp_rank: Annotated[int, typer.Option(min=0, help="This engine's global DP rank (its FT id)")],
+    master_addr: Annotated[str, typer.Option(help="DP master address: where the first TCP store listens")],
+    master_port: Annotated[int, typer.Option(min=1, max=65535, help="Port of the first TCP store")],
+    port: Annotated[int, typer.Option(min=1, max=65535, help="HTTP port of this rank's API server")],
+    host: Annotated[
+        str | None, typer.Option(help="Bind address (env HETEROFLOW_ENGINE_SIM_HOST; default 127.0.0.1)")
+    ] = None,
+    num_experts: Annotated[int, typer.Option(min=1, help="Logical experts")] = 8,
+    num_redundant_experts: Annotated[int, typer.Option(min=0, help="EPLB redundant replicas")] = 4,
+    slots_per_rank: Annotated[
+        int | None, typer.Option(min=1, help="Physical expert slots per rank (default ceil((E+K)/N))")
+    ] = None,
+    dead_ranks: Annotated[
+        str, typer.Option(help="Ranks retired earlier, e.g. '0,2' (in-place relaunch of the survivors)")
+    ] = "",
+    collective_timeout_sec: Annotated[
+        float | None, typer.Option(help="gloo collective timeout (vLLM --cpu-distributed-timeout-seconds)")
+    ] = None,
+    engine_recovery_timeout_sec: Annotated[
+        float | None, typer.Option(help="Exit when no FT command is accepted this long after a fault")
+    ] = None,
+    rebuild_timeout_sec: Annotated[float | None, typer.Option(help="Deadline of one group rebuild")] = None,
+    startup_timeout_sec: Annotated[float | None, typer.Option(help="Deadline of the first group start")] = None,
+    exit_linger_sec: Annotated[
+        float | None, typer.Option(help="Seconds 'dead' stays visible after a terminal failure")
+    ] = None,
+    ft_path_prefix: Annotated[str | None, typer.Option(help="Prefix of the FT routes (default /v1)")] = None,
+    cluster_token: Annotated[
+        str | None, typer.Option(help="Token of the fault-injection route (env HETEROFLOW_CLUSTER_TOKEN)")
+    ] = None,
+    seed: Annotated[int | None, typer.Option(help="Model seed (same on every rank)")] = None,
+    log_level: Annotated[str | None, typer.Option(help="Log level (default info)")] = None,
+) -> None:
+    """Run one simulated engine rank that speaks the vLLM fault-tolerance protocol."""
+    overrides: dict[str, Any] = {
+        key: value
+        for key, value in {
+            "host": host,
+            "collective_timeout_sec": collective_timeout_sec,
+            "engine_recovery_timeout_sec": engine_recovery_timeout_sec,
+            "rebuild_timeout_sec": rebuild_timeout_sec,
+            "startup_timeout_sec": startup_timeout_sec,
+            "exit_linger_sec": exit_linger_sec,
+            "ft_path_prefix": ft_path_prefix,
+            "cluster_token": cluster_token,
+            "seed": seed,
+            "log_level": log_level,
+        }.items()
+        if value is not None
+    }
+    settings = EngineSimSettings.load(**overrides)
+    topology = Topology(
+        dp_size=dp_size,
+        dp_rank=dp_rank,
+        master_addr=master_addr,
+        master_port=master_port,
+        dead_ranks=parse_rank_list(dead_ranks),
+        num_experts=num_experts,
+        num_redundant_experts=num_redundant_experts,
+        slots_per_rank=slots_per_rank,
+    )
+    try:
+        topology.validate()
+        initial_state(rank=dp_rank, dp_size=dp_size, dead_ranks=topology.dead_ranks)
+    except ConfigurationError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    configure_logging(level=settings.log_level)
+    raise typer.Exit(asyncio.run(run_engine(topology=topology, settings=settings, port=port)))
+
+
+async def run_engine(*, topology: Topology, settings: EngineSimSettings, port: int) -> int:
+    """Start the worker, serve HTTP until the engine decides to exit; the process exit code."""
+    import uvicorn
+
+    loop = asyncio.get_running_loop()
+    launch = WorkerLaunch(
+        rank=topology.dp_rank,
+        dp_size=topology.dp_size,
+        dead_ranks=sorted(topology.dead_ranks),
+        master_addr=topology.master_addr,
+        master_port=topology.master_port,
+        bind_host=settings.host,
+        num_experts=topology.num_experts,
+        num_redundant_experts=topology.num_redundant_experts,
+        slots_per_rank=topology.effective_slots_per_rank,
+        collective_timeout_sec=settings.collective_timeout_sec,
+        startup_timeout_sec=settings.startup_timeout_sec,
+        rebuild_timeout_sec=settings.rebuild_timeout_sec,
+        seed=settings.seed,
+        max_batch=settings.max_batch_per_rank,
+        idle_poll_interval_sec=settings.idle_poll_interval_sec,
+    )
+    backend = ProcessWorkerBackend(launch, startup_timeout_sec=settings.startup_timeout_sec)
+
+    def hard_exit() -> None:
+        # answer the injection request first, then die like a crashed process (no cleanup)
+        def die() -> None:
+            backend.inject(FaultKind.KILL_WORKER)
+            os._exit(137)
+
+        loop.call_later(0.2, die)
+
+    core = EngineCore(
+        initial=initial_state(rank=topology.dp_rank, dp_size=topology.dp_size, dead_ranks=topology.dead_ranks),
+        backend=backend,
+        clock=SystemClock(),
+        timeouts=EngineTimeouts(
+            engine_recovery_timeout_sec=settings.engine_recovery_timeout_sec,
+            exit_linger_sec=settings.exit_linger_sec,
+        ),
+        hard_exit=hard_exit,
+    )
+    try:
+        ready = await core.start()
+    except (WorkerStartError, TimeoutError) as exc:
+        _log.error("engine.start_failed", rank=topology.dp_rank, error=str(exc))
+        return 1
+    _log.info("engine.ready", rank=topology.dp_rank, worker_pid=ready.worker_pid, placement=ready.placement)
+    app = create_app(
+        core,
+        model_name=settings.model_name,
+        ft_path_prefix=settings.ft_path_prefix,
+        cluster_token=settings.cluster_token,
+        max_tokens_limit=settings.max_tokens_limit,
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=settings.host, port=port, log_config=None, access_log=False, lifespan="off")
+    )
+    loop.add_signal_handler(signal.SIGUSR1, core.inject, FaultKind.KILL_WORKER)
+    loop.add_signal_handler(signal.SIGUSR2, core.inject, FaultKind.TRANSIENT)
+
+    async def tick() -> None:
+        while True:
+            core.tick()
+            await asyncio.sleep(0.1)  # the timer's own period, not a synchronisation
+
+    async def stop_on_exit() -> None:
+        await core.exit_requested.wait()
+        server.should_exit = True
+
+    tasks = [asyncio.create_task(tick()), asyncio.create_task(stop_on_exit())]
+    try:
+        await server.serve()
+    finally:
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        await core.close()
+    return core.exit_code if core.exit_requested.is_set() else 0

@@ -1,0 +1,125 @@
+"""The seam between the API server's engine core and the worker that holds the model shard.
+
+Two implementations: :class:`heteroflow.engine_sim.process_backend.ProcessWorkerBackend` (a torch worker
+subprocess in a real gloo group) and :class:`heteroflow.engine_sim.fake.FakeWorkerBackend` (in-memory, no
+processes, no torch). The backend reports what happens through :class:`WorkerEvent` values handed to a
+sink; it never decides protocol states, which is the job of :mod:`heteroflow.engine_sim.state`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import Protocol
+
+from heteroflow.engine_sim.state import RebuildPlan
+
+
+class FaultKind(StrEnum):
+    """Faults that the simulator can inject (route ``POST /sim/faults`` or signals)."""
+
+    KILL_WORKER = "kill_worker"
+    """The rank's worker exits hard: this rank ``dead``; peers notice under traffic."""
+    KILL_PROCESS = "kill_process"
+    """The whole rank (API server and worker) exits hard: status unreachable."""
+    HANG = "hang"
+    """SIGSTOP the worker: peers time out in their next collective; ``resume`` sends SIGCONT."""
+    RESUME = "resume"
+    TRANSIENT = "transient"
+    """Every rank of the group fails its collective at once, nobody dies; ``retry`` recovers."""
+    SLOW_REBUILD = "slow_rebuild"
+    """The next rebuild of this rank waits ``delay_sec`` before joining its peers."""
+
+
+@dataclass(frozen=True, slots=True)
+class GenerationJob:
+    request_id: str
+    prompt_tokens: tuple[int, ...]
+    max_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Ready:
+    worker_pid: int | None
+    placement: dict[str, list[int]]
+
+
+@dataclass(frozen=True, slots=True)
+class TokenGenerated:
+    request_id: str
+    token: int
+
+
+@dataclass(frozen=True, slots=True)
+class JobFinished:
+    request_id: str
+    finish_reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class CollectiveFailed:
+    fault_info: str
+    """The exception class name, as vLLM reports it."""
+    mask: tuple[int, ...]
+    detail: str
+
+
+@dataclass(frozen=True, slots=True)
+class WaveChanged:
+    """The worker entered (``active``) or left a wave of lockstep forward steps."""
+
+    active: bool
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerExited:
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class RebuildFinished:
+    request_id: str
+    ok: bool
+    error: str | None
+    placement: dict[str, list[int]] | None
+
+
+WorkerEvent = Ready | TokenGenerated | JobFinished | CollectiveFailed | WorkerExited | RebuildFinished | WaveChanged
+EventSink = Callable[[WorkerEvent], None]
+
+
+class WorkerStartError(RuntimeError):
+    """The worker could not join its first group (a peer never came, a port was taken, …)."""
+
+
+class WorkerBackend(Protocol):
+    async def start(self, sink: EventSink) -> Ready:
+        """Launch the worker and wait until it has joined the first group."""
+        ...
+
+    def submit(self, job: GenerationJob) -> None:
+        """Queue a generation; tokens come back as events."""
+        ...
+
+    def cancel(self, request_id: str) -> None: ...
+
+    def cancel_all(self) -> None: ...
+
+    def rebuild(self, plan: RebuildPlan) -> None:
+        """Start the rebuild of an accepted command; the outcome comes back as :class:`RebuildFinished`."""
+        ...
+
+    def inject(self, kind: FaultKind, *, delay_sec: float = 0.0) -> None: ...
+
+    def tick(self, now: float) -> None:
+        """Time passed (monotonic seconds); a backend with timers of its own checks them here."""
+        ...
+
+    def info(self) -> dict[str, object]:
+        """Diagnostics for the sim-only info route (process ids, placement)."""
+        ...
+
+    async def close(self) -> None:
+        """Stop the worker (idempotent)."""
+        ...

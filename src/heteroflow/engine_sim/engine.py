@@ -1,0 +1,287 @@
+"""The engine core: the thin shell around the pure FT state machine, shared by the real and fake engine.
+
+It owns the current :class:`~heteroflow.engine_sim.state.EngineState`, feeds it the worker's events and
+the clock, performs the resulting actions (abort requests, start a rebuild, exit) and keeps the in-flight
+generations. It imports neither torch nor a web framework; the HTTP layer is
+:mod:`heteroflow.engine_sim.server`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+
+import structlog
+
+from heteroflow.core.clock import Clock
+from heteroflow.engine_sim import state as sm
+from heteroflow.engine_sim.backend import (
+    CollectiveFailed,
+    FaultKind,
+    GenerationJob,
+    JobFinished,
+    Ready,
+    RebuildFinished,
+    TokenGenerated,
+    WaveChanged,
+    WorkerBackend,
+    WorkerEvent,
+    WorkerExited,
+)
+from heteroflow.engine_sim.protocol import ApplyRequest, FtStatusResponse
+
+_log = structlog.get_logger(__name__)
+
+
+class EngineUnavailableError(RuntimeError):
+    """The engine is not healthy: new requests get HTTP 503."""
+
+
+class RequestAbortedError(RuntimeError):
+    """An in-flight request was aborted because the engine stopped being healthy."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineTimeouts:
+    engine_recovery_timeout_sec: float = 120.0
+    exit_linger_sec: float = 5.0
+
+
+@dataclass(frozen=True, slots=True)
+class CommandResult:
+    accepted: bool
+    message: str
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCoreStatus:
+    """A snapshot for tests and the sim-only info route."""
+
+    state: sm.EngineState
+    in_flight: int
+    completed: int
+    aborted: int
+    placement: dict[str, list[int]]
+    exit_reason: str | None
+    commands_accepted: int
+    commands_rejected: int
+    faults_seen: int
+    in_wave: bool
+    """The worker is stepping in lockstep with its peers (False = idle: no collective running)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Abort:
+    reason: str
+
+
+_DONE = object()
+
+
+class EngineCore:
+    def __init__(
+        self,
+        *,
+        initial: sm.EngineState,
+        backend: WorkerBackend,
+        clock: Clock,
+        timeouts: EngineTimeouts,
+        hard_exit: Callable[[], None],
+    ) -> None:
+        self._state = initial
+        self._backend = backend
+        self._clock = clock
+        self._timeouts = timeouts
+        self._hard_exit = hard_exit
+        self._requests: dict[str, asyncio.Queue[object]] = {}
+        self._placement: dict[str, list[int]] = {}
+        self._completed = 0
+        self._aborted = 0
+        self._commands_accepted = 0
+        self._commands_rejected = 0
+        self._faults_seen = 0
+        self._in_wave = False
+        self._exit_at: float | None = None
+        self._exit_reason: str | None = None
+        self._exit_code = 0
+        self.exit_requested = asyncio.Event()
+
+    # -- lifecycle -------------------------------------------------------------------------------------
+    async def start(self) -> Ready:
+        ready = await self._backend.start(self._on_event)
+        self._placement = ready.placement
+        return ready
+
+    async def close(self) -> None:
+        await self._backend.close()
+
+    @property
+    def state(self) -> sm.EngineState:
+        return self._state
+
+    @property
+    def exit_code(self) -> int:
+        return self._exit_code
+
+    def status(self) -> EngineCoreStatus:
+        return EngineCoreStatus(
+            state=self._state,
+            in_flight=len(self._requests),
+            completed=self._completed,
+            aborted=self._aborted,
+            placement=self._placement,
+            exit_reason=self._exit_reason,
+            commands_accepted=self._commands_accepted,
+            commands_rejected=self._commands_rejected,
+            faults_seen=self._faults_seen,
+            in_wave=self._in_wave,
+        )
+
+    def ft_status(self) -> FtStatusResponse:
+        return FtStatusResponse(total_engines=1, engines=[self._state.status_entry()])
+
+    def info(self) -> dict[str, object]:
+        st = self._state
+        return {
+            "dp_rank": st.rank,
+            "dp_size": st.dp_size,
+            "members": list(st.members),
+            "dead_ranks": sorted(st.dead_ranks),
+            "store_master": st.store_master,
+            "generation": st.generation,
+            "placement": self._placement,
+            "in_wave": self._in_wave,
+            **self._backend.info(),
+        }
+
+    # -- time ------------------------------------------------------------------------------------------
+    def tick(self) -> None:
+        now = self._clock.monotonic()
+        self._backend.tick(now)
+        self._apply(sm.on_tick(self._state, now=now))
+        if self._exit_at is not None and now >= self._exit_at and not self.exit_requested.is_set():
+            _log.warning("engine.exit", reason=self._exit_reason, rank=self._state.rank)
+            self.exit_requested.set()
+
+    # -- commands --------------------------------------------------------------------------------------
+    def apply(self, request: ApplyRequest) -> CommandResult:
+        transition = sm.on_command(self._state, request)
+        _log.info(
+            "engine.ft_command",
+            rank=self._state.rank,
+            request_id=request.request_id,
+            instruction=request.instruction,
+            accepted=transition.accepted,
+            detail=transition.message,
+        )
+        if transition.accepted:
+            self._commands_accepted += 1
+        else:
+            self._commands_rejected += 1
+        self._apply(transition)
+        return CommandResult(accepted=transition.accepted, message=transition.message)
+
+    def inject(self, kind: FaultKind, *, delay_sec: float = 0.0) -> None:
+        _log.warning("engine.fault_injected", rank=self._state.rank, kind=kind.value, delay_sec=delay_sec)
+        if kind is FaultKind.KILL_PROCESS:
+            self._hard_exit()
+            return
+        self._backend.inject(kind, delay_sec=delay_sec)
+
+    # -- generation ------------------------------------------------------------------------------------
+    async def generate(self, *, prompt_tokens: tuple[int, ...], max_tokens: int) -> AsyncIterator[int]:
+        """Token ids of a greedy generation; raises at once when not healthy, or mid-way when aborted."""
+        if not self._state.serving:
+            raise EngineUnavailableError(self._unavailable_reason())
+        request_id = uuid.uuid4().hex
+        queue: asyncio.Queue[object] = asyncio.Queue()
+        self._requests[request_id] = queue
+        self._backend.submit(GenerationJob(request_id, prompt_tokens, max_tokens))
+        finished = False
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, int):
+                    yield item
+                elif item is _DONE:
+                    finished = True
+                    return
+                elif isinstance(item, _Abort):
+                    finished = True
+                    raise RequestAbortedError(item.reason)
+        finally:
+            self._requests.pop(request_id, None)
+            if not finished:
+                self._backend.cancel(request_id)
+
+    def _unavailable_reason(self) -> str:
+        st = self._state
+        if st.running is not None:
+            return f"engine is recovering ({st.running.instruction} {st.running.request_id})"
+        return f"engine is {st.health}"
+
+    # -- events ----------------------------------------------------------------------------------------
+    def _on_event(self, event: WorkerEvent) -> None:
+        now = self._clock.monotonic()
+        recovery = self._timeouts.engine_recovery_timeout_sec
+        match event:
+            case TokenGenerated(request_id=rid, token=token):
+                queue = self._requests.get(rid)
+                if queue is not None:
+                    queue.put_nowait(token)
+            case JobFinished(request_id=rid):
+                queue = self._requests.get(rid)
+                if queue is not None:
+                    self._completed += 1
+                    queue.put_nowait(_DONE)
+            case CollectiveFailed(fault_info=info, mask=mask, detail=detail):
+                self._in_wave = False
+                _log.warning("engine.collective_failed", rank=self._state.rank, fault_info=info, detail=detail)
+                self._faults_seen += 1
+                self._apply(
+                    sm.on_collective_fault(self._state, fault_info=info, mask=mask, now=now, recovery_timeout=recovery)
+                )
+            case WorkerExited(reason=reason):
+                self._in_wave = False
+                _log.warning("engine.worker_exited", rank=self._state.rank, reason=reason)
+                self._apply(sm.on_worker_died(self._state, reason=reason, now=now, recovery_timeout=recovery))
+            case RebuildFinished(request_id=rid, ok=ok, error=error, placement=placement):
+                running = self._state.running
+                if running is None or running.request_id != rid:
+                    _log.warning("engine.stale_rebuild_result", rank=self._state.rank, request_id=rid)
+                    return
+                _log.info("engine.rebuild_finished", rank=self._state.rank, request_id=rid, ok=ok, error=error)
+                if ok and placement is not None:
+                    self._placement = placement
+                self._apply(
+                    sm.on_rebuild_finished(
+                        self._state, request_id=rid, ok=ok, error=error, now=now, recovery_timeout=recovery
+                    )
+                )
+            case Ready(placement=placement):
+                self._placement = placement
+            case WaveChanged(active=active):
+                self._in_wave = active
+
+    def _apply(self, transition: sm.Transition) -> None:
+        self._state = transition.state
+        for action in transition.actions:
+            match action:
+                case sm.AbortRequests(reason=reason):
+                    self._abort_all(reason)
+                case sm.StartRebuild(plan=plan):
+                    self._backend.rebuild(plan)
+                case sm.ExitProcess(reason=reason, exit_code=code):
+                    terminal = self._state.health == "dead" and self._state.ft_state == "failed"
+                    linger = self._timeouts.exit_linger_sec if terminal else 0.0
+                    self._exit_reason = reason
+                    self._exit_code = code
+                    self._exit_at = self._clock.monotonic() + linger
+
+    def _abort_all(self, reason: str) -> None:
+        self._backend.cancel_all()
+        for queue in self._requests.values():
+            self._aborted += 1
+            queue.put_nowait(_Abort(reason))

@@ -1,0 +1,422 @@
+"""HTTP API of one simulated engine: OpenAI-compatible serving, the FT routes and the sim-only routes.
+
+Error mapping, in one place:
+
+- OpenAI routes: malformed input → 400, unknown model → 404, engine not healthy or request aborted → 503,
+  all with vLLM's ``{"error": {"message", "type", "code"}}`` body.
+- FT routes: a body that is not a protocol message → 400 ``{"error": …}``;
+  a well-formed command → 202, whether the engine accepts it or rejects it. Upstream forwards the command
+  to the engine core in a background task and answers 202 before the engine decides, so the outcome —
+  including a rejection (``last_ft_request_id`` + ``ft_error``) — is read from the status route.
+- Authentication: the cluster token plays the part of vLLM's ``--api-key``. When one is configured, every
+  OpenAI route and both FT routes need ``Authorization: Bearer <token>`` (missing or wrong → 401), checked
+  before anything else; ``/health`` and ``/metrics`` stay open, as in vLLM. With no token configured those
+  routes are open (vLLM without ``--api-key``; the server binds loopback by default) and the sim-only
+  routes (``/sim/…``) answer 403; with one, the sim-only routes need it too.
+
+Nothing maps to 500.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, Literal
+
+from fastapi import FastAPI, Header, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from heteroflow.engine_sim import vocab
+from heteroflow.engine_sim.backend import FaultKind
+from heteroflow.engine_sim.engine import EngineCore, EngineUnavailableError, RequestAbortedError
+from heteroflow.engine_sim.metrics import CONTENT_TYPE, EngineMetrics
+from heteroflow.engine_sim.protocol import ProtocolError, apply_path, parse_apply_request, status_path
+from heteroflow.platform.auth import same_secret
+
+SIM_PREFIX = "/sim"
+MAX_PROMPT_TOKENS = 2048
+"""The worker prefills between two lockstep steps; a longer prompt would stall every peer's collective."""
+
+
+class _OpenAiError(Exception):
+    def __init__(self, status_code: int, kind: str, message: str) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.kind = kind
+        self.message = message
+
+
+class _SimAuthError(Exception):
+    def __init__(self, status_code: int, message: str) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+        self.message = message
+
+
+def bearer_matches(authorization: str | None, token: str) -> bool:
+    scheme, _, value = (authorization or "").partition(" ")
+    return scheme.lower() == "bearer" and bool(value.strip()) and same_secret(value.strip(), token)
+
+
+class _TokenGate:
+    """ASGI middleware: the cluster token on the OpenAI and FT routes, before routing and body parsing."""
+
+    def __init__(self, app: ASGIApp, *, token: str, ft_paths: frozenset[str]) -> None:
+        self.app = app
+        self.token = token
+        self.ft_paths = ft_paths
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path = scope.get("path", "") if scope["type"] == "http" else ""
+        if path in self.ft_paths or path.startswith("/v1/"):
+            headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
+            if not bearer_matches(headers.get("authorization"), self.token):
+                message = "a valid cluster token is required (Authorization: Bearer <token>)"
+                body: dict[str, Any] = (
+                    {"error": message}
+                    if path in self.ft_paths
+                    else {"error": {"message": message, "type": "AuthenticationError", "param": None, "code": 401}}
+                )
+                response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                await response(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+class CompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    prompt: str | list[str]
+    max_tokens: int = Field(default=16, ge=1)
+    stream: bool = False
+    temperature: float | None = Field(default=None, ge=0)
+    """Accepted and ignored: decoding is always greedy (the outputs must be comparable)."""
+    n: int = Field(default=1, ge=1, le=1)
+
+
+class ChatMessage(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    role: Literal["system", "user", "assistant", "developer", "tool"]
+    content: str | list[dict[str, Any]]
+
+
+class ChatCompletionRequest(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    model: str | None = None
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(default=None, ge=1)
+    max_completion_tokens: int | None = Field(default=None, ge=1)
+    stream: bool = False
+    temperature: float | None = Field(default=None, ge=0)
+    n: int = Field(default=1, ge=1, le=1)
+
+
+class FaultInjection(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    kind: FaultKind
+    delay_sec: float = Field(default=0.0, ge=0, le=600)
+    """Only for ``slow_rebuild``: seconds the next rebuild waits before joining its peers."""
+
+
+def create_app(
+    core: EngineCore,
+    *,
+    model_name: str,
+    ft_path_prefix: str,
+    cluster_token: str | None,
+    max_tokens_limit: int,
+) -> FastAPI:
+    app = FastAPI(title="HeteroFlow engine simulator", docs_url=None, redoc_url=None, openapi_url=None)
+    if cluster_token:
+        ft_paths = frozenset({status_path(ft_path_prefix), apply_path(ft_path_prefix)})
+        app.add_middleware(_TokenGate, token=cluster_token, ft_paths=ft_paths)
+    created = int(time.time())
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        detail = "; ".join(
+            f"{'.'.join(str(p) for p in err.get('loc', ()) if p != 'body') or 'body'}: {err.get('msg')}"
+            for err in errors[:3]
+        )
+        if request.url.path.startswith(SIM_PREFIX):
+            return JSONResponse({"error": detail}, status_code=400)
+        return _openai_error(400, "BadRequestError", detail or "invalid request")
+
+    @app.exception_handler(_OpenAiError)
+    async def _openai(_: Request, exc: _OpenAiError) -> JSONResponse:
+        return _openai_error(exc.status_code, exc.kind, exc.message)
+
+    @app.exception_handler(_SimAuthError)
+    async def _sim_auth(_: Request, exc: _SimAuthError) -> JSONResponse:
+        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        return JSONResponse({"error": exc.message}, status_code=exc.status_code, headers=headers)
+
+    # -- liveness and models -------------------------------------------------------------------------
+    @app.get("/health")
+    async def health() -> Response:
+        """Liveness only: 200 while the process serves HTTP, whatever the FT status."""
+        return Response(status_code=200)
+
+    metrics = EngineMetrics(core.status)
+
+    @app.get("/metrics")
+    async def prometheus() -> Response:
+        """Unauthenticated, like vLLM's own /metrics."""
+        return Response(metrics.render(), media_type=CONTENT_TYPE)
+
+    @app.get("/v1/models")
+    async def models() -> dict[str, Any]:
+        return {
+            "object": "list",
+            "data": [
+                {
+                    "id": model_name,
+                    "object": "model",
+                    "created": created,
+                    "owned_by": "heteroflow",
+                    "root": model_name,
+                    "max_model_len": MAX_PROMPT_TOKENS + max_tokens_limit,
+                }
+            ],
+        }
+
+    def check_model(requested: str | None) -> None:
+        if requested is not None and requested != model_name:
+            raise _OpenAiError(404, "NotFoundError", f"The model `{requested}` does not exist.")
+
+    def check_max_tokens(value: int) -> None:
+        if value > max_tokens_limit:
+            raise _OpenAiError(400, "BadRequestError", f"max_tokens must be ≤ {max_tokens_limit}")
+
+    def check_prompt(tokens: tuple[int, ...]) -> None:
+        if not tokens:
+            raise _OpenAiError(400, "BadRequestError", "the prompt is empty")
+        if len(tokens) > MAX_PROMPT_TOKENS:
+            raise _OpenAiError(400, "BadRequestError", f"the prompt is longer than {MAX_PROMPT_TOKENS} tokens")
+
+    # -- completions ---------------------------------------------------------------------------------
+    @app.post("/v1/completions", response_model=None)
+    async def completions(body: CompletionRequest) -> Response:
+        check_model(body.model)
+        check_max_tokens(body.max_tokens)
+        if isinstance(body.prompt, list):
+            if len(body.prompt) != 1:
+                raise _OpenAiError(400, "BadRequestError", "exactly one prompt per request is supported")
+            prompt = body.prompt[0]
+        else:
+            prompt = body.prompt
+        tokens = vocab.encode(prompt)
+        check_prompt(tokens)
+        stream = _start(core, tokens, body.max_tokens)
+        rid = f"cmpl-{uuid.uuid4().hex}"
+        if body.stream:
+            first = await _first_or_error(stream)
+            return StreamingResponse(
+                _completion_chunks(rid, created, model_name, first, stream), media_type="text/event-stream"
+            )
+        out = await _collect(stream)
+        return JSONResponse(
+            {
+                "id": rid,
+                "object": "text_completion",
+                "created": int(time.time()),
+                "model": model_name,
+                "choices": [{"index": 0, "text": vocab.decode(out), "logprobs": None, "finish_reason": "length"}],
+                "usage": _usage(len(tokens), len(out)),
+            }
+        )
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(body: ChatCompletionRequest) -> Response:
+        check_model(body.model)
+        max_tokens = body.max_completion_tokens or body.max_tokens or 16
+        check_max_tokens(max_tokens)
+        messages: list[tuple[str, str]] = [(m.role, _text_of(m.content)) for m in body.messages]
+        tokens = vocab.encode(vocab.render_chat(messages))
+        check_prompt(tokens)
+        stream = _start(core, tokens, max_tokens)
+        rid = f"chatcmpl-{uuid.uuid4().hex}"
+        if body.stream:
+            first = await _first_or_error(stream)
+            return StreamingResponse(
+                _chat_chunks(rid, created, model_name, first, stream), media_type="text/event-stream"
+            )
+        out = await _collect(stream)
+        return JSONResponse(
+            {
+                "id": rid,
+                "object": "chat.completion",
+                "created": int(time.time()),
+                "model": model_name,
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": vocab.decode(out)},
+                        "finish_reason": "length",
+                    }
+                ],
+                "usage": _usage(len(tokens), len(out)),
+            }
+        )
+
+    # -- fault tolerance -----------------------------------------------------------------------------
+    @app.get(status_path(ft_path_prefix))
+    async def ft_status() -> dict[str, Any]:
+        return core.ft_status().wire()
+
+    @app.post(apply_path(ft_path_prefix))
+    async def ft_apply(request: Request) -> JSONResponse:
+        raw = await request.body()
+        try:
+            body = json.loads(raw) if raw else None
+        except (ValueError, UnicodeDecodeError):
+            return JSONResponse({"error": "the body is not valid JSON"}, status_code=400)
+        try:
+            command = parse_apply_request(body)
+        except ProtocolError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=400)
+        result = core.apply(command)
+        where = status_path(ft_path_prefix)
+        message = (
+            f"{command.instruction} accepted; poll {where} for the outcome"
+            if result.accepted
+            else f"{command.instruction} rejected: {result.message}; see {where}"
+        )
+        return JSONResponse({"message": message, "request_id": command.request_id}, status_code=202)
+
+    # -- sim-only, authenticated ---------------------------------------------------------------------
+    def require_token(authorization: str | None) -> None:
+        if not cluster_token:
+            raise _SimAuthError(403, "fault injection is disabled: no cluster token is configured")
+        if not bearer_matches(authorization, cluster_token):
+            raise _SimAuthError(401, "a valid cluster token is required (Authorization: Bearer <token>)")
+
+    @app.post(f"{SIM_PREFIX}/faults", status_code=202)
+    async def inject(body: FaultInjection, authorization: Annotated[str | None, Header()] = None) -> dict[str, Any]:
+        require_token(authorization)
+        core.inject(body.kind, delay_sec=body.delay_sec)
+        return {"injected": body.kind.value, "dp_rank": core.state.rank}
+
+    @app.get(f"{SIM_PREFIX}/info")
+    async def info(authorization: Annotated[str | None, Header()] = None) -> dict[str, Any]:
+        require_token(authorization)
+        return core.info()
+
+    return app
+
+
+def _openai_error(status_code: int, kind: str, message: str) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"message": message, "type": kind, "param": None, "code": status_code}},
+        status_code=status_code,
+    )
+
+
+def _text_of(content: str | list[dict[str, Any]]) -> str:
+    if isinstance(content, str):
+        return content
+    parts = []
+    for part in content:
+        if part.get("type") != "text" or not isinstance(part.get("text"), str):
+            raise _OpenAiError(400, "BadRequestError", "only text content parts are supported")
+        parts.append(part["text"])
+    return "".join(parts)
+
+
+def _usage(prompt: int, completion: int) -> dict[str, int]:
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def _start(core: EngineCore, tokens: tuple[int, ...], max_tokens: int) -> AsyncIterator[int]:
+    if not core.state.serving:
+        raise _OpenAiError(503, "ServiceUnavailableError", f"engine is {core.state.health}; retry elsewhere")
+    return core.generate(prompt_tokens=tokens, max_tokens=max_tokens)
+
+
+async def _first_or_error(stream: AsyncIterator[int]) -> int:
+    """The first token, so that a stream that cannot start answers 503 instead of a broken stream."""
+    try:
+        return await anext(stream)
+    except (EngineUnavailableError, RequestAbortedError) as exc:
+        raise _OpenAiError(503, "ServiceUnavailableError", str(exc)) from exc
+
+
+async def _collect(stream: AsyncIterator[int]) -> list[int]:
+    try:
+        return [token async for token in stream]
+    except (EngineUnavailableError, RequestAbortedError) as exc:
+        raise _OpenAiError(503, "ServiceUnavailableError", f"request aborted: {exc}") from exc
+
+
+def _sse(payload: dict[str, Any]) -> str:
+    return f"data: {json.dumps(payload)}\n\n"
+
+
+async def _tokens_then_error(first: int, stream: AsyncIterator[int]) -> AsyncIterator[int | str]:
+    yield first
+    try:
+        async for token in stream:
+            yield token
+    except (EngineUnavailableError, RequestAbortedError) as exc:
+        yield f"request aborted: {exc}"
+
+
+def _error_event(message: str) -> str:
+    return _sse({"error": {"message": message, "type": "ServiceUnavailableError", "param": None, "code": 503}})
+
+
+async def _completion_chunks(
+    rid: str, created: int, model: str, first: int, stream: AsyncIterator[int]
+) -> AsyncIterator[str]:
+    def chunk(text: str, finish: str | None) -> str:
+        return _sse(
+            {
+                "id": rid,
+                "object": "text_completion",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish}],
+            }
+        )
+
+    async for item in _tokens_then_error(first, stream):
+        if isinstance(item, str):
+            yield _error_event(item)  # the stream ends without [DONE]: the client sees a failed request
+            return
+        yield chunk(vocab.decode([item]), None)
+    yield chunk("", "length")
+    yield "data: [DONE]\n\n"
+
+
+async def _chat_chunks(
+    rid: str, created: int, model: str, first: int, stream: AsyncIterator[int]
+) -> AsyncIterator[str]:
+    def chunk(delta: dict[str, str], finish: str | None) -> str:
+        return _sse(
+            {
+                "id": rid,
+                "object": "chat.completion.chunk",
+                "created": created,
+                "model": model,
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+            }
+        )
+
+    yield chunk({"role": "assistant", "content": ""}, None)
+    async for item in _tokens_then_error(first, stream):
+        if isinstance(item, str):
+            yield _error_event(item)
+            return
+        yield chunk({"content": vocab.decode([item])}, None)
+    yield chunk({}, "length")
+    yield "data: [DONE]\n\n"

@@ -1,0 +1,145 @@
+"""Settings of the engine simulator, grouped by concern; CLI options override the environment."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import Field, field_validator
+
+from heteroflow.core.settings import LenientSettings, env_names
+from heteroflow.engine_sim.placement import PlacementError, default_slots_per_rank, initial_placement
+from heteroflow.engine_sim.protocol import DEFAULT_FT_PATH_PREFIX, normalize_prefix
+from heteroflow.engine_sim.state import ConfigurationError
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """Where this rank sits: launch parameters, never defaulted silently (a wrong rank is not a typo)."""
+
+    dp_size: int
+    dp_rank: int
+    master_addr: str
+    master_port: int
+    dead_ranks: frozenset[int] = frozenset()
+    num_experts: int = 8
+    num_redundant_experts: int = 4
+    slots_per_rank: int | None = None
+
+    @property
+    def effective_slots_per_rank(self) -> int:
+        if self.slots_per_rank is not None:
+            return self.slots_per_rank
+        return default_slots_per_rank(
+            dp_size=self.dp_size,
+            num_experts=self.num_experts,
+            num_redundant_experts=self.num_redundant_experts,
+        )
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigurationError` for contradictory launch parameters."""
+        if not 1 <= self.master_port <= 65535:
+            raise ConfigurationError(f"master port {self.master_port} is outside 1..65535")
+        try:
+            initial_placement(
+                dp_size=self.dp_size,
+                num_experts=self.num_experts,
+                num_redundant_experts=self.num_redundant_experts,
+                slots_per_rank=self.effective_slots_per_rank,
+            )
+        except PlacementError as exc:
+            raise ConfigurationError(str(exc)) from exc
+
+
+class EngineSimSettings(LenientSettings):
+    """Tunables of one simulated engine (API server and worker)."""
+
+    host: str = Field(
+        default="127.0.0.1",
+        min_length=1,
+        validation_alias=env_names("engine_sim_host"),
+        description="Address the API server, the gloo transport and a hosted TCP store bind (default loopback).",
+    )
+    ft_path_prefix: str = Field(
+        default=DEFAULT_FT_PATH_PREFIX,
+        validation_alias=env_names("engine_ft_path_prefix"),
+        description="Prefix of the FT routes: {prefix}/fault_tolerance/status|apply (default /v1).",
+    )
+    collective_timeout_sec: float = Field(
+        default=10.0,
+        gt=0,
+        validation_alias=env_names("engine_sim_collective_timeout_sec"),
+        description=(
+            "gloo collective timeout in seconds (vLLM --cpu-distributed-timeout-seconds, default 10): how "
+            "long a survivor waits for a hung peer before it reports unhealthy."
+        ),
+    )
+    engine_recovery_timeout_sec: float = Field(
+        default=120.0,
+        gt=0,
+        validation_alias=env_names("engine_recovery_timeout_sec"),
+        description="Seconds an unhealthy or dead engine waits for an accepted FT command before it exits (120).",
+    )
+    rebuild_timeout_sec: float = Field(
+        default=60.0,
+        gt=0,
+        validation_alias=env_names("engine_sim_rebuild_timeout_sec"),
+        description="Seconds a rebuild waits for the new store and every surviving peer (default 60).",
+    )
+    startup_timeout_sec: float = Field(
+        default=300.0,
+        gt=0,
+        validation_alias=env_names("engine_sim_startup_timeout_sec"),
+        description="Seconds the first group start waits for every peer (default 300).",
+    )
+    exit_linger_sec: float = Field(
+        default=5.0,
+        ge=0,
+        validation_alias=env_names("engine_sim_exit_linger_sec"),
+        description=(
+            "After a terminal failure the status route keeps answering 'dead' this long (default 5 s) so "
+            "that pollers see the outcome, then the process exits."
+        ),
+    )
+    idle_poll_interval_sec: float = Field(
+        default=0.02,
+        gt=0,
+        le=1.0,
+        validation_alias=env_names("engine_sim_idle_poll_interval_sec"),
+        description="How often an idle worker looks for a step wave started by a peer (default 20 ms).",
+    )
+    max_batch_per_rank: int = Field(
+        default=8,
+        ge=1,
+        le=256,
+        validation_alias=env_names("engine_sim_max_batch_per_rank"),
+        description="Sequences one rank advances per forward step (default 8); more requests queue.",
+    )
+    max_tokens_limit: int = Field(
+        default=256,
+        ge=1,
+        validation_alias=env_names("engine_sim_max_tokens_limit"),
+        description="Largest max_tokens a request may ask for (default 256).",
+    )
+    model_name: str = Field(
+        default="heteroflow-sim-moe",
+        min_length=1,
+        validation_alias=env_names("engine_sim_model_name"),
+        description="Model id served on /v1/models (default heteroflow-sim-moe).",
+    )
+    seed: int = Field(
+        default=1234,
+        ge=0,
+        validation_alias=env_names("engine_sim_seed"),
+        description="Seed of the model weights; every rank of an instance must use the same (default 1234).",
+    )
+    cluster_token: str | None = Field(
+        default=None,
+        validation_alias=env_names("cluster_token"),
+        description="Bearer token of the internal fault-injection route; unset disables the route (403).",
+    )
+    log_level: str = Field(default="info", validation_alias=env_names("engine_sim_log_level"), description="Log level.")
+
+    @field_validator("ft_path_prefix")
+    @classmethod
+    def _valid_prefix(cls, value: str) -> str:
+        return normalize_prefix(value)

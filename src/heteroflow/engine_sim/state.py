@@ -1,0 +1,331 @@
+"""The engine's fault-tolerance state machine, purely computational (no I/O, no clock reads).
+
+Every event is a function ``(state, event, now) → Transition(state, actions)``; the shell
+(:mod:`heteroflow.engine_sim.engine`) performs the actions. ``now`` is a monotonic time in seconds.
+
+States (``health`` plus an optional running command)::
+
+    healthy ──collective fault──► unhealthy ──apply accepted──► unhealthy+recovering
+       ▲                             ▲  │                          │      │
+       └────────── rebuild ok ───────┼──┼──────────────────────────┘      │ scale_down failed
+                    retry failed ────┘  │ no command within                ▼
+    any ──own worker died──► dead       └ engine_recovery_timeout ──► exit   dead+failed ──► exit
+
+Only ``unhealthy`` (and no command running) accepts a command; every other command is rejected and the
+rejection is visible in the status (``last_ft_request_id`` + ``ft_error``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, replace
+from typing import Literal
+
+from heteroflow.engine_sim.protocol import ApplyRequest, EngineHealth, EngineStatusEntry, FtState
+
+
+class IllegalTransitionError(RuntimeError):
+    """An event that cannot happen in the current state (a bug in the shell, not a peer's fault)."""
+
+
+class ConfigurationError(ValueError):
+    """Launch parameters that contradict each other (rank out of range, own rank retired, …)."""
+
+
+@dataclass(frozen=True, slots=True)
+class StoreAddress:
+    host: str
+    port: int
+
+
+@dataclass(frozen=True, slots=True)
+class RebuildPlan:
+    """What the worker does for an accepted command; identical on every survivor of the round."""
+
+    request_id: str
+    instruction: Literal["scale_down", "retry"]
+    members: tuple[int, ...]
+    """Original ranks of the new group, ascending; the dense rank of a member is its index."""
+    dense_rank: int
+    dead_ranks: frozenset[int]
+    """Cumulative dead set after the command (original ranks)."""
+    newly_removed: frozenset[int]
+    store_master: int
+    """Original rank that hosts the TCP store the new group uses."""
+    new_store: StoreAddress | None
+    """Set when the current store master is removed: a new store at ``dp_master_ip:dp_store_port``."""
+
+    @property
+    def digest(self) -> int:
+        """A 48-bit fingerprint of the round, compared across survivors before they commit."""
+        text = f"{self.request_id}|{self.instruction}|{sorted(self.dead_ranks)}|{self.members}"
+        return int.from_bytes(hashlib.sha256(text.encode()).digest()[:6], "big")
+
+
+@dataclass(frozen=True, slots=True)
+class StartRebuild:
+    plan: RebuildPlan
+
+
+@dataclass(frozen=True, slots=True)
+class AbortRequests:
+    """Abort every in-flight request and refuse new ones (the engine is no longer healthy)."""
+
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class ExitProcess:
+    reason: str
+    exit_code: int
+
+
+Action = StartRebuild | AbortRequests | ExitProcess
+
+
+@dataclass(frozen=True, slots=True)
+class EngineState:
+    rank: int
+    dp_size: int
+    health: EngineHealth = "healthy"
+    dead_ranks: frozenset[int] = frozenset()
+    store_master: int = 0
+    fault_info: str | None = None
+    mask: tuple[int, ...] | None = None
+    last_ft_request_id: str | None = None
+    ft_error: str | None = None
+    ft_state: FtState | None = None
+    running: RebuildPlan | None = None
+    recovery_deadline: float | None = None
+    """Monotonic time at which the engine exits unless a command was accepted."""
+    exiting: ExitProcess | None = None
+    generation: int = 0
+    """Incremented at every successful rebuild."""
+
+    @property
+    def members(self) -> tuple[int, ...]:
+        return tuple(r for r in range(self.dp_size) if r not in self.dead_ranks)
+
+    @property
+    def serving(self) -> bool:
+        return self.health == "healthy" and self.running is None and self.exiting is None
+
+    def status_entry(self) -> EngineStatusEntry:
+        unhealthy = self.health == "unhealthy"
+        return EngineStatusEntry(
+            id=self.rank,
+            status=self.health,
+            fault_info=self.fault_info if unhealthy else None,
+            mask=list(self.mask) if unhealthy and self.mask is not None else None,
+            last_ft_request_id=self.last_ft_request_id,
+            ft_error=self.ft_error,
+            ft_state=self.ft_state,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Transition:
+    state: EngineState
+    actions: tuple[Action, ...] = ()
+    accepted: bool = True
+    message: str = ""
+
+
+def initial_state(*, rank: int, dp_size: int, dead_ranks: frozenset[int] = frozenset()) -> EngineState:
+    """A freshly launched engine; ``dead_ranks`` are ranks retired earlier (in-place relaunch)."""
+    if dp_size < 1:
+        raise ConfigurationError("dp_size must be ≥ 1")
+    if not 0 <= rank < dp_size:
+        raise ConfigurationError(f"dp_rank {rank} is outside range({dp_size})")
+    outside = sorted(r for r in dead_ranks if not 0 <= r < dp_size)
+    if outside:
+        raise ConfigurationError(f"dead ranks {outside} are outside range({dp_size})")
+    if rank in dead_ranks:
+        raise ConfigurationError(f"dp_rank {rank} is itself among the dead ranks")
+    alive = [r for r in range(dp_size) if r not in dead_ranks]
+    return EngineState(rank=rank, dp_size=dp_size, dead_ranks=frozenset(dead_ranks), store_master=min(alive))
+
+
+def on_collective_fault(
+    state: EngineState, *, fault_info: str, mask: tuple[int, ...], now: float, recovery_timeout: float
+) -> Transition:
+    """A collective failed: a peer is gone or hung. Only a healthy, idle-of-commands engine changes."""
+    if state.health != "healthy" or state.running is not None or state.exiting is not None:
+        return Transition(state)
+    new = replace(
+        state,
+        health="unhealthy",
+        fault_info=fault_info,
+        mask=mask,
+        # a new fault episode: the outcome of an earlier command no longer describes this engine
+        ft_state=None,
+        ft_error=None,
+        recovery_deadline=now + recovery_timeout,
+    )
+    return Transition(new, (AbortRequests(f"engine unhealthy: {fault_info}"),))
+
+
+def on_worker_died(state: EngineState, *, reason: str, now: float, recovery_timeout: float) -> Transition:
+    """This rank's own worker exited: ``dead`` (the only status that authorises removing the rank)."""
+    if state.health == "dead":
+        return Transition(state)
+    failed_command = state.running is not None
+    new = replace(
+        state,
+        health="dead",
+        running=None,
+        ft_state="failed" if failed_command else state.ft_state,
+        ft_error=f"worker died: {reason}" if failed_command else state.ft_error,
+        recovery_deadline=state.recovery_deadline if state.exiting else now + recovery_timeout,
+    )
+    return Transition(new, (AbortRequests(f"engine dead: {reason}"),))
+
+
+def on_command(state: EngineState, request: ApplyRequest) -> Transition:
+    """An apply; accepted only while ``unhealthy`` with no command running. Rejections are recorded."""
+    reason = _rejection(state, request)
+    if reason is not None:
+        rejected = replace(
+            state,
+            last_ft_request_id=request.request_id,
+            ft_error=reason,
+            # the round failed for this engine only if it was waiting for a command; a rejected command
+            # never disturbs one that is running
+            ft_state="failed" if state.health == "unhealthy" and state.running is None else state.ft_state,
+        )
+        return Transition(rejected, accepted=False, message=reason)
+    plan = _plan(state, request)
+    new = replace(
+        state,
+        running=plan,
+        last_ft_request_id=request.request_id,
+        ft_error=None,
+        ft_state="recovering",
+        recovery_deadline=None,
+    )
+    return Transition(new, (StartRebuild(plan),), message=f"{request.instruction} accepted")
+
+
+def on_rebuild_finished(
+    state: EngineState,
+    *,
+    request_id: str,
+    ok: bool,
+    error: str | None,
+    now: float,
+    recovery_timeout: float,
+) -> Transition:
+    """The worker's outcome of the running command (unanimous: ``ok`` only if every survivor succeeded)."""
+    plan = state.running
+    if plan is None or plan.request_id != request_id:
+        raise IllegalTransitionError(f"no running command {request_id!r} to finish")
+    if ok:
+        new = replace(
+            state,
+            health="healthy",
+            running=None,
+            dead_ranks=plan.dead_ranks,
+            store_master=plan.store_master,
+            fault_info=None,
+            mask=None,
+            ft_error=None,
+            ft_state=None,
+            recovery_deadline=None,
+            generation=state.generation + 1,
+        )
+        return Transition(new, message=f"{plan.instruction} succeeded")
+    reason = error or f"{plan.instruction} failed"
+    if plan.instruction == "retry":
+        # a failed retry leaves the engine waiting for another command (or its recovery timeout)
+        new = replace(
+            state,
+            running=None,
+            ft_state="failed",
+            ft_error=reason,
+            recovery_deadline=now + recovery_timeout,
+        )
+        return Transition(new, message=reason)
+    # a scale_down that failed after validation is terminal: report dead, then exit
+    exit_action = ExitProcess(reason=f"scale_down failed: {reason}", exit_code=1)
+    new = replace(
+        state,
+        health="dead",
+        running=None,
+        ft_state="failed",
+        ft_error=reason,
+        recovery_deadline=None,
+        exiting=exit_action,
+    )
+    return Transition(new, (AbortRequests("engine dead"), exit_action), message=reason)
+
+
+def on_tick(state: EngineState, *, now: float) -> Transition:
+    """Time passed: without an accepted command within the recovery timeout, the engine exits."""
+    if state.exiting is None and state.recovery_deadline is not None and now >= state.recovery_deadline:
+        exit_action = ExitProcess(reason="no fault-tolerance command within engine_recovery_timeout_sec", exit_code=1)
+        return Transition(replace(state, exiting=exit_action), (exit_action,))
+    return Transition(state)
+
+
+def _rejection(state: EngineState, request: ApplyRequest) -> str | None:
+    if state.exiting is not None or state.health == "dead":
+        return "status is DEAD"
+    if state.health == "healthy":
+        return "status is HEALTHY"
+    if state.running is not None:
+        return f"command {state.running.request_id!r} is still running"
+    if request.instruction == "retry":
+        return None
+    params = request.params
+    removed = frozenset(params.removed_dp_ranks or ())
+    if not removed:
+        return "removed_dp_ranks is empty"
+    outside = sorted(r for r in removed if not 0 <= r < state.dp_size)
+    if outside:
+        return f"removed_dp_ranks {outside} are outside range({state.dp_size})"
+    cumulative = state.dead_ranks | removed
+    if len(cumulative) >= state.dp_size:
+        return "scale_down would remove every rank"
+    if state.rank in removed:
+        return f"removed_dp_ranks contains this engine's own rank {state.rank}"
+    if not removed - state.dead_ranks:
+        return f"removed_dp_ranks adds no newly dead rank (already dead: {sorted(state.dead_ranks)})"
+    if state.store_master in removed and (params.dp_master_ip is None or params.dp_store_port is None):
+        return f"the store master (rank {state.store_master}) is removed: dp_master_ip and dp_store_port are required"
+    return None
+
+
+def _plan(state: EngineState, request: ApplyRequest) -> RebuildPlan:
+    if request.instruction == "retry":
+        return RebuildPlan(
+            request_id=request.request_id,
+            instruction="retry",
+            members=state.members,
+            dense_rank=state.members.index(state.rank),
+            dead_ranks=state.dead_ranks,
+            newly_removed=frozenset(),
+            store_master=state.store_master,
+            new_store=None,
+        )
+    params = request.params
+    removed = frozenset(params.removed_dp_ranks or ())
+    dead = state.dead_ranks | removed
+    members = tuple(r for r in range(state.dp_size) if r not in dead)
+    new_store = None
+    store_master = state.store_master
+    if state.store_master in dead:
+        # any master loss, not only original rank 0 (the upstream gap when a re-elected master dies later)
+        if params.dp_master_ip is None or params.dp_store_port is None:
+            raise IllegalTransitionError("a plan without a new store address")  # _rejection checks this
+        new_store = StoreAddress(host=params.dp_master_ip, port=params.dp_store_port)
+        store_master = members[0]
+    return RebuildPlan(
+        request_id=request.request_id,
+        instruction="scale_down",
+        members=members,
+        dense_rank=members.index(state.rank),
+        dead_ranks=dead,
+        newly_removed=removed - state.dead_ranks,
+        store_master=store_master,
+        new_store=new_store,
+    )

@@ -1,0 +1,412 @@
+"""The worker subprocess of one simulated DP rank: model shard, gloo group, forward steps, rebuilds.
+
+Run as ``python -m heteroflow.engine_sim.worker '<json config>'`` by
+:class:`~heteroflow.engine_sim.process_backend.ProcessWorkerBackend`. Commands arrive as JSON lines on
+stdin, events leave as JSON lines on stdout (logs go to stderr). If stdin closes (the API server died) the
+worker exits at once, so a killed rank never leaves an orphan in the group.
+
+Lockstep like vLLM's DP engines: all ranks step together while any rank has work (a *wave*), idle ranks
+run empty steps, and every step is a collective, so a dead or hung peer is noticed only under traffic.
+A rank that gets work while idle bumps a wave counter in the TCP store; idle ranks poll it and join. Each
+step all-reduces every rank's tokens and counts (the final step, with no work anywhere, ends the wave for
+all ranks at once and agrees on the counter), then all-reduces the MoE outputs: every logical expert is
+computed on its one active replica.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import datetime
+import json
+import os
+import queue
+import signal
+import socket
+import sys
+import threading
+import time
+import warnings
+from collections import deque
+from dataclasses import dataclass
+from typing import Any
+
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    import torch
+    from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, ReduceOp, TCPStore
+
+from heteroflow.engine_sim.model import D_MODEL, ExpertShard, TinyMoE
+from heteroflow.engine_sim.placement import (
+    ExpertPlacement,
+    InsufficientExpertSlotsError,
+    initial_placement,
+    remove_ranks,
+)
+
+_out_lock = threading.Lock()
+
+
+def emit(event: dict[str, Any]) -> None:
+    line = json.dumps(event, separators=(",", ":")) + "\n"
+    with _out_lock:
+        sys.stdout.write(line)
+        sys.stdout.flush()
+
+
+def log(message: str) -> None:
+    sys.stderr.write(f"[engine-sim worker pid={os.getpid()}] {message}\n")
+    sys.stderr.flush()
+
+
+class RebuildError(RuntimeError):
+    """A rebuild that cannot complete (store, peers, expert slots, disagreement)."""
+
+
+@dataclass
+class Generation:
+    rid: str
+    h: torch.Tensor
+    max_tokens: int
+    produced: int = 0
+
+
+@dataclass(frozen=True)
+class WorkerConfig:
+    rank: int
+    dp_size: int
+    dead_ranks: frozenset[int]
+    master_addr: str
+    master_port: int
+    bind_host: str
+    num_experts: int
+    num_redundant_experts: int
+    slots_per_rank: int
+    collective_timeout_sec: float
+    startup_timeout_sec: float
+    rebuild_timeout_sec: float
+    seed: int
+    max_batch: int
+    idle_poll_interval_sec: float
+
+    @classmethod
+    def from_json(cls, text: str) -> WorkerConfig:
+        raw = json.loads(text)
+        raw["dead_ranks"] = frozenset(raw["dead_ranks"])
+        return cls(**raw)
+
+
+class Worker:
+    def __init__(self, config: WorkerConfig) -> None:
+        self.cfg = config
+        self.commands: queue.Queue[dict[str, Any]] = queue.Queue()
+        self.model = TinyMoE(seed=config.seed, num_experts=config.num_experts)
+        full = initial_placement(
+            dp_size=config.dp_size,
+            num_experts=config.num_experts,
+            num_redundant_experts=config.num_redundant_experts,
+            slots_per_rank=config.slots_per_rank,
+        )
+        self.placement: ExpertPlacement = remove_ranks(full, config.dead_ranks)
+        self.shard = ExpertShard(self.model, self.placement, config.rank)
+        self.members = tuple(r for r in range(config.dp_size) if r not in config.dead_ranks)
+        self.store: Any = None
+        self.pg: Any = None
+        self.group_id = "init"
+        self.wave_ended = 0
+        self.wave_counter = 0
+        self.in_wave = False
+        self.pending: deque[Generation] = deque()
+        self.active: dict[str, Generation] = {}
+        self.transient_pending = False
+        self.slow_rebuild_sec = 0.0
+        self.last_poll_error: str | None = None
+
+    def _set_wave(self, active: bool) -> None:
+        """Enter or leave a wave; the API server learns it, so that tests can wait for a truly idle rank."""
+        if active != self.in_wave:
+            self.in_wave = active
+            emit({"ev": "wave", "active": active})
+
+    # -- group plumbing --------------------------------------------------------------------------------
+    @property
+    def dense_rank(self) -> int:
+        return self.members.index(self.cfg.rank)
+
+    def _host_store(self, host: str, port: int, timeout: float) -> Any:
+        # listen on exactly the given address (TCPStore alone would bind every interface)
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+        sock.listen(128)
+        return TCPStore(
+            host,
+            port,
+            None,
+            True,
+            datetime.timedelta(seconds=timeout),
+            wait_for_workers=False,
+            master_listen_fd=sock.detach(),
+            use_libuv=False,
+        )
+
+    def _connect_store(self, host: str, port: int, timeout: float) -> Any:
+        return TCPStore(host, port, None, False, datetime.timedelta(seconds=timeout))
+
+    def _barrier(self, key: str, count: int, timeout: float) -> None:
+        """Wait until ``count`` members arrived at ``key`` (polling the store with a deadline)."""
+        self.store.add(key, 1)
+        deadline = time.monotonic() + timeout
+        while self.store.add(key, 0) < count:
+            if time.monotonic() > deadline:
+                raise RebuildError(f"peers did not all arrive within {timeout} s at {key}")
+            time.sleep(0.01)
+
+    def _make_group(self, prefix: str, timeout: float) -> None:
+        self._barrier(f"{prefix}arrive", len(self.members), timeout)
+        # the gloo transport binds the configured address only; the public stub lacks the options overload
+        gloo: Any = ProcessGroupGloo
+        opts = gloo._Options()
+        opts._devices = [ProcessGroupGloo.create_device(hostname=self.cfg.bind_host)]
+        opts._timeout = datetime.timedelta(seconds=self.cfg.collective_timeout_sec)
+        self.pg = ProcessGroupGloo(PrefixStore(prefix, self.store), self.dense_rank, len(self.members), opts)
+        self.group_id = prefix
+        self.wave_ended = 0
+        self._set_wave(False)
+        # from now on a store that stops answering must not stall the loop longer than a collective would
+        self.store.set_timeout(datetime.timedelta(seconds=self.cfg.collective_timeout_sec))
+
+    def _drop_group(self) -> None:
+        # closing our side makes peers blocked on us fail fast ("Connection closed by peer")
+        self.pg = None
+
+    def start(self) -> None:
+        cfg = self.cfg
+        if cfg.rank == self.members[0]:
+            self.store = self._host_store(cfg.master_addr, cfg.master_port, cfg.startup_timeout_sec)
+        else:
+            self.store = self._connect_store(cfg.master_addr, cfg.master_port, cfg.startup_timeout_sec)
+        self._make_group("init/", cfg.startup_timeout_sec)
+        probe = torch.ones(1)
+        self.pg.allreduce([probe]).wait()
+        if int(probe.item()) != len(self.members):
+            raise RebuildError(f"first all-reduce gave {probe.item()}, expected {len(self.members)}")
+
+    # -- commands --------------------------------------------------------------------------------------
+    def handle(self, cmd: dict[str, Any]) -> None:
+        op = cmd.get("op")
+        if op == "submit":
+            h = self.model.prefill(tuple(cmd["tokens"]))
+            self.pending.append(Generation(rid=cmd["rid"], h=h, max_tokens=int(cmd["max_tokens"])))
+        elif op == "cancel":
+            self.active.pop(cmd["rid"], None)
+            self.pending = deque(s for s in self.pending if s.rid != cmd["rid"])
+        elif op == "cancel_all":
+            self.active.clear()
+            self.pending.clear()
+        elif op == "transient":
+            # only a rank that is in a group can fail it; a faulted rank has nothing left to break
+            self.transient_pending = self.pg is not None
+        elif op == "slow_rebuild":
+            self.slow_rebuild_sec = float(cmd.get("delay_sec", 0.0))
+        elif op == "rebuild":
+            self.rebuild(cmd["plan"])
+        elif op == "shutdown":
+            os._exit(0)
+
+    def drain(self, block_for: float) -> None:
+        try:
+            cmd = self.commands.get(timeout=block_for) if block_for > 0 else self.commands.get_nowait()
+        except queue.Empty:
+            return
+        self.handle(cmd)
+        while True:
+            try:
+                self.handle(self.commands.get_nowait())
+            except queue.Empty:
+                return
+
+    # -- main loop -------------------------------------------------------------------------------------
+    def run(self) -> None:
+        while True:
+            if self.pg is None:
+                self.drain(block_for=0.2)  # faulted: wait for a command
+                continue
+            self.drain(block_for=0)
+            if self.pg is None:
+                continue
+            if self.transient_pending:
+                self.transient_pending = False
+                self._inject_transient()
+                continue
+            try:
+                if self.in_wave or self._should_start_wave():
+                    self.step()
+                else:
+                    self.drain(block_for=self.cfg.idle_poll_interval_sec)
+            except Exception as exc:  # every collective failure is a fault to report
+                self._fault(exc)
+
+    def _should_start_wave(self) -> bool:
+        key = f"{self.group_id}wave"
+        if self.pending or self.active:
+            self.wave_counter = int(self.store.add(key, 1))  # a failure here is a fault: we have traffic
+            self._set_wave(True)
+            return True
+        try:
+            counter = int(self.store.add(key, 0))
+        except Exception as exc:  # idle: an unreachable store is not a collective failure
+            if str(exc) != self.last_poll_error:
+                log(f"idle store poll failed: {exc}")
+                self.last_poll_error = str(exc)
+            return False
+        if counter > self.wave_ended:
+            self.wave_counter = counter
+            self._set_wave(True)
+            return True
+        return False
+
+    def step(self) -> None:
+        cfg = self.cfg
+        n, batch, d = len(self.members), cfg.max_batch, D_MODEL
+        while self.pending and len(self.active) < batch:
+            seq = self.pending.popleft()
+            self.active[seq.rid] = seq
+        rows = list(self.active.values())
+        me = self.dense_rank
+        x = torch.zeros(n, batch, d + 2, dtype=torch.float64)
+        for i, seq in enumerate(rows):
+            x[me, i, :d] = seq.h
+            x[me, i, d] = 1.0
+        x[me, 0, d + 1] = float(len(self.active) + len(self.pending))
+        x[me, 1, d + 1] = float(self.wave_counter)
+        self.pg.allreduce([x]).wait()
+        if float(x[:, 0, d + 1].sum()) == 0.0:
+            # nobody had work at this step: every rank sees the same sums, so the wave ends everywhere
+            self.wave_ended = int(x[:, 1, d + 1].max())
+            self._set_wave(False)
+            return
+        out = torch.zeros(n, batch, d, dtype=torch.float64)
+        for r in range(n):
+            for i in range(batch):
+                if x[r, i, d] == 1.0:
+                    out[r, i] = self.shard.contribution(x[r, i, :d])
+        self.pg.allreduce([out]).wait()
+        for i, seq in enumerate(rows):
+            if seq.rid not in self.active:
+                continue
+            y = seq.h + out[me, i]
+            token = self.model.next_token(y)
+            seq.produced += 1
+            emit({"ev": "token", "rid": seq.rid, "token": token})
+            if seq.produced >= seq.max_tokens:
+                del self.active[seq.rid]
+                emit({"ev": "done", "rid": seq.rid, "finish_reason": "length"})
+            else:
+                seq.h = self.model.advance(seq.h, token)
+
+    def _mask(self) -> list[int]:
+        return [1 if r in self.members else 0 for r in range(self.cfg.dp_size)]
+
+    def _fault(self, exc: BaseException) -> None:
+        log(f"collective failed: {type(exc).__name__}: {exc}")
+        self._drop_group()
+        self.active.clear()
+        self.pending.clear()
+        self._set_wave(False)
+        emit({"ev": "fault", "fault_info": type(exc).__name__, "mask": self._mask(), "detail": str(exc)[:500]})
+
+    def _inject_transient(self) -> None:
+        # pull every idle peer into a wave, then leave the group: each of them fails its collective
+        with contextlib.suppress(Exception):
+            self.store.add(f"{self.group_id}wave", 1)
+        self._fault(RuntimeError("transient collective failure injected"))
+
+    # -- rebuild ---------------------------------------------------------------------------------------
+    def rebuild(self, plan: dict[str, Any]) -> None:
+        request_id = plan["request_id"]
+        try:
+            placement = self._rebuild(plan)
+        except Exception as exc:  # any failure fails this round, reported to the API server
+            log(f"rebuild {request_id} failed: {type(exc).__name__}: {exc}")
+            self._drop_group()
+            emit({"ev": "rebuilt", "request_id": request_id, "ok": False, "error": str(exc)[:500]})
+            return
+        emit({"ev": "rebuilt", "request_id": request_id, "ok": True, "placement": placement.describe()})
+
+    def _rebuild(self, plan: dict[str, Any]) -> ExpertPlacement:
+        cfg = self.cfg
+        if self.slow_rebuild_sec > 0:
+            delay, self.slow_rebuild_sec = self.slow_rebuild_sec, 0.0
+            time.sleep(delay)  # the injected slowness itself, not a synchronisation
+        self._drop_group()
+        members = tuple(plan["members"])
+        new_store = plan.get("new_store")
+        if new_store is not None:
+            host, port = new_store["host"], int(new_store["port"])
+            if members[0] == cfg.rank:
+                self.store = self._host_store(host, port, cfg.rebuild_timeout_sec)
+            else:
+                self.store = self._connect_store(host, port, cfg.rebuild_timeout_sec)
+        else:
+            self.store.set_timeout(datetime.timedelta(seconds=cfg.rebuild_timeout_sec))
+        old_members = self.members
+        self.members = members
+        try:
+            self._make_group(f"ft/{plan['request_id']}/", cfg.rebuild_timeout_sec)
+        except Exception:
+            self.members = old_members
+            raise
+        ok, error, placement = 1, None, self.placement
+        if plan["instruction"] == "scale_down":
+            removed = set(plan["newly_removed"]) & set(self.placement.ranks)
+            try:
+                placement = remove_ranks(self.placement, removed)
+            except InsufficientExpertSlotsError as exc:
+                ok, error = 0, str(exc)
+        digest = int(plan["digest"])
+        vote = torch.tensor([ok, digest, -digest], dtype=torch.int64)
+        self.pg.allreduce([vote], ReduceOp.MIN).wait()
+        if int(vote[0]) != 1:
+            raise RebuildError(error or "a peer failed the rebuild (unanimous commit refused)")
+        if int(vote[1]) != -int(vote[2]):
+            raise RebuildError("survivors disagree on the round (members or dead set differ)")
+        loaded = self.shard.load(placement)
+        self.placement = placement
+        log(f"rebuilt {plan['request_id']}: members {list(members)}, loaded experts {loaded}")
+        return placement
+
+
+def _read_commands(worker: Worker) -> None:
+    for line in sys.stdin:
+        line = line.strip()
+        if line:
+            worker.commands.put(json.loads(line))
+    os._exit(0)  # the API server is gone: never outlive it
+
+
+def _die_with_parent() -> None:
+    with contextlib.suppress(Exception):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+def main(argv: list[str]) -> int:
+    _die_with_parent()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the API server decides when this process ends
+    torch.set_num_threads(1)
+    config = WorkerConfig.from_json(argv[1])
+    worker = Worker(config)
+    threading.Thread(target=_read_commands, args=(worker,), daemon=True).start()
+    try:
+        worker.start()
+    except Exception as exc:  # reported to the API server, which exits non-zero
+        emit({"ev": "fatal", "error": f"{type(exc).__name__}: {exc}"[:500]})
+        return 1
+    emit({"ev": "ready", "pid": os.getpid(), "placement": worker.placement.describe()})
+    worker.run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

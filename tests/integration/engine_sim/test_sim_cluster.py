@@ -1,0 +1,183 @@
+"""The real engine simulator: 4 processes per instance, torch gloo on loopback (acceptance of issue 6).
+
+Three instances, each reused across scenarios to keep the run short on two cores: the first walks the
+conformance suite and the fault chain (A1, A3, A4 and the slot shortage); the second is an in-place
+relaunch with rank 0 retired and covers the signal path, a hung worker, the loss of a re-elected master,
+the idle row (A2), kill_process and the engine recovery timeout; the third moves the master 0 → 1 → 2
+over consecutive rounds (F-56).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+from heteroflow.engine_sim import conformance
+from heteroflow.engine_sim.testing import SimProcessCluster, free_port, rss_kib, session_pids
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
+
+# greedy outputs of conformance.PROMPTS for the default seed (1234) and 4 experts + 4 redundant
+GOLDEN = ["aed,a3t3t3t3", "a-3ea!-t!?de", "vl02d,levmuh", ",v'a3m-3,3,2", "g,uyy4dn\ne:m"]
+
+
+@pytest.fixture
+def cluster_factory(tmp_path: Path) -> Iterator[list[SimProcessCluster]]:
+    started: list[SimProcessCluster] = []
+    yield started
+    for cluster in started:
+        pids = cluster.pids()
+        cluster.close()
+        leftovers = {rank: session_pids(pid) for rank, pid in pids.items() if session_pids(pid)}
+        assert leftovers == {}, f"processes left behind: {leftovers}"
+
+
+def start(factory: list[SimProcessCluster], tmp_path: Path, **kwargs: object) -> SimProcessCluster:
+    cluster = SimProcessCluster(log_dir=tmp_path / "logs", **kwargs)  # type: ignore[arg-type]
+    factory.append(cluster)
+    cluster.start()
+    return cluster
+
+
+def listening_addresses(pids: list[int]) -> set[str]:
+    """Local addresses of every TCP socket in LISTEN state owned by ``pids`` (Linux /proc)."""
+    inodes: set[str] = set()
+    for pid in pids:
+        fd_dir = Path(f"/proc/{pid}/fd")
+        for fd in fd_dir.iterdir() if fd_dir.exists() else []:
+            try:
+                target = fd.readlink().as_posix()
+            except OSError:
+                continue
+            if target.startswith("socket:["):
+                inodes.add(target[len("socket:[") : -1])
+    found: set[str] = set()
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        for line in Path(table).read_text().splitlines()[1:]:
+            fields = line.split()
+            if fields[3] == "0A" and fields[9] in inodes:
+                hex_ip = fields[1].split(":")[0]
+                if len(hex_ip) == 8:
+                    found.add(".".join(str(int(hex_ip[i : i + 2], 16)) for i in (6, 4, 2, 0)))
+                else:
+                    found.add(f"ipv6:{hex_ip}")
+    return found
+
+
+def test_fault_chain_on_four_ranks(cluster_factory: list[SimProcessCluster], tmp_path: Path) -> None:
+    began = time.monotonic()
+    cluster = start(cluster_factory, tmp_path, dp_size=4)
+    started = time.monotonic() - began
+    session = [p for pid in cluster.pids().values() for p in session_pids(pid)]
+    assert len(session) == 8  # an API server and a worker per rank
+    assert listening_addresses(session) == {"127.0.0.1"}
+    # the cluster token guards the OpenAI and FT routes (it is set for this cluster); liveness stays open
+    assert httpx.get(f"{cluster.url(0)}/v1/models", timeout=5).status_code == 401
+    assert httpx.get(f"{cluster.url(0)}/v1/fault_tolerance/status", timeout=5).status_code == 401
+    assert httpx.get(f"{cluster.url(0)}/health", timeout=5).status_code == 200
+    memory = {rank: sum(rss_kib(p) or 0 for p in session_pids(pid)) for rank, pid in cluster.pids().items()}
+    assert all(kib < 800 * 1024 for kib in memory.values()), memory
+
+    async def scenario() -> None:
+        try:
+            baseline = await conformance.healthy_contract(cluster, range(4))
+            assert baseline == GOLDEN
+            await conformance.apply_validation(cluster, 1)
+            await conformance.transient_retry(cluster, range(4), baseline, slow_rank=2)
+            await conformance.scale_down_chain(cluster, baseline)
+        finally:
+            await cluster.aclose_clients()
+
+    asyncio.run(scenario())
+    assert cluster.processes[1].wait(timeout=30) == 1  # the terminal scale_down failure exits non-zero
+    print(f"start-up {started:.1f} s, RSS per rank (KiB, API server + worker): {memory}")
+
+
+def test_relaunch_signals_hang_idle_and_timeouts(cluster_factory: list[SimProcessCluster], tmp_path: Path) -> None:
+    cluster = start(cluster_factory, tmp_path, dp_size=4, dead_ranks=frozenset({0}), engine_recovery_timeout_sec=15.0)
+
+    async def scenario() -> None:
+        try:
+            # in-place relaunch of survivors: original ids, master = min(alive), same greedy outputs
+            assert await conformance.healthy_contract(cluster, [1, 2, 3]) == GOLDEN
+            info = await conformance.sim_info(cluster, 2)
+            assert info["store_master"] == 1
+            assert info["members"] == [1, 2, 3]
+            # signal path: SIGUSR2 = transient fault on every rank, retry recovers
+            cluster.signal(2, signal.SIGUSR2)
+            await conformance.wait_status(cluster, [1, 2, 3], "unhealthy", within=15.0)
+            for rank in (1, 2, 3):
+                await conformance.apply(cluster, rank, {"instruction": "retry", "request_id": "sig-retry"})
+            await conformance.wait_status(cluster, [1, 2, 3], "healthy", within=30.0, ft_state_absent=True)
+            # a hung worker: busy survivors time out in their collective
+            await conformance.hang_detected(cluster, 3, [1, 2])
+            await conformance.inject(cluster, 3, "resume")
+            # signal path: SIGUSR1 kills the worker of the relaunch's master (rank 1) → dead; the
+            # survivors move the store to the next master, rank 2
+            cluster.signal(1, signal.SIGUSR1)
+            await conformance.wait_status(cluster, [1], "dead", within=15.0)
+            await conformance.traffic(cluster, [2, 3])
+            await conformance.wait_status(cluster, [2, 3], "unhealthy", within=15.0)
+            port = cluster.free_port()
+            for rank in (2, 3):
+                body = {
+                    "instruction": "scale_down",
+                    "request_id": "drop-1",
+                    "params": {"removed_dp_ranks": [0, 1], "dp_master_ip": "127.0.0.1", "dp_store_port": port},
+                }
+                assert (await conformance.apply(cluster, rank, body)).status_code == 202
+            await conformance.wait_status(cluster, [2, 3], "healthy", within=30.0, ft_state_absent=True)
+            info = await conformance.sim_info(cluster, 3)
+            assert info["store_master"] == 2
+            assert info["members"] == [2, 3]
+            assert await conformance.outputs(cluster, 3) == GOLDEN
+            # the RFC's idle row: without traffic the survivor stays healthy
+            await conformance.idle_kill(cluster, 3, [2])
+            # kill_process: the whole rank disappears
+            await conformance.inject(cluster, 2, "kill_process")
+            assert cluster.processes[2].wait(timeout=15) == 137
+        finally:
+            await cluster.aclose_clients()
+
+    asyncio.run(scenario())
+    # the dead ranks got no command: each exits once engine_recovery_timeout_sec has passed
+    assert cluster.processes[1].wait(timeout=30) == 1
+    assert cluster.processes[3].wait(timeout=30) == 1
+
+
+def test_master_relocation_round_after_round(cluster_factory: list[SimProcessCluster], tmp_path: Path) -> None:
+    cluster = start(cluster_factory, tmp_path, dp_size=4)
+
+    async def scenario() -> None:
+        try:
+            await conformance.master_relocation(cluster, GOLDEN)
+        finally:
+            await cluster.aclose_clients()
+
+    asyncio.run(scenario())
+
+
+def test_a_rank_whose_peers_never_come_exits_non_zero(tmp_path: Path) -> None:
+    master, http = free_port(), free_port()
+    cmd = [
+        sys.executable, "-m", "heteroflow.cli.main", "engine-sim",
+        "--dp-size", "2", "--dp-rank", "1", "--master-addr", "127.0.0.1", "--master-port", str(master),
+        "--port", str(http), "--startup-timeout-sec", "3",
+    ]  # fmt: skip
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        assert proc.wait(timeout=90) == 1
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)

@@ -1,0 +1,267 @@
+"""HTTP details of the engine API over the fake backend (fast, no processes, no torch)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+
+from heteroflow.engine_sim import conformance
+from heteroflow.engine_sim.backend import FaultKind
+from heteroflow.engine_sim.engine import RequestAbortedError
+from heteroflow.engine_sim.server import _completion_chunks
+from heteroflow.engine_sim.testing import TEST_CLUSTER_TOKEN, FakeEngineCluster
+
+AUTH = {"Authorization": f"Bearer {TEST_CLUSTER_TOKEN}"}
+
+
+def run(scenario: Callable[[FakeEngineCluster], Awaitable[None]], **cluster_args: Any) -> None:
+    async def main() -> None:
+        cluster = FakeEngineCluster(**cluster_args)
+        await cluster.start()
+        try:
+            await scenario(cluster)
+        finally:
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+def test_fault_injection_needs_the_cluster_token() -> None:
+    async def scenario(h: FakeEngineCluster) -> None:
+        client = h.client(0)
+        missing = {"Authorization": ""}
+        assert (await client.post("/sim/faults", json={"kind": "hang"}, headers=missing)).status_code == 401
+        bad = {"Authorization": "Bearer wrong"}
+        assert (await client.post("/sim/faults", json={"kind": "hang"}, headers=bad)).status_code == 401
+        assert (await client.get("/sim/info", headers=bad)).status_code == 401
+        resp = await client.post("/sim/faults", json={"kind": "explode"}, headers=AUTH)
+        assert resp.status_code == 400
+        assert "kind" in resp.json()["error"]
+        resp = await client.post("/sim/faults", json={"kind": "slow_rebuild", "delay_sec": -1}, headers=AUTH)
+        assert resp.status_code == 400
+        resp = await client.post("/sim/faults", content=b"{", headers={**AUTH, "content-type": "application/json"})
+        assert resp.status_code == 400
+        assert (await client.get("/sim/info", headers=AUTH)).json()["members"] == [0, 1, 2, 3]
+
+    run(scenario)
+
+
+def test_without_a_cluster_token_the_injection_route_is_disabled_and_the_rest_is_open() -> None:
+    async def scenario(h: FakeEngineCluster) -> None:
+        resp = await h.client(0).post("/sim/faults", json={"kind": "hang"}, headers={"Authorization": "Bearer "})
+        assert resp.status_code == 403
+        assert "disabled" in resp.json()["error"]
+        assert "authorization" not in h.client(0).headers
+        await conformance.healthy_contract(h, [0, 1])
+        await conformance.apply_validation(h, 1)
+
+    run(scenario, cluster_token="")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body"),
+    [
+        ("GET", "/v1/models", None),
+        ("POST", "/v1/completions", {"prompt": 5}),  # authentication comes before validation
+        ("POST", "/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]}),
+        ("GET", "/v1/fault_tolerance/status", None),
+        ("POST", "/v1/fault_tolerance/apply", {"instruction": "retry", "request_id": "r"}),
+    ],
+)
+@pytest.mark.parametrize("authorization", [None, "Bearer wrong", "Basic xyz", "Bearer "])
+def test_with_a_cluster_token_openai_and_ft_routes_need_it(
+    method: str, path: str, body: dict[str, Any] | None, authorization: str | None
+) -> None:
+    async def scenario(h: FakeEngineCluster) -> None:
+        client = h.client(0)
+        resp = await client.request(method, path, json=body, headers={"Authorization": authorization or ""})
+        assert resp.status_code == 401
+        assert resp.headers["www-authenticate"] == "Bearer"
+        assert "cluster token" in str(resp.json()["error"])
+        assert (await client.get("/health")).status_code == 200
+        assert (await client.get("/metrics")).status_code == 200
+        entry = await conformance.status_of(h, 0)
+        assert entry is None or entry == {"id": 0, "status": "healthy"}
+
+    run(scenario)
+
+
+def test_the_ft_route_prefix_is_configurable() -> None:
+    async def scenario(h: FakeEngineCluster) -> None:
+        assert (await h.client(0).get("/fault_tolerance/status")).json()["engines"] == [{"id": 0, "status": "healthy"}]
+        assert (await h.client(0).get("/v1/fault_tolerance/status")).status_code == 404
+        await conformance.apply_validation(h, 0)
+
+    run(scenario, prefix="")
+
+
+def test_no_command_within_the_recovery_timeout_makes_the_engine_exit() -> None:
+    async def scenario(h: FakeEngineCluster) -> None:
+        h.kill_worker(2)
+        await conformance.traffic(h, [0, 1, 3])
+        await conformance.wait_status(h, [0, 1, 3], "unhealthy", within=1.0)
+        await h.let_time_pass(29.0)
+        assert await conformance.status_of(h, 1) is not None
+        await h.let_time_pass(1.5)
+        for rank in range(4):
+            assert await conformance.status_of(h, rank) is None, f"rank {rank} must have exited"
+        assert h.cores[1].exit_code == 1
+
+    run(scenario, engine_recovery_timeout_sec=30.0)
+
+
+def test_dead_and_unhealthy_engines_answer_503_but_stay_live() -> None:
+    async def scenario(h: FakeEngineCluster) -> None:
+        h.kill_worker(2)
+        await h.settle()
+        for rank in (2, 1):
+            if rank == 1:
+                await conformance.traffic(h, [1])
+                await h.settle()
+            resp = await conformance.complete(h, rank, "x")
+            assert resp.status_code == 503
+            assert resp.json()["error"]["type"] == "ServiceUnavailableError"
+            assert (await h.client(rank).get("/health")).status_code == 200
+            stream = await h.client(rank).post("/v1/completions", json={"prompt": "x", "stream": True})
+            assert stream.status_code == 503
+
+    run(scenario)
+
+
+def test_a_failed_retry_leaves_survivors_unhealthy_then_scale_down_recovers() -> None:
+    async def scenario(h: FakeEngineCluster) -> None:
+        await conformance.inject(h, 0, "transient")
+        await conformance.wait_status(h, range(4), "unhealthy", within=1.0)
+        h.kill_worker(3)  # dies before the retry: the retry cannot gather every member
+        for rank in range(3):
+            await conformance.apply(h, rank, {"instruction": "retry", "request_id": "retry-1"})
+        await h.let_time_pass(11.0)
+        for rank in range(3):
+            entry = await conformance.status_of(h, rank)
+            assert entry is not None
+            assert entry["status"] == "unhealthy"
+            assert entry["ft_state"] == "failed"
+            assert "timed out" in entry["ft_error"]
+        for rank in range(3):
+            body = {"instruction": "scale_down", "request_id": "sd-1", "params": {"removed_dp_ranks": [3]}}
+            assert (await conformance.apply(h, rank, body)).status_code == 202
+        await conformance.wait_status(h, range(3), "healthy", within=2.0, ft_state_absent=True)
+
+    run(scenario, rebuild_timeout_sec=10.0)
+
+
+def test_a_second_command_while_one_runs_is_rejected_without_disturbing_it() -> None:
+    async def scenario(h: FakeEngineCluster) -> None:
+        await conformance.inject(h, 1, "transient")
+        await conformance.wait_status(h, range(4), "unhealthy", within=1.0)
+        await conformance.inject(h, 3, "slow_rebuild", delay_sec=5.0)
+        for rank in range(4):
+            await conformance.apply(h, rank, {"instruction": "retry", "request_id": "slow"})
+        await h.settle()
+        entry = await conformance.status_of(h, 0)
+        assert entry is not None
+        assert entry["ft_state"] == "recovering"
+        await conformance.apply(h, 0, {"instruction": "retry", "request_id": "again"})
+        entry = await conformance.status_of(h, 0)
+        assert entry is not None
+        assert entry["ft_state"] == "recovering"
+        assert "still running" in entry["ft_error"]
+        await conformance.wait_status(h, range(4), "healthy", within=10.0, ft_state_absent=True)
+
+    run(scenario)
+
+
+def test_survivors_that_disagree_on_the_round_fail_it() -> None:
+    async def scenario(h: FakeEngineCluster) -> None:
+        h.kill_worker(2)
+        h.kill_worker(3)
+        await conformance.traffic(h, [0, 1])
+        await conformance.wait_status(h, [0, 1], "unhealthy", within=1.0)
+        await conformance.apply(
+            h, 0, {"instruction": "scale_down", "request_id": "r", "params": {"removed_dp_ranks": [2]}}
+        )
+        await conformance.apply(
+            h, 1, {"instruction": "scale_down", "request_id": "r", "params": {"removed_dp_ranks": [2, 3]}}
+        )
+        await conformance.wait_status(h, [0, 1], "dead", within=12.0)
+
+    run(scenario, rebuild_timeout_sec=10.0)
+
+
+def test_chat_accepts_text_parts_and_refuses_others() -> None:
+    async def scenario(h: FakeEngineCluster) -> None:
+        client = h.client(0)
+        plain = {"messages": [{"role": "user", "content": "hi"}], "max_completion_tokens": 5}
+        parts = {
+            "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+            "max_completion_tokens": 5,
+        }
+        a = (await client.post("/v1/chat/completions", json=plain)).json()
+        b = (await client.post("/v1/chat/completions", json=parts)).json()
+        assert a["choices"][0]["message"] == b["choices"][0]["message"]
+        assert len(a["choices"][0]["message"]["content"]) == 5
+        image = {"messages": [{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]}
+        assert (await client.post("/v1/chat/completions", json=image)).status_code == 400
+        resp = await client.post("/v1/completions", content=b"{", headers={"content-type": "application/json"})
+        assert resp.status_code == 400
+        assert (await client.post("/v1/completions", json={"prompt": ["a", "b"]})).status_code == 400
+        assert (await client.post("/v1/completions", json={"prompt": ""})).status_code == 400
+        assert (await client.post("/v1/completions", json={"prompt": "x" * 5000})).status_code == 400
+        assert (await client.post("/v1/completions", json={"prompt": "x", "n": 2})).status_code == 400
+
+    run(scenario)
+
+
+def test_an_in_flight_generation_is_aborted_when_the_engine_turns_unhealthy() -> None:
+    async def scenario(h: FakeEngineCluster) -> None:
+        core = h.cores[0]
+        stream = core.generate(prompt_tokens=(1, 2, 3), max_tokens=50)
+        await anext(stream)
+        core.inject(FaultKind.TRANSIENT)
+        with pytest.raises(RequestAbortedError):
+            async for _ in stream:
+                pass
+        assert core.status().aborted == 1
+
+    run(scenario)
+
+
+def test_a_stream_that_fails_mid_way_ends_with_an_error_event_and_no_done() -> None:
+    async def failing() -> AsyncIterator[int]:
+        yield 2
+        raise RequestAbortedError("engine unhealthy: RuntimeError")
+
+    async def collect() -> list[str]:
+        return [chunk async for chunk in _completion_chunks("id", 0, "m", 1, failing())]
+
+    chunks = asyncio.run(collect())
+    assert '"error"' in chunks[-1]
+    assert all("[DONE]" not in c for c in chunks)
+    assert len(chunks) == 3
+
+
+def test_kill_process_makes_the_rank_unreachable() -> None:
+    async def scenario(h: FakeEngineCluster) -> None:
+        await conformance.inject(h, 1, "kill_process")
+        assert await conformance.status_of(h, 1) is None
+        assert await conformance.status_of(h, 0) == {"id": 0, "status": "healthy"}
+
+    run(scenario)
+
+
+def test_metrics_follow_the_ft_status() -> None:
+    async def scenario(h: FakeEngineCluster) -> None:
+        await conformance.complete(h, 0, "count me")
+        await conformance.apply(h, 0, {"instruction": "retry", "request_id": "rejected"})
+        await conformance.inject(h, 0, "transient")
+        await h.settle()
+        text = (await h.client(0).get("/metrics")).text
+        assert 'heteroflow_engine_sim_status{dp_rank="0",status="unhealthy"} 1.0' in text
+        assert 'heteroflow_engine_sim_requests_completed_total{dp_rank="0"} 1.0' in text
+        assert 'heteroflow_engine_sim_ft_commands_total{dp_rank="0",outcome="rejected"} 1.0' in text
+        assert 'heteroflow_engine_sim_collective_faults_total{dp_rank="0"} 1.0' in text
+
+    run(scenario)
