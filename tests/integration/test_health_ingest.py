@@ -90,6 +90,8 @@ def test_keepalive_is_measured_from_the_stored_row_not_the_last_beat(
     harness.drain()
     times = [r.sampled_at for r in rows(engine)]
     assert times == [T0, T0 + timedelta(minutes=5), T0 + timedelta(minutes=10)]
+    # keepalive rows repeat their predecessor: marked unchanged, so scans for changes can skip them
+    assert [r.changed for r in rows(engine)] == [True, False, False]
 
 
 def test_every_unknown_form_is_stored_as_null_and_never_fails_the_beat(

@@ -22,7 +22,6 @@ from heteroflow.health.counters import HEALTH_KEYS, Counters
 from heteroflow.health.heartbeat import parse_index, parse_time, parse_uuid
 from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.samples import CardKey, HealthReading
-from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.health.statistics import band_statistics
 from heteroflow.platform.auth import NodeScope
 from heteroflow.server.alert_delivery import AlertDeliverySettings, AlertNotifier
@@ -46,7 +45,6 @@ def _worker(
         nodes=SqlNodeStore(engine),
         leases=SqlLeaseStore(engine),
         settings=settings,
-        health_settings=HealthStorageSettings.load(),
         clock=clock,
         notifier=notifier,
     )

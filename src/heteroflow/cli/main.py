@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from heteroflow.cli import admin, agent, health, local, sim
+from heteroflow.cli import admin, agent, engine_sim, health, local, sim
 from heteroflow.core.logs import configure_logging
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.server.settings import ServerSettings
@@ -17,12 +17,22 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
 )
+
+
+@app.callback()
+def _quiet_logs_on_stderr() -> None:
+    """HeteroFlow keeps large GPU/NPU inference fleets serving through hardware faults."""
+    # commands print their results on stdout; logs go to stderr, warnings and above unless a command says otherwise
+    configure_logging(level="warning", json=False)
+
+
 app.add_typer(admin.app, name="admin")
 app.add_typer(admin.db_app, name="db")
 app.add_typer(agent.app, name="agent")
 app.add_typer(health.app, name="health")
 app.add_typer(sim.app, name="sim")
 app.command("up")(local.up)
+app.command("engine-sim")(engine_sim.engine_sim)
 
 
 @app.command()

@@ -267,27 +267,30 @@ class HealthIngestor:
 
     def _write_batch(self, batch: Sequence[HealthReading], known: dict[CardKey, StoredSample]) -> _BatchResult:
         """Runs in a worker thread: decide every reading against the newest stored row, insert, read back."""
-        latest = dict(known)
+        latest: dict[CardKey, StoredSample | None] = dict(known)
         selects = 0
         confirmed: list[StoredSample] = []
         to_write: list[HealthReading] = []
+        before_batch: dict[CardKey, StoredSample | None] = {}
         skipped = 0
         for reading in batch:
             if reading.key not in latest:
                 selects += 1
                 stored = self._store.latest(reading.key)
+                latest[reading.key] = stored
                 if stored is not None:
-                    latest[reading.key] = stored
                     confirmed.append(stored)
             if decide_write(reading, latest.get(reading.key), keepalive=self._keepalive) is None:
                 skipped += 1
                 continue
+            if reading.key not in before_batch:
+                before_batch[reading.key] = latest.get(reading.key)
             to_write.append(reading)
             # later readings of this card in the batch are judged against this one
             latest[reading.key] = StoredSample(
                 key=reading.key, uuid=reading.uuid, sampled_at=reading.sampled_at, counters=reading.counters
             )
-        written = self._store.insert(to_write) if to_write else []
+        written = self._store.insert(to_write, previous=before_batch) if to_write else []
         return _BatchResult(written=written, confirmed=confirmed + written, skipped=skipped, selects=selects)
 
     # -- retention ----------------------------------------------------------------------------------------

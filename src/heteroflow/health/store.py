@@ -7,7 +7,7 @@ Methods are blocking; the async shell calls them from a worker thread.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Protocol
 
@@ -22,8 +22,13 @@ class HealthSampleStore(Protocol):
         """The newest stored row of a card slot (by sampled_at), or ``None``. One SELECT."""
         ...
 
-    def insert(self, readings: Sequence[HealthReading]) -> list[StoredSample]:
-        """Insert all readings in one transaction; return the rows as read back."""
+    def insert(
+        self, readings: Sequence[HealthReading], *, previous: Mapping[CardKey, StoredSample | None] | None = None
+    ) -> list[StoredSample]:
+        """Insert all readings in one transaction; return the rows as read back.
+
+        ``previous``: the newest stored row of each slot before the batch, when the caller knows it.
+        """
         ...
 
     def delete_older_than(self, cutoff: datetime, *, timeout_seconds: float) -> int:

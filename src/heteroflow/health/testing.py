@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from heteroflow.health.samples import CardKey, HealthReading, StoredSample
@@ -30,7 +30,9 @@ class InMemoryHealthSampleStore:
             rows = [row for row in self.rows if row.key == key]
             return max(rows, key=lambda row: row.sampled_at) if rows else None
 
-    def insert(self, readings: Sequence[HealthReading]) -> list[StoredSample]:
+    def insert(
+        self, readings: Sequence[HealthReading], *, previous: Mapping[CardKey, StoredSample | None] | None = None
+    ) -> list[StoredSample]:
         with self._lock:
             self._check()
             stored = [

@@ -64,7 +64,6 @@ def build_context(
         nodes=nodes,
         leases=SqlLeaseStore(engine),
         settings=prediction_settings,
-        health_settings=health_settings,
         clock=clock,
         notifier=notifier,
     )

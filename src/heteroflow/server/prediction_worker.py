@@ -32,7 +32,6 @@ from heteroflow.health.alerts import (
 from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.predictions import PredictionStatus, judge, prediction_id, window_end
 from heteroflow.health.rules import RULE_VERSION, RuleParams, evaluate
-from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.server.alert_delivery import AlertNotifier
 from heteroflow.storage.alert_store import SYSTEM, SqlAlertStore
 from heteroflow.storage.lease_store import SqlLeaseStore
@@ -97,7 +96,6 @@ class PredictionWorker:
         nodes: SqlNodeStore,
         leases: SqlLeaseStore,
         settings: PredictionSettings,
-        health_settings: HealthStorageSettings,
         clock: Clock,
         notifier: AlertNotifier | None = None,
     ) -> None:
@@ -106,7 +104,6 @@ class PredictionWorker:
         self._nodes = nodes
         self._leases = leases
         self._settings = settings
-        self._health = health_settings
         self._clock = clock
         self._notifier = notifier
         self._params = rule_params(settings)
@@ -161,9 +158,8 @@ class PredictionWorker:
                 tally.judged[judgement.status] += 1
 
     def _predict(self, source: Source, now: datetime, tally: _Tally) -> None:
-        since = now - timedelta(days=self._health.retention_days)
         window_days = self._settings.window_days
-        for card in self._predictions.evaluation_cards(source=source, since=since, now=now):
+        for card in self._predictions.evaluation_cards(source=source, now=now):
             if self._predictions.has_open_window(card, now=now):
                 continue
             view = self._predictions.card_view(card, now=now, params=self._params)

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
-from sqlalchemy.engine import Engine
+from sqlalchemy.engine import Connection, Engine
 
 from heteroflow.core.ids import NodeId, Source
 from heteroflow.health.counters import HEALTH_KEYS, Counters
@@ -44,6 +44,21 @@ def _row_to_sample(row: Any) -> StoredSample:
     )
 
 
+def _latest(conn: Connection, key: CardKey) -> StoredSample | None:
+    query = (
+        sa.select(samples_t)
+        .where(
+            samples_t.c.node_id == key.node_id,
+            samples_t.c.gpu_index == key.gpu_index,
+            samples_t.c.source == key.source,
+        )
+        .order_by(samples_t.c.sampled_at.desc(), samples_t.c.id.desc())
+        .limit(1)
+    )
+    row = conn.execute(query).first()
+    return _row_to_sample(row) if row is not None else None
+
+
 def scoped_node_ids(scope: NodeScope) -> sa.Select[tuple[str]]:
     """The ids of the nodes a scope may see, as a subquery."""
     query = sa.select(nodes_t.c.id)
@@ -61,39 +76,46 @@ class SqlHealthSampleStore:
     # -- write side ---------------------------------------------------------------------------------------
 
     def latest(self, key: CardKey) -> StoredSample | None:
-        query = (
-            sa.select(samples_t)
-            .where(
-                samples_t.c.node_id == key.node_id,
-                samples_t.c.gpu_index == key.gpu_index,
-                samples_t.c.source == key.source,
-            )
-            .order_by(samples_t.c.sampled_at.desc(), samples_t.c.id.desc())
-            .limit(1)
-        )
         with unavailable_as_store_error(), self._engine.connect() as conn:
-            row = conn.execute(query).first()
-        return _row_to_sample(row) if row is not None else None
+            return _latest(conn, key)
 
-    def insert(self, readings: Sequence[HealthReading]) -> list[StoredSample]:
+    def insert(
+        self, readings: Sequence[HealthReading], *, previous: Mapping[CardKey, StoredSample | None] | None = None
+    ) -> list[StoredSample]:
+        """Insert in one transaction; each row records whether it differs from its slot's previous row.
+
+        ``previous`` is the newest stored row of each slot before this batch, when the caller knows it (the
+        ingestion writer always does); otherwise it is read, once per slot. Rows that repeat their
+        predecessor (keepalive rows) carry ``changed = false``: the failure scan and the capability matrix
+        read only the changed rows, a small fraction of the table, and lose nothing by it.
+        """
         if not readings:
             return []
-        rows = [
-            {
-                "node_id": r.key.node_id,
-                "gpu_index": r.key.gpu_index,
-                "source": r.key.source,
-                "uuid": r.uuid,
-                "sampled_at": r.sampled_at,
-                **r.counters.as_dict(),
-            }
-            for r in readings
-        ]
         node_ids = {r.key.node_id for r in readings}
         with unavailable_as_store_error(), self._engine.begin() as conn:
             # a node deleted meanwhile (perhaps through another server) loses its readings, not the batch
             existing = set(conn.scalars(sa.select(nodes_t.c.id).where(nodes_t.c.id.in_(node_ids))))
-            rows = [row for row in rows if row["node_id"] in existing]
+            chain: dict[CardKey, tuple[str | None, Counters] | None] = {}
+            rows = []
+            for r in readings:
+                if r.key.node_id not in existing:
+                    continue
+                if r.key not in chain:
+                    before = previous[r.key] if previous is not None and r.key in previous else _latest(conn, r.key)
+                    chain[r.key] = (before.uuid, before.counters) if before is not None else None
+                changed = chain[r.key] != (r.uuid, r.counters)
+                chain[r.key] = (r.uuid, r.counters)
+                rows.append(
+                    {
+                        "node_id": r.key.node_id,
+                        "gpu_index": r.key.gpu_index,
+                        "source": r.key.source,
+                        "uuid": r.uuid,
+                        "sampled_at": r.sampled_at,
+                        "changed": changed,
+                        **r.counters.as_dict(),
+                    }
+                )
             if not rows:
                 return []
             result = conn.execute(sa.insert(samples_t).returning(*samples_t.c), rows)

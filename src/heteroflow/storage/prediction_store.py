@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import sqlalchemy as sa
@@ -111,11 +111,14 @@ class SqlPredictionStore:
 
     # -- what the rules read ------------------------------------------------------------------------------
 
-    def evaluation_cards(self, *, source: Source, since: datetime, now: datetime) -> list[Card]:
-        """The capability matrix: every card with a sample in [since, now] (samples are never all-unknown)."""
+    def evaluation_cards(self, *, source: Source, now: datetime) -> list[Card]:
+        """The capability matrix: every card that reported a counter (a stored sample is never all-unknown).
+
+        Read from the changed rows only: every card's first row is one.
+        """
         query = (
             sa.select(samples_t.c.node_id, samples_t.c.gpu_index, samples_t.c.uuid)
-            .where(samples_t.c.source == source, samples_t.c.sampled_at >= since, samples_t.c.sampled_at <= now)
+            .where(samples_t.c.source == source, samples_t.c.changed, samples_t.c.sampled_at <= now)
             .group_by(samples_t.c.node_id, samples_t.c.gpu_index, samples_t.c.uuid)
             .order_by(samples_t.c.node_id, samples_t.c.gpu_index)
         )
@@ -404,12 +407,7 @@ class SqlPredictionStore:
         counter_failures = sa.select(
             steps.c.node_id, steps.c.gpu_index, steps.c.uuid, steps.c.sampled_at.label("at")
         ).where(steps.c.prev.is_not(None), steps.c.v > steps.c.prev, steps.c.sampled_at >= since)
-        monitorable = (
-            sa.select(samples_t.c.node_id, samples_t.c.gpu_index, samples_t.c.uuid)
-            .where(samples_t.c.source == source, samples_t.c.sampled_at >= since, samples_t.c.sampled_at <= now)
-            .distinct()
-            .subquery()
-        )
+        monitorable = self._cards_in_period(source=source, nodes=nodes, since=since, now=now).subquery()
         xid_failures = (
             sa.select(
                 monitorable.c.node_id, monitorable.c.gpu_index, monitorable.c.uuid, xid_t.c.occurred_at.label("at")
@@ -432,26 +430,66 @@ class SqlPredictionStore:
         )
         return sa.union_all(counter_failures, xid_failures).subquery().select()
 
-    def exposure(self, *, source: Source, scope: NodeScope, since: datetime, now: datetime) -> Exposure:
-        """Monitorable cards, card-days from each card's first..last sample, and the observation span."""
-        per_card = (
-            sa.select(
-                sa.func.min(samples_t.c.sampled_at).label("first"),
-                sa.func.max(samples_t.c.sampled_at).label("last"),
-            )
+    def _cards_in_period(
+        self, *, source: Source, nodes: sa.Select[tuple[str]], since: datetime, now: datetime
+    ) -> sa.Select[Any]:
+        """Cards with a sample in [since, now], with their first and last sample there.
+
+        The card list comes from the changed rows; each card's first and last sample in the period are
+        indexed point lookups, so the cost follows the number of cards, not of rows.
+        """
+        cards = (
+            sa.select(samples_t.c.node_id, samples_t.c.gpu_index, samples_t.c.uuid)
             .where(
                 samples_t.c.source == source,
-                samples_t.c.sampled_at >= since,
+                samples_t.c.changed,
                 samples_t.c.sampled_at <= now,
-                samples_t.c.node_id.in_(scoped_node_ids(scope)),
+                samples_t.c.node_id.in_(nodes),
             )
-            .group_by(samples_t.c.node_id, samples_t.c.gpu_index, samples_t.c.uuid)
+            .distinct()
+            .subquery()
         )
+        inner = samples_t.alias("edge")
+
+        def edge(descending: bool) -> sa.ScalarSelect[Any]:
+            order = inner.c.sampled_at.desc() if descending else inner.c.sampled_at.asc()
+            return (
+                sa.select(inner.c.sampled_at)
+                .where(
+                    inner.c.node_id == cards.c.node_id,
+                    inner.c.gpu_index == cards.c.gpu_index,
+                    inner.c.uuid.is_not_distinct_from(cards.c.uuid),
+                    inner.c.source == source,
+                    inner.c.sampled_at >= since,
+                    inner.c.sampled_at <= now,
+                )
+                .order_by(order)
+                .limit(1)
+                .scalar_subquery()
+            )
+
+        edges = sa.select(
+            cards.c.node_id, cards.c.gpu_index, cards.c.uuid, edge(False).label("first"), edge(True).label("last")
+        ).subquery()
+        return sa.select(edges).where(edges.c.first.is_not(None))
+
+    def exposure(self, *, source: Source, scope: NodeScope, since: datetime, now: datetime) -> Exposure:
+        """Monitorable cards, card-days from each card's first..last sample in the period, and the span."""
+        query = self._cards_in_period(source=source, nodes=scoped_node_ids(scope), since=since, now=now)
         with unavailable_as_store_error(), self._engine.connect() as conn:
-            rows = conn.execute(per_card).all()
+            rows = conn.execute(query).all()
         if not rows:
             return Exposure(monitorable_cards=0, card_days=0.0, span_days=None)
         day = timedelta(days=1)
-        card_days = sum((row.last - row.first) / day for row in rows)
-        span = (max(row.last for row in rows) - min(row.first for row in rows)) / day
-        return Exposure(monitorable_cards=len(rows), card_days=card_days, span_days=span)
+        first = [utc_value(row.first) for row in rows]
+        last = [utc_value(row.last) for row in rows]
+        card_days = sum((b - a) / day for a, b in zip(first, last, strict=True))
+        return Exposure(monitorable_cards=len(rows), card_days=card_days, span_days=(max(last) - min(first)) / day)
+
+
+def utc_value(value: Any) -> datetime:
+    """A timestamp read through a subquery, where the column type (and its conversion) may be lost."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    assert isinstance(value, datetime)
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)

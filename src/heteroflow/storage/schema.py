@@ -98,11 +98,24 @@ gpu_health_samples = sa.Table(
     sa.Column("retired_pages", sa.BigInteger(), nullable=True),
     sa.Column("remapped_rows_pending", sa.BigInteger(), nullable=True),
     sa.Column("remapped_rows_failure", sa.BigInteger(), nullable=True),
+    # False for a row that repeats its slot's previous row (a keepalive row): scans that look for changes
+    # (failure events, the capability matrix) read the changed rows only
+    sa.Column("changed", sa.Boolean(), nullable=False, server_default=sa.true()),
     sa.CheckConstraint(SOURCE_CHECK, name="source"),
     # one card's series, read back in time order
     sa.Index(None, "node_id", "gpu_index", "sampled_at"),
     # the source filter of every query, and retention cleanup by time
     sa.Index(None, "source", "sampled_at"),
+    sa.Index(
+        "ix_gpu_health_samples_changes",
+        "source",
+        "node_id",
+        "gpu_index",
+        "uuid",
+        "sampled_at",
+        postgresql_where=sa.text("changed"),
+        sqlite_where=sa.text("changed = 1"),
+    ),
 )
 
 gpu_xid_events = sa.Table(

@@ -6,6 +6,7 @@ import asyncio
 import threading
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 from heteroflow.core.ids import NodeId
 from heteroflow.core.testing import FakeClock
@@ -42,10 +43,10 @@ class GatedStore(InMemoryHealthSampleStore):
         self.gate = threading.Event()
         self.inserting = threading.Event()
 
-    def insert(self, readings: Sequence[HealthReading]) -> list[StoredSample]:
+    def insert(self, readings: Sequence[HealthReading], **kwargs: Any) -> list[StoredSample]:
         self.inserting.set()
         self.gate.wait(5)
-        return super().insert(readings)
+        return super().insert(readings, **kwargs)
 
 
 def test_a_reading_offered_while_its_card_is_in_flight_is_not_skipped_by_a_stale_cache() -> None:
@@ -98,11 +99,11 @@ def test_a_permanent_error_drops_the_batch_and_the_next_beat_writes_it() -> None
     class Broken(InMemoryHealthSampleStore):
         fail_once = True
 
-        def insert(self, readings: Sequence[HealthReading]) -> list[StoredSample]:
+        def insert(self, readings: Sequence[HealthReading], **kwargs: Any) -> list[StoredSample]:
             if self.fail_once:
                 self.fail_once = False
                 raise ValueError("constraint violated")
-            return super().insert(readings)
+            return super().insert(readings, **kwargs)
 
     async def scenario() -> None:
         clock = FakeClock(T0)

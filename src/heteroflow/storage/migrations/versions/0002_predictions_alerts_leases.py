@@ -1,4 +1,4 @@
-"""predictions, alerts, leases
+"""predictions, alerts, leases; changed flag on samples
 
 Revision ID: 0002
 Revises: 0001
@@ -18,6 +18,15 @@ depends_on = None
 
 
 def upgrade() -> None:
+    with op.batch_alter_table("gpu_health_samples", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("changed", sa.Boolean(), server_default=sa.true(), nullable=False))
+        batch_op.create_index(
+            "ix_gpu_health_samples_changes",
+            ["source", "node_id", "gpu_index", "uuid", "sampled_at"],
+            unique=False,
+            postgresql_where=sa.text("changed"),
+            sqlite_where=sa.text("changed = 1"),
+        )
     op.create_table(
         "alerts",
         sa.Column("id", sa.String(length=36), nullable=False),
@@ -134,3 +143,8 @@ def downgrade() -> None:
         batch_op.drop_index(batch_op.f("ix_alerts_node_id_type"))
 
     op.drop_table("alerts")
+    with op.batch_alter_table("gpu_health_samples", schema=None) as batch_op:
+        batch_op.drop_index(
+            "ix_gpu_health_samples_changes", postgresql_where=sa.text("changed"), sqlite_where=sa.text("changed = 1")
+        )
+        batch_op.drop_column("changed")
