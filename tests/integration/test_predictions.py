@@ -354,3 +354,41 @@ def test_prediction_list_parameters_get_400(harness: Harness, params: dict[str, 
     response = harness.get(reader, "/api/v1/gpu-health/predictions", **params)
     assert response.status_code == 400
     assert message in response.json()["detail"]
+
+
+def test_server_status_shows_the_worker_and_the_delivery(harness: Harness) -> None:
+    admin = harness.token("admin")
+    harness.ctx.worker.tick()
+    body = harness.get(admin, "/api/v1/server/status").json()
+    assert body["prediction_worker"]["ticks_total"] == 1
+    assert body["prediction_worker"]["last_tick"]["predictions_created"] == {}
+    assert body["alert_delivery"]["queued"] == 0
+
+
+def test_only_the_lease_holder_ticks_and_a_dead_holder_is_replaced(engine: Engine) -> None:
+    import time
+
+    from heteroflow.core.clock import SystemClock
+    from heteroflow.server.prediction_worker import LEASE_NAME
+    from heteroflow.storage.lease_store import SqlLeaseStore
+
+    # a holder that died without releasing: its lease must run out before anyone else ticks
+    SqlLeaseStore(engine).acquire(LEASE_NAME, holder="ghost", now=SystemClock().now(), ttl=timedelta(seconds=2))
+    fast = {"lease_seconds": 0.6, "tick_minutes": 0.001}
+    with (
+        running_server(engine, clock=SystemClock(), prediction=fast, run_worker=True) as a,
+        running_server(engine, clock=SystemClock(), prediction=fast, run_worker=True) as b,
+    ):
+        workers = [a.ctx.worker, b.ctx.worker]
+        started = time.monotonic()
+        deadline = started + 20
+        while not any(w.status().ticks_total for w in workers):
+            assert time.monotonic() < deadline, "nobody took over the expired lease"
+            time.sleep(0.05)
+        assert time.monotonic() - started >= 1.0  # not before the ghost's lease ran out
+        while sum(w.status().ticks_total for w in workers) < 3:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+        statuses = [w.status() for w in workers]
+        assert [s.leader for s in statuses].count(True) == 1
+        assert [bool(s.ticks_total) for s in statuses].count(True) == 1  # the follower never ticked

@@ -76,6 +76,7 @@ def running_server(
     prediction: dict[str, Any] | None = None,
     delivery: dict[str, Any] | None = None,
     clock: FakeClock | None = None,
+    run_worker: bool = False,
 ) -> Iterator[Harness]:
     """A server on ``engine`` whose liveness flusher never fires by itself (tests flush explicitly)."""
     clock = clock or FakeClock(start)
@@ -88,5 +89,5 @@ def running_server(
         clock=clock,
         engine=engine,
     )
-    with TestClient(create_app(ctx, run_worker=False)) as client:
+    with TestClient(create_app(ctx, run_worker=run_worker)) as client:
         yield Harness(client, ctx, clock)

@@ -7,10 +7,18 @@ from pydantic import AliasChoices
 
 from heteroflow.agent.settings import AgentSettings
 from heteroflow.core.settings import LenientSettings
+from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
+from heteroflow.server.alert_delivery import AlertDeliverySettings
 from heteroflow.server.settings import ServerSettings
 
-GROUPS: list[type[LenientSettings]] = [HealthStorageSettings, ServerSettings, AgentSettings]
+GROUPS: list[type[LenientSettings]] = [
+    HealthStorageSettings,
+    ServerSettings,
+    AgentSettings,
+    PredictionSettings,
+    AlertDeliverySettings,
+]
 
 
 def env_names(group: type[LenientSettings], field: str) -> list[str]:
@@ -20,7 +28,7 @@ def env_names(group: type[LenientSettings], field: str) -> list[str]:
 
 
 # free-form strings whose every value is legal (an empty token or node name means "not set")
-FREE_TEXT = {"token", "node_name"}
+FREE_TEXT = {"token", "node_name", "webhook_url", "alertmanager_url"}
 SPECIAL = {
     "port": ["abc", "0", "70000"],
     "log_level": ["", "loud"],
@@ -35,6 +43,8 @@ def invalid_values(group: type[LenientSettings], field: str) -> list[str]:
     if field in SPECIAL:
         return SPECIAL[field]
     annotation = group.model_fields[field].annotation
+    if annotation is bool:
+        return ["abc", "maybe"]
     if annotation in (int, float):
         return ["abc", "-5", "0"]
     return [""]
@@ -96,10 +106,10 @@ def test_an_invalid_explicit_override_also_falls_back() -> None:
 def test_docs_list_every_variable() -> None:
     from pathlib import Path
 
-    from heteroflow.agent.settings import AgentSettings
+    from heteroflow.engine_sim.settings import EngineSimSettings
 
     text = (Path(__file__).parents[3] / "docs" / "configuration.md").read_text()
-    for group in [*GROUPS, AgentSettings]:
+    for group in [*GROUPS, EngineSimSettings]:
         for field in group.model_fields:
             for name in env_names(group, field):
                 assert f"`{name}`" in text, f"{name} is missing from docs/configuration.md"

@@ -32,5 +32,11 @@ async def status(ctx: Ctx, _: Annotated[Principal, Depends(require(Scope.ADMIN))
     return {
         "health_ingest": asdict(ctx.ingestor.status()),
         "liveness": asdict(ctx.liveness.status()),
-        "config_warnings": [*ctx.settings.config_warnings, *ctx.health_settings.config_warnings],
+        "prediction_worker": asdict(ctx.worker.status()),
+        "alert_delivery": asdict(ctx.notifier.status()),
+        "config_warnings": [
+            *ctx.settings.config_warnings,
+            *ctx.health_settings.config_warnings,
+            *ctx.prediction_settings.config_warnings,
+        ],
     }
