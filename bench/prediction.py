@@ -69,7 +69,11 @@ def build_fleet(engine: sa.Engine, cards: int, days: float) -> int:
         rows = []
         for index in range(min(8, cards - first)):
             card = first + index
+            previous: tuple[str, Counters] | None = None
             for s in series(profile_of(card), card=card, start=NOW - timedelta(days=days), end=NOW):
+                # as the ingestion path writes them: a row that repeats its predecessor is marked unchanged
+                changed = previous != (s.uuid, s.counters)
+                previous = (s.uuid, s.counters)
                 rows.append(
                     {
                         "node_id": node.id,
@@ -77,6 +81,7 @@ def build_fleet(engine: sa.Engine, cards: int, days: float) -> int:
                         "uuid": s.uuid,
                         "source": "real",
                         "sampled_at": s.sampled_at,
+                        "changed": changed,
                         **s.counters.as_dict(),
                     }
                 )

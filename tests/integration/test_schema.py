@@ -26,4 +26,5 @@ def test_counter_columns_are_nullable_64_bit_without_default(engine: Engine) -> 
         assert isinstance(column["type"], sa.BigInteger)
     indexes = {tuple(ix["column_names"]) for ix in sa.inspect(engine).get_indexes("gpu_health_samples")}
     assert ("node_id", "gpu_index", "sampled_at") in indexes
-    assert ("source", "sampled_at") in indexes
+    assert ("source",) in indexes
+    assert ("sampled_at",) in indexes

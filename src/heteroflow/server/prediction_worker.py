@@ -123,6 +123,7 @@ class PredictionWorker:
         started = self._clock.now()
         began = time.perf_counter()
         tally = _Tally()
+        self._predictions.refresh_statistics()
         for source in SOURCES:
             self._backfill(source, started, tally)
             self._predict(source, started, tally)

@@ -25,7 +25,7 @@ from heteroflow.health.samples import Card, CardKey, StoredSample
 from heteroflow.health.statistics import BandCounts, Exposure
 from heteroflow.platform.auth import NodeScope
 from heteroflow.storage.db import unavailable_as_store_error
-from heteroflow.storage.health_store import scoped_node_ids
+from heteroflow.storage.health_store import in_scope
 from heteroflow.storage.schema import gpu_health_samples as samples_t
 from heteroflow.storage.schema import gpu_xid_events as xid_t
 from heteroflow.storage.schema import predictions as predictions_t
@@ -165,6 +165,7 @@ class SqlPredictionStore:
     def _last_decreases(
         self, conn: Connection, card: Card, *, start: datetime, end: datetime
     ) -> dict[str, datetime | None]:
+        """Per growth counter, the newest sample of this card lower than the one before it (within the range)."""
         columns = []
         for key in GROWTH_KEYS:
             value = samples_t.c[key]
@@ -172,18 +173,33 @@ class SqlPredictionStore:
                 sa.select(
                     samples_t.c.sampled_at,
                     value.label("v"),
-                    sa.func.lag(value)
-                    .over(partition_by=samples_t.c.uuid, order_by=(samples_t.c.sampled_at, samples_t.c.id))
-                    .label("prev"),
+                    sa.func.lag(value).over(order_by=(samples_t.c.sampled_at, samples_t.c.id)).label("prev"),
                 )
-                .where(*_slot(card), value.is_not(None), samples_t.c.sampled_at >= start, samples_t.c.sampled_at <= end)
+                .where(
+                    *_slot(card),
+                    samples_t.c.uuid.is_not_distinct_from(card.uuid),  # other cards' values are unknown anyway
+                    samples_t.c.changed,  # a decrease is a change: keepalive rows never hold one
+                    value.is_not(None),
+                    samples_t.c.sampled_at >= start,
+                    samples_t.c.sampled_at <= end,
+                )
                 .subquery()
             )
             columns.append(
                 sa.select(sa.func.max(steps.c.sampled_at)).where(steps.c.v < steps.c.prev).scalar_subquery().label(key)
             )
         row = conn.execute(sa.select(*columns)).one()
-        return {key: getattr(row, key) for key in GROWTH_KEYS}
+        return {key: utc_value(getattr(row, key)) if getattr(row, key) is not None else None for key in GROWTH_KEYS}
+
+    def refresh_statistics(self) -> None:
+        """Keep the query planner's statistics fresh. PostgreSQL's autovacuum does this by itself; SQLite keeps
+        none unless told, and then prefers the (source, sampled_at) index over the small partial index of changed
+        rows. A bounded ANALYZE costs about a millisecond."""
+        if self._engine.dialect.name != "sqlite":
+            return
+        with unavailable_as_store_error(), self._engine.connect() as conn:
+            conn.exec_driver_sql("PRAGMA analysis_limit=1000")
+            conn.exec_driver_sql("ANALYZE gpu_health_samples")
 
     # -- predictions ----------------------------------------------------------------------------------------
 
@@ -286,7 +302,7 @@ class SqlPredictionStore:
             return [_record(row) for row in conn.execute(query)]
 
     def list(self, flt: PredictionFilter, *, limit: int, offset: int) -> tuple[list[PredictionRecord], int]:
-        conditions = [predictions_t.c.source == flt.source, predictions_t.c.node_id.in_(scoped_node_ids(flt.scope))]
+        conditions = [predictions_t.c.source == flt.source, *in_scope(predictions_t.c.node_id, flt.scope)]
         if flt.node_id is not None:
             conditions.append(predictions_t.c.node_id == flt.node_id)
         if flt.gpu_index is not None:
@@ -319,18 +335,17 @@ class SqlPredictionStore:
     def band_counts(
         self, *, source: Source, scope: NodeScope, since: datetime, now: datetime, window_days: Sequence[int]
     ) -> dict[int, BandCounts]:
-        nodes = scoped_node_ids(scope)
         by_status = (
             sa.select(predictions_t.c.window_days, predictions_t.c.status, sa.func.count().label("n"))
             .where(
                 predictions_t.c.source == source,
-                predictions_t.c.node_id.in_(nodes),
+                *in_scope(predictions_t.c.node_id, scope),
                 predictions_t.c.t0 >= since,
                 predictions_t.c.t0 <= now,
             )
             .group_by(predictions_t.c.window_days, predictions_t.c.status)
         )
-        failures = self._failures(source=source, nodes=nodes, since=since, now=now).cte("failures")
+        failures = self._failures(source=source, scope=scope, since=since, now=now).cte("failures")
         failed = sa.select(sa.func.count()).select_from(
             sa.select(failures.c.node_id, failures.c.gpu_index, failures.c.uuid).distinct().subquery()
         )
@@ -376,9 +391,7 @@ class SqlPredictionStore:
             for n in window_days
         }
 
-    def _failures(
-        self, *, source: Source, nodes: sa.Select[tuple[str]], since: datetime, now: datetime
-    ) -> sa.Select[Any]:
+    def _failures(self, *, source: Source, scope: NodeScope, since: datetime, now: datetime) -> sa.Select[Any]:
         """Failure events of monitorable cards: a strict increase of uncorrectable ECC between consecutive known
         samples of one card (a first sample never is one), or a counted XID; found by scanning samples in SQL."""
         ue = samples_t.c.ecc_uncorrected_total
@@ -398,16 +411,18 @@ class SqlPredictionStore:
             )
             .where(
                 samples_t.c.source == source,
+                # a keepalive row repeats its predecessor, so it can never be a step: the changed rows suffice
+                samples_t.c.changed,
                 ue.is_not(None),
                 samples_t.c.sampled_at <= now,
-                samples_t.c.node_id.in_(nodes),
+                *in_scope(samples_t.c.node_id, scope),
             )
             .subquery()
         )
         counter_failures = sa.select(
             steps.c.node_id, steps.c.gpu_index, steps.c.uuid, steps.c.sampled_at.label("at")
         ).where(steps.c.prev.is_not(None), steps.c.v > steps.c.prev, steps.c.sampled_at >= since)
-        monitorable = self._cards_in_period(source=source, nodes=nodes, since=since, now=now).subquery()
+        monitorable = self._cards_in_period(source=source, scope=scope, since=since, now=now).subquery()
         xid_failures = (
             sa.select(
                 monitorable.c.node_id, monitorable.c.gpu_index, monitorable.c.uuid, xid_t.c.occurred_at.label("at")
@@ -425,14 +440,12 @@ class SqlPredictionStore:
                 xid_t.c.xid.in_(sorted(COUNTED_XIDS)),
                 xid_t.c.occurred_at >= since,
                 xid_t.c.occurred_at <= now,
-                xid_t.c.node_id.in_(nodes),
+                *in_scope(xid_t.c.node_id, scope),
             )
         )
         return sa.union_all(counter_failures, xid_failures).subquery().select()
 
-    def _cards_in_period(
-        self, *, source: Source, nodes: sa.Select[tuple[str]], since: datetime, now: datetime
-    ) -> sa.Select[Any]:
+    def _cards_in_period(self, *, source: Source, scope: NodeScope, since: datetime, now: datetime) -> sa.Select[Any]:
         """Cards with a sample in [since, now], with their first and last sample there.
 
         The card list comes from the changed rows; each card's first and last sample in the period are
@@ -444,7 +457,7 @@ class SqlPredictionStore:
                 samples_t.c.source == source,
                 samples_t.c.changed,
                 samples_t.c.sampled_at <= now,
-                samples_t.c.node_id.in_(nodes),
+                *in_scope(samples_t.c.node_id, scope),
             )
             .distinct()
             .subquery()
@@ -475,7 +488,7 @@ class SqlPredictionStore:
 
     def exposure(self, *, source: Source, scope: NodeScope, since: datetime, now: datetime) -> Exposure:
         """Monitorable cards, card-days from each card's first..last sample in the period, and the span."""
-        query = self._cards_in_period(source=source, nodes=scoped_node_ids(scope), since=since, now=now)
+        query = self._cards_in_period(source=source, scope=scope, since=since, now=now)
         with unavailable_as_store_error(), self._engine.connect() as conn:
             rows = conn.execute(query).all()
         if not rows:

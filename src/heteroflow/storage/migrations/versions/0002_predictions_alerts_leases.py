@@ -19,6 +19,10 @@ depends_on = None
 
 def upgrade() -> None:
     with op.batch_alter_table("gpu_health_samples", schema=None) as batch_op:
+        # a (source, sampled_at) index lured SQLite's planner away from the partial index of changed rows
+        batch_op.drop_index("ix_gpu_health_samples_source_sampled_at")
+        batch_op.create_index("ix_gpu_health_samples_source", ["source"], unique=False)
+        batch_op.create_index("ix_gpu_health_samples_sampled_at", ["sampled_at"], unique=False)
         batch_op.add_column(sa.Column("changed", sa.Boolean(), server_default=sa.true(), nullable=False))
         batch_op.create_index(
             "ix_gpu_health_samples_changes",
@@ -148,3 +152,6 @@ def downgrade() -> None:
             "ix_gpu_health_samples_changes", postgresql_where=sa.text("changed"), sqlite_where=sa.text("changed = 1")
         )
         batch_op.drop_column("changed")
+        batch_op.drop_index("ix_gpu_health_samples_sampled_at")
+        batch_op.drop_index("ix_gpu_health_samples_source")
+        batch_op.create_index("ix_gpu_health_samples_source_sampled_at", ["source", "sampled_at"], unique=False)
