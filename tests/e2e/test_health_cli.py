@@ -104,3 +104,29 @@ def test_backtest_replays_a_trace_and_reports_per_rule(tmp_path: Path) -> None:
     assert text.returncode == 0, text.stderr
     assert "corrected_ecc_growth" in text.stdout
     assert "precision n/a" in text.stdout
+
+
+@pytest.mark.postgres
+def test_two_tick_processes_overlapping_on_postgresql_make_one_prediction_per_card(pg_server: object) -> None:
+    from heteroflow.storage.testing import PostgresServer
+
+    assert isinstance(pg_server, PostgresServer)
+    if not pg_server.running:
+        pg_server.start()
+    url = pg_server.create_database()
+    generated = heteroflow(
+        "sim", "generate", "--profile", "degrading", "--cards", "16", "--days", "9", "--database-url", url
+    )
+    assert generated.returncode == 0, generated.stderr
+    command = [sys.executable, "-m", "heteroflow", "health", "tick", "--database-url", url]
+    processes = [subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    reports = []
+    for process in processes:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0, err
+        reports.append(json.loads(out))
+    assert sum(r["predictions_created"].get("simulated", 0) for r in reports) == 16
+    engine = create_db_engine(url)
+    with engine.connect() as conn:
+        assert conn.execute(sa.text("SELECT count(*) FROM gpu_fault_predictions")).scalar_one() == 16
+    engine.dispose()
