@@ -147,8 +147,19 @@ def test_up_runs_the_local_platform_and_stops_cleanly_on_ctrl_c(tmp_path: Path) 
                 assert time.monotonic() < deadline, "server did not answer"
                 time.sleep(0.05)
         assert response.status_code == 200
-        assert response.json()["total"] == 0
         assert state["server_url"] == f"http://127.0.0.1:{port}"
+        # the simulated GPU nodes register and report simulated samples
+        while True:
+            nodes = httpx.get(f"{state['server_url']}/api/v1/nodes", headers=headers).json()["items"]
+            caps = httpx.get(
+                f"{state['server_url']}/api/v1/gpu-health/capabilities", params={"source": "simulated"}, headers=headers
+            ).json()["cards"]
+            if len(nodes) == 2 and len(caps) == 16:
+                break
+            assert time.monotonic() < deadline + 30, (nodes, len(caps))
+            time.sleep(0.2)
+        assert {n["source"] for n in nodes} == {"simulated"}
+        assert all(n["online"] for n in nodes)
         process.send_signal(signal.SIGINT)
         assert process.wait(15) in (0, -signal.SIGINT)
     finally:

@@ -1,0 +1,1 @@
+"""Serving fault tolerance (``serving-ft.md``): the NodeManager, and the wire contract it shares with the controller."""

@@ -1,0 +1,644 @@
+"""The NodeManager daemon: the thin shell around the pure cores of this package.
+
+It owns one pod's engines (through the :class:`~.supervisor.ProcessSupervisor`), polls their FT status
+(EngineFtManager, decisions in ``ft_manager.py``), reports evidence and heartbeats to the controller, and
+executes the controller's FT commands (EngineFtService, decisions in ``service.py``). Every FT state change
+goes through one pure transition on the frozen :class:`~.service.FtServiceState`; transitions never await,
+so the event loop serialises them without a lock.
+
+Loops (each a task, each step also callable directly so tests never wait on the real clock):
+``supervise_once`` (F-2 deaths, suicide handling), ``poll_once`` per ready engine (F-1),
+``watch_retired_once`` (F-53), ``controller_once`` (registration, heartbeat, the report outbox).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+import structlog
+
+from heteroflow.core.clock import Clock
+from heteroflow.engine_sim.protocol import ApplyParams, ApplyRequest
+from heteroflow.serving.node_manager import service
+from heteroflow.serving.node_manager.client import ControllerClient, ControllerError, ControllerRejectedError
+from heteroflow.serving.node_manager.engines import EngineClient, EngineProtocolError, EngineUnreachableError
+from heteroflow.serving.node_manager.ft_manager import (
+    Answered,
+    Finding,
+    Observation,
+    PollState,
+    ProtocolFailure,
+    Unreachable,
+    observe,
+    revived,
+)
+from heteroflow.serving.node_manager.service import FtServiceError, FtServiceState
+from heteroflow.serving.node_manager.settings import NodeManagerSettings
+from heteroflow.serving.node_manager.spec import InstanceSpec, LaunchTarget, default_target, engine_command
+from heteroflow.serving.node_manager.status import EndpointStatus, FencingViolation, NodeManagerStatus
+from heteroflow.serving.node_manager.supervisor import EngineExit, ProcessLauncher, ProcessSupervisor
+from heteroflow.serving.wire import (
+    EndpointFtStatus,
+    EngineApplyResult,
+    EnginesResponse,
+    EnginesStartRequest,
+    FaultEvidence,
+    FinalizeRequest,
+    FinalizeResponse,
+    FtFlags,
+    FtStatusRequest,
+    FtStatusResponse,
+    GuardRequest,
+    GuardResponse,
+    HeartbeatRequest,
+    NmApplyRequest,
+    NmApplyResponse,
+    ProbeRequest,
+    ProbeResponse,
+    ProbeResult,
+    RegisterRequest,
+    SoftwareFaultReport,
+)
+
+_log = structlog.get_logger(__name__)
+
+OUTBOX_LIMIT = 1000
+"""Reports kept while the controller is unreachable (oldest dropped first, with a warning)."""
+
+
+class ProxyDisabledError(Exception):
+    """HTTP 404: ``enable_dp_scale_down_proxy`` is false (or the controller has not registered us yet)."""
+
+
+class UnknownEndpointError(FtServiceError):
+    """HTTP 400: an endpoint id this pod does not run, or a rank outside the instance."""
+
+    code = "unknown_endpoint"
+
+
+@dataclass(frozen=True, slots=True)
+class PodIdentity:
+    pod_id: str
+    pod_ip: str
+    node_manager_url: str
+    node_name: str = ""
+
+
+class NodeManager:
+    def __init__(
+        self,
+        *,
+        spec: InstanceSpec,
+        settings: NodeManagerSettings,
+        pod: PodIdentity,
+        controller: ControllerClient,
+        engines: EngineClient,
+        launcher: ProcessLauncher,
+        clock: Clock,
+        on_suicide: Callable[[str], None] | None = None,
+    ) -> None:
+        self.spec = spec
+        self.settings = settings
+        self.pod = pod
+        self._controller = controller
+        self._engines = engines
+        self._clock = clock
+        self._on_suicide = on_suicide
+        self.supervisor = ProcessSupervisor(launcher)
+        self._state = FtServiceState(retired=frozenset(spec.dead_ranks))
+        self._flags = FtFlags()
+        self._registered = False
+        self._heartbeat_interval = settings.heartbeat_interval_sec
+        self._target: LaunchTarget = default_target(spec)
+        self._polls: dict[int, PollState] = {eid: PollState() for eid in spec.endpoint_ids}
+        self._dead_since: dict[int, float] = {}
+        self._outbox: list[SoftwareFaultReport] = []
+        self._flushing = False
+        self._reports_sent = 0
+        self._heartbeats_sent = 0
+        self._violations: list[FencingViolation] = []
+        self._suicide_reason: str | None = None
+        self._lifecycle = asyncio.Lock()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.exit_requested = asyncio.Event()
+
+    # == lifecycle =========================================================================================
+    async def start(self, *, launch: bool = True, loops: bool = True) -> None:
+        if launch:
+            self.launch_engines()
+        if loops:
+            self._tasks.append(
+                asyncio.create_task(self._every(self.settings.supervisor_interval_sec, self.supervise_once))
+            )
+            self._tasks.append(asyncio.create_task(self._controller_loop()))
+            for endpoint_id in sorted(self.spec.endpoint_ids):
+                self._tasks.append(asyncio.create_task(self._endpoint_loop(endpoint_id)))
+
+    async def close(self) -> None:
+        """Stop the loops and every engine this NodeManager started (SIGKILL; nothing outlives us)."""
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        await asyncio.to_thread(self.supervisor.stop_all, grace_sec=0)
+        await self._engines.aclose()
+        await self._controller.aclose()
+
+    def launch_engines(self, endpoint_ids: Iterable[int] | None = None) -> list[int]:
+        """Start the given (default: every) local endpoint that is not retired and not running."""
+        wanted = sorted(self.spec.endpoint_ids if endpoint_ids is None else endpoint_ids)
+        started = []
+        for endpoint_id in wanted:
+            if endpoint_id in self._state.retired or self.supervisor.running(endpoint_id):
+                continue
+            command = engine_command(
+                self.spec,
+                endpoint_id,
+                pod_ip=self.pod.pod_ip,
+                cluster_token=self.settings.cluster_token,
+                target=self._target,
+            )
+            self.supervisor.launch(command)
+            self._polls[endpoint_id] = PollState()
+            self._dead_since.pop(endpoint_id, None)
+            started.append(endpoint_id)
+        return started
+
+    # == F-2: process deaths and the suicide handling ======================================================
+    async def supervise_once(self) -> list[EngineExit]:
+        exits = self.supervisor.check()
+        now = self._clock.monotonic()
+        for death in exits:
+            self._dead_since.setdefault(death.endpoint_id, now)
+            _log.warning("engine.dead", endpoint_id=death.endpoint_id, detail=death.detail)
+            self._enqueue(
+                SoftwareFaultReport(
+                    instance_id=self.spec.instance_id,
+                    pod_id=self.pod.pod_id,
+                    endpoint_id=death.endpoint_id,
+                    status="dead",
+                    evidence=FaultEvidence.ENGINE_DEAD,
+                    detail=death.detail,
+                    identity=death.identity,
+                    exit_code=death.exit_code,
+                    observed_at=self._clock.now(),
+                )
+            )
+        if exits:
+            await self.flush_reports()
+        await self._maybe_suicide()
+        return exits
+
+    async def _maybe_suicide(self) -> None:
+        if not self.settings.engine_death_suicide or self._suicide_reason is not None:
+            return
+        due = service.suicide_due(
+            dead_since=self._dead_since,
+            state=self._state,
+            now=self._clock.monotonic(),
+            grace_sec=self.settings.engine_death_suicide_grace_sec,
+        )
+        if not due:
+            return
+        self._suicide_reason = f"local engine(s) {list(due)} dead and no round took them over"
+        _log.error("node_manager.suicide", reason=self._suicide_reason)
+        await asyncio.to_thread(self.supervisor.stop_all, grace_sec=0)
+        if self._on_suicide is not None:
+            self._on_suicide(self._suicide_reason)
+        self.exit_requested.set()
+
+    # == F-1: the EngineFtManager ==========================================================================
+    async def _observe(self, endpoint_id: int) -> Observation:
+        try:
+            entry = await self._engines.status(endpoint_id, timeout_sec=self.settings.engine_ft_status_timeout_sec)
+        except EngineUnreachableError as exc:
+            return Unreachable(str(exc))
+        except EngineProtocolError as exc:
+            return ProtocolFailure(str(exc))
+        return Answered(entry)
+
+    async def poll_once(self, endpoint_id: int) -> Finding | None:
+        """One status poll of a ready engine; the report it caused, if any."""
+        observation = await self._observe(endpoint_id)
+        state, finding = observe(self._polls[endpoint_id], observation)
+        self._polls[endpoint_id] = state
+        if finding is None or endpoint_id in self._state.retired:
+            return None
+        _log.warning("engine.ft_status", endpoint_id=endpoint_id, status=finding.status, detail=finding.detail)
+        self._enqueue(
+            SoftwareFaultReport(
+                instance_id=self.spec.instance_id,
+                pod_id=self.pod.pod_id,
+                endpoint_id=endpoint_id,
+                status=finding.status,
+                evidence=finding.evidence,
+                fault_info=finding.fault_info,
+                detail=finding.detail,
+                engine_status=finding.entry,
+                identity=self.supervisor.identity(endpoint_id),
+                observed_at=self._clock.now(),
+            )
+        )
+        await self.flush_reports()
+        return finding
+
+    async def check_ready(self, endpoint_id: int) -> bool:
+        if self.supervisor.ready(endpoint_id):
+            return True
+        if self.supervisor.running(endpoint_id) and await self._engines.ready(endpoint_id):
+            self.supervisor.mark_ready(endpoint_id)
+            return True
+        return False
+
+    async def watch_retired_once(self, endpoint_id: int) -> FencingViolation | None:
+        """F-53: a retired rank must stay dead or silent; one that answers is fenced and recorded."""
+        observation = await self._observe(endpoint_id)
+        if not revived(observation):
+            return None
+        fenced = await asyncio.to_thread(self.supervisor.fence, endpoint_id)
+        detail = observation.entry.status if isinstance(observation, Answered) else "answered off-protocol"
+        violation = FencingViolation(
+            endpoint_id=endpoint_id,
+            detail=f"retired rank answered again ({detail})",
+            fenced=fenced,
+            at_monotonic=self._clock.monotonic(),
+        )
+        self._violations.append(violation)
+        _log.error("engine.fencing_violation", endpoint_id=endpoint_id, detail=violation.detail, fenced=fenced)
+        return violation
+
+    async def _endpoint_loop(self, endpoint_id: int) -> None:
+        while True:
+            try:
+                await self._endpoint_step(endpoint_id)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # a loop must outlive any one bad step; the next step retries
+                _log.exception("node_manager.poll_step_failed", endpoint_id=endpoint_id)
+                await asyncio.sleep(self.settings.engine_ft_poll_interval_sec)
+
+    async def _endpoint_step(self, endpoint_id: int) -> None:
+        interval = self.settings.engine_ft_poll_interval_sec
+        if endpoint_id in self._state.retired:
+            await self.watch_retired_once(endpoint_id)
+            await asyncio.sleep(self.settings.retired_watch_interval_sec)
+        elif not self.supervisor.running(endpoint_id) or not await self.check_ready(endpoint_id):
+            await asyncio.sleep(min(interval, 0.2))
+        else:
+            started = time.monotonic()
+            await self.poll_once(endpoint_id)
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+
+    # == the controller ====================================================================================
+    def _enqueue(self, report: SoftwareFaultReport) -> None:
+        if report.endpoint_id in self._state.retired:
+            return  # committed ranks are filtered from every report (F-4)
+        self._outbox.append(report)
+        if len(self._outbox) > OUTBOX_LIMIT:
+            dropped = self._outbox.pop(0)
+            _log.warning("report.dropped", endpoint_id=dropped.endpoint_id, evidence=dropped.evidence)
+
+    async def flush_reports(self) -> None:
+        """Deliver the outbox in order; one flusher at a time (it also takes what others enqueue meanwhile)."""
+        if self._flushing:
+            return
+        self._flushing = True
+        try:
+            await self._flush()
+        finally:
+            self._flushing = False
+
+    async def _flush(self) -> None:
+        while self._outbox:
+            report = self._outbox[0]
+            if report.endpoint_id in self._state.retired:
+                self._outbox.pop(0)
+                continue
+            try:
+                await self._controller.report_software_fault(report)
+            except ControllerRejectedError as exc:
+                _log.error("report.rejected", endpoint_id=report.endpoint_id, error=str(exc))
+            except ControllerError as exc:
+                _log.warning("report.deferred", endpoint_id=report.endpoint_id, error=str(exc))
+                return
+            else:
+                self._reports_sent += 1
+            self._outbox.pop(0)
+
+    def registration(self) -> RegisterRequest:
+        return RegisterRequest(
+            pod_id=self.pod.pod_id,
+            pod_ip=self.pod.pod_ip,
+            node_name=self.pod.node_name,
+            node_manager_url=self.pod.node_manager_url,
+            instance_id=self.spec.instance_id,
+            role=self.spec.role,
+            dp_size=self.spec.dp_size,
+            endpoints=self.spec.endpoint_infos(self.pod.pod_ip),
+            ft_capability=self.spec.capability(),
+        )
+
+    def heartbeat(self) -> HeartbeatRequest:
+        """F-4: running, ready, not retired endpoints; the controller judges completeness."""
+        retired = self._state.retired & self.spec.endpoint_ids
+        alive = [eid for eid in self.spec.endpoint_ids if self.supervisor.ready(eid) and eid not in retired]
+        return HeartbeatRequest(
+            pod_id=self.pod.pod_id,
+            instance_id=self.spec.instance_id,
+            endpoint_ids=sorted(alive),
+            expected_endpoint_ids=sorted(self.spec.endpoint_ids),
+            retired_endpoint_ids=sorted(retired),
+            guard_request_id=self._state.owner if self._state.is_frozen(self._clock.monotonic()) else None,
+            sent_at=self._clock.now(),
+        )
+
+    async def controller_once(self) -> None:
+        try:
+            if not self._registered:
+                answer = await self._controller.register(self.registration())
+                self._flags = answer.flags
+                self._heartbeat_interval = answer.heartbeat_interval_sec
+                if answer.retired_endpoint_ids is not None:
+                    self._state = service.replace_retired(self._state, answer.retired_endpoint_ids)
+                self._registered = True
+                _log.info("node_manager.registered", flags=answer.flags.model_dump())
+            else:
+                beat = await self._controller.heartbeat(self.heartbeat())
+                self._heartbeats_sent += 1
+                if beat.flags is not None:
+                    self._flags = beat.flags
+                if beat.register_again:
+                    self._registered = False
+        except ControllerError as exc:
+            _log.warning("controller.unavailable", error=str(exc))
+        await self.flush_reports()
+
+    async def _controller_loop(self) -> None:
+        while True:
+            try:
+                await self.controller_once()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the loop must outlive any one bad step
+                _log.exception("node_manager.controller_step_failed")
+            await asyncio.sleep(self._heartbeat_interval if self._registered else min(self._heartbeat_interval, 1.0))
+
+    @staticmethod
+    async def _every(seconds: float, step: Callable[[], Awaitable[object]]) -> None:
+        while True:
+            try:
+                await step()
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # the loop must outlive any one bad step
+                _log.exception("node_manager.step_failed", step=getattr(step, "__name__", "?"))
+            await asyncio.sleep(seconds)
+
+    # == EngineFtService: the four routes (RFC §6) =========================================================
+    def require_proxy(self) -> None:
+        if not self._flags.enable_dp_scale_down_proxy:
+            raise ProxyDisabledError("DP scale-down proxy is disabled on this NodeManager")
+
+    def _local(self, endpoint_ids: Iterable[int]) -> list[int]:
+        ids = sorted(set(endpoint_ids))
+        unknown = [eid for eid in ids if eid not in self.spec.endpoint_ids]
+        if unknown:
+            raise UnknownEndpointError(f"endpoints {unknown} are not on pod {self.pod.pod_id!r}")
+        return ids
+
+    def _in_instance(self, ranks: Iterable[int]) -> frozenset[int]:
+        outside = sorted(r for r in ranks if not 0 <= r < self.spec.dp_size)
+        if outside:
+            raise UnknownEndpointError(f"ranks {outside} are outside range(dp_size={self.spec.dp_size})")
+        return frozenset(ranks)
+
+    async def ft_status(self, request: FtStatusRequest) -> FtStatusResponse:
+        self.require_proxy()
+        ids = self._local(request.endpoint_ids)
+        entries = await asyncio.gather(*(self._status_entry(eid) for eid in ids))
+        return FtStatusResponse(entries=list(entries))
+
+    async def _status_entry(self, endpoint_id: int) -> EndpointFtStatus:
+        identity = self.supervisor.identity(endpoint_id)
+        if endpoint_id in self._state.retired or not self.supervisor.running(endpoint_id):
+            why = "retired" if endpoint_id in self._state.retired else "its engine process is not running"
+            return EndpointFtStatus(endpoint_id=endpoint_id, error="not_running", detail=why, identity=identity)
+        observation = await self._observe(endpoint_id)
+        if isinstance(observation, Answered):
+            return EndpointFtStatus(endpoint_id=endpoint_id, status=observation.entry, identity=identity)
+        error: Literal["unreachable", "protocol_error"] = (
+            "unreachable" if isinstance(observation, Unreachable) else "protocol_error"
+        )
+        return EndpointFtStatus(endpoint_id=endpoint_id, error=error, detail=observation.detail, identity=identity)
+
+    def ft_guard(self, request: GuardRequest) -> GuardResponse:
+        self.require_proxy()
+        self._state, outcome = service.guard(
+            self._state, request_id=request.request_id, lease_sec=request.lease_sec, now=self._clock.monotonic()
+        )
+        _log.info("ft.guard", request_id=request.request_id, lease_sec=request.lease_sec, renewed=outcome.renewed)
+        return GuardResponse(request_id=request.request_id, lease_sec=request.lease_sec, renewed=outcome.renewed)
+
+    async def ft_apply(self, request: NmApplyRequest) -> NmApplyResponse:
+        self.require_proxy()
+        removed = self._in_instance(request.params.removed_dp_ranks or [])
+        if request.endpoint_ids is not None:
+            targets = self._local(request.endpoint_ids)
+            clash = sorted(set(targets) & (removed | self._state.retired))
+            if clash:
+                raise UnknownEndpointError(f"endpoints {clash} are retired or being removed; they get no apply")
+        else:
+            targets = sorted(self.spec.endpoint_ids - removed - self._state.retired)
+        # the pure admission first: a refused apply changes nothing, an admitted one is never repeated
+        self._state, instruction = service.apply(
+            self._state,
+            request_id=request.request_id,
+            instruction=request.instruction,
+            fast_recovery_enabled=self._flags.enable_fast_recovery,
+            now=self._clock.monotonic(),
+        )
+        fenced = await self._fence_unreachable(removed & self.spec.endpoint_ids)
+        params = ApplyParams()
+        if instruction == "scale_down":
+            params = ApplyParams(
+                removed_dp_ranks=sorted(removed),
+                dp_master_ip=request.params.dp_master_ip,
+                dp_store_port=self.spec.dp_store_port,  # F-25: every NodeManager fills the spec's port
+            )
+        body = ApplyRequest(instruction=instruction, request_id=request.request_id, params=params)
+        _log.info("ft.apply", request_id=request.request_id, targets=targets, body=body.model_dump(exclude_none=True))
+        results = list(await asyncio.gather(*(self._apply_one(eid, body) for eid in targets)))
+        accepted = bool(results) and all(r.http_status == 202 for r in results)
+        return NmApplyResponse(
+            request_id=request.request_id,
+            instruction=instruction,
+            accepted=accepted,
+            results=results,
+            fenced_endpoint_ids=fenced,
+        )
+
+    async def _apply_one(self, endpoint_id: int, body: ApplyRequest) -> EngineApplyResult:
+        if not self.supervisor.running(endpoint_id):
+            return EngineApplyResult(endpoint_id=endpoint_id, http_status=None, detail="engine not running")
+        try:
+            answer = await self._engines.apply(
+                endpoint_id, body, timeout_sec=self.settings.engine_ft_status_timeout_sec
+            )
+        except EngineUnreachableError as exc:
+            return EngineApplyResult(endpoint_id=endpoint_id, http_status=None, detail=str(exc))
+        return EngineApplyResult(endpoint_id=endpoint_id, http_status=answer.http_status, detail=answer.detail)
+
+    async def _fence_unreachable(self, endpoint_ids: Iterable[int]) -> list[int]:
+        """F-51: DEAD evidence that came from unreachability is made true by stopping that engine."""
+        fenced = []
+        for endpoint_id in sorted(endpoint_ids):
+            unreachable = self._polls[endpoint_id].dead_by_unreachability
+            if (
+                unreachable
+                and self.supervisor.running(endpoint_id)
+                and await asyncio.to_thread(self.supervisor.fence, endpoint_id)
+            ):
+                fenced.append(endpoint_id)
+        return fenced
+
+    async def ft_finalize(self, request: FinalizeRequest) -> FinalizeResponse:
+        self.require_proxy()
+        retired = self._in_instance(request.retired_endpoint_ids)
+        self._state, outcome = service.finalize(
+            self._state,
+            request_id=request.request_id,
+            commit=request.commit,
+            retired=retired,
+            now=self._clock.monotonic(),
+        )
+        fenced: list[int] = []
+        if request.commit:
+            fenced = await self._fence_unreachable(self._state.retired & self.spec.endpoint_ids)
+            self._outbox = [r for r in self._outbox if r.endpoint_id not in self._state.retired]
+        _log.info(
+            "ft.finalize",
+            request_id=request.request_id,
+            commit=request.commit,
+            repeated=outcome.repeated,
+            retired=sorted(self._state.retired),
+        )
+        return FinalizeResponse(
+            request_id=request.request_id,
+            commit=request.commit,
+            repeated=outcome.repeated,
+            retired_endpoint_ids=sorted(self._state.retired),
+            fenced_endpoint_ids=fenced,
+        )
+
+    async def probe(self, request: ProbeRequest, *, nudge: bool = False) -> ProbeResponse:
+        """F-52 (guarded, identity reported) or F-54 (``nudge``: only with ``nudge_idle_survivors``)."""
+        self.require_proxy()
+        if nudge:
+            if not self._flags.nudge_idle_survivors:
+                raise service.InvalidCommandError("nudge_idle_survivors is off")
+        else:
+            service.require_guard(self._state, request_id=request.request_id, now=self._clock.monotonic())
+        if request.endpoint_ids is not None:
+            ids = self._local(request.endpoint_ids)
+        else:
+            ids = sorted(self.spec.endpoint_ids - self._state.retired)
+        results = list(await asyncio.gather(*(self._probe_one(eid, request) for eid in ids)))
+        return ProbeResponse(request_id=request.request_id, ok=all(r.ok for r in results), results=results)
+
+    async def _probe_one(self, endpoint_id: int, request: ProbeRequest) -> ProbeResult:
+        identity = self.supervisor.identity(endpoint_id)
+        if endpoint_id in self._state.retired or not self.supervisor.running(endpoint_id):
+            return ProbeResult(endpoint_id=endpoint_id, ok=False, detail="engine not running", identity=identity)
+        started = time.monotonic()
+        try:
+            await self._engines.complete(endpoint_id, max_tokens=request.max_tokens, timeout_sec=request.timeout_sec)
+        except (EngineUnreachableError, EngineProtocolError) as exc:
+            return ProbeResult(endpoint_id=endpoint_id, ok=False, detail=str(exc), identity=identity)
+        latency = round(time.monotonic() - started, 4)
+        return ProbeResult(endpoint_id=endpoint_id, ok=True, latency_sec=latency, identity=identity)
+
+    # == engine lifecycle routes (the controller's fallbacks, F-14) ========================================
+    async def stop_engines(self, endpoint_ids: Iterable[int] | None = None) -> EnginesResponse:
+        async with self._lifecycle:
+            ids = self._local(self.spec.endpoint_ids if endpoint_ids is None else endpoint_ids)
+            stopped = [
+                eid
+                for eid in ids
+                if await asyncio.to_thread(self.supervisor.stop, eid, grace_sec=self.settings.engine_stop_grace_sec)
+            ]
+            for eid in ids:
+                self._dead_since.pop(eid, None)
+            return EnginesResponse(stopped_endpoint_ids=stopped, retired_endpoint_ids=sorted(self._state.retired))
+
+    async def start_engines(self, request: EnginesStartRequest, *, restart: bool = False) -> EnginesResponse:
+        async with self._lifecycle:
+            if request.retired_endpoint_ids is not None:
+                self._state = service.replace_retired(self._state, self._in_instance(request.retired_endpoint_ids))
+            self._target = LaunchTarget(
+                master_ip=request.dp_master_ip or self._target.master_ip,
+                master_port=request.dp_master_port or self._target.master_port,
+                dead_ranks=frozenset(self._state.retired),
+            )
+            stopped: list[int] = []
+            if restart:
+                for eid in sorted(self.spec.endpoint_ids):
+                    grace = self.settings.engine_stop_grace_sec
+                    if await asyncio.to_thread(self.supervisor.stop, eid, grace_sec=grace):
+                        stopped.append(eid)
+            started = self.launch_engines()
+            return EnginesResponse(
+                stopped_endpoint_ids=stopped,
+                started_endpoint_ids=started,
+                retired_endpoint_ids=sorted(self._state.retired),
+            )
+
+    # == status ============================================================================================
+    def status(self) -> NodeManagerStatus:
+        now = self._clock.monotonic()
+        endpoints = []
+        for eid in sorted(self.spec.endpoint_ids):
+            identity = self.supervisor.identity(eid)
+            poll = self._polls[eid]
+            endpoints.append(
+                EndpointStatus(
+                    endpoint_id=eid,
+                    retired=eid in self._state.retired,
+                    running=self.supervisor.running(eid),
+                    ready=self.supervisor.ready(eid),
+                    incarnation=self.supervisor.incarnation(eid),
+                    pid=None if identity is None else identity.pid,
+                    start_time=None if identity is None else identity.start_time,
+                    ft_status=poll.last,
+                    dead_by_unreachability=poll.dead_by_unreachability,
+                    polls=poll.polls,
+                )
+            )
+        return NodeManagerStatus(
+            pod_id=self.pod.pod_id,
+            instance_id=self.spec.instance_id,
+            registered=self._registered,
+            flags=self._flags,
+            guard_request_id=self._state.owner,
+            guard_lease_left_sec=round(self._state.lease_left(now), 3),
+            frozen=self._state.is_frozen(now),
+            retired=tuple(sorted(self._state.retired)),
+            endpoints=tuple(endpoints),
+            reports_sent=self._reports_sent,
+            reports_pending=len(self._outbox),
+            heartbeats_sent=self._heartbeats_sent,
+            fencing_violations=tuple(self._violations),
+            finalized_rounds=tuple((r.request_id, r.commit) for r in self._state.history),
+            suicide_reason=self._suicide_reason,
+            config_warnings=self.settings.config_warnings,
+        )
+
+    @property
+    def service_state(self) -> FtServiceState:
+        return self._state

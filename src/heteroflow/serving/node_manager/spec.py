@@ -1,0 +1,263 @@
+"""The instance spec of one pod, and the engine command lines built from it, as data. Purely computational.
+
+One NodeManager runs one pod's engines; the spec lists that pod's endpoints (global DP rank, HTTP port,
+devices) plus what every pod of the instance shares (DP size, master, store port, expert layout). Engines
+are launched in vLLM's external-LB mode: one API server per DP rank, whose FT id is the global rank
+(``engine-protocol.md``). Backend ``vllm`` builds the documented ``vllm serve`` line; backend ``sim``
+builds the ``heteroflow engine-sim`` line that honours the same protocol.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, model_validator
+
+from heteroflow.engine_sim.protocol import DEFAULT_FT_PATH_PREFIX, normalize_prefix
+from heteroflow.serving.wire import DeviceInfo, EndpointInfo, FtCapability
+
+Backend = Literal["sim", "vllm"]
+
+
+class SpecError(ValueError):
+    """An instance spec that cannot be run; the text says what is wrong."""
+
+
+class EndpointSpec(BaseModel):
+    """One engine of this pod."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: StrictInt = Field(ge=0, description="Global DP rank: the engine's FT id and --data-parallel-rank.")
+    port: StrictInt = Field(ge=1, le=65535, description="HTTP port of the engine's API server.")
+    device_infos: list[DeviceInfo] = Field(default_factory=list)
+
+
+class VllmOptions(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    model: str = Field(min_length=1, description="What `vllm serve` serves (path or hub id).")
+    executable: str = Field(default="vllm", min_length=1)
+    device_env: str = Field(default="CUDA_VISIBLE_DEVICES", description="Variable listing an engine's devices.")
+    extra_args: list[str] = Field(default_factory=list, description="Appended verbatim (operator's own flags).")
+
+
+class SimOptions(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    python: str = Field(default_factory=lambda: sys.executable, min_length=1)
+    exit_linger_sec: float | None = Field(default=None, ge=0)
+    rebuild_timeout_sec: float | None = Field(default=None, gt=0)
+    startup_timeout_sec: float | None = Field(default=None, gt=0)
+
+
+class InstanceSpec(BaseModel):
+    """This pod's share of an instance (``--config FILE``, JSON or TOML)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    instance_id: str = Field(min_length=1)
+    role: Literal["prefill", "decode", "both"] = "both"
+    backend: Backend = "sim"
+    dp_size: StrictInt = Field(ge=1, description="Every rank the instance ever had.")
+    dp_master_ip: str = Field(min_length=1, description="IP of the DP master (min alive rank's pod).")
+    dp_rpc_port: StrictInt = Field(ge=1, le=65535, description="--data-parallel-rpc-port (the first store).")
+    dp_store_port: StrictInt = Field(
+        ge=1, le=65535, description="Filled into every scale_down apply (F-25); the same on every pod."
+    )
+    dead_ranks: list[StrictInt] = Field(default_factory=list, description="Ranks retired before this launch.")
+    tp_size: StrictInt = Field(default=1, ge=1)
+    num_logical_experts: StrictInt = Field(default=8, ge=1)
+    num_redundant_experts: StrictInt = Field(default=4, ge=0)
+    slots_per_rank: StrictInt | None = Field(default=None, ge=1)
+    enable_eplb: StrictBool = True
+    enable_engine_ft: StrictBool = True
+    engine_auto_recovery: StrictBool = False
+    engine_scale_down_supported: StrictBool = True
+    engine_recovery_timeout_sec: float = Field(default=120.0, gt=0)
+    cpu_distributed_timeout_sec: float = Field(default=10.0, gt=0)
+    ft_path_prefix: str = DEFAULT_FT_PATH_PREFIX
+    endpoints: list[EndpointSpec] = Field(min_length=1)
+    vllm: VllmOptions | None = None
+    sim: SimOptions = SimOptions()
+
+    @model_validator(mode="after")
+    def _consistent(self) -> InstanceSpec:
+        ids = [e.id for e in self.endpoints]
+        if len(set(ids)) != len(ids):
+            raise ValueError(f"endpoint ids repeat: {ids}")
+        ports = [e.port for e in self.endpoints]
+        if len(set(ports)) != len(ports):
+            raise ValueError(f"endpoint ports repeat: {ports}")
+        outside = [i for i in [*ids, *self.dead_ranks] if i >= self.dp_size]
+        if outside:
+            raise ValueError(f"ranks {outside} are outside range(dp_size={self.dp_size})")
+        if self.backend == "vllm" and self.vllm is None:
+            raise ValueError("backend 'vllm' needs a 'vllm' section (at least the model)")
+        normalize_prefix(self.ft_path_prefix)
+        return self
+
+    @property
+    def endpoint_ids(self) -> frozenset[int]:
+        return frozenset(e.id for e in self.endpoints)
+
+    @property
+    def effective_slots_per_rank(self) -> int:
+        if self.slots_per_rank is not None:
+            return self.slots_per_rank
+        physical = self.num_logical_experts + self.num_redundant_experts
+        return -(-physical // self.dp_size)  # ceil: the engines' default layout
+
+    def endpoint(self, endpoint_id: int) -> EndpointSpec:
+        for endpoint in self.endpoints:
+            if endpoint.id == endpoint_id:
+                return endpoint
+        raise KeyError(endpoint_id)
+
+    def capability(self) -> FtCapability:
+        """What registration tells the controller's gate (F-21)."""
+        return FtCapability(
+            engine_ft_enabled=self.enable_engine_ft,
+            scale_down_supported=self.engine_scale_down_supported,
+            external_lb=True,  # the only launch mode we build: one API server per global DP rank
+            auto_recovery_enabled=self.engine_auto_recovery,
+            eplb_enabled=self.enable_eplb,
+            num_redundant_experts=self.num_redundant_experts,
+            num_logical_experts=self.num_logical_experts,
+            slots_per_rank=self.effective_slots_per_rank,
+            tp_size=self.tp_size,
+        )
+
+    def endpoint_infos(self, pod_ip: str) -> list[EndpointInfo]:
+        return [EndpointInfo(id=e.id, ip=pod_ip, port=e.port, device_infos=e.device_infos) for e in self.endpoints]
+
+
+def load_spec(path: Path) -> InstanceSpec:
+    """Read a spec file (``.toml`` or JSON); :class:`SpecError` names what is wrong."""
+    try:
+        text = path.read_text(encoding="utf-8")
+        raw = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+        return InstanceSpec.model_validate(raw)
+    except (OSError, ValueError, tomllib.TOMLDecodeError) as exc:
+        reason = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+        raise SpecError(f"{path}: {reason}") from exc
+
+
+@dataclass(frozen=True, slots=True)
+class EngineCommand:
+    """How to start one engine: argv (no shell) and the environment added to the NodeManager's own."""
+
+    endpoint_id: int
+    argv: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    url: str
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchTarget:
+    """Where the group forms for this launch: the spec's master, or the relaunch's master = min(alive)."""
+
+    master_ip: str
+    master_port: int
+    dead_ranks: frozenset[int]
+
+
+def default_target(spec: InstanceSpec) -> LaunchTarget:
+    return LaunchTarget(
+        master_ip=spec.dp_master_ip, master_port=spec.dp_rpc_port, dead_ranks=frozenset(spec.dead_ranks)
+    )
+
+
+def engine_command(
+    spec: InstanceSpec,
+    endpoint_id: int,
+    *,
+    pod_ip: str,
+    cluster_token: str | None,
+    target: LaunchTarget | None = None,
+) -> EngineCommand:
+    """The command line of one endpoint's engine. The token travels in the environment, never in argv."""
+    endpoint = spec.endpoint(endpoint_id)
+    target = target or default_target(spec)
+    if endpoint_id in target.dead_ranks:
+        raise SpecError(f"endpoint {endpoint_id} is retired; retired ranks are never started")
+    fmt = _fmt
+    if spec.backend == "vllm":
+        assert spec.vllm is not None  # checked by the spec's validator
+        argv = [
+            spec.vllm.executable, "serve", spec.vllm.model,
+            "--host", pod_ip,
+            "--port", str(endpoint.port),
+            "--data-parallel-size", str(spec.dp_size),
+            "--data-parallel-rank", str(endpoint_id),
+            "--data-parallel-size-local", "1",
+            "--api-server-count", "1",
+            "--tensor-parallel-size", str(spec.tp_size),
+            "--enable-expert-parallel",
+            "--enable-fault-tolerance",
+            "--enable-eplb",
+            "--eplb-config.num_redundant_experts", str(spec.num_redundant_experts),
+            "--data-parallel-address", target.master_ip,
+            "--data-parallel-rpc-port", str(target.master_port),
+            "--cpu-distributed-timeout-seconds", fmt(spec.cpu_distributed_timeout_sec),
+            "--fault-tolerance-config",
+            json.dumps({"engine_recovery_timeout_sec": _number(spec.engine_recovery_timeout_sec)}),
+            *spec.vllm.extra_args,
+        ]  # fmt: skip
+        env = {}
+        if cluster_token:
+            env["VLLM_API_KEY"] = cluster_token  # vLLM's --api-key, kept out of `ps`
+        devices = [d.index for d in endpoint.device_infos if d.index is not None]
+        if devices:
+            env[spec.vllm.device_env] = ",".join(str(i) for i in devices)
+    else:
+        argv = [
+            spec.sim.python, "-m", "heteroflow.cli.main", "engine-sim",
+            "--dp-size", str(spec.dp_size),
+            "--dp-rank", str(endpoint_id),
+            "--master-addr", target.master_ip,
+            "--master-port", str(target.master_port),
+            "--port", str(endpoint.port),
+            "--host", pod_ip,
+            "--num-experts", str(spec.num_logical_experts),
+            "--num-redundant-experts", str(spec.num_redundant_experts),
+            "--slots-per-rank", str(spec.effective_slots_per_rank),
+            "--collective-timeout-sec", fmt(spec.cpu_distributed_timeout_sec),
+            "--engine-recovery-timeout-sec", fmt(spec.engine_recovery_timeout_sec),
+            "--ft-path-prefix", spec.ft_path_prefix,
+        ]  # fmt: skip
+        for flag, value in (
+            ("--exit-linger-sec", spec.sim.exit_linger_sec),
+            ("--rebuild-timeout-sec", spec.sim.rebuild_timeout_sec),
+            ("--startup-timeout-sec", spec.sim.startup_timeout_sec),
+        ):
+            if value is not None:
+                argv += [flag, fmt(value)]
+        if target.dead_ranks:
+            argv += ["--dead-ranks", ",".join(str(r) for r in sorted(target.dead_ranks))]
+        env = {"HETEROFLOW_CLUSTER_TOKEN": cluster_token} if cluster_token else {}
+    return EngineCommand(
+        endpoint_id=endpoint_id,
+        argv=tuple(argv),
+        env=tuple(sorted(env.items())),
+        url=endpoint_url(pod_ip, endpoint.port),
+    )
+
+
+def _number(value: float) -> int | float:
+    return int(value) if float(value).is_integer() else value
+
+
+def _fmt(value: float) -> str:
+    return str(_number(value))
+
+
+def endpoint_url(pod_ip: str, port: int) -> str:
+    """Base URL of an engine's API server (IPv6 literals bracketed)."""
+    host = f"[{pod_ip}]" if ":" in pod_ip else pod_ip
+    return f"http://{host}:{port}"

@@ -1,0 +1,319 @@
+"""ProcessSupervisor (F-2): launches the engines and notices the moment one of their processes exits.
+
+Each engine is an API-server process started in its own session, plus the subprocesses it spawns (the
+engine core / workers; the simulator's worker). When the engine first becomes ready the supervisor adopts
+the API server's descendants that exist then (helpers that come and go before readiness are not the
+engine). From then on, the API server exiting, or any adopted descendant exiting or turning zombie, is an
+engine death, reported once per incarnation with the endpoint id — independently of the FT status route,
+so a DEAD candidate exists even when that route is unreachable.
+
+Processes are behind :class:`ProcessLauncher` / :class:`ProcessHandle`: :class:`PopenLauncher` is the real
+one (``/proc`` on Linux), ``testing.FakeLauncher`` the in-memory one. :meth:`ProcessSupervisor.check` is
+synchronous and returns the new deaths; the daemon calls it every ``supervisor_interval_sec``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO, Protocol
+
+import structlog
+
+from heteroflow.serving.node_manager.spec import EngineCommand
+from heteroflow.serving.wire import EngineIdentity
+
+_log = structlog.get_logger(__name__)
+
+
+class ProcessHandle(Protocol):
+    @property
+    def pid(self) -> int: ...
+
+    def exit_code(self) -> int | None:
+        """The API server's exit code once it exited (reaped), else ``None``."""
+        ...
+
+    def descendants(self) -> frozenset[int]:
+        """Live descendants of the API server now."""
+        ...
+
+    def is_gone(self, pid: int) -> bool:
+        """Whether a descendant exited (or is a zombie nobody reaped yet)."""
+        ...
+
+    def identity(self) -> EngineIdentity | None: ...
+
+    def signal_session(self, sig: signal.Signals) -> None:
+        """Send ``sig`` to every process of the engine's session."""
+        ...
+
+    def wait(self, timeout: float) -> bool:
+        """Wait until the API server exited; whether it did within ``timeout`` seconds."""
+        ...
+
+
+class ProcessLauncher(Protocol):
+    def launch(self, command: EngineCommand) -> ProcessHandle: ...
+
+
+@dataclass(frozen=True, slots=True)
+class EngineExit:
+    """One engine death, as reported (ENGINE_DEAD)."""
+
+    endpoint_id: int
+    incarnation: int
+    detail: str
+    exit_code: int | None
+    identity: EngineIdentity | None
+
+
+@dataclass
+class _Incarnation:
+    number: int
+    handle: ProcessHandle
+    identity: EngineIdentity | None
+    adopted: frozenset[int] = frozenset()
+    ready: bool = False
+    stopping: bool = False
+    exited: EngineExit | None = None
+
+
+class ProcessSupervisor:
+    def __init__(self, launcher: ProcessLauncher) -> None:
+        self._launcher = launcher
+        self._engines: dict[int, _Incarnation] = {}
+        self._counter = 0
+
+    def launch(self, command: EngineCommand) -> int:
+        """Start an engine; its incarnation number. A running incarnation must be stopped first."""
+        current = self._engines.get(command.endpoint_id)
+        if current is not None and current.exited is None and not current.stopping:
+            raise RuntimeError(f"engine {command.endpoint_id} is already running (pid {current.handle.pid})")
+        self._counter += 1
+        handle = self._launcher.launch(command)
+        self._engines[command.endpoint_id] = _Incarnation(
+            number=self._counter, handle=handle, identity=handle.identity()
+        )
+        _log.info("engine.launched", endpoint_id=command.endpoint_id, pid=handle.pid, argv=list(command.argv))
+        return self._counter
+
+    def mark_ready(self, endpoint_id: int) -> None:
+        """The engine answered ``/health`` 200 for the first time: adopt its subprocesses now."""
+        inc = self._engines.get(endpoint_id)
+        if inc is None or inc.ready:
+            return
+        inc.ready = True
+        inc.adopted = inc.handle.descendants()
+        _log.info("engine.ready", endpoint_id=endpoint_id, pid=inc.handle.pid, subprocesses=sorted(inc.adopted))
+
+    def check(self) -> list[EngineExit]:
+        """New engine deaths since the last call (each incarnation reports at most once)."""
+        found = []
+        for endpoint_id, inc in self._engines.items():
+            if inc.exited is not None or inc.stopping:
+                continue
+            code = inc.handle.exit_code()
+            detail = None
+            if code is not None:
+                detail = f"API server (pid {inc.handle.pid}) exited with code {code}"
+            else:
+                gone = sorted(pid for pid in inc.adopted if inc.handle.is_gone(pid))
+                if gone:
+                    detail = f"engine subprocess(es) {gone} of API server {inc.handle.pid} exited"
+            if detail is None:
+                continue
+            inc.exited = EngineExit(
+                endpoint_id=endpoint_id, incarnation=inc.number, detail=detail, exit_code=code, identity=inc.identity
+            )
+            found.append(inc.exited)
+        return found
+
+    def stop(self, endpoint_id: int, *, grace_sec: float) -> bool:
+        """Stop an engine on purpose (no death report): SIGTERM, then SIGKILL after ``grace_sec``."""
+        inc = self._engines.get(endpoint_id)
+        if inc is None:
+            return False
+        inc.stopping = True
+        if grace_sec > 0 and inc.handle.exit_code() is None:
+            inc.handle.signal_session(signal.SIGTERM)
+            if inc.handle.wait(grace_sec):
+                inc.handle.signal_session(signal.SIGKILL)  # its subprocesses, if any outlived it
+                return True
+        inc.handle.signal_session(signal.SIGKILL)
+        inc.handle.wait(10.0)
+        return True
+
+    def fence(self, endpoint_id: int) -> bool:
+        """SIGKILL an engine's whole session now (F-51, F-53); whether there was one running."""
+        inc = self._engines.get(endpoint_id)
+        if inc is None or inc.stopping:
+            return False
+        was_running = inc.exited is None or inc.handle.exit_code() is None
+        inc.stopping = True
+        inc.handle.signal_session(signal.SIGKILL)
+        inc.handle.wait(10.0)
+        _log.warning("engine.fenced", endpoint_id=endpoint_id, pid=inc.handle.pid)
+        return was_running
+
+    def running(self, endpoint_id: int) -> bool:
+        inc = self._engines.get(endpoint_id)
+        return inc is not None and inc.exited is None and not inc.stopping
+
+    def ready(self, endpoint_id: int) -> bool:
+        inc = self._engines.get(endpoint_id)
+        return inc is not None and inc.ready and inc.exited is None and not inc.stopping
+
+    def incarnation(self, endpoint_id: int) -> int | None:
+        inc = self._engines.get(endpoint_id)
+        return None if inc is None else inc.number
+
+    def identity(self, endpoint_id: int) -> EngineIdentity | None:
+        inc = self._engines.get(endpoint_id)
+        return None if inc is None else inc.identity
+
+    def pids(self) -> dict[int, int]:
+        return {eid: inc.handle.pid for eid, inc in self._engines.items()}
+
+    def stop_all(self, *, grace_sec: float) -> list[int]:
+        return [eid for eid in sorted(self._engines) if self.stop(eid, grace_sec=grace_sec)]
+
+
+# == the real implementation ================================================================================
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return text.rsplit(")", 1)[1].split()  # after ')': state(0), ppid(1), pgrp(2), session(3) … starttime(19)
+
+
+def _boot_time() -> float:
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    return 0.0  # pragma: no cover - every Linux has btime
+
+
+def process_identity(pid: int) -> EngineIdentity | None:
+    """pid + start time (seconds since the epoch), so that a reused pid is never mistaken for the engine."""
+    fields = _stat_fields(pid)
+    if fields is None:
+        return None
+    ticks = int(fields[19])
+    return EngineIdentity(pid=pid, start_time=round(_boot_time() + ticks / os.sysconf("SC_CLK_TCK"), 2))
+
+
+def _children(pid: int) -> list[int]:
+    found: list[int] = []
+    task_dir = Path(f"/proc/{pid}/task")
+    try:
+        tasks = list(task_dir.iterdir())
+    except OSError:
+        return found
+    for task in tasks:
+        with contextlib.suppress(OSError, ValueError):
+            found += [int(c) for c in (task / "children").read_text().split()]
+    return found
+
+
+def descendants_of(pid: int) -> frozenset[int]:
+    """Live (non-zombie) descendants of ``pid`` (Linux ``/proc/<pid>/task/*/children``)."""
+    seen: set[int] = set()
+    queue = _children(pid)
+    while queue:
+        child = queue.pop()
+        if child in seen:
+            continue
+        fields = _stat_fields(child)
+        if fields is None or fields[0] == "Z":
+            continue
+        seen.add(child)
+        queue += _children(child)
+    return frozenset(seen)
+
+
+def pid_gone(pid: int) -> bool:
+    fields = _stat_fields(pid)
+    return fields is None or fields[0] in ("Z", "X")
+
+
+class PopenHandle:
+    def __init__(self, proc: subprocess.Popen[bytes]) -> None:
+        self._proc = proc
+        self._identity = process_identity(proc.pid)
+
+    @property
+    def pid(self) -> int:
+        return self._proc.pid
+
+    def exit_code(self) -> int | None:
+        return self._proc.poll()
+
+    def descendants(self) -> frozenset[int]:
+        return descendants_of(self._proc.pid)
+
+    def is_gone(self, pid: int) -> bool:
+        return pid_gone(pid)
+
+    def identity(self) -> EngineIdentity | None:
+        return self._identity
+
+    def signal_session(self, sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(self._proc.pid, sig)
+
+    def wait(self, timeout: float) -> bool:
+        try:
+            self._proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return False
+        return True
+
+
+class PopenLauncher:
+    """Starts each engine in its own session (so it can be killed whole) with the command's environment."""
+
+    def __init__(self, *, log_dir: Path | None = None, base_env: dict[str, str] | None = None) -> None:
+        self._log_dir = log_dir
+        self._base_env = dict(os.environ if base_env is None else base_env)
+
+    def launch(self, command: EngineCommand) -> ProcessHandle:
+        env = {**self._base_env, **dict(command.env), "PYTHONUNBUFFERED": "1"}
+        log: IO[bytes] | int = subprocess.DEVNULL
+        if self._log_dir is not None:
+            self._log_dir.mkdir(parents=True, exist_ok=True)
+            log = (self._log_dir / f"engine-{command.endpoint_id}.log").open("ab")
+        try:
+            proc = subprocess.Popen(  # noqa: S603 - argv built from the instance spec, no shell
+                list(command.argv),
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+        finally:
+            if not isinstance(log, int):
+                log.close()
+        return PopenHandle(proc)
+
+
+def session_processes(pids: Sequence[int]) -> dict[int, list[int]]:
+    """Live processes of each session led by ``pids`` (for teardown checks)."""
+    found: dict[int, list[int]] = {pid: [] for pid in pids}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        fields = _stat_fields(int(entry.name))
+        if fields is None or fields[0] == "Z":
+            continue
+        session = int(fields[3])
+        if session in found:
+            found[session].append(int(entry.name))
+    return {pid: procs for pid, procs in found.items() if procs}

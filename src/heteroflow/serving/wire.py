@@ -1,0 +1,424 @@
+"""The NodeManager ⇄ controller wire contract (``serving-ft.md`` F-1, F-2, F-4, F-23…F-27, RFC §4.4 and §6).
+
+Imported by the NodeManager now and by the controller (issue 8) later, so it holds only pydantic models,
+route paths and pure judgements: no web framework, no HTTP client.
+
+Two directions:
+
+- NodeManager → controller: :data:`REGISTER_PATH` (:class:`RegisterRequest` → :class:`RegisterResponse`),
+  :data:`HEARTBEAT_PATH` (:class:`HeartbeatRequest` → :class:`HeartbeatResponse`) and
+  :data:`REPORT_SOFTWARE_FAULT_PATH` (:class:`SoftwareFaultReport`): FT status changes (F-1) and process
+  deaths (F-2, evidence ``ENGINE_DEAD``) share the RFC's single fault route and differ by ``evidence``.
+- controller → NodeManager: the four FT routes (:data:`NM_FT_STATUS_PATH` …) and the beyond-the-anchor
+  probe and nudge (F-52, F-54), plus the engine stop/start/restart routes the fallbacks use (F-14).
+
+Endpoint ids are **original global DP ranks** everywhere (RFC §4.1): never local ranks, never renumbered.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import datetime
+from enum import StrEnum
+from typing import Literal, NewType
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+
+from heteroflow.engine_sim.protocol import EngineStatusEntry, Instruction
+
+EndpointId = NewType("EndpointId", int)
+"""An endpoint's id: the original global DP rank of the engine behind it."""
+
+MAX_LEASE_SEC = 3600.0
+"""Upper bound of a guard lease (F-23): a round never freezes a NodeManager for longer than an hour."""
+
+# -- controller routes (called by the NodeManager) -------------------------------------------------------
+REGISTER_PATH = "/controller/node_manager/register"
+HEARTBEAT_PATH = "/controller/node_manager/heartbeat"
+REPORT_SOFTWARE_FAULT_PATH = "/controller/report_software_fault"
+
+# -- NodeManager routes (called by the controller) -------------------------------------------------------
+NM_FT_PREFIX = "/node-manager/fault-tolerance"
+NM_FT_STATUS_PATH = f"{NM_FT_PREFIX}/status"
+NM_FT_APPLY_PATH = f"{NM_FT_PREFIX}/apply"
+NM_FT_GUARD_PATH = f"{NM_FT_PREFIX}/guard"
+NM_FT_FINALIZE_PATH = f"{NM_FT_PREFIX}/finalize"
+NM_FT_PROBE_PATH = f"{NM_FT_PREFIX}/probe"
+NM_FT_NUDGE_PATH = f"{NM_FT_PREFIX}/nudge"
+NM_ENGINES_STOP_PATH = "/node-manager/engines/stop"
+NM_ENGINES_START_PATH = "/node-manager/engines/start"
+NM_ENGINES_RESTART_PATH = "/node-manager/engines/restart"
+NM_STATUS_PATH = "/node-manager/status"
+
+_FROZEN = ConfigDict(frozen=True, extra="ignore")
+_STRICT = ConfigDict(frozen=True, extra="forbid")
+
+
+def _unique_ranks(values: list[int]) -> list[int]:
+    if any(value < 0 for value in values):
+        raise ValueError("endpoint ids are non-negative DP ranks")
+    if len(set(values)) != len(values):
+        raise ValueError("endpoint ids must not repeat")
+    return sorted(values)
+
+
+# == registration ==========================================================================================
+class DeviceInfo(BaseModel):
+    """One accelerator behind an endpoint; the controller maps hardware faults to ranks through it (F-3)."""
+
+    model_config = _FROZEN
+
+    device_id: str = Field(min_length=1, description="Card name or uuid as the hardware source names it.")
+    index: StrictInt | None = Field(default=None, ge=0, description="Device index on the node.")
+
+
+class EndpointInfo(BaseModel):
+    """One engine of this pod: its global DP rank, where it serves, and its devices."""
+
+    model_config = _FROZEN
+
+    id: StrictInt = Field(ge=0, description="Original global DP rank (the engine's FT id).")
+    ip: str = Field(min_length=1)
+    port: StrictInt = Field(ge=1, le=65535)
+    device_infos: list[DeviceInfo] = Field(default_factory=list)
+
+
+class FtCapability(BaseModel):
+    """Static facts the controller's gate needs (F-21); they must agree across an instance's pods."""
+
+    model_config = _FROZEN
+
+    engine_ft_enabled: StrictBool
+    scale_down_supported: StrictBool
+    external_lb: StrictBool
+    auto_recovery_enabled: StrictBool
+    eplb_enabled: StrictBool
+    num_redundant_experts: StrictInt = Field(ge=0)
+    num_logical_experts: StrictInt = Field(ge=1)
+    slots_per_rank: StrictInt = Field(ge=1)
+    tp_size: StrictInt = Field(ge=1)
+
+
+class RegisterRequest(BaseModel):
+    """``POST /controller/node_manager/register``: who this NodeManager is and what it runs."""
+
+    model_config = _FROZEN
+
+    pod_id: str = Field(min_length=1)
+    pod_ip: str = Field(min_length=1)
+    node_name: str = Field(default="", description="Kubernetes node (hardware faults are keyed by it).")
+    node_manager_url: str = Field(min_length=1, description="Where the controller reaches this NodeManager.")
+    instance_id: str = Field(min_length=1)
+    role: Literal["prefill", "decode", "both"] = "both"
+    dp_size: StrictInt = Field(ge=1)
+    endpoints: list[EndpointInfo]
+    ft_capability: FtCapability
+
+    @field_validator("endpoints")
+    @classmethod
+    def _distinct_endpoints(cls, value: list[EndpointInfo]) -> list[EndpointInfo]:
+        _unique_ranks([e.id for e in value])
+        return sorted(value, key=lambda e: e.id)
+
+
+class FtFlags(BaseModel):
+    """Switches the controller pushes to its NodeManagers (configuration table of ``serving-ft.md``)."""
+
+    model_config = _FROZEN
+
+    enable_dp_scale_down_proxy: StrictBool = False
+    """Derived by the controller: ``enable_fault_tolerance and enable_dp_scale_down``; off → FT routes 404."""
+    enable_fast_recovery: StrictBool = False
+    """Whether ``apply`` accepts ``retry`` (F-11)."""
+    nudge_idle_survivors: StrictBool = False
+    """Whether ``nudge`` sends a probe request to idle survivors (F-54)."""
+
+
+class RegisterResponse(BaseModel):
+    model_config = _FROZEN
+
+    flags: FtFlags = FtFlags()
+    heartbeat_interval_sec: float = Field(default=5.0, gt=0, le=300)
+    retired_endpoint_ids: list[StrictInt] | None = None
+    """The instance's ``dead_committed`` when the controller knows it (replaces the NodeManager's retired set)."""
+
+
+# == heartbeat (F-4) ========================================================================================
+class HeartbeatRequest(BaseModel):
+    """``POST /controller/node_manager/heartbeat``: lifecycle and endpoint-set completeness, never ranks to remove.
+
+    ``endpoint_ids`` are this pod's endpoints whose engine is running and has been ready, with committed
+    (retired) ids filtered out; ``expected_endpoint_ids`` are every endpoint of the pod's spec.
+    """
+
+    model_config = _FROZEN
+
+    pod_id: str = Field(min_length=1)
+    instance_id: str = Field(min_length=1)
+    endpoint_ids: list[StrictInt]
+    expected_endpoint_ids: list[StrictInt]
+    retired_endpoint_ids: list[StrictInt] = Field(default_factory=list)
+    guard_request_id: str | None = None
+    sent_at: datetime
+
+    @field_validator("endpoint_ids", "expected_endpoint_ids", "retired_endpoint_ids")
+    @classmethod
+    def _ranks(cls, value: list[int]) -> list[int]:
+        return _unique_ranks(value)
+
+
+class HeartbeatResponse(BaseModel):
+    model_config = _FROZEN
+
+    flags: FtFlags | None = None
+    """New switches when the controller's configuration changed; ``None`` keeps the current ones."""
+    register_again: StrictBool = False
+    """The controller does not know this pod (it restarted): register again."""
+
+
+def heartbeat_complete(
+    *,
+    reported: Iterable[int],
+    expected: Iterable[int],
+    retired: Iterable[int],
+    scale_down_enabled: bool,
+) -> bool:
+    """Whether a heartbeat's endpoint set is complete (F-4, RFC §6). Purely computational.
+
+    Scale-down off (the baseline): every expected endpoint must be reported. On: the reported set must
+    equal expected minus retired exactly, so an empty set is legal only when every local rank is committed dead.
+    """
+    reported_set, expected_set = set(reported), set(expected)
+    if not scale_down_enabled:
+        return expected_set <= reported_set
+    return reported_set == expected_set - set(retired)
+
+
+# == fault reports (F-1, F-2) ================================================================================
+class FaultEvidence(StrEnum):
+    FT_STATUS = "FT_STATUS"
+    """The engine's FT status answered ``unhealthy`` or ``dead``."""
+    FT_UNREACHABLE = "FT_UNREACHABLE"
+    """The status route timed out or refused the connection after the engine had been ready: DEAD (RFC §4.4)."""
+    FT_PROTOCOL_ERROR = "FT_PROTOCOL_ERROR"
+    """The answer broke the protocol (missing, duplicate or unknown engine id): never healthy, never DEAD."""
+    ENGINE_DEAD = "ENGINE_DEAD"
+    """The ProcessSupervisor saw the engine's API server or one of its worker subprocesses exit (F-2)."""
+
+
+ReportedStatus = Literal["unhealthy", "dead", "protocol_error"]
+
+
+class EngineIdentity(BaseModel):
+    """Which process serves an endpoint: a changed identity means the engine was restarted (F-52)."""
+
+    model_config = _FROZEN
+
+    pid: StrictInt
+    start_time: float
+    """Process start, seconds since the epoch (from ``/proc``), so a reused pid is still told apart."""
+
+
+class SoftwareFaultReport(BaseModel):
+    """``POST /controller/report_software_fault``: one endpoint's new fault evidence."""
+
+    model_config = _FROZEN
+
+    instance_id: str = Field(min_length=1)
+    pod_id: str = Field(min_length=1)
+    endpoint_id: StrictInt = Field(ge=0)
+    status: ReportedStatus
+    evidence: FaultEvidence
+    fault_info: str | None = None
+    detail: str = ""
+    engine_status: EngineStatusEntry | None = None
+    identity: EngineIdentity | None = None
+    exit_code: StrictInt | None = None
+    observed_at: datetime
+
+
+# == the NodeManager's FT routes (RFC §6) =====================================================================
+class FtStatusRequest(BaseModel):
+    model_config = _STRICT
+
+    endpoint_ids: list[StrictInt] = Field(min_length=1)
+
+    @field_validator("endpoint_ids")
+    @classmethod
+    def _ranks(cls, value: list[int]) -> list[int]:
+        return _unique_ranks(value)
+
+
+class EndpointFtStatus(BaseModel):
+    """One endpoint's answer; ``status`` is ``None`` exactly when ``error`` says why (never "healthy")."""
+
+    model_config = _FROZEN
+
+    endpoint_id: StrictInt
+    status: EngineStatusEntry | None = None
+    error: Literal["unreachable", "protocol_error", "not_running"] | None = None
+    detail: str = ""
+    identity: EngineIdentity | None = None
+
+
+class FtStatusResponse(BaseModel):
+    model_config = _FROZEN
+
+    entries: list[EndpointFtStatus]
+
+
+class ApplyInstructionParams(BaseModel):
+    """Only engine-defined parameters (F-56); ``dp_store_port`` is filled in by the NodeManager (F-25)."""
+
+    model_config = _STRICT
+
+    removed_dp_ranks: list[StrictInt] | None = None
+    dp_master_ip: str | None = Field(default=None, min_length=1)
+
+    @field_validator("removed_dp_ranks")
+    @classmethod
+    def _ranks(cls, value: list[int] | None) -> list[int] | None:
+        return None if value is None else _unique_ranks(value)
+
+
+class NmApplyRequest(BaseModel):
+    """``POST …/apply``: sent once per round to every NodeManager with routable survivors."""
+
+    model_config = _STRICT
+
+    instruction: str = Field(min_length=1)
+    request_id: str = Field(min_length=1)
+    params: ApplyInstructionParams = ApplyInstructionParams()
+    endpoint_ids: list[StrictInt] | None = None
+    """Survivors to command; default: every local endpoint that is neither retired nor being removed."""
+
+
+class EngineApplyResult(BaseModel):
+    model_config = _FROZEN
+
+    endpoint_id: StrictInt
+    http_status: StrictInt | None
+    """The engine's HTTP status (202 = accepted, not done); ``None`` when it could not be reached."""
+    detail: str = ""
+
+
+class NmApplyResponse(BaseModel):
+    model_config = _FROZEN
+
+    request_id: str
+    instruction: Instruction
+    accepted: StrictBool
+    results: list[EngineApplyResult]
+    fenced_endpoint_ids: list[StrictInt] = Field(default_factory=list)
+
+
+class GuardRequest(BaseModel):
+    model_config = _STRICT
+
+    request_id: str = Field(min_length=1)
+    lease_sec: float = Field(gt=0, le=MAX_LEASE_SEC, allow_inf_nan=False)
+
+
+class GuardResponse(BaseModel):
+    model_config = _FROZEN
+
+    request_id: str
+    lease_sec: float
+    renewed: StrictBool
+
+
+class FinalizeRequest(BaseModel):
+    model_config = _STRICT
+
+    request_id: str = Field(min_length=1)
+    commit: StrictBool
+    retired_endpoint_ids: list[StrictInt] = Field(default_factory=list)
+
+    @field_validator("retired_endpoint_ids")
+    @classmethod
+    def _ranks(cls, value: list[int]) -> list[int]:
+        return _unique_ranks(value)
+
+
+class FinalizeResponse(BaseModel):
+    model_config = _FROZEN
+
+    request_id: str
+    commit: StrictBool
+    repeated: StrictBool
+    """True for an idempotent repeat of a finalize already done (F-57)."""
+    retired_endpoint_ids: list[StrictInt]
+    fenced_endpoint_ids: list[StrictInt] = Field(default_factory=list)
+
+
+class ProbeRequest(BaseModel):
+    """``POST …/probe`` (F-52, guarded) and ``POST …/nudge`` (F-54): one short completion per endpoint."""
+
+    model_config = _STRICT
+
+    request_id: str = Field(min_length=1)
+    endpoint_ids: list[StrictInt] | None = None
+    max_tokens: StrictInt = Field(default=1, ge=1, le=16)
+    timeout_sec: float = Field(default=5.0, gt=0, le=60, allow_inf_nan=False)
+
+
+class ProbeResult(BaseModel):
+    model_config = _FROZEN
+
+    endpoint_id: StrictInt
+    ok: StrictBool
+    detail: str = ""
+    latency_sec: float | None = None
+    identity: EngineIdentity | None = None
+
+
+class ProbeResponse(BaseModel):
+    model_config = _FROZEN
+
+    request_id: str
+    ok: StrictBool
+    results: list[ProbeResult]
+
+
+# == engine lifecycle routes (fallbacks, F-14) ================================================================
+class EnginesStopRequest(BaseModel):
+    model_config = _STRICT
+
+    endpoint_ids: list[StrictInt] | None = None
+    """Default: every local endpoint."""
+
+
+class EnginesStartRequest(BaseModel):
+    """Start (or restart) the local engines that are not retired.
+
+    ``retired_endpoint_ids`` replaces (never merges) the retired set with the controller's
+    ``dead_committed`` (F-14); ``[]`` is a full rebuild; ``None`` keeps the current set.
+    """
+
+    model_config = _STRICT
+
+    retired_endpoint_ids: list[StrictInt] | None = None
+    dp_master_ip: str | None = Field(default=None, min_length=1)
+    dp_master_port: StrictInt | None = Field(default=None, ge=1, le=65535)
+
+    @field_validator("retired_endpoint_ids")
+    @classmethod
+    def _ranks(cls, value: list[int] | None) -> list[int] | None:
+        return None if value is None else _unique_ranks(value)
+
+
+class EnginesResponse(BaseModel):
+    model_config = _FROZEN
+
+    stopped_endpoint_ids: list[StrictInt] = Field(default_factory=list)
+    started_endpoint_ids: list[StrictInt] = Field(default_factory=list)
+    retired_endpoint_ids: list[StrictInt] = Field(default_factory=list)
+
+
+class ErrorBody(BaseModel):
+    """Every 4xx/5xx answer of the NodeManager: a machine-readable code and a sentence."""
+
+    model_config = _FROZEN
+
+    error: str
+    detail: str

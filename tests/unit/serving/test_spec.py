@@ -1,0 +1,172 @@
+"""Instance specs and the engine command lines built from them (issue 7: the vLLM line as data)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from heteroflow.serving.node_manager.spec import (
+    InstanceSpec,
+    LaunchTarget,
+    SpecError,
+    engine_command,
+    load_spec,
+)
+
+
+def pod_spec(endpoints: list[dict[str, object]], **extra: object) -> InstanceSpec:
+    raw: dict[str, object] = {
+        "instance_id": "decode-0",
+        "backend": "vllm",
+        "dp_size": 4,
+        "dp_master_ip": "10.0.0.1",
+        "dp_rpc_port": 13345,
+        "dp_store_port": 13400,
+        "num_logical_experts": 256,
+        "num_redundant_experts": 32,
+        "cpu_distributed_timeout_sec": 30,
+        "engine_recovery_timeout_sec": 120,
+        "vllm": {"model": "/models/deepseek-v3"},
+        "endpoints": endpoints,
+        **extra,
+    }
+    return InstanceSpec.model_validate(raw)
+
+
+POD_A = [
+    {"id": 0, "port": 8000, "device_infos": [{"device_id": "GPU-aaa", "index": 0}]},
+    {"id": 1, "port": 8001, "device_infos": [{"device_id": "GPU-bbb", "index": 1}]},
+]
+POD_B = [
+    {"id": 2, "port": 8000, "device_infos": [{"device_id": "GPU-ccc", "index": 0}]},
+    {"id": 3, "port": 8001, "device_infos": [{"device_id": "GPU-ddd", "index": 1}]},
+]
+
+
+def expected_vllm(rank: int, *, pod_ip: str, port: int) -> list[str]:
+    return [
+        "vllm", "serve", "/models/deepseek-v3",
+        "--host", pod_ip,
+        "--port", str(port),
+        "--data-parallel-size", "4",
+        "--data-parallel-rank", str(rank),
+        "--data-parallel-size-local", "1",
+        "--api-server-count", "1",
+        "--tensor-parallel-size", "1",
+        "--enable-expert-parallel",
+        "--enable-fault-tolerance",
+        "--enable-eplb",
+        "--eplb-config.num_redundant_experts", "32",
+        "--data-parallel-address", "10.0.0.1",
+        "--data-parallel-rpc-port", "13345",
+        "--cpu-distributed-timeout-seconds", "30",
+        "--fault-tolerance-config", '{"engine_recovery_timeout_sec": 120}',
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("pod", "pod_ip"),
+    [(POD_A, "10.0.0.1"), (POD_B, "10.0.0.2")],
+    ids=["pod-a", "pod-b"],
+)
+def test_vllm_command_lines_of_a_two_pod_two_rank_instance(pod: list[dict[str, object]], pod_ip: str) -> None:
+    spec = pod_spec(pod)
+    for endpoint in spec.endpoints:
+        command = engine_command(spec, endpoint.id, pod_ip=pod_ip, cluster_token="tok")
+        assert list(command.argv) == expected_vllm(endpoint.id, pod_ip=pod_ip, port=endpoint.port)
+        env = dict(command.env)
+        assert env["VLLM_API_KEY"] == "tok"  # the token travels in the environment, never in argv
+        assert "tok" not in " ".join(command.argv)
+        assert env["CUDA_VISIBLE_DEVICES"] == str(endpoint.device_infos[0].index)
+        assert command.url == f"http://{pod_ip}:{endpoint.port}"
+    # every pod builds the same instance-wide part: only rank, host and port differ
+    a = engine_command(pod_spec(POD_A), 1, pod_ip="10.0.0.1", cluster_token=None).argv
+    b = engine_command(pod_spec(POD_B), 3, pod_ip="10.0.0.2", cluster_token=None).argv
+    differing = {i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y}
+    assert {a[i - 1] for i in differing} == {"--host", "--data-parallel-rank"}
+
+
+def test_operator_flags_are_appended_and_fractional_timeouts_kept() -> None:
+    spec = pod_spec(
+        POD_A,
+        cpu_distributed_timeout_sec=7.5,
+        vllm={"model": "m", "extra_args": ["--max-model-len", "8192"], "device_env": "ASCEND_RT_VISIBLE_DEVICES"},
+    )
+    command = engine_command(spec, 0, pod_ip="10.0.0.1", cluster_token=None)
+    assert command.argv[-2:] == ("--max-model-len", "8192")
+    assert command.argv[command.argv.index("--cpu-distributed-timeout-seconds") + 1] == "7.5"
+    assert dict(command.env) == {"ASCEND_RT_VISIBLE_DEVICES": "0"}
+
+
+def test_sim_command_line_and_relaunch_target() -> None:
+    spec = InstanceSpec.model_validate(
+        {
+            "instance_id": "i",
+            "dp_size": 4,
+            "dp_master_ip": "127.0.0.1",
+            "dp_rpc_port": 29500,
+            "dp_store_port": 29600,
+            "num_logical_experts": 4,
+            "num_redundant_experts": 4,
+            "endpoints": [{"id": 2, "port": 8102}],
+            "sim": {"python": "/py"},
+        }
+    )
+    command = engine_command(
+        spec,
+        2,
+        pod_ip="127.0.0.1",
+        cluster_token="tok",
+        target=LaunchTarget(master_ip="127.0.0.2", master_port=29501, dead_ranks=frozenset({0, 1})),
+    )
+    argv = list(command.argv)
+    assert argv[:4] == ["/py", "-m", "heteroflow.cli.main", "engine-sim"]
+    pairs = dict(zip(argv[4::2], argv[5::2], strict=False))
+    assert pairs["--dp-rank"] == "2"
+    assert pairs["--master-addr"] == "127.0.0.2"
+    assert pairs["--master-port"] == "29501"
+    assert pairs["--dead-ranks"] == "0,1"
+    assert pairs["--slots-per-rank"] == "2"
+    assert pairs["--host"] == "127.0.0.1"
+    assert dict(command.env) == {"HETEROFLOW_CLUSTER_TOKEN": "tok"}
+    with pytest.raises(SpecError, match="retired"):
+        engine_command(spec, 2, pod_ip="127.0.0.1", cluster_token=None, target=LaunchTarget("h", 1, frozenset({2})))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"endpoints": [{"id": 0, "port": 1}, {"id": 0, "port": 2}]}, "ids repeat"),
+        ({"endpoints": [{"id": 0, "port": 1}, {"id": 1, "port": 1}]}, "ports repeat"),
+        ({"endpoints": [{"id": 4, "port": 1}]}, "outside"),
+        ({"dead_ranks": [9]}, "outside"),
+        ({"vllm": None}, "needs a 'vllm' section"),
+        ({"endpoints": []}, "at least 1"),
+    ],
+)
+def test_invalid_specs_are_refused(change: dict[str, object], message: str, tmp_path: Path) -> None:
+    raw = pod_spec(POD_A).model_dump() | change
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(SpecError, match=message):
+        load_spec(path)
+
+
+def test_load_toml_and_capability(tmp_path: Path) -> None:
+    path = tmp_path / "pod.toml"
+    path.write_text(
+        'instance_id = "i"\ndp_size = 2\ndp_master_ip = "127.0.0.1"\ndp_rpc_port = 1000\ndp_store_port = 1001\n'
+        "num_logical_experts = 4\nnum_redundant_experts = 2\n"
+        "[[endpoints]]\nid = 0\nport = 8000\n[[endpoints]]\nid = 1\nport = 8001\n"
+    )
+    spec = load_spec(path)
+    cap = spec.capability()
+    assert cap.external_lb
+    assert cap.engine_ft_enabled
+    assert cap.scale_down_supported
+    assert not cap.auto_recovery_enabled
+    assert (cap.slots_per_rank, cap.num_logical_experts, cap.num_redundant_experts) == (3, 4, 2)
+    with pytest.raises(SpecError, match="nope"):
+        load_spec(tmp_path / "nope.json")
