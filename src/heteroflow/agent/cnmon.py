@@ -11,17 +11,17 @@ carries ``semantics_unconfirmed`` for that key, shown by ``agent probe`` and doc
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Final
 
 from heteroflow.agent.commands import CommandError, CommandRunner
-from heteroflow.agent.parsing import parse_count, parse_measure
+from heteroflow.agent.parsing import parse_count, parse_measure, search_measure
 from heteroflow.agent.readings import (
     CollectorName,
     GpuHealth,
     GpuTelemetry,
     HealthCollection,
     TelemetryCollection,
+    VendorTable,
 )
 from heteroflow.agent.tables import cells, find_box_table, locate, value_at
 from heteroflow.core.clock import Clock
@@ -36,19 +36,7 @@ _MEMORY_USED = re.compile(r"(\d+(?:\.\d+)?)\s*MiB\s*/")
 _MEMORY_TOTAL = re.compile(r"/\s*(\d+(?:\.\d+)?)\s*MiB")
 
 
-@dataclass(frozen=True, slots=True)
-class CnmonTable:
-    health: tuple[GpuHealth, ...]
-    telemetry: tuple[GpuTelemetry, ...]
-    warnings: tuple[str, ...]
-
-
-def _search(pattern: re.Pattern[str], text: str) -> float | None:
-    match = pattern.search(text)
-    return parse_measure(match.group(1)) if match else None
-
-
-def parse_cnmon(text: str) -> CnmonTable | None:
+def parse_cnmon(text: str) -> VendorTable | None:
     """The cards of a ``cnmon`` default table; ``None`` when there is no CNMON banner."""
     lines = text.splitlines()
     banner = next((i for i, line in enumerate(lines) if _BANNER.search(line)), None)
@@ -56,7 +44,7 @@ def parse_cnmon(text: str) -> CnmonTable | None:
         return None
     table = find_box_table(lines, start=banner + 1)
     if table is None:
-        return CnmonTable(health=(), telemetry=(), warnings=("cnmon: no device table found",))
+        return VendorTable(health=(), telemetry=(), warnings=("cnmon: no device table found",))
     ecc_ref = locate(table.header, "Ecc-Error")
     util_ref = locate(table.header, "Util")
     warnings: list[str] = []
@@ -91,14 +79,14 @@ def parse_cnmon(text: str) -> CnmonTable | None:
             GpuTelemetry(
                 index=index,
                 name=name[:200],
-                temperature_c=_search(_TEMP, cells(second)[0]),
-                power_w=_search(_POWER, second),
-                memory_used_mib=_search(_MEMORY_USED, second),
-                memory_total_mib=_search(_MEMORY_TOTAL, second),
+                temperature_c=search_measure(_TEMP, cells(second)[0]),
+                power_w=search_measure(_POWER, second),
+                memory_used_mib=search_measure(_MEMORY_USED, second),
+                memory_total_mib=search_measure(_MEMORY_TOTAL, second),
                 utilization_pct=parse_measure(util),
             )
         )
-    return CnmonTable(health=tuple(health), telemetry=tuple(telemetry), warnings=tuple(warnings))
+    return VendorTable(health=tuple(health), telemetry=tuple(telemetry), warnings=tuple(warnings))
 
 
 class CnmonCollector:
@@ -116,14 +104,14 @@ class CnmonCollector:
             return False, "cnmon is not installed (not found on PATH); Cambricon cards are not collected"
         return True, ""
 
-    def _read(self) -> CnmonTable:
+    def _read(self) -> VendorTable:
         try:
             result = self._runner.run([TOOL], timeout_s=self._timeout_s)
         except CommandError as exc:
-            return CnmonTable(health=(), telemetry=(), warnings=(str(exc),))
+            return VendorTable(health=(), telemetry=(), warnings=(str(exc),))
         table = parse_cnmon(result.stdout)
         if table is None:
-            return CnmonTable(health=(), telemetry=(), warnings=("cnmon printed no CNMON banner; not collected",))
+            return VendorTable(health=(), telemetry=(), warnings=("cnmon printed no CNMON banner; not collected",))
         return table
 
     def read_health(self) -> HealthCollection:

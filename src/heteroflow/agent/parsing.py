@@ -112,3 +112,9 @@ def add_counts(*values: int | None) -> int | None:
             return None
         total += value
     return total if total <= COUNTER_MAX else None
+
+
+def search_measure(pattern: re.Pattern[str], text: str) -> float | None:
+    """The measure in the first group of the first match of ``pattern`` in ``text``; ``None`` when absent."""
+    match = pattern.search(text)
+    return parse_measure(match.group(1)) if match else None

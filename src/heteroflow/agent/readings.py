@@ -19,6 +19,15 @@ Vendor = Literal["NVIDIA", "Kunlunxin", "Cambricon", "simulated"]
 
 
 @dataclass(frozen=True, slots=True)
+class VendorTable:
+    """What a vendor tool's table showed: per-card health and telemetry, and why anything is unknown."""
+
+    health: tuple[GpuHealth, ...]
+    telemetry: tuple[GpuTelemetry, ...]
+    warnings: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class GpuTelemetry:
     """The fast-moving values of one GPU; ``None`` = not read this time."""
 

@@ -9,17 +9,17 @@ a decrease after a reload is expected and stored as read (H-3). No retired-page 
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from typing import Final
 
 from heteroflow.agent.commands import CommandError, CommandRunner
-from heteroflow.agent.parsing import parse_count, parse_measure
+from heteroflow.agent.parsing import parse_count, parse_measure, search_measure
 from heteroflow.agent.readings import (
     CollectorName,
     GpuHealth,
     GpuTelemetry,
     HealthCollection,
     TelemetryCollection,
+    VendorTable,
 )
 from heteroflow.agent.tables import cells, find_box_table, locate, value_at
 from heteroflow.core.clock import Clock
@@ -33,19 +33,7 @@ _MEMORY = re.compile(r"(\d+(?:\.\d+)?)\s*MiB\s*/\s*(\d+(?:\.\d+)?)\s*MiB")
 _UTIL = re.compile(r"(\d+(?:\.\d+)?)\s*%")
 
 
-@dataclass(frozen=True, slots=True)
-class XpuSmiTable:
-    health: tuple[GpuHealth, ...]
-    telemetry: tuple[GpuTelemetry, ...]
-    warnings: tuple[str, ...]
-
-
-def _first(pattern: re.Pattern[str], text: str) -> float | None:
-    match = pattern.search(text)
-    return parse_measure(match.group(1)) if match else None
-
-
-def parse_xpu_smi(text: str) -> XpuSmiTable | None:
+def parse_xpu_smi(text: str) -> VendorTable | None:
     """The cards of an ``xpu-smi`` default table; ``None`` when the banner is not Kunlunxin's."""
     lines = text.splitlines()
     banner = next((i for i, line in enumerate(lines) if _BANNER.search(line)), None)
@@ -53,7 +41,7 @@ def parse_xpu_smi(text: str) -> XpuSmiTable | None:
         return None
     table = find_box_table(lines, start=banner + 1)
     if table is None:
-        return XpuSmiTable(health=(), telemetry=(), warnings=("xpu-smi: no device table found",))
+        return VendorTable(health=(), telemetry=(), warnings=("xpu-smi: no device table found",))
     ecc_ref = locate(table.header, "Volatile Uncorr. ECC")
     warnings: list[str] = []
     if ecc_ref is None:
@@ -84,14 +72,14 @@ def parse_xpu_smi(text: str) -> XpuSmiTable | None:
             GpuTelemetry(
                 index=index,
                 name=name[:200],
-                temperature_c=_first(_TEMP, second),
-                power_w=_first(_POWER, second),
+                temperature_c=search_measure(_TEMP, second),
+                power_w=search_measure(_POWER, second),
                 memory_used_mib=parse_measure(memory.group(1)) if memory else None,
                 memory_total_mib=parse_measure(memory.group(2)) if memory else None,
-                utilization_pct=_first(_UTIL, util_cells[-1]) if len(util_cells) > 2 else None,
+                utilization_pct=search_measure(_UTIL, util_cells[-1]) if len(util_cells) > 2 else None,
             )
         )
-    return XpuSmiTable(health=tuple(health), telemetry=tuple(telemetry), warnings=tuple(warnings))
+    return VendorTable(health=tuple(health), telemetry=tuple(telemetry), warnings=tuple(warnings))
 
 
 class XpuSmiCollector:
@@ -109,14 +97,14 @@ class XpuSmiCollector:
             return False, "xpu-smi is not installed (not found on PATH); Kunlunxin cards are not collected"
         return True, ""
 
-    def _read(self) -> XpuSmiTable:
+    def _read(self) -> VendorTable:
         try:
             result = self._runner.run([TOOL], timeout_s=self._timeout_s)
         except CommandError as exc:
-            return XpuSmiTable(health=(), telemetry=(), warnings=(str(exc),))
+            return VendorTable(health=(), telemetry=(), warnings=(str(exc),))
         table = parse_xpu_smi(result.stdout)
         if table is None:
-            return XpuSmiTable(
+            return VendorTable(
                 health=(),
                 telemetry=(),
                 warnings=("xpu-smi on PATH is not Kunlunxin's (no XPU-SMI banner; Intel's tool?); not collected",),
