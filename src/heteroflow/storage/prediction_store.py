@@ -326,10 +326,6 @@ class SqlPredictionStore:
             total = int(conn.execute(count).scalar_one())
         return rows, total
 
-    def delete_source(self, source: Source) -> int:
-        with unavailable_as_store_error(), self._engine.begin() as conn:
-            return int(conn.execute(sa.delete(predictions_t).where(predictions_t.c.source == source)).rowcount or 0)
-
     # -- statistics (H-50…H-52) -------------------------------------------------------------------------------
 
     def band_counts(

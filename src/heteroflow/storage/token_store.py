@@ -29,10 +29,6 @@ def _principal(row: Any) -> Principal:
     )
 
 
-class UnknownTenantError(LookupError):
-    """A tenant name that does not exist."""
-
-
 class SqlTokenStore:
     def __init__(self, engine: Engine) -> None:
         self._engine = engine
@@ -46,13 +42,6 @@ class SqlTokenStore:
             tenant_id = str(uuid.uuid4())
             conn.execute(sa.insert(tenants).values(id=tenant_id, name=name, created_at=now))
             return TenantId(tenant_id), True
-
-    def tenant_id(self, name: str) -> TenantId:
-        with unavailable_as_store_error(), self._engine.connect() as conn:
-            row = conn.execute(sa.select(tenants.c.id).where(tenants.c.name == name)).first()
-        if row is None:
-            raise UnknownTenantError(name)
-        return TenantId(row.id)
 
     def create_token(
         self, *, name: str, scopes: frozenset[Scope], tenant_id: TenantId | None, now: datetime
