@@ -31,6 +31,7 @@ from heteroflow.server.routes import gpu_health as gpu_health_routes
 from heteroflow.server.routes import nodes as node_routes
 from heteroflow.server.routes import ops as ops_routes
 from heteroflow.server.routes import predictions as prediction_routes
+from heteroflow.server.routes import web as web_routes
 from heteroflow.server.settings import ServerSettings
 from heteroflow.storage.alert_store import SqlAlertStore
 from heteroflow.storage.db import create_db_engine, upgrade_database
@@ -124,7 +125,7 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
     )
     app.state.context = ctx
     install_error_handlers(app)
-    for routes in (node_routes, gpu_health_routes, prediction_routes, alert_routes, ops_routes):
+    for routes in (node_routes, gpu_health_routes, prediction_routes, alert_routes, ops_routes, web_routes):
         app.include_router(routes.router)
 
     @app.get("/openapi.json", include_in_schema=False)

@@ -1,0 +1,239 @@
+// /alerts: open and resolved alerts, one alert's audit trail, and a manual resolve with a reason.
+import { ApiError, api } from "../api.js";
+import { h, replace } from "../dom.js";
+import { fmtTime } from "../format.js";
+import { t } from "../i18n.js";
+import { activatable, blockStatus, errorText, idle, loading, table } from "./common.js";
+
+const LIMIT = 500;
+const FILTERS = ["open", "resolved", "all"];
+
+export function createAlertsPage(main) {
+  const state = { filter: "open", list: loading(), detail: idle(), selectedId: null, gen: 0, detailGen: 0, message: null };
+  const listBox = h("section", { class: "block", "aria-labelledby": "alerts-title" });
+  const detailBox = h("section", {
+    class: "block",
+    id: "alert-detail",
+    tabindex: "-1",
+    "aria-labelledby": "alert-detail-title",
+  });
+
+  function fetchList() {
+    const gen = ++state.gen;
+    state.list = loading();
+    render();
+    const params = { limit: LIMIT };
+    if (state.filter !== "all") params.status = state.filter;
+    api("/api/v1/alerts", { params }).then(
+      (data) => gen === state.gen && ((state.list = { status: "ok", data }), render()),
+      (error) => gen === state.gen && ((state.list = { status: "error", error }), render()),
+    );
+  }
+
+  function fetchDetail(id) {
+    state.selectedId = id;
+    const gen = ++state.detailGen;
+    state.detail = loading();
+    render();
+    api(`/api/v1/alerts/${encodeURIComponent(id)}`).then(
+      (data) => gen === state.detailGen && ((state.detail = { status: "ok", data }), render()),
+      (error) => gen === state.detailGen && ((state.detail = { status: "error", error }), render()),
+    );
+  }
+
+  async function resolve(id, reason) {
+    if (!reason || reason.length > 2000) {
+      state.message = { key: "alerts.resolve_empty", kind: "error" };
+      return render();
+    }
+    try {
+      await api(`/api/v1/alerts/${encodeURIComponent(id)}/resolve`, { body: { reason } });
+      state.message = { key: "alerts.resolved_ok", kind: "ok" };
+    } catch (err) {
+      const status = err instanceof ApiError ? err.status : 0;
+      state.message =
+        status === 403
+          ? { key: "alerts.resolve_forbidden", kind: "error" }
+          : status === 409
+            ? { key: "alerts.resolve_conflict", kind: "error" }
+            : { text: errorText(err), kind: "error" };
+    }
+    fetchList();
+    fetchDetail(id);
+  }
+
+  function renderList() {
+    const select = h(
+      "select",
+      {
+        id: "alert-filter",
+        onchange: (event) => {
+          state.filter = event.target.value;
+          fetchList();
+        },
+      },
+      FILTERS.map((f) => h("option", { value: f, selected: f === state.filter }, t(`alerts.filter.${f}`))),
+    );
+    const head = h(
+      "div",
+      { class: "block-head" },
+      h("h1", { id: "alerts-title" }, t("alerts.title")),
+      h("div", { class: "control" }, h("label", { for: "alert-filter" }, t("alerts.filter")), select),
+    );
+    const status = blockStatus(state.list);
+    if (status) return replace(listBox, head, status);
+    const body = state.list.data;
+    const rows = body.items.map((a) =>
+      activatable(
+        h(
+          "tr",
+          { dataset: { id: a.id, status: a.status }, class: a.id === state.selectedId ? "selected" : null },
+          h("td", {}, h("code", {}, a.type)),
+          h("td", {}, a.severity),
+          h("td", {}, a.node_name),
+          h(
+            "td",
+            {},
+            h("span", { class: `badge alert-${a.status}` }, t(`alerts.status.${a.status}`)),
+            a.backlog ? h("span", { class: "badge backlog", title: t("alerts.backlog_title") }, t("alerts.backlog")) : null,
+          ),
+          h("td", { class: "message" }, a.message),
+          h("td", { class: "nowrap" }, fmtTime(a.created_at)),
+          h(
+            "td",
+            {},
+            a.status === "resolved"
+              ? t("alerts.resolved_by", { by: a.resolved_by ?? t("unknown"), at: fmtTime(a.resolved_at), reason: a.resolution ?? "" })
+              : t("none"),
+          ),
+        ),
+        () => {
+          state.message = null;
+          fetchDetail(a.id);
+          detailBox.focus({ preventScroll: true });
+          detailBox.scrollIntoView({ block: "nearest" });
+        },
+      ),
+    );
+    replace(
+      listBox,
+      head,
+      rows.length ? h("p", { class: "muted small" }, t("alerts.select_hint")) : null,
+      rows.length === 0
+        ? h("p", { class: "empty" }, t("alerts.empty"))
+        : table(
+            t("alerts.title"),
+            [
+              t("alerts.col.type"),
+              t("alerts.col.severity"),
+              t("alerts.col.node"),
+              t("alerts.col.status"),
+              t("alerts.col.message"),
+              t("alerts.col.created"),
+              t("alerts.col.resolved"),
+            ],
+            rows,
+            { id: "alerts-table" },
+          ),
+      h("p", { class: "pager", id: "alerts-total" }, t("alerts.total", { shown: body.items.length, total: body.total })),
+    );
+  }
+
+  function renderDetail() {
+    if (state.detail.status === "idle") {
+      detailBox.hidden = true;
+      return replace(detailBox);
+    }
+    detailBox.hidden = false;
+    const title = h("h2", { id: "alert-detail-title" }, t("alerts.detail"));
+    const message = state.message
+      ? h(
+          "p",
+          { class: state.message.kind === "ok" ? "ok" : "error", role: "status", id: "resolve-message" },
+          state.message.key ? t(state.message.key) : state.message.text,
+        )
+      : null;
+    const status = blockStatus(state.detail);
+    if (status) return replace(detailBox, title, message, status);
+    const { alert, history } = state.detail.data;
+    const trail = table(
+      t("alerts.history"),
+      [t("alerts.history.at"), t("alerts.history.actor"), t("alerts.history.action"), t("alerts.history.note")],
+      history.map((e) =>
+        h(
+          "tr",
+          { dataset: { action: e.action } },
+          h("td", { class: "nowrap" }, fmtTime(e.at)),
+          h("td", {}, h("code", {}, e.actor)),
+          h("td", {}, e.action),
+          h("td", {}, e.note),
+        ),
+      ),
+      { id: "alert-history" },
+    );
+    let form = null;
+    if (alert.status === "open") {
+      const reason = h("textarea", { id: "resolve-reason", rows: 3, maxlength: 2000, "aria-required": "true" });
+      form = h(
+        "form",
+        { id: "resolve-form", class: "resolve" },
+        h("label", { for: "resolve-reason" }, t("alerts.reason")),
+        reason,
+        h("button", { type: "submit", id: "resolve-submit" }, t("alerts.resolve")),
+      );
+      form.addEventListener("submit", (event) => {
+        event.preventDefault();
+        resolve(alert.id, reason.value.trim());
+      });
+    }
+    replace(
+      detailBox,
+      title,
+      h(
+        "p",
+        {},
+        h("code", {}, alert.type),
+        " · ",
+        alert.node_name,
+        " · ",
+        h("span", { class: `badge alert-${alert.status}` }, t(`alerts.status.${alert.status}`)),
+      ),
+      h("p", { class: "message" }, alert.message),
+      message,
+      h("h3", {}, t("alerts.history")),
+      trail,
+      form,
+      h(
+        "button",
+        {
+          type: "button",
+          id: "detail-close",
+          onclick: () => {
+            state.detail = idle();
+            state.selectedId = null;
+            state.message = null;
+            render();
+          },
+        },
+        t("alerts.close"),
+      ),
+    );
+  }
+
+  function render() {
+    renderList();
+    renderDetail();
+  }
+
+  return {
+    start() {
+      replace(main, listBox, detailBox);
+      fetchList();
+    },
+    render,
+    stop() {
+      state.gen += 1;
+      state.detailGen += 1;
+    },
+  };
+}

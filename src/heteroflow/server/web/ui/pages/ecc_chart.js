@@ -1,0 +1,117 @@
+// One hourly bar chart, drawn as SVG by our own code. Unknown hours are shaded and labelled, never drawn as 0.
+import { h, s } from "../dom.js";
+import { fmtHour, fmtNumber } from "../format.js";
+import { t } from "../i18n.js";
+import { coverage, hourlyIncreases, metricUnknown } from "../logic/hourly.js";
+
+const BAR = 6;
+const HEIGHT = 120;
+const TOP = 14;
+const MIN_LABEL_RUN = 10; // an "unknown" text label needs this many adjacent unknown hours to fit
+
+let chartSerial = 0;
+
+export function eccChart({ samples, key, title, fromMs, untilMs, staleMinutes, truncated }) {
+  const heading = h("h3", {}, title);
+  if (metricUnknown(samples, key)) {
+    return h(
+      "figure",
+      { class: "chart metric-unknown", dataset: { metric: key, state: "unknown" } },
+      heading,
+      h("p", { class: "big-unknown" }, t("unknown")),
+      h("p", { class: "muted" }, t("ecc.metric_unknown")),
+    );
+  }
+  const hours = hourlyIncreases(samples, { key, fromMs, untilMs, staleMinutes, truncated });
+  const cov = coverage(hours);
+  const max = Math.max(1, ...hours.filter((x) => x.value !== null).map((x) => x.value));
+  const width = Math.max(300, hours.length * BAR);
+  const pattern = `hatch-${++chartSerial}`;
+  const plot = HEIGHT - TOP;
+  const bars = hours.map((hour, i) => {
+    const x = i * BAR;
+    const start = fmtHour(hour.start);
+    if (hour.value === null) {
+      const reason = t(`ecc.reason.${hour.reason}`);
+      return s(
+        "rect",
+        {
+          x,
+          y: TOP,
+          width: BAR,
+          height: plot,
+          fill: `url(#${pattern})`,
+          class: "bar-unknown",
+          dataset: { start: new Date(hour.start).toISOString(), reason: hour.reason },
+        },
+        s("title", {}, t("ecc.bar_unknown", { start, reason })),
+      );
+    }
+    // A known 0 is a thin line on the axis: visibly different from an unknown (shaded) hour.
+    const barHeight = hour.value === 0 ? 1 : Math.max(2, (hour.value / max) * plot);
+    return s(
+      "rect",
+      {
+        x: x + 0.5,
+        y: HEIGHT - barHeight,
+        width: BAR - 1,
+        height: barHeight,
+        class: hour.value === 0 ? "bar bar-zero" : "bar",
+        dataset: { start: new Date(hour.start).toISOString(), value: hour.value },
+      },
+      s("title", {}, t("ecc.bar", { start, value: hour.value })),
+    );
+  });
+  const labels = [];
+  for (let i = 0; i < hours.length; ) {
+    if (hours[i].value !== null) {
+      i += 1;
+      continue;
+    }
+    let j = i;
+    while (j < hours.length && hours[j].value === null) j += 1;
+    if (j - i >= MIN_LABEL_RUN) {
+      labels.push(
+        s("text", { x: ((i + j) / 2) * BAR, y: TOP + plot / 2, class: "unknown-label", "text-anchor": "middle" }, t("unknown.short")),
+      );
+    }
+    i = j;
+  }
+  const svg = s(
+    "svg",
+    {
+      viewBox: `0 0 ${width} ${HEIGHT}`,
+      role: "img",
+      "aria-label": `${title}. ${t("ecc.coverage", { computable: cov.computable, total: cov.total, sum: fmtNumber(cov.sum) })}`,
+      class: "bars",
+    },
+    s(
+      "defs",
+      {},
+      s(
+        "pattern",
+        { id: pattern, width: 6, height: 6, patternUnits: "userSpaceOnUse", patternTransform: "rotate(45)" },
+        s("rect", { width: 6, height: 6, class: "hatch-bg" }),
+        s("line", { x1: 0, y1: 0, x2: 0, y2: 6, class: "hatch-line" }),
+      ),
+    ),
+    s("line", { x1: 0, y1: HEIGHT - 0.5, x2: width, y2: HEIGHT - 0.5, class: "axis" }),
+    s("text", { x: 2, y: 10, class: "axis-label" }, t("ecc.axis_max", { max: fmtNumber(max) })),
+    bars,
+    labels,
+  );
+  return h(
+    "figure",
+    {
+      class: "chart",
+      dataset: { metric: key, state: "known", computable: cov.computable, total: cov.total },
+    },
+    heading,
+    svg,
+    h(
+      "figcaption",
+      { class: "coverage" },
+      t("ecc.coverage", { computable: cov.computable, total: cov.total, sum: fmtNumber(cov.sum) }),
+    ),
+  );
+}

@@ -1,0 +1,560 @@
+// /nodes/gpu-health: statistics, predictions, ECC rate, capability matrix — top to bottom, as the seed's table
+// describes. No auto-refresh: data is fetched on load and on interaction only.
+import { api } from "../api.js";
+import { h, replace } from "../dom.js";
+import { fmtNumber, fmtPercent, fmtTime } from "../format.js";
+import { t } from "../i18n.js";
+import { recogniseTypes } from "../logic/labels.js";
+import { statsCardState } from "../logic/stats.js";
+import { eccChart } from "./ecc_chart.js";
+import { activatable, allNodes, blockStatus, idle, loading, table } from "./common.js";
+
+export const PAGE_SIZE = 50;
+export const SAMPLE_LIMIT = 20000;
+const METRICS = [
+  "ecc_corrected_total",
+  "ecc_uncorrected_total",
+  "retired_pages",
+  "remapped_rows_pending",
+  "remapped_rows_failure",
+];
+const STATUSES = ["all", "pending", "hit", "miss", "voided"];
+const DEFAULT_STALL_MINUTES = 60;
+
+const cardKey = (nodeId, index) => `${nodeId}|${index}`;
+
+export function createGpuHealthPage(main) {
+  const state = {
+    source: new URLSearchParams(location.search).get("source") === "simulated" ? "simulated" : "real",
+    // Bumped on every source switch: a response for an older generation is discarded when it arrives.
+    gen: 0,
+    predsGen: 0,
+    samplesGen: 0,
+    filter: "all",
+    offset: 0,
+    selected: null, // {node_id, gpu_index}
+    stats: loading(),
+    preds: loading(),
+    caps: loading(),
+    nodes: loading(),
+    samples: idle(),
+  };
+
+  const banner = document.getElementById("sim-banner");
+  const calibrationText = document.getElementById("calibration-text");
+  const sourceBox = h("div", { class: "source-switch" });
+  const statsBox = h("section", { id: "stats", class: "block", "aria-labelledby": "stats-title" });
+  const predsBox = h("section", { id: "predictions", class: "block", "aria-labelledby": "pred-title" });
+  const eccBox = h("section", { id: "ecc", class: "block", "aria-labelledby": "ecc-title" });
+  const capsBox = h("section", { id: "capabilities", class: "block", "aria-labelledby": "caps-title" });
+
+  const nodeName = (id) => {
+    const node = state.nodes.status === "ok" ? state.nodes.data.get(id) : null;
+    return node ? node.name : id.slice(0, 8);
+  };
+  const simBadge = () => (state.source === "simulated" ? h("span", { class: "badge sim" }, t("sim.badge")) : null);
+
+  // ---- fetching -------------------------------------------------------------------------------------------
+  function fetchAll() {
+    const gen = state.gen;
+    const source = state.source;
+    const apply = (fn) => (value) => {
+      if (gen !== state.gen) return; // a late response for the previous source: never shown
+      fn(value);
+    };
+    api("/api/v1/gpu-health/prediction-stats", { params: { source } }).then(
+      apply((data) => setBlock("stats", { status: "ok", data })),
+      apply((error) => setBlock("stats", { status: "error", error })),
+    );
+    fetchPredictions();
+    Promise.all([api("/api/v1/gpu-health/capabilities", { params: { source } }), allNodes()]).then(
+      apply(([caps, nodes]) => {
+        state.nodes = { status: "ok", data: new Map(nodes.map((n) => [n.id, n])) };
+        state.caps = { status: "ok", data: caps };
+        if (!state.selected) {
+          const first = orderedCards().find(
+            (c) => c.metrics.ecc_corrected_total === "collectable" || c.metrics.ecc_uncorrected_total === "collectable",
+          );
+          if (first) selectCard({ node_id: first.node_id, gpu_index: first.gpu_index }, { scroll: false });
+        }
+        renderAll();
+      }),
+      apply((error) => {
+        state.caps = { status: "error", error };
+        state.nodes = { status: "error", error };
+        renderAll();
+      }),
+    );
+  }
+
+  function fetchPredictions() {
+    const gen = state.gen;
+    const predsGen = ++state.predsGen;
+    state.preds = loading();
+    renderPredictions();
+    const params = { source: state.source, limit: PAGE_SIZE, offset: state.offset };
+    if (state.filter !== "all") params.status = state.filter;
+    const current = () => gen === state.gen && predsGen === state.predsGen;
+    api("/api/v1/gpu-health/predictions", { params }).then(
+      (data) => current() && setBlock("preds", { status: "ok", data }),
+      (error) => current() && setBlock("preds", { status: "error", error }),
+    );
+  }
+
+  function selectCard(card, { scroll = true } = {}) {
+    state.selected = card;
+    const gen = state.gen;
+    const samplesGen = ++state.samplesGen;
+    state.samples = loading();
+    const params = { source: state.source, node_id: card.node_id, gpu_index: card.gpu_index, limit: SAMPLE_LIMIT };
+    const current = () => gen === state.gen && samplesGen === state.samplesGen;
+    api("/api/v1/gpu-health/samples", { params }).then(
+      (data) => current() && setBlock("samples", { status: "ok", data, fetchedAt: Date.now() }),
+      (error) => current() && setBlock("samples", { status: "error", error }),
+    );
+    renderPredictions();
+    renderEcc();
+    if (scroll) {
+      // From a prediction row: show the chart and put keyboard focus on the card selector next to it.
+      eccBox.scrollIntoView({ block: "start" });
+      document.getElementById("ecc-card")?.focus({ preventScroll: true });
+    }
+  }
+
+  function switchSource(source) {
+    if (source === state.source) return;
+    // Clear every block and the selected card first, so the two data sets never show together.
+    state.source = source;
+    state.gen += 1;
+    state.offset = 0;
+    state.selected = null;
+    state.stats = loading();
+    state.preds = loading();
+    state.caps = loading();
+    state.nodes = loading();
+    state.samples = idle();
+    const url = new URL(location.href);
+    if (source === "simulated") url.searchParams.set("source", "simulated");
+    else url.searchParams.delete("source");
+    history.replaceState(null, "", url);
+    renderAll();
+    fetchAll();
+  }
+
+  function setBlock(name, value) {
+    state[name] = value;
+    renderAll();
+  }
+
+  // ---- rendering ------------------------------------------------------------------------------------------
+  function renderShell() {
+    document.body.classList.toggle("simulated", state.source === "simulated");
+    banner.hidden = state.source !== "simulated";
+    banner.textContent = t("sim.banner");
+    // The calibration notice never disappears: the API's disclaimer verbatim when we have it, else local text.
+    const disclaimer = state.stats.status === "ok" ? state.stats.data.disclaimer : null;
+    calibrationText.textContent = typeof disclaimer === "string" && disclaimer ? disclaimer : t("calibration.fallback");
+    calibrationText.dataset.origin = typeof disclaimer === "string" && disclaimer ? "api" : "fallback";
+    const option = (value) =>
+      h(
+        "label",
+        { class: value === state.source ? "seg active" : "seg" },
+        h("input", {
+          type: "radio",
+          name: "source",
+          id: `source-${value}`,
+          value,
+          checked: value === state.source,
+          onchange: () => switchSource(value),
+        }),
+        t(`source.${value}`),
+      );
+    replace(
+      sourceBox,
+      h("fieldset", {}, h("legend", {}, t("source.label")), option("real"), option("simulated")),
+    );
+  }
+
+  function renderStats() {
+    const title = h("h2", { id: "stats-title" }, t("stats.title"), simBadge());
+    const status = blockStatus(state.stats);
+    if (status) return replace(statsBox, title, status);
+    const stats = state.stats.data;
+    const bands = [...stats.windows].sort((a, b) => a.window_days - b.window_days);
+    replace(statsBox, title, h("div", { class: "stat-cards" }, bands.map((band) => statCard(band, stats))));
+  }
+
+  function statCard(band, stats) {
+    const cs = statsCardState(band, stats);
+    const pair = (label, value, key, cls = null) => [h("dt", {}, label), h("dd", { dataset: { key }, class: cls }, value)];
+    const reasonText = (r) => {
+      if (r.code === "matured") return t("stats.reason.matured", { matured: r.matured, min: r.min });
+      if (r.code === "span") return t("stats.reason.span", { span: fmtNumber(r.span, 1), min: r.min });
+      if (r.code === "span_unknown") return t("stats.reason.span_unknown", { min: r.min });
+      return `${t("stats.reason.api")} ${cs.apiReasons.join("; ")}`;
+    };
+    const head = cs.sufficient
+      ? h(
+          "dl",
+          { class: "ratios" },
+          pair(t("stats.precision"), fmtPercent(cs.precision), "precision"),
+          pair(
+            t("stats.recall"),
+            cs.recall === null ? t("stats.recall_undefined") : fmtPercent(cs.recall),
+            "recall",
+            cs.recall === null ? "words" : null,
+          ),
+        )
+      : h(
+          "div",
+          { class: "insufficient", role: "status" },
+          h("strong", {}, t("stats.insufficient")),
+          h("ul", {}, cs.reasons.map((r) => h("li", {}, reasonText(r)))),
+        );
+    const span = stats.span_days === null || stats.span_days === undefined ? t("unknown") : t("stats.days", { n: fmtNumber(stats.span_days, 1) });
+    return h(
+      "article",
+      { class: "stat-card", dataset: { band: band.window_days, state: cs.sufficient ? "sufficient" : "insufficient" } },
+      h("h3", {}, t("stats.band", { n: band.window_days })),
+      head,
+      h(
+        "dl",
+        { class: "counts", "aria-label": t("stats.counts") },
+        pair(t("stats.pending"), fmtNumber(band.pending), "pending"),
+        pair(t("stats.hit"), fmtNumber(band.hit), "hit"),
+        pair(t("stats.miss"), fmtNumber(band.miss), "miss"),
+        pair(t("stats.voided"), fmtNumber(band.voided), "voided"),
+      ),
+      h(
+        "dl",
+        { class: "counts" },
+        pair(t("stats.failed_cards"), fmtNumber(band.failed_cards), "failed_cards"),
+        pair(t("stats.predicted_cards"), fmtNumber(band.predicted_cards), "predicted_cards"),
+        pair(t("stats.missed_cards"), fmtNumber(band.missed_cards), "missed_cards"),
+      ),
+      h(
+        "dl",
+        { class: "counts" },
+        pair(t("stats.monitorable"), fmtNumber(stats.monitorable_cards), "monitorable_cards"),
+        pair(t("stats.card_days"), fmtNumber(stats.card_days, 1), "card_days"),
+        pair(t("stats.span"), span, "span_days"),
+      ),
+      cs.sufficient && cs.apiReasons.length
+        ? h("p", { class: "muted small" }, `${t("stats.notes")}: ${cs.apiReasons.join("; ")}`)
+        : null,
+    );
+  }
+
+  function renderPredictions() {
+    const select = h(
+      "select",
+      {
+        id: "pred-filter",
+        onchange: (event) => {
+          state.filter = event.target.value;
+          state.offset = 0; // a new filter always starts on the first page
+          fetchPredictions();
+        },
+      },
+      STATUSES.map((s) => h("option", { value: s, selected: s === state.filter }, t(`pred.filter.${s}`))),
+    );
+    const head = h(
+      "div",
+      { class: "block-head" },
+      h("h2", { id: "pred-title" }, t("pred.title"), simBadge()),
+      h("div", { class: "control" }, h("label", { for: "pred-filter" }, t("pred.filter")), select),
+    );
+    const status = blockStatus(state.preds);
+    if (status) return replace(predsBox, head, status);
+    const body = state.preds.data;
+    if (body.total === 0 || body.items.length === 0) {
+      return replace(
+        predsBox,
+        head,
+        h(
+          "p",
+          { class: "empty", id: "pred-empty" },
+          t("pred.empty"),
+          " ",
+          h("a", { href: "#capabilities" }, t("pred.empty_link")),
+        ),
+        pager(body),
+      );
+    }
+    const rows = body.items.map((p) => predictionRow(p, body.current_rule_version));
+    replace(
+      predsBox,
+      head,
+      h("p", { class: "muted small" }, t("pred.select_hint")),
+      table(
+        t("pred.title"),
+        [
+          t("pred.col.card"),
+          t("pred.col.type"),
+          t("pred.col.status"),
+          t("pred.col.window"),
+          t("pred.col.rule"),
+          t("pred.col.evidence"),
+        ],
+        rows,
+        { id: "pred-table" },
+      ),
+      pager(body),
+    );
+  }
+
+  function predictionRow(p, currentRule) {
+    const types = recogniseTypes(p.evidence);
+    const selected =
+      state.selected && state.selected.node_id === p.node_id && state.selected.gpu_index === p.gpu_index;
+    const row = h(
+      "tr",
+      { class: selected ? "selected" : null, "aria-selected": selected ? "true" : "false", dataset: { id: p.id } },
+      h(
+        "td",
+        {},
+        h("span", { class: "card-name" }, `${nodeName(p.node_id)} #${p.gpu_index}`),
+        h("br"),
+        h("code", { class: "uuid" }, p.uuid ?? t("unknown")),
+      ),
+      h(
+        "td",
+        { class: "types" },
+        types.length
+          ? types.map((code) => h("span", { class: "badge type", dataset: { type: code } }, t(`type.${code}`)))
+          : h("span", { class: "badge type unrecognised", dataset: { type: "unrecognised" } }, t("type.unrecognised")),
+      ),
+      h("td", {}, h("span", { class: `badge status-${p.status}` }, t(`status.${p.status}`))),
+      h("td", { class: "nowrap" }, fmtTime(p.t0), " → ", h("br"), fmtTime(p.window_end), ` (${p.window_days} d)`),
+      h(
+        "td",
+        {},
+        h("code", {}, p.rule_version),
+        p.rule_version !== currentRule
+          ? h("span", { class: "muted small" }, ` (${t("pred.rule_old", { current: currentRule })})`)
+          : null,
+      ),
+      h(
+        "td",
+        { class: "evidence" },
+        h("pre", {}, p.evidence),
+        p.conclusion ? h("p", { class: "conclusion" }, `${t("pred.conclusion")}: ${p.conclusion}`) : null,
+      ),
+    );
+    return activatable(row, () => selectCard({ node_id: p.node_id, gpu_index: p.gpu_index }));
+  }
+
+  function pager(body) {
+    if (body.total <= PAGE_SIZE) return h("p", { class: "pager", id: "pred-pager" }, t("pred.total", { total: body.total }));
+    const pages = Math.ceil(body.total / PAGE_SIZE);
+    const page = Math.floor(body.offset / PAGE_SIZE) + 1;
+    const go = (delta) => () => {
+      state.offset = Math.max(0, state.offset + delta * PAGE_SIZE);
+      fetchPredictions();
+    };
+    return h(
+      "nav",
+      { class: "pager", id: "pred-pager", "aria-label": t("pred.title") },
+      h("button", { type: "button", id: "pred-prev", disabled: page <= 1, onclick: go(-1) }, t("pred.prev")),
+      h("span", { id: "pred-page" }, t("pred.page", { page, pages, total: body.total })),
+      h("button", { type: "button", id: "pred-next", disabled: page >= pages, onclick: go(1) }, t("pred.next")),
+    );
+  }
+
+  /** The capability rows grouped by node (insertion order), the order the selector and the matrix use. */
+  function orderedCards() {
+    if (state.caps.status !== "ok") return [];
+    const groups = new Map();
+    for (const card of state.caps.data.cards) {
+      if (!groups.has(card.node_id)) groups.set(card.node_id, []);
+      groups.get(card.node_id).push(card);
+    }
+    // Grouped per node, nodes by name, cards by index: a stable order for the matrix and the default card.
+    const byName = (a, b) => nodeName(a).localeCompare(nodeName(b)) || a.localeCompare(b);
+    return [...groups.keys()]
+      .sort(byName)
+      .flatMap((id) => groups.get(id).sort((a, b) => a.gpu_index - b.gpu_index));
+  }
+
+  function renderEcc() {
+    const title = h("h2", { id: "ecc-title" }, t("ecc.title"), simBadge());
+    const status = blockStatus(state.caps);
+    if (status) return replace(eccBox, title, status);
+    const options = new Map();
+    for (const c of orderedCards()) {
+      const key = cardKey(c.node_id, c.gpu_index);
+      if (!options.has(key)) options.set(key, `${nodeName(c.node_id)} #${c.gpu_index} · ${c.uuid ?? t("unknown")}`);
+    }
+    if (state.selected) {
+      const key = cardKey(state.selected.node_id, state.selected.gpu_index);
+      if (!options.has(key)) options.set(key, `${nodeName(state.selected.node_id)} #${state.selected.gpu_index}`);
+    }
+    if (options.size === 0) return replace(eccBox, title, h("p", { class: "empty" }, t("ecc.no_cards")));
+    const selectedKey = state.selected ? cardKey(state.selected.node_id, state.selected.gpu_index) : "";
+    const select = h(
+      "select",
+      {
+        id: "ecc-card",
+        onchange: (event) => {
+          const [nodeId, index] = event.target.value.split("|");
+          if (nodeId) selectCard({ node_id: nodeId, gpu_index: Number(index) }, { scroll: false });
+        },
+      },
+      selectedKey ? null : h("option", { value: "", selected: true }, "—"),
+      [...options].map(([key, label]) => h("option", { value: key, selected: key === selectedKey }, label)),
+    );
+    const head = h(
+      "div",
+      { class: "block-head" },
+      title,
+      h("div", { class: "control" }, h("label", { for: "ecc-card" }, t("ecc.card")), select),
+    );
+    const sampleStatus = blockStatus(state.samples);
+    if (state.samples.status === "idle") return replace(eccBox, head);
+    if (sampleStatus) return replace(eccBox, head, sampleStatus);
+    const data = state.samples.data;
+    const staleMinutes = state.caps.data.stall_threshold_minutes ?? DEFAULT_STALL_MINUTES;
+    const chartOpts = {
+      samples: data.samples,
+      fromMs: Date.parse(data.since),
+      untilMs: state.samples.fetchedAt,
+      staleMinutes,
+      truncated: Boolean(data.truncated),
+    };
+    replace(
+      eccBox,
+      head,
+      data.truncated
+        ? h("p", { class: "warning", role: "alert", id: "ecc-truncated" }, t("ecc.truncated", { count: data.samples.length }))
+        : null,
+      h("p", { class: "muted small" }, t("ecc.legend")),
+      h(
+        "div",
+        { class: "charts" },
+        eccChart({ ...chartOpts, key: "ecc_corrected_total", title: t("ecc.corrected") }),
+        eccChart({ ...chartOpts, key: "ecc_uncorrected_total", title: t("ecc.uncorrected") }),
+      ),
+    );
+  }
+
+  function renderCapabilities() {
+    const title = h("h2", { id: "caps-title" }, t("caps.title"), simBadge());
+    const status = blockStatus(state.caps);
+    if (status) return replace(capsBox, title, status);
+    const caps = state.caps.data;
+    const groups = new Map();
+    for (const card of orderedCards()) {
+      if (!groups.has(card.node_id)) groups.set(card.node_id, []);
+      groups.get(card.node_id).push(card);
+    }
+    // Nodes of this source without any health sample still count: all their GPUs are unknown.
+    const unsampled = [...state.nodes.data.values()]
+      .filter((node) => node.source === state.source && !groups.has(node.id))
+      .sort((a, b) => a.name.localeCompare(b.name));
+    for (const node of unsampled) groups.set(node.id, []);
+    const rows = [];
+    for (const [nodeId, cards] of groups) {
+      const node = state.nodes.data.get(nodeId);
+      const sampledSlots = new Set(cards.map((c) => c.gpu_index)).size;
+      const missing = node ? Math.max(0, node.gpu_count - sampledSlots) : 0;
+      const span = cards.length + (missing > 0 ? 1 : 0);
+      // Vendor and model are node facts: shown once per node, never matched to a single card.
+      const vendorCell = h(
+        "td",
+        { rowspan: span, class: "vendor" },
+        node ? `${node.vendor} / ${node.model || t("unknown")}` : t("unknown"),
+        node ? h("br") : null,
+        node ? h("span", { class: "muted small" }, t("caps.node_gpus", { gpus: node.gpu_count })) : null,
+      );
+      cards.forEach((card, i) => rows.push(capabilityRow(card, i === 0 ? vendorCell : null, caps)));
+      if (missing > 0) {
+        rows.push(
+          h(
+            "tr",
+            { class: "more-cards", dataset: { node: nodeId, count: missing } },
+            h("td", {}, h("span", { class: "card-name" }, nodeName(nodeId))),
+            cards.length === 0 ? vendorCell : null,
+            h("td", { colspan: METRICS.length + 2 }, t("caps.more_cards", { count: missing })),
+          ),
+        );
+      }
+    }
+    replace(
+      capsBox,
+      title,
+      rows.length === 0 ? h("p", { class: "empty" }, t("caps.empty")) : null,
+      rows.length === 0
+        ? null
+        : table(
+            t("caps.title"),
+            [
+              t("caps.col.card"),
+              t("caps.col.vendor"),
+              ...METRICS.map((m) => t(`caps.metric.${m}`)),
+              t("caps.col.trend"),
+              t("caps.col.last"),
+            ],
+            rows,
+            { id: "caps-table" },
+          ),
+      h("p", { class: "footer-note", id: "caps-note" }, caps.note),
+    );
+  }
+
+  function capabilityRow(card, vendorCell, caps) {
+    return h(
+      "tr",
+      { dataset: { node: card.node_id, index: card.gpu_index, stalled: card.collection_stalled ? "true" : "false" } },
+      h(
+        "td",
+        {},
+        h("span", { class: "card-name" }, `${nodeName(card.node_id)} #${card.gpu_index}`),
+        card.collection_stalled
+          ? h(
+              "span",
+              { class: "badge stalled", title: t("caps.stalled_title", { minutes: caps.stall_threshold_minutes }) },
+              t("caps.stalled"),
+            )
+          : null,
+        h("br"),
+        h("code", { class: "uuid" }, card.uuid ?? t("unknown")),
+      ),
+      vendorCell,
+      METRICS.map((m) =>
+        card.metrics[m] === "collectable"
+          ? h("td", { class: "metric yes", dataset: { metric: m } }, t("caps.collectable"))
+          : h("td", { class: "metric unknown", dataset: { metric: m } }, t("unknown")),
+      ),
+      h("td", {}, card.trend_prediction_possible ? t("caps.trend_yes") : t("caps.trend_no")),
+      h(
+        "td",
+        { class: "nowrap" },
+        fmtTime(card.last_sample_at),
+        h("br"),
+        h("span", { class: "muted small" }, t("caps.samples", { count: fmtNumber(card.sample_count) })),
+      ),
+    );
+  }
+
+  function renderAll() {
+    renderShell();
+    renderStats();
+    renderPredictions();
+    renderEcc();
+    renderCapabilities();
+  }
+
+  return {
+    start() {
+      replace(main, sourceBox, statsBox, predsBox, eccBox, capsBox);
+      renderAll();
+      fetchAll();
+    },
+    render: renderAll,
+    stop() {
+      state.gen += 1;
+      document.body.classList.remove("simulated");
+      banner.hidden = true;
+    },
+  };
+}

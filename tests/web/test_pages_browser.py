@@ -1,0 +1,595 @@
+# ruff: noqa: RUF001  # the pages are checked against their exact Chinese and typographic wording
+"""The web pages in a real headless Chromium against a live, seeded server: one test per row of the seed's page
+table (页面功能介绍), plus sign-in failure, tenant scope, source switching, resolving an alert and the language."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx2 as httpx
+import pytest
+
+from tests.web.seed import Seeded
+
+pytestmark = pytest.mark.browser
+
+Open = Callable[..., Any]
+UNKNOWN_IS_NEVER_ZERO = re.compile(r"\b0(\.0)?%")
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _expect_timeout(browser: Any) -> None:
+    """Once the browser fixture has found Playwright (or skipped, or failed in CI): a patient default timeout."""
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=15_000)
+
+
+@pytest.fixture
+def open_page(browser: Any, seeded: Seeded) -> Iterator[Open]:
+    """Open a page in a fresh browser context (own sessionStorage), signed in with ``token`` unless None."""
+    contexts: list[Any] = []
+    errors: list[str] = []
+
+    def opener(
+        path: str,
+        *,
+        token: str | None = seeded.reader,
+        lang: str | None = None,
+        width: int = 1280,
+        color_scheme: str = "light",
+    ) -> Any:
+        context = browser.new_context(viewport={"width": width, "height": 900}, color_scheme=color_scheme)
+        contexts.append(context)
+        script = ""
+        if token is not None:
+            script += f"sessionStorage.setItem('heteroflow.token', {json.dumps(token)});"
+        if lang is not None:
+            script += f"localStorage.setItem('heteroflow.lang', {json.dumps(lang)});"
+        if script:
+            context.add_init_script(
+                f"if (!sessionStorage.getItem('seeded')) {{ {script} sessionStorage.setItem('seeded', '1'); }}"
+            )
+        page = context.new_page()
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        if path:
+            page.goto(seeded.base_url + path)
+        return page
+
+    yield opener
+    for context in contexts:
+        context.close()
+    assert not errors, f"uncaught page errors: {errors}"
+
+
+def api(seeded: Seeded, path: str, token: str | None = None, **params: Any) -> Any:
+    response = httpx.get(
+        seeded.base_url + path, params=params, headers={"Authorization": f"Bearer {token or seeded.reader}"}
+    )
+    response.raise_for_status()
+    return response.json()
+
+
+def loaded(page: Any) -> Any:
+    """Wait until the four blocks of the GPU health page have their data."""
+    from playwright.sync_api import expect
+
+    expect(page.locator("#stats .stat-card")).to_have_count(2)
+    expect(page.locator("#pred-pager")).to_be_visible()
+    expect(page.locator("#caps-note")).to_be_visible()
+    expect(page.locator("#ecc .chart").first).to_be_visible()
+    return page
+
+
+def select_card(page: Any, node: str, index: int) -> None:
+    page.select_option("#ecc-card", value=f"{node}|{index}")
+
+
+# ---- 常驻校准提示 ---------------------------------------------------------------------------------------------
+def test_calibration_notice_uses_local_text_on_failure_and_the_disclaimer_verbatim(
+    open_page: Open, seeded: Seeded
+) -> None:
+    from playwright.sync_api import expect
+
+    # Before sign-in: the notice is there (it is part of the static shell).
+    page = open_page("/nodes/gpu-health", token=None)
+    expect(page.locator("#calibration")).to_be_visible()
+    expect(page.locator("#calibration-heading")).to_have_text(
+        "Initial empirical thresholds, pending calibration with real data."
+    )
+    # The statistics call fails: the local fallback text stands in.
+    failing = open_page("")
+    failing.route("**/api/v1/gpu-health/prediction-stats*", lambda route: route.fulfill(status=503, body="{}"))
+    failing.goto(seeded.base_url + "/nodes/gpu-health")
+    expect(failing.locator("#stats .error")).to_be_visible()
+    expect(failing.locator("#calibration")).to_be_visible()
+    expect(failing.locator("#calibration-text")).to_have_attribute("data-origin", "fallback")
+    expect(failing.locator("#calibration-text")).to_contain_text("experimental")
+    # The call succeeds: the API's disclaimer verbatim.
+    disclaimer = api(seeded, "/api/v1/gpu-health/prediction-stats")["disclaimer"]
+    ok = loaded(open_page("/nodes/gpu-health"))
+    expect(ok.locator("#calibration-text")).to_have_text(disclaimer)
+    expect(ok.locator("#calibration-text")).to_have_attribute("data-origin", "api")
+
+
+def test_sign_in_failure_then_success(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    page = open_page("/nodes/gpu-health", token=None)
+    page.fill("#token", "hf_not-a-real-token")
+    page.click("#signin-submit")
+    expect(page.locator("#signin-message")).to_contain_text("401")
+    expect(page.locator("#stats")).to_have_count(0)
+    assert page.evaluate("sessionStorage.getItem('heteroflow.token')") is None
+    page.fill("#token", seeded.reader)
+    page.keyboard.press("Enter")
+    loaded(page)
+    assert page.evaluate("sessionStorage.getItem('heteroflow.token')") == seeded.reader
+    page.click("#signout")
+    expect(page.locator("#signin")).to_be_visible()
+    assert page.evaluate("sessionStorage.getItem('heteroflow.token')") is None
+
+
+# ---- 数据来源切换 ---------------------------------------------------------------------------------------------
+def test_source_switch_clears_every_block_and_discards_late_responses(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    held: list[Any] = []
+    holding = {"real-stats": False, "simulated": True}
+
+    def hold(route: Any) -> None:
+        url = route.request.url
+        kind = "simulated" if "source=simulated" in url else "real-stats" if "prediction-stats" in url else None
+        if kind and holding[kind]:
+            held.append(route)
+        else:
+            route.continue_()
+
+    page = open_page("")
+    # Hold every simulated request, and later a real statistics response, until we release them.
+    page.route("**/api/v1/gpu-health/**", hold)
+    page.goto(seeded.base_url + "/nodes/gpu-health")
+    expect(page.locator("#pred-table")).to_be_visible()
+    expect(page.locator("#ecc .chart").first).to_be_visible()
+    assert page.locator("#ecc-card").input_value() != ""
+    expect(page.locator("#sim-banner")).to_be_hidden()
+
+    page.click("#source-simulated")
+    # Everything from the real source is gone before any simulated data arrives.
+    expect(page.locator("#sim-banner")).to_be_visible()
+    expect(page.locator("#pred-table")).to_have_count(0)
+    expect(page.locator("#caps-table")).to_have_count(0)
+    expect(page.locator("#ecc-card")).to_have_count(0)
+    expect(page.locator("#ecc .chart")).to_have_count(0)
+    for block in ("#stats", "#predictions", "#ecc", "#capabilities"):
+        expect(page.locator(block)).to_contain_text("Loading")
+        expect(page.locator(f"{block} .badge.sim")).to_be_visible()
+    assert page.url.endswith("?source=simulated")
+
+    holding["simulated"] = False
+    for route in list(held):
+        route.continue_()
+    held.clear()
+    sim = api(seeded, "/api/v1/gpu-health/prediction-stats", source="simulated")
+    expect(page.locator('#stats [data-band="7"] [data-key="pending"]')).to_have_text(str(sim["windows"][0]["pending"]))
+    expect(page.locator('#stats [data-band="7"]')).to_have_attribute("data-state", "insufficient")
+    expect(page.locator("#caps-table")).to_contain_text("sim-demo")
+    expect(page.locator("#caps-table")).not_to_contain_text("gpu-a")
+    expect(page.locator("#pred-table")).to_contain_text("sim-demo")
+
+    # Back to real, holding its statistics; switch to simulated again and only then let the real answer arrive:
+    # it is discarded, never shown under the simulated banner.
+    holding["real-stats"] = True
+    page.click("#source-real")
+    expect(page.locator("#sim-banner")).to_be_hidden()
+    expect(page.locator("#caps-table")).to_contain_text("gpu-a")
+    expect(page.locator("#caps-table")).not_to_contain_text("sim-demo")
+    expect(page.locator("#stats")).to_contain_text("Loading")
+    assert len(held) == 1
+    page.click("#source-simulated")
+    expect(page.locator('#stats [data-band="7"] [data-key="pending"]')).to_have_text(str(sim["windows"][0]["pending"]))
+    late = held.pop()
+    late.continue_()
+    page.wait_for_timeout(300)
+    expect(page.locator('#stats [data-band="7"] [data-key="pending"]')).to_have_text(str(sim["windows"][0]["pending"]))
+    expect(page.locator("#sim-banner")).to_be_visible()
+
+
+# ---- 统计卡 ---------------------------------------------------------------------------------------------------
+def test_stats_cards_show_ratios_only_when_sufficient_and_raw_counts_always(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    stats = api(seeded, "/api/v1/gpu-health/prediction-stats")
+    seven, thirty = sorted(stats["windows"], key=lambda b: b["window_days"])
+    page = loaded(open_page("/nodes/gpu-health"))
+    card7, card30 = page.locator('#stats [data-band="7"]'), page.locator('#stats [data-band="30"]')
+    expect(card7).to_have_attribute("data-state", "sufficient")
+    expect(card7.locator('[data-key="precision"]')).to_have_text(f"{seven['precision'] * 100:.1f}%")
+    # No failed card: the recall is unknown, said in words — never 0%.
+    expect(card7.locator('[data-key="recall"]')).to_contain_text("Unknown")
+    expect(card30).to_have_attribute("data-state", "insufficient")
+    expect(card30.locator(".insufficient")).to_contain_text("Not enough samples for a hit rate yet")
+    expect(card30.locator(".insufficient li")).to_have_text(
+        [f"{thirty['matured']} of ≥ 20 matured predictions (hit + miss; voided excluded)"]
+    )
+    expect(card30.locator('[data-key="precision"]')).to_have_count(0)
+    for card, band in ((card7, seven), (card30, thirty)):
+        for key in ("pending", "hit", "miss", "voided", "failed_cards", "predicted_cards", "missed_cards"):
+            expect(card.locator(f'[data-key="{key}"]')).to_have_text(str(band[key]))
+        expect(card.locator('[data-key="monitorable_cards"]')).to_have_text(str(stats["monitorable_cards"]))
+        expect(card.locator('[data-key="span_days"]')).to_contain_text("days")
+    assert not UNKNOWN_IS_NEVER_ZERO.search(page.locator("#stats").inner_text())
+
+
+def test_stats_card_gate_is_checked_by_the_page_itself(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    body = api(seeded, "/api/v1/gpu-health/prediction-stats")
+    for band in body["windows"]:  # a server that (wrongly) sends ratios on 19 matured predictions
+        band.update(hit=10, miss=9, matured=19, precision=0.5, recall=0.0, insufficient=[])
+    page = open_page("")
+    page.route("**/api/v1/gpu-health/prediction-stats*", lambda route: route.fulfill(json=body))
+    page.goto(seeded.base_url + "/nodes/gpu-health")
+    expect(page.locator('#stats [data-state="insufficient"]')).to_have_count(2)
+    expect(page.locator("#stats")).not_to_contain_text("50.0%")
+    expect(page.locator("#stats")).not_to_contain_text("0.0%")
+    expect(page.locator('#stats [data-band="7"] li')).to_have_text(
+        ["19 of ≥ 20 matured predictions (hit + miss; voided excluded)"]
+    )
+
+
+# ---- 预测列表 -------------------------------------------------------------------------------------------------
+def test_prediction_list_filter_returns_to_page_one(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    total = api(seeded, "/api/v1/gpu-health/predictions", limit=1)["total"]
+    pending = api(seeded, "/api/v1/gpu-health/predictions", limit=1, status="pending")["total"]
+    hits = api(seeded, "/api/v1/gpu-health/predictions", limit=1, status="hit")["total"]
+    assert total > 50
+    assert hits < 50
+    page = loaded(open_page("/nodes/gpu-health"))
+    page.click("#pred-next")
+    expect(page.locator("#pred-page")).to_have_text(f"Page 2 of 2 · {total} predictions")
+    page.select_option("#pred-filter", "pending")
+    expect(page.locator("#pred-pager")).to_have_text(f"{pending} predictions")
+    expect(page.locator("#pred-table tbody tr")).to_have_count(pending)
+    page.select_option("#pred-filter", "all")
+    expect(page.locator("#pred-page")).to_have_text(f"Page 1 of 2 · {total} predictions")
+    page.click("#pred-next")
+    expect(page.locator("#pred-page")).to_have_text(f"Page 2 of 2 · {total} predictions")
+    page.select_option("#pred-filter", "hit")
+    # Under one page: only the total, no page buttons.
+    expect(page.locator("#pred-pager")).to_have_text(f"{hits} predictions")
+    expect(page.locator("#pred-next")).to_have_count(0)
+    expect(page.locator("#pred-table tbody tr")).to_have_count(hits)
+    for badge in page.locator("#pred-table tbody .badge.status-hit").all():
+        expect(badge).to_have_text("Hit")
+    expect(page.locator("#pred-table .badge[class*='status-']:not(.status-hit)")).to_have_count(0)
+
+
+def test_prediction_list_pages_by_fifty_with_honest_totals(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    total = api(seeded, "/api/v1/gpu-health/predictions", limit=1)["total"]
+    requests: list[str] = []
+    page = open_page("")
+    page.on("request", lambda r: requests.append(r.url) if "/gpu-health/predictions" in r.url else None)
+    page.goto(seeded.base_url + "/nodes/gpu-health")
+    loaded(page)
+    expect(page.locator("#pred-page")).to_have_text(f"Page 1 of 2 · {total} predictions")
+    expect(page.locator("#pred-table tbody tr")).to_have_count(50)
+    expect(page.locator("#pred-prev")).to_be_disabled()
+    page.click("#pred-next")
+    expect(page.locator("#pred-table tbody tr")).to_have_count(total - 50)
+    expect(page.locator("#pred-next")).to_be_disabled()
+    page.click("#pred-prev")
+    expect(page.locator("#pred-page")).to_have_text(f"Page 1 of 2 · {total} predictions")
+    assert [re.search(r"offset=(\d+)", u).group(1) for u in requests] == ["0", "50", "0"]  # type: ignore[union-attr]
+    assert all("limit=50" in u for u in requests)
+
+
+def test_prediction_table_labels_from_evidence_and_row_selects_the_card(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    page = loaded(open_page("/nodes/gpu-health"))
+    rows = page.locator("#pred-table tbody tr")
+    unrecognised = rows.filter(has_text="operator note: investigate the card").first
+    expect(unrecognised.locator(".badge.type")).to_have_text(["Unrecognised"])
+    weak = rows.filter(has_text="weak signal [temperature_high]").first
+    # The weak line mentions remap_failure: it must not add that label.
+    expect(weak.locator(".badge.type")).to_have_text(["Retired pages growing"])
+    strong = rows.filter(has_text="strong signal [uncorrectable_ecc]").first
+    expect(strong.locator(".badge.type")).to_have_text(["Uncorrectable ECC"])
+    old_rule = rows.filter(has_text="v0-initial").first
+    expect(old_rule).to_contain_text("older than the current rule v1-ecc-growth")
+    expect(rows.first.locator("td").first).to_contain_text("gpu-a #")
+    # Row click (and Enter on a focused row) selects that card in the ECC rate block.
+    target = rows.filter(has_text="gpu-a #2").first
+    target.click()
+    expect(page.locator("#ecc-card")).to_have_value(f"{seeded.nodes['gpu-a']}|2")
+    expect(page.locator("#pred-table tr.selected").first).to_contain_text("gpu-a #2")
+    other = rows.filter(has_text="gpu-a #1").first
+    other.focus()
+    page.keyboard.press("Enter")
+    expect(page.locator("#ecc-card")).to_have_value(f"{seeded.nodes['gpu-a']}|1")
+    expect(page.locator("#ecc-card")).to_be_focused()  # keyboard users land next to the chart they asked for
+
+
+def test_prediction_list_empty_state_points_to_the_capability_matrix(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    page = open_page("/nodes/gpu-health", token=seeded.empty_reader)
+    empty = page.locator("#pred-empty")
+    expect(empty).to_contain_text(
+        "That does not mean every card is healthy — cards without collection capability are never predicted."
+    )
+    expect(empty.locator('a[href="#capabilities"]')).to_be_visible()
+    expect(page.locator("#pred-pager")).to_have_text("0 predictions")
+
+
+# ---- ECC 速率 -------------------------------------------------------------------------------------------------
+def test_ecc_selector_defaults_to_the_first_card_with_ecc_counts(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    page = loaded(open_page("/nodes/gpu-health"))
+    expect(page.locator("#ecc-card")).to_have_value(f"{seeded.nodes['gpu-a']}|0")
+    corrected = page.locator('#ecc .chart[data-metric="ecc_corrected_total"]')
+    expect(corrected.locator("svg rect.bar").first).to_be_attached()
+    expect(page.locator('#ecc .chart[data-metric="ecc_uncorrected_total"]')).to_be_visible()
+
+
+def test_ecc_unknown_hours_are_shaded_labelled_and_never_zero(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    page = loaded(open_page("/nodes/gpu-health"))
+    select_card(page, seeded.nodes["gpu-a"], 2)
+    corrected = page.locator('#ecc .chart[data-metric="ecc_corrected_total"]')
+    expect(corrected.locator("rect.bar-unknown[data-reason='card_swap']")).to_have_count(1)
+    reasons = set(corrected.locator("rect.bar-unknown").evaluate_all("els => els.map(e => e.dataset.reason)"))
+    assert {"no_sample", "stale", "decrease", "card_swap"} <= reasons
+    assert corrected.locator("rect.bar-unknown").first.get_attribute("fill", timeout=1000).startswith("url(#")
+    expect(corrected.locator("text.unknown-label").first).to_have_text("unknown")
+    values = corrected.locator("rect.bar").evaluate_all("els => els.map(e => Number(e.dataset.value))")
+    assert values
+    # One error every 5 minutes: 12 an hour, except an hour whose end still reads the last sample before the gap
+    # (at most the stall threshold old, so a known value): that hour is a true 0, not an unknown.
+    assert all(0 <= v <= 12 for v in values)
+    assert values.count(12) >= len(values) - 2
+    known, total = int(corrected.get_attribute("data-computable") or 0), int(corrected.get_attribute("data-total") or 0)
+    expect(corrected.locator(".coverage")).to_have_text(
+        re.compile(rf"^Computable hours {known} / {total} · total increase \d+")
+    )
+    assert known == len(values)
+    assert 0 < known < total
+    # Uncorrectable ECC stayed 0: known zero hours are drawn as zero, unknown ones stay shaded.
+    uncorrected = page.locator('#ecc .chart[data-metric="ecc_uncorrected_total"]')
+    expect(uncorrected.locator("rect.bar-zero").first).to_be_attached()
+    expect(uncorrected.locator(".coverage")).to_contain_text("total increase 0")
+
+
+def test_ecc_whole_metric_unknown_shows_a_big_unknown(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    page = loaded(open_page("/nodes/gpu-health"))
+    select_card(page, seeded.nodes["gpu-a"], 3)  # reports uncorrectable ECC only
+    corrected = page.locator('#ecc .chart[data-metric="ecc_corrected_total"]')
+    expect(corrected).to_have_attribute("data-state", "unknown")
+    expect(corrected.locator(".big-unknown")).to_have_text("Unknown")
+    expect(corrected).to_contain_text("that is not zero errors")
+    expect(page.locator('#ecc .chart[data-metric="ecc_uncorrected_total"]')).to_have_attribute("data-state", "known")
+
+
+def test_ecc_truncation_warning_and_not_loaded_hours(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    page = loaded(open_page("/nodes/gpu-health"))
+    select_card(page, seeded.nodes["gpu-big"], 0)
+    expect(page.locator("#ecc-truncated")).to_have_text(
+        "Sample limit reached: only the most recent 20000 samples are included; earlier ones were not loaded."
+    )
+    corrected = page.locator('#ecc .chart[data-metric="ecc_corrected_total"]')
+    expect(corrected.locator("rect.bar-unknown[data-reason='not_loaded']").first).to_be_attached()
+    select_card(page, seeded.nodes["gpu-a"], 0)
+    expect(page.locator("#ecc-truncated")).to_have_count(0)
+
+
+# ---- 能力矩阵 -------------------------------------------------------------------------------------------------
+def test_capability_matrix_columns_metrics_vendor_and_footer(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    caps = api(seeded, "/api/v1/gpu-health/capabilities")
+    page = loaded(open_page("/nodes/gpu-health"))
+    table = page.locator("#caps-table")
+    expect(table.locator("thead th")).to_have_text(
+        [
+            "Card",
+            "Node vendor / model",
+            "Corrected ECC",
+            "Uncorrectable ECC",
+            "Retired pages",
+            "Pending remaps",
+            "Remap failures",
+            "Trend prediction",
+            "Last sample · count",
+        ]
+    )
+    stalled_card = table.locator(f'tr[data-node="{seeded.nodes["gpu-a"]}"][data-index="3"]')
+    expect(stalled_card.locator("td.metric")).to_have_text(["Unknown", "Collectable", "Unknown", "Unknown", "Unknown"])
+    expect(stalled_card).to_contain_text("Not possible")
+    expect(stalled_card).to_contain_text("95 samples")
+    # Vendor and model once per node, never per card.
+    expect(table.locator("td.vendor")).to_have_count(3)
+    expect(table.locator("td.vendor").filter(has_text="kunlunxin / P800")).to_have_count(1)
+    expect(page.locator("#caps-note")).to_have_text(caps["note"])
+    assert "Unsupported" not in table.inner_text()
+
+
+def test_capability_matrix_stalled_badge(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    page = loaded(open_page("/nodes/gpu-health"))
+    stalled = page.locator('#caps-table tr[data-stalled="true"]')
+    # The card that stopped 3 hours ago and the swapped-out card of slot 2.
+    expect(stalled).to_have_count(2)
+    expect(stalled.locator(".badge.stalled")).to_have_text(["Collection stalled", "Collection stalled"])
+    expect(stalled.locator(".badge.stalled").first).to_have_attribute("title", re.compile("60 minutes"))
+    fresh = page.locator(f'#caps-table tr[data-node="{seeded.nodes["gpu-a"]}"][data-index="0"]')
+    expect(fresh.locator(".badge.stalled")).to_have_count(0)
+
+
+def test_capability_matrix_more_cards_rows(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    page = loaded(open_page("/nodes/gpu-health"))
+    more = page.locator("#caps-table tr.more-cards")
+    # gpu-a reports 8 GPUs with 4 sampled slots; gpu-b reports 2 and has no sample at all; gpu-big is complete.
+    expect(more).to_have_count(2)
+    expect(page.locator(f'tr.more-cards[data-node="{seeded.nodes["gpu-a"]}"]')).to_contain_text(
+        "4 more cards, all metrics unknown"
+    )
+    expect(page.locator(f'tr.more-cards[data-node="{seeded.nodes["gpu-b"]}"]')).to_contain_text(
+        "2 more cards, all metrics unknown"
+    )
+
+
+def test_no_auto_refresh(open_page: Open, seeded: Seeded) -> None:
+    requests: list[str] = []
+    page = open_page("")
+    page.clock.install()
+    page.on("request", lambda r: requests.append(r.url) if "/api/" in r.url else None)
+    page.goto(seeded.base_url + "/nodes/gpu-health")
+    loaded(page)
+    before = len(requests)
+    page.clock.run_for("30:00")
+    page.wait_for_timeout(200)
+    assert len(requests) == before
+
+
+# ---- tenants, nodes, alerts -----------------------------------------------------------------------------------
+def test_tenant_scope_on_every_page(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    page = loaded(open_page("/nodes/gpu-health"))
+    expect(page.locator("#caps-table")).not_to_contain_text("gpu-other")
+    expect(page.locator("#pred-table")).not_to_contain_text("gpu-other")
+    nodes = open_page("/nodes")
+    expect(nodes.locator("#nodes-table")).to_contain_text("gpu-a")
+    expect(nodes.locator("#nodes-table")).not_to_contain_text("gpu-other")
+    other = open_page("/nodes/gpu-health", token=seeded.other_reader)
+    expect(other.locator("#caps-table")).to_contain_text("gpu-other")
+    expect(other.locator("#caps-table")).not_to_contain_text("gpu-a")
+    expect(other.locator("#pred-table")).to_contain_text("gpu-other")
+    other_alerts = open_page("/alerts", token=seeded.other_reader)
+    expect(other_alerts.locator("#alerts-table")).to_contain_text("gpu-other")
+    expect(other_alerts.locator("#alerts-table")).not_to_contain_text("gpu-b")
+
+
+def test_nodes_page_lists_online_state_and_gpu_counts(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    seeded.beat("gpu-a")
+    page = open_page("/nodes")
+    a = page.locator(f'#nodes-table tr[data-node="{seeded.nodes["gpu-a"]}"]')
+    expect(a).to_have_attribute("data-online", "true")
+    expect(a.locator(".badge.online")).to_have_text("Online")
+    expect(a.locator("td.num")).to_have_text("8")
+    b = page.locator(f'#nodes-table tr[data-node="{seeded.nodes["gpu-b"]}"]')
+    expect(b.locator(".badge.offline")).to_have_text("Offline")
+    expect(b).to_contain_text("never")
+    sim = page.locator(f'#nodes-table tr[data-node="{seeded.nodes["sim-demo"]}"]')
+    expect(sim.locator(".badge.sim")).to_have_text("Simulated")
+    expect(page.locator("#nodes-total")).to_have_text("4 of 4 nodes")
+
+
+def test_alerts_resolve_with_a_reason_and_audit_trail(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    alert_id = seeded.resolvable_alert
+    # A token without alerts:write is refused, and the alert stays open.
+    readonly = open_page("/alerts", token=seeded.readonly)
+    readonly.locator(f'#alerts-table tr[data-id="{alert_id}"]').click()
+    readonly.fill("#resolve-reason", "card replaced")
+    readonly.click("#resolve-submit")
+    expect(readonly.locator("#resolve-message")).to_have_text("This token lacks the alerts:write scope (403).")
+
+    page = open_page("/alerts")
+    expect(page.locator("#alert-filter")).to_have_value("open")
+    row = page.locator(f'#alerts-table tr[data-id="{alert_id}"]')
+    expect(row.locator(".badge.alert-open")).to_be_visible()
+    row.focus()
+    page.keyboard.press("Enter")
+    expect(page.locator("#alert-history tbody tr")).to_have_count(1)
+    page.click("#resolve-submit")  # no reason: refused by the page
+    expect(page.locator("#resolve-message")).to_have_text("Give a reason (1–2000 characters).")
+    # The rest by keyboard only.
+    page.locator("#alert-detail").focus()
+    page.keyboard.press("Tab")
+    expect(page.locator("#resolve-reason")).to_be_focused()
+    page.keyboard.type("card replaced in maintenance window MW-42")
+    page.keyboard.press("Tab")
+    expect(page.locator("#resolve-submit")).to_be_focused()
+    page.keyboard.press("Enter")
+    expect(page.locator("#resolve-message")).to_have_text("Resolved.")
+    history = page.locator("#alert-history tbody tr")
+    expect(history).to_have_count(2)
+    expect(history.nth(1)).to_contain_text("resolved")
+    expect(history.nth(1)).to_contain_text("card replaced in maintenance window MW-42")
+    expect(history.nth(1)).to_contain_text(re.compile(r"token:web-test:"))
+    expect(page.locator("#resolve-form")).to_have_count(0)
+    expect(page.locator(f'#alerts-table tr[data-id="{alert_id}"]')).to_have_count(0)  # no longer open
+    page.select_option("#alert-filter", "resolved")
+    resolved = page.locator(f'#alerts-table tr[data-id="{alert_id}"]')
+    expect(resolved).to_contain_text("card replaced in maintenance window MW-42")
+    expect(page.locator("#alerts-table")).to_contain_text("job finished")
+    detail = api(seeded, f"/api/v1/alerts/{alert_id}")
+    assert detail["alert"]["status"] == "resolved"
+
+
+# ---- language, layout, schemes -------------------------------------------------------------------------------
+def test_language_switch_english_and_chinese(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    page = loaded(open_page("/nodes/gpu-health"))
+    page.select_option("#lang", "zh")
+    expect(page.locator("html")).to_have_attribute("lang", "zh-CN")
+    expect(page.locator("#calibration-heading")).to_have_text("初始经验阈值，待真实数据校准。")
+    expect(page.locator('#stats [data-band="30"] .insufficient strong')).to_have_text("样本不足，暂不给命中率")
+    expect(page.locator('#stats [data-band="30"] li')).to_contain_text(["已回填 2 条 / 需 ≥ 20 条"])
+    expect(page.locator("#pred-table .badge.unrecognised").first).to_have_text("未识别")
+    expect(page.locator("#caps-table .badge.stalled").first).to_have_text("采集停滞")
+    expect(page.locator("#nav")).to_contain_text("GPU 健康")
+    expect(page.locator("#caps-table tr.more-cards").first).to_contain_text("张卡全部指标未知")
+    # The choice is remembered for the next page.
+    seeded.beat("gpu-a")
+    page.goto(seeded.base_url + "/nodes")
+    expect(page.locator("#nodes-table")).to_contain_text("在线")
+    page.select_option("#lang", "en")
+    expect(page.locator("#nodes-table")).to_contain_text("Online")
+    expect(page.locator("html")).to_have_attribute("lang", "en")
+
+
+def test_narrow_window_and_dark_scheme(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    page = loaded(open_page("/nodes/gpu-health", width=390, color_scheme="dark"))
+    overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    assert overflow <= 1, f"the page scrolls sideways by {overflow}px at 390px"
+    background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+    assert background == "rgb(17, 20, 24)"
+    expect(page.locator("#calibration")).to_be_visible()
+    # Keyboard: the skip link is the first stop, then the navigation.
+    page.keyboard.press("Tab")
+    expect(page.locator(".skip")).to_be_focused()
+
+
+def test_a_rejected_token_returns_to_sign_in(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    page = open_page("/alerts", token="hf_revoked-or-made-up")
+    expect(page.locator("#signin-message")).to_have_text("Your token was rejected (401); please sign in again.")
+    assert page.evaluate("sessionStorage.getItem('heteroflow.token')") is None
+    page.select_option("#lang", "zh")
+    expect(page.locator("#signin-message")).to_have_text("令牌被拒绝（401），请重新登录。")
