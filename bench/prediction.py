@@ -176,8 +176,9 @@ def measure(url: str, cards: int, days: float) -> dict[str, float]:
     store = SqlPredictionStore(engine)
     since = NOW - timedelta(days=180)
     started = time.perf_counter()
-    counts = store.band_counts(source="real", scope=NodeScope(None), since=since, now=clock.now(), window_days=[7, 30])
-    store.exposure(source="real", scope=NodeScope(None), since=since, now=clock.now())
+    counts, _ = store.statistics(
+        source="real", scope=NodeScope(None), since=since, now=clock.now(), window_days=[7, 30]
+    )
     stats = time.perf_counter() - started
     started = time.perf_counter()
     naive_predicted, naive_failed = naive(engine, settings, since)

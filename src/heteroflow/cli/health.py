@@ -208,10 +208,10 @@ def _replay(trace: _Trace, settings: PredictionSettings, *, tick: timedelta) -> 
         predictions = SqlPredictionStore(engine)
         scope = NodeScope(tenant_id=None)
         since = first - timedelta(seconds=1)
-        counts = predictions.band_counts(
+        bands, exposure = predictions.statistics(
             source="real", scope=scope, since=since, now=clock.now(), window_days=[settings.window_days]
-        )[settings.window_days]
-        exposure = predictions.exposure(source="real", scope=scope, since=since, now=clock.now())
+        )
+        counts = bands[settings.window_days]
         stats = band_statistics(
             counts, exposure, min_matured=settings.min_matured, min_span_days=settings.min_span_days
         )

@@ -7,7 +7,9 @@ ratios are ``None`` (JSON null), never 0: 0% would read as "the predictions were
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import datetime
 
 DISCLAIMER = (
     "Fault prediction is experimental: the rule thresholds are initial values from a public mechanism, not "
@@ -71,3 +73,38 @@ def band_statistics(
 
 def disclaimer(*, min_matured: int, min_span_days: float) -> str:
     return DISCLAIMER.format(min_matured=min_matured, min_span=min_span_days)
+
+
+@dataclass(frozen=True, slots=True)
+class FailureEvent:
+    """A failure of a monitorable card: an uncorrectable-ECC step or a counted XID, at ``at``."""
+
+    node_id: str
+    gpu_index: int
+    uuid: str | None
+    at: datetime
+
+    @property
+    def card(self) -> tuple[str, int, str | None]:
+        return (self.node_id, self.gpu_index, self.uuid)
+
+
+@dataclass(frozen=True, slots=True)
+class PredictionWindow:
+    node_id: str
+    gpu_index: int
+    uuid: str | None
+    window_days: int
+    t0: datetime
+    window_end: datetime
+
+
+def predicted_cards(
+    events: Iterable[FailureEvent], windows: Iterable[PredictionWindow], *, window_days: int
+) -> set[tuple[str, int, str | None]]:
+    """Failed cards with a same-card prediction of this band whose window (t0, end] holds one of its failures."""
+    by_card: dict[tuple[str, int, str | None], list[PredictionWindow]] = {}
+    for window in windows:
+        if window.window_days == window_days:
+            by_card.setdefault((window.node_id, window.gpu_index, window.uuid), []).append(window)
+    return {event.card for event in events if any(w.t0 < event.at <= w.window_end for w in by_card.get(event.card, ()))}

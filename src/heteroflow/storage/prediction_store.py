@@ -22,7 +22,7 @@ from heteroflow.health.counters import HEALTH_KEYS, Counters
 from heteroflow.health.predictions import COUNTED_XIDS, Judgement, PredictionStatus, XidObservation
 from heteroflow.health.rules import GROWTH_KEYS, CardView, RuleParams, boundary_instants
 from heteroflow.health.samples import Card, CardKey, StoredSample
-from heteroflow.health.statistics import BandCounts, Exposure
+from heteroflow.health.statistics import BandCounts, Exposure, FailureEvent, PredictionWindow, predicted_cards
 from heteroflow.platform.auth import NodeScope
 from heteroflow.storage.db import unavailable_as_store_error
 from heteroflow.storage.health_store import in_scope
@@ -328,9 +328,16 @@ class SqlPredictionStore:
 
     # -- statistics (H-50…H-52) -------------------------------------------------------------------------------
 
-    def band_counts(
+    def statistics(
         self, *, source: Source, scope: NodeScope, since: datetime, now: datetime, window_days: Sequence[int]
-    ) -> dict[int, BandCounts]:
+    ) -> tuple[dict[int, BandCounts], Exposure]:
+        """Counts per band and the shared exposure (H-50…H-52).
+
+        Three statements: prediction counts by band and status; monitorable cards with their first and last
+        sample in the period (indexed point lookups per card); failure events (a window function over the
+        changed rows, plus counted XIDs). The few failure events are then matched with the predictions of the
+        failed cards.
+        """
         by_status = (
             sa.select(predictions_t.c.window_days, predictions_t.c.status, sa.func.count().label("n"))
             .where(
@@ -341,40 +348,33 @@ class SqlPredictionStore:
             )
             .group_by(predictions_t.c.window_days, predictions_t.c.status)
         )
-        failures = self._failures(source=source, scope=scope, since=since, now=now).cte("failures")
-        failed = sa.select(sa.func.count()).select_from(
-            sa.select(failures.c.node_id, failures.c.gpu_index, failures.c.uuid).distinct().subquery()
-        )
         with unavailable_as_store_error(), self._engine.connect() as conn:
             statuses: dict[int, dict[str, int]] = {n: {} for n in window_days}
             for row in conn.execute(by_status):
                 if row.window_days in statuses:
                     statuses[row.window_days][row.status] = row.n
-            failed_cards = int(conn.execute(failed).scalar_one())
-            predicted: dict[int, int] = {}
-            for n in window_days:
+            cards = conn.execute(self._cards_in_period(source=source, scope=scope, since=since, now=now)).all()
+            monitorable = {(row.node_id, row.gpu_index, row.uuid) for row in cards}
+            events = [
+                FailureEvent(row.node_id, row.gpu_index, row.uuid, utc_value(row.at))
+                for row in conn.execute(self._failures(source=source, scope=scope, since=since, now=now))
+                if (row.node_id, row.gpu_index, row.uuid) in monitorable
+            ]
+            windows: list[PredictionWindow] = []
+            if events:
                 p = predictions_t
-                covered = (
-                    sa.select(sa.literal(1))
-                    .where(
-                        p.c.node_id == failures.c.node_id,
-                        p.c.gpu_index == failures.c.gpu_index,
-                        p.c.uuid.is_not_distinct_from(failures.c.uuid),
+                rows = conn.execute(
+                    sa.select(p.c.node_id, p.c.gpu_index, p.c.uuid, p.c.window_days, p.c.t0, p.c.window_end).where(
                         p.c.source == source,
-                        p.c.window_days == n,
-                        p.c.t0 < failures.c.at,
-                        failures.c.at <= p.c.window_end,
+                        p.c.window_days.in_(list(window_days)),
+                        p.c.node_id.in_(sorted({e.node_id for e in events})),
                     )
-                    .exists()
                 )
-                cards = (
-                    sa.select(failures.c.node_id, failures.c.gpu_index, failures.c.uuid)
-                    .where(covered)
-                    .distinct()
-                    .subquery()
-                )
-                predicted[n] = int(conn.execute(sa.select(sa.func.count()).select_from(cards)).scalar_one())
-        return {
+                windows = [
+                    PredictionWindow(r.node_id, r.gpu_index, r.uuid, r.window_days, r.t0, r.window_end) for r in rows
+                ]
+        failed_cards = len({e.card for e in events})
+        bands = {
             n: BandCounts(
                 window_days=n,
                 pending=statuses[n].get("pending", 0),
@@ -382,10 +382,11 @@ class SqlPredictionStore:
                 miss=statuses[n].get("miss", 0),
                 voided=statuses[n].get("voided", 0),
                 failed_cards=failed_cards,
-                predicted_cards=predicted[n],
+                predicted_cards=len(predicted_cards(events, windows, window_days=n)),
             )
             for n in window_days
         }
+        return bands, _exposure(cards)
 
     def _failures(self, *, source: Source, scope: NodeScope, since: datetime, now: datetime) -> sa.Select[Any]:
         """Failure events of monitorable cards: a strict increase of uncorrectable ECC between consecutive known
@@ -418,7 +419,13 @@ class SqlPredictionStore:
         counter_failures = sa.select(
             steps.c.node_id, steps.c.gpu_index, steps.c.uuid, steps.c.sampled_at.label("at")
         ).where(steps.c.prev.is_not(None), steps.c.v > steps.c.prev, steps.c.sampled_at >= since)
-        monitorable = self._cards_in_period(source=source, scope=scope, since=since, now=now).subquery()
+        # XIDs are attributed to the card (node, index, uuid) of the slot; the caller keeps monitorable cards only
+        monitorable = (
+            sa.select(samples_t.c.node_id, samples_t.c.gpu_index, samples_t.c.uuid)
+            .where(samples_t.c.source == source, samples_t.c.changed, samples_t.c.sampled_at <= now)
+            .distinct()
+            .subquery()
+        )
         xid_failures = (
             sa.select(
                 monitorable.c.node_id, monitorable.c.gpu_index, monitorable.c.uuid, xid_t.c.occurred_at.label("at")
@@ -482,18 +489,16 @@ class SqlPredictionStore:
         ).subquery()
         return sa.select(edges).where(edges.c.first.is_not(None))
 
-    def exposure(self, *, source: Source, scope: NodeScope, since: datetime, now: datetime) -> Exposure:
-        """Monitorable cards, card-days from each card's first..last sample in the period, and the span."""
-        query = self._cards_in_period(source=source, scope=scope, since=since, now=now)
-        with unavailable_as_store_error(), self._engine.connect() as conn:
-            rows = conn.execute(query).all()
-        if not rows:
-            return Exposure(monitorable_cards=0, card_days=0.0, span_days=None)
-        day = timedelta(days=1)
-        first = [utc_value(row.first) for row in rows]
-        last = [utc_value(row.last) for row in rows]
-        card_days = sum((b - a) / day for a, b in zip(first, last, strict=True))
-        return Exposure(monitorable_cards=len(rows), card_days=card_days, span_days=(max(last) - min(first)) / day)
+
+def _exposure(cards: Sequence[Any]) -> Exposure:
+    """Monitorable cards, card-days from each card's first..last sample in the period, and the span."""
+    if not cards:
+        return Exposure(monitorable_cards=0, card_days=0.0, span_days=None)
+    day = timedelta(days=1)
+    first = [utc_value(row.first) for row in cards]
+    last = [utc_value(row.last) for row in cards]
+    card_days = sum((b - a) / day for a, b in zip(first, last, strict=True))
+    return Exposure(monitorable_cards=len(cards), card_days=card_days, span_days=(max(last) - min(first)) / day)
 
 
 def utc_value(value: Any) -> datetime:

@@ -62,3 +62,27 @@ def test_backfill_resolves_only_when_every_slot_latest_is_a_miss() -> None:
     assert resolution_by_backfill({0: "miss", 1: "voided"}, any_hit=False) is None
     assert resolution_by_backfill({0: "miss"}, any_hit=True) is None
     assert resolution_by_backfill({}, any_hit=False) is None
+
+
+def test_predicted_cards_need_the_same_card_band_and_a_window_holding_the_failure() -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from heteroflow.health.statistics import FailureEvent, PredictionWindow, predicted_cards
+
+    t0 = datetime(2026, 1, 1, tzinfo=UTC)
+    day = timedelta(days=1)
+    events = [
+        FailureEvent("n", 0, "A", t0 + 3 * day),
+        FailureEvent("n", 1, "B", t0 + 3 * day),
+        FailureEvent("n", 2, None, t0 + 7 * day),
+        FailureEvent("n", 3, "D", t0),
+    ]
+    windows = [
+        PredictionWindow("n", 0, "A", 7, t0, t0 + 7 * day),  # holds the failure
+        PredictionWindow("n", 1, "OTHER", 7, t0, t0 + 7 * day),  # another card in the slot
+        PredictionWindow("n", 2, None, 7, t0, t0 + 7 * day),  # right-closed: the end is inside
+        PredictionWindow("n", 3, "D", 7, t0, t0 + 7 * day),  # left-open: t0 itself is not
+        PredictionWindow("n", 1, "B", 30, t0, t0 + 30 * day),  # the other band
+    ]
+    assert predicted_cards(events, windows, window_days=7) == {("n", 0, "A"), ("n", 2, None)}
+    assert predicted_cards(events, windows, window_days=30) == {("n", 1, "B")}

@@ -100,10 +100,9 @@ async def prediction_stats(
     now = ctx.clock.now()
     start = utc(since) if since else now - timedelta(days=ctx.health_settings.retention_days)
     scope = NodeScope.of(principal)
-    counts = await asyncio.to_thread(
-        ctx.predictions.band_counts, source=chosen, scope=scope, since=start, now=now, window_days=BANDS
+    counts, exposure = await asyncio.to_thread(
+        ctx.predictions.statistics, source=chosen, scope=scope, since=start, now=now, window_days=BANDS
     )
-    exposure = await asyncio.to_thread(ctx.predictions.exposure, source=chosen, scope=scope, since=start, now=now)
     settings = ctx.prediction_settings
     bands = []
     for n in BANDS:
