@@ -11,7 +11,7 @@ cards healthy, some degrading, some with a sudden uncorrectable error), then mea
 
 Usage::
 
-    .venv/bin/python bench/prediction.py [--cards 100 1000] [--days 37] [--postgres]
+    .venv/bin/python bench/prediction.py [--cards 100 1000] [--days 37] [--postgres [--no-sqlite]]
 """
 
 from __future__ import annotations
@@ -204,8 +204,9 @@ def main() -> None:
     parser.add_argument("--cards", type=int, nargs="+", default=[100, 1000])
     parser.add_argument("--days", type=float, default=37)
     parser.add_argument("--postgres", action="store_true", help="run on a private PostgreSQL server too")
+    parser.add_argument("--no-sqlite", action="store_true", help="skip SQLite (with --postgres)")
     args = parser.parse_args()
-    backends: list[tuple[str, PostgresServer | None]] = [("sqlite", None)]
+    backends: list[tuple[str, PostgresServer | None]] = [] if args.no_sqlite else [("sqlite", None)]
     if args.postgres:
         server = PostgresServer()
         server.start()

@@ -281,6 +281,8 @@ export function createGpuHealthPage(main) {
         pager(body),
       );
     }
+    // A re-render (e.g. when the capability matrix arrives) must not take keyboard focus away from a row.
+    const focusedId = document.activeElement?.closest?.("#pred-table tr")?.dataset?.id;
     const rows = body.items.map((p) => predictionRow(p, body.current_rule_version));
     replace(
       predsBox,
@@ -301,6 +303,7 @@ export function createGpuHealthPage(main) {
       ),
       pager(body),
     );
+    if (focusedId) rows.find((row) => row.dataset.id === focusedId)?.focus({ preventScroll: true });
   }
 
   function predictionRow(p, currentRule) {
