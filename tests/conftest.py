@@ -14,7 +14,7 @@ from sqlalchemy.engine import Engine
 from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.testing import PostgresServer, PostgresUnavailableError
 
-_HEALTH_ENV_PREFIXES = ("HETEROFLOW_", "GPU_HEALTH_")
+_HEALTH_ENV_PREFIXES = ("HETEROFLOW_", "GPU_HEALTH_", "GPU_METRICS_", "GPU_MEMORY_HIGH_", "GPU_WEAK_")
 
 # Two shared cores: a per-example deadline would fail on the machine's load, not on the code.
 settings.register_profile("heteroflow", deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -23,6 +23,7 @@ def test_every_route_refuses_a_missing_or_unknown_token(harness: Harness) -> Non
     routes = [
         ("GET", "/api/v1/nodes"),
         ("GET", "/api/v1/nodes/x"),
+        ("GET", "/api/v1/nodes/x/gpu-metrics"),
         ("DELETE", "/api/v1/nodes/x"),
         ("POST", "/api/v1/nodes/register"),
         ("POST", "/api/v1/nodes/x/heartbeat"),

@@ -12,9 +12,12 @@ from sqlalchemy.engine import Engine
 
 from heteroflow.core.ids import NodeId, Source
 from heteroflow.health.counters import Counters
+from heteroflow.health.gpu_metrics import Aggregate, MinuteRow
 from heteroflow.health.samples import CardKey, HealthReading
 from heteroflow.health.simulation import Profile, series
+from heteroflow.health.weak_signals import WeakSignalParams, weak_signals
 from heteroflow.storage.health_store import SqlHealthSampleStore
+from heteroflow.storage.metrics_store import SqlGpuMetricsStore
 from tests.support.harness import Harness, running_server
 
 NOW = datetime(2026, 5, 20, 12, 0, 0, 654321, tzinfo=UTC)
@@ -392,3 +395,64 @@ def test_only_the_lease_holder_ticks_and_a_dead_holder_is_replaced(engine: Engin
         statuses = [w.status() for w in workers]
         assert [s.leader for s in statuses].count(True) == 1
         assert [bool(s.ticks_total) for s in statuses].count(True) == 1  # the follower never ticked
+
+
+# -- the weak-signal layer (temperature and power from the metrics history) ------------------------------------
+
+
+def write_weak_metrics(h: Harness, node: str, index: int, uuid: str, *, day_start: datetime, power: float) -> None:
+    """One day of anomalous metrics: 40 hot minutes and 70 busy minutes at ``power`` watts."""
+    key = CardKey(node_id=NodeId(node), gpu_index=index, source="real")
+
+    def agg(value: float) -> Aggregate:
+        return Aggregate(min=value, avg=value, max=value, count=12)
+
+    rows = [
+        MinuteRow(
+            key=key,
+            uuid=uuid,
+            minute=day_start + timedelta(minutes=m),
+            samples=12,
+            values={"temperature_c": agg(95.0), "utilization_pct": agg(100.0), "power_w": agg(power)},
+        )
+        for m in range(70)
+    ]
+    SqlGpuMetricsStore(h.ctx.engine).insert(rows)
+
+
+def test_a_card_with_only_weak_signals_for_30_days_is_never_predicted(harness: Harness) -> None:
+    agent, reader = harness.token("agent"), harness.token("nodes:read")
+    node = harness.register(agent, "hot-node")
+    store = SqlGpuMetricsStore(harness.ctx.engine)
+    for day in range(30):
+        harness.clock.advance(86_400)
+        now = harness.clock.now()
+        flat = {"ecc_uncorrected_total": 0, "ecc_corrected_total": 5, "retired_pages": 0}
+        write(harness, node, 0, [(now - timedelta(hours=h), "GPU-hot", flat) for h in (23, 12, 0)])
+        write_weak_metrics(
+            harness, node, 0, "GPU-hot", day_start=now - timedelta(hours=2), power=300.0 if day < 29 else 450.0
+        )
+        assert harness.ctx.worker.tick().predictions_created == {}
+    # the history really carries both weak signals: the gate, not a missing input, kept the card unpredicted
+    now = harness.clock.now()
+    rows = store.read(node_id=NodeId(node), gpu_index=0, source="real", since=now - 7 * DAY, until=now)
+    codes = {s.code for s in weak_signals(rows, uuid="GPU-hot", t0=now, params=WeakSignalParams())}
+    assert codes == {"temperature_high", "power_shift"}
+    assert predictions(harness, reader)["total"] == 0
+    assert alerts(harness, reader, type="GPU_FAULT_PREDICTED") == []
+
+
+def test_weak_signals_ride_along_as_evidence_on_a_strong_prediction(harness: Harness) -> None:
+    agent, reader = harness.token("agent"), harness.token("nodes:read")
+    node = harness.register(agent, "hot-node")
+    now = harness.clock.now()
+    for day in range(7, 0, -1):
+        write_weak_metrics(harness, node, 0, "GPU-bad", day_start=now - day * DAY - timedelta(hours=3), power=300.0)
+    write_weak_metrics(harness, node, 0, "GPU-bad", day_start=now - timedelta(hours=2), power=450.0)
+    write_weak_metrics(harness, node, 0, "GPU-old", day_start=now - timedelta(hours=5), power=999.0)  # other card
+    write(harness, node, 0, [(now - timedelta(minutes=1), "GPU-bad", {"ecc_uncorrected_total": 3})])
+    assert harness.ctx.worker.tick().predictions_created == {"real": 1}
+    (item,) = predictions(harness, reader)["items"]
+    assert item["signals"] == ["uncorrectable_ecc", "temperature_high", "power_shift"]
+    assert "weak signal [power_shift]" in item["evidence"]
+    assert "+50%" in item["evidence"]  # 300 W -> 450 W; the other uuid's 999 W is not this card's history

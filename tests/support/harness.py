@@ -13,6 +13,7 @@ from sqlalchemy.engine import Engine
 
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.testing import FakeClock
+from heteroflow.health.metrics_settings import GpuMetricsSettings
 from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform.auth import parse_scopes
@@ -58,6 +59,10 @@ class Harness:
         """Wait until the health writer has processed every offered reading."""
         self.client.portal.call(self.ctx.ingestor.drained)  # type: ignore[union-attr]
 
+    def flush_metrics(self) -> None:
+        """One flush of the GPU metrics side path (closed minutes written, GPU_MEMORY_HIGH decided)."""
+        self.client.portal.call(self.ctx.metrics_recorder.flush)  # type: ignore[union-attr]
+
     def maintain(self) -> None:
         """One round of the server's periodic upkeep (liveness flush, node and token re-confirmation)."""
         self.client.portal.call(maintain, self.ctx)  # type: ignore[union-attr]
@@ -75,6 +80,7 @@ def running_server(
     server: dict[str, Any] | None = None,
     prediction: dict[str, Any] | None = None,
     delivery: dict[str, Any] | None = None,
+    gpu_metrics: dict[str, Any] | None = None,
     clock: FakeClock | None = None,
     run_worker: bool = False,
 ) -> Iterator[Harness]:
@@ -86,6 +92,7 @@ def running_server(
         health_settings=HealthStorageSettings.load(**(health or {})),
         prediction_settings=PredictionSettings.load(**(prediction or {})),
         delivery_settings=AlertDeliverySettings.load(**(delivery or {})),
+        metrics_settings=GpuMetricsSettings.load(**{"flush_seconds": 3600.0, **(gpu_metrics or {})}),
         clock=clock,
         engine=engine,
     )

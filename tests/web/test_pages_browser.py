@@ -7,11 +7,14 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator
+from datetime import timedelta
 from typing import Any
 
 import httpx2 as httpx
 import pytest
 
+from heteroflow.core.ids import NodeId
+from heteroflow.health.samples import CardKey
 from tests.web.seed import Seeded
 
 pytestmark = pytest.mark.browser
@@ -593,3 +596,46 @@ def test_a_rejected_token_returns_to_sign_in(open_page: Open, seeded: Seeded) ->
     assert page.evaluate("sessionStorage.getItem('heteroflow.token')") is None
     page.select_option("#lang", "zh")
     expect(page.locator("#signin-message")).to_have_text("令牌被拒绝（401），请重新登录。")
+
+
+def test_nodes_page_draws_per_gpu_sparklines_with_gaps_for_unknown_minutes(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    from heteroflow.core.clock import SystemClock
+    from heteroflow.health.gpu_metrics import Aggregate, MinuteRow, minute_of
+
+    key = CardKey(node_id=NodeId(seeded.nodes["gpu-a"]), gpu_index=0, source="real")
+    start = minute_of(SystemClock().now()) - timedelta(minutes=20)
+
+    def agg(value: float) -> Aggregate:
+        return Aggregate(min=value, avg=value, max=value, count=12)
+
+    rows = [
+        MinuteRow(
+            key=key,
+            uuid="GPU-spark",
+            minute=start + timedelta(minutes=m),
+            samples=12,
+            values={
+                "utilization_pct": agg(50 + m),
+                "memory_used_mib": agg(40_000),
+                "memory_total_mib": agg(80_000),
+                "temperature_c": None if m == 10 else agg(60),  # one unknown minute: a gap, not a 0
+                "power_w": None,  # never reported: no line at all
+            },
+        )
+        for m in range(20)
+    ]
+    seeded.ctx.gpu_metrics.insert(rows)
+    page = open_page("/nodes")
+    row = page.locator(f'#nodes-table tr[data-node="{seeded.nodes["gpu-a"]}"]')
+    row.get_by_role("button", name="Show last hour").click()
+    gpu = page.locator(f'tr[data-metrics-of="{seeded.nodes["gpu-a"]}"] .spark-gpu[data-gpu="0"]')
+    expect(gpu).to_contain_text("GPU-spark")
+    expect(gpu.locator('.spark[data-metric="utilization_pct"] polyline')).to_have_count(1)
+    expect(gpu.locator('.spark[data-metric="temperature_c"]')).to_have_attribute("data-segments", "2")
+    expect(gpu.locator('.spark[data-metric="memory_pct"] .spark-value')).to_have_text("50 %")
+    expect(gpu.locator('.spark[data-metric="power_w"]')).to_have_attribute("data-state", "unknown")
+    expect(gpu.locator('.spark[data-metric="power_w"]')).to_contain_text("Unknown")
+    row.get_by_role("button", name="Hide").click()
+    expect(page.locator(f'tr[data-metrics-of="{seeded.nodes["gpu-a"]}"]')).to_have_count(0)

@@ -20,6 +20,7 @@ from heteroflow.core.ids import NodeId
 from heteroflow.core.testing import FakeClock
 from heteroflow.health.counters import HEALTH_KEYS, Counters
 from heteroflow.health.heartbeat import parse_index, parse_time, parse_uuid
+from heteroflow.health.metrics_settings import GpuMetricsSettings
 from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.samples import CardKey, HealthReading
 from heteroflow.health.statistics import band_statistics
@@ -30,6 +31,7 @@ from heteroflow.storage.alert_store import SqlAlertStore
 from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.health_store import SqlHealthSampleStore
 from heteroflow.storage.lease_store import SqlLeaseStore
+from heteroflow.storage.metrics_store import SqlGpuMetricsStore
 from heteroflow.storage.node_store import SqlNodeStore
 from heteroflow.storage.prediction_store import PredictionFilter, SqlPredictionStore
 
@@ -47,6 +49,9 @@ def _worker(
         settings=settings,
         clock=clock,
         notifier=notifier,
+        # weak signals (temperature, power) from the metrics history, as the server's worker reads them
+        metrics=SqlGpuMetricsStore(engine),
+        weak_params=GpuMetricsSettings.load().weak,
     )
 
 

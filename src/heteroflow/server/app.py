@@ -15,6 +15,7 @@ import heteroflow
 from heteroflow.core.clock import Clock, SystemClock
 from heteroflow.core.ttl_cache import TtlCache
 from heteroflow.health.ingest import HealthIngestor
+from heteroflow.health.metrics_settings import GpuMetricsSettings
 from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform.auth import Principal
@@ -23,11 +24,13 @@ from heteroflow.server.alert_delivery import AlertDeliverySettings, AlertNotifie
 from heteroflow.server.auth import authenticate
 from heteroflow.server.context import ServerContext
 from heteroflow.server.errors import install_error_handlers
+from heteroflow.server.gpu_metrics import GpuMetricsRecorder
 from heteroflow.server.maintenance import run_maintenance
 from heteroflow.server.metrics import ServerMetrics
 from heteroflow.server.prediction_worker import PredictionWorker
 from heteroflow.server.routes import alerts as alert_routes
 from heteroflow.server.routes import gpu_health as gpu_health_routes
+from heteroflow.server.routes import gpu_metrics as gpu_metrics_routes
 from heteroflow.server.routes import nodes as node_routes
 from heteroflow.server.routes import ops as ops_routes
 from heteroflow.server.routes import predictions as prediction_routes
@@ -37,6 +40,7 @@ from heteroflow.storage.alert_store import SqlAlertStore
 from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.health_store import SqlHealthSampleStore
 from heteroflow.storage.lease_store import SqlLeaseStore
+from heteroflow.storage.metrics_store import SqlGpuMetricsStore
 from heteroflow.storage.node_store import SqlNodeStore
 from heteroflow.storage.prediction_store import SqlPredictionStore
 from heteroflow.storage.token_store import SqlTokenStore
@@ -48,16 +52,19 @@ def build_context(
     health_settings: HealthStorageSettings,
     prediction_settings: PredictionSettings | None = None,
     delivery_settings: AlertDeliverySettings | None = None,
+    metrics_settings: GpuMetricsSettings | None = None,
     clock: Clock | None = None,
     engine: Engine | None = None,
 ) -> ServerContext:
     clock = clock or SystemClock()
     engine = engine or create_db_engine(settings.database_url)
     prediction_settings = prediction_settings or PredictionSettings.load()
+    metrics_settings = metrics_settings or GpuMetricsSettings.load()
     samples = SqlHealthSampleStore(engine)
     nodes = SqlNodeStore(engine)
     predictions = SqlPredictionStore(engine)
     alerts = SqlAlertStore(engine)
+    gpu_metrics = SqlGpuMetricsStore(engine)
     notifier = AlertNotifier(delivery_settings or AlertDeliverySettings.load())
     worker = PredictionWorker(
         predictions=predictions,
@@ -67,12 +74,18 @@ def build_context(
         settings=prediction_settings,
         clock=clock,
         notifier=notifier,
+        metrics=gpu_metrics,
+        weak_params=metrics_settings.weak,
     )
     metrics = ServerMetrics()
     sa.event.listen(engine, "before_cursor_execute", lambda *_: metrics.db_statements.inc())
     ingestor = HealthIngestor(store=samples, clock=clock, settings=health_settings)
     liveness = LivenessTracker()
     metrics.watch(ingestor.status, liveness.status)
+    recorder = GpuMetricsRecorder(
+        store=gpu_metrics, alerts=alerts, clock=clock, settings=metrics_settings, notifier=notifier
+    )
+    metrics.watch_gpus(recorder.latest)
     return ServerContext(
         settings=settings,
         health_settings=health_settings,
@@ -89,6 +102,9 @@ def build_context(
         alerts=alerts,
         worker=worker,
         notifier=notifier,
+        metrics_settings=metrics_settings,
+        gpu_metrics=gpu_metrics,
+        metrics_recorder=recorder,
         token_cache=TtlCache(ttl_seconds=settings.auth_cache_seconds, max_entries=10_000),
         node_cache=TtlCache(ttl_seconds=settings.node_cache_seconds, max_entries=100_000),
     )
@@ -101,6 +117,7 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
             await asyncio.to_thread(upgrade_database, ctx.engine)
         ctx.ingestor.start()
         ctx.notifier.start()
+        ctx.metrics_recorder.start()
         tasks = [asyncio.create_task(run_maintenance(ctx), name="maintenance")]
         if ctx.prediction_settings.enabled and run_worker:
             tasks.append(asyncio.create_task(ctx.worker.run(), name="prediction-worker"))
@@ -112,6 +129,7 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
                 with contextlib.suppress(asyncio.CancelledError):
                     await task
             await ctx.ingestor.stop()
+            await ctx.metrics_recorder.stop()
             await ctx.notifier.stop()
 
     app = FastAPI(
@@ -125,7 +143,15 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
     )
     app.state.context = ctx
     install_error_handlers(app)
-    for routes in (node_routes, gpu_health_routes, prediction_routes, alert_routes, ops_routes, web_routes):
+    for routes in (
+        node_routes,
+        gpu_health_routes,
+        gpu_metrics_routes,
+        prediction_routes,
+        alert_routes,
+        ops_routes,
+        web_routes,
+    ):
         app.include_router(routes.router)
 
     @app.get("/openapi.json", include_in_schema=False)

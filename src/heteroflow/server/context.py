@@ -11,17 +11,20 @@ from heteroflow.core.clock import Clock
 from heteroflow.core.ids import NodeId
 from heteroflow.core.ttl_cache import TtlCache
 from heteroflow.health.ingest import HealthIngestor
+from heteroflow.health.metrics_settings import GpuMetricsSettings
 from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform.auth import Principal
 from heteroflow.platform.liveness import LivenessTracker
 from heteroflow.platform.nodes import NodeRecord
 from heteroflow.server.alert_delivery import AlertNotifier
+from heteroflow.server.gpu_metrics import GpuMetricsRecorder
 from heteroflow.server.metrics import ServerMetrics
 from heteroflow.server.prediction_worker import PredictionWorker
 from heteroflow.server.settings import ServerSettings
 from heteroflow.storage.alert_store import SqlAlertStore
 from heteroflow.storage.health_store import SqlHealthSampleStore
+from heteroflow.storage.metrics_store import SqlGpuMetricsStore
 from heteroflow.storage.node_store import SqlNodeStore
 from heteroflow.storage.prediction_store import SqlPredictionStore
 from heteroflow.storage.token_store import SqlTokenStore
@@ -44,6 +47,9 @@ class ServerContext:
     alerts: SqlAlertStore
     worker: PredictionWorker
     notifier: AlertNotifier
+    metrics_settings: GpuMetricsSettings
+    gpu_metrics: SqlGpuMetricsStore
+    metrics_recorder: GpuMetricsRecorder
     token_cache: TtlCache[str, Principal]
     node_cache: TtlCache[NodeId, NodeRecord]
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
@@ -53,3 +59,4 @@ class ServerContext:
         self.node_cache.discard(node_id)
         self.liveness.forget(node_id)
         self.ingestor.forget_node(node_id)
+        self.metrics_recorder.forget_node(node_id)

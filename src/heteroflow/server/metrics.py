@@ -6,12 +6,15 @@ scrape time by a collector, so each number has exactly one owner.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from heteroflow.health.counters import HEALTH_KEYS, Counters
+from heteroflow.health.gpu_metrics import GpuMetrics
 from heteroflow.health.ingest import IngestStatus
 from heteroflow.platform.liveness import LivenessStatus
 
@@ -50,8 +53,68 @@ class ServerMetrics:
     def watch(self, ingest: Callable[[], IngestStatus], liveness: Callable[[], LivenessStatus]) -> None:
         self.registry.register(_StatusCollector(ingest, liveness))
 
+    def watch_gpus(self, latest: Callable[[], Sequence[GpuValues]]) -> None:
+        """Per-GPU gauges read at scrape time from the newest values the server holds in memory."""
+        self.registry.register(_GpuCollector(latest))
+
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class GpuValues(Protocol):
+    """What the GPU collector reads of one card (``None`` = unknown: the series is left out, never 0)."""
+
+    @property
+    def node_name(self) -> str: ...
+    @property
+    def gpu_index(self) -> int: ...
+    @property
+    def uuid(self) -> str | None: ...
+    @property
+    def counters(self) -> Counters | None: ...
+    @property
+    def metrics(self) -> GpuMetrics | None: ...
+
+
+#: (metric name, help, attribute, scale) of the per-GPU gauges; counter gauges keep the seed's field names
+_COUNTER_GAUGES = [
+    (f"heteroflow_gpu_{name}", f"The card's {name.replace('_', ' ')} as last reported (absent when unknown).", name)
+    for name in HEALTH_KEYS
+]
+_METRIC_GAUGES = [
+    ("heteroflow_gpu_temperature_celsius", "GPU temperature, degrees Celsius.", "temperature_c", 1.0),
+    ("heteroflow_gpu_utilization_percent", "GPU utilisation, percent.", "utilization_pct", 1.0),
+    ("heteroflow_gpu_memory_used_bytes", "GPU memory in use, bytes.", "memory_used_mib", 1048576.0),
+    ("heteroflow_gpu_memory_total_bytes", "GPU memory in total, bytes.", "memory_total_mib", 1048576.0),
+    ("heteroflow_gpu_power_watts", "GPU power draw, watts.", "power_w", 1.0),
+]
+_GPU_LABELS = ["node", "gpu", "uuid"]
+
+
+class _GpuCollector(Collector):
+    def __init__(self, latest: Callable[[], Sequence[GpuValues]]) -> None:
+        self._latest = latest
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        cards = self._latest()
+        for name, help_text, attribute in _COUNTER_GAUGES:
+            family = GaugeMetricFamily(name, help_text, labels=_GPU_LABELS)
+            for card in cards:
+                value = getattr(card.counters, attribute) if card.counters is not None else None
+                if value is not None:
+                    family.add_metric(_labels(card), float(value))
+            yield family
+        for name, help_text, attribute, scale in _METRIC_GAUGES:
+            family = GaugeMetricFamily(name, help_text, labels=_GPU_LABELS)
+            for card in cards:
+                value = card.metrics.value(attribute) if card.metrics is not None else None
+                if value is not None:
+                    family.add_metric(_labels(card), value * scale)
+            yield family
+
+
+def _labels(card: GpuValues) -> list[str]:
+    return [card.node_name, str(card.gpu_index), card.uuid or ""]
 
 
 class _StatusCollector(Collector):

@@ -31,10 +31,13 @@ from heteroflow.health.alerts import (
 )
 from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.predictions import PredictionStatus, judge, prediction_id, window_end
-from heteroflow.health.rules import RULE_VERSION, RuleParams, evaluate
+from heteroflow.health.rules import RULE_VERSION, RuleParams, Signal, evaluate
+from heteroflow.health.samples import Card
+from heteroflow.health.weak_signals import WeakSignalParams, weak_signals
 from heteroflow.server.alert_delivery import AlertNotifier
 from heteroflow.storage.alert_store import SYSTEM, SqlAlertStore
 from heteroflow.storage.lease_store import SqlLeaseStore
+from heteroflow.storage.metrics_store import SqlGpuMetricsStore
 from heteroflow.storage.node_store import SqlNodeStore
 from heteroflow.storage.prediction_store import PredictionRecord, SqlPredictionStore
 
@@ -98,6 +101,8 @@ class PredictionWorker:
         settings: PredictionSettings,
         clock: Clock,
         notifier: AlertNotifier | None = None,
+        metrics: SqlGpuMetricsStore | None = None,
+        weak_params: WeakSignalParams | None = None,
     ) -> None:
         self._predictions = predictions
         self._alerts = alerts
@@ -106,6 +111,8 @@ class PredictionWorker:
         self._settings = settings
         self._clock = clock
         self._notifier = notifier
+        self._metrics = metrics
+        self._weak_params = weak_params or WeakSignalParams()
         self._params = rule_params(settings)
         self.holder = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._leader = False
@@ -169,7 +176,10 @@ class PredictionWorker:
             tally.evaluated[source] += 1
             evaluation = evaluate(view, self._params)
             if not evaluation.predicts:
-                continue
+                continue  # weak signals could not change that (the gate), so their history is not even read
+            weak = self._weak_signals(card, t0=view.t0)
+            if weak:
+                evaluation = evaluate(view, self._params, weak_signals=weak)
             record = PredictionRecord(
                 id=prediction_id(card, rule_version=RULE_VERSION, window_days=window_days, t0=view.t0),
                 card=card,
@@ -190,6 +200,23 @@ class PredictionWorker:
             tally.created[source] += 1
             if source == "real" and self._settings.alert_enabled:
                 self._raise_alert(record, now, tally)
+
+    def _weak_signals(self, card: Card, *, t0: datetime) -> list[Signal]:
+        """Temperature and power anomalies of the card from the metrics history: supporting evidence only."""
+        if self._metrics is None:
+            return []
+        try:
+            rows = self._metrics.read(
+                node_id=card.node_id,
+                gpu_index=card.gpu_index,
+                source=card.source,
+                since=t0 - self._weak_params.history,
+                until=t0 + timedelta(minutes=1),
+            )
+        except Exception as exc:  # evidence is optional: the prediction stands without it
+            _log.warning("prediction.weak_signals_failed", error=f"{type(exc).__name__}: {exc}"[:300])
+            return []
+        return weak_signals(rows, uuid=card.uuid, t0=t0, params=self._weak_params)
 
     def _raise_alert(self, record: PredictionRecord, now: datetime, tally: _Tally) -> None:
         node = self._nodes.get(record.card.node_id)

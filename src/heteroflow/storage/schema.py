@@ -215,3 +215,28 @@ leases = sa.Table(
     sa.Column("holder", sa.String(128), nullable=False),
     sa.Column("expires_at", UtcDateTime(), nullable=False),
 )
+
+#: per-minute aggregates of the heartbeat's GPU metrics (short retention; the job's business, not the card's health)
+METRIC_COLUMNS = ("temperature_c", "utilization_pct", "memory_used_mib", "memory_total_mib", "power_w")
+
+gpu_metrics_minutes = sa.Table(
+    "gpu_metrics_minutes",
+    metadata,
+    sa.Column("id", BigId, primary_key=True, autoincrement=True),
+    sa.Column("node_id", sa.String(36), sa.ForeignKey("nodes.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("gpu_index", sa.Integer(), nullable=False),
+    sa.Column("uuid", sa.String(128), nullable=True),
+    sa.Column("source", sa.String(16), nullable=False),
+    # the minute's start; no unique key: beats of one minute that reached two servers make two rows, reads merge
+    sa.Column("minute", UtcDateTime(), nullable=False),
+    sa.Column("samples", sa.Integer(), nullable=False),
+    *[
+        sa.Column(f"{name}_{part}", sa.Float(), nullable=True)  # NULL = unknown all minute, never 0
+        for name in METRIC_COLUMNS
+        for part in ("min", "avg", "max")
+    ],
+    *[sa.Column(f"{name}_n", sa.Integer(), nullable=True) for name in METRIC_COLUMNS],
+    sa.CheckConstraint(SOURCE_CHECK, name="source"),
+    sa.Index(None, "node_id", "gpu_index", "minute"),
+    sa.Index(None, "minute"),  # retention cleanup
+)

@@ -7,6 +7,7 @@ from pydantic import AliasChoices
 
 from heteroflow.agent.settings import AgentSettings
 from heteroflow.core.settings import LenientSettings
+from heteroflow.health.metrics_settings import GpuMetricsSettings
 from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.server.alert_delivery import AlertDeliverySettings
@@ -18,6 +19,7 @@ GROUPS: list[type[LenientSettings]] = [
     AgentSettings,
     PredictionSettings,
     AlertDeliverySettings,
+    GpuMetricsSettings,
 ]
 
 

@@ -11,6 +11,7 @@ import structlog
 from fastapi import APIRouter, Depends, Query, Response
 
 from heteroflow.core.ids import NodeId
+from heteroflow.health.gpu_metrics import metric_readings_from_stats
 from heteroflow.health.heartbeat import readings_from_stats, xid_events_from_wire
 from heteroflow.platform.auth import NodeScope, Principal, Scope
 from heteroflow.platform.nodes import NodeConflictError, NodeRecord, is_online, newest
@@ -99,6 +100,10 @@ async def heartbeat(
     if invalid:
         ctx.metrics.health_stats_invalid.inc(invalid)
     ctx.ingestor.offer(readings)
+    metric_readings = metric_readings_from_stats(
+        body.gpu_stats, node_id=node.id, source=node.source, received_at=received_at
+    )
+    ctx.metrics_recorder.offer(node, metrics=metric_readings, health=readings)
     xid_result = await _store_xid_events(ctx, node, body)
     ctx.metrics.heartbeats.inc()
     ctx.metrics.heartbeat_seconds.observe(time.perf_counter() - started)

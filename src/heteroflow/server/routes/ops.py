@@ -34,9 +34,11 @@ async def status(ctx: Ctx, _: Annotated[Principal, Depends(require(Scope.ADMIN))
         "liveness": asdict(ctx.liveness.status()),
         "prediction_worker": asdict(ctx.worker.status()),
         "alert_delivery": asdict(ctx.notifier.status()),
+        "gpu_metrics": asdict(ctx.metrics_recorder.status()),
         "config_warnings": [
             *ctx.settings.config_warnings,
             *ctx.health_settings.config_warnings,
             *ctx.prediction_settings.config_warnings,
+            *ctx.metrics_settings.config_warnings,
         ],
     }

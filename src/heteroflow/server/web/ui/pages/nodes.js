@@ -1,14 +1,16 @@
-// /nodes: the nodes in the caller's scope with online state and GPU counts.
+// /nodes: the nodes in the caller's scope with online state and GPU counts; per-GPU sparklines on demand (one
+// request per node the user opens, never one per listed node).
 import { api } from "../api.js";
 import { h, replace } from "../dom.js";
 import { fmtNumber, fmtTime } from "../format.js";
 import { t } from "../i18n.js";
 import { blockStatus, loading, table } from "./common.js";
+import { gpuSparklines } from "./sparklines.js";
 
 const LIMIT = 1000;
 
 export function createNodesPage(main) {
-  const state = { nodes: loading(), gen: 0 };
+  const state = { nodes: loading(), gen: 0, open: new Map() }; // node id -> its metrics block
   const box = h("section", { class: "block", "aria-labelledby": "nodes-title" });
 
   function fetchNodes() {
@@ -44,8 +46,26 @@ export function createNodesPage(main) {
         ),
         h("td", { class: "nowrap" }, fmtTime(n.last_heartbeat)),
         h("td", { class: "nowrap" }, fmtTime(n.registered_at)),
+        h(
+          "td",
+          {},
+          h(
+            "button",
+            {
+              type: "button",
+              class: "metrics-toggle",
+              "aria-expanded": String(state.open.has(n.id)),
+              onclick: () => toggleMetrics(n.id),
+            },
+            state.open.has(n.id) ? t("nodes.metrics.hide") : t("nodes.metrics.show"),
+          ),
+        ),
       ),
-    );
+    ).flatMap((row, i) => {
+      const id = body.items[i].id;
+      if (!state.open.has(id)) return [row];
+      return [row, h("tr", { class: "metrics-row", dataset: { metricsOf: id } }, h("td", { colspan: 9 }, metricsBlock(id)))];
+    });
     replace(
       box,
       title,
@@ -62,11 +82,33 @@ export function createNodesPage(main) {
               t("nodes.col.state"),
               t("nodes.col.heartbeat"),
               t("nodes.col.registered"),
+              t("nodes.col.metrics"),
             ],
             rows,
             { id: "nodes-table" },
           ),
       h("p", { class: "pager", id: "nodes-total" }, t("nodes.total", { shown: body.items.length, total: body.total })),
+    );
+  }
+
+  function metricsBlock(id) {
+    const block = state.open.get(id);
+    const status = blockStatus(block);
+    return status || gpuSparklines(block.data);
+  }
+
+  function toggleMetrics(id) {
+    if (state.open.has(id)) {
+      state.open.delete(id);
+      render();
+      return;
+    }
+    state.open.set(id, loading());
+    render();
+    const gen = state.gen;
+    api(`/api/v1/nodes/${encodeURIComponent(id)}/gpu-metrics`).then(
+      (data) => gen === state.gen && state.open.has(id) && (state.open.set(id, { status: "ok", data }), render()),
+      (error) => gen === state.gen && state.open.has(id) && (state.open.set(id, { status: "error", error }), render()),
     );
   }
 

@@ -1,0 +1,324 @@
+"""GPU metrics of the 5 s heartbeat (temperature, utilisation, memory, power): parsing, per-minute aggregation
+and the GPU_MEMORY_HIGH decision. Purely computational, no side effects, no database.
+
+These metrics are the job's business, not the card's health: a card whose memory is full is healthy and busy.
+They are kept apart from the five hardware error counters (``counters.py``), stored as per-minute aggregates
+for a short retention, and a metric that is missing or malformed is unknown (``None``), never 0.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Final
+
+from heteroflow.core.ids import NodeId
+from heteroflow.health.heartbeat import parse_index, parse_time, parse_uuid
+from heteroflow.health.samples import CardKey, Source
+
+METRIC_KEYS: Final = ("temperature_c", "utilization_pct", "memory_used_mib", "memory_total_mib", "power_w")
+
+#: plausibility bounds per metric; a value outside is unknown (a driver glitch must not draw a spike)
+_BOUNDS: Final[Mapping[str, tuple[float, float]]] = {
+    "temperature_c": (-50.0, 200.0),
+    "utilization_pct": (0.0, 100.0),
+    "memory_used_mib": (0.0, 16_777_216.0),  # 16 TiB
+    "memory_total_mib": (0.0, 16_777_216.0),
+    "power_w": (0.0, 100_000.0),
+}
+
+GPU_MEMORY_HIGH: Final = "GPU_MEMORY_HIGH"
+
+
+def parse_metric(name: str, value: object) -> float | None:
+    """A metric from any JSON value: a finite number within the metric's bounds, otherwise ``None``."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    number = float(value)
+    low, high = _BOUNDS[name]
+    if not math.isfinite(number) or not low <= number <= high:
+        return None
+    return number
+
+
+@dataclass(frozen=True, slots=True)
+class GpuMetrics:
+    """One beat's metrics of one card; ``None`` = unknown."""
+
+    temperature_c: float | None = None
+    utilization_pct: float | None = None
+    memory_used_mib: float | None = None
+    memory_total_mib: float | None = None
+    power_w: float | None = None
+
+    @property
+    def all_unknown(self) -> bool:
+        return all(getattr(self, name) is None for name in METRIC_KEYS)
+
+    @property
+    def memory_share(self) -> float | None:
+        """Used / total memory in [0, 1], or ``None`` when either is unknown or the total is 0."""
+        if self.memory_used_mib is None or not self.memory_total_mib:
+            return None
+        return min(self.memory_used_mib / self.memory_total_mib, 1.0)
+
+    def value(self, name: str) -> float | None:
+        value: float | None = getattr(self, name)
+        return value
+
+    @classmethod
+    def from_wire(cls, stat: Mapping[str, object]) -> GpuMetrics:
+        return cls(**{name: parse_metric(name, stat.get(name)) for name in METRIC_KEYS})
+
+
+@dataclass(frozen=True, slots=True)
+class MetricReading:
+    key: CardKey
+    uuid: str | None
+    sampled_at: datetime
+    metrics: GpuMetrics
+
+
+def metric_readings_from_stats(
+    stats: Sequence[Mapping[str, object]], *, node_id: NodeId, source: Source, received_at: datetime
+) -> list[MetricReading]:
+    """The metric readings of one beat, by each stat's declared index (never its position; duplicates ignored)."""
+    readings: list[MetricReading] = []
+    seen: set[int] = set()
+    for stat in stats:
+        index = parse_index(stat.get("index"))
+        if index is None or index in seen:
+            continue
+        seen.add(index)
+        metrics = GpuMetrics.from_wire(stat)
+        if metrics.all_unknown:
+            continue
+        readings.append(
+            MetricReading(
+                key=CardKey(node_id=node_id, gpu_index=index, source=source),
+                uuid=parse_uuid(stat.get("uuid")),
+                sampled_at=parse_time(stat.get("sampled_at")) or received_at,
+                metrics=metrics,
+            )
+        )
+    return readings
+
+
+# -- per-minute aggregation ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Aggregate:
+    """min / avg / max of one metric over some readings (avg weighted by the readings that knew it)."""
+
+    min: float
+    avg: float
+    max: float
+    count: int
+
+    @staticmethod
+    def combine(parts: Iterable[Aggregate]) -> Aggregate | None:
+        items = list(parts)
+        if not items:
+            return None
+        count = sum(p.count for p in items)
+        return Aggregate(
+            min=min(p.min for p in items),
+            avg=sum(p.avg * p.count for p in items) / count,
+            max=max(p.max for p in items),
+            count=count,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class MinuteRow:
+    """One card's aggregates of one minute (``minute`` = the minute's start, UTC)."""
+
+    key: CardKey
+    uuid: str | None
+    minute: datetime
+    samples: int
+    values: Mapping[str, Aggregate | None]
+
+
+def minute_of(at: datetime) -> datetime:
+    return at.replace(second=0, microsecond=0)
+
+
+@dataclass(slots=True)
+class _Bucket:
+    samples: int = 0
+    sums: dict[str, float] = field(default_factory=dict)
+    counts: dict[str, int] = field(default_factory=dict)
+    mins: dict[str, float] = field(default_factory=dict)
+    maxs: dict[str, float] = field(default_factory=dict)
+
+    def add(self, metrics: GpuMetrics) -> None:
+        self.samples += 1
+        for name in METRIC_KEYS:
+            value = metrics.value(name)
+            if value is None:
+                continue  # unknown stays out of the aggregate, never counted as 0
+            self.sums[name] = self.sums.get(name, 0.0) + value
+            self.counts[name] = self.counts.get(name, 0) + 1
+            self.mins[name] = min(self.mins.get(name, value), value)
+            self.maxs[name] = max(self.maxs.get(name, value), value)
+
+    def aggregate(self, name: str) -> Aggregate | None:
+        count = self.counts.get(name, 0)
+        if not count:
+            return None
+        return Aggregate(min=self.mins[name], avg=self.sums[name] / count, max=self.maxs[name], count=count)
+
+
+class MinuteAggregator:
+    """Readings in, closed per-minute rows out. Memory holds one open bucket per card and minute.
+
+    A minute closes once the clock has passed its end (plus ``grace`` for late beats); a reading of a minute
+    that already closed opens a new bucket for it, which becomes a second row of that minute (reads merge them).
+    """
+
+    def __init__(self, *, grace: timedelta = timedelta(seconds=5)) -> None:
+        self._grace = grace
+        self._buckets: dict[tuple[CardKey, str | None, datetime], _Bucket] = {}
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def add(self, reading: MetricReading) -> None:
+        slot = (reading.key, reading.uuid, minute_of(reading.sampled_at))
+        bucket = self._buckets.get(slot)
+        if bucket is None:
+            bucket = self._buckets[slot] = _Bucket()
+        bucket.add(reading.metrics)
+
+    def close(self, *, now: datetime | None) -> list[MinuteRow]:
+        """Remove and return the rows of every minute that ended before ``now - grace`` (all when ``None``)."""
+        closed: list[MinuteRow] = []
+        for slot in list(self._buckets):
+            key, uuid, minute = slot
+            if now is not None and minute + timedelta(minutes=1) + self._grace > now:
+                continue
+            bucket = self._buckets.pop(slot)
+            closed.append(
+                MinuteRow(
+                    key=key,
+                    uuid=uuid,
+                    minute=minute,
+                    samples=bucket.samples,
+                    values={name: bucket.aggregate(name) for name in METRIC_KEYS},
+                )
+            )
+        closed.sort(key=lambda row: (row.minute, row.key.node_id, row.key.gpu_index))
+        return closed
+
+    def forget_node(self, node_id: NodeId) -> None:
+        for slot in [slot for slot in self._buckets if slot[0].node_id == node_id]:
+            del self._buckets[slot]
+
+
+def downsample(rows: Sequence[MinuteRow], *, start: datetime, step: timedelta) -> list[MinuteRow]:
+    """Merge one card's minute rows into ``step``-wide buckets aligned on ``start`` (ascending by time)."""
+    groups: dict[datetime, list[MinuteRow]] = {}
+    for row in rows:
+        bucket = start + step * ((row.minute - start) // step)
+        groups.setdefault(bucket, []).append(row)
+    merged: list[MinuteRow] = []
+    for at in sorted(groups):
+        group = groups[at]
+        merged.append(
+            MinuteRow(
+                key=group[0].key,
+                uuid=group[-1].uuid,
+                minute=at,
+                samples=sum(r.samples for r in group),
+                values={
+                    name: Aggregate.combine(a for r in group if (a := r.values.get(name)) is not None)
+                    for name in METRIC_KEYS
+                },
+            )
+        )
+    return merged
+
+
+# -- GPU_MEMORY_HIGH ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryHighParams:
+    share: float = 0.95
+    """Memory used / total above which a card counts as full (0 < share <= 1)."""
+    duration: timedelta = timedelta(minutes=10)
+    """How long a card must stay above ``share`` before the node's alert is raised."""
+
+
+@dataclass(frozen=True, slots=True)
+class MemoryHighDecision:
+    raise_for: Mapping[NodeId, tuple[int, ...]]
+    """Nodes whose alert must be opened, with their full cards (ascending index)."""
+    resolve: tuple[NodeId, ...]
+    """Nodes whose open alert must be resolved: no card of theirs is full any more."""
+
+
+class MemoryHighTracker:
+    """Since when each card's memory has stayed above the share; only readings move it, never the clock.
+
+    A reading at or below the share, or one whose memory is unknown, ends the card's streak: the alert claims
+    the memory *is* full, so it is not kept open on what was not observed.
+    """
+
+    def __init__(self, params: MemoryHighParams) -> None:
+        self._params = params
+        self._above_since: dict[CardKey, datetime] = {}
+        self._last_seen: dict[CardKey, datetime] = {}
+
+    def observe(self, reading: MetricReading) -> None:
+        share = reading.metrics.memory_share
+        self._last_seen[reading.key] = reading.sampled_at
+        if share is not None and share > self._params.share:
+            self._above_since.setdefault(reading.key, reading.sampled_at)
+        else:
+            self._above_since.pop(reading.key, None)
+
+    def forget_node(self, node_id: NodeId) -> None:
+        for key in [key for key in self._last_seen if key.node_id == node_id]:
+            self._last_seen.pop(key, None)
+            self._above_since.pop(key, None)
+
+    def full_cards(self, *, now: datetime, stale: timedelta, for_at_least: timedelta) -> dict[NodeId, tuple[int, ...]]:
+        """Cards above the share for at least ``for_at_least``, and still reporting (seen within ``stale``)."""
+        full: dict[NodeId, list[int]] = {}
+        for key, since in self._above_since.items():
+            last = self._last_seen[key]
+            if now - last > stale or last - since < for_at_least:
+                continue
+            full.setdefault(key.node_id, []).append(key.gpu_index)
+        return {node: tuple(sorted(cards)) for node, cards in full.items()}
+
+    def decide(self, *, now: datetime, stale: timedelta, open_on: Iterable[NodeId]) -> MemoryHighDecision:
+        """Which node alerts to open and which to resolve, given the nodes whose alert is open now."""
+        full = self.full_cards(now=now, stale=stale, for_at_least=self._params.duration)
+        # resolving needs every card below the share, not merely "not full for the whole duration yet": a server
+        # that restarts while a card is still full must not resolve the alert and raise it again minutes later
+        above = self.full_cards(now=now, stale=stale, for_at_least=timedelta(0))
+        opened = set(open_on)
+        return MemoryHighDecision(
+            raise_for={node: cards for node, cards in full.items() if node not in opened},
+            resolve=tuple(sorted(node for node in opened if node not in above)),
+        )
+
+
+def memory_high_message(*, node_name: str, gpu_indexes: Sequence[int], share: float, duration: timedelta) -> str:
+    """Says the card is healthy and busy. Distinct from GPU_FAULT_PREDICTED: no hardware trouble is suggested."""
+    cards = ", ".join(f"GPU {index}" for index in gpu_indexes)
+    minutes = int(duration.total_seconds() // 60)
+    return (
+        f"GPU memory nearly full on {node_name} ({cards}): above {share:.0%} of memory for at least {minutes} "
+        "minutes. The card itself is healthy and busy; this is the workload's memory use, not a hardware problem. "
+        "Check the job's batch size or memory settings, or schedule it on a card with more memory."
+    )
+
+
+MEMORY_HIGH_RESOLUTION: Final = "memory use dropped below the threshold (or is no longer reported)"

@@ -1,0 +1,332 @@
+"""The heartbeat's metrics side path: aggregate per minute in memory, flush in batches, alert on full memory.
+
+The heartbeat handler calls :meth:`GpuMetricsRecorder.offer` and returns: no statement per beat. Every
+``flush_seconds`` a background task writes the minutes that closed in one transaction, decides
+GPU_MEMORY_HIGH per node (raise after the card stayed full for the configured time, resolve as soon as no card
+of the node is full) and, after rows were written, runs retention cleanup once per interval. A failed write
+keeps the rows (bounded) for the next flush and never reaches the heartbeat.
+
+The recorder also keeps the newest known values of every card (the five counters and the metrics) for the
+Prometheus exposition: what is unknown — or no longer reported — has no series, never a 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+import structlog
+
+from heteroflow.core.clock import Clock
+from heteroflow.core.ids import NodeId, TenantId
+from heteroflow.health.counters import Counters
+from heteroflow.health.gpu_metrics import (
+    GPU_MEMORY_HIGH,
+    MEMORY_HIGH_RESOLUTION,
+    GpuMetrics,
+    MemoryHighTracker,
+    MetricReading,
+    MinuteAggregator,
+    MinuteRow,
+    memory_high_message,
+)
+from heteroflow.health.metrics_settings import GpuMetricsSettings
+from heteroflow.health.samples import CardKey, HealthReading
+from heteroflow.platform.nodes import NodeRecord
+from heteroflow.server.alert_delivery import AlertNotifier
+from heteroflow.storage.alert_store import SYSTEM, AlertRecord, SqlAlertStore
+from heteroflow.storage.metrics_store import SqlGpuMetricsStore
+
+_log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class LatestCard:
+    """The newest known values of one card, for /metrics. ``None`` = unknown or no longer reported."""
+
+    node_name: str
+    gpu_index: int
+    uuid: str | None
+    counters: Counters | None
+    metrics: GpuMetrics | None
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsRecorderStatus:
+    open_minutes: int
+    pending_rows: int
+    readings_total: int
+    rows_written_total: int
+    rows_dropped_total: int
+    flushes_total: int
+    write_failures_total: int
+    cleanup_runs_total: int
+    cleanup_deleted_total: int
+    alerts_raised_total: int
+    alerts_resolved_total: int
+    alert_failures_total: int
+    last_error: str | None
+
+
+@dataclass(slots=True)
+class _Known:
+    node_name: str
+    tenant_id: TenantId | None
+    uuid: str | None = None
+    counters: Counters | None = None
+    counters_at: float = 0.0
+    metrics: GpuMetrics | None = None
+    metrics_at: float = 0.0
+
+
+class GpuMetricsRecorder:
+    def __init__(
+        self,
+        *,
+        store: SqlGpuMetricsStore,
+        alerts: SqlAlertStore,
+        clock: Clock,
+        settings: GpuMetricsSettings,
+        notifier: AlertNotifier | None = None,
+    ) -> None:
+        self._store = store
+        self._alerts = alerts
+        self._clock = clock
+        self._settings = settings
+        self._notifier = notifier
+        self._aggregator = MinuteAggregator()
+        self._tracker = MemoryHighTracker(settings.memory_high)
+        self._known: dict[CardKey, _Known] = {}
+        self._alerting_nodes: dict[NodeId, tuple[str, TenantId | None]] = {}
+        self._pending: deque[MinuteRow] = deque()
+        self._task: asyncio.Task[None] | None = None
+        self._lock = asyncio.Lock()
+        self._last_cleanup: datetime | None = None
+        self._written_since_cleanup = 0
+        self._readings = 0
+        self._written = 0
+        self._dropped = 0
+        self._flushes = 0
+        self._write_failures = 0
+        self._cleanup_runs = 0
+        self._cleanup_deleted = 0
+        self._raised = 0
+        self._resolved = 0
+        self._alert_failures = 0
+        self._last_error: str | None = None
+
+    # -- the heartbeat side ------------------------------------------------------------------------------
+
+    def offer(self, node: NodeRecord, *, metrics: Sequence[MetricReading], health: Sequence[HealthReading]) -> None:
+        """Take one beat's metrics (and health counters, for /metrics). Never raises, never touches the database."""
+        now = self._clock.monotonic()
+        for reading in metrics:
+            self._readings += 1
+            self._aggregator.add(reading)
+            known = self._known_card(node, reading.key)
+            known.uuid, known.metrics, known.metrics_at = reading.uuid, reading.metrics, now
+            if node.source == "real":  # simulated data never alerts
+                self._tracker.observe(reading)
+                self._alerting_nodes[node.id] = (node.name, node.tenant_id)
+        for health_reading in health:
+            if health_reading.counters.all_unknown:
+                continue
+            known = self._known_card(node, health_reading.key)
+            known.uuid, known.counters, known.counters_at = health_reading.uuid, health_reading.counters, now
+
+    def _known_card(self, node: NodeRecord, key: CardKey) -> _Known:
+        known = self._known.get(key)
+        if known is None:
+            known = self._known[key] = _Known(node_name=node.name, tenant_id=node.tenant_id)
+        return known
+
+    def forget_node(self, node_id: NodeId) -> None:
+        """Drop everything kept for a deleted node (its series disappear from /metrics at once)."""
+        for key in [key for key in self._known if key.node_id == node_id]:
+            del self._known[key]
+        self._aggregator.forget_node(node_id)
+        self._tracker.forget_node(node_id)
+        self._alerting_nodes.pop(node_id, None)
+        self._pending = deque(row for row in self._pending if row.key.node_id != node_id)
+
+    def latest(self) -> list[LatestCard]:
+        """The newest values of every card heard of recently; stale parts are ``None`` (no series)."""
+        cutoff = self._clock.monotonic() - self._settings.export_stale_seconds
+        cards: list[LatestCard] = []
+        for key, known in self._known.items():
+            counters = known.counters if known.counters_at >= cutoff else None
+            metrics = known.metrics if known.metrics_at >= cutoff else None
+            if counters is None and metrics is None:
+                continue
+            cards.append(
+                LatestCard(
+                    node_name=known.node_name,
+                    gpu_index=key.gpu_index,
+                    uuid=known.uuid,
+                    counters=counters,
+                    metrics=metrics,
+                )
+            )
+        return cards
+
+    def status(self) -> MetricsRecorderStatus:
+        return MetricsRecorderStatus(
+            open_minutes=len(self._aggregator),
+            pending_rows=len(self._pending),
+            readings_total=self._readings,
+            rows_written_total=self._written,
+            rows_dropped_total=self._dropped,
+            flushes_total=self._flushes,
+            write_failures_total=self._write_failures,
+            cleanup_runs_total=self._cleanup_runs,
+            cleanup_deleted_total=self._cleanup_deleted,
+            alerts_raised_total=self._raised,
+            alerts_resolved_total=self._resolved,
+            alert_failures_total=self._alert_failures,
+            last_error=self._last_error,
+        )
+
+    # -- lifecycle ----------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        if self._task is None:
+            self._task = asyncio.create_task(self._run(), name="gpu-metrics-flush")
+
+    async def stop(self) -> None:
+        """Stop the loop and write every open minute (best effort)."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        with contextlib.suppress(Exception):
+            await self.flush(final=True)
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self._settings.flush_seconds)
+            try:
+                await self.flush()
+            except Exception as exc:  # pragma: no cover - flush logs its own failures
+                _log.warning("gpu_metrics.flush_failed", error=f"{type(exc).__name__}: {exc}"[:300])
+
+    async def flush(self, *, final: bool = False) -> None:
+        """Write the closed minutes in one batch, decide GPU_MEMORY_HIGH, expire old rows when due."""
+        async with self._lock:
+            self._flushes += 1
+            now = self._clock.now()
+            self._pending.extend(self._aggregator.close(now=None if final else now))
+            overflow = len(self._pending) - self._settings.max_pending_rows
+            for _ in range(max(overflow, 0)):
+                self._pending.popleft()
+                self._dropped += 1
+            if self._pending:
+                await self._write()
+            if self._settings.memory_high_alerts and not final:
+                await self._alert_upkeep(now)
+            if self._written_since_cleanup and self._cleanup_due(now) and not final:
+                await self._cleanup(now)
+            self._forget_silent_cards()
+
+    def _forget_silent_cards(self) -> None:
+        """Drop the newest values of cards silent for ten export periods (memory stays bounded by the fleet)."""
+        cutoff = self._clock.monotonic() - 10 * self._settings.export_stale_seconds
+        for key in [k for k, v in self._known.items() if max(v.counters_at, v.metrics_at) < cutoff]:
+            del self._known[key]
+
+    async def _write(self) -> None:
+        batch = list(self._pending)
+        try:
+            written = await asyncio.to_thread(self._store.insert, batch)
+        except Exception as exc:  # kept for the next flush; the heartbeat never notices
+            self._write_failures += 1
+            self._last_error = f"{type(exc).__name__}: {exc}"[:500]
+            _log.warning("gpu_metrics.write_failed", error=self._last_error, rows=len(batch))
+            return
+        for _ in batch:
+            self._pending.popleft()
+        self._written += written
+        self._written_since_cleanup += written
+        self._last_error = None
+
+    async def _alert_upkeep(self, now: datetime) -> None:
+        if not self._alerting_nodes:
+            return
+        try:
+            opened = await asyncio.to_thread(self._alerts.open_alerts, GPU_MEMORY_HIGH)
+        except Exception as exc:
+            self._note_alert_failure(exc)
+            return
+        # only nodes this server hears from: another server owns the beats (and the verdict) of the others
+        open_here = {alert.node_id: alert for alert in opened if alert.node_id in self._alerting_nodes}
+        stale = timedelta(seconds=self._settings.export_stale_seconds)
+        decision = self._tracker.decide(now=now, stale=stale, open_on=open_here)
+        params = self._settings.memory_high
+        for node_id, cards in decision.raise_for.items():
+            name, tenant_id = self._alerting_nodes[node_id]
+            message = memory_high_message(
+                node_name=name, gpu_indexes=cards, share=params.share, duration=params.duration
+            )
+            try:
+                alert, created = await asyncio.to_thread(
+                    self._alerts.raise_alert,
+                    type=GPU_MEMORY_HIGH,
+                    severity="WARN",
+                    node_id=node_id,
+                    node_name=name,
+                    tenant_id=tenant_id,
+                    message=message,
+                    now=now,
+                )
+            except Exception as exc:
+                self._note_alert_failure(exc)
+                continue
+            if created:
+                self._raised += 1
+                if self._notifier is not None:
+                    self._notifier.submit("raised", alert)
+        for node_id in decision.resolve:
+            if await self._resolve(open_here[node_id], now):
+                self._resolved += 1
+
+    async def _resolve(self, alert: AlertRecord, now: datetime) -> bool:
+        try:
+            resolved = await asyncio.to_thread(
+                self._alerts.resolve, alert.id, by=SYSTEM, reason=MEMORY_HIGH_RESOLUTION, now=now
+            )
+            record = await asyncio.to_thread(self._alerts.get, alert.id) if resolved else None
+        except Exception as exc:
+            self._note_alert_failure(exc)
+            return False
+        if record is not None and self._notifier is not None:
+            self._notifier.submit("resolved", record)
+        return resolved
+
+    def _note_alert_failure(self, exc: Exception) -> None:
+        self._alert_failures += 1
+        self._last_error = f"{type(exc).__name__}: {exc}"[:500]
+        _log.warning("gpu_metrics.alert_failed", error=self._last_error)
+
+    def _cleanup_due(self, now: datetime) -> bool:
+        interval = timedelta(seconds=self._settings.cleanup_interval_seconds)
+        return self._last_cleanup is None or now - self._last_cleanup >= interval
+
+    async def _cleanup(self, now: datetime) -> None:
+        cutoff = now - timedelta(days=self._settings.retention_days)
+        timeout = self._settings.cleanup_timeout_seconds
+        self._cleanup_runs += 1
+        self._last_cleanup = now
+        try:
+            deleted = await asyncio.wait_for(
+                asyncio.to_thread(self._store.delete_older_than, cutoff, timeout_seconds=timeout), timeout
+            )
+        except Exception as exc:
+            self._last_error = f"{type(exc).__name__}: {exc}"[:500]
+            _log.warning("gpu_metrics.cleanup_failed", error=self._last_error)
+            return
+        self._written_since_cleanup = 0
+        self._cleanup_deleted += deleted

@@ -1,0 +1,148 @@
+"""Metric parsing, per-minute aggregation, downsampling, the GPU_MEMORY_HIGH tracker and the weak signals."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from heteroflow.core.ids import NodeId
+from heteroflow.health.gpu_metrics import (
+    Aggregate,
+    GpuMetrics,
+    MemoryHighParams,
+    MemoryHighTracker,
+    MetricReading,
+    MinuteAggregator,
+    MinuteRow,
+    downsample,
+    metric_readings_from_stats,
+    parse_metric,
+)
+from heteroflow.health.metrics_settings import GpuMetricsSettings
+from heteroflow.health.samples import CardKey
+from heteroflow.health.weak_signals import WeakSignalParams, weak_signals
+
+T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+KEY = CardKey(node_id=NodeId("n1"), gpu_index=0, source="real")
+
+
+def reading(at: datetime, **metrics: float | None) -> MetricReading:
+    return MetricReading(key=KEY, uuid="GPU-a", sampled_at=at, metrics=GpuMetrics(**metrics))
+
+
+@pytest.mark.parametrize("value", [None, True, "12", float("nan"), float("inf"), -1, 1e12, [1]])
+def test_malformed_or_implausible_metrics_are_unknown(value: object) -> None:
+    assert parse_metric("utilization_pct", value) is None
+
+
+def test_readings_use_the_declared_index_and_skip_cards_without_metrics() -> None:
+    stats: list[dict[str, object]] = [
+        {"index": 3, "temperature_c": 50},
+        {"index": 1, "temperature_c": "hot"},  # nothing known: no reading
+        {"index": 3, "temperature_c": 99},  # the same index twice: ambiguous, ignored
+        {"temperature_c": 40},
+    ]
+    readings = metric_readings_from_stats(stats, node_id=NodeId("n1"), source="real", received_at=T0)
+    assert [(r.key.gpu_index, r.metrics.temperature_c) for r in readings] == [(3, 50.0)]
+
+
+def test_a_minute_closes_after_its_end_plus_grace_with_min_avg_max_of_known_values() -> None:
+    agg = MinuteAggregator(grace=timedelta(seconds=5))
+    agg.add(reading(T0, temperature_c=40, power_w=None))
+    agg.add(reading(T0 + timedelta(seconds=30), temperature_c=50, power_w=200))
+    agg.add(reading(T0 + timedelta(seconds=61), temperature_c=70))
+    assert agg.close(now=T0 + timedelta(seconds=64)) == []
+    (row,) = agg.close(now=T0 + timedelta(seconds=65))
+    assert row.samples == 2
+    assert row.values["temperature_c"] == Aggregate(min=40, avg=45, max=50, count=2)
+    assert row.values["power_w"] == Aggregate(min=200, avg=200, max=200, count=1)
+    assert row.values["memory_used_mib"] is None  # unknown all minute, never 0
+    assert len(agg) == 1
+    assert [r.minute for r in agg.close(now=None)] == [T0 + timedelta(minutes=1)]
+
+
+@given(st.lists(st.floats(min_value=0, max_value=100), min_size=1, max_size=30), st.integers(1, 10))
+def test_downsampling_keeps_extremes_and_the_weighted_mean(values: list[float], step: int) -> None:
+    rows = [
+        MinuteRow(
+            key=KEY,
+            uuid="GPU-a",
+            minute=T0 + timedelta(minutes=i),
+            samples=2,
+            values={"utilization_pct": Aggregate(min=v, avg=v, max=v, count=2)},
+        )
+        for i, v in enumerate(values)
+    ]
+    merged = downsample(rows, start=T0, step=timedelta(minutes=step))
+    assert sum(r.samples for r in merged) == 2 * len(values)
+    aggs = [a for r in merged if (a := r.values["utilization_pct"]) is not None]
+    assert min(a.min for a in aggs) == min(values)
+    assert max(a.max for a in aggs) == max(values)
+    assert sum(a.avg * a.count for a in aggs) / sum(a.count for a in aggs) == pytest.approx(sum(values) / len(values))
+
+
+def test_memory_high_needs_the_full_duration_and_resolves_on_the_first_low_or_unknown_reading() -> None:
+    tracker = MemoryHighTracker(MemoryHighParams(share=0.9, duration=timedelta(minutes=5)))
+    stale = timedelta(minutes=5)
+    for s in range(0, 300, 5):
+        tracker.observe(reading(T0 + timedelta(seconds=s), memory_used_mib=95, memory_total_mib=100))
+    assert tracker.decide(now=T0 + timedelta(seconds=300), stale=stale, open_on=[]).raise_for == {}
+    tracker.observe(reading(T0 + timedelta(seconds=300), memory_used_mib=95, memory_total_mib=100))
+    decision = tracker.decide(now=T0 + timedelta(seconds=300), stale=stale, open_on=[])
+    assert decision.raise_for == {NodeId("n1"): (0,)}
+    assert tracker.decide(now=T0 + timedelta(seconds=300), stale=stale, open_on=[NodeId("n1")]).raise_for == {}
+    tracker.observe(reading(T0 + timedelta(seconds=305), memory_used_mib=None, memory_total_mib=100))
+    assert tracker.decide(now=T0, stale=stale, open_on=[NodeId("n1")]).resolve == (NodeId("n1"),)
+
+
+def test_a_restarted_tracker_keeps_an_open_alert_while_the_card_is_still_full() -> None:
+    tracker = MemoryHighTracker(MemoryHighParams(share=0.9, duration=timedelta(minutes=10)))
+    tracker.observe(reading(T0, memory_used_mib=95, memory_total_mib=100))
+    decision = tracker.decide(now=T0, stale=timedelta(minutes=5), open_on=[NodeId("n1")])
+    assert decision.resolve == ()
+    assert decision.raise_for == {}
+
+
+def test_a_card_that_stops_reporting_no_longer_counts_as_full() -> None:
+    tracker = MemoryHighTracker(MemoryHighParams(share=0.5, duration=timedelta(seconds=10)))
+    for s in (0, 10):
+        tracker.observe(reading(T0 + timedelta(seconds=s), memory_used_mib=80, memory_total_mib=100))
+    late = T0 + timedelta(minutes=20)
+    assert tracker.decide(now=late, stale=timedelta(minutes=5), open_on=[NodeId("n1")]).resolve == (NodeId("n1"),)
+
+
+def minute_rows(start: datetime, minutes: int, *, uuid: str = "GPU-a", **values: float) -> list[MinuteRow]:
+    aggs = {name: Aggregate(min=v, avg=v, max=v, count=12) for name, v in values.items()}
+    return [
+        MinuteRow(key=KEY, uuid=uuid, minute=start + timedelta(minutes=m), samples=12, values=aggs)
+        for m in range(minutes)
+    ]
+
+
+def test_weak_signals_need_enough_known_minutes_of_the_same_card() -> None:
+    params = WeakSignalParams()
+    t0 = T0 + timedelta(days=3)
+    hot = minute_rows(t0 - timedelta(hours=1), 30, temperature_c=91)
+    assert [s.code for s in weak_signals(hot, uuid="GPU-a", t0=t0, params=params)] == ["temperature_high"]
+    assert weak_signals(hot[:29], uuid="GPU-a", t0=t0, params=params) == []
+    assert weak_signals(hot, uuid="GPU-b", t0=t0, params=params) == []  # another card's heat is not this card's
+    busy = {"utilization_pct": 95.0}
+    before = minute_rows(t0 - timedelta(days=2), 60, power_w=300, **busy)
+    after = minute_rows(t0 - timedelta(hours=2), 60, power_w=200, **busy)
+    (signal,) = weak_signals(before + after, uuid="GPU-a", t0=t0, params=params)
+    assert signal.layer == "weak"
+    assert signal.code == "power_shift"
+    assert weak_signals(before + after[:59], uuid="GPU-a", t0=t0, params=params) == []
+    idle = minute_rows(t0 - timedelta(hours=2), 60, power_w=100, utilization_pct=10)
+    assert weak_signals(before + idle, uuid="GPU-a", t0=t0, params=params) == []  # idle power says nothing
+
+
+def test_settings_fall_back_and_build_the_rule_parameters() -> None:
+    settings = GpuMetricsSettings.load(retention_days="0", memory_high_share="1.5", memory_high_minutes="3")
+    assert settings.retention_days == 7
+    assert settings.memory_high == MemoryHighParams(share=0.95, duration=timedelta(minutes=3))
+    assert len(settings.config_warnings) == 2
+    assert settings.weak.history == timedelta(days=7)
