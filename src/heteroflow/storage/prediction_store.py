@@ -401,8 +401,10 @@ class SqlPredictionStore:
                 ue.label("v"),
                 sa.func.lag(ue)
                 .over(
+                    # exactly the order of the partial index of changed rows, so the window needs no sort
+                    # (two rows of one card never share a sampling time: a collection is one reading)
                     partition_by=(samples_t.c.node_id, samples_t.c.gpu_index, samples_t.c.uuid),
-                    order_by=(samples_t.c.sampled_at, samples_t.c.id),
+                    order_by=samples_t.c.sampled_at,
                 )
                 .label("prev"),
             )
