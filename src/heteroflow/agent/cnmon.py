@@ -23,7 +23,7 @@ from heteroflow.agent.readings import (
     TelemetryCollection,
     VendorTable,
 )
-from heteroflow.agent.tables import cells, find_box_table, locate, value_at
+from heteroflow.agent.tables import banner_line, cells, device_head, find_box_table, locate, value_at
 from heteroflow.core.clock import Clock
 from heteroflow.health.counters import Counters
 
@@ -39,7 +39,7 @@ _MEMORY_TOTAL = re.compile(r"/\s*(\d+(?:\.\d+)?)\s*MiB")
 def parse_cnmon(text: str) -> VendorTable | None:
     """The cards of a ``cnmon`` default table; ``None`` when there is no CNMON banner."""
     lines = text.splitlines()
-    banner = next((i for i, line in enumerate(lines) if _BANNER.search(line)), None)
+    banner = banner_line(lines, _BANNER)
     if banner is None:
         return None
     table = find_box_table(lines, start=banner + 1)
@@ -53,12 +53,12 @@ def parse_cnmon(text: str) -> VendorTable | None:
     health: list[GpuHealth] = []
     telemetry: list[GpuTelemetry] = []
     for block in table.devices:
-        first = cells(block[0])[0].split()
-        index = parse_count(first[0]) if first else None
-        if index is None or index > 4095:
+        head = device_head(block)
+        if head is None:
             continue
+        index, words = head
         # "Card VF Name Firmware": VF is "/" or a number on v4-v5; older layouts have no VF column.
-        rest = first[1:]
+        rest = words
         if rest and (rest[0] == "/" or rest[0].isdigit()):
             rest = rest[1:]
         name = rest[0] if rest else ""

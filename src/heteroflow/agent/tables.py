@@ -7,8 +7,11 @@ fixed position: vendors ship more than one layout.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
+
+from heteroflow.agent.parsing import parse_count
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,3 +119,17 @@ def value_at(block: Sequence[str], ref: ColumnRef) -> str | None:
     if ref.token == 0:
         return tokens[0]
     return None
+
+
+def banner_line(lines: Sequence[str], banner: re.Pattern[str]) -> int | None:
+    """The index of the first line that carries the tool's banner, or ``None``."""
+    return next((i for i, line in enumerate(lines) if banner.search(line)), None)
+
+
+def device_head(block: Sequence[str]) -> tuple[int, list[str]] | None:
+    """A device block's declared index and the other words of its first cell; ``None`` when it has no index."""
+    words = cells(block[0])[0].split()
+    index = parse_count(words[0]) if words else None
+    if index is None or index > 4095:
+        return None
+    return index, words[1:]

@@ -21,7 +21,7 @@ from heteroflow.agent.readings import (
     TelemetryCollection,
     VendorTable,
 )
-from heteroflow.agent.tables import cells, find_box_table, locate, value_at
+from heteroflow.agent.tables import banner_line, cells, device_head, find_box_table, locate, value_at
 from heteroflow.core.clock import Clock
 from heteroflow.health.counters import Counters
 
@@ -36,7 +36,7 @@ _UTIL = re.compile(r"(\d+(?:\.\d+)?)\s*%")
 def parse_xpu_smi(text: str) -> VendorTable | None:
     """The cards of an ``xpu-smi`` default table; ``None`` when the banner is not Kunlunxin's."""
     lines = text.splitlines()
-    banner = next((i for i, line in enumerate(lines) if _BANNER.search(line)), None)
+    banner = banner_line(lines, _BANNER)
     if banner is None:
         return None
     table = find_box_table(lines, start=banner + 1)
@@ -49,12 +49,12 @@ def parse_xpu_smi(text: str) -> VendorTable | None:
     health: list[GpuHealth] = []
     telemetry: list[GpuTelemetry] = []
     for block in table.devices:
-        first = cells(block[0])[0].split()
-        index = parse_count(first[0]) if first else None
-        if index is None or index > 4095:
+        head = device_head(block)
+        if head is None:
             continue
+        index, words = head
         # "XPU  Name  Persistence-M": the name sits between the index and the persistence mode.
-        name = " ".join(first[1:-1]) if len(first) > 2 else " ".join(first[1:])
+        name = " ".join(words[:-1]) if len(words) > 1 else " ".join(words)
         ecc = parse_count(value_at(block, ecc_ref)) if ecc_ref is not None else None
         health.append(
             GpuHealth(
