@@ -13,7 +13,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from heteroflow.storage.testing import free_port
+from heteroflow.core.testing import free_port
 
 pytestmark = pytest.mark.e2e
 

@@ -14,9 +14,9 @@ from typing import Any
 import pytest
 
 from heteroflow.core.ids import NodeId
+from heteroflow.core.testing import free_port
 from heteroflow.server.alert_delivery import AlertDeliverySettings, AlertNotifier
 from heteroflow.storage.alert_store import AlertRecord
-from heteroflow.storage.testing import free_port
 
 ALERT = AlertRecord(
     id="a-1",

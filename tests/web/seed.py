@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +23,7 @@ from fastapi import FastAPI
 
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.ids import NodeId, Source, TenantId
+from heteroflow.core.testing import free_port
 from heteroflow.health.counters import Counters
 from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.samples import Card, CardKey, HealthReading
@@ -72,13 +72,6 @@ class Seeded:
             headers={"Authorization": f"Bearer {self.agent}"},
         )
         response.raise_for_status()
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 def build_app(ctx: ServerContext) -> FastAPI:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import os
 import signal
+import socket
 from typing import Annotated, Any
 
 import structlog
@@ -113,6 +114,19 @@ def engine_sim(
     raise typer.Exit(asyncio.run(run_engine(topology=topology, settings=settings, port=port)))
 
 
+def reserve_port(host: str, port: int) -> socket.socket:
+    """A socket bound to ``host:port`` but not listening yet: the port is ours, connections are refused."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, port))
+    except OSError:
+        sock.close()
+        raise
+    return sock
+
+
 async def run_engine(*, topology: Topology, settings: EngineSimSettings, port: int) -> int:
     """Start the worker, serve HTTP until the engine decides to exit; the process exit code."""
     import uvicorn
@@ -155,9 +169,17 @@ async def run_engine(*, topology: Topology, settings: EngineSimSettings, port: i
         ),
         hard_exit=hard_exit,
     )
+    # Claim the HTTP port before the process group forms: gloo's own sockets take ephemeral ports and could
+    # otherwise land on it. The socket listens (connections are accepted) only once the engine is ready.
+    try:
+        http_socket = reserve_port(settings.host, port)
+    except OSError as exc:
+        _log.error("engine.port_unavailable", rank=topology.dp_rank, host=settings.host, port=port, error=str(exc))
+        return 1
     try:
         ready = await core.start()
     except (WorkerStartError, TimeoutError) as exc:
+        http_socket.close()
         _log.error("engine.start_failed", rank=topology.dp_rank, error=str(exc))
         return 1
     _log.info("engine.ready", rank=topology.dp_rank, worker_pid=ready.worker_pid, placement=ready.placement)
@@ -185,7 +207,7 @@ async def run_engine(*, topology: Topology, settings: EngineSimSettings, port: i
 
     tasks = [asyncio.create_task(tick()), asyncio.create_task(stop_on_exit())]
     try:
-        await server.serve()
+        await server.serve(sockets=[http_socket])
     finally:
         for task in tasks:
             task.cancel()

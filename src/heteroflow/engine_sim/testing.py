@@ -16,7 +16,6 @@ import contextlib
 import functools
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,7 +25,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from heteroflow.core.testing import FakeClock
+from heteroflow.core.testing import FakeClock, free_port
 from heteroflow.engine_sim.backend import FaultKind
 from heteroflow.engine_sim.engine import EngineCore, EngineTimeouts
 from heteroflow.engine_sim.fake import FakeGroup, FakeWorkerBackend
@@ -66,13 +65,6 @@ class EngineClusterHarness(Protocol):
 def auth_headers(token: str) -> dict[str, str]:
     """The header the engine's OpenAI, FT and sim routes want when a cluster token is configured."""
     return {"Authorization": f"Bearer {token}"} if token else {}
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as sock:
-        sock.bind((host, 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class _UnreachableTransport(httpx.AsyncBaseTransport):

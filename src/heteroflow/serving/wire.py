@@ -422,3 +422,78 @@ class ErrorBody(BaseModel):
 
     error: str
     detail: str
+
+
+# == controller → Coordinator: the serving view (F-40, F-41) ===================================================
+COORDINATOR_DEL_PATH = "/coordinator/manage/del"
+COORDINATOR_ADD_PATH = "/coordinator/manage/add"
+COORDINATOR_SET_PATH = "/coordinator/manage/set"
+COORDINATOR_INSTANCES_PATH = "/coordinator/instances"
+
+
+class ServingEndpoint(BaseModel):
+    """One engine the Coordinator may route OpenAI requests to."""
+
+    model_config = _STRICT
+
+    id: StrictInt = Field(ge=0, description="Original global DP rank.")
+    ip: str = Field(min_length=1)
+    port: StrictInt = Field(ge=1, le=65535)
+
+
+class ViewDelRequest(BaseModel):
+    """DEL: withdraw endpoints from an instance's published view (the controller sends the view published now)."""
+
+    model_config = _STRICT
+
+    instance_id: str = Field(min_length=1)
+    endpoint_ids: list[StrictInt]
+    request_id: str | None = None
+    """The round that withdraws them (for the Coordinator's log)."""
+
+    @field_validator("endpoint_ids")
+    @classmethod
+    def _ranks(cls, value: list[int]) -> list[int]:
+        return _unique_ranks(value)
+
+
+class ViewAddRequest(BaseModel):
+    """ADD: publish endpoints (merged into the instance's view); SET: the instance's whole view (replaces it).
+
+    ``model`` is the served model name the OpenAI requests carry; ``generation`` orders SETs: one older than
+    the last applied for the instance is ignored (a late refresh never undoes a newer view).
+    """
+
+    model_config = _STRICT
+
+    instance_id: str = Field(min_length=1)
+    model: str = Field(min_length=1)
+    endpoints: list[ServingEndpoint]
+    generation: StrictInt = Field(default=0, ge=0)
+    request_id: str | None = None
+
+    @field_validator("endpoints")
+    @classmethod
+    def _distinct(cls, value: list[ServingEndpoint]) -> list[ServingEndpoint]:
+        _unique_ranks([e.id for e in value])
+        return sorted(value, key=lambda e: e.id)
+
+
+ViewSetRequest = ViewAddRequest
+
+
+class PublishedInstance(BaseModel):
+    model_config = _FROZEN
+
+    instance_id: str
+    model: str
+    endpoints: list[ServingEndpoint]
+    generation: int
+
+
+class ViewResponse(BaseModel):
+    """Every management answer and ``GET /coordinator/instances``: the views as they are now."""
+
+    model_config = _FROZEN
+
+    instances: list[PublishedInstance]

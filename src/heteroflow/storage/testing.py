@@ -12,13 +12,14 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import uuid
 from pathlib import Path
 
 import sqlalchemy as sa
+
+from heteroflow.core.testing import free_port
 
 
 class PostgresUnavailableError(RuntimeError):
@@ -34,13 +35,6 @@ def find_postgres_bin() -> Path:
     if initdb and shutil.which("pg_ctl"):
         return Path(initdb).resolve().parent
     raise PostgresUnavailableError("PostgreSQL server binaries not found (apt-get install postgresql)")
-
-
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class PostgresServer:

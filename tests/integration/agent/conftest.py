@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from heteroflow.storage.testing import free_port
+from heteroflow.core.testing import free_port
 
 REPO = Path(__file__).resolve().parents[3]
 SHARED_FIXTURES = REPO.parent / "shared" / "fixtures"

@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -22,8 +24,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from heteroflow.core.testing import free_port
 from heteroflow.engine_sim import conformance
-from heteroflow.engine_sim.testing import SimProcessCluster, free_port, rss_kib, session_pids
+from heteroflow.engine_sim.testing import SimProcessCluster, rss_kib, session_pids
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -176,8 +179,45 @@ def test_a_rank_whose_peers_never_come_exits_non_zero(tmp_path: Path) -> None:
     ]  # fmt: skip
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
     try:
+        # while it waits for its peers the HTTP port is already claimed (gloo's ephemeral sockets cannot take
+        # it) but not accepting: a probe is refused rather than left hanging
+        deadline = time.monotonic() + 60
+        while port_is_free(http):
+            assert proc.poll() is None, "the rank exited before claiming its HTTP port"
+            assert time.monotonic() < deadline, "the rank never claimed its HTTP port"
+            time.sleep(0.05)
+        assert proc.poll() is None
+        with pytest.raises(httpx.ConnectError):
+            httpx.get(f"http://127.0.0.1:{http}/health", timeout=5)
         assert proc.wait(timeout=90) == 1
     finally:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=10)
+
+
+def test_an_occupied_http_port_is_a_clear_start_failure() -> None:
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        http = taken.getsockname()[1]
+        cmd = [
+            sys.executable, "-m", "heteroflow.cli.main", "engine-sim",
+            "--dp-size", "1", "--dp-rank", "0", "--master-addr", "127.0.0.1", "--master-port", str(free_port()),
+            "--port", str(http),
+        ]  # fmt: skip
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=90)
+    assert done.returncode == 1
+    events = [json.loads(line) for line in done.stderr.splitlines() if line.startswith("{")]
+    failure = next(event for event in events if event["event"] == "engine.port_unavailable")
+    assert failure["port"] == http
+    assert "in use" in failure["error"]
+
+
+def port_is_free(port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+        return True

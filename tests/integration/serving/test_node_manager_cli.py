@@ -22,7 +22,7 @@ import httpx
 import pytest
 import uvicorn
 
-from heteroflow.engine_sim.testing import free_port
+from heteroflow.core.testing import free_port
 from heteroflow.serving.node_manager.supervisor import session_processes
 from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN, FakeController
 from heteroflow.serving.wire import (

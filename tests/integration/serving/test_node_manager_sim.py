@@ -24,7 +24,7 @@ import httpx
 import pytest
 
 from heteroflow.core.clock import SystemClock
-from heteroflow.engine_sim.testing import free_port
+from heteroflow.core.testing import free_port
 from heteroflow.serving.node_manager.app import create_app
 from heteroflow.serving.node_manager.daemon import NodeManager, PodIdentity
 from heteroflow.serving.node_manager.engines import HttpEngineClient
