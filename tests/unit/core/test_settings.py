@@ -12,6 +12,7 @@ from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.server.alert_delivery import AlertDeliverySettings
 from heteroflow.server.settings import ServerSettings
+from heteroflow.serving.controller.config import ControllerSettings, FaultToleranceConfig
 
 GROUPS: list[type[LenientSettings]] = [
     HealthStorageSettings,
@@ -20,6 +21,8 @@ GROUPS: list[type[LenientSettings]] = [
     PredictionSettings,
     AlertDeliverySettings,
     GpuMetricsSettings,
+    ControllerSettings,
+    FaultToleranceConfig,
 ]
 
 
@@ -30,11 +33,21 @@ def env_names(group: type[LenientSettings], field: str) -> list[str]:
 
 
 # free-form strings whose every value is legal (an empty token or node name means "not set")
-FREE_TEXT = {"token", "node_name", "webhook_url", "alertmanager_url"}
+FREE_TEXT = {
+    "token",
+    "node_name",
+    "webhook_url",
+    "alertmanager_url",
+    "coordinator_url",
+    "cluster_token",
+    "crash_at_step",
+}
 SPECIAL = {
     "port": ["abc", "0", "70000"],
     "log_level": ["", "loud"],
     "simulate_gpus": ["abc", "-5"],  # 0 is the default: real hardware
+    "max_transient_query_errors": ["abc", "-1"],  # 0 is the RFC's default
+    "fast_recovery_stability_sec": ["abc", "-1"],  # 0: dispatch at once
     "collector": ["", "magic"],
 }
 
@@ -109,9 +122,10 @@ def test_docs_list_every_variable() -> None:
     from pathlib import Path
 
     from heteroflow.engine_sim.settings import EngineSimSettings
+    from heteroflow.serving.node_manager.settings import NodeManagerSettings
 
     text = (Path(__file__).parents[3] / "docs" / "configuration.md").read_text()
-    for group in [*GROUPS, EngineSimSettings]:
+    for group in [*GROUPS, EngineSimSettings, NodeManagerSettings]:
         for field in group.model_fields:
             for name in env_names(group, field):
                 assert f"`{name}`" in text, f"{name} is missing from docs/configuration.md"

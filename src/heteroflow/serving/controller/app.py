@@ -1,0 +1,164 @@
+"""The controller's HTTP API (``serving-ft.md`` APIs).
+
+Routes (all but ``/health`` need the cluster token; 4xx bodies are ``{"error", "detail"}``):
+
+- ``POST /controller/node_manager/register`` · ``POST /controller/node_manager/heartbeat`` ·
+  ``POST /controller/report_software_fault`` — the NodeManagers' side (wire models in ``serving/wire.py``).
+- ``GET /controller/fault_tolerance/status`` — one runtime per instance, RFC §7's keys plus what an operator
+  needs beside them (pods, published view, generation, last decision, recent rounds).
+- ``GET /controller/fault_tolerance/rounds`` (``?instance_id=``) and ``…/rounds/{request_id}`` — the evidence
+  timelines (F-60).
+- ``GET /controller/config`` — the effective configuration and the warnings of its loading.
+- ``GET /metrics`` (Prometheus), ``GET /health`` (liveness, open for probes).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable
+from typing import TypeVar
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST
+from pydantic import BaseModel, ValidationError
+
+from heteroflow.platform.auth import same_secret
+from heteroflow.serving.controller.service import Controller, UnknownInstanceError
+from heteroflow.serving.wire import (
+    HEARTBEAT_PATH,
+    REGISTER_PATH,
+    REPORT_SOFTWARE_FAULT_PATH,
+    HeartbeatRequest,
+    RegisterRequest,
+    SoftwareFaultReport,
+)
+
+_M = TypeVar("_M", bound=BaseModel)
+
+MAX_BODY_BYTES = 1 << 20
+MAX_JSON_DEPTH = 32
+
+
+class _BadBody(Exception):
+    pass
+
+
+def _error(status: int, code: str, detail: str) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if status == 401 else None
+    return JSONResponse({"error": code, "detail": detail}, status_code=status, headers=headers)
+
+
+def _depth(value: object, limit: int) -> int:
+    stack: list[tuple[object, int]] = [(value, 1)]
+    deepest = 0
+    while stack:
+        item, depth = stack.pop()
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return deepest
+        if isinstance(item, dict):
+            stack.extend((child, depth + 1) for child in item.values())
+        elif isinstance(item, list):
+            stack.extend((child, depth + 1) for child in item)
+    return deepest
+
+
+async def _body(request: Request, model: type[_M]) -> _M:
+    raw_bytes = await request.body()
+    if len(raw_bytes) > MAX_BODY_BYTES:
+        raise _BadBody(f"the body is larger than {MAX_BODY_BYTES} bytes")
+    try:
+        raw = json.loads(raw_bytes)
+    except (ValueError, RecursionError) as exc:
+        raise _BadBody(f"the body is not JSON: {exc}") from exc
+    if not isinstance(raw, dict):
+        raise _BadBody("the body must be a JSON object")
+    if _depth(raw, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
+        raise _BadBody(f"the body is nested deeper than {MAX_JSON_DEPTH} levels")
+    try:
+        return model.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(part) for part in err["loc"]) or "body"
+        raise _BadBody(f"{where}: {err['msg']}") from exc
+
+
+def create_app(controller: Controller, *, cluster_token: str | None, allow_no_token: bool = False) -> FastAPI:
+    app = FastAPI(title="HeteroFlow controller", docs_url=None, redoc_url=None)
+
+    @app.middleware("http")
+    async def _authenticate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
+        if request.url.path != "/health":
+            if cluster_token:
+                scheme, _, value = (request.headers.get("authorization") or "").partition(" ")
+                if scheme.lower() != "bearer" or not value.strip() or not same_secret(value.strip(), cluster_token):
+                    return _error(401, "unauthorized", "a valid cluster token is required (Authorization: Bearer)")
+            elif not allow_no_token:
+                return _error(401, "unauthorized", "no cluster token is configured; internal routes are closed")
+        return await call_next(request)
+
+    @app.exception_handler(_BadBody)
+    async def _bad_body(_: Request, exc: _BadBody) -> JSONResponse:
+        return _error(400, "invalid_body", str(exc))
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(controller.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+
+    @app.post(REGISTER_PATH)
+    async def register(request: Request) -> Response:
+        answer = await controller.register(await _body(request, RegisterRequest))
+        return JSONResponse(answer.model_dump(mode="json"))
+
+    @app.post(HEARTBEAT_PATH)
+    async def heartbeat(request: Request) -> Response:
+        answer = controller.heartbeat(await _body(request, HeartbeatRequest))
+        return JSONResponse(answer.model_dump(mode="json"))
+
+    @app.post(REPORT_SOFTWARE_FAULT_PATH)
+    async def report(request: Request) -> Response:
+        body = await _body(request, SoftwareFaultReport)
+        try:
+            used = controller.report(body)
+        except UnknownInstanceError as exc:
+            return _error(404, "unknown_instance", str(exc))
+        return JSONResponse({"accepted": True, "used": used})
+
+    @app.get("/controller/fault_tolerance/status")
+    async def ft_status() -> Response:
+        return JSONResponse(controller.status())
+
+    @app.get("/controller/fault_tolerance/rounds")
+    async def rounds(instance_id: str | None = None) -> Response:
+        found = [
+            {k: v for k, v in record.as_json().items() if k != "events"}
+            for inst_id in ([instance_id] if instance_id else list(controller.instances))
+            for record in controller.history.for_instance(inst_id)
+        ]
+        return JSONResponse(found)
+
+    @app.get("/controller/fault_tolerance/rounds/{request_id}")
+    async def round_timeline(request_id: str) -> Response:
+        record = controller.history.get(request_id)
+        if record is None:
+            return _error(404, "unknown_round", f"no round {request_id!r} in this controller's history")
+        return JSONResponse(record.as_json())
+
+    @app.get("/controller/config")
+    async def config() -> Response:
+        cfg = controller.config
+        return JSONResponse(
+            {
+                "fault_tolerance_config": cfg.ft.model_dump(),
+                "derived": {"enable_dp_scale_down_proxy": cfg.ft.scale_down_enabled},
+                "store_error": controller.store_error,
+                "warnings": list(cfg.warnings),
+            }
+        )
+
+    return app

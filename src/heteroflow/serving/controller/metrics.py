@@ -1,0 +1,54 @@
+"""The controller's Prometheus metrics (F-60): phase per instance, rounds by outcome, stage latencies."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from heteroflow.serving.controller.core.phase import FtPhase
+
+STAGE_BUCKETS = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0)
+
+
+class ControllerMetrics:
+    """One registry per controller, so that tests and several controllers in a process never share series."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        self.phase = Gauge(
+            "heteroflow_controller_ft_phase",
+            "1 for the instance's current fault-tolerance phase, 0 for the others.",
+            ["instance_id", "phase"],
+            registry=self.registry,
+        )
+        self.rounds = Counter(
+            "heteroflow_controller_rounds",
+            "Strategies run, by kind (scale_down, fast_recovery, fallback) and outcome.",
+            ["kind", "outcome"],
+            registry=self.registry,
+        )
+        self.stage_seconds = Histogram(
+            "heteroflow_controller_stage_seconds",
+            "Seconds spent in each stage of a round (guard, apply_ready, apply, recovered, probe, commit, "
+            "publish, round_total) and in fallbacks.",
+            ["stage"],
+            buckets=STAGE_BUCKETS,
+            registry=self.registry,
+        )
+        self.store_errors = Counter(
+            "heteroflow_controller_store_errors",
+            "FtRuntimeStore writes that failed (unavailable or conflicting).",
+            registry=self.registry,
+        )
+        self.reports = Counter(
+            "heteroflow_controller_fault_reports",
+            "Software fault reports received, by evidence.",
+            ["evidence"],
+            registry=self.registry,
+        )
+
+    def set_phase(self, instance_id: str, phase: FtPhase) -> None:
+        for candidate in FtPhase:
+            self.phase.labels(instance_id=instance_id, phase=candidate.value).set(1 if candidate == phase else 0)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

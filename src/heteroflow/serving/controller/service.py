@@ -1,0 +1,616 @@
+"""The controller shell: instance registry, FaultManager, strategy center, persistence and the serving view.
+
+It holds the state the pure core (``core/``, ``docs/controller-core.md``) computes on: one :class:`Instance`
+per serving instance with its :class:`FtRuntime` (the only thing persisted, F-32), the in-memory snapshot of
+software evidence (never persisted, F-13), the hardware events, the running strategy and the view last
+published to the Coordinator. Every phase change goes through a core function; this module only decides
+*when* to call them and performs what they ask for (HTTP, store writes, publication).
+
+Concurrency: one asyncio loop. Reports and registrations mutate state synchronously and notify the strategy
+center (F-13); each strategy (a round, a fast recovery, a fallback) is one task per instance, and a new one
+is never started while another runs for the same instance (the core's ``decide`` refuses it too).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import uuid
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+import structlog
+
+from heteroflow.core.clock import Clock
+from heteroflow.core.errors import StoreUnavailableError
+from heteroflow.serving.controller.clients import CoordinatorClient, NodeManagerClient, PeerError
+from heteroflow.serving.controller.config import ControllerConfig
+from heteroflow.serving.controller.core import normalizer, overlay
+from heteroflow.serving.controller.core import runtime as rt
+from heteroflow.serving.controller.core.decision import (
+    Decision,
+    DecisionInput,
+    DecisionReason,
+    MarkHardwareHandled,
+    Reconfigure,
+    RunningStrategy,
+    StartFastRecovery,
+    StartScaleDown,
+    Wait,
+    decide,
+)
+from heteroflow.serving.controller.core.errors import FtCoreError, TopologyError
+from heteroflow.serving.controller.core.normalizer import FtSnapshot, HardwareEvent
+from heteroflow.serving.controller.core.phase import ROUND_PHASES, FtPhase
+from heteroflow.serving.controller.core.ranks import DpRank, InstanceId, RequestId
+from heteroflow.serving.controller.core.topology import InstanceTopology, resolve_instance
+from heteroflow.serving.controller.history import RoundHistory
+from heteroflow.serving.controller.metrics import ControllerMetrics
+from heteroflow.serving.controller.store import FtRuntimeStore, FtStoreError
+from heteroflow.serving.wire import (
+    FinalizeRequest,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    ProbeRequest,
+    RegisterRequest,
+    RegisterResponse,
+    ServingEndpoint,
+    SoftwareFaultReport,
+    heartbeat_complete,
+)
+
+_log = structlog.get_logger(__name__)
+
+CRASH_EXIT_CODE = 86
+"""Exit code of the test-only crash hook (``HETEROFLOW_CONTROLLER_CRASH_AT_STEP``)."""
+
+CRASH_STEPS = (
+    "after_write_ahead",
+    "after_guard",
+    "before_apply",
+    "after_apply",
+    "after_node_manager_commit",
+    "after_commit_persisted",
+    "after_round_persisted",
+)
+"""The step boundaries of a round at which the crash hook can stop the process."""
+
+
+class UnknownInstanceError(Exception):
+    """A report for an instance no NodeManager registered (HTTP 404)."""
+
+
+@dataclass
+class PodState:
+    registration: RegisterRequest
+    last_seen: float
+    heartbeat_complete: bool = False
+    heartbeats: int = 0
+
+
+@dataclass
+class Instance:
+    instance_id: InstanceId
+    topology: InstanceTopology
+    runtime: rt.FtRuntime
+    revision: int | None = None
+    """The store's CAS revision of the persisted runtime; ``None``: never stored."""
+    snapshot: FtSnapshot = field(default_factory=FtSnapshot)
+    hardware: list[HardwareEvent] = field(default_factory=list)
+    running: RunningStrategy | None = None
+    task: asyncio.Task[None] | None = None
+    published: frozenset[DpRank] = frozenset()
+    """The view the Coordinator holds as far as we know (what the last successful DEL/ADD/SET left)."""
+    engine_statuses: dict[int, str] = field(default_factory=dict)
+    wake_at: float | None = None
+    last_decision: str | None = None
+    stopped_pods: set[str] = field(default_factory=set)
+    persist_pending: bool = False
+    persist_error_shown: bool = False
+    """``last_error`` currently says a persist failed; a later successful persist clears it."""
+    nudged: bool = False
+    """F-54: the idle survivors of the current evidence were nudged once."""
+    pending_abort: RequestId | None = None
+    pending_fallback: rt.FallbackStrategy | None = None
+    fallback_attempts: int = 0
+
+
+class Controller:
+    def __init__(
+        self,
+        *,
+        config: ControllerConfig,
+        store: FtRuntimeStore,
+        node_managers: NodeManagerClient,
+        coordinator: CoordinatorClient | None,
+        clock: Clock,
+        metrics: ControllerMetrics | None = None,
+        exit_process: Callable[[int], None] = os._exit,
+    ) -> None:
+        self.config = config
+        self.ft = config.ft
+        self.store = store
+        self.nm = node_managers
+        self.coordinator = coordinator
+        self.clock = clock
+        self.metrics = metrics or ControllerMetrics()
+        self.history = RoundHistory(clock)
+        self._exit_process = exit_process
+        self.pods: dict[str, PodState] = {}
+        self.instances: dict[InstanceId, Instance] = {}
+        self._restored: dict[InstanceId, rt.Restored] = {}
+        self._revisions: dict[InstanceId, int] = {}
+        self._wake = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.store_error: str | None = None
+
+    # == lifecycle ===========================================================================================
+    async def start(self, *, loops: bool = True) -> None:
+        """Load the persisted runtimes (F-32) and start the strategy center and the view refresh."""
+        await self.load_persisted()
+        if loops:
+            self._tasks.append(asyncio.create_task(self._strategy_center(), name="strategy-center"))
+            self._tasks.append(asyncio.create_task(self._refresh_loop(), name="view-refresh"))
+
+    async def load_persisted(self) -> None:
+        try:
+            loaded = await self.store.load_all()
+        except (StoreUnavailableError, FtStoreError) as exc:
+            # without the store we cannot know which ranks are committed: stay empty and say so; instances
+            # registering now start fresh only after the store answers (see _ensure_instance)
+            self.store_error = f"store unavailable at start: {exc}"
+            _log.error("controller.store_load_failed", error=str(exc))
+            return
+        self.store_error = None
+        for instance_id, reason in loaded.corrupt.items():
+            _log.error("controller.store_record_corrupt", instance_id=instance_id, reason=reason)
+        for instance_id, stored in loaded.records.items():
+            self._restored[instance_id] = rt.restore(stored.record)
+            self._revisions[instance_id] = stored.revision
+            _log.info(
+                "controller.runtime_restored",
+                instance_id=instance_id,
+                persisted_phase=stored.record.phase.value,
+                phase=self._restored[instance_id].runtime.phase.value,
+            )
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for inst in self.instances.values():
+            if inst.task is not None:
+                inst.task.cancel()
+        pending = [*self._tasks, *(i.task for i in self.instances.values() if i.task is not None)]
+        for task in pending:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._tasks.clear()
+        await self.nm.aclose()
+        if self.coordinator is not None:
+            await self.coordinator.aclose()
+        await self.store.close()
+
+    def crash_point(self, step: str) -> None:
+        """The test-only hook of the crash-injection tests: die here, like a killed process."""
+        if self.config.settings.crash_at_step == step:
+            _log.warning("controller.crash_hook", step=step)
+            self._exit_process(CRASH_EXIT_CODE)
+
+    # == NodeManager routes ==================================================================================
+    async def register(self, request: RegisterRequest) -> RegisterResponse:
+        now = self.clock.monotonic()
+        self.pods[request.pod_id] = PodState(registration=request, last_seen=now)
+        _log.info("controller.pod_registered", pod_id=request.pod_id, instance_id=request.instance_id)
+        inst = await self._ensure_instance(InstanceId(request.instance_id))
+        retired = sorted(inst.runtime.dead_committed) if inst is not None else None
+        self._wake.set()
+        return RegisterResponse(
+            flags=self.ft.flags(),
+            heartbeat_interval_sec=self.config.settings.heartbeat_interval_sec,
+            retired_endpoint_ids=retired,
+        )
+
+    def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
+        pod = self.pods.get(request.pod_id)
+        if pod is None or pod.registration.instance_id != request.instance_id:
+            return HeartbeatResponse(register_again=True)
+        pod.last_seen = self.clock.monotonic()
+        pod.heartbeats += 1
+        pod.heartbeat_complete = heartbeat_complete(
+            reported=request.endpoint_ids,
+            expected=request.expected_endpoint_ids,
+            retired=request.retired_endpoint_ids,
+            scale_down_enabled=self.ft.scale_down_enabled,
+        )
+        return HeartbeatResponse(flags=self.ft.flags())
+
+    def report(self, report: SoftwareFaultReport) -> bool:
+        """Fold one report into the snapshot and notify the strategy center; ``False``: not used (a pod of an
+        instance that is not assembled yet)."""
+        inst = self.instances.get(InstanceId(report.instance_id))
+        if inst is None:
+            if any(p.registration.instance_id == report.instance_id for p in self.pods.values()):
+                return False
+            raise UnknownInstanceError(f"instance {report.instance_id!r} is not registered")
+        self.metrics.reports.labels(evidence=report.evidence.value).inc()
+        now = self.clock.monotonic()
+        before = inst.snapshot
+        inst.snapshot = normalizer.observe(inst.snapshot, report, now=now, dead_committed=inst.runtime.dead_committed)
+        if report.endpoint_id not in inst.runtime.dead_committed:
+            inst.engine_statuses[report.endpoint_id] = report.status
+        self.history.add(
+            inst.runtime.request_id if inst.running else None,
+            "evidence",
+            endpoint_id=report.endpoint_id,
+            status=report.status,
+            evidence=report.evidence.value,
+            pod_id=report.pod_id,
+        )
+        _log.info(
+            "controller.fault_reported",
+            instance_id=inst.instance_id,
+            endpoint_id=report.endpoint_id,
+            status=report.status,
+            evidence=report.evidence.value,
+            changed=inst.snapshot is not before,
+        )
+        self._wake.set()
+        return True
+
+    # == instances ===========================================================================================
+    async def _ensure_instance(self, instance_id: InstanceId) -> Instance | None:
+        existing = self.instances.get(instance_id)
+        if existing is not None:
+            return existing
+        regs = [p.registration for p in self.pods.values() if p.registration.instance_id == instance_id]
+        try:
+            topology = resolve_instance(regs)
+        except TopologyError as exc:
+            _log.info("controller.instance_incomplete", instance_id=instance_id, detail=str(exc))
+            return None
+        restored = self._restored.pop(instance_id, None)
+        if restored is not None and restored.runtime.original_dp_ranks == topology.original_dp_ranks:
+            runtime = restored.runtime
+            inst = Instance(instance_id=instance_id, topology=topology, runtime=runtime)
+            inst.revision = self._revisions.get(instance_id)
+            inst.pending_abort = restored.abort_request_id
+            inst.pending_fallback = restored.run_fallback
+            runtime = self._align_feature(runtime)
+            inst.runtime = runtime
+            if runtime is not restored.runtime:
+                inst.persist_pending = True
+        else:
+            if restored is not None:
+                _log.warning(
+                    "controller.stored_topology_differs",
+                    instance_id=instance_id,
+                    stored=sorted(restored.runtime.original_dp_ranks),
+                    registered=sorted(topology.original_dp_ranks),
+                )
+            runtime = rt.new_runtime(instance_id, topology.original_dp_ranks, enabled=self.ft.scale_down_enabled)
+            inst = Instance(instance_id=instance_id, topology=topology, runtime=runtime)
+            inst.revision = self._revisions.get(instance_id)
+            inst.persist_pending = True
+        self.instances[instance_id] = inst
+        await self.persist(inst, required=False)
+        self.metrics.set_phase(instance_id, inst.runtime.phase)
+        _log.info(
+            "controller.instance_assembled",
+            instance_id=instance_id,
+            phase=inst.runtime.phase.value,
+            dead_committed=sorted(inst.runtime.dead_committed),
+            pods=[p.pod_id for p in topology.pods],
+        )
+        if inst.pending_abort is not None or inst.pending_fallback is not None:
+            self._start(inst, "fallback", self._resume_after_restart(inst))
+        return inst
+
+    def _align_feature(self, runtime: rt.FtRuntime) -> rt.FtRuntime:
+        """The configured switch wins over a stored DISABLED/NORMAL (only those two can switch, F-30)."""
+        if runtime.phase in (FtPhase.DISABLED, FtPhase.NORMAL):
+            return rt.set_feature(runtime, enabled=self.ft.scale_down_enabled)
+        return runtime
+
+    def set_runtime(self, inst: Instance, runtime: rt.FtRuntime) -> None:
+        if runtime.phase != inst.runtime.phase:
+            self.history.add(
+                runtime.request_id or inst.runtime.request_id,
+                "phase",
+                **{"from": inst.runtime.phase.value, "to": runtime.phase.value},
+            )
+            _log.info(
+                "controller.phase",
+                instance_id=inst.instance_id,
+                request_id=runtime.request_id,
+                phase=runtime.phase.value,
+                previous=inst.runtime.phase.value,
+            )
+        inst.runtime = runtime
+        self.metrics.set_phase(inst.instance_id, runtime.phase)
+
+    async def persist(self, inst: Instance, *, required: bool) -> None:
+        """Write F-32's subset with compare-and-swap. ``required``: raise on failure (F-50's write-ahead);
+        otherwise remember to retry and carry on."""
+        record = rt.persisted(inst.runtime)
+        try:
+            inst.revision = await self.store.put(record, expected_revision=inst.revision)
+        except (StoreUnavailableError, FtStoreError) as exc:
+            inst.persist_pending = True
+            self.store_error = f"{type(exc).__name__}: {exc}"
+            self.metrics.store_errors.inc()
+            _log.error("controller.persist_failed", instance_id=inst.instance_id, error=str(exc), required=required)
+            if required:
+                raise
+            return
+        inst.persist_pending = False
+        self.store_error = None
+        if inst.persist_error_shown:
+            inst.persist_error_shown = False
+            self.set_runtime(inst, replace(inst.runtime, last_error=None))
+
+    def reset_evidence(self, inst: Instance) -> None:
+        """Forget the snapshot and the hardware events: a round committed or the instance was rebuilt."""
+        inst.snapshot = normalizer.reset()
+        inst.hardware.clear()
+        inst.engine_statuses.clear()
+        inst.nudged = False
+
+    # == strategy center (F-10…F-13) =========================================================================
+    def wake(self) -> None:
+        self._wake.set()
+
+    async def _strategy_center(self) -> None:
+        while True:
+            now = self.clock.monotonic()
+            timeout = self.ft.strategy_center_check_interval
+            wakes = [i.wake_at for i in self.instances.values() if i.wake_at is not None]
+            if wakes:
+                timeout = max(0.0, min(timeout, min(wakes) - now))
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+            self._wake.clear()
+            self.decide_all()
+
+    def decide_all(self) -> None:
+        for inst in list(self.instances.values()):
+            try:
+                self.decide_instance(inst)
+            except FtCoreError as exc:  # a bug in the shell's use of the core: say so, keep the others going
+                _log.exception("controller.decide_failed", instance_id=inst.instance_id, error=str(exc))
+
+    def decide_instance(self, inst: Instance) -> Decision:
+        now = self.clock.monotonic()
+        decision = decide(
+            DecisionInput(
+                runtime=inst.runtime,
+                snapshot=inst.snapshot,
+                hardware=tuple(inst.hardware),
+                running=inst.running,
+                fast_recovery_applicable=self.ft.scale_down_enabled and self.ft.enable_fast_recovery,
+                original_fallback=self.config.instance(inst.instance_id).fallback,
+                timings=self.ft.decision_timings(),
+            ),
+            now=now,
+        )
+        inst.last_decision = f"{decision.kind}:{decision.reason.value}"
+        inst.wake_at = decision.until if isinstance(decision, Wait) else None
+        if isinstance(decision, StartScaleDown):
+            from heteroflow.serving.controller.strategy import ScaleDownRound
+
+            context = rt.ScaleDownContext(
+                request_id=RequestId(f"sd-{uuid.uuid4().hex[:16]}"),
+                instance_id=inst.instance_id,
+                generation=inst.runtime.generation,
+                candidates=decision.candidates,
+                survivors=decision.survivors,
+                dead_committed_at_start=inst.runtime.dead_committed,
+                fallback=decision.fallback,
+                decided_at=now,
+                hardware_matched=decision.hardware_matched,
+                hardware_keys=decision.hardware_keys,
+            )
+            self._start(inst, "scale_down", ScaleDownRound(self, inst, context).run())
+        elif isinstance(decision, Reconfigure):
+            self.set_runtime(
+                inst, rt.start_reconfiguration(inst.runtime, decision.fallback, f"{decision.reason.value}")
+            )
+            self._start(inst, "fallback", self.run_fallback(inst, decision.fallback))
+        elif isinstance(decision, StartFastRecovery):
+            from heteroflow.serving.controller.strategy import FastRecovery
+
+            self._start(inst, "fast_recovery", FastRecovery(self, inst).run())
+        elif isinstance(decision, MarkHardwareHandled):
+            inst.hardware = [e for e in inst.hardware if e.fault.key not in decision.keys]
+            self._wake.set()
+        elif isinstance(decision, Wait) and decision.reason == DecisionReason.COLLECTING:
+            self._maybe_nudge(inst)
+        return decision
+
+    def _maybe_nudge(self, inst: Instance) -> None:
+        """F-54: a DEAD is known but survivors stay HEALTHY for lack of traffic; with ``nudge_idle_survivors``
+        each of their NodeManagers sends one bounded request so they meet the fault in their collective."""
+        if not self.ft.nudge_idle_survivors or inst.nudged:
+            return
+        snapshot = normalizer.classify(inst.snapshot, inst.runtime.active_dp_ranks)
+        idle = inst.runtime.active_dp_ranks - snapshot.dead - snapshot.unhealthy
+        if not snapshot.dead or not idle:
+            return
+        inst.nudged = True
+        request_id = f"nudge-{uuid.uuid4().hex[:12]}"
+        _log.info("controller.nudge", instance_id=inst.instance_id, ranks=sorted(idle), dead=sorted(snapshot.dead))
+
+        async def nudge() -> None:
+            for pod in inst.topology.pods:
+                ids = sorted(pod.dp_ranks & idle)
+                if not ids:
+                    continue
+                try:
+                    await self.nm.nudge(
+                        pod.node_manager_url, ProbeRequest(request_id=request_id, endpoint_ids=ids, timeout_sec=5.0)
+                    )
+                except PeerError as exc:  # best effort: the collection timeout still ends the wait
+                    _log.warning("controller.nudge_failed", pod_id=pod.pod_id, error=str(exc))
+
+        self._tasks.append(asyncio.create_task(nudge(), name=f"nudge-{inst.instance_id}"))
+
+    def _start(self, inst: Instance, kind: RunningStrategy, work: Awaitable[None]) -> None:
+        inst.running = kind
+
+        async def run() -> None:
+            try:
+                await work
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # the strategy is a side path of the center: log it, never kill the loop
+                _log.exception("controller.strategy_crashed", instance_id=inst.instance_id, kind=kind, error=str(exc))
+            finally:
+                inst.running = None
+                inst.task = None
+                self._wake.set()
+
+        inst.task = asyncio.create_task(run(), name=f"{kind}-{inst.instance_id}")
+
+    # == fallbacks (F-14) ====================================================================================
+    async def _resume_after_restart(self, inst: Instance) -> None:
+        """F-32: abort the interrupted round at every NodeManager, then run (or resume) the fallback."""
+        if inst.pending_abort is not None:
+            await self.finalize_everywhere(inst, inst.pending_abort, commit=False, retired=inst.runtime.dead_committed)
+            inst.pending_abort = None
+        await self.persist(inst, required=False)
+        fallback = inst.pending_fallback
+        inst.pending_fallback = None
+        if fallback is not None:
+            await self.run_fallback(inst, fallback)
+
+    async def finalize_everywhere(
+        self, inst: Instance, request_id: str, *, commit: bool, retired: frozenset[DpRank]
+    ) -> dict[str, bool]:
+        """finalize on every pod of the instance; which pods acknowledged (a stale id is refused: fine)."""
+        acked: dict[str, bool] = {}
+        body = FinalizeRequest(request_id=request_id, commit=commit, retired_endpoint_ids=sorted(retired))
+        for pod in inst.topology.pods:
+            try:
+                answer = await self.nm.finalize(pod.node_manager_url, body)
+                acked[pod.pod_id] = True
+                self.history.add(request_id, "finalize", pod_id=pod.pod_id, commit=commit, repeated=answer.repeated)
+            except PeerError as exc:
+                acked[pod.pod_id] = False
+                self.history.add(request_id, "finalize_failed", pod_id=pod.pod_id, commit=commit, error=str(exc))
+        return acked
+
+    async def run_fallback(self, inst: Instance, fallback: rt.FallbackStrategy) -> None:
+        from heteroflow.serving.controller.fallbacks import run_fallback
+
+        await run_fallback(self, inst, fallback)
+
+    # == serving view (F-40) =================================================================================
+    def serving_endpoints(self, inst: Instance, ids: frozenset[DpRank]) -> list[ServingEndpoint]:
+        found = []
+        for rank in sorted(ids):
+            endpoint = inst.topology.endpoint(rank)
+            found.append(ServingEndpoint(id=endpoint.id, ip=endpoint.ip, port=endpoint.port))
+        return found
+
+    def model_of(self, inst: Instance) -> str:
+        return self.config.instance(inst.instance_id).model or self.config.settings.default_model
+
+    async def view(self, inst: Instance, op: overlay.CoordinatorOp, *, request_id: str | None = None) -> None:
+        """Send one overlay operation; raises :class:`PeerError` when the Coordinator did not take it."""
+        self.history.add(request_id, f"coordinator_{op.op.lower()}", endpoint_ids=sorted(op.endpoint_ids))
+        if self.coordinator is None:
+            inst.published = op.endpoint_ids if op.op != "DEL" else inst.published - op.endpoint_ids
+            return
+        instance_id, generation = inst.instance_id, inst.runtime.generation
+        if op.op == "DEL":
+            await self.coordinator.withdraw(instance_id, sorted(op.endpoint_ids), request_id=request_id)
+            inst.published = inst.published - op.endpoint_ids
+        elif op.op == "ADD":
+            endpoints = self.serving_endpoints(inst, op.endpoint_ids)
+            await self.coordinator.add(
+                instance_id, self.model_of(inst), endpoints, generation=generation, request_id=request_id
+            )
+            inst.published = inst.published | op.endpoint_ids
+        else:
+            endpoints = self.serving_endpoints(inst, op.endpoint_ids)
+            await self.coordinator.set(instance_id, self.model_of(inst), endpoints, generation=generation)
+            inst.published = op.endpoint_ids
+
+    async def refresh_view(self, inst: Instance) -> None:
+        """The READY / RESUME / periodic SET, through the projection (F-40); ``serving_published`` follows."""
+        if inst.running is not None or inst.runtime.phase not in (
+            FtPhase.NORMAL,
+            FtPhase.SCALED_DOWN_RUNNING,
+            FtPhase.DISABLED,
+        ):
+            return
+        if not self.pods_ready(inst):
+            return
+        try:
+            await self.view(inst, overlay.refresh(inst.runtime))
+        except PeerError as exc:
+            self.set_runtime(inst, rt.publish_result(inst.runtime, ok=False, error=f"SET failed: {exc}"))
+            return
+        if not inst.runtime.serving_published or inst.runtime.last_error is not None:
+            self.set_runtime(inst, rt.publish_result(inst.runtime, ok=True))
+
+    def pods_ready(self, inst: Instance) -> bool:
+        """Every pod of the instance has sent a complete heartbeat (F-4): its engines have been ready."""
+        for pod in inst.topology.pods:
+            state = self.pods.get(pod.pod_id)
+            if state is None or not state.heartbeat_complete:
+                return False
+        return True
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            for inst in list(self.instances.values()):
+                if inst.persist_pending and inst.running is None:
+                    await self.persist(inst, required=False)
+                await self.refresh_view(inst)
+            await asyncio.sleep(self.ft.serving_view_refresh_sec)  # the SET's own period
+
+    # == status ==============================================================================================
+    def status(self) -> list[dict[str, object]]:
+        entries = []
+        for inst in self.instances.values():
+            entry = rt.status_entry(inst.runtime, engine_statuses=dict(inst.engine_statuses))
+            gate = inst.runtime.gate
+            entry["gate"] = {**entry["gate"], "warnings": list(gate.warnings) if gate else []}  # type: ignore[dict-item]
+            entry["generation"] = inst.runtime.generation
+            entry["running_strategy"] = inst.running
+            entry["last_decision"] = inst.last_decision
+            entry["published_endpoints"] = sorted(inst.published)
+            entry["rounds"] = list(inst.runtime.history)
+            entry["pods"] = [self._pod_status(pod.pod_id) for pod in inst.topology.pods]
+            entry["persist_pending"] = inst.persist_pending
+            entries.append(entry)
+        for restored in self._restored.values():
+            entry = rt.status_entry(restored.runtime)
+            entry["running_strategy"] = None
+            entry["last_decision"] = "waiting for every NodeManager to register"
+            entries.append(entry)
+        return entries
+
+    def _pod_status(self, pod_id: str) -> dict[str, object]:
+        state = self.pods.get(pod_id)
+        if state is None:
+            return {"pod_id": pod_id, "state": "unknown"}
+        silent = self.clock.monotonic() - state.last_seen
+        lost = silent > self.config.settings.pod_lost_after_sec
+        return {
+            "pod_id": pod_id,
+            "state": "lost" if lost else "up",
+            "silent_sec": round(silent, 3),
+            "heartbeat_complete": state.heartbeat_complete,
+            "heartbeats": state.heartbeats,
+        }
+
+    def phase_of(self, instance_id: str) -> Literal["unknown"] | FtPhase:
+        inst = self.instances.get(InstanceId(instance_id))
+        return "unknown" if inst is None else inst.runtime.phase
+
+    def in_round(self, instance_id: str) -> bool:
+        inst = self.instances.get(InstanceId(instance_id))
+        return inst is not None and inst.runtime.phase in ROUND_PHASES

@@ -1,0 +1,500 @@
+"""A whole serving control plane in one event loop: the real controller, two real NodeManagers, a recording
+Coordinator and the engine simulator's in-process fake engines.
+
+Everything talks through the real HTTP routes (httpx over ASGI transports, no sockets): the controller's
+app for the NodeManagers, the NodeManagers' apps for the controller, the engines' apps for the NodeManagers.
+The NodeManagers' and the controller's loops run for real with short intervals; the fake engines' clock is
+pumped in step with real time so that their timeouts mean what they say.
+
+Pod ``a`` runs ranks 0 and 1, pod ``b`` ranks 2 and 3 (4 logical experts + 4 redundant, 2 slots per rank).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from heteroflow.core.clock import SystemClock
+from heteroflow.engine_sim import conformance
+from heteroflow.engine_sim.testing import FakeEngineCluster
+from heteroflow.serving.controller.app import create_app as controller_app
+from heteroflow.serving.controller.clients import CoordinatorClient, NodeManagerClient
+from heteroflow.serving.controller.config import ControllerConfig, ControllerSettings, FaultToleranceConfig
+from heteroflow.serving.controller.service import Controller
+from heteroflow.serving.controller.store import FtRuntimeStore, SqliteFtRuntimeStore
+from heteroflow.serving.node_manager.app import create_app as node_manager_app
+from heteroflow.serving.node_manager.client import HttpControllerClient
+from heteroflow.serving.node_manager.daemon import NodeManager, PodIdentity
+from heteroflow.serving.node_manager.engines import HttpEngineClient
+from heteroflow.serving.node_manager.settings import NodeManagerSettings
+from heteroflow.serving.node_manager.spec import InstanceSpec
+from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN, FakeLauncher, fake_cluster_launcher
+from heteroflow.serving.wire import (
+    COORDINATOR_ADD_PATH,
+    COORDINATOR_DEL_PATH,
+    COORDINATOR_SET_PATH,
+    PublishedInstance,
+    ViewAddRequest,
+    ViewDelRequest,
+    ViewResponse,
+)
+
+PODS = {"a": (0, 1), "b": (2, 3)}
+POD_IPS = {"a": "127.0.0.1", "b": "127.0.0.2"}
+CONTROLLER_URL = "http://controller"
+COORDINATOR_URL = "http://coordinator"
+
+FAST_FT: dict[str, Any] = {
+    "enable_dp_scale_down": True,
+    "poll_interval_sec": 0.05,
+    "request_timeout_sec": 2.0,
+    "execution_deadline_sec": 5.0,
+    "strategy_center_check_interval": 0.2,
+    "serving_view_refresh_sec": 0.2,
+    "software_fault_collection_timeout_sec": 3.0,
+    "probe_timeout_sec": 2.0,
+    "commit_attempts": 3,
+}
+
+
+def instance_spec(endpoint_ids: tuple[int, ...], **extra: Any) -> InstanceSpec:
+    return InstanceSpec.model_validate(
+        {
+            "instance_id": "inst-1",
+            "dp_size": 4,
+            "dp_master_ip": "127.0.0.1",
+            "dp_rpc_port": 29500,
+            "dp_store_port": 29600,
+            "num_logical_experts": 4,
+            "num_redundant_experts": 4,
+            "endpoints": [{"id": eid, "port": 8100 + eid} for eid in endpoint_ids],
+            **extra,
+        }
+    )
+
+
+NmHook = Callable[[str, httpx.Request], Awaitable[httpx.Response | None]]
+"""Called with (pod name, request) before the controller's request reaches a NodeManager; a response
+returned here replaces the NodeManager's answer (an injected failure)."""
+
+
+class _HookedTransport(httpx.AsyncBaseTransport):
+    def __init__(self, name: str, app: FastAPI, hooks: list[NmHook]) -> None:
+        self._name, self._inner, self._hooks = name, httpx.ASGITransport(app=app), hooks
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        for hook in list(self._hooks):
+            replaced = await hook(self._name, request)
+            if replaced is not None:
+                return replaced
+        return await self._inner.handle_async_request(request)
+
+
+@dataclass
+class RecordingCoordinator:
+    """The Coordinator's management side, recording every operation (the real one has its own tests)."""
+
+    ops: list[tuple[str, list[int]]] = field(default_factory=list)
+    views: dict[str, PublishedInstance] = field(default_factory=dict)
+    down: bool = False
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+
+        def answer() -> JSONResponse:
+            return JSONResponse(ViewResponse(instances=list(self.views.values())).model_dump(mode="json"))
+
+        @app.post(COORDINATOR_DEL_PATH)
+        async def delete(request: Request) -> JSONResponse:
+            if self.down:
+                return JSONResponse({"detail": "down"}, status_code=503)
+            body = ViewDelRequest.model_validate_json(await request.body())
+            self.ops.append(("DEL", body.endpoint_ids))
+            view = self.views.get(body.instance_id)
+            if view is not None:
+                kept = [e for e in view.endpoints if e.id not in body.endpoint_ids]
+                self.views[body.instance_id] = view.model_copy(update={"endpoints": kept})
+            return answer()
+
+        @app.post(COORDINATOR_ADD_PATH)
+        async def add(request: Request) -> JSONResponse:
+            if self.down:
+                return JSONResponse({"detail": "down"}, status_code=503)
+            body = ViewAddRequest.model_validate_json(await request.body())
+            self.ops.append(("ADD", [e.id for e in body.endpoints]))
+            old = self.views.get(body.instance_id)
+            merged = {e.id: e for e in (old.endpoints if old else [])} | {e.id: e for e in body.endpoints}
+            self.views[body.instance_id] = PublishedInstance(
+                instance_id=body.instance_id,
+                model=body.model,
+                endpoints=[merged[k] for k in sorted(merged)],
+                generation=body.generation,
+            )
+            return answer()
+
+        @app.post(COORDINATOR_SET_PATH)
+        async def set_(request: Request) -> JSONResponse:
+            if self.down:
+                return JSONResponse({"detail": "down"}, status_code=503)
+            body = ViewAddRequest.model_validate_json(await request.body())
+            self.ops.append(("SET", [e.id for e in body.endpoints]))
+            self.views[body.instance_id] = PublishedInstance(
+                instance_id=body.instance_id, model=body.model, endpoints=body.endpoints, generation=body.generation
+            )
+            return answer()
+
+        return app
+
+    def published(self, instance_id: str = "inst-1") -> list[int]:
+        view = self.views.get(instance_id)
+        return [] if view is None else [e.id for e in view.endpoints]
+
+
+@dataclass
+class Plane:
+    cluster: FakeEngineCluster
+    controller: Controller
+    coordinator: RecordingCoordinator
+    node_managers: dict[str, NodeManager]
+    launchers: dict[str, FakeLauncher]
+    http: httpx.AsyncClient
+    """The controller's API, with the cluster token."""
+    hooks: list[NmHook] = field(default_factory=list)
+    nm_apps: dict[str, FastAPI] = field(default_factory=dict)
+
+    async def status(self) -> dict[str, Any]:
+        response = await self.http.get("/controller/fault_tolerance/status")
+        assert response.status_code == 200, response.text
+        entries = response.json()
+        assert len(entries) <= 1, entries
+        return dict(entries[0]) if entries else {"phase": None, "can_serve": False, "published_endpoints": []}
+
+    async def round(self, request_id: str) -> dict[str, Any]:
+        response = await self.http.get(f"/controller/fault_tolerance/rounds/{request_id}")
+        assert response.status_code == 200, response.text
+        return dict(response.json())
+
+    async def until(self, check: Callable[[dict[str, Any]], bool], *, within: float, what: str) -> dict[str, Any]:
+        start = time.monotonic()
+        while True:
+            status = await self.status()
+            if check(status):
+                return status
+            if time.monotonic() - start > within:
+                raise TimeoutError(f"not within {within} s: {what}; last status {status}")
+            await asyncio.sleep(0.02)
+
+    async def kill_and_traffic(self, *victims: int) -> None:
+        """The A1 injection: the victims' workers die; one request per survivor meets the broken collective."""
+        for victim in victims:
+            self.cluster.kill_worker(victim)
+        alive = [r for r in range(4) if r not in victims and r not in self.controller_dead()]
+        await conformance.traffic(self.cluster, alive)
+
+    def controller_dead(self) -> set[int]:
+        inst = self.controller.instances.get("inst-1")  # type: ignore[call-overload]
+        return set() if inst is None else set(inst.runtime.dead_committed)
+
+    async def nm_post(self, name: str, path: str, body: object) -> httpx.Response:
+        """A request to a NodeManager's own route, as the controller would send it."""
+        transport = httpx.ASGITransport(app=self.nm_apps[name])
+        async with httpx.AsyncClient(transport=transport, base_url=f"http://nm-{name}") as client:
+            return await client.post(path, json=body, headers={"Authorization": f"Bearer {TEST_CLUSTER_TOKEN}"})
+
+    async def completion(self, rank: int, prompt: str = "hello") -> str:
+        response = await conformance.complete(self.cluster, rank, prompt)
+        assert response.status_code == 200, response.text
+        return str(response.json()["choices"][0]["text"])
+
+
+async def _pump(cluster: FakeEngineCluster) -> None:
+    """Move the fake engines' clock with real time (their timers and the NodeManagers' run on it)."""
+    last = time.monotonic()
+    while True:
+        await asyncio.sleep(0.01)  # the pump's own period
+        now = time.monotonic()
+        cluster.clock.advance(now - last)
+        last = now
+        cluster.tick()
+
+
+def run_plane(
+    scenario: Callable[[Plane], Awaitable[None]],
+    tmp_path: Path,
+    *,
+    ft: dict[str, Any] | None = None,
+    store: Callable[[], FtRuntimeStore] | None = None,
+    slots_per_rank: int | None = None,
+    cluster_token: str = TEST_CLUSTER_TOKEN,
+    spec_extra: dict[str, Any] | None = None,
+    assembled: Callable[[dict[str, Any]], bool] | None = None,
+) -> None:
+    async def main() -> None:
+        cluster = FakeEngineCluster(dp_size=4, slots_per_rank=slots_per_rank)
+        await cluster.start()
+        coordinator = RecordingCoordinator()
+        coordinator_app = coordinator.app()
+        nm_apps: dict[str, FastAPI] = {}
+        hooks: list[NmHook] = []
+
+        def transport_for(url: str) -> httpx.AsyncBaseTransport | None:
+            if url == COORDINATOR_URL:
+                return httpx.ASGITransport(app=coordinator_app)
+            name = url.removeprefix("http://nm-")
+            return _HookedTransport(name, nm_apps[name], hooks)
+
+        config = ControllerConfig(
+            settings=ControllerSettings.load(cluster_token=cluster_token, heartbeat_interval_sec=0.1),
+            ft=FaultToleranceConfig.load(**{**FAST_FT, **(ft or {})}),
+        )
+        controller = Controller(
+            config=config,
+            store=store() if store is not None else SqliteFtRuntimeStore(tmp_path / "ft.db"),
+            node_managers=NodeManagerClient(cluster_token=cluster_token, timeout_sec=2.0, transport_for=transport_for),
+            coordinator=CoordinatorClient(
+                COORDINATOR_URL, cluster_token=cluster_token, timeout_sec=2.0, transport_for=transport_for
+            ),
+            clock=SystemClock(),
+            exit_process=_refuse_exit,
+        )
+        capp = controller_app(controller, cluster_token=cluster_token)
+        node_managers: dict[str, NodeManager] = {}
+        launchers: dict[str, FakeLauncher] = {}
+        pump = asyncio.create_task(_pump(cluster))
+        http = httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=capp),
+            base_url=CONTROLLER_URL,
+            headers={"Authorization": f"Bearer {cluster_token}"},
+        )
+        try:
+            await controller.start()
+            for name, ids in PODS.items():
+                launcher = fake_cluster_launcher(cluster)
+                nm = NodeManager(
+                    spec=instance_spec(ids, **(spec_extra or {})),
+                    settings=NodeManagerSettings.load(
+                        cluster_token=cluster_token,
+                        engine_ft_poll_interval_sec=0.05,
+                        engine_ft_status_timeout_sec=1.0,
+                        engine_death_suicide_grace_sec=60.0,
+                        heartbeat_interval_sec=0.1,
+                    ),
+                    pod=PodIdentity(pod_id=f"pod-{name}", pod_ip=POD_IPS[name], node_manager_url=f"http://nm-{name}"),
+                    controller=HttpControllerClient(
+                        CONTROLLER_URL,
+                        cluster_token=cluster_token,
+                        timeout_sec=2.0,
+                        transport=httpx.ASGITransport(app=capp),
+                    ),
+                    engines=HttpEngineClient(cluster.client, ft_path_prefix=cluster.prefix),
+                    launcher=launcher,
+                    clock=cluster.clock,
+                )
+                nm_apps[name] = node_manager_app(nm, cluster_token=cluster_token)
+                node_managers[name] = nm
+                launchers[name] = launcher
+                await nm.start()
+            plane = Plane(cluster, controller, coordinator, node_managers, launchers, http, hooks, nm_apps)
+            await plane.until(
+                assembled or (lambda s: s["can_serve"] and len(s["published_endpoints"]) == 4),
+                within=10,
+                what="the instance is assembled and published",
+            )
+            await scenario(plane)
+        finally:
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
+            await http.aclose()
+            await controller.close()
+            for nm in node_managers.values():
+                await nm.close()
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+def _refuse_exit(code: int) -> None:
+    raise AssertionError(f"the crash hook fired in-process (exit {code})")
+
+
+# == the controller as a real process (crash injection, store outages) =========================================
+@dataclass
+class ProcessPlane:
+    """The controller runs as ``heteroflow controller`` in a subprocess; NodeManagers and fake engines run in
+    the test's loop, served by uvicorn on real loopback ports."""
+
+    cluster: FakeEngineCluster
+    node_managers: dict[str, NodeManager]
+    launchers: dict[str, FakeLauncher]
+    config_path: Path
+    port: int
+    log_dir: Path
+    applies: list[tuple[str, str]] = field(default_factory=list)
+    """(pod, request_id) of every apply that reached a NodeManager."""
+    process: subprocess.Popen[bytes] | None = None
+    starts: int = 0
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start_controller(self, *, crash_at: str | None = None, extra_env: dict[str, str] | None = None) -> None:
+        env = {**os.environ, "HETEROFLOW_CLUSTER_TOKEN": TEST_CLUSTER_TOKEN, **(extra_env or {})}
+        env.pop("HETEROFLOW_CONTROLLER_CRASH_AT_STEP", None)
+        if crash_at is not None:
+            env["HETEROFLOW_CONTROLLER_CRASH_AT_STEP"] = crash_at
+        self.starts += 1
+        with (self.log_dir / f"controller-{self.starts}.log").open("wb") as log:  # the child keeps its own fd
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "heteroflow.cli.main", "controller", "--config", str(self.config_path)],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+                start_new_session=True,
+            )
+
+    def stop_controller(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)
+            self.process.wait(timeout=10)
+
+    def controller_log(self) -> str:
+        return (self.log_dir / f"controller-{self.starts}.log").read_text(errors="replace")
+
+    async def status(self) -> dict[str, Any] | None:
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {TEST_CLUSTER_TOKEN}"}) as http:
+            try:
+                response = await http.get(f"{self.url}/controller/fault_tolerance/status", timeout=2.0)
+            except httpx.TransportError:
+                return None
+        entries = response.json()
+        return dict(entries[0]) if entries else None
+
+    async def until(self, check: Callable[[dict[str, Any]], bool], *, within: float, what: str) -> dict[str, Any]:
+        start = time.monotonic()
+        last: dict[str, Any] | None = None
+        while True:
+            last = await self.status()
+            if last is not None and check(last):
+                return last
+            if time.monotonic() - start > within:
+                raise TimeoutError(f"not within {within} s: {what}; last status {last}")
+            await asyncio.sleep(0.05)
+
+    async def exited(self, *, within: float) -> int:
+        assert self.process is not None
+        start = time.monotonic()
+        while self.process.poll() is None:
+            if time.monotonic() - start > within:
+                raise TimeoutError(f"the controller did not exit within {within} s")
+            await asyncio.sleep(0.05)
+        return int(self.process.returncode)
+
+    async def kill_and_traffic(self, *victims: int) -> None:
+        for victim in victims:
+            self.cluster.kill_worker(victim)
+        await conformance.traffic(self.cluster, [r for r in range(4) if r not in victims])
+
+
+def run_process_plane(
+    scenario: Callable[[ProcessPlane], Awaitable[None]],
+    tmp_path: Path,
+    *,
+    store_url: str | None = None,
+    ft: dict[str, Any] | None = None,
+) -> None:
+    import uvicorn
+    import yaml
+
+    from heteroflow.core.testing import free_port
+
+    async def main() -> None:
+        cluster = FakeEngineCluster(dp_size=4)
+        await cluster.start()
+        port = free_port()
+        log_dir = tmp_path / "logs"
+        log_dir.mkdir()
+        config_path = tmp_path / "controller.yaml"
+        config_path.write_text(
+            yaml.safe_dump(
+                {
+                    "controller": {
+                        "port": port,
+                        "store_url": store_url or f"sqlite:///{tmp_path / 'ft.db'}",
+                        "heartbeat_interval_sec": 0.1,
+                        "store_timeout_sec": 1.0,
+                    },
+                    "fault_tolerance_config": {**FAST_FT, **(ft or {})},
+                }
+            )
+        )
+        plane = ProcessPlane(cluster, {}, {}, config_path, port, log_dir)
+        servers: list[tuple[uvicorn.Server, asyncio.Task[None]]] = []
+        pump = asyncio.create_task(_pump(cluster))
+        try:
+            for name, ids in PODS.items():
+                nm_port = free_port()
+                launcher = fake_cluster_launcher(cluster)
+                nm = NodeManager(
+                    spec=instance_spec(ids),
+                    settings=NodeManagerSettings.load(
+                        cluster_token=TEST_CLUSTER_TOKEN,
+                        engine_ft_poll_interval_sec=0.05,
+                        engine_ft_status_timeout_sec=1.0,
+                        engine_death_suicide_grace_sec=60.0,
+                        heartbeat_interval_sec=0.1,
+                    ),
+                    pod=PodIdentity(
+                        pod_id=f"pod-{name}", pod_ip=POD_IPS[name], node_manager_url=f"http://127.0.0.1:{nm_port}"
+                    ),
+                    controller=HttpControllerClient(plane.url, cluster_token=TEST_CLUSTER_TOKEN, timeout_sec=2.0),
+                    engines=HttpEngineClient(cluster.client, ft_path_prefix=cluster.prefix),
+                    launcher=launcher,
+                    clock=cluster.clock,
+                )
+                app = node_manager_app(nm, cluster_token=TEST_CLUSTER_TOKEN)
+
+                @app.middleware("http")
+                async def count_applies(request: Request, call_next: Any, pod: str = name) -> Any:
+                    if request.url.path == "/node-manager/fault-tolerance/apply":
+                        body = await request.body()
+                        plane.applies.append((pod, str(json.loads(body).get("request_id"))))
+                    return await call_next(request)
+
+                server = uvicorn.Server(
+                    uvicorn.Config(app, host="127.0.0.1", port=nm_port, log_config=None, lifespan="off")
+                )
+                servers.append((server, asyncio.create_task(server.serve())))
+                plane.node_managers[name] = nm
+                plane.launchers[name] = launcher
+                await nm.start()
+            await scenario(plane)
+        finally:
+            plane.stop_controller()
+            pump.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await pump
+            for server, task in servers:
+                server.should_exit = True
+                with contextlib.suppress(asyncio.CancelledError):
+                    await task
+            for nm in plane.node_managers.values():
+                await nm.close()
+            await cluster.close()
+
+    asyncio.run(main())

@@ -1,0 +1,185 @@
+"""The controller's HTTP API on its own: authentication, input validation, registration and the status shape."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from heteroflow.core.clock import SystemClock
+from heteroflow.serving.controller.app import create_app
+from heteroflow.serving.controller.clients import NodeManagerClient
+from heteroflow.serving.controller.config import ControllerConfig, ControllerSettings, FaultToleranceConfig
+from heteroflow.serving.controller.service import Controller
+from heteroflow.serving.controller.store import SqliteFtRuntimeStore
+
+TOKEN = "controller-api-test-token"
+RFC_KEYS = {
+    "instance_id",
+    "phase",
+    "original_dp_ranks",
+    "request_id",
+    "dead_committed",
+    "pending_removed_ranks",
+    "alive_dp_ranks",
+    "fallback_strategy",
+    "gate",
+    "engine_statuses",
+    "serving_published",
+    "last_error",
+    "can_serve",
+}
+CAPABILITY = {
+    "engine_ft_enabled": True,
+    "scale_down_supported": True,
+    "external_lb": True,
+    "auto_recovery_enabled": False,
+    "eplb_enabled": True,
+    "num_redundant_experts": 4,
+    "num_logical_experts": 4,
+    "slots_per_rank": 2,
+    "tp_size": 1,
+}
+
+
+def registration(pod: str, ids: list[int], **changes: Any) -> dict[str, Any]:
+    body = {
+        "pod_id": pod,
+        "pod_ip": "127.0.0.1",
+        "node_manager_url": f"http://nm-{pod}",
+        "instance_id": "inst-1",
+        "dp_size": 4,
+        "endpoints": [{"id": i, "ip": "127.0.0.1", "port": 8100 + i} for i in ids],
+        "ft_capability": CAPABILITY,
+    }
+    body.update(changes)
+    return body
+
+
+def with_api(tmp_path: Path, scenario: Callable[[httpx.AsyncClient, Controller], Awaitable[None]], **ft: Any) -> None:
+    async def main() -> None:
+        config = ControllerConfig(
+            settings=ControllerSettings.load(cluster_token=TOKEN),
+            ft=FaultToleranceConfig.load(enable_dp_scale_down=True, **ft),
+        )
+        controller = Controller(
+            config=config,
+            store=SqliteFtRuntimeStore(tmp_path / "ft.db"),
+            node_managers=NodeManagerClient(cluster_token=TOKEN),
+            coordinator=None,
+            clock=SystemClock(),
+        )
+        await controller.start(loops=False)
+        transport = httpx.ASGITransport(app=create_app(controller, cluster_token=TOKEN))
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://controller", headers={"Authorization": f"Bearer {TOKEN}"}
+        ) as client:
+            try:
+                await scenario(client, controller)
+            finally:
+                await controller.close()
+
+    asyncio.run(main())
+
+
+ROUTES = [
+    ("GET", "/controller/fault_tolerance/status"),
+    ("GET", "/controller/fault_tolerance/rounds"),
+    ("GET", "/controller/fault_tolerance/rounds/x"),
+    ("GET", "/controller/config"),
+    ("GET", "/metrics"),
+    ("POST", "/controller/node_manager/register"),
+    ("POST", "/controller/node_manager/heartbeat"),
+    ("POST", "/controller/report_software_fault"),
+]
+
+
+def test_every_route_but_health_needs_the_cluster_token(tmp_path: Path) -> None:
+    async def scenario(client: httpx.AsyncClient, _: Controller) -> None:
+        for method, path in ROUTES:
+            for headers in ({"Authorization": ""}, {"Authorization": "Bearer wrong"}, {"Authorization": "Basic x"}):
+                response = await client.request(method, path, headers=headers, json={})
+                assert response.status_code == 401, (method, path, headers)
+                assert response.json()["error"] == "unauthorized"
+        assert (await client.get("/health", headers={"Authorization": ""})).status_code == 200
+
+    with_api(tmp_path, scenario)
+
+
+@pytest.mark.parametrize(
+    ("path", "content", "fragment"),
+    [
+        ("/controller/node_manager/register", b"{not json", "not JSON"),
+        ("/controller/node_manager/register", b"[1, 2]", "JSON object"),
+        ("/controller/node_manager/register", b"\xff\xfe", "not JSON"),
+        ("/controller/node_manager/register", b'{"pod_id": "a"}', "pod_ip"),
+        ("/controller/node_manager/heartbeat", b'{"pod_id": "a", "instance_id": "i", "endpoint_ids": [1, 1]}', ""),
+        ("/controller/report_software_fault", b'{"instance_id": "i"}', "pod_id"),
+        ("/controller/report_software_fault", b"[" * 5000 + b"]" * 5000, ""),
+        ("/controller/node_manager/register", b'{"a":' * 40 + b"1" + b"}" * 40, "nested deeper"),
+        ("/controller/node_manager/register", b" " * (1 << 20) + b"{}", "larger than"),
+    ],
+)
+def test_malformed_bodies_are_400_with_a_message(tmp_path: Path, path: str, content: bytes, fragment: str) -> None:
+    async def scenario(client: httpx.AsyncClient, _: Controller) -> None:
+        response = await client.post(path, content=content, headers={"Content-Type": "application/json"})
+        assert response.status_code == 400, response.text
+        assert fragment in response.json()["detail"]
+
+    with_api(tmp_path, scenario)
+
+
+def test_registration_assembles_the_instance_and_the_status_has_the_rfc_keys(tmp_path: Path) -> None:
+    async def scenario(client: httpx.AsyncClient, controller: Controller) -> None:
+        first = await client.post("/controller/node_manager/register", json=registration("a", [0, 1]))
+        assert first.status_code == 200
+        assert first.json()["flags"]["enable_dp_scale_down_proxy"] is True
+        assert first.json()["retired_endpoint_ids"] is None  # the instance is not assembled yet
+        assert (await client.get("/controller/fault_tolerance/status")).json() == []
+        second = await client.post("/controller/node_manager/register", json=registration("b", [2, 3]))
+        assert second.json()["retired_endpoint_ids"] == []
+        [entry] = (await client.get("/controller/fault_tolerance/status")).json()
+        assert set(entry) >= RFC_KEYS
+        assert entry["phase"] == "NORMAL"
+        assert entry["original_dp_ranks"] == [0, 1, 2, 3]
+        assert entry["can_serve"] is False  # nothing published before the pods' engines are ready
+        beat = await client.post(
+            "/controller/node_manager/heartbeat",
+            json={
+                "pod_id": "ghost",
+                "instance_id": "inst-1",
+                "endpoint_ids": [],
+                "expected_endpoint_ids": [],
+                "sent_at": datetime.now(UTC).isoformat(),
+            },
+        )
+        assert beat.json()["register_again"] is True
+        report = {
+            "instance_id": "nope",
+            "pod_id": "a",
+            "endpoint_id": 0,
+            "status": "dead",
+            "evidence": "ENGINE_DEAD",
+            "observed_at": datetime.now(UTC).isoformat(),
+        }
+        assert (await client.post("/controller/report_software_fault", json=report)).status_code == 404
+        assert (await client.get("/controller/fault_tolerance/rounds/none")).status_code == 404
+        metrics = (await client.get("/metrics")).text
+        assert 'heteroflow_controller_ft_phase{instance_id="inst-1",phase="NORMAL"} 1.0' in metrics
+
+    with_api(tmp_path, scenario)
+
+
+def test_disagreeing_capabilities_fail_closed(tmp_path: Path) -> None:
+    async def scenario(client: httpx.AsyncClient, _: Controller) -> None:
+        await client.post("/controller/node_manager/register", json=registration("a", [0, 1]))
+        other = {**CAPABILITY, "num_redundant_experts": 0}
+        await client.post("/controller/node_manager/register", json=registration("b", [2, 3], ft_capability=other))
+        assert (await client.get("/controller/fault_tolerance/status")).json() == []  # never assembled
+
+    with_api(tmp_path, scenario)

@@ -1,0 +1,162 @@
+"""The controller's other paths over real NodeManagers and fake engines: idle service (A2), pod stops
+(A5-A7), feature off (A18), and the beyond-the-anchor guarantees F-51, F-52, F-54 and F-57."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from heteroflow.serving.wire import NM_FT_FINALIZE_PATH, NM_FT_PROBE_PATH, NM_FT_STATUS_PATH
+from tests.integration.serving.controller_harness import Plane, run_plane
+from tests.integration.serving.test_controller_rounds import events, reconfiguring, scaled_down
+
+
+def test_a2_idle_survivors_never_start_a_round_and_the_collection_times_out(tmp_path: Path) -> None:
+    async def scenario(plane: Plane) -> None:
+        ops_before = len(plane.coordinator.ops)
+        plane.cluster.kill_worker(1)  # no traffic: the survivors never meet the fault and stay HEALTHY
+        status = await plane.until(reconfiguring, within=15, what="collection timeout → reconfiguration")
+        assert status["last_error"] == "COLLECTION_TIMEOUT"
+        assert status["fallback_strategy"] == "InstanceReconfiguration"
+        assert status["rounds"] == []  # no scale-down round ever started
+        dels = [op for op in plane.coordinator.ops[ops_before:] if op[0] == "DEL"]
+        assert dels in ([], [("DEL", [0, 1, 2, 3])])  # only the fallback's withdrawal, never a round's
+        for nm in plane.node_managers.values():
+            assert nm.service_state.owner is None  # never guarded
+
+    run_plane(scenario, tmp_path)
+
+
+def test_f54_nudged_idle_survivors_meet_the_fault_and_scale_down(tmp_path: Path) -> None:
+    async def scenario(plane: Plane) -> None:
+        plane.cluster.kill_worker(1)  # idle: only the nudge makes the survivors notice
+        status = await plane.until(scaled_down([1]), within=15, what="the nudge leads to a round")
+        assert status["alive_dp_ranks"] == [0, 2, 3]
+
+    run_plane(scenario, tmp_path, ft={"nudge_idle_survivors": True})
+
+
+def test_a5_a7_only_fully_committed_pods_are_stopped_once_with_scale_up(tmp_path: Path) -> None:
+    async def scenario(plane: Plane) -> None:
+        await plane.kill_and_traffic(1)
+        first = await plane.until(scaled_down([1]), within=20, what="rank 1 committed")
+        assert events(await plane.round(first["request_id"]), "pod_stop") == []  # A5: pod a still serves rank 0
+        await plane.kill_and_traffic(0)
+        second = await plane.until(scaled_down([0, 1]), within=20, what="pod a emptied")
+        stops = events(await plane.round(second["request_id"]), "pod_stop")
+        assert [(e["pod_id"], e["ok"]) for e in stops] == [("pod-a", True)]  # A7: once, and only pod a
+        supervisor = plane.node_managers["a"].supervisor
+        assert not supervisor.running(0)  # its engines were really stopped
+        assert not supervisor.running(1)
+
+    run_plane(scenario, tmp_path, ft={"enable_dp_scale_up": True})
+
+
+def test_a6_a_fully_emptied_pod_is_kept_without_scale_up(tmp_path: Path) -> None:
+    async def scenario(plane: Plane) -> None:
+        await plane.kill_and_traffic(0, 1)
+        status = await plane.until(scaled_down([0, 1]), within=20, what="pod a emptied")
+        assert events(await plane.round(status["request_id"]), "pod_stop") == []
+
+    run_plane(scenario, tmp_path)
+
+
+def test_a18_feature_off_is_the_baseline(tmp_path: Path) -> None:
+    async def scenario(plane: Plane) -> None:
+        status = await plane.until(
+            lambda s: s["published_endpoints"] == [0, 1, 2, 3], within=10, what="the baseline view is published"
+        )
+        assert status["phase"] == "DISABLED"
+        assert status["can_serve"] is False  # F-40: can_serve is a scale-down notion; the view is still published
+        assert plane.coordinator.published() == [0, 1, 2, 3]
+        for name in plane.node_managers:
+            response = await plane.nm_post(name, NM_FT_STATUS_PATH, {"endpoint_ids": [0]})
+            assert response.status_code == 404
+        await plane.kill_and_traffic(1)
+        status = await plane.until(
+            lambda s: s["engine_statuses"].get("1") == "dead", within=10, what="the controller heard of rank 1"
+        )
+        assert status["phase"] == "DISABLED"
+        assert status["rounds"] == []
+
+    run_plane(scenario, tmp_path, ft={"enable_dp_scale_down": False}, assembled=lambda s: s["phase"] == "DISABLED")
+
+
+def test_f51_transient_query_errors_are_tolerated_up_to_the_limit(tmp_path: Path) -> None:
+    async def scenario(plane: Plane) -> None:
+        failures = 0
+
+        async def one_unreachable_poll(pod: str, request: httpx.Request) -> httpx.Response | None:
+            nonlocal failures
+            if request.url.path == NM_FT_STATUS_PATH and pod == "b" and failures < 1:
+                failures += 1
+                raise httpx.ConnectError("injected", request=request)
+            return None
+
+        plane.hooks.append(one_unreachable_poll)
+        await plane.kill_and_traffic(1)
+        status = await plane.until(scaled_down([1]), within=20, what="the round survives one lost poll")
+        timeline = await plane.round(status["request_id"])
+        assert any("error:unreachable" in e["entries"].values() for e in events(timeline, "status_poll"))
+
+    run_plane(scenario, tmp_path, ft={"max_transient_query_errors": 1})
+
+
+def test_f52_a_failed_completion_probe_fails_the_round_before_commit(tmp_path: Path) -> None:
+    async def scenario(plane: Plane) -> None:
+        async def probe_fails(pod: str, request: httpx.Request) -> httpx.Response | None:
+            if request.url.path == NM_FT_PROBE_PATH and pod == "b":
+                body: dict[str, Any] = {
+                    "request_id": "x",
+                    "ok": False,
+                    "results": [{"endpoint_id": 2, "ok": False, "detail": "injected: no completion"}],
+                }
+                return httpx.Response(200, json=body)
+            return None
+
+        plane.hooks.append(probe_fails)
+        await plane.kill_and_traffic(1)
+        status = await plane.until(reconfiguring, within=20, what="the probe failure fails the round")
+        assert "completion probe of rank 2 failed" in (status["last_error"] or "")
+        assert status["dead_committed"] == []
+        timeline = await plane.round(status["rounds"][-1])
+        assert [e["commit"] for e in events(timeline, "finalize")] == [False, False]  # aborted, never committed
+
+    run_plane(scenario, tmp_path)
+
+
+def test_f57_a_missed_commit_is_sent_again_and_a_lost_node_manager_reconfigures(tmp_path: Path) -> None:
+    async def scenario(plane: Plane) -> None:
+        attempts = {"b": 0}
+
+        async def finalize_lost_once(pod: str, request: httpx.Request) -> httpx.Response | None:
+            if request.url.path == NM_FT_FINALIZE_PATH and pod == "b" and b'"commit":true' in request.content:
+                attempts["b"] += 1
+                if attempts["b"] == 1:
+                    raise httpx.ReadTimeout("injected", request=request)
+            return None
+
+        plane.hooks.append(finalize_lost_once)
+        await plane.kill_and_traffic(1)
+        status = await plane.until(scaled_down([1]), within=20, what="committed after a second finalize")
+        timeline = await plane.round(status["request_id"])
+        assert [e["pod_id"] for e in events(timeline, "finalize_failed")] == ["pod-b"]
+        assert {e["pod_id"] for e in events(timeline, "finalize")} == {"pod-a", "pod-b"}
+        assert plane.node_managers["b"].service_state.retired == {1}
+
+        plane.hooks.clear()
+
+        async def finalize_always_lost(pod: str, request: httpx.Request) -> httpx.Response | None:
+            if request.url.path == NM_FT_FINALIZE_PATH and pod == "b" and b'"commit":true' in request.content:
+                raise httpx.ConnectError("injected", request=request)
+            return None
+
+        plane.hooks.append(finalize_always_lost)
+        await plane.kill_and_traffic(2)
+        status = await plane.until(reconfiguring, within=20, what="a lost NodeManager at commit")
+        assert "never acknowledged finalize(commit)" in (status["last_error"] or "")
+        assert status["dead_committed"] == [1, 2]  # what the engines committed stays committed
+
+    run_plane(scenario, tmp_path)
