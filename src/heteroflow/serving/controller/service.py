@@ -112,6 +112,8 @@ class Instance:
     """``last_error`` currently says a persist failed; a later successful persist clears it."""
     nudged: bool = False
     """F-54: the idle survivors of the current evidence were nudged once."""
+    persist_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """One write at a time per instance, so that two writers never race on the same CAS revision."""
     pending_abort: RequestId | None = None
     pending_fallback: rt.FallbackStrategy | None = None
     fallback_attempts: int = 0
@@ -333,7 +335,11 @@ class Controller:
     async def persist(self, inst: Instance, *, required: bool) -> None:
         """Write F-32's subset with compare-and-swap. ``required``: raise on failure (F-50's write-ahead);
         otherwise remember to retry and carry on."""
-        record = rt.persisted(inst.runtime)
+        async with inst.persist_lock:
+            await self._persist_locked(inst, required=required)
+
+    async def _persist_locked(self, inst: Instance, *, required: bool) -> None:
+        record = rt.persisted(inst.runtime)  # the runtime as it is now, after any write we waited for
         try:
             inst.revision = await self.store.put(record, expected_revision=inst.revision)
         except (StoreUnavailableError, FtStoreError) as exc:
@@ -566,7 +572,7 @@ class Controller:
     async def _refresh_loop(self) -> None:
         while True:
             for inst in list(self.instances.values()):
-                if inst.persist_pending and inst.running is None:
+                if inst.persist_pending:  # F-50: a failed write is retried until the store answers again
                     await self.persist(inst, required=False)
                 await self.refresh_view(inst)
             await asyncio.sleep(self.ft.serving_view_refresh_sec)  # the SET's own period
@@ -585,6 +591,7 @@ class Controller:
             entry["rounds"] = list(inst.runtime.history)
             entry["pods"] = [self._pod_status(pod.pod_id) for pod in inst.topology.pods]
             entry["persist_pending"] = inst.persist_pending
+            entry["store_error"] = self.store_error
             entries.append(entry)
         for restored in self._restored.values():
             entry = rt.status_entry(restored.runtime)
