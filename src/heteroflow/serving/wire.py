@@ -1,7 +1,7 @@
 """The NodeManager ⇄ controller wire contract (``serving-ft.md`` F-1, F-2, F-4, F-23…F-27, RFC §4.4 and §6).
 
-Imported by the NodeManager now and by the controller (issue 8) later, so it holds only pydantic models,
-route paths and pure judgements: no web framework, no HTTP client.
+Imported by the NodeManager, the controller and the Coordinator, so it holds only pydantic models, route
+paths and pure judgements: no web framework, no HTTP client.
 
 Two directions:
 

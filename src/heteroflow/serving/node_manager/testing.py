@@ -1,4 +1,4 @@
-"""Test doubles of the NodeManager's seams, shipped for its tests and for the controller's (issue 8).
+"""Test doubles of the NodeManager's seams, shipped for its tests and for the controller's.
 
 - :class:`FakeController` — an in-process controller that records what NodeManagers send it. It is a
   :class:`~.client.ControllerClient` itself (no HTTP), and :meth:`FakeController.app` serves the same

@@ -2,8 +2,8 @@
 
 Purely computational, no side effects: frozen records in, a new record or a decision out. Time is a value
 (``now``: seconds on the shell's monotonic clock). Nothing here imports a web framework, an HTTP client, a
-store driver or ``asyncio``; the shell (not built yet) loads, calls these functions and applies their
-decisions.
+store driver or ``asyncio``; the shell (``service.py``, ``strategy.py``, ``fallbacks.py``) loads, calls
+these functions and applies their decisions.
 
 - :mod:`.phase` — :class:`FtPhase` and its only legal transitions (F-30).
 - :mod:`.runtime` — :class:`ScaleDownContext`, :class:`FtRuntime`, its persisted subset and restart (F-31, F-32).
