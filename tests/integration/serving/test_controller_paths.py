@@ -1,5 +1,5 @@
 """The controller's other paths over real NodeManagers and fake engines: idle service (A2), pod stops
-(A5-A7), feature off (A18), and the beyond-the-anchor guarantees F-51, F-52, F-54 and F-57."""
+(A5-A7), fast recovery (A8), feature off (A18), and the beyond-the-anchor guarantees F-51, F-52, F-54, F-57."""
 
 from __future__ import annotations
 
@@ -8,7 +8,9 @@ from typing import Any
 
 import httpx
 
-from heteroflow.serving.wire import NM_FT_FINALIZE_PATH, NM_FT_PROBE_PATH, NM_FT_STATUS_PATH
+from heteroflow.engine_sim import conformance
+from heteroflow.engine_sim.backend import FaultKind
+from heteroflow.serving.wire import NM_FT_APPLY_PATH, NM_FT_FINALIZE_PATH, NM_FT_PROBE_PATH, NM_FT_STATUS_PATH
 from tests.integration.serving.controller_harness import Plane, run_plane
 from tests.integration.serving.test_controller_rounds import events, reconfiguring, scaled_down
 
@@ -160,3 +162,43 @@ def test_f57_a_missed_commit_is_sent_again_and_a_lost_node_manager_reconfigures(
         assert status["dead_committed"] == [1, 2]  # what the engines committed stays committed
 
     run_plane(scenario, tmp_path)
+
+
+def test_a8_all_unhealthy_with_fast_recovery_retries_and_recovers(tmp_path: Path) -> None:
+    async def scenario(plane: Plane) -> None:
+        baseline = await conformance.outputs(plane.cluster, 0)
+        plane.cluster.backends[3].inject(FaultKind.TRANSIENT)  # every rank unhealthy, nobody dead
+        await conformance.traffic(plane.cluster, [0, 1, 2, 3])
+        await plane.until(lambda s: s["running_strategy"] == "fast_recovery", within=10, what="fast recovery starts")
+        status = await plane.until(
+            lambda s: s["running_strategy"] is None and s["engine_statuses"] == {},
+            within=20,
+            what="fast recovery ends",
+        )
+        assert status["phase"] == "NORMAL"  # never a scale-down, never a reconfiguration
+        assert status["rounds"] == []
+        assert await conformance.outputs(plane.cluster, 0) == baseline
+        timelines = (await plane.http.get("/controller/fault_tolerance/rounds")).json()
+        [recovery] = [t for t in timelines if t["kind"] == "fast_recovery"]
+        assert recovery["outcome"] == "succeeded"
+        timeline = await plane.round(recovery["request_id"])
+        assert {e["body"]["instruction"] for e in events(timeline, "apply")} == {"retry"}
+
+    run_plane(scenario, tmp_path, ft={"enable_fast_recovery": True, "fast_recovery_stability_sec": 0.3})
+
+
+def test_a8_a_failed_fast_recovery_reconfigures_and_never_scales_down(tmp_path: Path) -> None:
+    async def scenario(plane: Plane) -> None:
+        async def refuse_retry(pod: str, request: httpx.Request) -> httpx.Response | None:
+            if request.url.path == NM_FT_APPLY_PATH:
+                return httpx.Response(502, json={"error": "apply_rejected", "detail": "injected"})
+            return None
+
+        plane.hooks.append(refuse_retry)
+        plane.cluster.backends[3].inject(FaultKind.TRANSIENT)
+        await conformance.traffic(plane.cluster, [0, 1, 2, 3])
+        status = await plane.until(reconfiguring, within=20, what="reconfiguration after the failed retry")
+        assert status["fallback_strategy"] == "InstanceReconfiguration"
+        assert status["rounds"] == []  # no scale-down round
+
+    run_plane(scenario, tmp_path, ft={"enable_fast_recovery": True, "fast_recovery_stability_sec": 0.3})
