@@ -1,0 +1,65 @@
+"""``heteroflow coordinator``: route OpenAI requests to the published endpoints of the serving instances."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import structlog
+import typer
+
+from heteroflow.core.logs import configure_logging
+from heteroflow.serving.coordinator.settings import CoordinatorSettings
+
+_log = structlog.get_logger(__name__)
+
+GRACEFUL_SHUTDOWN_SEC = 30
+"""On SIGTERM, requests in flight get this long to finish; a stream longer than that is cut so that a rolling
+restart never waits for the 600 s total timeout."""
+
+
+def coordinator(
+    host: Annotated[
+        str | None, typer.Option(help="Bind address (env HETEROFLOW_COORDINATOR_HOST; default 127.0.0.1)")
+    ] = None,
+    port: Annotated[
+        int | None, typer.Option(min=1, max=65535, help="TCP port (env HETEROFLOW_COORDINATOR_PORT; default 8400)")
+    ] = None,
+    platform_url: Annotated[
+        str | None,
+        typer.Option(help="Platform server that validates API keys (env HETEROFLOW_COORDINATOR_PLATFORM_URL)"),
+    ] = None,
+    log_level: Annotated[
+        str | None, typer.Option(help="Log level (env HETEROFLOW_COORDINATOR_LOG_LEVEL; default info)")
+    ] = None,
+) -> None:
+    """Run the Coordinator: OpenAI routes in front of the engines, DEL/ADD/SET for the controller.
+
+    Secrets come from the environment only (argv is visible in ps): HETEROFLOW_CLUSTER_TOKEN and
+    HETEROFLOW_COORDINATOR_API_KEY_HASHES.
+    """
+    import uvicorn
+
+    from heteroflow.serving.coordinator.app import Coordinator, create_app
+
+    overrides: dict[str, Any] = {
+        key: value
+        for key, value in {"host": host, "port": port, "platform_url": platform_url, "log_level": log_level}.items()
+        if value is not None
+    }
+    settings = CoordinatorSettings.load(**overrides)
+    configure_logging(level=settings.log_level)
+    if settings.cluster_token is None:
+        _log.warning("coordinator.no_cluster_token", detail="management routes and /metrics refuse every call")
+    if not settings.api_key_digests and settings.platform_url is None:
+        _log.warning("coordinator.no_api_key", detail="no API key source is configured: every OpenAI request gets 401")
+    service = Coordinator(settings=settings)
+    _log.info("coordinator.starting", host=settings.host, port=settings.port)
+    uvicorn.run(
+        create_app(service),
+        host=settings.host,
+        port=settings.port,
+        log_config=None,
+        access_log=False,
+        lifespan="on",
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SEC,
+    )

@@ -1,0 +1,364 @@
+"""The Coordinator's HTTP API: thin handlers over :class:`Coordinator`.
+
+Routes and who may call them:
+
+- ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` — an API key
+  (:mod:`.auth`); the key is checked before the body is read, so an anonymous caller cannot make the
+  Coordinator read a megabyte.
+- ``POST /coordinator/manage/{del,add,set}``, ``GET /coordinator/instances`` — the cluster token; every
+  answer is a ``wire.ViewResponse`` (the views after the operation), with the operation's outcome in the
+  ``X-HeteroFlow-View-Outcome`` header (``applied``, ``stale_generation``, ``unknown_instance``).
+- ``GET /metrics`` — the cluster token, as the platform server guards its own /metrics with a scope: the
+  series name every instance and its size. ``GET /health`` — open, liveness only (a probe carries no secret,
+  and the answer says nothing but "the process serves HTTP").
+
+Errors map to statuses in :mod:`.errors`; nothing maps to 500.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import AsyncIterator, Mapping
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import TypeVar
+
+import httpx
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ValidationError
+
+from heteroflow.core.clock import Clock, SystemClock
+from heteroflow.serving.coordinator.auth import (
+    ApiKeyVerifier,
+    KeyChecker,
+    PlatformKeyChecker,
+    cluster_token_matches,
+)
+from heteroflow.serving.coordinator.body import check_size, parse_inference_body
+from heteroflow.serving.coordinator.errors import (
+    BadRequestError,
+    BodyTooLargeError,
+    CoordinatorError,
+    InvalidViewRequestError,
+    ManagementAuthError,
+    ManagementError,
+    ModelNotFoundError,
+    ViewConflictError,
+    management_error_response,
+    openai_error_response,
+)
+from heteroflow.serving.coordinator.metrics import CONTENT_TYPE, CoordinatorMetrics
+from heteroflow.serving.coordinator.proxy import Forwarder, PublicationSignal, UpstreamTimeouts
+from heteroflow.serving.coordinator.settings import CoordinatorSettings
+from heteroflow.serving.coordinator.views import (
+    InstanceView,
+    ModelMismatchError,
+    ServingViews,
+    ViewChange,
+    valid_host,
+)
+from heteroflow.serving.wire import (
+    COORDINATOR_ADD_PATH,
+    COORDINATOR_DEL_PATH,
+    COORDINATOR_INSTANCES_PATH,
+    COORDINATOR_SET_PATH,
+    ViewAddRequest,
+    ViewDelRequest,
+    ViewResponse,
+    ViewSetRequest,
+)
+
+_log = structlog.get_logger(__name__)
+_M = TypeVar("_M", bound=BaseModel)
+
+VIEW_OUTCOME_HEADER = "X-HeteroFlow-View-Outcome"
+_REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+
+@dataclass(frozen=True, slots=True)
+class CoordinatorStatus:
+    """What the Coordinator publishes and carries now, and how it is configured (no secrets)."""
+
+    instances: tuple[InstanceView, ...]
+    in_flight: Mapping[str, int]
+    """Upstream requests in flight per ``instance/endpoint`` (a withdrawn endpoint stays until they finish)."""
+    waiting_for_publication: int
+    """Requests waiting now for a publication of their model (the unavailable wait)."""
+    stale_generations_ignored: int
+    api_keys_configured: bool
+    management_enabled: bool
+    config_warnings: tuple[str, ...]
+
+
+class Coordinator:
+    """The Coordinator's shell: views, forwarder, key verifier, metrics and the upstream connection pool."""
+
+    def __init__(
+        self,
+        *,
+        settings: CoordinatorSettings,
+        clock: Clock | None = None,
+        upstream_transport: httpx.AsyncBaseTransport | None = None,
+        key_checker: KeyChecker | None = None,
+    ) -> None:
+        self.settings = settings
+        self.clock = clock or SystemClock()
+        self.views = ServingViews()
+        self.publications = PublicationSignal()
+        self.metrics = CoordinatorMetrics(self.views.status, waiting=lambda: self.publications.waiting)
+        timeouts = UpstreamTimeouts(
+            connect=settings.upstream_connect_timeout_sec,
+            first_byte=settings.upstream_first_byte_timeout_sec,
+            total=settings.upstream_total_timeout_sec,
+        )
+        self._client = httpx.AsyncClient(
+            timeout=timeouts.httpx(),
+            limits=httpx.Limits(
+                max_connections=settings.upstream_max_connections,
+                max_keepalive_connections=min(settings.upstream_max_connections, 256),
+            ),
+            transport=upstream_transport,
+            follow_redirects=False,
+            trust_env=False,  # engine traffic never goes through an HTTP proxy from the environment
+        )
+        self.forwarder = Forwarder(
+            views=self.views,
+            client=self._client,
+            timeouts=timeouts,
+            unavailable_wait_sec=settings.unavailable_wait_sec,
+            retry_after_sec=settings.retry_after_sec,
+            upstream_token=settings.cluster_token,
+            metrics=self.metrics,
+            publications=self.publications,
+        )
+        if key_checker is None and settings.platform_url is not None:
+            key_checker = PlatformKeyChecker(base_url=settings.platform_url, timeout_sec=settings.platform_timeout_sec)
+        self.keys = ApiKeyVerifier(
+            digests=settings.api_key_digests,
+            platform=key_checker,
+            clock=self.clock,
+            cache_sec=settings.platform_token_cache_sec,
+        )
+
+    # -- management (F-40) ---------------------------------------------------------------------------------
+    async def delete(self, request: ViewDelRequest) -> ViewChange:
+        return await self._applied("DEL", request.instance_id, request.request_id, self.views.delete(request))
+
+    async def add(self, request: ViewAddRequest) -> ViewChange:
+        try:
+            change = self.views.add(request)
+        except ModelMismatchError as exc:
+            self.metrics.view_operations.labels(op="ADD", outcome="model_mismatch").inc()
+            _log.warning("coordinator.view_refused", op="ADD", instance=request.instance_id, detail=str(exc))
+            raise ViewConflictError(str(exc)) from exc
+        return await self._applied("ADD", request.instance_id, request.request_id, change, request.generation)
+
+    async def replace(self, request: ViewSetRequest) -> ViewChange:
+        change = self.views.replace(request)
+        return await self._applied("SET", request.instance_id, request.request_id, change, request.generation)
+
+    async def _applied(
+        self, op: str, instance_id: str, request_id: str | None, change: ViewChange, generation: int | None = None
+    ) -> ViewChange:
+        if change.published:
+            self.publications.notify()
+        if change.sending:
+            # a request that passed the last check just before the swap is writing its headers now: the
+            # operation returns only once they are out, so "returned" really means "nothing new goes there"
+            sent = await self.forwarder.wait_sent(change.sending, within=self.settings.upstream_connect_timeout_sec)
+            if not sent:
+                _log.warning("coordinator.withdraw_drain_timeout", op=op, instance=instance_id)
+        self.metrics.view_operations.labels(op=op, outcome=change.outcome.value).inc()
+        _log.info(
+            "coordinator.view_changed",
+            op=op,
+            instance=instance_id,
+            outcome=change.outcome.value,
+            generation=generation,
+            withdrawn=sorted(key.endpoint_id for key in change.withdrawn),
+            published=sorted(key.endpoint_id for key in change.published),
+            request_id=request_id,
+            detail=change.detail or None,
+        )
+        return change
+
+    # -- status and lifecycle ------------------------------------------------------------------------------
+    def status(self) -> CoordinatorStatus:
+        snap = self.views.status()
+        return CoordinatorStatus(
+            instances=snap.instances,
+            in_flight={key.label: count for key, count in sorted(snap.in_flight.items())},
+            waiting_for_publication=self.publications.waiting,
+            stale_generations_ignored=snap.generation_refusals,
+            api_keys_configured=self.keys.configured,
+            management_enabled=self.settings.cluster_token is not None,
+            config_warnings=self.settings.config_warnings,
+        )
+
+    async def aclose(self) -> None:
+        await self._client.aclose()
+        await self.keys.aclose()
+
+
+def _view_response(change: ViewChange | None, views: tuple[InstanceView, ...]) -> JSONResponse:
+    body = ViewResponse(instances=[view.wire() for view in views]).model_dump(mode="json")
+    headers = {VIEW_OUTCOME_HEADER: change.outcome.value} if change is not None else None
+    if change is not None and change.detail:
+        # header values are latin-1 on the wire: ids the controller chose may not be
+        detail = change.detail.encode("ascii", "backslashreplace").decode("ascii")
+        headers = {**(headers or {}), "X-HeteroFlow-View-Detail": detail}
+    return JSONResponse(body, headers=headers)
+
+
+async def _read_body(request: Request, *, max_bytes: int) -> bytes:
+    declared = request.headers.get("content-length")
+    if declared is not None:
+        if not declared.strip().isdigit():
+            raise BadRequestError("the Content-Length header is not a number")
+        check_size(int(declared), max_bytes=max_bytes)
+    parts: list[bytes] = []
+    size = 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        check_size(size, max_bytes=max_bytes)  # a chunked body is cut off as soon as it is too large
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+async def _management_body(request: Request, model: type[_M], *, max_bytes: int) -> _M:
+    try:
+        raw = await _read_body(request, max_bytes=max_bytes)
+    except (BadRequestError, BodyTooLargeError) as exc:
+        raise InvalidViewRequestError(exc.message) from exc
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(part) for part in err["loc"]) or "body"
+        raise InvalidViewRequestError(f"{where}: {err['msg']}") from exc
+
+
+def _routable(body: ViewAddRequest) -> ViewAddRequest:
+    for endpoint in body.endpoints:
+        if not valid_host(endpoint.ip):
+            raise InvalidViewRequestError(f"endpoint {endpoint.id}: {endpoint.ip!r} is not an IP address or host name")
+    return body
+
+
+def _request_id(request: Request) -> str:
+    given = request.headers.get("x-request-id", "")
+    return given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
+
+
+def create_app(coordinator: Coordinator) -> FastAPI:
+    settings = coordinator.settings
+    created = int(coordinator.clock.now().timestamp())
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            await coordinator.aclose()
+
+    app = FastAPI(title="HeteroFlow Coordinator", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+
+    @app.exception_handler(ManagementError)
+    async def _management_error(_: Request, exc: ManagementError) -> JSONResponse:
+        return management_error_response(exc)
+
+    @app.exception_handler(CoordinatorError)
+    async def _openai_error(_: Request, exc: CoordinatorError) -> JSONResponse:
+        return openai_error_response(exc)
+
+    def require_cluster_token(request: Request) -> None:
+        token = settings.cluster_token
+        if token is None:
+            raise ManagementAuthError(
+                "no cluster token is configured (HETEROFLOW_CLUSTER_TOKEN); management routes and /metrics are closed"
+            )
+        if not cluster_token_matches(request.headers.get("authorization"), token):
+            raise ManagementAuthError("a valid cluster token is required (Authorization: Bearer <token>)")
+
+    # -- operations ---------------------------------------------------------------------------------------
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/metrics")
+    async def prometheus(request: Request) -> Response:
+        require_cluster_token(request)
+        return Response(coordinator.metrics.render(), media_type=CONTENT_TYPE)
+
+    # -- management (F-40) --------------------------------------------------------------------------------
+    @app.post(COORDINATOR_DEL_PATH)
+    async def view_del(request: Request) -> JSONResponse:
+        require_cluster_token(request)
+        body = await _management_body(request, ViewDelRequest, max_bytes=settings.max_body_bytes)
+        change = await coordinator.delete(body)
+        return _view_response(change, change.instances)
+
+    @app.post(COORDINATOR_ADD_PATH)
+    async def view_add(request: Request) -> JSONResponse:
+        require_cluster_token(request)
+        body = _routable(await _management_body(request, ViewAddRequest, max_bytes=settings.max_body_bytes))
+        change = await coordinator.add(body)
+        return _view_response(change, change.instances)
+
+    @app.post(COORDINATOR_SET_PATH)
+    async def view_set(request: Request) -> JSONResponse:
+        require_cluster_token(request)
+        body = _routable(await _management_body(request, ViewSetRequest, max_bytes=settings.max_body_bytes))
+        change = await coordinator.replace(body)
+        return _view_response(change, change.instances)
+
+    @app.get(COORDINATOR_INSTANCES_PATH)
+    async def instances(request: Request) -> JSONResponse:
+        require_cluster_token(request)
+        return _view_response(None, coordinator.views.snapshot())
+
+    # -- OpenAI (F-41) ------------------------------------------------------------------------------------
+    @app.get("/v1/models")
+    async def models(request: Request) -> Response:
+        try:
+            await coordinator.keys.verify(request.headers.get("authorization"))
+        except CoordinatorError as exc:
+            coordinator.metrics.requests.labels(route="models", outcome=exc.outcome).inc()
+            raise
+        coordinator.metrics.requests.labels(route="models", outcome="ok").inc()
+        data = [
+            {"id": name, "object": "model", "created": created, "owned_by": "heteroflow", "root": name}
+            for name in coordinator.views.models()
+        ]
+        return JSONResponse({"object": "list", "data": data})
+
+    async def inference(request: Request, *, route: str, path: str) -> Response:
+        request_id = _request_id(request)
+        try:
+            await coordinator.keys.verify(request.headers.get("authorization"))
+            body = parse_inference_body(
+                await _read_body(request, max_bytes=settings.max_body_bytes), max_bytes=settings.max_body_bytes
+            )
+            if not coordinator.views.is_known(body.model):
+                raise ModelNotFoundError(f"The model `{body.model}` does not exist.")
+            response = await coordinator.forwarder.forward(
+                route=route, path=path, request=body, headers=request.headers.items(), request_id=request_id
+            )
+        except CoordinatorError as exc:
+            coordinator.metrics.requests.labels(route=route, outcome=exc.outcome).inc()
+            response = openai_error_response(exc)
+        response.headers["x-request-id"] = request_id
+        return response
+
+    @app.post("/v1/completions")
+    async def completions(request: Request) -> Response:
+        return await inference(request, route="completions", path="/v1/completions")
+
+    @app.post("/v1/chat/completions")
+    async def chat_completions(request: Request) -> Response:
+        return await inference(request, route="chat_completions", path="/v1/chat/completions")
+
+    return app

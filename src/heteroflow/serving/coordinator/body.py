@@ -1,0 +1,89 @@
+"""Validation of an OpenAI request body before it is routed. Purely computational.
+
+The Coordinator reads only ``model`` (to route) and ``stream`` (to relay or buffer); everything else is the
+engine's business and the body is forwarded byte for byte. What is checked here is what could hurt the
+Coordinator itself or make routing impossible: size, encoding, nesting depth, shape. Each failure is a 4xx
+with a sentence, never a 500.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from heteroflow.serving.coordinator.errors import BadRequestError, BodyTooLargeError
+
+MAX_JSON_DEPTH = 64
+"""Deepest nesting accepted. Real OpenAI bodies nest a handful of levels; deeper ones only serve to make
+parsers (ours, the engine's) recurse, so they are refused here rather than forwarded."""
+
+
+@dataclass(frozen=True, slots=True)
+class InferenceRequest:
+    """A validated body: the routing facts and the bytes to forward unchanged."""
+
+    model: str
+    stream: bool
+    raw: bytes
+
+
+def nesting_depth(value: Any, *, limit: int = MAX_JSON_DEPTH) -> int:
+    """The nesting depth of a parsed JSON value (0 for a scalar, 1 for ``[]``), or ``limit + 1`` once over.
+
+    Iterative, and it stops as soon as the limit is passed, so a hostile body costs no more than its parse.
+    """
+    deepest = 0
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth > limit:
+            return limit + 1
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return deepest
+
+
+def check_size(length: int, *, max_bytes: int) -> None:
+    if length > max_bytes:
+        raise BodyTooLargeError(f"the request body is larger than {max_bytes} bytes")
+
+
+def parse_inference_body(raw: bytes, *, max_bytes: int) -> InferenceRequest:
+    """The routing facts of an OpenAI completions or chat body; raises a 4xx :class:`CoordinatorError`."""
+    check_size(len(raw), max_bytes=max_bytes)
+    if not raw.strip():
+        raise BadRequestError("the request body is empty; a JSON object with a 'model' is required")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BadRequestError("the request body is not UTF-8 encoded JSON") from exc
+    try:
+        body = json.loads(text)
+    except RecursionError as exc:
+        # CPython's decoder guards its recursion: hundreds of levels end here instead of in the C stack
+        raise BadRequestError(f"the request body is nested deeper than {MAX_JSON_DEPTH} levels") from exc
+    except ValueError as exc:
+        raise BadRequestError(f"the request body is not valid JSON: {exc}") from exc
+    # fewer brackets than the limit cannot nest deeper than it: the common case costs two byte counts
+    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and nesting_depth(body) > MAX_JSON_DEPTH:
+        raise BadRequestError(f"the request body is nested deeper than {MAX_JSON_DEPTH} levels")
+    if not isinstance(body, dict):
+        raise BadRequestError("the request body must be a JSON object")
+    model = body.get("model")
+    if model is None:
+        raise BadRequestError("'model' is required: the Coordinator routes by it")
+    if not isinstance(model, str) or not model.strip():
+        raise BadRequestError("'model' must be a non-empty string")
+    stream = body.get("stream", False)
+    if stream is None:
+        stream = False
+    if not isinstance(stream, bool):
+        raise BadRequestError("'stream' must be a boolean")
+    return InferenceRequest(model=model, stream=stream, raw=raw)

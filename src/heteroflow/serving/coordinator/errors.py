@@ -1,0 +1,135 @@
+"""Typed errors of the Coordinator and their HTTP answers, in one place.
+
+::
+
+    CoordinatorError                 OpenAI routes: {"error": {"message", "type", "param", "code"}}
+    ├── BadRequestError          400 malformed body, missing or non-string model, JSON nested too deeply
+    ├── BodyTooLargeError        413 body over max_body_bytes
+    ├── AuthenticationError      401 no, wrong or unconfigured API key
+    ├── ModelNotFoundError       404 no instance was ever published for the model
+    ├── NoEndpointError          503 + Retry-After: no published endpoint (after the unavailable wait)
+    ├── UpstreamUnavailableError 503 + Retry-After: the engines answered 503 (recovering), retry included
+    ├── UpstreamFailedError      502 connection refused/reset or timeout before the first byte, retry included
+    └── AuthBackendUnavailableError 503: the platform could not be asked whether a key is valid
+
+    ManagementError                  management routes: wire.ErrorBody {"error": code, "detail"}
+    ├── ManagementAuthError      401 no or wrong cluster token, or none configured
+    ├── InvalidViewRequestError  400 the body is not the wire model
+    └── ViewConflictError        409 ADD for an instance that serves another model
+
+Upstream 4xx (and 5xx other than 503) are not errors here: they are passed through unchanged. Nothing maps
+to 500.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from starlette.responses import JSONResponse
+
+from heteroflow.serving.wire import ErrorBody
+
+
+class CoordinatorError(Exception):
+    """An OpenAI route's failure; ``outcome`` labels the request in the metrics."""
+
+    status_code: ClassVar[int] = 500
+    kind: ClassVar[str] = "InternalServerError"
+    outcome: ClassVar[str] = "error"
+
+    def __init__(self, message: str, *, retry_after: int | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_after = retry_after
+
+
+class BadRequestError(CoordinatorError):
+    status_code = 400
+    kind = "BadRequestError"
+    outcome = "bad_request"
+
+
+class BodyTooLargeError(CoordinatorError):
+    status_code = 413
+    kind = "BadRequestError"
+    outcome = "bad_request"
+
+
+class AuthenticationError(CoordinatorError):
+    status_code = 401
+    kind = "AuthenticationError"
+    outcome = "unauthorized"
+
+
+class ModelNotFoundError(CoordinatorError):
+    status_code = 404
+    kind = "NotFoundError"
+    outcome = "unknown_model"
+
+
+class NoEndpointError(CoordinatorError):
+    status_code = 503
+    kind = "ServiceUnavailableError"
+    outcome = "no_endpoint"
+
+
+class UpstreamUnavailableError(CoordinatorError):
+    status_code = 503
+    kind = "ServiceUnavailableError"
+    outcome = "upstream_unavailable"
+
+
+class UpstreamFailedError(CoordinatorError):
+    status_code = 502
+    kind = "BadGatewayError"
+    outcome = "upstream_failed"
+
+
+class AuthBackendUnavailableError(CoordinatorError):
+    status_code = 503
+    kind = "ServiceUnavailableError"
+    outcome = "auth_unavailable"
+
+
+def openai_error_body(*, status_code: int, kind: str, message: str) -> dict[str, object]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": status_code}}
+
+
+def openai_error_response(exc: CoordinatorError) -> JSONResponse:
+    headers: dict[str, str] = {}
+    if exc.status_code == 401:
+        headers["WWW-Authenticate"] = "Bearer"
+    if exc.retry_after is not None:
+        headers["Retry-After"] = str(exc.retry_after)
+    body = openai_error_body(status_code=exc.status_code, kind=exc.kind, message=exc.message)
+    return JSONResponse(body, status_code=exc.status_code, headers=headers)
+
+
+class ManagementError(Exception):
+    status_code: ClassVar[int] = 500
+    code: ClassVar[str] = "internal"
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(detail)
+        self.detail = detail
+
+
+class ManagementAuthError(ManagementError):
+    status_code = 401
+    code = "unauthorized"
+
+
+class InvalidViewRequestError(ManagementError):
+    status_code = 400
+    code = "invalid_body"
+
+
+class ViewConflictError(ManagementError):
+    status_code = 409
+    code = "model_mismatch"
+
+
+def management_error_response(exc: ManagementError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+    body = ErrorBody(error=exc.code, detail=exc.detail).model_dump()
+    return JSONResponse(body, status_code=exc.status_code, headers=headers)

@@ -1,0 +1,194 @@
+"""Coordinator settings (``HETEROFLOW_COORDINATOR_…`` plus ``HETEROFLOW_CLUSTER_TOKEN``); CLI options win.
+
+Secure by default: with no cluster token the management routes refuse every call, and with no API key
+source (``api_key_hashes`` or ``platform_url``) every OpenAI request is refused. An invalid value falls back
+to its default with a warning (:class:`~heteroflow.core.settings.LenientSettings`), so a typo in a key list
+closes the door instead of opening it.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Self
+
+import structlog
+from pydantic import Field, field_validator, model_validator
+
+from heteroflow.core.settings import LenientSettings, env_names
+
+_log = structlog.get_logger(__name__)
+
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
+
+
+def parse_key_hashes(text: str) -> frozenset[str]:
+    """``"<hex>,<hex>"`` → the set of digests (lower case); raises ``ValueError`` for anything that is not one."""
+    digests: set[str] = set()
+    for part in text.split(","):
+        digest = part.strip().lower()
+        if not digest:
+            continue
+        if not _SHA256_HEX.fullmatch(digest):
+            # never echo the value: an operator may have pasted a key instead of its digest
+            raise ValueError("every entry must be the 64-character hex sha256 digest of an API key")
+        digests.add(digest)
+    return frozenset(digests)
+
+
+class CoordinatorSettings(LenientSettings):
+    """Tunables of the Coordinator, which routes OpenAI requests to the published endpoints."""
+
+    host: str = Field(
+        default="127.0.0.1",
+        min_length=1,
+        validation_alias=env_names("coordinator_host"),
+        description="Bind address of the Coordinator (default loopback).",
+    )
+    port: int = Field(
+        default=8400,
+        ge=1,
+        le=65535,
+        validation_alias=env_names("coordinator_port"),
+        description="TCP port of the Coordinator (default 8400).",
+    )
+    cluster_token: str | None = Field(
+        default=None,
+        validation_alias=env_names("cluster_token"),
+        description=(
+            "Bearer token of the management routes and /metrics, also sent to the engines (which guard their "
+            "OpenAI routes with it). Unset: management routes and /metrics answer 401."
+        ),
+    )
+    api_key_hashes: str = Field(
+        default="",
+        validation_alias=env_names("coordinator_api_key_hashes"),
+        description=(
+            "Comma-separated sha256 hex digests of the API keys accepted on the OpenAI routes "
+            "(default none). A malformed list is dropped whole."
+        ),
+    )
+    platform_url: str | None = Field(
+        default=None,
+        validation_alias=env_names("coordinator_platform_url"),
+        description=(
+            "Base URL of the HeteroFlow platform server; an API key it accepts on GET /healthz is valid here "
+            "too (default none)."
+        ),
+    )
+    platform_token_cache_sec: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        validation_alias=env_names("coordinator_platform_token_cache_sec"),
+        description="Seconds a key the platform accepted is trusted without asking again (default 30; 0 = always ask).",
+    )
+    platform_timeout_sec: float = Field(
+        default=5.0,
+        gt=0,
+        le=60,
+        validation_alias=env_names("coordinator_platform_timeout_sec"),
+        description="Timeout of one key check against the platform (default 5 s); beyond it the request gets 503.",
+    )
+    unavailable_wait_sec: float = Field(
+        default=5.0,
+        ge=0,
+        le=120,
+        validation_alias=env_names("coordinator_unavailable_wait_sec"),
+        description=(
+            "How long a request for a known model with no published endpoint waits for a publication before "
+            "503 (default 5 s: a scale-down round withdraws the view for a few seconds)."
+        ),
+    )
+    retry_after_sec: int = Field(
+        default=2,
+        ge=1,
+        le=3600,
+        validation_alias=env_names("coordinator_retry_after_sec"),
+        description="Retry-After (seconds) of a 503 answered for lack of a published or healthy endpoint (default 2).",
+    )
+    max_body_bytes: int = Field(
+        default=1024 * 1024,
+        ge=1024,
+        le=256 * 1024 * 1024,
+        validation_alias=env_names("coordinator_max_body_bytes"),
+        description="Largest request body accepted on the OpenAI routes (default 1 MiB); larger → 413.",
+    )
+    upstream_connect_timeout_sec: float = Field(
+        default=2.0,
+        gt=0,
+        le=60,
+        validation_alias=env_names("coordinator_upstream_connect_timeout_sec"),
+        description="TCP connect timeout to an engine (default 2 s); a timeout is retried on another endpoint.",
+    )
+    upstream_first_byte_timeout_sec: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        validation_alias=env_names("coordinator_upstream_first_byte_timeout_sec"),
+        description=(
+            "Longest wait for an engine's response headers, and for each later chunk (default 60 s); "
+            "before the first byte reached the client a timeout is retried."
+        ),
+    )
+    upstream_total_timeout_sec: float = Field(
+        default=600.0,
+        gt=0,
+        le=86400,
+        validation_alias=env_names("coordinator_upstream_total_timeout_sec"),
+        description="Longest time one request may take end to end, retry and streaming included (default 600 s).",
+    )
+    upstream_max_connections: int = Field(
+        default=1000,
+        ge=1,
+        le=100000,
+        validation_alias=env_names("coordinator_upstream_max_connections"),
+        description="Size of the connection pool to the engines (default 1000).",
+    )
+    log_level: str = Field(
+        default="info",
+        pattern=r"^(?i:debug|info|warning|error|critical)$",
+        validation_alias=env_names("coordinator_log_level"),
+        description="Log level (default info).",
+    )
+
+    @model_validator(mode="after")
+    def _drop_malformed_key_list(self) -> Self:
+        # Not a field validator: the generic fallback warning repeats the rejected value, and an operator who
+        # pasted a key instead of its digest must not find the key in the logs. Same rule, value withheld.
+        try:
+            digests = parse_key_hashes(self.api_key_hashes)
+        except ValueError:
+            warning = (
+                "invalid value for HETEROFLOW_COORDINATOR_API_KEY_HASHES (not repeated: it may hold a key; every "
+                "entry must be a sha256 hex digest); using the default '' (no key accepted)"
+            )
+            object.__setattr__(self, "api_key_hashes", "")
+            object.__setattr__(self, "_key_list_warning", warning)
+            _log.warning("config.invalid_value", settings=type(self).__name__, detail=warning)
+        else:
+            object.__setattr__(self, "api_key_hashes", ",".join(sorted(digests)))
+        return self
+
+    @property
+    def config_warnings(self) -> tuple[str, ...]:
+        own = getattr(self, "_key_list_warning", None)
+        return (*super().config_warnings, *((own,) if own else ()))
+
+    @field_validator("platform_url")
+    @classmethod
+    def _valid_url(cls, value: str | None) -> str | None:
+        if value is None or not value.strip():
+            return None
+        url = value.strip().rstrip("/")
+        if not url.startswith(("http://", "https://")):
+            raise ValueError("the platform URL must start with http:// or https://")
+        return url
+
+    @field_validator("cluster_token")
+    @classmethod
+    def _blank_is_unset(cls, value: str | None) -> str | None:
+        return value if value and value.strip() else None
+
+    @property
+    def api_key_digests(self) -> frozenset[str]:
+        return parse_key_hashes(self.api_key_hashes)

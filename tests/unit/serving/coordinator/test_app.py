@@ -1,0 +1,622 @@
+"""The Coordinator's routes in process: routing, retry-once, streaming, the unavailable wait, withdrawal races,
+management and auth — engines are the in-memory :class:`FakeUpstreams` (no sockets, no sleeps)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from collections.abc import AsyncIterator, Callable, Coroutine
+from contextlib import asynccontextmanager
+from typing import Any
+
+import httpx
+import pytest
+
+from heteroflow.serving.coordinator.app import VIEW_OUTCOME_HEADER, Coordinator, create_app
+from heteroflow.serving.coordinator.settings import CoordinatorSettings
+from heteroflow.serving.coordinator.testing import (
+    TEST_API_KEY,
+    TEST_API_KEY_SHA256,
+    TEST_CLUSTER_TOKEN,
+    EngineMode,
+    FakeEngine,
+    FakeUpstreams,
+)
+from heteroflow.serving.wire import (
+    COORDINATOR_ADD_PATH,
+    COORDINATOR_DEL_PATH,
+    COORDINATOR_INSTANCES_PATH,
+    COORDINATOR_SET_PATH,
+)
+
+pytestmark = pytest.mark.timeout(20)
+
+MANAGE = {"Authorization": f"Bearer {TEST_CLUSTER_TOKEN}"}
+KEY = {"Authorization": f"Bearer {TEST_API_KEY}"}
+
+
+class Harness:
+    def __init__(self, coordinator: Coordinator, upstreams: FakeUpstreams, client: httpx.AsyncClient) -> None:
+        self.coordinator = coordinator
+        self.upstreams = upstreams
+        self.client = client
+
+    def engine(self, endpoint_id: int) -> FakeEngine:
+        return self.upstreams.engines[(f"10.0.0.{endpoint_id + 1}", 8000)]
+
+    async def manage(self, path: str, body: dict[str, Any]) -> httpx.Response:
+        return await self.client.post(path, headers=MANAGE, json=body)
+
+    async def publish(
+        self, ids: tuple[int, ...], *, instance: str = "i1", model: str = "m", generation: int = 0
+    ) -> None:
+        response = await self.manage(
+            COORDINATOR_SET_PATH,
+            {
+                "instance_id": instance,
+                "model": model,
+                "generation": generation,
+                "endpoints": [{"id": i, "ip": f"10.0.0.{i + 1}", "port": 8000} for i in ids],
+            },
+        )
+        assert response.status_code == 200, response.text
+
+    async def withdraw(self, ids: tuple[int, ...], *, instance: str = "i1") -> httpx.Response:
+        response = await self.manage(COORDINATOR_DEL_PATH, {"instance_id": instance, "endpoint_ids": list(ids)})
+        assert response.status_code == 200, response.text
+        return response
+
+    async def complete(self, *, model: str = "m", stream: bool = False, **extra: Any) -> httpx.Response:
+        body = {"model": model, "prompt": "hello", "stream": stream, **extra}
+        return await self.client.post("/v1/completions", headers=KEY, json=body)
+
+    def metric(self, text: str) -> float:
+        """The value of one sample line of /metrics, e.g. ``heteroflow_coordinator_retries_total{reason="x"}``."""
+        body = self.coordinator.metrics.render().decode()
+        for line in body.splitlines():
+            if line.startswith(text + " "):
+                return float(line.rsplit(" ", 1)[1])
+        return 0.0
+
+
+@asynccontextmanager
+async def harness(engines: int = 3, **settings: Any) -> AsyncIterator[Harness]:
+    upstreams = FakeUpstreams()
+    for i in range(engines):
+        upstreams.add(f"10.0.0.{i + 1}", 8000, name=f"e{i}")
+    values: dict[str, Any] = {
+        "cluster_token": TEST_CLUSTER_TOKEN,
+        "api_key_hashes": TEST_API_KEY_SHA256,
+        "unavailable_wait_sec": 0.2,
+        **settings,
+    }
+    coordinator = Coordinator(settings=CoordinatorSettings.load(**values), upstream_transport=upstreams)
+    client = httpx.AsyncClient(transport=httpx.ASGITransport(app=create_app(coordinator)), base_url="http://coord")
+    try:
+        yield Harness(coordinator, upstreams, client)
+    finally:
+        await client.aclose()
+        await coordinator.aclose()
+
+
+def run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
+    asyncio.run(scenario())
+
+
+async def eventually(check: Callable[[], bool], *, what: str, within: float = 5.0) -> None:
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not within {within} s: {what}")
+        await asyncio.sleep(0.005)  # polling with a deadline
+
+
+# -- routing -------------------------------------------------------------------------------------------------
+def test_requests_are_routed_by_model_and_spread_over_published_endpoints() -> None:
+    async def scenario() -> None:
+        async with harness(engines=4) as h:
+            await h.publish((0, 1, 2))
+            await h.publish((3,), instance="i2", model="other")
+            for _ in range(6):
+                response = await h.complete()
+                assert response.status_code == 200
+                assert response.headers["x-request-id"]
+            assert [len(h.engine(i).received) for i in range(4)] == [2, 2, 2, 0]
+            other = await h.complete(model="other")
+            assert other.json()["choices"][0]["text"] == "answer from e3"
+            assert h.metric('heteroflow_coordinator_requests_total{outcome="ok",route="completions"}') == 7
+
+    run(scenario)
+
+
+def test_headers_sent_upstream_carry_the_cluster_token_never_the_api_key() -> None:
+    async def scenario() -> None:
+        async with harness(engines=1) as h:
+            await h.publish((0,))
+            headers = {**KEY, "x-request-id": "req-42", "x-custom": "kept", "cookie": "session=1"}
+            response = await h.client.post("/v1/completions", headers=headers, json={"model": "m", "prompt": "x"})
+            assert response.status_code == 200
+            assert response.headers["x-request-id"] == "req-42"
+            sent = h.engine(0).received[0].headers
+            assert sent["authorization"] == f"Bearer {TEST_CLUSTER_TOKEN}"
+            assert TEST_API_KEY not in json.dumps(sent)
+            assert sent["x-custom"] == "kept"
+            assert sent["x-request-id"] == "req-42"
+            assert "cookie" not in sent
+
+    run(scenario)
+
+
+def test_models_lists_every_known_model_published_or_not() -> None:
+    async def scenario() -> None:
+        async with harness() as h:
+            await h.publish((0,), model="b")
+            await h.publish((), instance="i2", model="a")
+            response = await h.client.get("/v1/models", headers=KEY)
+            assert [m["id"] for m in response.json()["data"]] == ["a", "b"]
+
+    run(scenario)
+
+
+def test_an_unknown_model_is_an_openai_404() -> None:
+    async def scenario() -> None:
+        async with harness() as h:
+            await h.publish((0,))
+            response = await h.complete(model="nope")
+            assert response.status_code == 404
+            error = response.json()["error"]
+            assert error["type"] == "NotFoundError"
+            assert error["code"] == 404
+            assert "nope" in error["message"]
+            assert h.upstreams.total_received() == 0
+
+    run(scenario)
+
+
+def test_the_least_loaded_endpoint_gets_new_requests() -> None:
+    async def scenario() -> None:
+        async with harness(engines=2) as h:
+            await h.publish((0, 1))
+            slow = h.engine(0)
+            slow.hold = asyncio.Event()
+            first = asyncio.create_task(h.complete())  # round robin sends the first one to e0, which holds it
+            await eventually(lambda: len(slow.received) == 1, what="e0 holds a request")
+            for _ in range(4):
+                assert (await h.complete()).json()["choices"][0]["text"] == "answer from e1"
+            slow.release()
+            assert (await first).status_code == 200
+            assert h.coordinator.status().in_flight == {}
+
+    run(scenario)
+
+
+# -- retry once (F-41) ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("mode", "reason"),
+    [(EngineMode.UNAVAILABLE, "upstream_503"), (EngineMode.REFUSE, "connect"), (EngineMode.DISCONNECT, "disconnect")],
+)
+def test_a_failure_before_the_first_byte_is_retried_once_elsewhere(mode: EngineMode, reason: str) -> None:
+    async def scenario() -> None:
+        async with harness(engines=2) as h:
+            await h.publish((0, 1))
+            h.engine(0).mode = mode
+            for _ in range(4):
+                response = await h.complete()
+                assert response.status_code == 200, response.text
+                assert response.json()["choices"][0]["text"] == "answer from e1"
+            # the failing endpoint is the first choice of every other request, not of every request
+            assert h.metric(f'heteroflow_coordinator_retries_total{{reason="{reason}"}}') == 2
+
+    run(scenario)
+
+
+def test_a_failed_retry_is_a_clear_503_and_never_goes_back_to_the_same_endpoint() -> None:
+    async def scenario() -> None:
+        async with harness(engines=3) as h:
+            await h.publish((0, 1, 2))
+            for i in range(3):
+                h.engine(i).mode = EngineMode.UNAVAILABLE
+            response = await h.complete()
+            assert response.status_code == 503
+            assert response.headers["retry-after"] == "2"
+            message = response.json()["error"]["message"]
+            assert "answered 503" in message
+            assert "retry" in message
+            assert sorted(len(h.engine(i).received) for i in range(3)) == [0, 1, 1]  # two attempts, two endpoints
+
+    run(scenario)
+
+
+def test_a_transport_failure_on_the_retry_is_a_502() -> None:
+    async def scenario() -> None:
+        async with harness(engines=2) as h:
+            await h.publish((0, 1))
+            h.engine(0).mode = EngineMode.REFUSE
+            h.engine(1).mode = EngineMode.REFUSE
+            response = await h.complete()
+            assert response.status_code == 502
+            assert "Connection refused" in response.json()["error"]["message"]
+            assert h.metric('heteroflow_coordinator_requests_total{outcome="upstream_failed",route="completions"}') == 1
+
+    run(scenario)
+
+
+def test_no_other_endpoint_to_retry_on_is_a_503_naming_the_failure() -> None:
+    async def scenario() -> None:
+        async with harness(engines=1) as h:
+            await h.publish((0,))
+            h.engine(0).mode = EngineMode.DISCONNECT
+            response = await h.complete()
+            assert response.status_code == 503
+            assert "no other published endpoint" in response.json()["error"]["message"]
+            assert len(h.engine(0).received) == 1
+
+    run(scenario)
+
+
+def test_an_upstream_4xx_is_passed_through_unchanged_without_retry() -> None:
+    async def scenario() -> None:
+        async with harness(engines=2) as h:
+            await h.publish((0, 1))
+            h.engine(0).mode = EngineMode.REJECT
+            h.engine(1).mode = EngineMode.REJECT
+            response = await h.complete()
+            assert response.status_code == 400
+            assert response.json()["error"]["message"].startswith("rejected by e")
+            assert h.upstreams.total_received() == 1
+            assert h.metric('heteroflow_coordinator_requests_total{outcome="upstream_4xx",route="completions"}') == 1
+
+    run(scenario)
+
+
+# -- streaming -----------------------------------------------------------------------------------------------
+def events(text: str) -> list[str]:
+    return [block.removeprefix("data: ") for block in text.split("\n\n") if block]
+
+
+def test_a_stream_is_passed_through_event_by_event() -> None:
+    async def scenario() -> None:
+        async with harness(engines=1) as h:
+            await h.publish((0,))
+            response = await h.complete(stream=True)
+            assert response.status_code == 200
+            assert response.headers["content-type"].startswith("text/event-stream")
+            got = events(response.text)
+            assert got[-1] == "[DONE]"
+            assert [json.loads(e)["choices"][0]["text"] for e in got[:-1]] == ["e0#0", "e0#1", "e0#2"]
+
+    run(scenario)
+
+
+def test_a_stream_that_breaks_midway_ends_with_an_error_event_and_done() -> None:
+    async def scenario() -> None:
+        async with harness(engines=2) as h:
+            await h.publish((0, 1))
+            h.engine(0).mode = EngineMode.FAIL_MID_STREAM
+            h.engine(1).mode = EngineMode.FAIL_MID_STREAM
+            response = await h.complete(stream=True)
+            assert response.status_code == 200
+            got = events(response.text)
+            assert json.loads(got[0])["choices"][0]["text"].endswith("#0")
+            assert "error" in json.loads(got[1])
+            assert got[2:] == ["[DONE]"]
+            assert h.upstreams.total_received() == 1  # bytes reached the client: no retry
+            assert h.metric('heteroflow_coordinator_requests_total{outcome="stream_error",route="completions"}') == 1
+            assert h.coordinator.status().in_flight == {}
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("chunk_size", [1, 7, 1000])
+def test_events_straddling_chunks_are_relayed_whole(chunk_size: int) -> None:
+    async def scenario() -> None:
+        async with harness(engines=1) as h:
+            await h.publish((0,))
+            h.engine(0).chunk_size = chunk_size
+            response = await h.complete(stream=True)
+            got = events(response.text)
+            assert [json.loads(e)["choices"][0]["text"] for e in got[:-1]] == ["e0#0", "e0#1", "e0#2"]
+            assert got[-1] == "[DONE]"
+
+    run(scenario)
+
+
+def test_an_event_cut_by_the_failure_is_dropped_never_delivered_half() -> None:
+    async def scenario() -> None:
+        async with harness(engines=1) as h:
+            await h.publish((0,))
+            h.engine(0).mode = EngineMode.FAIL_MID_STREAM
+            h.engine(0).chunk_size = 7
+            response = await h.complete(stream=True)
+            got = events(response.text)
+            assert len(got) == 3
+            assert json.loads(got[0])["choices"][0]["text"] == "e0#0"
+            assert "error" in json.loads(got[1])
+            assert got[2] == "[DONE]"
+
+    run(scenario)
+
+
+def test_a_stream_that_cannot_start_is_retried() -> None:
+    async def scenario() -> None:
+        async with harness(engines=2) as h:
+            await h.publish((0, 1))
+            h.engine(0).mode = EngineMode.UNAVAILABLE
+            for _ in range(2):
+                response = await h.complete(stream=True)
+                assert events(response.text)[-1] == "[DONE]"
+                assert "e1#0" in response.text
+
+    run(scenario)
+
+
+# -- the unavailable wait --------------------------------------------------------------------------------------
+def test_an_empty_view_answers_503_with_retry_after_once_the_wait_is_over() -> None:
+    async def scenario() -> None:
+        async with harness(unavailable_wait_sec=0.3) as h:
+            await h.publish((0,))
+            await h.withdraw((0,))
+            started = time.monotonic()
+            response = await h.complete()
+            assert time.monotonic() - started >= 0.3
+            assert response.status_code == 503
+            assert response.headers["retry-after"] == "2"
+            assert "no endpoint of model 'm' is published" in response.json()["error"]["message"]
+
+    run(scenario)
+
+
+def test_a_request_waiting_for_a_publication_is_served_when_it_comes() -> None:
+    async def scenario() -> None:
+        async with harness(unavailable_wait_sec=10.0) as h:
+            await h.publish((0, 1))
+            await h.withdraw((0, 1))
+            waiting = asyncio.create_task(h.complete())
+            await eventually(lambda: h.coordinator.status().waiting_for_publication == 1, what="request waits")
+            add = await h.manage(
+                COORDINATOR_ADD_PATH,
+                {"instance_id": "i1", "model": "m", "endpoints": [{"id": 1, "ip": "10.0.0.2", "port": 8000}]},
+            )
+            assert add.status_code == 200
+            response = await waiting
+            assert response.status_code == 200
+            assert response.json()["choices"][0]["text"] == "answer from e1"
+            assert len(h.engine(0).received) == 0
+
+    run(scenario)
+
+
+# -- withdrawal races (F-41: never route to a withdrawn endpoint) ------------------------------------------------
+def test_an_endpoint_withdrawn_between_choice_and_send_receives_nothing() -> None:
+    async def scenario() -> None:
+        async with harness(engines=2) as h:
+            await h.publish((0, 1))
+            victim = h.engine(0)
+
+            async def withdraw_now() -> None:
+                victim.before_headers = None
+                await h.withdraw((0,))
+
+            victim.before_headers = withdraw_now  # the DEL lands after e0 was chosen, before its headers go out
+            response = await h.complete()
+            assert response.status_code == 200
+            assert response.json()["choices"][0]["text"] == "answer from e1"
+            assert victim.received == []
+            assert h.metric('heteroflow_coordinator_retries_total{reason="upstream_503"}') == 0
+
+    run(scenario)
+
+
+def test_a_withdrawal_returns_only_after_headers_being_written_are_out() -> None:
+    async def scenario() -> None:
+        async with harness(engines=1) as h:
+            await h.publish((0,))
+            engine = h.engine(0)
+            engine.headers_gate = asyncio.Event()
+            request = asyncio.create_task(h.complete())
+            await eventually(lambda: bool(h.coordinator.views.status().sending), what="headers being written")
+            withdrawal = asyncio.create_task(h.withdraw((0,)))
+            for _ in range(50):
+                await asyncio.sleep(0)
+            assert not withdrawal.done()  # still writing to e0: the DEL has not returned yet
+            engine.headers_gate.set()
+            await withdrawal
+            assert (await request).status_code == 200  # in flight before the DEL returned: it may finish
+            assert len(engine.received) == 1
+
+    run(scenario)
+
+
+# -- management ----------------------------------------------------------------------------------------------
+def test_management_answers_are_view_responses_with_the_outcome() -> None:
+    async def scenario() -> None:
+        async with harness() as h:
+            await h.publish((0, 1), generation=3)
+            stale = await h.manage(
+                COORDINATOR_SET_PATH,
+                {"instance_id": "i1", "model": "m", "generation": 2, "endpoints": []},
+            )
+            assert stale.status_code == 200
+            assert stale.headers[VIEW_OUTCOME_HEADER] == "stale_generation"
+            assert [e["id"] for e in stale.json()["instances"][0]["endpoints"]] == [0, 1]
+            assert stale.json()["instances"][0]["generation"] == 3
+            unknown = await h.manage(COORDINATOR_DEL_PATH, {"instance_id": "ghost", "endpoint_ids": [1]})
+            assert unknown.headers[VIEW_OUTCOME_HEADER] == "unknown_instance"
+            listed = await h.client.get(COORDINATOR_INSTANCES_PATH, headers=MANAGE)
+            assert listed.json() == stale.json()
+            assert h.coordinator.status().stale_generations_ignored == 1
+            assert h.metric('heteroflow_coordinator_published_endpoints{instance="i1",model="m"}') == 2
+            assert h.metric('heteroflow_coordinator_view_operations_total{op="SET",outcome="stale_generation"}') == 1
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("ip", ["10.0.0.1/evil", "user@10.0.0.1", "a b", "-bad", "10.0.0.1:80"])
+def test_an_endpoint_address_that_is_no_host_is_400(ip: str) -> None:
+    async def scenario() -> None:
+        async with harness() as h:
+            body = {"instance_id": "i1", "model": "m", "endpoints": [{"id": 0, "ip": ip, "port": 8000}]}
+            for path in (COORDINATOR_ADD_PATH, COORDINATOR_SET_PATH):
+                response = await h.client.post(path, headers=MANAGE, json=body)
+                assert response.status_code == 400
+                assert "not an IP address or host name" in response.json()["detail"]
+            assert h.coordinator.views.snapshot() == ()
+
+    run(scenario)
+
+
+def test_view_details_survive_any_instance_id() -> None:
+    async def scenario() -> None:
+        async with harness() as h:
+            await h.publish((0,), instance="实例-1")
+            response = await h.manage(COORDINATOR_DEL_PATH, {"instance_id": "实例-1", "endpoint_ids": [0, 5]})
+            assert response.status_code == 200
+            assert "5" in response.headers["x-heteroflow-view-detail"]
+            assert response.json()["instances"][0]["instance_id"] == "实例-1"
+
+    run(scenario)
+
+
+def test_add_for_another_model_is_409() -> None:
+    async def scenario() -> None:
+        async with harness() as h:
+            await h.publish((0,))
+            response = await h.manage(
+                COORDINATOR_ADD_PATH,
+                {"instance_id": "i1", "model": "other", "endpoints": [{"id": 1, "ip": "10.0.0.2", "port": 8000}]},
+            )
+            assert response.status_code == 409
+            assert response.json()["error"] == "model_mismatch"
+
+    run(scenario)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"not json",
+        b"[]",
+        b'{"instance_id": "i1"}',
+        b'{"instance_id": "i1", "endpoint_ids": [1, 1]}',
+        b'{"instance_id": "i1", "endpoint_ids": [-1]}',
+        b'{"instance_id": "i1", "endpoint_ids": [], "extra": 1}',
+    ],
+)
+def test_a_malformed_management_body_is_400(body: bytes) -> None:
+    async def scenario() -> None:
+        async with harness() as h:
+            response = await h.client.post(COORDINATOR_DEL_PATH, headers=MANAGE, content=body)
+            assert response.status_code == 400
+            assert response.json()["error"] == "invalid_body"
+            assert response.json()["detail"]
+
+    run(scenario)
+
+
+# -- auth ----------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize(
+    ("method", "path"),
+    [
+        ("POST", COORDINATOR_DEL_PATH),
+        ("POST", COORDINATOR_ADD_PATH),
+        ("POST", COORDINATOR_SET_PATH),
+        ("GET", COORDINATOR_INSTANCES_PATH),
+        ("GET", "/metrics"),
+    ],
+)
+@pytest.mark.parametrize("token", [None, "wrong", TEST_API_KEY])
+def test_management_and_metrics_need_the_cluster_token(method: str, path: str, token: str | None) -> None:
+    async def scenario() -> None:
+        async with harness() as h:
+            headers = {"Authorization": f"Bearer {token}"} if token else {}
+            response = await h.client.request(method, path, headers=headers, json={})
+            assert response.status_code == 401
+            assert response.headers["www-authenticate"] == "Bearer"
+            assert response.json()["error"] == "unauthorized"
+
+    run(scenario)
+
+
+def test_without_a_cluster_token_management_is_closed() -> None:
+    async def scenario() -> None:
+        async with harness(cluster_token=None) as h:
+            response = await h.client.get(COORDINATOR_INSTANCES_PATH, headers=MANAGE)
+            assert response.status_code == 401
+            assert "no cluster token is configured" in response.json()["detail"]
+            assert (await h.client.get("/health")).status_code == 200
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("header", [None, "Bearer wrong", f"Basic {TEST_API_KEY}", f"Bearer {TEST_CLUSTER_TOKEN}"])
+def test_openai_routes_need_an_api_key(header: str | None) -> None:
+    async def scenario() -> None:
+        async with harness() as h:
+            await h.publish((0,))
+            headers = {"Authorization": header} if header else {}
+            for response in (
+                await h.client.post("/v1/completions", headers=headers, json={"model": "m", "prompt": "x"}),
+                await h.client.post("/v1/chat/completions", headers=headers, json={"model": "m", "messages": []}),
+                await h.client.get("/v1/models", headers=headers),
+            ):
+                assert response.status_code == 401
+                assert response.json()["error"]["type"] == "AuthenticationError"
+            assert h.upstreams.total_received() == 0
+
+    run(scenario)
+
+
+def test_without_any_key_source_every_openai_request_is_refused() -> None:
+    async def scenario() -> None:
+        async with harness(api_key_hashes="") as h:
+            await h.publish((0,))
+            response = await h.complete()
+            assert response.status_code == 401
+            assert "no API key is configured" in response.json()["error"]["message"]
+
+    run(scenario)
+
+
+def test_chat_completions_are_forwarded_to_the_chat_route() -> None:
+    async def scenario() -> None:
+        async with harness(engines=1) as h:
+            await h.publish((0,))
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            response = await h.client.post("/v1/chat/completions", headers=KEY, json=body)
+            assert response.status_code == 200
+            assert h.engine(0).received[0].path == "/v1/chat/completions"
+
+    run(scenario)
+
+
+# -- body validation through the route ------------------------------------------------------------------------
+async def _chunks(size: int) -> AsyncIterator[bytes]:
+    yield b'{"model": "m", "prompt": "'
+    for _ in range(size // 1024):
+        yield b"x" * 1024
+    yield b'"}'
+
+
+@pytest.mark.parametrize(
+    ("content", "status", "message"),
+    [
+        (b"{bad", 400, "not valid JSON"),
+        (b'{"prompt": "x"}', 400, "'model' is required"),
+        (b'{"model": "m", "x": ' + b"[" * 100 + b"]" * 100 + b"}", 400, "nested deeper"),
+        (json.dumps({"model": "m", "prompt": "x" * 5000}).encode(), 413, "larger than 4096 bytes"),
+        ("chunked", 413, "larger than 4096 bytes"),
+    ],
+)
+def test_bad_bodies_are_4xx_and_reach_no_engine(content: bytes | str, status: int, message: str) -> None:
+    async def scenario() -> None:
+        async with harness(max_body_bytes=4096) as h:
+            await h.publish((0,))
+            payload: Any = _chunks(10_000) if content == "chunked" else content
+            response = await h.client.post("/v1/completions", headers=KEY, content=payload)
+            assert response.status_code == status
+            assert message in response.json()["error"]["message"]
+            assert h.upstreams.total_received() == 0
+            assert h.metric('heteroflow_coordinator_requests_total{outcome="bad_request",route="completions"}') == 1
+
+    run(scenario)
