@@ -497,3 +497,30 @@ class ViewResponse(BaseModel):
     model_config = _FROZEN
 
     instances: list[PublishedInstance]
+
+
+# == hardware faults (F-3, F-12): a source → the controller ====================================================
+REPORT_HARDWARE_FAULT_PATH = "/controller/report_hardware_fault"
+
+
+class HardwareFaultReport(BaseModel):
+    """One card- or node-level hardware fault, normalised by its source (MindCluster, HeteroFlow GPU health,
+    an operator's CLI). ``cleared``: the fault is gone (its key may start a window again later)."""
+
+    model_config = _STRICT
+
+    node_name: str = Field(min_length=1, max_length=253)
+    card: str = Field(default="", max_length=128, description="Card name, GPU uuid or index; empty = node-level.")
+    fault_code: str = Field(min_length=1, max_length=128)
+    level: StrictInt = Field(ge=1, le=6, description="L1…L6; only L4-L6 open a correlation window (F-12).")
+    source: str = Field(default="api", min_length=1, max_length=64)
+    detail: str = Field(default="", max_length=1000)
+    cleared: StrictBool = False
+
+
+class HardwareFaultAnswer(BaseModel):
+    model_config = _FROZEN
+
+    key: str
+    mappings: dict[str, str]
+    """instance id → MAPPED ranks / NOT_AFFECTED / UNMAPPABLE with the reason, for the reporter's log."""

@@ -4,6 +4,7 @@ Routes (all but ``/health`` need the cluster token; 4xx bodies are ``{"error", "
 
 - ``POST /controller/node_manager/register`` · ``POST /controller/node_manager/heartbeat`` ·
   ``POST /controller/report_software_fault`` — the NodeManagers' side (wire models in ``serving/wire.py``).
+- ``POST /controller/report_hardware_fault`` — a hardware fault from a source outside the process (F-3, F-12).
 - ``GET /controller/fault_tolerance/status`` — one runtime per instance, RFC §7's keys plus what an operator
   needs beside them (pods, published view, generation, last decision, recent rounds).
 - ``GET /controller/fault_tolerance/rounds`` (``?instance_id=``) and ``…/rounds/{request_id}`` — the evidence
@@ -28,7 +29,10 @@ from heteroflow.serving.controller.service import Controller, UnknownInstanceErr
 from heteroflow.serving.wire import (
     HEARTBEAT_PATH,
     REGISTER_PATH,
+    REPORT_HARDWARE_FAULT_PATH,
     REPORT_SOFTWARE_FAULT_PATH,
+    HardwareFaultAnswer,
+    HardwareFaultReport,
     HeartbeatRequest,
     RegisterRequest,
     SoftwareFaultReport,
@@ -128,6 +132,19 @@ def create_app(controller: Controller, *, cluster_token: str | None, allow_no_to
         except UnknownInstanceError as exc:
             return _error(404, "unknown_instance", str(exc))
         return JSONResponse({"accepted": True, "used": used})
+
+    @app.post(REPORT_HARDWARE_FAULT_PATH)
+    async def report_hardware(request: Request) -> Response:
+        body = await _body(request, HardwareFaultReport)
+        mappings = controller.hardware_fault(body)
+        answer = HardwareFaultAnswer(
+            key=f"{body.fault_code}|{body.card}|{body.node_name}",
+            mappings={
+                inst: (f"{m.kind.value} {sorted(m.ranks)}" if m.ranks else f"{m.kind.value} {m.reason}".strip())
+                for inst, m in mappings.items()
+            },
+        )
+        return JSONResponse(answer.model_dump())
 
     @app.get("/controller/fault_tolerance/status")
     async def ft_status() -> Response:

@@ -46,6 +46,13 @@ class ControllerMetrics:
             registry=self.registry,
         )
 
+        self.hardware_faults = Counter(
+            "heteroflow_controller_hardware_faults",
+            "Hardware faults taken for an instance, by source and mapping (MAPPED, UNMAPPABLE).",
+            ["source", "mapping"],
+            registry=self.registry,
+        )
+
     def set_phase(self, instance_id: str, phase: FtPhase) -> None:
         for candidate in FtPhase:
             self.phase.labels(instance_id=instance_id, phase=candidate.value).set(1 if candidate == phase else 0)

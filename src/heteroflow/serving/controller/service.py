@@ -42,7 +42,13 @@ from heteroflow.serving.controller.core.decision import (
     decide,
 )
 from heteroflow.serving.controller.core.errors import FtCoreError, TopologyError
-from heteroflow.serving.controller.core.normalizer import FtSnapshot, HardwareEvent
+from heteroflow.serving.controller.core.normalizer import (
+    FtSnapshot,
+    HardwareEvent,
+    HardwareFault,
+    HardwareMapping,
+    MappingKind,
+)
 from heteroflow.serving.controller.core.phase import ROUND_PHASES, FtPhase
 from heteroflow.serving.controller.core.ranks import DpRank, InstanceId, RequestId
 from heteroflow.serving.controller.core.topology import InstanceTopology, resolve_instance
@@ -51,6 +57,7 @@ from heteroflow.serving.controller.metrics import ControllerMetrics
 from heteroflow.serving.controller.store import FtRuntimeStore, FtStoreError
 from heteroflow.serving.wire import (
     FinalizeRequest,
+    HardwareFaultReport,
     HeartbeatRequest,
     HeartbeatResponse,
     ProbeRequest,
@@ -112,6 +119,9 @@ class Instance:
     """``last_error`` currently says a persist failed; a later successful persist clears it."""
     nudged: bool = False
     """F-54: the idle survivors of the current evidence were nudged once."""
+    hardware_keys_seen: set[str] = field(default_factory=set)
+    """Keys of hardware faults already taken for this instance: a source repeating a standing fault never opens
+    a second window; the key is forgotten when the source clears it or the evidence is reset."""
     persist_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """One write at a time per instance, so that two writers never race on the same CAS revision."""
     pending_abort: RequestId | None = None
@@ -261,6 +271,47 @@ class Controller:
         self._wake.set()
         return True
 
+    def hardware_fault(self, report: HardwareFaultReport) -> dict[str, HardwareMapping]:
+        """F-3 / F-12: map one hardware fault onto every assembled instance and keep it where it matters."""
+        fault = HardwareFault(
+            node_name=report.node_name, card=report.card, fault_code=report.fault_code, level=report.level
+        )
+        now = self.clock.monotonic()
+        results: dict[str, HardwareMapping] = {}
+        for inst in self.instances.values():
+            if report.cleared:
+                inst.hardware_keys_seen.discard(fault.key)
+                inst.hardware = [e for e in inst.hardware if e.fault.key != fault.key]
+                continue
+            mapping = normalizer.map_hardware_fault(fault, inst.topology)
+            results[inst.instance_id] = mapping
+            if mapping.kind == MappingKind.NOT_AFFECTED or fault.key in inst.hardware_keys_seen:
+                continue
+            inst.hardware_keys_seen.add(fault.key)
+            inst.hardware.append(HardwareEvent(fault=fault, mapping=mapping, received_at=now))
+            self.metrics.hardware_faults.labels(source=report.source, mapping=mapping.kind.value).inc()
+            self.history.add(
+                inst.runtime.request_id if inst.running else None,
+                "hardware_fault",
+                key=fault.key,
+                level=fault.level,
+                mapping=mapping.kind.value,
+                ranks=sorted(mapping.ranks),
+                source=report.source,
+            )
+            _log.info(
+                "controller.hardware_fault",
+                instance_id=inst.instance_id,
+                key=fault.key,
+                level=fault.level,
+                mapping=mapping.kind.value,
+                ranks=sorted(mapping.ranks),
+                reason=mapping.reason,
+                source=report.source,
+            )
+        self._wake.set()
+        return results
+
     # == instances ===========================================================================================
     async def _ensure_instance(self, instance_id: InstanceId) -> Instance | None:
         existing = self.instances.get(instance_id)
@@ -361,6 +412,7 @@ class Controller:
         inst.snapshot = normalizer.reset()
         inst.hardware.clear()
         inst.engine_statuses.clear()
+        inst.hardware_keys_seen.clear()
         inst.nudged = False
 
     # == strategy center (F-10…F-13) =========================================================================
