@@ -36,6 +36,10 @@ from heteroflow.serving.controller.clients import CoordinatorClient, NodeManager
 from heteroflow.serving.controller.config import ControllerConfig, ControllerSettings, FaultToleranceConfig
 from heteroflow.serving.controller.service import Controller
 from heteroflow.serving.controller.store import FtRuntimeStore, SqliteFtRuntimeStore
+from heteroflow.serving.coordinator.app import Coordinator
+from heteroflow.serving.coordinator.app import create_app as coordinator_application
+from heteroflow.serving.coordinator.settings import CoordinatorSettings
+from heteroflow.serving.coordinator.testing import TEST_API_KEY_SHA256
 from heteroflow.serving.node_manager.app import create_app as node_manager_app
 from heteroflow.serving.node_manager.client import HttpControllerClient
 from heteroflow.serving.node_manager.daemon import NodeManager, PodIdentity
@@ -71,7 +75,11 @@ FAST_FT: dict[str, Any] = {
 }
 
 
-def instance_spec(endpoint_ids: tuple[int, ...], **extra: Any) -> InstanceSpec:
+def instance_spec(
+    endpoint_ids: tuple[int, ...], *, device_infos: dict[int, list[dict[str, Any]]] | None = None, **extra: Any
+) -> InstanceSpec:
+    """``device_infos``: endpoint id → its devices (``{"device_id": ..., "index": ...}``); default none."""
+    devices = device_infos or {}
     return InstanceSpec.model_validate(
         {
             "instance_id": "inst-1",
@@ -81,7 +89,10 @@ def instance_spec(endpoint_ids: tuple[int, ...], **extra: Any) -> InstanceSpec:
             "dp_store_port": 29600,
             "num_logical_experts": 4,
             "num_redundant_experts": 4,
-            "endpoints": [{"id": eid, "port": 8100 + eid} for eid in endpoint_ids],
+            "endpoints": [
+                {"id": eid, "port": 8100 + eid, **({"device_infos": devices[eid]} if eid in devices else {})}
+                for eid in endpoint_ids
+            ],
             **extra,
         }
     )
@@ -164,6 +175,49 @@ class RecordingCoordinator:
         return [] if view is None else [e.id for e in view.endpoints]
 
 
+class EngineRouter(httpx.AsyncBaseTransport):
+    """The real Coordinator's upstream side in memory: ``http://<pod ip>:<810r>`` → fake engine ``r``.
+
+    Like httpcore it calls the ``trace`` extension around writing the request headers (where the Coordinator
+    re-checks the view), and it records when each request really reached an engine."""
+
+    def __init__(self, cluster: FakeEngineCluster) -> None:
+        self._cluster = cluster
+        self.received: list[tuple[int, float]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        rank = (request.url.port or 0) - 8100
+        if rank not in self._cluster.cores or self._cluster.is_gone(rank):
+            raise httpx.ConnectError("[Errno 111] Connection refused", request=request)
+        trace = request.extensions.get("trace")
+        if trace is not None:
+            await trace("http11.send_request_headers.started", {"request": request})
+            await trace("http11.send_request_headers.complete", {"return_value": None})
+        self.received.append((rank, time.monotonic()))
+        inner = self._cluster.client(rank)
+        forwarded = inner.build_request(request.method, request.url.path, content=await request.aread())
+        forwarded.headers.update({k: v for k, v in request.headers.items() if k.lower() == "content-type"})
+        response = await inner.send(forwarded)
+        data = await response.aread()
+        headers = {k: v for k, v in response.headers.items() if k.lower() != "content-length"}
+        return httpx.Response(response.status_code, headers=headers, stream=httpx.ByteStream(data))
+
+
+class TimedTransport(httpx.AsyncBaseTransport):
+    """Records when each view operation left the controller and when its answer came back."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+        self._inner = inner
+        self.calls: list[tuple[str, float, float]] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        sent = time.monotonic()
+        response = await self._inner.handle_async_request(request)
+        await response.aread()
+        self.calls.append((request.url.path.rsplit("/", 1)[-1].upper(), sent, time.monotonic()))
+        return response
+
+
 @dataclass
 class Plane:
     cluster: FakeEngineCluster
@@ -175,6 +229,10 @@ class Plane:
     """The controller's API, with the cluster token."""
     hooks: list[NmHook] = field(default_factory=list)
     nm_apps: dict[str, FastAPI] = field(default_factory=dict)
+    real_coordinator: FastAPI | None = None
+    """The real Coordinator's app when the plane runs with one (``run_plane(real_coordinator=True)``)."""
+    engine_router: EngineRouter | None = None
+    view_calls: TimedTransport | None = None
 
     async def status(self) -> dict[str, Any]:
         response = await self.http.get("/controller/fault_tolerance/status")
@@ -242,18 +300,37 @@ def run_plane(
     cluster_token: str = TEST_CLUSTER_TOKEN,
     spec_extra: dict[str, Any] | None = None,
     assembled: Callable[[dict[str, Any]], bool] | None = None,
+    real_coordinator: bool = False,
+    node_names: dict[str, str] | None = None,
+    device_infos: dict[int, list[dict[str, Any]]] | None = None,
 ) -> None:
+    """``node_names``: pod name (``a``, ``b``) → the Kubernetes node it registers; ``device_infos``: endpoint id
+    → its devices. Both default to none (pods without node names or devices: hardware faults are unmappable)."""
+
     async def main() -> None:
         cluster = FakeEngineCluster(dp_size=4, slots_per_rank=slots_per_rank)
         await cluster.start()
         coordinator = RecordingCoordinator()
         coordinator_app = coordinator.app()
+        router: EngineRouter | None = None
+        timed: TimedTransport | None = None
+        real: Coordinator | None = None
+        if real_coordinator:
+            router = EngineRouter(cluster)
+            real = Coordinator(
+                settings=CoordinatorSettings.load(
+                    cluster_token=cluster_token, api_key_hashes=TEST_API_KEY_SHA256, unavailable_wait_sec=5.0
+                ),
+                upstream_transport=router,
+            )
+            coordinator_app = coordinator_application(real)
+            timed = TimedTransport(httpx.ASGITransport(app=coordinator_app))
         nm_apps: dict[str, FastAPI] = {}
         hooks: list[NmHook] = []
 
         def transport_for(url: str) -> httpx.AsyncBaseTransport | None:
             if url == COORDINATOR_URL:
-                return httpx.ASGITransport(app=coordinator_app)
+                return timed or httpx.ASGITransport(app=coordinator_app)
             name = url.removeprefix("http://nm-")
             return _HookedTransport(name, nm_apps[name], hooks)
 
@@ -285,7 +362,7 @@ def run_plane(
             for name, ids in PODS.items():
                 launcher = fake_cluster_launcher(cluster)
                 nm = NodeManager(
-                    spec=instance_spec(ids, **(spec_extra or {})),
+                    spec=instance_spec(ids, device_infos=device_infos, **(spec_extra or {})),
                     settings=NodeManagerSettings.load(
                         cluster_token=cluster_token,
                         engine_ft_poll_interval_sec=0.05,
@@ -293,7 +370,12 @@ def run_plane(
                         engine_death_suicide_grace_sec=60.0,
                         heartbeat_interval_sec=0.1,
                     ),
-                    pod=PodIdentity(pod_id=f"pod-{name}", pod_ip=POD_IPS[name], node_manager_url=f"http://nm-{name}"),
+                    pod=PodIdentity(
+                        pod_id=f"pod-{name}",
+                        pod_ip=POD_IPS[name],
+                        node_manager_url=f"http://nm-{name}",
+                        node_name=(node_names or {}).get(name, ""),
+                    ),
                     controller=HttpControllerClient(
                         CONTROLLER_URL,
                         cluster_token=cluster_token,
@@ -309,6 +391,8 @@ def run_plane(
                 launchers[name] = launcher
                 await nm.start()
             plane = Plane(cluster, controller, coordinator, node_managers, launchers, http, hooks, nm_apps)
+            if real is not None:
+                plane.real_coordinator, plane.engine_router, plane.view_calls = coordinator_app, router, timed
             await plane.until(
                 assembled or (lambda s: s["can_serve"] and len(s["published_endpoints"]) == 4),
                 within=10,
@@ -321,6 +405,8 @@ def run_plane(
                 await pump
             await http.aclose()
             await controller.close()
+            if real is not None:
+                await real.aclose()
             for nm in node_managers.values():
                 await nm.close()
             await cluster.close()

@@ -7,6 +7,8 @@ and watches the controller, the NodeManagers, the engines and the Coordinator's 
 
 from __future__ import annotations
 
+import asyncio
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -14,6 +16,7 @@ from typing import Any
 import httpx
 
 from heteroflow.engine_sim import conformance
+from heteroflow.serving.coordinator.testing import TEST_API_KEY
 from heteroflow.serving.wire import NM_FT_APPLY_PATH, NM_FT_STATUS_PATH
 from tests.integration.serving.controller_harness import Plane, run_plane
 
@@ -225,3 +228,47 @@ def test_a16_query_error_and_apply_refusal_fail_the_round(tmp_path: Path) -> Non
         assert len(events(timeline, "apply")) <= 2
 
     run_plane(scenario, tmp_path)
+
+
+def test_a1_under_load_through_the_coordinator_no_request_reaches_a_withdrawn_endpoint(tmp_path: Path) -> None:
+    async def scenario(plane: Plane) -> None:
+        assert plane.real_coordinator is not None
+        assert plane.engine_router is not None
+        assert plane.view_calls is not None
+        results: list[tuple[int, float]] = []
+        stop = asyncio.Event()
+        transport = httpx.ASGITransport(app=plane.real_coordinator)
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://coordinator", headers={"Authorization": f"Bearer {TEST_API_KEY}"}
+        ) as client:
+
+            async def load() -> None:
+                while not stop.is_set():
+                    body = {"model": "heteroflow-sim-moe", "prompt": "load", "max_tokens": 4}
+                    response = await client.post("/v1/completions", json=body, timeout=30)
+                    results.append((response.status_code, time.monotonic()))
+                    if response.status_code != 200:
+                        await asyncio.sleep(0.05)  # a client's own back-off after a 503, as Retry-After asks
+
+            workers = [asyncio.create_task(load()) for _ in range(8)]
+            await plane.until(lambda s: sum(c == 200 for c, _ in results) >= 20, within=10, what="traffic flows")
+            plane.cluster.kill_worker(1)  # the load itself makes the survivors meet the fault
+            await plane.until(scaled_down([1]), within=20, what="rank 1 committed under load")
+            committed_at = time.monotonic()
+            await plane.until(
+                lambda s: sum(c == 200 and t > committed_at for c, t in results) >= 20,
+                within=15,
+                what="completions answer again through the coordinator",
+            )
+            stop.set()
+            await asyncio.gather(*workers)
+
+        calls = plane.view_calls.calls
+        del_returned = next(done for op, _, done in calls if op == "DEL")
+        add_sent = next(sent for op, sent, _ in calls if op == "ADD")
+        received = plane.engine_router.received
+        assert [r for r, t in received if del_returned < t < add_sent] == []  # nothing routed while withdrawn
+        assert [t for r, t in received if r == 1 and t > del_returned] == []  # never the removed rank again
+        assert {r for r, t in received if t > add_sent} == {0, 2, 3}
+
+    run_plane(scenario, tmp_path, real_coordinator=True)
