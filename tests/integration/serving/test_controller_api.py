@@ -183,3 +183,24 @@ def test_disagreeing_capabilities_fail_closed(tmp_path: Path) -> None:
         assert (await client.get("/controller/fault_tolerance/status")).json() == []  # never assembled
 
     with_api(tmp_path, scenario)
+
+
+def test_a_pod_registering_again_moves_its_address_but_never_its_ranks(tmp_path: Path) -> None:
+    async def scenario(client: httpx.AsyncClient, controller: Controller) -> None:
+        await client.post("/controller/node_manager/register", json=registration("a", [0, 1]))
+        await client.post("/controller/node_manager/register", json=registration("b", [2, 3]))
+        moved = registration("a", [0, 1], node_manager_url="http://nm-a-restarted:9000")
+        assert (await client.post("/controller/node_manager/register", json=moved)).status_code == 200
+        [inst] = controller.instances.values()
+        urls = {pod.pod_id: pod.node_manager_url for pod in inst.topology.pods}
+        assert urls == {"a": "http://nm-a-restarted:9000", "b": "http://nm-b"}
+        grabbed = registration("a", [0, 1, 2])  # other ranks: refused, the topology stays
+        refused = await client.post("/controller/node_manager/register", json=grabbed)
+        assert refused.status_code == 409
+        assert "never change" in refused.json()["detail"]
+        stranger = await client.post("/controller/node_manager/register", json=registration("c", [3]))
+        assert stranger.status_code == 409
+        assert sorted(inst.topology.original_dp_ranks) == [0, 1, 2, 3]
+        assert {pod.pod_id: pod.dp_ranks for pod in inst.topology.pods}["a"] == {0, 1}
+
+    with_api(tmp_path, scenario)

@@ -25,7 +25,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
 from heteroflow.platform.auth import same_secret
-from heteroflow.serving.controller.service import Controller, UnknownInstanceError
+from heteroflow.serving.controller.service import Controller, RegistrationConflictError, UnknownInstanceError
 from heteroflow.serving.wire import (
     HEARTBEAT_PATH,
     REGISTER_PATH,
@@ -116,7 +116,10 @@ def create_app(controller: Controller, *, cluster_token: str | None, allow_no_to
 
     @app.post(REGISTER_PATH)
     async def register(request: Request) -> Response:
-        answer = await controller.register(await _body(request, RegisterRequest))
+        try:
+            answer = await controller.register(await _body(request, RegisterRequest))
+        except RegistrationConflictError as exc:
+            return _error(409, "registration_conflict", str(exc))
         return JSONResponse(answer.model_dump(mode="json"))
 
     @app.post(HEARTBEAT_PATH)

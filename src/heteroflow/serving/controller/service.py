@@ -89,6 +89,10 @@ class UnknownInstanceError(Exception):
     """A report for an instance no NodeManager registered (HTTP 404)."""
 
 
+class RegistrationConflictError(Exception):
+    """A registration that would change an assembled instance's endpoints (HTTP 409)."""
+
+
 @dataclass
 class PodState:
     registration: RegisterRequest
@@ -213,6 +217,9 @@ class Controller:
     # == NodeManager routes ==================================================================================
     async def register(self, request: RegisterRequest) -> RegisterResponse:
         now = self.clock.monotonic()
+        assembled = self.instances.get(InstanceId(request.instance_id))
+        if assembled is not None:
+            self._check_reregistration(assembled, request)
         self.pods[request.pod_id] = PodState(registration=request, last_seen=now)
         _log.info("controller.pod_registered", pod_id=request.pod_id, instance_id=request.instance_id)
         inst = await self._ensure_instance(InstanceId(request.instance_id))
@@ -314,10 +321,11 @@ class Controller:
 
     # == instances ===========================================================================================
     async def _ensure_instance(self, instance_id: InstanceId) -> Instance | None:
+        regs = [p.registration for p in self.pods.values() if p.registration.instance_id == instance_id]
         existing = self.instances.get(instance_id)
         if existing is not None:
+            self._refresh_topology(existing, regs)
             return existing
-        regs = [p.registration for p in self.pods.values() if p.registration.instance_id == instance_id]
         try:
             topology = resolve_instance(regs)
         except TopologyError as exc:
@@ -359,6 +367,35 @@ class Controller:
         if inst.pending_abort is not None or inst.pending_fallback is not None:
             self._start(inst, "fallback", self._resume_after_restart(inst))
         return inst
+
+    def _check_reregistration(self, inst: Instance, request: RegisterRequest) -> None:
+        """A pod of an assembled instance registers again (its NodeManager restarted, maybe at another
+        address or pod ip). The endpoints are immutable (F-31): the pod must bring back exactly its ranks,
+        devices and the instance's capability, else :class:`RegistrationConflictError` (HTTP 409) and nothing
+        changes; addresses follow the latest registration."""
+        known = next((p for p in inst.topology.pods if p.pod_id == request.pod_id), None)
+        if known is None:
+            raise RegistrationConflictError(
+                f"instance {inst.instance_id!r} is assembled without pod {request.pod_id!r}; its endpoints are fixed"
+            )
+        ranks_and_devices = [(e.id, e.device_infos) for e in request.endpoints]
+        if ranks_and_devices != [(e.id, e.device_infos) for e in known.endpoints] or (
+            request.ft_capability != inst.topology.capability
+        ):
+            raise RegistrationConflictError(
+                f"pod {request.pod_id!r} registered other endpoints or capability than when instance "
+                f"{inst.instance_id!r} was assembled; the endpoints of an instance never change"
+            )
+
+    def _refresh_topology(self, inst: Instance, regs: list[RegisterRequest]) -> None:
+        """Addresses (NodeManager URL, pod ip) follow a pod's latest registration; ranks never change."""
+        try:
+            topology = resolve_instance(regs)
+        except TopologyError as exc:  # cannot happen after _check_reregistration; keep the assembled one
+            _log.warning("controller.reregistration_refused", instance_id=inst.instance_id, detail=str(exc))
+            return
+        if topology.original_dp_ranks == inst.topology.original_dp_ranks:
+            inst.topology = topology
 
     def _align_feature(self, runtime: rt.FtRuntime) -> rt.FtRuntime:
         """The configured switch wins over a stored DISABLED/NORMAL (only those two can switch, F-30)."""
