@@ -1,92 +1,181 @@
-"""``heteroflow up``: the platform on one machine, on embedded defaults.
+"""``heteroflow up``: the whole platform on one machine, as real processes, until Ctrl-C or SIGTERM.
 
-Today this is the platform server on SQLite with an admin token, and simulated GPU nodes (agents reporting
-simulated cards, source 'simulated') so that the platform has live data without hardware. The serving
-components join it as they land.
+A thin shell over :class:`heteroflow.local.LocalCluster` (``docs/local-cluster.md``): start it, print where
+everything is, wait until the instances serve, show the live view (or plain lines when stdout is not a
+terminal), and stop every process on Ctrl-C/SIGTERM.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
+import signal
 import sys
+import threading
+import webbrowser
 from pathlib import Path
+from types import FrameType
 from typing import Annotated
 
 import typer
 
-from heteroflow.core.clock import SystemClock
 from heteroflow.core.logs import configure_logging
-from heteroflow.health.settings import HealthStorageSettings
-from heteroflow.platform.auth import Scope
-from heteroflow.server.settings import ServerSettings
-from heteroflow.storage.db import create_db_engine, upgrade_database
-from heteroflow.storage.token_store import SqlTokenStore
+from heteroflow.local.client import ClusterClient
+from heteroflow.local.cluster import ClusterError, ClusterOptions, LocalCluster
+from heteroflow.local.plan import PlanError
+from heteroflow.local.ports import PortUnavailableError
+from heteroflow.local.state import ClusterState
+from heteroflow.local.view import LineLog, render, take_snapshot
+
+VIEW_PERIOD_SEC = 1.0
 
 
 def up(
-    port: Annotated[int, typer.Option(help="Platform server port on 127.0.0.1")] = 8080,
-    data_dir: Annotated[Path, typer.Option(help="Where the SQLite database and state file live")] = Path("var/local"),
-    state_file: Annotated[Path | None, typer.Option(help="Where to write URLs and the admin token")] = None,
+    port: Annotated[
+        int | None, typer.Option(min=0, max=65535, help="Platform server port [8080 when free; 0 = any free port]")
+    ] = None,
+    controller_port: Annotated[
+        int | None, typer.Option(min=0, max=65535, help="Controller port [8500 when free; 0 = any]")
+    ] = None,
+    coordinator_port: Annotated[
+        int | None, typer.Option(min=0, max=65535, help="Coordinator port [8400 when free; 0 = any]")
+    ] = None,
+    data_dir: Annotated[Path, typer.Option(help="SQLite databases, configurations, logs and the state file")] = Path(
+        "var/local"
+    ),
+    state_file: Annotated[
+        Path | None, typer.Option(help="Where to write URLs, token, instances, pids [DATA_DIR/state.json]")
+    ] = None,
+    dp: Annotated[int, typer.Option(min=1, max=64, help="DP ranks per serving instance")] = 4,
+    pods: Annotated[int, typer.Option(min=1, max=26, help="Pods (NodeManagers) per instance")] = 2,
+    instances: Annotated[int, typer.Option(min=1, max=8, help="Serving instances")] = 1,
     sim_nodes: Annotated[int, typer.Option(min=0, max=64, help="Simulated GPU nodes (8 cards each) to run")] = 2,
+    config: Annotated[
+        Path | None, typer.Option(help="Controller YAML merged over the generated one (the file wins)")
+    ] = None,
+    no_browser: Annotated[bool, typer.Option("--no-browser", help="Never open the web UI in a browser")] = False,
+    ready_timeout: Annotated[float, typer.Option(min=1, help="Seconds to wait for the instances to serve")] = 300.0,
 ) -> None:
-    """Run HeteroFlow locally on embedded defaults; Ctrl-C stops it."""
-    import uvicorn
-
-    from heteroflow.server.app import build_context, create_app
-
-    data_dir.mkdir(parents=True, exist_ok=True)
-    state_path = state_file or data_dir / "state.json"
-    database_url = f"sqlite:///{(data_dir / 'heteroflow.db').resolve()}"
+    """Run HeteroFlow locally: platform, controller, Coordinator, NodeManagers, simulated engines and GPU nodes."""
     configure_logging(level="warning", json=False)
-    engine = create_db_engine(database_url)
-    upgrade_database(engine)
-    tokens = SqlTokenStore(engine)
-    now = SystemClock().now()
-    _, token = tokens.create_token(name="local-admin", scopes=frozenset({Scope.ADMIN}), tenant_id=None, now=now)
-    _, agent_token = tokens.create_token(name="local-agents", scopes=frozenset({Scope.AGENT}), tenant_id=None, now=now)
-    server_url = f"http://127.0.0.1:{port}"
-    state = {"server_url": server_url, "admin_token": token, "database_url": database_url}
-    state_path.parent.mkdir(parents=True, exist_ok=True)
-    state_path.write_text(json.dumps(state, indent=2) + "\n")
-    os.chmod(state_path, 0o600)
-    typer.echo(f"HeteroFlow platform server  {server_url}")
-    typer.echo(f"state file                  {state_path}")
-    typer.echo(f"admin token                 {token}")
-    typer.echo(f"try: curl -H 'Authorization: Bearer {token}' {server_url}/api/v1/nodes")
-    typer.echo(f"simulated GPU nodes         {sim_nodes} x 8 cards (source 'simulated')")
-    settings = ServerSettings.load(host="127.0.0.1", port=port, database_url=database_url)
-    ctx = build_context(settings=settings, health_settings=HealthStorageSettings.load(), engine=engine)
-    # agents retry until the server answers, so they can start first; they stop with us
-    agents = [
-        subprocess.Popen(  # noqa: S603 - our own interpreter and arguments
-            [
-                sys.executable,
-                "-m",
-                "heteroflow",
-                "agent",
-                "run",
-                "--server",
-                server_url,
-                "--node-name",
-                f"sim-local-{n + 1:02d}",
-                "--simulate",
-                "8",
-            ],
-            env={**os.environ, "HETEROFLOW_AGENT_TOKEN": agent_token},
-            stdout=subprocess.DEVNULL,
-        )
-        for n in range(sim_nodes)
-    ]
+    stop = threading.Event()
+
+    def request_stop(signum: int, _frame: FrameType | None) -> None:
+        stop.set()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, request_stop)
+    options = ClusterOptions(
+        data_dir=data_dir,
+        state_file=state_file,
+        dp_size=dp,
+        pods=pods,
+        instances=instances,
+        sim_nodes=sim_nodes,
+        server_port=port,
+        controller_port=controller_port,
+        coordinator_port=coordinator_port,
+        controller_config=config,
+    )
+    cluster = LocalCluster(options)
     try:
-        uvicorn.run(create_app(ctx, migrate=False), host="127.0.0.1", port=port, log_config=None, access_log=False)
+        state = cluster.start()
+    except (ClusterError, PlanError, PortUnavailableError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from exc
+    code = 0
+    try:
+        _announce(state, options.state_path)
+        typer.echo("waiting until every instance serves (the simulated engines take ~30 s to start)…")
+        cluster.wait_ready(timeout_sec=ready_timeout, cancel=stop.is_set)
+        if not stop.is_set():
+            typer.echo(_serving_hint(state, options.state_path))
+            if not no_browser:
+                _open_browser(state.server_url)
+            _watch(cluster, state, stop)
+    except ClusterError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        code = 1
     finally:
-        for agent in agents:
-            agent.terminate()
-        for agent in agents:
-            try:
-                agent.wait(10)
-            except subprocess.TimeoutExpired:
-                agent.kill()
-                agent.wait(5)
+        typer.echo("stopping…")
+        report = cluster.stop()
+        if report.left:
+            typer.echo(f"warning: processes left behind: {list(report.left)}", err=True)
+            code = code or 1
+        typer.echo(f"stopped; logs are in {state.log_dir}")
+    raise typer.Exit(code)
+
+
+def _announce(state: ClusterState, state_path: Path) -> None:
+    rows = [
+        ("platform server", state.server_url),
+        ("controller", state.controller_url),
+        ("coordinator (OpenAI)", state.coordinator_url),
+        ("admin token", state.admin_token),
+        ("state file", str(state_path)),
+        ("logs", state.log_dir),
+    ]
+    for inst in state.instances:
+        pods = ", ".join(f"{p.pod_id} {p.endpoint_ids} on {p.node_name}" for p in inst.pods)
+        rows.append((inst.instance_id, f"{inst.model}, DP {inst.dp_size}: {pods}"))
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        typer.echo(f"{name:<{width}}  {value}")
+
+
+def _serving_hint(state: ClusterState, state_path: Path) -> str:
+    inst = state.instances[0]
+    body = json.dumps({"model": inst.model, "prompt": "hello", "max_tokens": 8})
+    return (
+        "serving. try:\n"
+        f"  curl -s {state.coordinator_url}/v1/completions -H 'Authorization: Bearer {state.admin_token}' \\\n"
+        f"       -H 'content-type: application/json' -d '{body}'\n"
+        f"  heteroflow fault kill --state-file {state_path} --instance {inst.instance_id} --rank 2\n"
+        f"  heteroflow status --state-file {state_path}"
+    )
+
+
+def _open_browser(url: str) -> None:
+    """Only on a terminal with a graphical session: without one, Python's webbrowser would fall back to a
+    console browser that takes over the terminal the live view needs."""
+    graphical = bool(os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY")) or sys.platform == "darwin"
+    if not (sys.stdout.isatty() and graphical):
+        return
+    try:
+        webbrowser.get().open(f"{url}/nodes/gpu-health")
+    except webbrowser.Error:
+        return
+
+
+def _watch(cluster: LocalCluster, state: ClusterState, stop: threading.Event) -> None:
+    """The live view until ``stop`` is set; plain lines when stdout is not a terminal."""
+    reported: set[str] = set()
+
+    def exits() -> list[str]:
+        found = []
+        for name, code in cluster.exited():
+            if name not in reported:
+                reported.add(name)
+                found.append(f"{name} exited with code {code} (see its log in {state.log_dir})")
+        return found
+
+    with ClusterClient(state, timeout_sec=2.0) as client:
+        if not sys.stdout.isatty():
+            log = LineLog()
+            while not stop.wait(VIEW_PERIOD_SEC):
+                for line in [*exits(), *log.lines(take_snapshot(client))]:
+                    typer.echo(line)
+            return
+        from rich.console import Console, Group
+        from rich.live import Live
+        from rich.text import Text
+
+        def view() -> Group:
+            return Group(render(take_snapshot(client), state), Text("Ctrl-C stops everything", style="dim"))
+
+        console = Console()
+        with Live(view(), console=console, auto_refresh=False) as live:
+            while not stop.wait(VIEW_PERIOD_SEC):
+                for line in exits():
+                    console.print(f"[red]{line}[/red]")
+                live.update(view(), refresh=True)

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from heteroflow.cli import admin, agent, controller, coordinator, engine_sim, health, local, node_manager, sim
+from heteroflow.cli import admin, agent, controller, coordinator, engine_sim, fault, health, local, node_manager, sim
 from heteroflow.core.logs import configure_logging
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.server.settings import ServerSettings
@@ -36,6 +36,8 @@ app.command("engine-sim")(engine_sim.engine_sim)
 app.command("node-manager")(node_manager.node_manager)
 app.command("coordinator")(coordinator.coordinator)
 app.command("controller")(controller.controller)
+app.add_typer(fault.app, name="fault")
+app.command("status")(fault.status)
 
 
 @app.command()

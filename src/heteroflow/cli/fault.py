@@ -1,0 +1,108 @@
+"""``heteroflow fault`` and ``heteroflow status``: break and inspect a local cluster (``heteroflow up``) by
+instance and DP rank, through its state file. The injections themselves are in :mod:`heteroflow.local.faults`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from heteroflow.local import faults
+from heteroflow.local.client import ClusterClient, ClusterUnreachableError
+from heteroflow.local.state import InstanceState, StateFileError, read_state
+from heteroflow.local.view import render, take_snapshot
+
+app = typer.Typer(help="Inject a fault into one DP rank of a local cluster (`heteroflow up`).", no_args_is_help=True)
+
+StateFile = Annotated[Path, typer.Option(help="The state file `heteroflow up` wrote")]
+Instance = Annotated[str | None, typer.Option(help="Instance id (default: the only one)")]
+Rank = Annotated[int, typer.Option(min=0, help="Original global DP rank")]
+DEFAULT_STATE = Path("var/local/state.json")
+
+
+def _run(state_file: Path, instance: str | None, act: Callable[[ClusterClient, InstanceState], str]) -> None:
+    """Load the state, run one injection, print what it did; every known failure is one line and exit 1."""
+    try:
+        state = read_state(state_file)
+        inst = state.instance(instance)
+        with ClusterClient(state) as client:
+            typer.echo(act(client, inst))
+    except (StateFileError, faults.FaultError, ClusterUnreachableError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
+@app.command()
+def kill(
+    rank: Rank,
+    state_file: StateFile = DEFAULT_STATE,
+    instance: Instance = None,
+    mode: Annotated[
+        faults.KillMode, typer.Option(help="worker: the rank's worker dies; process: SIGKILL of the whole engine")
+    ] = faults.KillMode.WORKER,
+) -> None:
+    """Kill a rank: its worker (it reports dead) or its whole engine process group (it stops answering)."""
+    _run(state_file, instance, lambda client, inst: faults.kill(client, inst, rank, mode=mode))
+
+
+@app.command()
+def hang(
+    rank: Rank,
+    state_file: StateFile = DEFAULT_STATE,
+    instance: Instance = None,
+    resume: Annotated[bool, typer.Option(help="SIGCONT instead: resume a hung worker")] = False,
+) -> None:
+    """Hang a rank's worker (SIGSTOP): busy peers time out in their next collective."""
+    _run(state_file, instance, lambda client, inst: faults.hang(client, inst, rank, resume=resume))
+
+
+@app.command()
+def transient(rank: Rank, state_file: StateFile = DEFAULT_STATE, instance: Instance = None) -> None:
+    """A transient collective failure: every rank unhealthy, none dead."""
+    _run(state_file, instance, lambda client, inst: faults.transient(client, inst, rank))
+
+
+@app.command()
+def hardware(
+    rank: Rank,
+    state_file: StateFile = DEFAULT_STATE,
+    instance: Instance = None,
+    level: Annotated[int, typer.Option(min=1, max=6, help="Fault level L1-L6 (L4-L6 open a window)")] = (
+        faults.DEFAULT_HARDWARE_LEVEL
+    ),
+    code: Annotated[str, typer.Option(help="Fault code")] = faults.DEFAULT_HARDWARE_CODE,
+    cleared: Annotated[bool, typer.Option(help="Report the fault as gone")] = False,
+) -> None:
+    """Report a hardware fault on the rank's card to the controller (POST /controller/report_hardware_fault)."""
+    _run(
+        state_file,
+        instance,
+        lambda client, inst: faults.hardware(client, inst, rank, level=level, code=code, cleared=cleared),
+    )
+
+
+def status(
+    state_file: StateFile = DEFAULT_STATE,
+    as_json: Annotated[bool, typer.Option("--json", help="Print the controller's status JSON as it is")] = False,
+) -> None:
+    """Print the controller's fault-tolerance status of a local cluster (with each NodeManager's engines)."""
+    try:
+        state = read_state(state_file)
+        with ClusterClient(state) as client:
+            if as_json:
+                typer.echo(json.dumps(client.controller_status(), indent=2))
+                return
+            snapshot = take_snapshot(client)
+    except (StateFileError, ClusterUnreachableError) as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    if snapshot.error is not None:
+        typer.echo(f"error: {snapshot.error}", err=True)
+        raise typer.Exit(1)
+    from rich.console import Console
+
+    Console().print(render(snapshot, state))

@@ -1,0 +1,114 @@
+"""HTTP calls to a running local cluster, by what they are for (the CLI, the live view and tests use them).
+
+Every call carries the admin token: in a local cluster it is also the cluster token of the internal routes
+(``docs/local-cluster.md``, tokens). Transport failures are translated into :class:`ClusterUnreachableError`
+here, so callers handle one error type.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from heteroflow.local.state import ClusterState
+from heteroflow.serving.wire import (
+    COORDINATOR_INSTANCES_PATH,
+    NM_STATUS_PATH,
+    REPORT_HARDWARE_FAULT_PATH,
+)
+
+CONTROLLER_STATUS_PATH = "/controller/fault_tolerance/status"
+CONTROLLER_ROUNDS_PATH = "/controller/fault_tolerance/rounds"
+
+
+class ClusterUnreachableError(Exception):
+    """A component of the cluster did not answer, or answered with an error status."""
+
+
+class ClusterClient:
+    def __init__(self, state: ClusterState, *, timeout_sec: float = 5.0) -> None:
+        self.state = state
+        self._http = httpx.Client(
+            headers={"Authorization": f"Bearer {state.admin_token}"}, timeout=timeout_sec, trust_env=False
+        )
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ClusterClient:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.close()
+
+    def _call(self, method: str, url: str, **kwargs: Any) -> httpx.Response:
+        try:
+            response = self._http.request(method, url, **kwargs)
+        except httpx.HTTPError as exc:
+            raise ClusterUnreachableError(f"{method} {url}: {type(exc).__name__}: {exc}") from exc
+        if response.status_code >= 400:
+            raise ClusterUnreachableError(f"{method} {url}: HTTP {response.status_code}: {response.text[:300]}")
+        return response
+
+    def _json(self, method: str, url: str, **kwargs: Any) -> Any:
+        return self._call(method, url, **kwargs).json()
+
+    # -- controller ---------------------------------------------------------------------------------------
+    def controller_status(self) -> list[dict[str, Any]]:
+        """``GET /controller/fault_tolerance/status``: one runtime per instance."""
+        found: list[dict[str, Any]] = self._json("GET", self.state.controller_url + CONTROLLER_STATUS_PATH)
+        return found
+
+    def instance_status(self, instance_id: str) -> dict[str, Any] | None:
+        for entry in self.controller_status():
+            if entry.get("instance_id") == instance_id:
+                return entry
+        return None
+
+    def rounds(self, instance_id: str) -> list[dict[str, Any]]:
+        """Summaries of the instance's rounds in the controller's memory, oldest first."""
+        found: list[dict[str, Any]] = self._json(
+            "GET", self.state.controller_url + CONTROLLER_ROUNDS_PATH, params={"instance_id": instance_id}
+        )
+        return found
+
+    def round(self, request_id: str) -> dict[str, Any]:
+        """One round's evidence timeline."""
+        found: dict[str, Any] = self._json("GET", f"{self.state.controller_url}{CONTROLLER_ROUNDS_PATH}/{request_id}")
+        return found
+
+    def report_hardware_fault(self, body: dict[str, Any]) -> dict[str, Any]:
+        found: dict[str, Any] = self._json("POST", self.state.controller_url + REPORT_HARDWARE_FAULT_PATH, json=body)
+        return found
+
+    # -- coordinator --------------------------------------------------------------------------------------
+    def published(self, instance_id: str) -> list[int] | None:
+        """Endpoint ids the Coordinator publishes for the instance (``None``: it knows no such instance)."""
+        answer = self._json("GET", self.state.coordinator_url + COORDINATOR_INSTANCES_PATH)
+        for view in answer.get("instances", []):
+            if view.get("instance_id") == instance_id:
+                return sorted(int(e["id"]) for e in view.get("endpoints", []))
+        return None
+
+    def completion(self, prompt: str, *, max_tokens: int = 8, model: str | None = None) -> str:
+        """One completion through the Coordinator (the admin token is a valid API key there)."""
+        model = model or self.state.instances[0].model
+        body = {"model": model, "prompt": prompt, "max_tokens": max_tokens}
+        answer = self._json("POST", self.state.coordinator_url + "/v1/completions", json=body)
+        return str(answer["choices"][0]["text"])
+
+    # -- NodeManagers and engines -------------------------------------------------------------------------
+    def node_manager_status(self, node_manager_url: str) -> dict[str, Any]:
+        found: dict[str, Any] = self._json("GET", node_manager_url + NM_STATUS_PATH)
+        return found
+
+    def engine_info(self, engine_url: str) -> dict[str, Any]:
+        """The simulator's ``GET /sim/info`` (pids, members, master) of one rank."""
+        found: dict[str, Any] = self._json("GET", engine_url + "/sim/info")
+        return found
+
+    def inject(self, engine_url: str, kind: str) -> dict[str, Any]:
+        """The simulator's ``POST /sim/faults``."""
+        found: dict[str, Any] = self._json("POST", engine_url + "/sim/faults", json={"kind": kind})
+        return found

@@ -1,0 +1,400 @@
+"""The whole serving platform on one machine, as real processes: :class:`LocalCluster`.
+
+What runs (all on loopback, each process in its own session, every output under ``<data_dir>/logs``):
+
+- the platform server (``heteroflow server``) on SQLite under the data dir;
+- the controller (``heteroflow controller``) with its embedded SQLite FtRuntimeStore and a generated YAML
+  (scale-down on), merged under the operator's ``--config``;
+- the Coordinator (``heteroflow coordinator``), which checks API keys against the platform server;
+- one NodeManager per pod of each instance (``heteroflow node-manager``), each launching and supervising its
+  simulated engines (backend ``sim``: an API server and a torch worker per DP rank);
+- the simulated GPU agents (``heteroflow agent run --simulate 8``) whose cards the ranks' device infos name.
+
+One secret for everything: the platform's admin token, created here, is also the cluster token of every
+internal route (controller, NodeManagers, engines, the Coordinator's management routes), and the Coordinator
+accepts it — and any other platform token — as an OpenAI API key.
+
+``heteroflow up`` is a thin shell over this class; the end-to-end tests drive it directly.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import structlog
+import yaml
+
+from heteroflow.core.clock import SystemClock
+from heteroflow.local.client import ClusterClient, ClusterUnreachableError
+from heteroflow.local.plan import (
+    InstancePlan,
+    InstancePorts,
+    Layout,
+    controller_config,
+    merge_config,
+    plan_instances,
+    process_plans,
+    split_ranks,
+    url_of,
+)
+from heteroflow.local.ports import PortAllocator
+from heteroflow.local.processes import (
+    CLUSTER_ID_ENV,
+    ManagedProcess,
+    kill_marked,
+    marked_processes,
+    start_process,
+    stop_processes,
+)
+from heteroflow.local.state import (
+    ClusterState,
+    EndpointState,
+    InstanceState,
+    PodState,
+    ProcessState,
+    write_state,
+)
+from heteroflow.platform.auth import Scope
+from heteroflow.storage.db import create_db_engine, upgrade_database
+from heteroflow.storage.token_store import SqlTokenStore
+
+_log = structlog.get_logger(__name__)
+
+DEFAULT_SERVER_PORT = 8080
+DEFAULT_CONTROLLER_PORT = 8500
+DEFAULT_COORDINATOR_PORT = 8400
+
+
+class ClusterError(Exception):
+    """The cluster could not be started or did not become ready; the text says which process and why."""
+
+
+@dataclass(frozen=True, slots=True)
+class ClusterOptions:
+    """What ``heteroflow up`` asks for. Ports: ``None`` = the default (8080/8500/8400) when free, else any
+    free port; ``0`` = any free port; a number = exactly that port."""
+
+    data_dir: Path = Path("var/local")
+    state_file: Path | None = None
+    """Default ``<data_dir>/state.json``."""
+    dp_size: int = 4
+    pods: int = 2
+    instances: int = 1
+    sim_nodes: int = 2
+    """Simulated GPU agents (8 cards each); the pods are placed on their nodes (see ``plan.py``)."""
+    server_port: int | None = None
+    controller_port: int | None = None
+    coordinator_port: int | None = None
+    controller_config: Path | None = None
+    """Operator YAML merged over the generated controller configuration (the file wins)."""
+    host: str = "127.0.0.1"
+    python: str = sys.executable
+    extra_env: Mapping[str, str] = field(default_factory=dict)
+    """Added to every process's environment, e.g. ``HETEROFLOW_ENGINE_FT_POLL_INTERVAL_SEC`` for the NodeManagers."""
+
+    @property
+    def state_path(self) -> Path:
+        return self.state_file or self.data_dir / "state.json"
+
+
+@dataclass(frozen=True, slots=True)
+class StopReport:
+    killed: tuple[str, ...]
+    """Processes that ignored SIGTERM within the grace and were SIGKILLed."""
+    swept: tuple[int, ...]
+    """Pids still carrying the cluster's marker after the orderly stop (engines of a NodeManager that could
+    not stop them), SIGKILLed by the final sweep."""
+    left: tuple[int, ...]
+    """Marked pids alive after everything: should always be empty."""
+
+
+class LocalCluster:
+    """Start, watch and stop one local cluster. Not reusable: one ``start`` and one ``stop`` per object.
+
+    Start it from a thread that outlives it: its processes are told to exit when the starting thread's
+    process dies (``PR_SET_PDEATHSIG``), which the kernel ties to the starting thread.
+    """
+
+    def __init__(self, options: ClusterOptions) -> None:
+        self.options = options
+        self.cluster_id = uuid.uuid4().hex
+        self.processes: list[ManagedProcess] = []
+        self.plans: list[InstancePlan] = []
+        self._state: ClusterState | None = None
+        self._stopped = False
+
+    @property
+    def state(self) -> ClusterState:
+        if self._state is None:
+            raise ClusterError("the cluster is not started")
+        return self._state
+
+    def client(self, *, timeout_sec: float = 5.0) -> ClusterClient:
+        return ClusterClient(self.state, timeout_sec=timeout_sec)
+
+    def __enter__(self) -> LocalCluster:
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self.stop()
+
+    # -- start ---------------------------------------------------------------------------------------------
+    def start(self) -> ClusterState:
+        """Choose ports, create tokens, write configurations, start every process, write the state file.
+
+        Returns at once (processes are starting); :meth:`wait_ready` waits for the instances to serve."""
+        opts = self.options
+        data_dir = opts.data_dir.resolve()
+        log_dir = data_dir / "logs"
+        data_dir.mkdir(parents=True, exist_ok=True)
+        log_dir.mkdir(parents=True, exist_ok=True)
+        user_config = _read_yaml(opts.controller_config) if opts.controller_config is not None else {}
+
+        split_ranks(opts.dp_size, opts.pods)  # refuse impossible layouts before anything is created
+        ports = PortAllocator(opts.host)
+        server_port = ports.take(opts.server_port, default=DEFAULT_SERVER_PORT)
+        section = user_config.get("controller")
+        file_port = section.get("port") if isinstance(section, dict) else None  # the operator's file wins
+        controller_port = ports.take(
+            file_port if isinstance(file_port, int) else opts.controller_port, default=DEFAULT_CONTROLLER_PORT
+        )
+        coordinator_port = ports.take(opts.coordinator_port, default=DEFAULT_COORDINATOR_PORT)
+        instance_ports = [
+            InstancePorts(
+                node_managers=tuple(ports.take() for _ in range(opts.pods)),
+                engines=tuple(ports.take() for _ in range(opts.dp_size)),
+                rpc_port=ports.take(),
+                store_port=ports.take(),
+            )
+            for _ in range(opts.instances)
+        ]
+        plans = plan_instances(
+            instances=opts.instances,
+            dp_size=opts.dp_size,
+            pods=opts.pods,
+            sim_nodes=opts.sim_nodes,
+            ports=instance_ports,
+            host=opts.host,
+            python=opts.python,
+        )
+        database_url = f"sqlite:///{data_dir / 'heteroflow.db'}"
+        admin_token, agent_token = _create_tokens(database_url)
+        # A runtime stored by an earlier `up` describes engines that no longer exist; restoring it (F-32)
+        # would start this fresh cluster half scaled-down. The store belongs to the run; the logs stay.
+        store_path = data_dir / "controller" / "ft-runtime.db"
+        for suffix in ("", "-wal", "-shm", "-journal"):
+            store_path.with_name(store_path.name + suffix).unlink(missing_ok=True)
+        store_path.parent.mkdir(parents=True, exist_ok=True)
+        coordinator_url = url_of(opts.host, coordinator_port)
+        config = merge_config(
+            controller_config(
+                host=opts.host,
+                port=controller_port,
+                store_url=f"sqlite:///{store_path}",
+                coordinator_url=coordinator_url,
+                instances=plans,
+            ),
+            user_config,
+        )
+        layout = Layout(
+            host=opts.host,
+            server_port=server_port,
+            controller_port=controller_port,
+            coordinator_port=coordinator_port,
+            instances=tuple(replace(plan, model=_model_of(config, plan)) for plan in plans),
+            sim_nodes=opts.sim_nodes,
+        )
+        self.plans = list(layout.instances)
+        config_path = data_dir / "controller.yaml"
+        config_path.write_text(yaml.safe_dump(config, sort_keys=False))
+        spec_dir = data_dir / "specs"
+        spec_dir.mkdir(exist_ok=True)
+        spec_paths = {}
+        for plan in layout.instances:
+            for pod in plan.pods:
+                spec_paths[pod.pod_id] = spec_dir / f"{pod.pod_id}.json"
+                spec_paths[pod.pod_id].write_text(pod.spec.model_dump_json(indent=2))
+
+        base_env = {**os.environ, **opts.extra_env, CLUSTER_ID_ENV: self.cluster_id, "PYTHONUNBUFFERED": "1"}
+        try:
+            for process in process_plans(
+                layout,
+                database_url=database_url,
+                controller=config["controller"],
+                controller_config_path=config_path,
+                spec_paths=spec_paths,
+                engine_log_dir=log_dir,
+                admin_token=admin_token,
+                agent_token=agent_token,
+            ):
+                self.processes.append(
+                    start_process(
+                        process.name,
+                        [opts.python, "-m", "heteroflow", *process.args],
+                        env={**base_env, **dict(process.env)},
+                        log=log_dir / process.log_name,
+                    )
+                )
+        except BaseException:
+            self.stop()
+            raise
+
+        self._state = ClusterState(
+            cluster_id=self.cluster_id,
+            launcher_pid=os.getpid(),
+            data_dir=str(data_dir),
+            log_dir=str(log_dir),
+            server_url=layout.server_url,
+            controller_url=layout.controller_url,
+            coordinator_url=layout.coordinator_url,
+            admin_token=admin_token,
+            database_url=database_url,
+            controller_config=str(config_path),
+            instances=[_instance_state(plan, opts.host) for plan in layout.instances],
+            processes=[
+                ProcessState(name=p.name, pid=p.pid, log=str(p.log), command=list(p.argv[1:])) for p in self.processes
+            ],
+        )
+        write_state(opts.state_path, self._state)
+        _log.info("local.started", state_file=str(opts.state_path), processes=len(self.processes))
+        return self._state
+
+    # -- readiness -------------------------------------------------------------------------------------------
+    def exited(self) -> list[tuple[str, int]]:
+        """(name, exit code) of every process of ours that has exited."""
+        return [(p.name, code) for p in self.processes if (code := p.exit_code()) is not None]
+
+    def check_alive(self) -> None:
+        """Raise :class:`ClusterError` naming the first process that exited, with the end of its log."""
+        for proc in self.processes:
+            code = proc.exit_code()
+            if code is not None:
+                raise ClusterError(f"{proc.name} exited with code {code}; the end of {proc.log}:\n{proc.log_tail()}")
+
+    def readiness(self) -> str | None:
+        """``None`` when every instance is published and serving, else what is still missing."""
+        state = self.state
+        try:
+            with ClusterClient(state, timeout_sec=2.0) as client:
+                entries = {e.get("instance_id"): e for e in client.controller_status()}
+                for inst in state.instances:
+                    entry = entries.get(inst.instance_id)
+                    if entry is None:
+                        return f"{inst.instance_id}: not assembled yet (NodeManagers registering)"
+                    if not entry.get("can_serve"):
+                        return f"{inst.instance_id}: phase {entry.get('phase')}, not serving yet"
+                    if client.published(inst.instance_id) != sorted(e.id for e in inst.endpoints):
+                        return f"{inst.instance_id}: the Coordinator does not publish every rank yet"
+        except ClusterUnreachableError as exc:
+            return str(exc)
+        return None
+
+    def wait_ready(self, *, timeout_sec: float = 300.0, cancel: Callable[[], bool] | None = None) -> None:
+        """Poll until every instance is published (``can_serve``) and the Coordinator routes to all ranks.
+
+        Raises :class:`ClusterError` when a process exits or the deadline passes; returns early (without
+        error) when ``cancel()`` becomes true."""
+        clock = SystemClock()
+        deadline = clock.monotonic() + timeout_sec
+        missing: str | None = "nothing polled yet"
+        while True:
+            if cancel is not None and cancel():
+                return
+            self.check_alive()
+            missing = self.readiness()
+            if missing is None:
+                return
+            if clock.monotonic() > deadline:
+                raise ClusterError(f"not ready within {timeout_sec:.0f} s: {missing}")
+            time.sleep(0.25)  # polling period of a readiness check, not a synchronisation
+
+    # -- stop ------------------------------------------------------------------------------------------------
+    def stop(self, *, grace_sec: float = 20.0) -> StopReport:
+        """Stop everything and check that nothing of the cluster is left. Idempotent.
+
+        The controller goes first, so that engines stopping is never taken for a fault and answered with a
+        reconfiguration; then the Coordinator; then the NodeManagers, which stop their engines; then the
+        agents and the platform server. Whatever ignores SIGTERM is killed with its process group, and a
+        last sweep kills any process still carrying the cluster's marker."""
+        if self._stopped:
+            return StopReport((), (), ())
+        self._stopped = True
+        killed: list[str] = []
+        for role in ("controller", "coordinator", "node-manager", "agent", "server"):
+            group = [p for p in self.processes if p.name.split(":")[0] == role]
+            killed += [p.name for p in stop_processes(group, grace_sec=grace_sec)]
+        swept = kill_marked(self.cluster_id)
+        clock = SystemClock()
+        deadline = clock.monotonic() + 5.0
+        left = marked_processes(self.cluster_id)
+        while left and clock.monotonic() < deadline:
+            time.sleep(0.05)  # SIGKILLed processes need a moment to be reaped by their parents
+            left = marked_processes(self.cluster_id)
+        if killed or swept or left:
+            _log.warning("local.stop_forced", killed=killed, swept=swept, left=left)
+        return StopReport(tuple(killed), tuple(swept), tuple(left))
+
+
+def _read_yaml(path: Path) -> dict[str, Any]:
+    try:
+        loaded = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        raise ClusterError(f"cannot read the controller configuration {path}: {exc}") from exc
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise ClusterError(f"{path} must hold a mapping at the top level")
+    return loaded
+
+
+def _model_of(config: Mapping[str, Any], plan: InstancePlan) -> str:
+    """The model the controller will publish for the instance (the operator's file may name another)."""
+    entry = (config.get("instances") or {}).get(plan.instance_id)
+    model = entry.get("model") if isinstance(entry, dict) else None
+    return model if isinstance(model, str) and model else plan.model
+
+
+def _create_tokens(database_url: str) -> tuple[str, str]:
+    """A fresh admin token and agent token in the platform database (migrated first)."""
+    engine = create_db_engine(database_url)
+    try:
+        upgrade_database(engine)
+        tokens = SqlTokenStore(engine)
+        now = SystemClock().now()
+        _, admin = tokens.create_token(name="local-admin", scopes=frozenset({Scope.ADMIN}), tenant_id=None, now=now)
+        _, agent = tokens.create_token(name="local-agents", scopes=frozenset({Scope.AGENT}), tenant_id=None, now=now)
+    finally:
+        engine.dispose()
+    return admin, agent
+
+
+def _instance_state(plan: InstancePlan, host: str) -> InstanceState:
+    return InstanceState(
+        instance_id=plan.instance_id,
+        model=plan.model,
+        dp_size=plan.dp_size,
+        endpoints=[
+            EndpointState(id=r.rank, ip=host, port=r.port, pod=pod.pod_id, device_infos=[r.device])
+            for pod in plan.pods
+            for r in pod.ranks
+        ],
+        pods=[
+            PodState(
+                pod_id=pod.pod_id,
+                node_manager_url=url_of(host, pod.node_manager_port),
+                endpoint_ids=[r.rank for r in pod.ranks],
+                node_name=pod.node_name,
+            )
+            for pod in plan.pods
+        ],
+    )
+
+
+__all__ = ["ClusterError", "ClusterOptions", "LocalCluster", "StopReport"]

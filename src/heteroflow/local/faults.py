@@ -1,0 +1,137 @@
+"""Fault injection into a running local cluster, by instance and DP rank (``heteroflow fault``).
+
+Each injection says what it did in one sentence. Pids are never taken on trust from a state file that might
+be stale: a pid is signalled only when its environment carries this cluster's marker, so a reused pid of an
+unrelated process is never touched.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from enum import StrEnum
+from pathlib import Path
+
+from heteroflow.local.client import ClusterClient
+from heteroflow.local.processes import CLUSTER_ID_ENV
+from heteroflow.local.state import ClusterState, InstanceState
+from heteroflow.serving.node_manager.spec import endpoint_url
+
+DEFAULT_HARDWARE_LEVEL = 5
+DEFAULT_HARDWARE_CODE = "XID79"
+"""'GPU has fallen off the bus': a card-level fault severe enough (L5) to open a correlation window (F-12)."""
+
+
+class KillMode(StrEnum):
+    WORKER = "worker"
+    """The rank's worker dies (the simulator's ``kill_worker``): the rank reports ``dead``, its API server
+    stays up; peers notice in their next collective."""
+    PROCESS = "process"
+    """SIGKILL of the engine's whole process group (API server and worker): the rank stops answering."""
+
+
+class FaultError(Exception):
+    """The fault could not be injected; the text says why."""
+
+
+def _engine_url(inst: InstanceState, rank: int) -> str:
+    try:
+        endpoint = inst.endpoint(rank)
+    except KeyError:
+        ranks = ", ".join(str(e.id) for e in inst.endpoints)
+        raise FaultError(f"{inst.instance_id} has no rank {rank} (its ranks: {ranks})") from None
+    return endpoint_url(endpoint.ip, endpoint.port)
+
+
+def _belongs_to(state: ClusterState, pid: int) -> bool:
+    try:
+        environ = Path(f"/proc/{pid}/environ").read_bytes()
+    except OSError:
+        return False
+    return f"{CLUSTER_ID_ENV}={state.cluster_id}".encode() in environ.split(b"\0")
+
+
+def _engine_pid(client: ClusterClient, inst: InstanceState, rank: int) -> int:
+    """The engine API server's pid, as the rank's NodeManager knows it (``GET /node-manager/status``)."""
+    pod = inst.pod(inst.endpoint(rank).pod)
+    status = client.node_manager_status(pod.node_manager_url)
+    for endpoint in status.get("endpoints", []):
+        if endpoint.get("endpoint_id") == rank:
+            pid = endpoint.get("pid")
+            if not endpoint.get("running") or not isinstance(pid, int):
+                raise FaultError(f"rank {rank} is not running under {pod.pod_id} (retired or stopped)")
+            return pid
+    raise FaultError(f"{pod.pod_id} does not list rank {rank}")
+
+
+def _signal(state: ClusterState, pid: int, sig: signal.Signals, *, group: bool) -> None:
+    if not _belongs_to(state, pid):
+        raise FaultError(f"pid {pid} is not a process of this cluster (a stale state file?)")
+    try:
+        if group:
+            os.killpg(pid, sig)
+        else:
+            os.kill(pid, sig)
+    except ProcessLookupError as exc:
+        raise FaultError(f"pid {pid} is gone") from exc
+
+
+def kill(client: ClusterClient, inst: InstanceState, rank: int, *, mode: KillMode) -> str:
+    url = _engine_url(inst, rank)
+    if mode == KillMode.WORKER:
+        client.inject(url, "kill_worker")
+        return f"killed the worker of {inst.instance_id} rank {rank} (POST {url}/sim/faults kill_worker)"
+    pid = _engine_pid(client, inst, rank)
+    _signal(client.state, pid, signal.SIGKILL, group=True)
+    return f"SIGKILL to the process group {pid} of {inst.instance_id} rank {rank} (API server and worker)"
+
+
+def hang(client: ClusterClient, inst: InstanceState, rank: int, *, resume: bool = False) -> str:
+    url = _engine_url(inst, rank)
+    worker = client.engine_info(url).get("worker_pid")
+    if not isinstance(worker, int):
+        raise FaultError(f"{inst.instance_id} rank {rank} reports no worker pid (its worker is gone)")
+    sig = signal.SIGCONT if resume else signal.SIGSTOP
+    _signal(client.state, worker, sig, group=False)
+    what = "resumed" if resume else "hung"
+    return f"{what} the worker {worker} of {inst.instance_id} rank {rank} ({sig.name})"
+
+
+def transient(client: ClusterClient, inst: InstanceState, rank: int) -> str:
+    url = _engine_url(inst, rank)
+    client.inject(url, "transient")
+    return (
+        f"transient collective failure from {inst.instance_id} rank {rank} (POST {url}/sim/faults transient): "
+        "every rank turns unhealthy, none dead"
+    )
+
+
+def hardware(
+    client: ClusterClient,
+    inst: InstanceState,
+    rank: int,
+    *,
+    level: int = DEFAULT_HARDWARE_LEVEL,
+    code: str = DEFAULT_HARDWARE_CODE,
+    cleared: bool = False,
+) -> str:
+    _engine_url(inst, rank)  # validates the rank
+    endpoint = inst.endpoint(rank)
+    if not endpoint.device_infos:
+        raise FaultError(f"{inst.instance_id} rank {rank} lists no device in the state file")
+    card = endpoint.device_infos[0].device_id
+    node = inst.pod(endpoint.pod).node_name
+    answer = client.report_hardware_fault(
+        {
+            "node_name": node,
+            "card": card,
+            "fault_code": code,
+            "level": level,
+            "source": "heteroflow-fault",
+            "detail": f"injected for {inst.instance_id} rank {rank}",
+            "cleared": cleared,
+        }
+    )
+    mapping = answer.get("mappings", {}).get(inst.instance_id, "not affected")
+    verb = "cleared" if cleared else "reported"
+    return f"{verb} hardware fault {code} L{level} on {node} card {card}: {inst.instance_id} {mapping}"

@@ -1,0 +1,344 @@
+"""What a local cluster runs, as data: instances, pods, ranks, ports, simulated cards, the controller's YAML.
+
+Purely computational: ports come in already chosen (:class:`~heteroflow.local.ports.PortAllocator`), and
+nothing here starts a process or touches a file. :mod:`heteroflow.local.cluster` turns the plan into
+processes.
+
+Layout. Instance ``inst-<k>`` has ``dp_size`` ranks split over ``pods`` pods in contiguous blocks (pod ``a``
+gets the lowest ranks). Pod ``p`` of every instance is placed on simulated GPU node ``sim-local-<p+1>``
+(wrapping around when there are fewer nodes than pods), and each rank gets the next free card of its node: the
+card's uuid is the one the simulated GPU agent of that node reports, so a hardware fault named by node and
+card maps back to the rank (F-3) exactly as it would on real hardware.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import string
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from heteroflow.agent.simulated import SimulatedCollector
+from heteroflow.core.clock import SystemClock
+from heteroflow.serving.node_manager.spec import InstanceSpec
+from heteroflow.serving.wire import DeviceInfo
+
+MODEL_NAME = "heteroflow-sim-moe"
+"""What the engines serve and the controller publishes (the simulator's and the controller's default)."""
+CARDS_PER_NODE = 8
+"""Cards of one simulated GPU node (``heteroflow agent run --simulate 8``)."""
+NUM_LOGICAL_EXPERTS = 4
+NUM_REDUNDANT_EXPERTS = 4
+"""4 logical experts + 4 redundant replicas: with 4 ranks, 2 slots per rank, so up to two ranks can be
+removed before the survivors run out of slots (the engine is the judge, F-55)."""
+
+
+class PlanError(ValueError):
+    """Options that cannot make a cluster (e.g. fewer ranks than pods)."""
+
+
+def node_name(index: int) -> str:
+    """The simulated GPU node ``index`` (0-based): ``sim-local-01``, ``sim-local-02``…"""
+    return f"sim-local-{index + 1:02d}"
+
+
+def card_uuid(node: str, index: int) -> str:
+    """The uuid the simulated agent of ``node`` reports for card ``index`` (seeded by its node name)."""
+    return SimulatedCollector(clock=SystemClock(), count=0, seed=node).uuid_of(index)
+
+
+def pod_letter(index: int) -> str:
+    letters = string.ascii_lowercase
+    return letters[index] if index < len(letters) else f"p{index}"
+
+
+def split_ranks(dp_size: int, pods: int) -> list[list[int]]:
+    """Contiguous blocks of ranks, sizes differing by at most one, lowest ranks first."""
+    if pods < 1 or dp_size < pods:
+        raise PlanError(f"{dp_size} DP ranks cannot fill {pods} pods (need dp >= pods >= 1)")
+    base, extra = divmod(dp_size, pods)
+    blocks, start = [], 0
+    for p in range(pods):
+        size = base + (1 if p < extra else 0)
+        blocks.append(list(range(start, start + size)))
+        start += size
+    return blocks
+
+
+@dataclass(frozen=True, slots=True)
+class RankPlan:
+    rank: int
+    port: int
+    node_name: str
+    device: DeviceInfo
+
+
+@dataclass(frozen=True, slots=True)
+class PodPlan:
+    pod_id: str
+    node_name: str
+    node_manager_port: int
+    ranks: tuple[RankPlan, ...]
+    spec: InstanceSpec
+    """What this pod's NodeManager gets with ``--config``."""
+
+
+@dataclass(frozen=True, slots=True)
+class InstancePlan:
+    instance_id: str
+    model: str
+    dp_size: int
+    rpc_port: int
+    store_port: int
+    pods: tuple[PodPlan, ...]
+
+    @property
+    def ranks(self) -> list[RankPlan]:
+        return sorted((r for pod in self.pods for r in pod.ranks), key=lambda r: r.rank)
+
+
+@dataclass(frozen=True, slots=True)
+class InstancePorts:
+    """Ports chosen for one instance: NodeManager per pod, engine per rank, the DP store pair."""
+
+    node_managers: tuple[int, ...]
+    engines: tuple[int, ...]
+    rpc_port: int
+    store_port: int
+
+
+def plan_instances(
+    *,
+    instances: int,
+    dp_size: int,
+    pods: int,
+    sim_nodes: int,
+    ports: list[InstancePorts],
+    host: str = "127.0.0.1",
+    python: str,
+    model: str = MODEL_NAME,
+    engine_recovery_timeout_sec: float = 120.0,
+) -> list[InstancePlan]:
+    """Every instance of the cluster, its pods and their NodeManager specs."""
+    if instances < 1:
+        raise PlanError("a cluster runs at least one instance")
+    if len(ports) != instances:
+        raise PlanError("one InstancePorts per instance")
+    blocks = split_ranks(dp_size, pods)
+    nodes = max(sim_nodes, 1)
+    next_card = [0] * nodes
+    plans = []
+    for k in range(instances):
+        instance_id = f"inst-{k + 1}"
+        chosen = ports[k]
+        if len(chosen.node_managers) != pods or len(chosen.engines) != dp_size:
+            raise PlanError(f"{instance_id}: {pods} NodeManager ports and {dp_size} engine ports are needed")
+        pod_plans = []
+        for p, block in enumerate(blocks):
+            node_index = p % nodes
+            name = node_name(node_index)
+            ranks = []
+            for rank in block:
+                card = next_card[node_index]
+                next_card[node_index] += 1
+                ranks.append(
+                    RankPlan(
+                        rank=rank,
+                        port=chosen.engines[rank],
+                        node_name=name,
+                        device=DeviceInfo(device_id=card_uuid(name, card), index=card),
+                    )
+                )
+            spec = InstanceSpec.model_validate(
+                {
+                    "instance_id": instance_id,
+                    "backend": "sim",
+                    "dp_size": dp_size,
+                    "dp_master_ip": host,
+                    "dp_rpc_port": chosen.rpc_port,
+                    "dp_store_port": chosen.store_port,
+                    "num_logical_experts": NUM_LOGICAL_EXPERTS,
+                    "num_redundant_experts": NUM_REDUNDANT_EXPERTS,
+                    "engine_recovery_timeout_sec": engine_recovery_timeout_sec,
+                    "endpoints": [
+                        {"id": r.rank, "port": r.port, "device_infos": [r.device.model_dump()]} for r in ranks
+                    ],
+                    "sim": {"python": python},
+                }
+            )
+            pod_plans.append(
+                PodPlan(
+                    pod_id=f"{instance_id}-pod-{pod_letter(p)}",
+                    node_name=name,
+                    node_manager_port=chosen.node_managers[p],
+                    ranks=tuple(ranks),
+                    spec=spec,
+                )
+            )
+        plans.append(
+            InstancePlan(
+                instance_id=instance_id,
+                model=model,
+                dp_size=dp_size,
+                rpc_port=chosen.rpc_port,
+                store_port=chosen.store_port,
+                pods=tuple(pod_plans),
+            )
+        )
+    return plans
+
+
+def url_of(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+@dataclass(frozen=True, slots=True)
+class Layout:
+    """Where the cluster's services listen and what they run."""
+
+    host: str
+    server_port: int
+    controller_port: int
+    coordinator_port: int
+    instances: tuple[InstancePlan, ...]
+    sim_nodes: int
+
+    @property
+    def server_url(self) -> str:
+        return url_of(self.host, self.server_port)
+
+    @property
+    def controller_url(self) -> str:
+        return url_of(self.host, self.controller_port)
+
+    @property
+    def coordinator_url(self) -> str:
+        return url_of(self.host, self.coordinator_port)
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessPlan:
+    """One process to start: ``python -m heteroflow <args>``, ``env`` added to the cluster's environment."""
+
+    name: str
+    """Role, then ``:`` and which one for the repeated roles (``node-manager:inst-1-pod-a``)."""
+    args: tuple[str, ...]
+    env: tuple[tuple[str, str], ...]
+    log_name: str
+
+    @property
+    def role(self) -> str:
+        return self.name.split(":")[0]
+
+
+def process_plans(
+    layout: Layout,
+    *,
+    database_url: str,
+    controller: Mapping[str, Any],
+    controller_config_path: Path,
+    spec_paths: Mapping[str, Path],
+    engine_log_dir: Path,
+    admin_token: str,
+    agent_token: str,
+) -> list[ProcessPlan]:
+    """Every process of the cluster in start order, as data.
+
+    ``controller`` is the merged YAML's ``controller`` section: its host, store and Coordinator are passed as
+    options too, because options beat ``HETEROFLOW_…`` variables left in the operator's shell, and the state
+    file must name where the controller really is. Secrets travel in the environment, never in argv."""
+    cluster = (("HETEROFLOW_CLUSTER_TOKEN", admin_token),)
+    host = layout.host
+    plans = [
+        ProcessPlan(
+            "server",
+            ("server", "--host", host, "--port", str(layout.server_port), "--database-url", database_url),
+            (),
+            "server.log",
+        ),
+        ProcessPlan(
+            "controller",
+            (
+                "controller", "--config", str(controller_config_path),
+                "--host", str(controller.get("host", host)), "--port", str(layout.controller_port),
+                "--store-url", str(controller["store_url"]),
+                "--coordinator-url", str(controller.get("coordinator_url") or layout.coordinator_url),
+            ),
+            cluster,
+            "controller.log",
+        ),
+        ProcessPlan(
+            "coordinator",
+            (
+                "coordinator", "--host", host, "--port", str(layout.coordinator_port),
+                "--platform-url", layout.server_url,
+            ),
+            (
+                *cluster,
+                # the admin token needs no platform round trip; every other platform token is checked there
+                ("HETEROFLOW_COORDINATOR_API_KEY_HASHES", hashlib.sha256(admin_token.encode()).hexdigest()),
+            ),
+            "coordinator.log",
+        ),
+    ]  # fmt: skip
+    for inst in layout.instances:
+        for pod in inst.pods:
+            plans.append(
+                ProcessPlan(
+                    f"node-manager:{pod.pod_id}",
+                    (
+                        "node-manager", "--controller", layout.controller_url,
+                        "--pod-id", pod.pod_id, "--pod-ip", host,
+                        "--host", host, "--port", str(pod.node_manager_port),
+                        "--node-name", pod.node_name, "--config", str(spec_paths[pod.pod_id]),
+                        "--log-dir", str(engine_log_dir / inst.instance_id),
+                    ),
+                    (*cluster, ("HETEROFLOW_ENGINE_SIM_MODEL_NAME", inst.model)),
+                    f"node-manager-{pod.pod_id}.log",
+                )
+            )  # fmt: skip
+    for n in range(layout.sim_nodes):
+        node = node_name(n)
+        plans.append(
+            ProcessPlan(
+                f"agent:{node}",
+                ("agent", "run", "--server", layout.server_url, "--node-name", node, "--simulate", str(CARDS_PER_NODE)),
+                (("HETEROFLOW_AGENT_TOKEN", agent_token),),
+                f"agent-{node}.log",
+            )
+        )
+    return plans
+
+
+def controller_config(
+    *, host: str, port: int, store_url: str, coordinator_url: str, instances: list[InstancePlan]
+) -> dict[str, Any]:
+    """The generated controller YAML (as a mapping). Scale-down is on here — the product default stays off —
+    because showing it is what the local cluster is for; heartbeats are faster than in production so that a
+    fresh cluster is published within seconds."""
+    return {
+        "controller": {
+            "host": host,
+            "port": port,
+            "store_url": store_url,
+            "coordinator_url": coordinator_url,
+            "heartbeat_interval_sec": 1.0,
+        },
+        "fault_tolerance_config": {"enable_fault_tolerance": True, "enable_dp_scale_down": True},
+        "instances": {inst.instance_id: {"model": inst.model} for inst in instances},
+    }
+
+
+def merge_config(base: Mapping[str, Any], override: Mapping[str, Any]) -> dict[str, Any]:
+    """``override`` deep-merged over ``base``: mappings merge key by key, anything else is replaced."""
+    merged = copy.deepcopy(dict(base))
+    for key, value in override.items():
+        current = merged.get(key)
+        if isinstance(current, Mapping) and isinstance(value, Mapping):
+            merged[key] = merge_config(current, value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
