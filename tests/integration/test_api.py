@@ -35,13 +35,20 @@ def test_every_route_refuses_a_missing_or_unknown_token(harness: Harness) -> Non
         ("GET", "/api/v1/alerts/x"),
         ("POST", "/api/v1/alerts/x/resolve"),
         ("GET", "/api/v1/server/status"),
+        ("GET", "/api/v1/hardware-events"),
+        ("GET", "/api/v1/serving/status"),
+        ("GET", "/api/v1/serving/rounds"),
+        ("GET", "/api/v1/serving/rounds/x"),
         ("GET", "/metrics"),
         ("GET", "/healthz"),
         ("GET", "/openapi.json"),
     ]
     schema_paths = set(harness.client.app.openapi()["paths"])
     named = {
-        path.replace("/nodes/x", "/nodes/{node_id}").replace("/alerts/x", "/alerts/{alert_id}") for _, path in routes
+        path.replace("/nodes/x", "/nodes/{node_id}")
+        .replace("/alerts/x", "/alerts/{alert_id}")
+        .replace("/serving/rounds/x", "/serving/rounds/{request_id}")
+        for _, path in routes
     }
     assert schema_paths <= named, schema_paths - named
     for method, path in routes:

@@ -57,6 +57,7 @@ async def run_controller(cfg: Any) -> int:
 
     from heteroflow.serving.controller.app import create_app
     from heteroflow.serving.controller.clients import CoordinatorClient, NodeManagerClient
+    from heteroflow.serving.controller.monitor import ResourceMonitorSettings, build_monitor, hosting_nodes
     from heteroflow.serving.controller.service import Controller
     from heteroflow.serving.controller.store import open_store
 
@@ -85,7 +86,14 @@ async def run_controller(cfg: Any) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+    monitor = build_monitor(
+        ResourceMonitorSettings.load(),
+        sink=ctrl.hardware_fault,
+        hosts_instance=hosting_nodes(lambda: [inst.topology for inst in ctrl.instances.values()]),
+        clock=ctrl.clock,
+    )
     await ctrl.start()
+    await monitor.start()
     _log.info(
         "controller.started",
         host=settings.host,
@@ -96,5 +104,6 @@ async def run_controller(cfg: Any) -> int:
     try:
         await server.serve()
     finally:
+        await monitor.close()
         await ctrl.close()
     return 0

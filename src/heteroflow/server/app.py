@@ -31,9 +31,11 @@ from heteroflow.server.prediction_worker import PredictionWorker
 from heteroflow.server.routes import alerts as alert_routes
 from heteroflow.server.routes import gpu_health as gpu_health_routes
 from heteroflow.server.routes import gpu_metrics as gpu_metrics_routes
+from heteroflow.server.routes import hardware_events as hardware_event_routes
 from heteroflow.server.routes import nodes as node_routes
 from heteroflow.server.routes import ops as ops_routes
 from heteroflow.server.routes import predictions as prediction_routes
+from heteroflow.server.routes import serving as serving_routes
 from heteroflow.server.routes import web as web_routes
 from heteroflow.server.settings import ServerSettings
 from heteroflow.storage.alert_store import SqlAlertStore
@@ -147,9 +149,11 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
         node_routes,
         gpu_health_routes,
         gpu_metrics_routes,
+        hardware_event_routes,
         prediction_routes,
         alert_routes,
         ops_routes,
+        serving_routes,
         web_routes,
     ):
         app.include_router(routes.router)

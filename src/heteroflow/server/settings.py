@@ -83,3 +83,21 @@ class ServerSettings(LenientSettings):
         validation_alias=env_names("log_level"),
         description="debug, info, warning or error.",
     )
+    controller_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://[^\s/]+[^\s]*$",
+        validation_alias=env_names("server_controller_url"),
+        description=(
+            "Base URL of the serving controller (e.g. http://127.0.0.1:8500) that the serving dashboard's proxy "
+            "routes (/api/v1/serving/…) forward to. Unset (the default): those routes answer 503 "
+            "'no controller configured'."
+        ),
+    )
+    cluster_token: str | None = Field(
+        default=None,
+        validation_alias=env_names("cluster_token"),
+        description=(
+            "The cluster token the serving proxy sends to the controller (the same HETEROFLOW_CLUSTER_TOKEN "
+            "the controller requires). It stays on the server: the browser only ever holds its own API token."
+        ),
+    )

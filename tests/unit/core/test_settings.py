@@ -122,10 +122,11 @@ def test_docs_list_every_variable() -> None:
     from pathlib import Path
 
     from heteroflow.engine_sim.settings import EngineSimSettings
+    from heteroflow.serving.controller.monitor.settings import ResourceMonitorSettings
     from heteroflow.serving.node_manager.settings import NodeManagerSettings
 
     text = (Path(__file__).parents[3] / "docs" / "configuration.md").read_text()
-    for group in [*GROUPS, EngineSimSettings, NodeManagerSettings]:
+    for group in [*GROUPS, EngineSimSettings, NodeManagerSettings, ResourceMonitorSettings]:
         for field in group.model_fields:
             for name in env_names(group, field):
                 assert f"`{name}`" in text, f"{name} is missing from docs/configuration.md"

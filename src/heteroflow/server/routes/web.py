@@ -42,7 +42,7 @@ _SECURITY_HEADERS: Final = {
 router = APIRouter(include_in_schema=False)
 
 
-PageName = Literal["gpu-health", "nodes", "alerts"]
+PageName = Literal["gpu-health", "nodes", "alerts", "serving"]
 
 
 def _shell(page: PageName) -> HTMLResponse:
@@ -69,6 +69,11 @@ async def nodes_page() -> HTMLResponse:
 @router.get("/alerts")
 async def alerts_page() -> HTMLResponse:
     return _shell("alerts")
+
+
+@router.get("/serving")
+async def serving_page() -> HTMLResponse:
+    return _shell("serving")
 
 
 @router.get(STATIC_PREFIX + "/{path:path}")

@@ -5,8 +5,14 @@ import { initLanguage, language, setLanguage, t } from "./i18n.js";
 import { createAlertsPage } from "./pages/alerts.js";
 import { createGpuHealthPage } from "./pages/gpu_health.js";
 import { createNodesPage } from "./pages/nodes.js";
+import { createServingPage } from "./pages/serving.js";
 
-const PAGES = { "gpu-health": createGpuHealthPage, nodes: createNodesPage, alerts: createAlertsPage };
+const PAGES = {
+  "gpu-health": createGpuHealthPage,
+  nodes: createNodesPage,
+  alerts: createAlertsPage,
+  serving: createServingPage,
+};
 const main = document.getElementById("main");
 const pageName = document.body.dataset.page in PAGES ? document.body.dataset.page : "gpu-health";
 let page = null;

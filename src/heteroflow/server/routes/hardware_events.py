@@ -1,0 +1,98 @@
+"""Hardware events read route (``/api/v1/hardware-events``): what the serving controller's GPU-health source
+polls to learn about card faults (``engine-protocol.md``, "Hardware fault source 2").
+
+One feed of XID events and uncorrectable-ECC / row-remap-failure increases per card, read forward from an
+opaque cursor, so that a poller never misses an event between two calls and never reads one twice. Scoped like
+every node route: a tenant's token sees its own nodes' cards only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import datetime
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Depends, Query
+from pydantic import BaseModel, Field
+
+from heteroflow.core.clock import utc
+from heteroflow.core.ids import Source
+from heteroflow.platform.auth import NodeScope, Principal, Scope
+from heteroflow.server.auth import context, require
+from heteroflow.server.context import ServerContext
+from heteroflow.server.errors import BadRequest
+from heteroflow.server.routes.gpu_health import SourceParam, parse_source
+
+router = APIRouter(prefix="/api/v1/hardware-events", tags=["gpu-health"])
+
+Ctx = Annotated[ServerContext, Depends(context)]
+Reader = Annotated[Principal, Depends(require(Scope.NODES_READ))]
+
+
+class HardwareEventOut(BaseModel):
+    node_id: str
+    node_name: str = Field(description="The node's hostname (Kubernetes node name on a cluster).")
+    gpu_index: int
+    uuid: str | None = Field(description="The card's uuid (GPU-…); null when the agent could not read it.")
+    kind: Literal["xid", "ecc_uncorrected", "remap_failure"]
+    value: int = Field(description="The XID code, or the counter's new value.")
+    previous: int | None = Field(description="The counter's value before the increase; null for an XID.")
+    at: datetime
+
+
+class HardwareEventsOut(BaseModel):
+    source: Source
+    events: list[HardwareEventOut]
+    next_cursor: str = Field(description="Pass it back as ?cursor= to read on from here.")
+    more: bool = Field(description="A page limit was reached: ask again at once with next_cursor.")
+
+
+def parse_cursor(cursor: str) -> tuple[int, int]:
+    """``"<last XID id>.<last sample id>"``; anything else is a 400 (a client must never guess a position)."""
+    parts = cursor.split(".")
+    if len(parts) != 2 or not all(part.isdigit() and len(part) <= 18 for part in parts):
+        raise BadRequest("cursor must be a next_cursor returned by this route")
+    return int(parts[0]), int(parts[1])
+
+
+@router.get("", response_model=HardwareEventsOut, summary="XID events and uncorrectable-error increases per card")
+async def hardware_events(
+    ctx: Ctx,
+    principal: Reader,
+    cursor: Annotated[str | None, Query(max_length=40, description="next_cursor of the previous page")] = None,
+    since: Annotated[
+        datetime | None, Query(description="Without a cursor: start here (default: now, i.e. only new events)")
+    ] = None,
+    limit: Annotated[int, Query(ge=1, le=1000, description="Rows of each kind read per page (default 200)")] = 200,
+    source: SourceParam = "real",
+) -> HardwareEventsOut:
+    """Events after ``cursor``; without one, events since ``since``; without either, none but the cursor of the
+    present, which a poller keeps and passes back. Events are ordered by time within a page."""
+    chosen = parse_source(source)
+    after = parse_cursor(cursor) if cursor is not None else None
+    page = await asyncio.to_thread(
+        ctx.samples.hardware_events,
+        scope=NodeScope.of(principal),
+        source=chosen,
+        after=after,
+        since=utc(since) if since is not None and after is None else None,
+        limit=limit,
+    )
+    return HardwareEventsOut(
+        source=chosen,
+        events=[
+            HardwareEventOut(
+                node_id=e.node_id,
+                node_name=e.node_name,
+                gpu_index=e.gpu_index,
+                uuid=e.uuid,
+                kind=e.kind,
+                value=e.value,
+                previous=e.previous,
+                at=e.at,
+            )
+            for e in page.events
+        ],
+        next_cursor=f"{page.xid_cursor}.{page.sample_cursor}",
+        more=page.more,
+    )

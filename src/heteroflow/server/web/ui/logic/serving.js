@@ -1,0 +1,353 @@
+// The serving dashboard's pure logic: the state of each DP rank, the phase's meaning, which round to show, the
+// evidence timeline's shape and the downloadable evidence document. Purely computational (no DOM, no fetch).
+//
+// Everything comes from the controller's status entry (RFC §7 keys) and its round records. Text is never built
+// here: labels are dictionary keys with parameters, so both languages stay complete. A value the controller did
+// not send stays unknown (null), never a guess.
+
+/** The states a DP rank can be in, in the order of the legend. */
+export const RANK_STATES = Object.freeze(["alive", "unhealthy", "dead", "withdrawn", "committed_dead", "unknown"]);
+
+/** The phases of ``serving-ft.md`` F-30, in the order of a round. */
+export const PHASES = Object.freeze([
+  "DISABLED",
+  "NORMAL",
+  "DECIDING",
+  "WAITING_ENGINE_FAULT",
+  "SCALING_DOWN",
+  "POST_SCALE_CLEANUP",
+  "SCALED_DOWN_RUNNING",
+  "RECONFIGURING",
+]);
+
+/** Phases in which a scale-down round is running (a round's own phases). */
+export const ROUND_PHASES = Object.freeze(["DECIDING", "WAITING_ENGINE_FAULT", "SCALING_DOWN", "POST_SCALE_CLEANUP"]);
+
+/** Gate reason codes the dictionary explains (``engine-protocol.md``); any other code is shown as sent. */
+export const GATE_REASONS = Object.freeze([
+  "FEATURE_DISABLED",
+  "ENGINE_FT_REQUIRED",
+  "EXTERNAL_LB_REQUIRED",
+  "AUTO_RECOVERY_CONFLICT",
+  "ENGINE_SCALE_DOWN_UNSUPPORTED",
+  "EPLB_REQUIRED",
+  "EXPERT_REDUNDANCY_REQUIRED",
+  "EXPERT_CAPACITY_INSUFFICIENT",
+  "NO_SURVIVOR",
+  "TOPOLOGY_INCOMPLETE",
+  "CAPABILITY_MISMATCH",
+]);
+
+// Steady phases have their own tone; every other known phase is a round at work ("busy").
+const PHASE_TONES = Object.freeze({ DISABLED: "off", NORMAL: "ok", SCALED_DOWN_RUNNING: "ok", RECONFIGURING: "bad" });
+
+const UNHEALTHY_STATUSES = new Set(["unhealthy", "protocol_error", "failed"]);
+
+function rankSet(value) {
+  return new Set(Array.isArray(value) ? value.filter(Number.isInteger) : []);
+}
+
+/**
+ * One cell per original DP rank, ascending, with its state.
+ *
+ * Precedence, strongest first: committed dead (retired for good: never serves again) → withdrawn (in this
+ * round's pending removal set, not committed yet) → dead (the engine or its supervisor said so; not committed)
+ * → unhealthy (the engine reports a fault; it may still recover) → alive (an active rank with no fault reported)
+ * → unknown (the entry contradicts itself: not alive, yet neither dead nor pending).
+ * @param {object} entry one element of GET /api/v1/serving/status
+ * @returns {{rank: number, state: string, engine: string|null, published: boolean|null}[]}
+ */
+export function rankCells(entry) {
+  const committed = rankSet(entry.dead_committed);
+  const pending = rankSet(entry.pending_removed_ranks);
+  const alive = rankSet(entry.alive_dp_ranks);
+  const statuses = entry.engine_statuses && typeof entry.engine_statuses === "object" ? entry.engine_statuses : {};
+  const published = Array.isArray(entry.published_endpoints) ? rankSet(entry.published_endpoints) : null;
+  const original = [...rankSet(entry.original_dp_ranks)].sort((a, b) => a - b);
+  return original.map((rank) => {
+    const raw = statuses[String(rank)];
+    const engine = typeof raw === "string" ? raw : null;
+    let state;
+    if (committed.has(rank)) state = "committed_dead";
+    else if (pending.has(rank)) state = "withdrawn";
+    else if (engine === "dead") state = "dead";
+    else if (engine !== null && UNHEALTHY_STATUSES.has(engine)) state = "unhealthy";
+    else if (alive.has(rank)) state = "alive";
+    else state = "unknown";
+    return { rank, state, engine, published: published === null ? null : published.has(rank) };
+  });
+}
+
+/** How many cells are in each state (every state present, 0 included: these are counted, not unknown). */
+export function stateCounts(cells) {
+  const counts = Object.fromEntries(RANK_STATES.map((s) => [s, 0]));
+  for (const cell of cells) counts[cell.state] += 1;
+  return counts;
+}
+
+/**
+ * The phase's dictionary keys and its tone (for the badge colour; the words always go with it).
+ * @param {string} phase
+ * @returns {{name: string, explain: string, tone: "ok"|"busy"|"bad"|"off"|"unknown", known: boolean}}
+ */
+export function phaseInfo(phase) {
+  if (!PHASES.includes(phase)) {
+    return { name: "serving.phase.unknown", explain: "serving.phase.unknown.explain", tone: "unknown", known: false };
+  }
+  const tone = PHASE_TONES[phase] ?? "busy";
+  return { name: `serving.phase.${phase}`, explain: `serving.phase.${phase}.explain`, tone, known: true };
+}
+
+/** The gate's reason codes with the dictionary key that explains each (null for a code the page does not know). */
+export function gateReasons(entry) {
+  const gate = entry.gate && typeof entry.gate === "object" ? entry.gate : {};
+  const codes = Array.isArray(gate.reason_codes) ? gate.reason_codes.map(String) : [];
+  return {
+    allowed: gate.allowed === undefined ? null : Boolean(gate.allowed),
+    reasons: codes.map((code) => ({ code, key: GATE_REASONS.includes(code) ? `serving.gate.reason.${code}` : null })),
+    warnings: Array.isArray(gate.warnings) ? gate.warnings.map(String) : [],
+  };
+}
+
+/**
+ * Which round's timeline to show: the one the user picked, else the running one, else the last one.
+ * @param {object} entry the instance's status entry
+ * @param {object[]} rounds the instance's round summaries (oldest first, as the controller sends them)
+ * @param {string|null} picked a request id the user selected
+ * @returns {{requestId: string, running: boolean, picked: boolean}|null}
+ */
+export function roundToShow(entry, rounds, picked = null) {
+  const running = isRunning(entry);
+  if (picked) return { requestId: picked, running: running && picked === entry.request_id, picked: true };
+  if (entry.request_id) return { requestId: entry.request_id, running, picked: false };
+  const last = Array.isArray(rounds) && rounds.length ? rounds[rounds.length - 1] : null;
+  if (last && last.request_id) return { requestId: last.request_id, running: last.outcome == null, picked: false };
+  return null;
+}
+
+/** A round is running in a round phase, or while the controller reports a running strategy. */
+export function isRunning(entry) {
+  return ROUND_PHASES.includes(entry.phase) || Boolean(entry.running_strategy);
+}
+
+/** Past rounds, newest first; a summary without an outcome is still running. */
+export function pastRounds(rounds) {
+  const list = Array.isArray(rounds) ? [...rounds] : [];
+  return list.reverse().map((r) => ({
+    requestId: String(r.request_id),
+    kind: String(r.kind ?? ""),
+    startedAt: r.started_at ?? null,
+    outcome: r.outcome ?? null,
+    tone: outcomeTone(r.outcome ?? null),
+    totalSec: typeof r.stage_seconds?.round_total === "number" ? r.stage_seconds.round_total : null,
+  }));
+}
+
+export function outcomeTone(outcome) {
+  if (outcome === null || outcome === undefined) return "busy";
+  if (outcome === "committed" || outcome === "succeeded" || outcome === "deduplicated") return "ok";
+  if (outcome === "failed") return "bad";
+  return "unknown";
+}
+
+/** "+1.234 s" from seconds since the round began; unknown stays unknown (null). */
+export function relTime(seconds) {
+  if (typeof seconds !== "number" || !Number.isFinite(seconds)) return null;
+  return `+${seconds.toFixed(3)} s`;
+}
+
+const KNOWN_OUTCOMES = ["committed", "failed", "succeeded", "deduplicated"];
+const list = (v) => (Array.isArray(v) && v.length ? v.join(", ") : "—");
+const text = (v) => (v === null || v === undefined || v === "" ? "—" : String(v));
+
+function pollEntries(entries) {
+  if (!entries || typeof entries !== "object") return "—";
+  const keys = Object.keys(entries).sort((a, b) => Number(a) - Number(b));
+  return keys.length ? keys.map((k) => `${k}: ${entries[k]}`).join(" · ") : "—";
+}
+
+/**
+ * One event as a timeline item: its dictionary key and parameters, a tone, and the raw detail worth showing
+ * verbatim (an apply body). Unknown kinds are kept, labelled as such, with their whole detail.
+ */
+function shapeEvent(e) {
+  const p = {};
+  let key;
+  let tone = "info";
+  let body = null;
+  switch (e.kind) {
+    case "decided":
+      key = e.hardware_matched ? "serving.tl.decided_hw" : "serving.tl.decided";
+      Object.assign(p, { candidates: list(e.candidates), survivors: list(e.survivors), fallback: text(e.fallback) });
+      break;
+    case "write_ahead":
+      key = "serving.tl.write_ahead";
+      Object.assign(p, { what: text(e.what), phase: text(e.phase) });
+      break;
+    case "phase":
+      key = "serving.tl.phase";
+      Object.assign(p, { from: text(e.from), to: text(e.to) });
+      tone = e.to === "RECONFIGURING" ? "bad" : e.to === "SCALED_DOWN_RUNNING" || e.to === "NORMAL" ? "ok" : "info";
+      break;
+    case "gate":
+      key = e.allowed ? "serving.tl.gate_ok" : "serving.tl.gate_refused";
+      p.reasons = list(e.reason_codes);
+      tone = e.allowed ? "ok" : "bad";
+      break;
+    case "guard":
+      key = e.renewed ? "serving.tl.guard_renewed" : "serving.tl.guard";
+      Object.assign(p, { pod: text(e.pod_id), lease: text(e.lease_sec) });
+      break;
+    case "guard_failed":
+    case "guard_renewal_failed":
+    case "probe_failed":
+    case "nudge_failed":
+      key = `serving.tl.${e.kind}`;
+      Object.assign(p, { pod: text(e.pod_id), error: text(e.error) });
+      tone = "bad";
+      break;
+    case "status_poll":
+      key = "serving.tl.status_poll";
+      p.entries = pollEntries(e.entries);
+      break;
+    case "absorbed":
+      key = "serving.tl.absorbed";
+      p.ranks = list(e.ranks);
+      tone = "warn";
+      break;
+    case "nudge":
+      key = "serving.tl.nudge";
+      Object.assign(p, { pod: text(e.pod_id), ok: text(e.ok) });
+      break;
+    case "coordinator_del":
+    case "coordinator_add":
+    case "coordinator_set":
+      key = `serving.tl.${e.kind}`;
+      p.endpoints = list(e.endpoint_ids);
+      tone = e.kind === "coordinator_add" ? "ok" : "info";
+      break;
+    case "apply":
+      key = e.http_status === null || e.http_status === undefined ? "serving.tl.apply_undelivered" : "serving.tl.apply";
+      Object.assign(p, { pod: text(e.pod_id), status: text(e.http_status) });
+      tone = e.http_status === 202 ? "ok" : "bad";
+      body = e.body ?? null;
+      break;
+    case "probe":
+      key = !e.ok ? "serving.tl.probe_bad" : e.identity_changed ? "serving.tl.probe_restarted" : "serving.tl.probe";
+      Object.assign(p, {
+        rank: text(e.endpoint_id),
+        latency: typeof e.latency_sec === "number" ? e.latency_sec.toFixed(3) : "—",
+      });
+      tone = e.ok && !e.identity_changed ? "ok" : "bad";
+      break;
+    case "finalize":
+      if (!e.commit) key = "serving.tl.finalize_abort";
+      else key = e.repeated ? "serving.tl.finalize_commit_repeated" : "serving.tl.finalize_commit";
+      Object.assign(p, { pod: text(e.pod_id), retired: list(e.retired) });
+      tone = e.commit ? "ok" : "warn";
+      break;
+    case "finalize_failed":
+      key = "serving.tl.finalize_failed";
+      Object.assign(p, { pod: text(e.pod_id), error: text(e.error) });
+      tone = "bad";
+      break;
+    case "pod_stop":
+      key = e.ok ? "serving.tl.pod_stop" : "serving.tl.pod_stop_failed";
+      Object.assign(p, { pod: text(e.pod_id), error: text(e.error) });
+      tone = e.ok ? "info" : "warn";
+      break;
+    case "failed":
+      key = "serving.tl.failed";
+      p.error = text(e.error);
+      tone = "bad";
+      break;
+    case "outcome":
+      key = KNOWN_OUTCOMES.includes(e.outcome) ? `serving.tl.outcome.${e.outcome}` : "serving.tl.outcome";
+      p.outcome = text(e.outcome);
+      tone = outcomeTone(e.outcome);
+      break;
+    case "evidence":
+      key = "serving.tl.evidence";
+      Object.assign(p, { rank: text(e.endpoint_id), status: text(e.status), evidence: text(e.evidence), pod: text(e.pod_id) });
+      tone = e.status === "dead" ? "bad" : "warn";
+      break;
+    case "hardware_fault":
+      key = "serving.tl.hardware_fault";
+      Object.assign(p, { key: text(e.key), level: text(e.level), mapping: text(e.mapping), ranks: list(e.ranks) });
+      tone = "warn";
+      break;
+    case "fallback":
+      key = "serving.tl.fallback";
+      Object.assign(p, { strategy: text(e.strategy), reason: text(e.reason) });
+      tone = "bad";
+      break;
+    case "fallback_failed":
+      key = "serving.tl.fallback_failed";
+      Object.assign(p, { attempt: text(e.attempt), error: text(e.error), retry: text(e.retry_in_sec) });
+      tone = "bad";
+      break;
+    case "engines_restart":
+      key = "serving.tl.engines_restart";
+      Object.assign(p, { pod: text(e.pod_id), started: list(e.started), stopped: list(e.stopped) });
+      break;
+    case "engines_ready":
+      key = "serving.tl.engines_ready";
+      p.ranks = list(e.ranks);
+      tone = "ok";
+      break;
+    default: {
+      key = "serving.tl.other";
+      p.kind = text(e.kind);
+      const { at: _at, t_sec: _t, kind: _k, ...rest } = e;
+      body = Object.keys(rest).length ? rest : null;
+    }
+  }
+  return { kind: String(e.kind), key, params: p, tone, body };
+}
+
+/**
+ * The round's events as a vertical timeline, oldest first, with times relative to the round's start.
+ * Consecutive status polls with the same answers collapse into one item ("×N", first and last time), so a
+ * 30-second wait does not bury the DEL and the apply under sixty identical lines.
+ * @param {object} record GET /api/v1/serving/rounds/{request_id}
+ * @returns {{kind: string, key: string, params: object, tone: string, body: any, at: string|null,
+ *            t: number|null, rel: string|null, count: number, lastRel: string|null}[]}
+ */
+export function shapeTimeline(record) {
+  const events = Array.isArray(record?.events) ? record.events : [];
+  const items = [];
+  for (const e of events) {
+    if (!e || typeof e !== "object") continue;
+    const shaped = shapeEvent(e);
+    const t = typeof e.t_sec === "number" && Number.isFinite(e.t_sec) ? e.t_sec : null;
+    const previous = items.at(-1);
+    if (
+      shaped.kind === "status_poll" &&
+      previous &&
+      previous.kind === "status_poll" &&
+      previous.params.entries === shaped.params.entries
+    ) {
+      previous.count += 1;
+      previous.lastRel = relTime(t);
+      continue;
+    }
+    items.push({ ...shaped, at: typeof e.at === "string" ? e.at : null, t, rel: relTime(t), count: 1, lastRel: null });
+  }
+  return items;
+}
+
+/**
+ * The downloadable evidence of one round: the controller's record verbatim plus what the page knew when it was
+ * exported (the instance's status entry), so that a saved file stands on its own.
+ * @returns {{filename: string, text: string}}
+ */
+export function evidenceDocument(record, entry, exportedAt) {
+  const id = String(record?.request_id ?? "round");
+  const doc = {
+    exported_at: exportedAt,
+    source: `/api/v1/serving/rounds/${id}`,
+    round: record,
+    instance_status: entry ?? null,
+  };
+  return { filename: `heteroflow-round-${id.replace(/[^A-Za-z0-9._-]/g, "_")}.json`, text: `${JSON.stringify(doc, null, 2)}\n` };
+}

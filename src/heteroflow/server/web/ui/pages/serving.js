@@ -1,0 +1,614 @@
+// /serving: every serving instance the controller knows, through the platform server's proxy
+// (/api/v1/serving/…; the browser never holds the cluster token). Per instance: its DP ranks coloured by state,
+// the phase in plain words, can_serve and the published view, the gate, the last error, the pods, the running
+// (or last) round's evidence timeline and the past rounds, each downloadable as JSON evidence.
+//
+// Unlike the other pages this one refreshes by itself: every 2 s while the tab is visible (a round lasts seconds),
+// one request chain at a time, paused while the tab is hidden.
+import { ApiError, api } from "../api.js";
+import { h, replace } from "../dom.js";
+import { LANGUAGES, t } from "../i18n.js";
+import {
+  RANK_STATES,
+  evidenceDocument,
+  gateReasons,
+  pastRounds,
+  phaseInfo,
+  rankCells,
+  roundToShow,
+  shapeTimeline,
+  stateCounts,
+} from "../logic/serving.js";
+import { table } from "./common.js";
+
+export const REFRESH_MS = 2000;
+
+/** A dictionary text when the key exists, else the raw value (a stage or kind this page does not know). */
+function known(key, raw) {
+  return key in LANGUAGES.en ? t(key) : raw;
+}
+
+function fmtSeconds(iso) {
+  if (!iso) return t("none");
+  const d = new Date(iso);
+  if (Number.isNaN(d.getTime())) return t("unknown");
+  return `${d.toISOString().slice(0, 19).replace("T", " ")} ${t("time.utc")}`;
+}
+
+function fmtClock(date) {
+  return `${date.toISOString().slice(11, 19)} ${t("time.utc")}`;
+}
+
+function ranksText(list) {
+  return Array.isArray(list) ? (list.length ? list.join(", ") : t("none")) : t("unknown");
+}
+
+function errorMessage(error) {
+  const status = error instanceof ApiError ? error.status : 0;
+  const detail = error && error.detail ? error.detail : String(error);
+  if (status === 403) return t("serving.error.forbidden");
+  if (status === 503) return t("serving.error.unavailable", { detail });
+  if (status === 0) return t("serving.error.network", { detail });
+  return t("serving.error.other", { detail });
+}
+
+export function createServingPage(main) {
+  const state = {
+    status: null, // the last good status list
+    updatedAt: null,
+    error: null, // the last refresh's error (the last good data stays on screen, marked stale)
+    rounds: new Map(), // instance id -> {data, error}
+    timelines: new Map(), // request id -> {data, error}
+    picked: new Map(), // instance id -> request id the user chose
+    downloadError: null, // {instance, error}
+    timer: null,
+    inFlight: false,
+    again: false,
+    stopped: false,
+    forbidden: false,
+  };
+  const headBox = h("section", { class: "block", "aria-labelledby": "serving-title" });
+  const listBox = h("div", { id: "serving-instances" });
+
+  async function loadInstance(entry) {
+    const id = entry.instance_id;
+    try {
+      const rounds = await api("/api/v1/serving/rounds", { params: { instance_id: id } });
+      state.rounds.set(id, { data: Array.isArray(rounds) ? rounds : [], error: null });
+    } catch (error) {
+      state.rounds.set(id, { data: state.rounds.get(id)?.data ?? null, error });
+    }
+    const show = roundToShow(entry, state.rounds.get(id).data ?? [], state.picked.get(id) ?? null);
+    if (!show) return;
+    try {
+      const record = await api(`/api/v1/serving/rounds/${encodeURIComponent(show.requestId)}`);
+      state.timelines.set(show.requestId, { data: record, error: null });
+    } catch (error) {
+      state.timelines.set(show.requestId, { data: state.timelines.get(show.requestId)?.data ?? null, error });
+    }
+  }
+
+  async function tick() {
+    clearTimeout(state.timer);
+    state.timer = null;
+    if (state.stopped) return;
+    if (state.inFlight) {
+      state.again = true; // a click wants fresh data: run once more as soon as this refresh ends
+      return;
+    }
+    state.inFlight = true;
+    try {
+      const entries = await api("/api/v1/serving/status");
+      if (state.stopped) return;
+      const list = Array.isArray(entries) ? entries : [];
+      await Promise.all(list.map(loadInstance));
+      state.status = list;
+      state.updatedAt = new Date();
+      state.error = null;
+    } catch (error) {
+      state.error = error;
+      state.forbidden = error instanceof ApiError && error.status === 403;
+    } finally {
+      state.inFlight = false;
+    }
+    if (state.stopped) return;
+    render();
+    if (state.again) {
+      state.again = false;
+      tick();
+    } else {
+      schedule();
+    }
+  }
+
+  function schedule() {
+    clearTimeout(state.timer);
+    state.timer = null;
+    // 403 will not change by itself; everything else (a controller restarting, a network blip) may.
+    if (state.stopped || state.forbidden || document.hidden) return;
+    state.timer = setTimeout(tick, REFRESH_MS);
+  }
+
+  function onVisibility() {
+    if (document.hidden) {
+      clearTimeout(state.timer);
+      state.timer = null;
+      renderHead();
+    } else if (!state.timer && !state.forbidden) {
+      tick();
+    }
+  }
+
+  async function download(entry, requestId) {
+    try {
+      const record = await api(`/api/v1/serving/rounds/${encodeURIComponent(requestId)}`);
+      const { filename, text } = evidenceDocument(record, entry, new Date().toISOString());
+      const url = URL.createObjectURL(new Blob([text], { type: "application/json" }));
+      const link = h("a", { href: url, download: filename, hidden: true });
+      document.body.append(link);
+      link.click();
+      link.remove();
+      setTimeout(() => URL.revokeObjectURL(url), 60_000);
+      state.downloadError = null;
+    } catch (error) {
+      state.downloadError = { instance: entry.instance_id, error };
+    }
+    render();
+  }
+
+  function pick(instanceId, requestId) {
+    if (requestId) state.picked.set(instanceId, requestId);
+    else state.picked.delete(instanceId);
+    render();
+    tick();
+  }
+
+  // ---- rendering -------------------------------------------------------------------------------------------
+  function renderHead() {
+    const line = [t("serving.refresh")];
+    if (state.updatedAt) line.push(t("serving.updated", { time: fmtClock(state.updatedAt) }));
+    if (document.hidden && !state.forbidden) line.push(t("serving.paused"));
+    let error = null;
+    if (state.error) {
+      error = h(
+        "div",
+        { class: "error-box", role: "alert", id: "serving-error", dataset: { status: String(state.error.status ?? 0) } },
+        h("p", { class: "error" }, errorMessage(state.error)),
+        state.updatedAt && !state.forbidden
+          ? h("p", { class: "muted small" }, t("serving.stale", { time: fmtClock(state.updatedAt) }))
+          : null,
+      );
+    }
+    replace(
+      headBox,
+      h("h1", { id: "serving-title" }, t("serving.title")),
+      h("p", { class: "muted small", id: "serving-refresh" }, line.join(" · ")),
+      error,
+    );
+  }
+
+  function renderRanks(entry) {
+    const cells = rankCells(entry);
+    const counts = stateCounts(cells);
+    const summary = RANK_STATES.filter((s) => counts[s] > 0)
+      .map((s) => t("serving.count", { count: counts[s], state: t(`serving.state.${s}`) }))
+      .join(" · ");
+    return [
+      h("h3", {}, t("serving.ranks")),
+      h(
+        "ul",
+        { class: "rank-grid", "aria-label": t("serving.ranks_label", { id: entry.instance_id }) },
+        cells.map((cell) =>
+          h(
+            "li",
+            {
+              class: `rank state-${cell.state}`,
+              dataset: { rank: String(cell.rank), state: cell.state },
+              title: t(`serving.state.${cell.state}.explain`),
+            },
+            h("span", { class: "rank-id" }, t("serving.rank", { rank: cell.rank })),
+            h("span", { class: "rank-state" }, t(`serving.state.${cell.state}`)),
+            h(
+              "span",
+              { class: "rank-engine" },
+              cell.engine ? t("serving.engine", { status: cell.engine }) : t("serving.engine_unknown"),
+            ),
+            cell.published === null
+              ? null
+              : h(
+                  "span",
+                  { class: cell.published ? "rank-pub" : "rank-pub off" },
+                  cell.published ? t("serving.rank_published") : t("serving.rank_unpublished"),
+                ),
+          ),
+        ),
+      ),
+      h("p", { class: "small rank-summary" }, summary),
+      h(
+        "ul",
+        { class: "legend small", "aria-label": t("serving.legend") },
+        RANK_STATES.map((s) =>
+          h(
+            "li",
+            {},
+            h("span", { class: `swatch state-${s}`, "aria-hidden": "true" }),
+            h("strong", {}, t(`serving.state.${s}`)),
+            " — ",
+            t(`serving.state.${s}.explain`),
+          ),
+        ),
+      ),
+    ];
+  }
+
+  function renderFacts(entry) {
+    const fact = (key, value) => [h("dt", {}, t(key)), h("dd", {}, value)];
+    return h(
+      "dl",
+      { class: "facts instance-facts" },
+      fact("serving.facts.original", ranksText(entry.original_dp_ranks)),
+      fact("serving.facts.alive", ranksText(entry.alive_dp_ranks)),
+      fact("serving.facts.committed", ranksText(entry.dead_committed)),
+      fact("serving.facts.pending", ranksText(entry.pending_removed_ranks)),
+      fact("serving.facts.published", ranksText(entry.published_endpoints)),
+      fact("serving.facts.fallback", entry.fallback_strategy ?? t("none")),
+      fact("serving.facts.generation", entry.generation ?? t("unknown")),
+      fact("serving.facts.request_id", entry.request_id ? h("code", {}, entry.request_id) : t("none")),
+      fact("serving.facts.running", entry.running_strategy ?? t("none")),
+      fact("serving.facts.decision", entry.last_decision ?? t("none")),
+    );
+  }
+
+  function renderGate(entry) {
+    const gate = gateReasons(entry);
+    const verdict =
+      gate.allowed === null
+        ? h("span", { class: "badge tone-unknown" }, t("unknown"))
+        : h(
+            "span",
+            { class: `badge ${gate.allowed ? "tone-ok" : "tone-bad"}` },
+            gate.allowed ? t("serving.gate.allowed") : t("serving.gate.refused"),
+          );
+    return [
+      h("p", { class: "gate", dataset: { allowed: String(gate.allowed) } }, h("strong", {}, t("serving.gate")), " ", verdict),
+      gate.reasons.length
+        ? h(
+            "ul",
+            { class: "gate-reasons" },
+            gate.reasons.map((r) =>
+              h("li", { dataset: { code: r.code } }, h("code", {}, r.code), r.key ? ` — ${t(r.key)}` : null),
+            ),
+          )
+        : null,
+      gate.warnings.length
+        ? h(
+            "div",
+            { class: "warning gate-warnings" },
+            h("strong", {}, t("serving.gate.warnings")),
+            h("ul", {}, gate.warnings.map((w) => h("li", {}, w))),
+          )
+        : null,
+    ];
+  }
+
+  function renderErrors(entry) {
+    return [
+      h(
+        "p",
+        { class: "last-error" },
+        h("strong", {}, t("serving.last_error")),
+        " ",
+        entry.last_error ? h("span", { class: "error" }, entry.last_error) : h("span", { class: "muted" }, t("serving.no_error")),
+      ),
+      entry.store_error ? h("p", { class: "warning" }, t("serving.store_error", { detail: entry.store_error })) : null,
+      entry.persist_pending ? h("p", { class: "warning" }, t("serving.persist_pending")) : null,
+    ];
+  }
+
+  function renderPods(entry) {
+    const pods = Array.isArray(entry.pods) ? entry.pods : [];
+    const title = h("h3", {}, t("serving.pods"));
+    if (pods.length === 0) return [title, h("p", { class: "empty" }, t("serving.pods.empty"))];
+    const stateKey = (s) => (s === "up" || s === "lost" ? s : "unknown");
+    const yesNo = (v) => (v === true ? t("serving.yes") : v === false ? t("serving.no") : t("unknown"));
+    return [
+      title,
+      table(
+        t("serving.pods"),
+        [
+          t("serving.pod.col.id"),
+          t("serving.pod.col.state"),
+          t("serving.pod.col.silent"),
+          t("serving.pod.col.complete"),
+          t("serving.pod.col.heartbeats"),
+        ],
+        pods.map((p) =>
+          h(
+            "tr",
+            { dataset: { pod: String(p.pod_id), state: stateKey(p.state) } },
+            h("td", {}, h("code", {}, p.pod_id)),
+            h(
+              "td",
+              {},
+              h(
+                "span",
+                { class: `badge ${p.state === "up" ? "tone-ok" : p.state === "lost" ? "tone-bad" : "tone-unknown"}` },
+                t(`serving.pod.${stateKey(p.state)}`),
+              ),
+            ),
+            h(
+              "td",
+              { class: "num" },
+              typeof p.silent_sec === "number" ? t("serving.pod.silent", { sec: p.silent_sec.toFixed(1) }) : t("unknown"),
+            ),
+            h("td", {}, yesNo(p.heartbeat_complete)),
+            h("td", { class: "num" }, typeof p.heartbeats === "number" ? String(p.heartbeats) : t("unknown")),
+          ),
+        ),
+        { class: "pods" },
+      ),
+    ];
+  }
+
+  function outcomeBadge(outcome, tone) {
+    const text = outcome == null ? t("serving.round.running") : known(`serving.outcome.${outcome}`, String(outcome));
+    return h("span", { class: `badge tone-${tone}`, dataset: { outcome: outcome ?? "running" } }, text);
+  }
+
+  function renderTimeline(entry) {
+    const id = entry.instance_id;
+    const rounds = state.rounds.get(id)?.data ?? [];
+    const show = roundToShow(entry, rounds, state.picked.get(id) ?? null);
+    const titleKey = !show
+      ? "serving.round.current"
+      : show.picked
+        ? "serving.round.picked"
+        : show.running
+          ? "serving.round.current"
+          : "serving.round.last";
+    const head = h(
+      "div",
+      { class: "block-head" },
+      h("h3", {}, t(titleKey), show ? [" ", h("code", {}, show.requestId)] : null),
+      show?.picked
+        ? h(
+            "button",
+            { type: "button", class: "round-back", id: `round-back-${id}`, onclick: () => pick(id, null) },
+            t("serving.round.back"),
+          )
+        : null,
+    );
+    if (!show) return h("div", { class: "timeline-box" }, head, h("p", { class: "empty" }, t("serving.round.none")));
+    const loaded = state.timelines.get(show.requestId);
+    const parts = [head];
+    if (loaded?.error) {
+      const missing = loaded.error instanceof ApiError && loaded.error.status === 404;
+      parts.push(
+        h(
+          "p",
+          { class: "error", role: "status" },
+          missing ? t("serving.error.round_missing") : t("serving.error.round", { detail: errorMessage(loaded.error) }),
+        ),
+      );
+    }
+    const record = loaded?.data;
+    if (!record) {
+      if (!loaded) parts.push(h("p", { class: "muted", role: "status" }, t("loading")));
+      return h("div", { class: "timeline-box", dataset: { request: show.requestId } }, parts);
+    }
+    const summary = pastRounds([record])[0];
+    parts.push(
+      h(
+        "p",
+        { class: "small round-meta" },
+        t("serving.round.meta", {
+          kind: known(`serving.kind.${record.kind}`, String(record.kind)),
+          started: fmtSeconds(record.started_at),
+        }),
+        " ",
+        outcomeBadge(summary.outcome, summary.tone),
+      ),
+    );
+    const items = shapeTimeline(record);
+    parts.push(
+      items.length === 0
+        ? h("p", { class: "empty" }, t("serving.round.no_events"))
+        : h(
+            "ol",
+            { class: "timeline", dataset: { request: show.requestId } },
+            items.map((item) =>
+              h(
+                "li",
+                { class: `tl-item tone-${item.tone}`, dataset: { kind: item.kind } },
+                h("span", { class: "tl-time" }, item.rel ?? t("unknown")),
+                h(
+                  "div",
+                  { class: "tl-body" },
+                  h("span", { class: "tl-text" }, t(item.key, item.params)),
+                  item.count > 1
+                    ? h(
+                        "span",
+                        { class: "tl-repeat small muted" },
+                        ` ${t("serving.round.repeat", { count: item.count, last: item.lastRel ?? t("unknown") })}`,
+                      )
+                    : null,
+                  item.body
+                    ? h(
+                        "pre",
+                        {
+                          class: "tl-detail",
+                          "aria-label": item.kind === "apply" ? t("serving.round.body") : t("serving.round.detail"),
+                        },
+                        JSON.stringify(item.body),
+                      )
+                    : null,
+                ),
+              ),
+            ),
+          ),
+    );
+    if (record.dropped_events > 0) {
+      parts.push(h("p", { class: "warning" }, t("serving.round.dropped", { count: record.dropped_events })));
+    }
+    const stages = Object.entries(record.stage_seconds ?? {});
+    if (stages.length) {
+      parts.push(
+        h("h4", {}, t("serving.round.stages")),
+        h(
+          "dl",
+          { class: "facts stages" },
+          stages.map(([name, sec]) => [
+            h("dt", {}, known(`serving.stage.${name}`, name)),
+            h("dd", {}, typeof sec === "number" ? t("serving.seconds", { sec: sec.toFixed(3) }) : t("unknown")),
+          ]),
+        ),
+      );
+    }
+    return h("div", { class: "timeline-box", dataset: { request: show.requestId } }, parts);
+  }
+
+  function renderPast(entry) {
+    const id = entry.instance_id;
+    const loaded = state.rounds.get(id);
+    const title = h("h3", {}, t("serving.past"));
+    const error =
+      loaded?.error || state.downloadError?.instance === id
+        ? h(
+            "p",
+            { class: "error", role: "status" },
+            loaded?.error
+              ? errorMessage(loaded.error)
+              : t("serving.error.download", { detail: errorMessage(state.downloadError.error) }),
+          )
+        : null;
+    const rounds = pastRounds(loaded?.data ?? []);
+    if (rounds.length === 0) return [title, error, h("p", { class: "empty" }, t("serving.past.empty"))];
+    const picked = state.picked.get(id);
+    return [
+      title,
+      error,
+      table(
+        t("serving.past"),
+        [
+          t("serving.past.col.id"),
+          t("serving.past.col.kind"),
+          t("serving.past.col.started"),
+          t("serving.past.col.outcome"),
+          t("serving.past.col.total"),
+          t("serving.past.col.actions"),
+        ],
+        rounds.map((r) =>
+          h(
+            "tr",
+            {
+              dataset: { request: r.requestId, outcome: r.outcome ?? "running" },
+              class: r.requestId === picked ? "selected" : null,
+            },
+            h("td", {}, h("code", {}, r.requestId)),
+            h("td", {}, known(`serving.kind.${r.kind}`, r.kind)),
+            h("td", { class: "nowrap" }, fmtSeconds(r.startedAt)),
+            h("td", {}, outcomeBadge(r.outcome, r.tone)),
+            h("td", { class: "num" }, r.totalSec === null ? t("none") : t("serving.seconds", { sec: r.totalSec.toFixed(3) })),
+            h(
+              "td",
+              { class: "actions" },
+              h(
+                "button",
+                { type: "button", class: "round-show", id: `round-show-${r.requestId}`, onclick: () => pick(id, r.requestId) },
+                t("serving.past.show"),
+              ),
+              h(
+                "button",
+                {
+                  type: "button",
+                  class: "round-download",
+                  id: `round-download-${r.requestId}`,
+                  "aria-label": t("serving.past.download_label", { id: r.requestId }),
+                  onclick: () => download(entry, r.requestId),
+                },
+                t("serving.past.download"),
+              ),
+            ),
+          ),
+        ),
+        { class: "rounds" },
+      ),
+    ];
+  }
+
+  function renderInstance(entry) {
+    const phase = phaseInfo(entry.phase);
+    const serving = entry.can_serve === true;
+    return h(
+      "section",
+      { class: "block instance", dataset: { instance: entry.instance_id, phase: String(entry.phase) } },
+      h(
+        "div",
+        { class: "block-head" },
+        h("h2", {}, t("serving.instance", { id: entry.instance_id })),
+        h(
+          "div",
+          { class: "badges" },
+          h(
+            "span",
+            { class: `badge phase tone-${phase.tone}`, title: t("serving.phase.label") },
+            phase.known ? t(phase.name) : `${t(phase.name)}: ${entry.phase}`,
+            phase.known ? h("code", { class: "phase-code" }, entry.phase) : null,
+          ),
+          h(
+            "span",
+            { class: `badge can-serve ${serving ? "tone-ok" : "tone-bad"}` },
+            serving ? t("serving.can_serve") : t("serving.cannot_serve"),
+          ),
+          entry.serving_published === undefined
+            ? null
+            : h(
+                "span",
+                { class: `badge published ${entry.serving_published ? "tone-ok" : "tone-warn"}` },
+                entry.serving_published ? t("serving.published") : t("serving.unpublished"),
+              ),
+        ),
+      ),
+      h("p", { class: "phase-explain" }, t(phase.explain)),
+      renderRanks(entry),
+      renderFacts(entry),
+      renderGate(entry),
+      renderErrors(entry),
+      renderPods(entry),
+      renderTimeline(entry),
+      renderPast(entry),
+    );
+  }
+
+  function renderList() {
+    if (state.status === null) {
+      if (state.error) return replace(listBox);
+      return replace(listBox, h("p", { class: "block muted", role: "status" }, t("loading")));
+    }
+    if (state.status.length === 0) {
+      return replace(listBox, h("p", { class: "block empty", id: "serving-empty" }, t("serving.empty")));
+    }
+    replace(listBox, state.status.map(renderInstance));
+  }
+
+  function render() {
+    renderHead();
+    renderList();
+  }
+
+  return {
+    start() {
+      replace(main, headBox, listBox);
+      render();
+      document.addEventListener("visibilitychange", onVisibility);
+      tick();
+    },
+    render,
+    stop() {
+      state.stopped = true;
+      clearTimeout(state.timer);
+      state.timer = null;
+      document.removeEventListener("visibilitychange", onVisibility);
+    },
+  };
+}

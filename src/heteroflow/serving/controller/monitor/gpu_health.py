@@ -1,0 +1,197 @@
+"""HeteroFlow GPU health (NVIDIA clusters): the platform server's hardware-event feed as a hardware source
+(``engine-protocol.md``, "Hardware fault source 2").
+
+The platform's agents report XID events and the five health counters per card; the server's
+``GET /api/v1/hardware-events`` returns, from a cursor, every XID event and every increase of a card's
+uncorrectable-ECC or row-remap-failure counter. This source polls it with its own token and turns events into a
+level state the monitor can diff: a card fault *stands* for ``hold_sec`` after the last event that raised it,
+then clears (so the same card failing again later opens a new window instead of being taken for a repeat).
+
+Levels. The spec names XID 48/94/95/79/64 and uncorrectable growth as card faults at L4-L6 with 79 and 95 at L6;
+the rest is our reading of NVIDIA's XID catalogue:
+
+======================  =====  ================================================================================
+event                   level  why
+======================  =====  ================================================================================
+XID 79                  L6     the GPU fell off the bus: the card is gone until the node is serviced
+XID 95                  L6     uncontained ECC error: every process on the card is suspect, the card needs reset
+XID 48                  L5     double-bit ECC error: the card must be reset before it is trusted again
+XID 64                  L5     ECC page retirement / row remapping failed: reset, then likely replacement
+XID 94                  L4     contained ECC error: the affected application dies, the card keeps working
+remap failure +N        L6     the card has no spare rows left: replacement, never a restart
+uncorrectable ECC +N    L5     as XID 48, seen through the counter (drivers that do not raise an XID)
+any other XID           —      informational (13, 31, 43, 45, 63, 92, …): application or driver events that do
+                               not say the card is broken; not forwarded (the platform keeps them)
+======================  =====  ================================================================================
+
+Cards are named by uuid (``GPU-…``), which the controller's core matches against the endpoints' device infos;
+an event whose uuid the agent could not read names the card by its index on the node instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+import httpx
+from pydantic import ValidationError
+
+from heteroflow.core.clock import Clock
+from heteroflow.serving.wire import HardwareFaultReport
+
+from .base import Emit, Problem, Snapshot, fault_key
+
+EVENTS_PATH = "/api/v1/hardware-events"
+
+XID_LEVELS: Mapping[int, int] = {79: 6, 95: 6, 48: 5, 64: 5, 94: 4}
+COUNTER_FAULTS: Mapping[str, tuple[str, int]] = {
+    "remap_failure": ("ROW_REMAP_FAILURE", 6),
+    "ecc_uncorrected": ("ECC_UNCORRECTABLE", 5),
+}
+"""Event kind → (fault code, level)."""
+
+
+@dataclass(frozen=True, slots=True)
+class MappedEvent:
+    report: HardwareFaultReport | None
+    """The card fault; ``None`` for an informational event (or one that could not be read)."""
+    problem: str | None = None
+
+
+def map_event(event: object, *, source: str) -> MappedEvent:
+    """One event of the feed → a card fault at its level, nothing (informational), or a problem. Never raises."""
+    if not isinstance(event, dict):
+        return MappedEvent(None, "an event that is not an object")
+    kind, value, node = event.get("kind"), event.get("value"), event.get("node_name")
+    uuid, index = event.get("uuid"), event.get("gpu_index")
+    if not isinstance(node, str) or not node:
+        return MappedEvent(None, "an event without node_name")
+    if isinstance(uuid, str) and uuid:
+        card = uuid
+    elif isinstance(index, int) and not isinstance(index, bool) and index >= 0:
+        card = str(index)  # no uuid read by the agent: the index on the node still names the card
+    else:
+        return MappedEvent(None, f"an event on {node!r} names no card (neither uuid nor gpu_index)")
+    if not isinstance(value, int) or isinstance(value, bool):
+        return MappedEvent(None, f"an event on {node!r} has a non-integer value {value!r}")
+    if kind == "xid":
+        level = XID_LEVELS.get(value)
+        if level is None:
+            return MappedEvent(None)  # informational
+        code, detail = f"XID{value}", f"XID {value}"
+    elif isinstance(kind, str) and kind in COUNTER_FAULTS:
+        code, level = COUNTER_FAULTS[kind]
+        detail = f"{kind} {event.get('previous')!r} -> {value}"
+    else:
+        return MappedEvent(None, f"unknown event kind {kind!r}")
+    at = event.get("at")
+    try:
+        report = HardwareFaultReport(
+            node_name=node,
+            card=card,
+            fault_code=code,
+            level=level,
+            source=source,
+            detail=f"{detail} at {at}" if isinstance(at, str) else detail,
+        )
+    except ValidationError as exc:
+        return MappedEvent(None, f"event on {node!r} skipped: {exc.errors()[0]['msg']}")
+    return MappedEvent(report)
+
+
+class GpuHealthSource:
+    """Polls the platform's hardware-event feed every ``poll_sec``; a card fault stands ``hold_sec`` after its
+    last event. The cursor survives a restart of the source, so a crash never loses or repeats events.
+
+    ``lookback_sec`` > 0 makes the first poll start that far back (events that happened just before the
+    controller started); the default 0 starts at the present, so that a restarted controller does not reopen
+    correlation windows for faults it already handled.
+    """
+
+    def __init__(
+        self,
+        *,
+        base_url: str,
+        token: str | None,
+        poll_sec: float,
+        hold_sec: float,
+        clock: Clock,
+        lookback_sec: float = 0.0,
+        platform_source: str = "real",
+        page_limit: int = 200,
+        max_pages_per_poll: int = 50,
+        timeout_sec: float = 10.0,
+        transport: httpx.AsyncBaseTransport | None = None,
+        name: str = "gpu-health",
+    ) -> None:
+        self.name = name
+        self._base_url = base_url.rstrip("/")
+        self._token = token
+        self._poll_sec = poll_sec
+        self._hold_sec = hold_sec
+        self._clock = clock
+        self._lookback = lookback_sec
+        self._platform_source = platform_source
+        self._page_limit = page_limit
+        self._max_pages = max_pages_per_poll
+        self._timeout = timeout_sec
+        self._transport = transport
+        self._cursor: str | None = None
+        self._active: dict[str, tuple[HardwareFaultReport, float]] = {}
+        """Fault key → (report, monotonic seconds of its last event)."""
+
+    async def run(self, emit: Emit) -> None:
+        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
+        async with httpx.AsyncClient(
+            base_url=self._base_url, headers=headers, timeout=self._timeout, transport=self._transport
+        ) as http:
+            while True:
+                await self.poll_once(http, emit)
+                await asyncio.sleep(self._poll_sec)
+
+    async def poll_once(self, http: httpx.AsyncClient, emit: Emit) -> None:
+        """Read every new page (up to ``max_pages_per_poll``), then publish the faults standing now."""
+        for _ in range(self._max_pages):
+            problem, more = await self._page(http, emit)
+            if problem is not None:
+                emit(Problem(scope="platform", detail=problem))
+                break
+            if not more:
+                break
+        now = self._clock.monotonic()
+        self._active = {k: (r, seen) for k, (r, seen) in self._active.items() if now - seen < self._hold_sec}
+        emit(Snapshot(scope="platform", faults=tuple(r for r, _ in self._active.values())))
+
+    async def _page(self, http: httpx.AsyncClient, emit: Emit) -> tuple[str | None, bool]:
+        params: dict[str, Any] = {"limit": self._page_limit, "source": self._platform_source}
+        if self._cursor is not None:
+            params["cursor"] = self._cursor
+        elif self._lookback > 0:
+            params["since"] = (self._clock.now() - timedelta(seconds=self._lookback)).isoformat()
+        try:
+            response = await http.get(EVENTS_PATH, params=params)
+        except httpx.HTTPError as exc:
+            return f"{EVENTS_PATH} unreachable: {type(exc).__name__}: {exc}", False
+        if response.status_code != 200:
+            return f"{EVENTS_PATH} answered HTTP {response.status_code}: {response.text[:200]}", False
+        try:
+            body = response.json()
+        except ValueError:
+            return f"{EVENTS_PATH} answered something that is not JSON", False
+        if not isinstance(body, dict):
+            return f"{EVENTS_PATH} answered a JSON value that is not an object", False
+        events, cursor, more = body.get("events"), body.get("next_cursor"), body.get("more")
+        if not isinstance(events, list) or not isinstance(cursor, str) or not isinstance(more, bool):
+            return f"{EVENTS_PATH} answered without events / next_cursor / more", False
+        now = self._clock.monotonic()
+        for event in events:
+            mapped = map_event(event, source=self.name)
+            if mapped.problem is not None:
+                emit(Problem(scope="platform", detail=mapped.problem))
+            if mapped.report is not None:
+                self._active[fault_key(mapped.report)] = (mapped.report, now)
+        self._cursor = cursor  # only after the page was taken: a failed page is asked for again
+        return None, more

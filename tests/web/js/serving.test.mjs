@@ -1,0 +1,323 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import { LANGUAGES } from "../../../src/heteroflow/server/web/ui/i18n.js";
+import {
+  GATE_REASONS,
+  PHASES,
+  RANK_STATES,
+  evidenceDocument,
+  gateReasons,
+  isRunning,
+  pastRounds,
+  phaseInfo,
+  rankCells,
+  relTime,
+  roundToShow,
+  shapeTimeline,
+  stateCounts,
+} from "../../../src/heteroflow/server/web/ui/logic/serving.js";
+
+const entry = (over = {}) => ({
+  instance_id: "inst-1",
+  phase: "NORMAL",
+  original_dp_ranks: [0, 1, 2, 3],
+  request_id: null,
+  dead_committed: [],
+  pending_removed_ranks: [],
+  alive_dp_ranks: [0, 1, 2, 3],
+  fallback_strategy: null,
+  gate: { allowed: true, reason_codes: [], warnings: [] },
+  engine_statuses: {},
+  serving_published: true,
+  last_error: null,
+  can_serve: true,
+  published_endpoints: [0, 1, 2, 3],
+  running_strategy: null,
+  ...over,
+});
+const states = (e) => rankCells(e).map((c) => c.state);
+
+// ---- state per rank ------------------------------------------------------------------------------------------
+test("every rank of a healthy instance is alive and published", () => {
+  const cells = rankCells(entry());
+  assert.deepEqual(cells.map((c) => c.rank), [0, 1, 2, 3]);
+  assert.deepEqual(states(entry()), ["alive", "alive", "alive", "alive"]);
+  assert.ok(cells.every((c) => c.published === true && c.engine === null));
+});
+
+test("after a committed round: the committed rank is committed dead, never alive again", () => {
+  const e = entry({
+    phase: "SCALED_DOWN_RUNNING",
+    dead_committed: [1],
+    alive_dp_ranks: [0, 2, 3],
+    published_endpoints: [0, 2, 3],
+    engine_statuses: { 0: "healthy", 1: "dead", 2: "healthy", 3: "healthy" },
+  });
+  assert.deepEqual(states(e), ["alive", "committed_dead", "alive", "alive"]);
+  assert.equal(rankCells(e)[1].published, false);
+  assert.equal(rankCells(e)[0].engine, "healthy");
+});
+
+test("during a round: pending removal is withdrawn, an uncommitted DEAD is dead, a fault is unhealthy", () => {
+  const e = entry({
+    phase: "SCALING_DOWN",
+    dead_committed: [0],
+    pending_removed_ranks: [1],
+    alive_dp_ranks: [2, 3, 4, 5],
+    original_dp_ranks: [0, 1, 2, 3, 4, 5],
+    engine_statuses: { 1: "dead", 2: "unhealthy", 3: "dead", 4: "protocol_error", 5: "healthy" },
+  });
+  assert.deepEqual(states(e), ["committed_dead", "withdrawn", "unhealthy", "dead", "unhealthy", "alive"]);
+});
+
+test("a rank the entry contradicts itself about is unknown, never guessed alive", () => {
+  const e = entry({ alive_dp_ranks: [0, 1, 2] });
+  assert.deepEqual(states(e), ["alive", "alive", "alive", "unknown"]);
+});
+
+test("an entry without a published view (restored, not yet assembled) has published unknown", () => {
+  const e = entry({ published_endpoints: undefined });
+  assert.ok(rankCells(e).every((c) => c.published === null));
+});
+
+test("ranks are sorted numerically and junk values are ignored", () => {
+  const e = entry({ original_dp_ranks: [10, 2, "x", 1], alive_dp_ranks: [1, 2, 10] });
+  assert.deepEqual(rankCells(e).map((c) => c.rank), [1, 2, 10]);
+});
+
+test("state counts include zeros (counted, not unknown)", () => {
+  const counts = stateCounts(rankCells(entry({ dead_committed: [3], alive_dp_ranks: [0, 1, 2] })));
+  assert.deepEqual(counts, { alive: 3, unhealthy: 0, dead: 0, withdrawn: 0, committed_dead: 1, unknown: 0 });
+});
+
+// ---- phase text ------------------------------------------------------------------------------------------------
+test("every phase has a name and a plain-language explanation in both languages", () => {
+  for (const phase of PHASES) {
+    const info = phaseInfo(phase);
+    assert.equal(info.known, true);
+    for (const lang of ["en", "zh"]) {
+      assert.ok(LANGUAGES[lang][info.name], `${lang} ${info.name}`);
+      assert.ok(LANGUAGES[lang][info.explain].length > 20, `${lang} ${info.explain}`);
+    }
+  }
+  assert.equal(phaseInfo("NORMAL").tone, "ok");
+  assert.equal(phaseInfo("SCALED_DOWN_RUNNING").tone, "ok");
+  assert.equal(phaseInfo("RECONFIGURING").tone, "bad");
+  assert.equal(phaseInfo("WAITING_ENGINE_FAULT").tone, "busy");
+  assert.equal(phaseInfo("DISABLED").tone, "off");
+});
+
+test("an unknown phase is shown as unknown, not mapped to a known one", () => {
+  const info = phaseInfo("SOMETHING_NEW");
+  assert.equal(info.known, false);
+  assert.equal(info.name, "serving.phase.unknown");
+});
+
+test("the gate's reason codes are explained when known and kept verbatim otherwise", () => {
+  const gate = gateReasons(
+    entry({ gate: { allowed: false, reason_codes: ["EPLB_REQUIRED", "NEW_CODE"], warnings: ["capacity 6 < 8"] } }),
+  );
+  assert.equal(gate.allowed, false);
+  assert.deepEqual(gate.reasons, [
+    { code: "EPLB_REQUIRED", key: "serving.gate.reason.EPLB_REQUIRED" },
+    { code: "NEW_CODE", key: null },
+  ]);
+  assert.deepEqual(gate.warnings, ["capacity 6 < 8"]);
+  assert.equal(gateReasons({}).allowed, null);
+  for (const code of GATE_REASONS) assert.ok(LANGUAGES.zh[`serving.gate.reason.${code}`], code);
+});
+
+test("every rank state has a name and an explanation", () => {
+  for (const s of RANK_STATES) {
+    assert.ok(LANGUAGES.en[`serving.state.${s}`] && LANGUAGES.en[`serving.state.${s}.explain`], s);
+  }
+});
+
+// ---- which round ------------------------------------------------------------------------------------------------
+test("the running round is shown while a round phase lasts; afterwards the last one", () => {
+  const rounds = [{ request_id: "sd-old", outcome: "committed" }];
+  assert.deepEqual(roundToShow(entry({ phase: "SCALING_DOWN", request_id: "sd-now" }), rounds), {
+    requestId: "sd-now",
+    running: true,
+    picked: false,
+  });
+  assert.deepEqual(roundToShow(entry({ phase: "SCALED_DOWN_RUNNING", request_id: "sd-now" }), rounds), {
+    requestId: "sd-now",
+    running: false,
+    picked: false,
+  });
+  assert.deepEqual(roundToShow(entry(), rounds), { requestId: "sd-old", running: false, picked: false });
+  assert.equal(roundToShow(entry(), []), null);
+  assert.equal(roundToShow(entry(), [], "sd-x").picked, true);
+  assert.equal(isRunning(entry({ phase: "RECONFIGURING", running_strategy: "fallback" })), true);
+  assert.equal(isRunning(entry({ phase: "RECONFIGURING" })), false);
+});
+
+test("past rounds come newest first with their outcome's tone; no outcome means running", () => {
+  const list = pastRounds([
+    { request_id: "a", kind: "scale_down", outcome: "failed", stage_seconds: {} },
+    { request_id: "b", kind: "scale_down", outcome: "committed", stage_seconds: { round_total: 1.5 } },
+    { request_id: "c", kind: "fallback", outcome: null, stage_seconds: {} },
+  ]);
+  assert.deepEqual(
+    list.map((r) => [r.requestId, r.tone, r.totalSec]),
+    [
+      ["c", "busy", null],
+      ["b", "ok", 1.5],
+      ["a", "bad", null],
+    ],
+  );
+});
+
+// ---- timeline shaping -------------------------------------------------------------------------------------------
+const record = {
+  request_id: "sd-1",
+  kind: "scale_down",
+  outcome: "committed",
+  events: [
+    { at: "t", t_sec: 0, kind: "decided", candidates: [1], survivors: [0, 2, 3], fallback: "InstanceReconfiguration" },
+    { at: "t", t_sec: 0.01, kind: "phase", from: "NORMAL", to: "DECIDING" },
+    { at: "t", t_sec: 0.02, kind: "gate", allowed: true, reason_codes: [], warnings: [] },
+    { at: "t", t_sec: 0.03, kind: "guard", pod_id: "pod-a", lease_sec: 90, renewed: false },
+    { at: "t", t_sec: 0.1, kind: "status_poll", entries: { 0: "healthy", 2: "healthy" } },
+    { at: "t", t_sec: 0.2, kind: "status_poll", entries: { 0: "healthy", 2: "healthy" } },
+    { at: "t", t_sec: 0.3, kind: "status_poll", entries: { 0: "healthy", 2: "healthy" } },
+    { at: "t", t_sec: 0.4, kind: "status_poll", entries: { 2: "unhealthy", 0: "unhealthy" } },
+    { at: "t", t_sec: 0.5, kind: "coordinator_del", endpoint_ids: [0, 1, 2, 3] },
+    {
+      at: "t",
+      t_sec: 0.6,
+      kind: "apply",
+      pod_id: "pod-a",
+      http_status: 202,
+      body: { instruction: "scale_down", params: { removed_dp_ranks: [1] } },
+    },
+    { at: "t", t_sec: 0.61, kind: "apply", pod_id: "pod-b", http_status: 409, body: {} },
+    { at: "t", t_sec: 0.62, kind: "apply", pod_id: "pod-c", http_status: null, body: {} },
+    { at: "t", t_sec: 0.7, kind: "probe", endpoint_id: 0, ok: true, latency_sec: 0.0123, identity_changed: false },
+    { at: "t", t_sec: 0.71, kind: "probe", endpoint_id: 2, ok: true, latency_sec: 0.02, identity_changed: true },
+    { at: "t", t_sec: 0.8, kind: "finalize", pod_id: "pod-a", commit: true, repeated: false, retired: [1] },
+    { at: "t", t_sec: 0.81, kind: "finalize", pod_id: "pod-b", commit: false, repeated: false },
+    { at: "t", t_sec: 0.9, kind: "coordinator_add", endpoint_ids: [0, 2, 3] },
+    { at: "t", t_sec: 1.0, kind: "outcome", outcome: "committed" },
+    { at: "t", t_sec: 1.1, kind: "brand_new_event", what: 1 },
+  ],
+};
+
+test("the timeline keeps order, relative times and the right labels", () => {
+  const items = shapeTimeline(record);
+  assert.deepEqual(
+    items.map((i) => i.key),
+    [
+      "serving.tl.decided",
+      "serving.tl.phase",
+      "serving.tl.gate_ok",
+      "serving.tl.guard",
+      "serving.tl.status_poll",
+      "serving.tl.status_poll",
+      "serving.tl.coordinator_del",
+      "serving.tl.apply",
+      "serving.tl.apply",
+      "serving.tl.apply_undelivered",
+      "serving.tl.probe",
+      "serving.tl.probe_restarted",
+      "serving.tl.finalize_commit",
+      "serving.tl.finalize_abort",
+      "serving.tl.coordinator_add",
+      "serving.tl.outcome.committed",
+      "serving.tl.other",
+    ],
+  );
+  assert.equal(items[0].rel, "+0.000 s");
+  assert.deepEqual(items[0].params, { candidates: "1", survivors: "0, 2, 3", fallback: "InstanceReconfiguration" });
+  assert.equal(items.at(-1).params.kind, "brand_new_event");
+  assert.deepEqual(items.at(-1).body, { what: 1 });
+});
+
+test("identical consecutive polls collapse into one item with a count; a change starts a new one", () => {
+  const polls = shapeTimeline(record).filter((i) => i.kind === "status_poll");
+  assert.equal(polls[0].count, 3);
+  assert.equal(polls[0].rel, "+0.100 s");
+  assert.equal(polls[0].lastRel, "+0.300 s");
+  assert.equal(polls[0].params.entries, "0: healthy · 2: healthy");
+  assert.equal(polls[1].count, 1);
+  assert.equal(polls[1].params.entries, "0: unhealthy · 2: unhealthy"); // sorted by rank, whatever the key order
+});
+
+test("apply shows its body and HTTP status; anything but 202 is marked bad", () => {
+  const applies = shapeTimeline(record).filter((i) => i.kind === "apply");
+  assert.deepEqual(applies[0].body, { instruction: "scale_down", params: { removed_dp_ranks: [1] } });
+  assert.deepEqual(applies[0].params, { pod: "pod-a", status: "202" });
+  assert.deepEqual(
+    applies.map((a) => a.tone),
+    ["ok", "bad", "bad"],
+  );
+});
+
+test("probes carry latency; a restarted engine is bad even when the probe answered", () => {
+  const probes = shapeTimeline(record).filter((i) => i.kind === "probe");
+  assert.equal(probes[0].params.latency, "0.012");
+  assert.equal(probes[0].tone, "ok");
+  assert.equal(probes[1].tone, "bad");
+});
+
+test("a refused gate, a failure and a fallback are bad and carry their words", () => {
+  const items = shapeTimeline({
+    events: [
+      { t_sec: 0, kind: "gate", allowed: false, reason_codes: ["EPLB_REQUIRED", "NO_SURVIVOR"] },
+      { t_sec: 0.1, kind: "failed", error: "gate refused: EPLB_REQUIRED" },
+      { t_sec: 0.2, kind: "fallback", strategy: "InstanceReconfiguration", reason: "gate" },
+      { t_sec: 0.3, kind: "outcome", outcome: "failed" },
+    ],
+  });
+  assert.deepEqual(items[0].params, { reasons: "EPLB_REQUIRED, NO_SURVIVOR" });
+  assert.ok(items.every((i) => i.tone === "bad"));
+});
+
+test("a missing time stays unknown (null), and junk events are skipped", () => {
+  const items = shapeTimeline({ events: [null, 3, { kind: "decided" }] });
+  assert.equal(items.length, 1);
+  assert.equal(items[0].rel, null);
+  assert.equal(items[0].params.candidates, "—");
+  assert.deepEqual(shapeTimeline(null), []);
+  assert.equal(relTime(12.3456), "+12.346 s");
+});
+
+test("every timeline key used exists in both languages with the same placeholders", () => {
+  const kinds = [
+    ...record.events,
+    { kind: "decided", hardware_matched: true },
+    { kind: "gate", allowed: false },
+    { kind: "guard", renewed: true },
+    ...["guard_failed", "guard_renewal_failed", "probe_failed", "nudge_failed", "absorbed", "nudge"].map((kind) => ({ kind })),
+    { kind: "coordinator_set" },
+    { kind: "probe", ok: false },
+    { kind: "finalize", commit: true, repeated: true },
+    { kind: "finalize_failed" },
+    { kind: "pod_stop", ok: true },
+    { kind: "pod_stop", ok: false },
+    { kind: "failed" },
+    ...["failed", "succeeded", "deduplicated", "odd"].map((outcome) => ({ kind: "outcome", outcome })),
+    ...["evidence", "hardware_fault", "fallback", "fallback_failed", "engines_restart", "engines_ready", "write_ahead"].map(
+      (kind) => ({ kind }),
+    ),
+  ];
+  const names = (text) => [...text.matchAll(/\{(\w+)\}/g)].map((m) => m[1]);
+  for (const item of shapeTimeline({ events: kinds })) {
+    for (const lang of ["en", "zh"]) {
+      const text = LANGUAGES[lang][item.key];
+      assert.ok(text, `${lang} ${item.key}`);
+      for (const name of names(text)) assert.ok(name in item.params, `${item.key} needs {${name}}`);
+    }
+  }
+});
+
+// ---- evidence download ------------------------------------------------------------------------------------------
+test("the evidence document holds the round verbatim, the instance status and a safe file name", () => {
+  const doc = evidenceDocument({ ...record, request_id: "sd-1/../x" }, entry(), "2026-01-01T00:00:00Z");
+  assert.equal(doc.filename, "heteroflow-round-sd-1_.._x.json");
+  const parsed = JSON.parse(doc.text);
+  assert.deepEqual(parsed.round.events, record.events);
+  assert.equal(parsed.instance_status.instance_id, "inst-1");
+  assert.equal(parsed.exported_at, "2026-01-01T00:00:00Z");
+});

@@ -1,0 +1,144 @@
+"""A live platform server whose serving proxy points at a real controller that has really scaled down.
+
+The controller side is the in-process serving plane of ``tests/integration/serving/controller_harness.py``: the
+real controller, two real NodeManagers (pod ``a``: ranks 0-1, pod ``b``: ranks 2-3) and the simulator's fake
+engines, all in one event loop in a background thread. Rank 1's worker is killed and traffic makes the survivors
+meet the fault, so the controller runs one real DP scale-down round: SCALED_DOWN_RUNNING with
+``dead_committed == [1]`` and a committed round in its history. The controller's app is then served on a real
+loopback port, and the platform server (with the web router) forwards ``/api/v1/serving/…`` to it.
+
+No JSON file stands in for the controller: every byte the page shows came from the controller's own routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from heteroflow.core.clock import SystemClock
+from heteroflow.core.testing import free_port
+from heteroflow.health.prediction_settings import PredictionSettings
+from heteroflow.health.settings import HealthStorageSettings
+from heteroflow.platform.auth import parse_scopes
+from heteroflow.server.alert_delivery import AlertDeliverySettings
+from heteroflow.server.app import build_context
+from heteroflow.server.settings import ServerSettings
+from heteroflow.serving.controller.app import create_app as controller_app
+from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN
+from heteroflow.storage.db import create_db_engine, upgrade_database
+from heteroflow.storage.token_store import SqlTokenStore
+from tests.integration.serving.controller_harness import Plane, run_plane
+from tests.web.seed import build_app, serve
+
+
+@dataclass(frozen=True)
+class ServingSeeded:
+    base_url: str
+    """The platform server (web pages and the serving proxy)."""
+    controller_url: str
+    """The controller on its real port (the tests read it directly to compare)."""
+    admin: str
+    """admin scope, no tenant: sees the serving dashboard"""
+    tenant_reader: str
+    """tenant acme, nodes:read: signs in, but the serving routes answer 403"""
+    request_id: str
+    """the committed round that removed rank 1"""
+
+
+@contextlib.contextmanager
+def scaled_down_controller(tmp: Path) -> Iterator[tuple[str, str]]:
+    """(controller URL, request id of its committed round), the plane running in a background thread."""
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    async def scenario(plane: Plane) -> None:
+        await plane.kill_and_traffic(1)
+        status = await plane.until(
+            lambda s: s["phase"] == "SCALED_DOWN_RUNNING" and s["dead_committed"] == [1] and s["can_serve"],
+            within=30,
+            what="rank 1 committed dead",
+        )
+        port = free_port()
+        app = controller_app(plane.controller, cluster_token=TEST_CLUSTER_TOKEN)
+        server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
+        task = asyncio.create_task(server.serve())
+        try:
+            while not server.started:
+                if task.done():
+                    task.result()
+                    raise RuntimeError("the controller's port did not open")
+                await asyncio.sleep(0.02)
+            stop = asyncio.Event()
+            box.update(
+                url=f"http://127.0.0.1:{port}",
+                request_id=status["request_id"],
+                stop=stop,
+                loop=asyncio.get_running_loop(),
+            )
+            ready.set()
+            await stop.wait()  # set from the test thread when the tests are done
+        finally:
+            server.should_exit = True
+            await task
+
+    def run() -> None:
+        try:
+            run_plane(scenario, tmp)
+        except BaseException as exc:  # surfaced in the test thread
+            box["error"] = exc
+        finally:
+            ready.set()
+
+    thread = threading.Thread(target=run, name="serving-plane", daemon=True)
+    thread.start()
+    if not ready.wait(timeout=90):
+        raise RuntimeError("the serving plane did not reach SCALED_DOWN_RUNNING within 90 s")
+    if "error" in box:
+        raise box["error"]
+    try:
+        yield box["url"], box["request_id"]
+    finally:
+        box["loop"].call_soon_threadsafe(box["stop"].set)
+        thread.join(timeout=30)
+
+
+@contextlib.contextmanager
+def serving_server(tmp: Path) -> Iterator[ServingSeeded]:
+    (tmp / "plane").mkdir(parents=True, exist_ok=True)
+    with scaled_down_controller(tmp / "plane") as (controller_url, request_id):
+        engine = create_db_engine(f"sqlite:///{tmp / 'serving-web.db'}")
+        upgrade_database(engine)
+        settings = ServerSettings.load(
+            database_url=str(engine.url), controller_url=controller_url, cluster_token=TEST_CLUSTER_TOKEN
+        )
+        ctx = build_context(
+            settings=settings,
+            health_settings=HealthStorageSettings.load(),
+            prediction_settings=PredictionSettings.load(),
+            delivery_settings=AlertDeliverySettings.load(),
+            clock=SystemClock(),
+            engine=engine,
+        )
+        now = SystemClock().now()
+        tokens = SqlTokenStore(engine)
+        acme = tokens.ensure_tenant("acme", now=now)[0]
+        admin = tokens.create_token(name="serving-admin", scopes=parse_scopes("admin"), tenant_id=None, now=now)[1]
+        reader = tokens.create_token(name="acme-reader", scopes=parse_scopes("nodes:read"), tenant_id=acme, now=now)[1]
+        try:
+            with serve(build_app(ctx)) as base_url:
+                yield ServingSeeded(
+                    base_url=base_url,
+                    controller_url=controller_url,
+                    admin=admin,
+                    tenant_reader=reader,
+                    request_id=request_id,
+                )
+        finally:
+            engine.dispose()

@@ -1,0 +1,327 @@
+# ruff: noqa: RUF001  # the page is checked against its exact Chinese wording
+"""The serving dashboard (/serving) in a real headless Chromium, against a live platform server whose proxy talks
+to a real controller that has just scaled instance ``inst-1`` down (rank 1 committed dead; see serving_seed.py)."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import time
+from collections.abc import Callable, Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from heteroflow.core.clock import SystemClock
+from heteroflow.core.testing import free_port
+from heteroflow.health.prediction_settings import PredictionSettings
+from heteroflow.health.settings import HealthStorageSettings
+from heteroflow.platform.auth import parse_scopes
+from heteroflow.server.alert_delivery import AlertDeliverySettings
+from heteroflow.server.app import build_context
+from heteroflow.server.settings import ServerSettings
+from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN
+from heteroflow.storage.db import create_db_engine, upgrade_database
+from heteroflow.storage.token_store import SqlTokenStore
+from tests.web.seed import build_app, serve
+from tests.web.serving_seed import ServingSeeded, serving_server
+
+pytestmark = pytest.mark.browser
+
+Open = Callable[..., Any]
+INSTANCE = '.instance[data-instance="inst-1"]'
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _expect_timeout(browser: Any) -> None:
+    from playwright.sync_api import expect
+
+    expect.set_options(timeout=15_000)
+
+
+@pytest.fixture(scope="module")
+def serving(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[ServingSeeded]:
+    with serving_server(tmp_path_factory.mktemp("serving")) as server:
+        yield server
+
+
+@pytest.fixture
+def open_page(browser: Any) -> Iterator[Open]:
+    """Open ``url`` (None: not yet) in a fresh browser context (own sessionStorage), signed in with ``token``
+    unless None; ``clock``: the page's timers are Playwright's fake clock."""
+    contexts: list[Any] = []
+    errors: list[str] = []
+
+    def opener(
+        url: str | None, *, token: str | None, lang: str | None = None, width: int = 1280, clock: bool = False
+    ) -> Any:
+        context = browser.new_context(viewport={"width": width, "height": 900}, accept_downloads=True)
+        contexts.append(context)
+        script = ""
+        if token is not None:
+            script += f"sessionStorage.setItem('heteroflow.token', {json.dumps(token)});"
+        if lang is not None:
+            script += f"localStorage.setItem('heteroflow.lang', {json.dumps(lang)});"
+        if script:
+            context.add_init_script(
+                f"if (!sessionStorage.getItem('seeded')) {{ {script} sessionStorage.setItem('seeded', '1'); }}"
+            )
+        page = context.new_page()
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        if clock:  # fake timers, paused: only run_for moves them
+            start = datetime(2026, 1, 1, tzinfo=UTC)
+            page.clock.install(time=start)
+            page.clock.pause_at(start + timedelta(seconds=1))
+        if url is not None:
+            page.goto(url)
+        return page
+
+    yield opener
+    for context in contexts:
+        context.close()
+    assert not errors, f"uncaught page errors: {errors}"
+
+
+def controller(serving: ServingSeeded, path: str) -> Any:
+    response = httpx.get(serving.controller_url + path, headers={"Authorization": f"Bearer {TEST_CLUSTER_TOKEN}"})
+    response.raise_for_status()
+    return response.json()
+
+
+def set_hidden(page: Any, hidden: bool) -> None:
+    """What the browser does when the tab goes to the background (or comes back)."""
+    page.evaluate(
+        "hidden => { Object.defineProperty(document, 'hidden', {value: hidden, configurable: true});"
+        " document.dispatchEvent(new Event('visibilitychange')); }",
+        hidden,
+    )
+
+
+@contextlib.contextmanager
+def platform_server(tmp: Path, *, controller_url: str | None) -> Iterator[tuple[str, str]]:
+    """A bare platform server (no seed) and an admin token: for the error states."""
+    engine = create_db_engine(f"sqlite:///{tmp / 'bare.db'}")
+    upgrade_database(engine)
+    ctx = build_context(
+        settings=ServerSettings.load(
+            database_url=str(engine.url), controller_url=controller_url, cluster_token=TEST_CLUSTER_TOKEN
+        ),
+        health_settings=HealthStorageSettings.load(),
+        prediction_settings=PredictionSettings.load(),
+        delivery_settings=AlertDeliverySettings.load(),
+        clock=SystemClock(),
+        engine=engine,
+    )
+    now = SystemClock().now()
+    admin = SqlTokenStore(engine).create_token(name="a", scopes=parse_scopes("admin"), tenant_id=None, now=now)[1]
+    try:
+        with serve(build_app(ctx)) as base_url:
+            yield base_url, admin
+    finally:
+        engine.dispose()
+
+
+# ---- the grid, the phase, the pods, the timeline ---------------------------------------------------------------
+def test_the_grid_shows_each_rank_state_after_a_real_scale_down(open_page: Open, serving: ServingSeeded) -> None:
+    from playwright.sync_api import expect
+
+    page = open_page(serving.base_url + "/serving", token=serving.admin)
+    instance = page.locator(INSTANCE)
+    expect(instance).to_have_attribute("data-phase", "SCALED_DOWN_RUNNING")
+    cells = instance.locator(".rank-grid li")
+    expect(cells).to_have_count(4)
+    for rank, state, words in [
+        (0, "alive", "Alive"),
+        (1, "committed_dead", "Committed dead"),
+        (2, "alive", "Alive"),
+        (3, "alive", "Alive"),
+    ]:
+        cell = instance.locator(f'.rank-grid li[data-rank="{rank}"]')
+        expect(cell).to_have_attribute("data-state", state)
+        expect(cell.locator(".rank-state")).to_have_text(words)  # never colour alone
+    expect(instance.locator('.rank-grid li[data-rank="1"] .rank-pub')).to_have_text("not published")
+    expect(instance.locator('.rank-grid li[data-rank="0"] .rank-pub')).to_have_text("published")
+    expect(instance.locator(".badge.phase")).to_contain_text("Scaled down, serving")
+    expect(instance.locator(".phase-explain")).to_contain_text("original ranks minus those committed dead")
+    expect(instance.locator(".badge.can-serve")).to_have_text("Can serve")
+    expect(instance.locator(".badge.published")).to_have_text("View published")
+    expect(instance.locator(".gate")).to_have_attribute("data-allowed", "true")
+    expect(instance.locator(".last-error")).to_contain_text("none")
+    expect(instance.locator(".instance-facts")).to_contain_text("0, 2, 3")
+    expect(instance.locator("table.pods tbody tr")).to_have_count(2)
+    expect(instance.locator('table.pods tr[data-pod="pod-a"] .badge')).to_have_text("Up")
+    expect(instance.locator('table.pods tr[data-pod="pod-b"]')).to_have_attribute("data-state", "up")
+    # The last round's timeline: every stage, in order, with relative times.
+    timeline = instance.locator(f'ol.timeline[data-request="{serving.request_id}"]')
+    expect(timeline).to_be_visible()
+    expect(instance.locator(".timeline-box h3")).to_contain_text(f"Last round {serving.request_id}")
+    kinds = timeline.locator("li").evaluate_all("items => items.map(i => i.dataset.kind)")
+    record = controller(serving, f"/controller/fault_tolerance/rounds/{serving.request_id}")
+    assert kinds == [k for i, k in enumerate(e["kind"] for e in record["events"]) if not _repeated_poll(record, i)]
+    for kind in ("decided", "gate", "guard", "status_poll", "coordinator_del", "apply", "probe", "finalize"):
+        assert kind in kinds, kind
+    assert kinds[-1] == "outcome"
+    expect(timeline.locator("li").first.locator(".tl-time")).to_have_text("+0.000 s")
+    expect(timeline.locator("li").first).to_contain_text("Decided: remove 1; survivors 0, 2, 3")
+    apply = timeline.locator('li[data-kind="apply"]').first
+    expect(apply).to_contain_text("HTTP 202")
+    expect(apply.locator("pre")).to_contain_text('"removed_dp_ranks"')
+    expect(timeline.locator('li[data-kind="outcome"]')).to_have_text(re.compile(r"Outcome: committed"))
+    # The past rounds, with the outcome.
+    row = instance.locator(f'table.rounds tr[data-request="{serving.request_id}"]')
+    expect(row).to_have_attribute("data-outcome", "committed")
+    expect(row.locator(".badge")).to_have_text("Committed")
+
+
+def _repeated_poll(record: dict[str, Any], index: int) -> bool:
+    """Whether event ``index`` is a status poll folded into the one before it (same answers)."""
+    events = record["events"]
+    if index == 0 or events[index]["kind"] != "status_poll" or events[index - 1]["kind"] != "status_poll":
+        return False
+    return bool(events[index]["entries"] == events[index - 1]["entries"])
+
+
+def test_the_navigation_links_the_page_and_a_picked_round_can_be_left(open_page: Open, serving: ServingSeeded) -> None:
+    from playwright.sync_api import expect
+
+    page = open_page(serving.base_url + "/nodes", token=serving.admin)
+    page.locator('#nav a[href="/serving"]').click()
+    expect(page).to_have_url(serving.base_url + "/serving")
+    expect(page.locator('#nav a[href="/serving"]')).to_have_attribute("aria-current", "page")
+    expect(page).to_have_title("Serving · HeteroFlow")
+    page.locator(f"#round-show-{serving.request_id}").click()
+    instance = page.locator(INSTANCE)
+    expect(instance.locator(".timeline-box h3")).to_contain_text(f"Selected round {serving.request_id}")
+    expect(instance.locator(f'table.rounds tr[data-request="{serving.request_id}"]')).to_have_class("selected")
+    page.locator("#round-back-inst-1").click()
+    expect(instance.locator(".timeline-box h3")).to_contain_text("Last round")
+
+
+def test_download_a_round_as_json_evidence(open_page: Open, serving: ServingSeeded) -> None:
+    page = open_page(serving.base_url + "/serving", token=serving.admin)
+    with page.expect_download() as info:
+        page.locator(f"#round-download-{serving.request_id}").click()
+    download = info.value
+    assert download.suggested_filename == f"heteroflow-round-{serving.request_id}.json"
+    evidence = json.loads(Path(download.path()).read_text())
+    record = controller(serving, f"/controller/fault_tolerance/rounds/{serving.request_id}")
+    assert evidence["round"] == record  # verbatim: the controller's own evidence timeline
+    assert evidence["round"]["outcome"] == "committed"
+    assert evidence["instance_status"]["dead_committed"] == [1]
+    assert evidence["source"] == f"/api/v1/serving/rounds/{serving.request_id}"
+
+
+# ---- refresh ------------------------------------------------------------------------------------------------------
+def test_refreshes_every_2_s_while_visible_and_pauses_while_hidden(open_page: Open, serving: ServingSeeded) -> None:
+    from playwright.sync_api import expect
+
+    requests: list[str] = []
+    page = open_page(None, token=serving.admin, clock=True)
+    page.on("request", lambda r: requests.append(r.url) if r.url.endswith("/api/v1/serving/status") else None)
+    page.goto(serving.base_url + "/serving")
+    expect(page.locator(INSTANCE)).to_be_visible()
+    expect(page.locator("#serving-refresh")).to_contain_text("Updated")
+    assert len(requests) == 1
+    page.clock.run_for(1900)
+    page.wait_for_timeout(300)
+    assert len(requests) == 1  # not before 2 s
+    page.clock.run_for(200)
+    _until(page, lambda: len(requests) == 2, "the 2-second refresh")
+    set_hidden(page, True)
+    expect(page.locator("#serving-refresh")).to_contain_text("paused")
+    page.clock.run_for(30_000)
+    page.wait_for_timeout(300)
+    assert len(requests) == 2  # nothing while hidden
+    set_hidden(page, False)
+    _until(page, lambda: len(requests) == 3, "a refresh as soon as the tab is visible again")
+
+
+def _until(page: Any, check: Callable[[], bool], what: str, within: float = 10.0) -> None:
+    """Poll with a deadline; waiting through the page lets Playwright deliver its events meanwhile."""
+    deadline = time.monotonic() + within
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"not within {within} s: {what}")
+        page.wait_for_timeout(50)
+
+
+# ---- errors -------------------------------------------------------------------------------------------------------
+def test_a_tenant_token_is_told_it_is_not_authorised(open_page: Open, serving: ServingSeeded) -> None:
+    from playwright.sync_api import expect
+
+    requests: list[str] = []
+    page = open_page(None, token=serving.tenant_reader, clock=True)
+    page.on("request", lambda r: requests.append(r.url) if "/api/v1/serving/" in r.url else None)
+    page.goto(serving.base_url + "/serving")
+    error = page.locator("#serving-error")
+    expect(error).to_have_attribute("data-status", "403")
+    expect(error).to_contain_text("Not authorised (403)")
+    expect(error).to_contain_text("admin scope and no tenant")
+    expect(page.locator(INSTANCE)).to_have_count(0)
+    page.clock.run_for(10_000)
+    page.wait_for_timeout(300)
+    assert len(requests) == 1  # a 403 does not change by itself: no polling
+    assert page.evaluate("sessionStorage.getItem('heteroflow.token')") == serving.tenant_reader  # still signed in
+    page.select_option("#lang", "zh")
+    expect(error).to_contain_text("无权访问（403）")
+
+
+@pytest.mark.parametrize("case", ["no controller configured", "controller down"])
+def test_controller_unavailable_is_said_clearly(open_page: Open, tmp_path: Path, case: str) -> None:
+    from playwright.sync_api import expect
+
+    url = None if case == "no controller configured" else f"http://127.0.0.1:{free_port()}"
+    with platform_server(tmp_path, controller_url=url) as (base_url, admin):
+        page = open_page(base_url + "/serving", token=admin)
+        error = page.locator("#serving-error")
+        expect(error).to_have_attribute("data-status", "503")
+        expect(error).to_contain_text("Controller unavailable (503)")
+        expect(error).to_contain_text(case if case == "no controller configured" else "unreachable")
+        expect(error).to_contain_text("keeps trying every 2 s")
+        page.select_option("#lang", "zh")
+        expect(error).to_contain_text("控制器不可用（503）")
+
+
+# ---- language and layout ------------------------------------------------------------------------------------------
+def test_chinese_labels_are_complete(open_page: Open, serving: ServingSeeded) -> None:
+    from playwright.sync_api import expect
+
+    page = open_page(serving.base_url + "/serving", token=serving.admin)
+    instance = page.locator(INSTANCE)
+    expect(instance.locator('.rank-grid li[data-rank="1"] .rank-state')).to_have_text("Committed dead")
+    page.select_option("#lang", "zh")
+    expect(page.locator("html")).to_have_attribute("lang", "zh-CN")
+    expect(page.locator("#serving-title")).to_have_text("推理服务实例")
+    expect(page.locator('#nav a[href="/serving"]')).to_have_text("推理服务")
+    expect(instance.locator("h2")).to_have_text("实例 inst-1")
+    expect(instance.locator('.rank-grid li[data-rank="1"] .rank-state')).to_have_text("已提交死亡")
+    expect(instance.locator('.rank-grid li[data-rank="0"] .rank-state')).to_have_text("存活")
+    expect(instance.locator(".badge.phase")).to_contain_text("已缩容运行")
+    expect(instance.locator(".badge.can-serve")).to_have_text("可服务")
+    expect(instance.locator(".phase-explain")).to_contain_text("原始 rank 减去已提交死亡的 rank")
+    expect(instance.locator('table.pods tr[data-pod="pod-a"] .badge')).to_have_text("在线")
+    expect(instance.locator(".timeline-box h3")).to_contain_text("最近一轮")
+    expect(instance.locator("ol.timeline li").first).to_contain_text("决策：移除 1；幸存 0, 2, 3")
+    expect(instance.locator('ol.timeline li[data-kind="outcome"]')).to_have_text(re.compile("结果：已提交"))
+    expect(instance.locator(f"#round-download-{serving.request_id}")).to_have_text("下载 JSON")
+    expect(instance.locator("table.rounds th").first).to_have_text("轮次")
+    expect(page.locator("#serving-refresh")).to_contain_text("每 2 秒刷新")
+    # The whole page reads Chinese: none of the English labels is left.
+    text = page.locator("main").inner_text()
+    for english in ("Alive", "Committed dead", "Past rounds", "Last round", "Can serve", "Phase", "Pods", "Gate"):
+        assert english not in text, english
+    page.select_option("#lang", "en")
+    expect(page.locator("#serving-title")).to_have_text("Serving instances")
+
+
+def test_narrow_window_does_not_scroll_sideways(open_page: Open, serving: ServingSeeded) -> None:
+    from playwright.sync_api import expect
+
+    page = open_page(serving.base_url + "/serving", token=serving.admin, width=390)
+    expect(page.locator(INSTANCE + " ol.timeline")).to_be_visible()
+    overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    assert overflow <= 1, f"the page scrolls sideways by {overflow}px at 390px"
