@@ -267,6 +267,11 @@ class Plane:
         inst = self.controller.instances.get("inst-1")  # type: ignore[call-overload]
         return set() if inst is None else set(inst.runtime.dead_committed)
 
+    def in_round(self) -> bool:
+        """A scale-down round is in flight (hooks that inject into a round's own polls check this: the
+        controller also queries the NodeManagers' status route while it collects evidence)."""
+        return self.controller.in_round("inst-1")
+
     async def nm_post(self, name: str, path: str, body: object) -> httpx.Response:
         """A request to a NodeManager's own route, as the controller would send it."""
         transport = httpx.ASGITransport(app=self.nm_apps[name])
@@ -303,6 +308,7 @@ def run_plane(
     real_coordinator: bool = False,
     node_names: dict[str, str] | None = None,
     device_infos: dict[int, list[dict[str, Any]]] | None = None,
+    node_manager_poll_sec: float = 0.05,
 ) -> None:
     """``node_names``: pod name (``a``, ``b``) → the Kubernetes node it registers; ``device_infos``: endpoint id
     → its devices. Both default to none (pods without node names or devices: hardware faults are unmappable)."""
@@ -365,7 +371,7 @@ def run_plane(
                     spec=instance_spec(ids, device_infos=device_infos, **(spec_extra or {})),
                     settings=NodeManagerSettings.load(
                         cluster_token=cluster_token,
-                        engine_ft_poll_interval_sec=0.05,
+                        engine_ft_poll_interval_sec=node_manager_poll_sec,
                         engine_ft_status_timeout_sec=1.0,
                         engine_death_suicide_grace_sec=60.0,
                         heartbeat_interval_sec=0.1,

@@ -92,7 +92,7 @@ def test_f51_transient_query_errors_are_tolerated_up_to_the_limit(tmp_path: Path
 
         async def one_unreachable_poll(pod: str, request: httpx.Request) -> httpx.Response | None:
             nonlocal failures
-            if request.url.path == NM_FT_STATUS_PATH and pod == "b" and failures < 1:
+            if request.url.path == NM_FT_STATUS_PATH and pod == "b" and failures < 1 and plane.in_round():
                 failures += 1
                 raise httpx.ConnectError("injected", request=request)
             return None
@@ -202,3 +202,17 @@ def test_a8_a_failed_fast_recovery_reconfigures_and_never_scales_down(tmp_path: 
         assert status["rounds"] == []  # no scale-down round
 
     run_plane(scenario, tmp_path, ft={"enable_fast_recovery": True, "fast_recovery_stability_sec": 0.3})
+
+
+def test_the_controller_collects_missing_evidence_instead_of_waiting_for_the_pollers(tmp_path: Path) -> None:
+    async def scenario(plane: Plane) -> None:
+        # the NodeManagers' own pollers are slowed to a minute: only the process death (ProcessSupervisor,
+        # 0.1 s) arrives by itself; the survivors' UNHEALTHY can only come from the controller's collection
+        plane.cluster.backends[1].inject(FaultKind.KILL_PROCESS)
+        plane.cluster.cores[1].exit_requested.set()  # the process is gone: its port refuses, its pid exited
+        await conformance.traffic(plane.cluster, [0, 2, 3])
+        status = await plane.until(scaled_down([1]), within=10, what="a round from collected evidence")
+        timeline = await plane.round(status["request_id"])
+        assert events(timeline, "decided")[0]["survivors"] == [0, 2, 3]
+
+    run_plane(scenario, tmp_path, node_manager_poll_sec=60.0)

@@ -126,7 +126,7 @@ def test_a10_a_dead_found_during_the_round_is_absorbed(tmp_path: Path) -> None:
 
         async def kill_rank_3_at_first_poll(pod: str, request: httpx.Request) -> httpx.Response | None:
             nonlocal killed_late
-            if request.url.path == NM_FT_STATUS_PATH and not killed_late:
+            if request.url.path == NM_FT_STATUS_PATH and not killed_late and plane.in_round():
                 killed_late = True
                 plane.cluster.kill_worker(3)  # dies after the decision, before the round's first poll
                 await plane.cluster.settle()
@@ -153,7 +153,7 @@ def test_a10_no_survivor_left_goes_to_reconfiguration(tmp_path: Path) -> None:
 
         async def kill_the_rest(pod: str, request: httpx.Request) -> httpx.Response | None:
             nonlocal done
-            if request.url.path == NM_FT_STATUS_PATH and not done:
+            if request.url.path == NM_FT_STATUS_PATH and not done and plane.in_round():
                 done = True
                 for rank in (0, 2, 3):
                     plane.cluster.kill_worker(rank)

@@ -44,7 +44,7 @@ def test_etcd_down_before_apply_fails_the_round_safely(
 
         async def stop_etcd_at_first_poll(pod: str, request: httpx.Request) -> httpx.Response | None:
             nonlocal stopped
-            if request.url.path == NM_FT_STATUS_PATH and not stopped:
+            if request.url.path == NM_FT_STATUS_PATH and not stopped and plane.in_round():
                 stopped = True
                 etcd.stop()  # the write-ahead before apply will find no store
             return None

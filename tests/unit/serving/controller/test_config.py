@@ -128,3 +128,12 @@ def test_scale_down_needs_both_switches() -> None:
     assert FaultToleranceConfig.load(enable_dp_scale_down=True).flags().enable_dp_scale_down_proxy is True
     off = FaultToleranceConfig.load(enable_fast_recovery=True)
     assert off.flags().enable_fast_recovery is False  # fast recovery only with scale-down on (F-11)
+
+
+def test_polls_start_quick_and_settle_at_the_period() -> None:
+    from itertools import islice
+
+    from heteroflow.serving.controller.strategy import poll_pauses
+
+    assert list(islice(poll_pauses(1.0), 7)) == [0.05, 0.1, 0.2, 0.4, 0.8, 1.0, 1.0]
+    assert list(islice(poll_pauses(0.02), 3)) == [0.02, 0.02, 0.02]
