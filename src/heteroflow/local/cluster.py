@@ -34,6 +34,7 @@ import yaml
 from heteroflow.core.clock import SystemClock
 from heteroflow.local.client import ClusterClient, ClusterUnreachableError
 from heteroflow.local.plan import (
+    NUM_REDUNDANT_EXPERTS,
     InstancePlan,
     InstancePorts,
     Layout,
@@ -98,6 +99,9 @@ class ClusterOptions:
     python: str = sys.executable
     extra_env: Mapping[str, str] = field(default_factory=dict)
     """Added to every process's environment, e.g. ``HETEROFLOW_ENGINE_FT_POLL_INTERVAL_SEC`` for the NodeManagers."""
+    num_redundant_experts: int = NUM_REDUNDANT_EXPERTS
+    """EPLB redundant expert replicas of every instance (4). 0 still serves, but fails the scale-down gate
+    (``EXPERT_REDUNDANCY_REQUIRED``): how the acceptance suite shows a static gate refusal (A15)."""
 
     @property
     def state_path(self) -> Path:
@@ -183,6 +187,7 @@ class LocalCluster:
             ports=instance_ports,
             host=opts.host,
             python=opts.python,
+            num_redundant_experts=opts.num_redundant_experts,
         )
         database_url = f"sqlite:///{data_dir / 'heteroflow.db'}"
         admin_token, agent_token = _create_tokens(database_url)

@@ -121,8 +121,12 @@ def plan_instances(
     python: str,
     model: str = MODEL_NAME,
     engine_recovery_timeout_sec: float = 120.0,
+    num_redundant_experts: int = NUM_REDUNDANT_EXPERTS,
 ) -> list[InstancePlan]:
-    """Every instance of the cluster, its pods and their NodeManager specs."""
+    """Every instance of the cluster, its pods and their NodeManager specs.
+
+    ``num_redundant_experts`` is the engines' EPLB redundancy; 0 makes every instance fail the scale-down gate
+    (``EXPERT_REDUNDANCY_REQUIRED``, acceptance row A15) while it still serves."""
     if instances < 1:
         raise PlanError("a cluster runs at least one instance")
     if len(ports) != instances:
@@ -161,7 +165,7 @@ def plan_instances(
                     "dp_rpc_port": chosen.rpc_port,
                     "dp_store_port": chosen.store_port,
                     "num_logical_experts": NUM_LOGICAL_EXPERTS,
-                    "num_redundant_experts": NUM_REDUNDANT_EXPERTS,
+                    "num_redundant_experts": num_redundant_experts,
                     "engine_recovery_timeout_sec": engine_recovery_timeout_sec,
                     "endpoints": [
                         {"id": r.rank, "port": r.port, "device_infos": [r.device.model_dump()]} for r in ranks
