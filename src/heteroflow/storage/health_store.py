@@ -121,8 +121,11 @@ class SqlHealthSampleStore:
 
         ``previous`` is the newest stored row of each slot before this batch, when the caller knows it (the
         ingestion writer always does); otherwise it is read, once per slot. Rows that repeat their
-        predecessor (keepalive rows) carry ``changed = false``: the failure scan and the capability matrix
-        read only the changed rows, a small fraction of the table, and lose nothing by it.
+        predecessor (keepalive rows) carry ``changed = false``: the decrease check reads only the changed rows,
+        a small fraction of the table, and loses nothing by it. Rows whose uuid and uncorrectable-ECC value
+        repeat their predecessor carry ``ue_changed = false`` too (a degrading card's corrected-ECC steps are
+        changes, but never failures): the failure scan and the card lists read only the ``ue_changed`` rows —
+        each card's first row, and every step of its uncorrectable-ECC value, unknown (NULL) included.
         """
         if not readings:
             return []
@@ -138,7 +141,12 @@ class SqlHealthSampleStore:
                 if r.key not in chain:
                     before = previous[r.key] if previous is not None and r.key in previous else _latest(conn, r.key)
                     chain[r.key] = (before.uuid, before.counters) if before is not None else None
-                changed = chain[r.key] != (r.uuid, r.counters)
+                before_reading = chain[r.key]
+                changed = before_reading != (r.uuid, r.counters)
+                ue_changed = before_reading is None or (
+                    before_reading[0] != r.uuid
+                    or before_reading[1].ecc_uncorrected_total != r.counters.ecc_uncorrected_total
+                )
                 chain[r.key] = (r.uuid, r.counters)
                 rows.append(
                     {
@@ -148,6 +156,7 @@ class SqlHealthSampleStore:
                         "uuid": r.uuid,
                         "sampled_at": r.sampled_at,
                         "changed": changed,
+                        "ue_changed": ue_changed,
                         **r.counters.as_dict(),
                     }
                 )
@@ -157,9 +166,46 @@ class SqlHealthSampleStore:
             return [_row_to_sample(row) for row in result]
 
     def delete_older_than(self, cutoff: datetime, *, timeout_seconds: float) -> int:
+        """Delete the rows older than ``cutoff``; first flag the row that becomes each slot's oldest.
+
+        The scans that read flagged rows only rely on every card's first stored row carrying both flags: it
+        names the card (a healthy card's later rows are all keepalive rows, so without it the card would drop
+        out of the capability matrix and the statistics once its first row expired) and it holds the value the
+        card's next uncorrectable-ECC step is compared with. Flagging more rows than needed is always safe.
+        A slot with expiring rows has its (flagged) first row among them, so the flagged rows find the slots.
+        """
+        older = samples_t.alias("older")
+        slots = (
+            sa.select(older.c.source, older.c.node_id, older.c.gpu_index)
+            .where(older.c.ue_changed, older.c.sampled_at < cutoff)
+            .distinct()
+            .subquery()
+        )
+        kept = samples_t.alias("kept")
+        new_first = (
+            sa.select(kept.c.id)
+            .where(
+                kept.c.node_id == slots.c.node_id,
+                kept.c.gpu_index == slots.c.gpu_index,
+                kept.c.source == slots.c.source,
+                kept.c.sampled_at >= cutoff,
+            )
+            .order_by(kept.c.sampled_at, kept.c.id)
+            .limit(1)
+            .scalar_subquery()
+        )
+        reflag = (
+            sa.update(samples_t)
+            .where(
+                samples_t.c.id.in_(sa.select(new_first).select_from(slots)),
+                sa.not_(sa.and_(samples_t.c.changed, samples_t.c.ue_changed)),
+            )
+            .values(changed=True, ue_changed=True)
+        )
         with unavailable_as_store_error(), self._engine.begin() as conn:
             if conn.dialect.name == "postgresql":
                 conn.execute(sa.text(f"SET LOCAL statement_timeout = {int(timeout_seconds * 1000)}"))
+            conn.execute(reflag)
             result = conn.execute(sa.delete(samples_t).where(samples_t.c.sampled_at < cutoff))
             return int(result.rowcount or 0)
 

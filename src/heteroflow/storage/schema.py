@@ -101,6 +101,10 @@ gpu_health_samples = sa.Table(
     # False for a row that repeats its slot's previous row (a keepalive row): scans that look for changes
     # (failure events, the capability matrix) read the changed rows only
     sa.Column("changed", sa.Boolean(), nullable=False, server_default=sa.true()),
+    # False for a row whose uuid and uncorrectable-ECC value repeat its slot's previous row: the failure scan
+    # (H-50) and the card lists need only these few rows, while `changed` also marks every corrected-ECC step
+    # of a degrading card (most changed rows). Every card's first row carries both flags (retention keeps it so).
+    sa.Column("ue_changed", sa.Boolean(), nullable=False, server_default=sa.true()),
     sa.CheckConstraint(SOURCE_CHECK, name="source"),
     # one card's series, read back in time order
     sa.Index(None, "node_id", "gpu_index", "sampled_at"),
@@ -117,6 +121,18 @@ gpu_health_samples = sa.Table(
         "sampled_at",
         postgresql_where=sa.text("changed"),
         sqlite_where=sa.text("changed = 1"),
+    ),
+    # the uuid or uncorrectable-ECC changes only, in the failure scan's window order: the failure scan and the
+    # distinct card lists read about one row per card
+    sa.Index(
+        "ix_gpu_health_samples_ue_changes",
+        "source",
+        "node_id",
+        "gpu_index",
+        "uuid",
+        "sampled_at",
+        postgresql_where=sa.text("ue_changed"),
+        sqlite_where=sa.text("ue_changed = 1"),
     ),
 )
 
