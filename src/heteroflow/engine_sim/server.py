@@ -36,7 +36,7 @@ from heteroflow.engine_sim.backend import FaultKind
 from heteroflow.engine_sim.engine import EngineCore, EngineUnavailableError, RequestAbortedError
 from heteroflow.engine_sim.metrics import CONTENT_TYPE, EngineMetrics
 from heteroflow.engine_sim.protocol import ProtocolError, apply_path, parse_apply_request, status_path
-from heteroflow.platform.auth import same_secret
+from heteroflow.platform.auth import bearer_matches
 
 SIM_PREFIX = "/sim"
 MAX_PROMPT_TOKENS = 2048
@@ -56,11 +56,6 @@ class _SimAuthError(Exception):
         super().__init__(message)
         self.status_code = status_code
         self.message = message
-
-
-def bearer_matches(authorization: str | None, token: str) -> bool:
-    scheme, _, value = (authorization or "").partition(" ")
-    return scheme.lower() == "bearer" and bool(value.strip()) and same_secret(value.strip(), token)
 
 
 class _TokenGate:

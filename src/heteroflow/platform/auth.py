@@ -55,6 +55,19 @@ def same_secret(a: str, b: str) -> bool:
     return hmac.compare_digest(a.encode("utf-8"), b.encode("utf-8"))
 
 
+def bearer_value(authorization: str | None) -> str | None:
+    """The credential of ``Authorization: Bearer <value>``, or ``None`` when there is none."""
+    scheme, _, value = (authorization or "").partition(" ")
+    value = value.strip()
+    return value if scheme.lower() == "bearer" and value else None
+
+
+def bearer_matches(authorization: str | None, token: str) -> bool:
+    """``Authorization: Bearer <token>`` with exactly this token (constant-time compare)."""
+    value = bearer_value(authorization)
+    return value is not None and same_secret(value, token)
+
+
 @dataclass(frozen=True, slots=True)
 class Principal:
     """Who is calling: a token's id, its scopes and its tenant (``None`` = every node)."""

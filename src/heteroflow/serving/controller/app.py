@@ -24,7 +24,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
-from heteroflow.platform.auth import same_secret
+from heteroflow.platform.auth import bearer_matches
 from heteroflow.serving.controller.service import Controller, RegistrationConflictError, UnknownInstanceError
 from heteroflow.serving.wire import (
     HEARTBEAT_PATH,
@@ -95,8 +95,7 @@ def create_app(controller: Controller, *, cluster_token: str | None, allow_no_to
     async def _authenticate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
         if request.url.path != "/health":
             if cluster_token:
-                scheme, _, value = (request.headers.get("authorization") or "").partition(" ")
-                if scheme.lower() != "bearer" or not value.strip() or not same_secret(value.strip(), cluster_token):
+                if not bearer_matches(request.headers.get("authorization"), cluster_token):
                     return _error(401, "unauthorized", "a valid cluster token is required (Authorization: Bearer)")
             elif not allow_no_token:
                 return _error(401, "unauthorized", "no cluster token is configured; internal routes are closed")

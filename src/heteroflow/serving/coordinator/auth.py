@@ -26,6 +26,7 @@ import structlog
 
 from heteroflow.core.clock import Clock
 from heteroflow.core.ttl_cache import TtlCache
+from heteroflow.platform.auth import bearer_matches, bearer_value
 from heteroflow.serving.coordinator.errors import AuthBackendUnavailableError, AuthenticationError
 
 _log = structlog.get_logger(__name__)
@@ -34,16 +35,8 @@ PLATFORM_CHECK_PATH = "/healthz"
 """Authenticated route of the platform server that answers 200 to any valid token (``server/routes/ops.py``)."""
 
 
-def bearer_value(authorization: str | None) -> str | None:
-    """The credential of ``Authorization: Bearer <value>``, or ``None`` when there is none."""
-    scheme, _, value = (authorization or "").partition(" ")
-    value = value.strip()
-    return value if scheme.lower() == "bearer" and value else None
-
-
-def cluster_token_matches(authorization: str | None, token: str) -> bool:
-    value = bearer_value(authorization)
-    return value is not None and hmac.compare_digest(value.encode("utf-8"), token.encode("utf-8"))
+cluster_token_matches = bearer_matches
+"""The management routes' check: ``Authorization: Bearer <cluster token>``."""
 
 
 def key_digest(key: str) -> str:

@@ -21,7 +21,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
-from heteroflow.platform.auth import same_secret
+from heteroflow.platform.auth import bearer_matches
 from heteroflow.serving.node_manager import service
 from heteroflow.serving.node_manager.daemon import NodeManager, ProxyDisabledError, UnknownEndpointError
 from heteroflow.serving.node_manager.metrics import CONTENT_TYPE, NodeManagerMetrics
@@ -60,12 +60,6 @@ _STATUS_OF: dict[type[Exception], int] = {
 
 class _BadBody(Exception):
     pass
-
-
-def bearer_matches(authorization: str | None, token: str) -> bool:
-    """``Authorization: Bearer <token>`` with the right token (constant-time compare)."""
-    scheme, _, value = (authorization or "").partition(" ")
-    return scheme.lower() == "bearer" and bool(value.strip()) and same_secret(value.strip(), token)
 
 
 def _error(status: int, code: str, detail: str) -> JSONResponse:
