@@ -270,6 +270,16 @@ class Scenario:
         """The controller samples taken so far (a copy)."""
         return list(self._sampler.controller)
 
+    def sampled(self, predicate: Callable[[dict[str, Any]], bool], *, within: float = 10.0) -> dict[str, Any] | None:
+        """The first controller sample matching ``predicate``, waiting up to ``within`` seconds for the sampler to
+        take it (a state the scenario has just reached may not be sampled yet)."""
+        deadline = time.monotonic() + within
+        while True:
+            found = first_sample(self.series(), predicate)
+            if found is not None or time.monotonic() > deadline:
+                return found
+            time.sleep(POLL_PERIOD_SEC / 2)  # the sampler's own period paces this wait
+
     def engine_series(self) -> list[dict[str, Any]]:
         return list(self._sampler.engines)
 

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from heteroflow.local.faults import KillMode, kill
-from tests.acceptance.evidence import first_sample, scenario
+from tests.acceptance.evidence import scenario
 from tests.acceptance.harness import (
     ClusterUnderTest,
     events,
@@ -192,6 +192,6 @@ def test_a14_an_empty_card_name_maps_every_rank_of_the_node_and_a6_pod_kept(cut:
         )
         assert events(timeline, "pod_stop") == []  # A6 again: scale-up off, the emptied pod b is kept
         assert {p["pod_id"]: p["state"] for p in entry["pods"]}["inst-1-pod-b"] == "up"
-        matched = first_sample(sc.series(), lambda s: s.get("phase") == "SCALED_DOWN_RUNNING")
+        matched = sc.sampled(lambda s: s.get("phase") == "SCALED_DOWN_RUNNING")
         assert matched is not None
         assert sc.inference(cut.baseline) == cut.baseline
