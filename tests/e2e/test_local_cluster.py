@@ -1,4 +1,4 @@
-"""The whole local cluster as real processes (issue 10): ``LocalCluster``, ``heteroflow fault``,
+"""The whole local cluster as real processes: ``LocalCluster``, ``heteroflow fault``,
 ``heteroflow status`` and ``heteroflow up``.
 
 One cluster (DP 4 over 2 pods, simulated engines with torch workers) walks the scenario in turn to stay

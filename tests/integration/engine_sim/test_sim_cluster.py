@@ -1,4 +1,4 @@
-"""The real engine simulator: 4 processes per instance, torch gloo on loopback (acceptance of issue 6).
+"""The real engine simulator: 4 processes per instance, torch gloo on loopback.
 
 Three instances, each reused across scenarios to keep the run short on two cores: the first walks the
 conformance suite and the fault chain (A1, A3, A4 and the slot shortage); the second is an in-place

@@ -1,4 +1,4 @@
-"""NodeManagers supervising real engine-simulator processes (acceptance of issue 7).
+"""NodeManagers supervising real engine-simulator processes.
 
 One 4-rank instance, launched by two in-process NodeManagers (pod ``a``: ranks 0, 1; pod ``b``: 2, 3)
 through the real launcher, walks every scenario in turn to keep the run short on two cores: the consumer

@@ -1,4 +1,4 @@
-"""Instance specs and the engine command lines built from them (issue 7: the vLLM line as data)."""
+"""Instance specs and the engine command lines built from them (the vLLM line as data)."""
 
 from __future__ import annotations
 
