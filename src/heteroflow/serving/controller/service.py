@@ -19,12 +19,12 @@ import os
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field, replace
-from typing import Literal
 
 import structlog
 
 from heteroflow.core.clock import Clock
 from heteroflow.core.errors import StoreUnavailableError
+from heteroflow.serving.controller import evidence
 from heteroflow.serving.controller.clients import CoordinatorClient, NodeManagerClient, PeerError
 from heteroflow.serving.controller.config import ControllerConfig
 from heteroflow.serving.controller.core import normalizer, overlay
@@ -51,17 +51,15 @@ from heteroflow.serving.controller.core.normalizer import (
 )
 from heteroflow.serving.controller.core.phase import ROUND_PHASES, FtPhase
 from heteroflow.serving.controller.core.ranks import DpRank, InstanceId, RequestId
-from heteroflow.serving.controller.core.topology import InstanceTopology, PodTopology, resolve_instance
+from heteroflow.serving.controller.core.topology import InstanceTopology, resolve_instance
 from heteroflow.serving.controller.history import RoundHistory
 from heteroflow.serving.controller.metrics import ControllerMetrics
 from heteroflow.serving.controller.store import FtRuntimeStore, FtStoreError
 from heteroflow.serving.wire import (
-    FaultEvidence,
     FinalizeRequest,
     HardwareFaultReport,
     HeartbeatRequest,
     HeartbeatResponse,
-    ProbeRequest,
     RegisterRequest,
     RegisterResponse,
     ServingEndpoint,
@@ -70,9 +68,6 @@ from heteroflow.serving.wire import (
 )
 
 _log = structlog.get_logger(__name__)
-
-COLLECT_SPACING_SEC = 0.25
-"""At most one on-demand status collection per instance in this interval."""
 
 CRASH_EXIT_CODE = 86
 """Exit code of the test-only crash hook (``HETEROFLOW_CONTROLLER_CRASH_AT_STEP``)."""
@@ -459,9 +454,6 @@ class Controller:
         inst.nudged = False
 
     # == strategy center (F-10…F-13) =========================================================================
-    def wake(self) -> None:
-        self._wake.set()
-
     async def _strategy_center(self) -> None:
         while True:
             now = self.clock.monotonic()
@@ -526,85 +518,11 @@ class Controller:
             inst.hardware = [e for e in inst.hardware if e.fault.key not in decision.keys]
             self._wake.set()
         elif isinstance(decision, Wait) and decision.reason == DecisionReason.COLLECTING:
-            self._maybe_collect(inst)
-            self._maybe_nudge(inst)
+            evidence.collect_missing(self, inst)
+            evidence.nudge_idle(self, inst)
         return decision
 
-    def _maybe_collect(self, inst: Instance) -> None:
-        """An incomplete snapshot: ask the NodeManagers at once for the FT status of the ranks nobody reported
-        on yet, instead of waiting up to a poll period for their own pollers (the same status route a round
-        polls; the controller still never talks to an engine). What they answer is folded in as evidence."""
-        now = self.clock.monotonic()
-        if inst.collecting or now - inst.collected_at < COLLECT_SPACING_SEC or not self.ft.scale_down_enabled:
-            return
-        snapshot = normalizer.classify(inst.snapshot, inst.runtime.active_dp_ranks)
-        unheard = inst.runtime.active_dp_ranks - snapshot.dead - snapshot.unhealthy
-        if not unheard or not (snapshot.dead or snapshot.unhealthy):
-            return
-        inst.collecting = True
-
-        async def query(pod: PodTopology) -> None:
-            ids = sorted(pod.dp_ranks & unheard)
-            if not ids:
-                return
-            try:
-                answer = await self.nm.status(pod.node_manager_url, ids)
-            except PeerError:
-                return  # the NodeManager's own poller still reports
-            for entry in answer.entries:
-                status = entry.status
-                if status is None or status.status not in ("unhealthy", "dead"):
-                    continue
-                self.report(
-                    SoftwareFaultReport(
-                        instance_id=inst.instance_id,
-                        pod_id=pod.pod_id,
-                        endpoint_id=entry.endpoint_id,
-                        status=status.status,
-                        evidence=FaultEvidence.FT_STATUS,
-                        engine_status=status,
-                        detail="collected by the controller",
-                        observed_at=self.clock.now(),
-                    )
-                )
-
-        async def collect() -> None:
-            try:
-                await asyncio.gather(*(query(pod) for pod in inst.topology.pods))
-            finally:
-                inst.collecting = False
-                inst.collected_at = self.clock.monotonic()
-
-        self._spawn(collect(), name=f"collect-{inst.instance_id}")
-
-    def _maybe_nudge(self, inst: Instance) -> None:
-        """F-54: a DEAD is known but survivors stay HEALTHY for lack of traffic; with ``nudge_idle_survivors``
-        each of their NodeManagers sends one bounded request so they meet the fault in their collective."""
-        if not self.ft.nudge_idle_survivors or inst.nudged:
-            return
-        snapshot = normalizer.classify(inst.snapshot, inst.runtime.active_dp_ranks)
-        idle = inst.runtime.active_dp_ranks - snapshot.dead - snapshot.unhealthy
-        if not snapshot.dead or not idle:
-            return
-        inst.nudged = True
-        request_id = f"nudge-{uuid.uuid4().hex[:12]}"
-        _log.info("controller.nudge", instance_id=inst.instance_id, ranks=sorted(idle), dead=sorted(snapshot.dead))
-
-        async def nudge() -> None:
-            for pod in inst.topology.pods:
-                ids = sorted(pod.dp_ranks & idle)
-                if not ids:
-                    continue
-                try:
-                    await self.nm.nudge(
-                        pod.node_manager_url, ProbeRequest(request_id=request_id, endpoint_ids=ids, timeout_sec=5.0)
-                    )
-                except PeerError as exc:  # best effort: the collection timeout still ends the wait
-                    _log.warning("controller.nudge_failed", pod_id=pod.pod_id, error=str(exc))
-
-        self._spawn(nudge(), name=f"nudge-{inst.instance_id}")
-
-    def _spawn(self, work: Coroutine[object, object, None], *, name: str) -> None:
+    def spawn(self, work: Coroutine[object, object, None], *, name: str) -> None:
         """A side task the controller cancels on close; finished ones are dropped as new ones start."""
         self._tasks = [task for task in self._tasks if not task.done()]
         self._tasks.append(asyncio.create_task(work, name=name))
@@ -761,10 +679,6 @@ class Controller:
             "heartbeat_complete": state.heartbeat_complete,
             "heartbeats": state.heartbeats,
         }
-
-    def phase_of(self, instance_id: str) -> Literal["unknown"] | FtPhase:
-        inst = self.instances.get(InstanceId(instance_id))
-        return "unknown" if inst is None else inst.runtime.phase
 
     def in_round(self, instance_id: str) -> bool:
         inst = self.instances.get(InstanceId(instance_id))

@@ -1,0 +1,99 @@
+"""On-demand evidence around the FaultManager's decision: collecting status nobody reported yet, and the
+idle-survivor nudge (F-54). Both only ask the NodeManagers; the controller never talks to an engine."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from typing import TYPE_CHECKING
+
+import structlog
+
+from heteroflow.serving.controller.clients import PeerError
+from heteroflow.serving.controller.core import normalizer
+from heteroflow.serving.controller.core.topology import PodTopology
+from heteroflow.serving.wire import FaultEvidence, ProbeRequest, SoftwareFaultReport
+
+if TYPE_CHECKING:
+    from heteroflow.serving.controller.service import Controller, Instance
+
+_log = structlog.get_logger(__name__)
+
+COLLECT_SPACING_SEC = 0.25
+"""At most one on-demand status collection per instance in this interval."""
+
+
+def collect_missing(ctrl: Controller, inst: Instance) -> None:
+    """An incomplete snapshot: ask the NodeManagers at once for the FT status of the ranks nobody reported
+    on yet, instead of waiting up to a poll period for their own pollers (the same status route a round
+    polls; the controller still never talks to an engine). What they answer is folded in as evidence."""
+    now = ctrl.clock.monotonic()
+    if inst.collecting or now - inst.collected_at < COLLECT_SPACING_SEC or not ctrl.ft.scale_down_enabled:
+        return
+    snapshot = normalizer.classify(inst.snapshot, inst.runtime.active_dp_ranks)
+    unheard = inst.runtime.active_dp_ranks - snapshot.dead - snapshot.unhealthy
+    if not unheard or not (snapshot.dead or snapshot.unhealthy):
+        return
+    inst.collecting = True
+
+    async def query(pod: PodTopology) -> None:
+        ids = sorted(pod.dp_ranks & unheard)
+        if not ids:
+            return
+        try:
+            answer = await ctrl.nm.status(pod.node_manager_url, ids)
+        except PeerError:
+            return  # the NodeManager's own poller still reports
+        for entry in answer.entries:
+            status = entry.status
+            if status is None or status.status not in ("unhealthy", "dead"):
+                continue
+            ctrl.report(
+                SoftwareFaultReport(
+                    instance_id=inst.instance_id,
+                    pod_id=pod.pod_id,
+                    endpoint_id=entry.endpoint_id,
+                    status=status.status,
+                    evidence=FaultEvidence.FT_STATUS,
+                    engine_status=status,
+                    detail="collected by the controller",
+                    observed_at=ctrl.clock.now(),
+                )
+            )
+
+    async def collect() -> None:
+        try:
+            await asyncio.gather(*(query(pod) for pod in inst.topology.pods))
+        finally:
+            inst.collecting = False
+            inst.collected_at = ctrl.clock.monotonic()
+
+    ctrl.spawn(collect(), name=f"collect-{inst.instance_id}")
+
+
+def nudge_idle(ctrl: Controller, inst: Instance) -> None:
+    """F-54: a DEAD is known but survivors stay HEALTHY for lack of traffic; with ``nudge_idle_survivors``
+    each of their NodeManagers sends one bounded request so they meet the fault in their collective."""
+    if not ctrl.ft.nudge_idle_survivors or inst.nudged:
+        return
+    snapshot = normalizer.classify(inst.snapshot, inst.runtime.active_dp_ranks)
+    idle = inst.runtime.active_dp_ranks - snapshot.dead - snapshot.unhealthy
+    if not snapshot.dead or not idle:
+        return
+    inst.nudged = True
+    request_id = f"nudge-{uuid.uuid4().hex[:12]}"
+    _log.info("controller.nudge", instance_id=inst.instance_id, ranks=sorted(idle), dead=sorted(snapshot.dead))
+
+    async def nudge() -> None:
+        for pod in inst.topology.pods:
+            ids = sorted(pod.dp_ranks & idle)
+            if not ids:
+                continue
+            try:
+                await ctrl.nm.nudge(
+                    pod.node_manager_url, ProbeRequest(request_id=request_id, endpoint_ids=ids, timeout_sec=5.0)
+                )
+            except PeerError as exc:  # best effort: the collection timeout still ends the wait
+                _log.warning("controller.nudge_failed", pod_id=pod.pod_id, error=str(exc))
+
+    ctrl.spawn(nudge(), name=f"nudge-{inst.instance_id}")
