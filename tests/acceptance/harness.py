@@ -57,6 +57,24 @@ def until(check: Callable[[], T | None], *, within: float, what: str, period: fl
         time.sleep(period)  # the polling period, bounded by the deadline above
 
 
+def describe(entry: dict[str, Any] | None) -> str:
+    """The keys of a status entry that explain why a wait did not end (a timeout's message)."""
+    if entry is None:
+        return "unreachable"
+    keys = (
+        "phase",
+        "dead_committed",
+        "published_endpoints",
+        "can_serve",
+        "running_strategy",
+        "fallback_strategy",
+        "last_decision",
+        "last_error",
+        "request_id",
+    )
+    return json.dumps({key: entry.get(key) for key in keys}, default=str)
+
+
 def now_iso() -> str:
     return datetime.now(UTC).isoformat()
 
@@ -178,12 +196,17 @@ class ClusterUnderTest:
     def wait(self, predicate: Callable[[dict[str, Any]], bool], *, within: float, what: str) -> dict[str, Any]:
         """Poll the status until ``predicate`` holds for the instance's entry; that entry."""
 
+        seen: list[dict[str, Any] | None] = [None]
+
         def check() -> dict[str, Any] | None:
             self.check_alive()
-            entry = self.status()
+            entry = seen[0] = self.status()
             return entry if entry is not None and predicate(entry) else None
 
-        return until(check, within=within, what=what, period=0.1)
+        try:
+            return until(check, within=within, what=what, period=0.1)
+        except TimeoutError as timeout:
+            raise TimeoutError(f"{timeout}; the controller's last entry: {describe(seen[0])}") from None
 
     def published(self) -> list[int] | None:
         with self.client(timeout_sec=5) as client:
@@ -196,10 +219,11 @@ class ClusterUnderTest:
         """Wait until the instance serves exactly ``ranks`` (controller and Coordinator agree) with ``dead``
         committed, in NORMAL (nothing committed) or SCALED_DOWN_RUNNING."""
         phase = "SCALED_DOWN_RUNNING" if dead else "NORMAL"
+        seen: list[dict[str, Any] | None] = [None]
 
         def check() -> dict[str, Any] | None:
             self.check_alive()
-            entry = self.status()
+            entry = seen[0] = self.status()
             if (
                 entry is None
                 or entry["phase"] != phase
@@ -211,7 +235,10 @@ class ClusterUnderTest:
                 return None
             return entry if self.published() == sorted(ranks) else None
 
-        return until(check, within=within, what=f"{phase} serving {sorted(ranks)} with {sorted(dead)} committed")
+        try:
+            return until(check, within=within, what=f"{phase} serving {sorted(ranks)} with {sorted(dead)} committed")
+        except TimeoutError as timeout:
+            raise TimeoutError(f"{timeout}; the controller's last entry: {describe(seen[0])}") from None
 
     def rounds(self) -> list[dict[str, Any]]:
         with self.client(timeout_sec=10) as client:

@@ -26,6 +26,9 @@ from heteroflow.health.counters import Counters
 Profile = Literal["healthy", "degrading", "sudden_ue", "remap_pending", "remap_failure"]
 PROFILES: Final[tuple[Profile, ...]] = ("healthy", "degrading", "sudden_ue", "remap_pending", "remap_failure")
 MODEL: Final = "Simulated H100 80GB"
+CARD_FAULT_PROFILES: Final[frozenset[Profile]] = frozenset({"sudden_ue", "remap_failure"})
+"""Profiles whose counters grow into a card fault (an uncorrectable ECC error, a row-remap failure): what the
+platform's hardware-event feed reports and the controller's GPU-health source takes as L5 / L6."""
 
 
 def simulated_counters(profile: Profile, hours: float) -> Counters:

@@ -79,19 +79,21 @@ async def run_controller(cfg: Any) -> int:
         ),
         clock=SystemClock(),
     )
-    app = create_app(ctrl, cluster_token=settings.cluster_token, allow_no_token=settings.allow_no_token)
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False, lifespan="off")
-    )
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
     monitor = build_monitor(
         ResourceMonitorSettings.load(),
         sink=ctrl.hardware_fault,
         hosts_instance=hosting_nodes(lambda: [inst.topology for inst in ctrl.instances.values()]),
         clock=ctrl.clock,
     )
+    app = create_app(
+        ctrl, cluster_token=settings.cluster_token, allow_no_token=settings.allow_no_token, monitor=monitor
+    )
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False, lifespan="off")
+    )
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
     await ctrl.start()
     await monitor.start()
     _log.info(

@@ -13,6 +13,8 @@ import typer
 
 from heteroflow.local import faults
 from heteroflow.local.client import ClusterClient, ClusterUnreachableError
+from heteroflow.local.hardware import HardwareFaultError, HardwareVia
+from heteroflow.local.hardware import inject as inject_hardware
 from heteroflow.local.state import InstanceState, StateFileError, read_state
 from heteroflow.local.view import render, take_snapshot
 
@@ -31,7 +33,7 @@ def _run(state_file: Path, instance: str | None, act: Callable[[ClusterClient, I
         inst = state.instance(instance)
         with ClusterClient(state) as client:
             typer.echo(act(client, inst))
-    except (StateFileError, faults.FaultError, ClusterUnreachableError) as exc:
+    except (StateFileError, faults.FaultError, HardwareFaultError, ClusterUnreachableError) as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
 
@@ -71,17 +73,34 @@ def hardware(
     rank: Rank,
     state_file: StateFile = DEFAULT_STATE,
     instance: Instance = None,
-    level: Annotated[int, typer.Option(min=1, max=6, help="Fault level L1-L6 (L4-L6 open a window)")] = (
-        faults.DEFAULT_HARDWARE_LEVEL
-    ),
-    code: Annotated[str, typer.Option(help="Fault code")] = faults.DEFAULT_HARDWARE_CODE,
+    via: Annotated[
+        HardwareVia,
+        typer.Option(
+            help="controller: POST /controller/report_hardware_fault; mindcluster: the node's ConfigMap document in "
+            "the folder the controller follows; gpu-health: an XID in the node agent's heartbeat to the platform"
+        ),
+    ] = HardwareVia.CONTROLLER,
+    level: Annotated[
+        int | None, typer.Option(min=1, max=6, help="Fault level L1-L6, default L5 (L4-L6 open a window)")
+    ] = None,
+    code: Annotated[
+        str | None, typer.Option(help="Fault code (default XID79; 80E18402 for mindcluster; the XID for gpu-health)")
+    ] = None,
+    card: Annotated[
+        str | None, typer.Option(help="Name the card this way instead of the rank's own card (not for gpu-health)")
+    ] = None,
     cleared: Annotated[bool, typer.Option(help="Report the fault as gone")] = False,
+    wait: Annotated[
+        float, typer.Option(min=0.0, help="Seconds to wait for the controller to take a fault sent via a source")
+    ] = 30.0,
 ) -> None:
-    """Report a hardware fault on the rank's card to the controller (POST /controller/report_hardware_fault)."""
+    """Report a hardware fault on the rank's card, to the controller directly or through a hardware source."""
     _run(
         state_file,
         instance,
-        lambda client, inst: faults.hardware(client, inst, rank, level=level, code=code, cleared=cleared),
+        lambda client, inst: inject_hardware(
+            client, inst, rank, via=via, level=level, code=code, card=card, cleared=cleared, wait_sec=wait
+        ),
     )
 
 

@@ -82,6 +82,28 @@ class ClusterClient:
         found: dict[str, Any] = self._json("POST", self.state.controller_url + REPORT_HARDWARE_FAULT_PATH, json=body)
         return found
 
+    # -- platform -----------------------------------------------------------------------------------------
+    def platform_nodes(self) -> list[dict[str, Any]]:
+        """Every node the platform knows (``GET /api/v1/nodes``, paged through)."""
+        found: list[dict[str, Any]] = []
+        while True:
+            page = self._json(
+                "GET", self.state.server_url + "/api/v1/nodes", params={"limit": 1000, "offset": len(found)}
+            )
+            found.extend(page.get("items", []))
+            if not page.get("items") or len(found) >= int(page.get("total", 0)):
+                return found
+
+    def agent_heartbeat(self, node_id: str, body: dict[str, Any], *, agent_token: str) -> dict[str, Any]:
+        """``POST /api/v1/nodes/{node_id}/heartbeat`` with an agent token instead of the admin token."""
+        found: dict[str, Any] = self._json(
+            "POST",
+            f"{self.state.server_url}/api/v1/nodes/{node_id}/heartbeat",
+            json=body,
+            headers={"Authorization": f"Bearer {agent_token}"},
+        )
+        return found
+
     # -- coordinator --------------------------------------------------------------------------------------
     def published(self, instance_id: str) -> list[int] | None:
         """Endpoint ids the Coordinator publishes for the instance (``None``: it knows no such instance)."""

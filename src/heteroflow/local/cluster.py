@@ -190,7 +190,9 @@ class LocalCluster:
             num_redundant_experts=opts.num_redundant_experts,
         )
         database_url = f"sqlite:///{data_dir / 'heteroflow.db'}"
-        admin_token, agent_token = _create_tokens(database_url)
+        admin_token, agent_token, monitor_token = _create_tokens(database_url)
+        hardware_directory = data_dir / "mindcluster"
+        hardware_directory.mkdir(exist_ok=True)
         # A runtime stored by an earlier `up` describes engines that no longer exist; restoring it (F-32)
         # would start this fresh cluster half scaled-down. The store belongs to the run; the logs stay.
         store_path = data_dir / "controller" / "ft-runtime.db"
@@ -238,6 +240,8 @@ class LocalCluster:
                 engine_log_dir=log_dir,
                 admin_token=admin_token,
                 agent_token=agent_token,
+                monitor_token=monitor_token,
+                hardware_directory=hardware_directory,
             ):
                 self.processes.append(
                     start_process(
@@ -260,6 +264,8 @@ class LocalCluster:
             controller_url=layout.controller_url,
             coordinator_url=layout.coordinator_url,
             admin_token=admin_token,
+            agent_token=agent_token,
+            hardware_directory=str(hardware_directory),
             database_url=database_url,
             controller_config=str(config_path),
             instances=[_instance_state(plan, opts.host) for plan in layout.instances],
@@ -366,8 +372,9 @@ def _model_of(config: Mapping[str, Any], plan: InstancePlan) -> str:
     return model if isinstance(model, str) and model else plan.model
 
 
-def _create_tokens(database_url: str) -> tuple[str, str]:
-    """A fresh admin token and agent token in the platform database (migrated first)."""
+def _create_tokens(database_url: str) -> tuple[str, str, str]:
+    """Fresh admin, agent and controller-monitor (``nodes:read``) tokens in the platform database (migrated
+    first)."""
     engine = create_db_engine(database_url)
     try:
         upgrade_database(engine)
@@ -375,9 +382,12 @@ def _create_tokens(database_url: str) -> tuple[str, str]:
         now = SystemClock().now()
         _, admin = tokens.create_token(name="local-admin", scopes=frozenset({Scope.ADMIN}), tenant_id=None, now=now)
         _, agent = tokens.create_token(name="local-agents", scopes=frozenset({Scope.AGENT}), tenant_id=None, now=now)
+        _, monitor = tokens.create_token(
+            name="local-controller-monitor", scopes=frozenset({Scope.NODES_READ}), tenant_id=None, now=now
+        )
     finally:
         engine.dispose()
-    return admin, agent
+    return admin, agent, monitor
 
 
 def _instance_state(plan: InstancePlan, host: str) -> InstanceState:

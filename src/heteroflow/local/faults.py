@@ -17,10 +17,6 @@ from heteroflow.local.processes import CLUSTER_ID_ENV
 from heteroflow.local.state import ClusterState, InstanceState
 from heteroflow.serving.node_manager.spec import endpoint_url
 
-DEFAULT_HARDWARE_LEVEL = 5
-DEFAULT_HARDWARE_CODE = "XID79"
-"""'GPU has fallen off the bus': a card-level fault severe enough (L5) to open a correlation window (F-12)."""
-
 
 class KillMode(StrEnum):
     WORKER = "worker"
@@ -104,34 +100,3 @@ def transient(client: ClusterClient, inst: InstanceState, rank: int) -> str:
         f"transient collective failure from {inst.instance_id} rank {rank} (POST {url}/sim/faults transient): "
         "every rank turns unhealthy, none dead"
     )
-
-
-def hardware(
-    client: ClusterClient,
-    inst: InstanceState,
-    rank: int,
-    *,
-    level: int = DEFAULT_HARDWARE_LEVEL,
-    code: str = DEFAULT_HARDWARE_CODE,
-    cleared: bool = False,
-) -> str:
-    _engine_url(inst, rank)  # validates the rank
-    endpoint = inst.endpoint(rank)
-    if not endpoint.device_infos:
-        raise FaultError(f"{inst.instance_id} rank {rank} lists no device in the state file")
-    card = endpoint.device_infos[0].device_id
-    node = inst.pod(endpoint.pod).node_name
-    answer = client.report_hardware_fault(
-        {
-            "node_name": node,
-            "card": card,
-            "fault_code": code,
-            "level": level,
-            "source": "heteroflow-fault",
-            "detail": f"injected for {inst.instance_id} rank {rank}",
-            "cleared": cleared,
-        }
-    )
-    mapping = answer.get("mappings", {}).get(inst.instance_id, "not affected")
-    verb = "cleared" if cleared else "reported"
-    return f"{verb} hardware fault {code} L{level} on {node} card {card}: {inst.instance_id} {mapping}"

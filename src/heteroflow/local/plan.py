@@ -8,7 +8,10 @@ Layout. Instance ``inst-<k>`` has ``dp_size`` ranks split over ``pods`` pods in 
 gets the lowest ranks). Pod ``p`` of every instance is placed on simulated GPU node ``sim-local-<p+1>``
 (wrapping around when there are fewer nodes than pods), and each rank gets the next free card of its node: the
 card's uuid is the one the simulated GPU agent of that node reports, so a hardware fault named by node and
-card maps back to the rank (F-3) exactly as it would on real hardware.
+card maps back to the rank (F-3) exactly as it would on real hardware. Ranks skip the cards whose simulated
+profile grows into a card fault (:data:`~heteroflow.agent.simulated.CARD_FAULT_PROFILES`: a sudden uncorrectable
+error after two simulated hours, a remap failure after three): the controller follows the platform's hardware
+events, so a rank on such a card would see a hardware fault nobody injected a few minutes after ``up``.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from heteroflow.agent.simulated import SimulatedCollector
+from heteroflow.agent.simulated import CARD_FAULT_PROFILES, SimulatedCollector
 from heteroflow.core.clock import SystemClock
 from heteroflow.serving.node_manager.spec import InstanceSpec
 from heteroflow.serving.wire import DeviceInfo
@@ -30,6 +33,8 @@ MODEL_NAME = "heteroflow-sim-moe"
 """What the engines serve and the controller publishes (the simulator's and the controller's default)."""
 CARDS_PER_NODE = 8
 """Cards of one simulated GPU node (``heteroflow agent run --simulate 8``)."""
+MONITOR_POLL_SEC = 1.0
+"""How often the controller reads the hardware folder and the platform's event feed (production default 5 s)."""
 NUM_LOGICAL_EXPERTS = 4
 NUM_REDUNDANT_EXPERTS = 4
 """4 logical experts + 4 redundant replicas: with 4 ranks, 2 slots per rank, so up to two ranks can be
@@ -48,6 +53,14 @@ def node_name(index: int) -> str:
 def card_uuid(node: str, index: int) -> str:
     """The uuid the simulated agent of ``node`` reports for card ``index`` (seeded by its node name)."""
     return SimulatedCollector(clock=SystemClock(), count=0, seed=node).uuid_of(index)
+
+
+def quiet_cards(node: str) -> list[int]:
+    """Cards of ``node`` whose simulated profile never grows into a card fault, then every index past the agent's
+    cards (no simulated card there: only injected faults reach such a rank)."""
+    collector = SimulatedCollector(clock=SystemClock(), count=0, seed=node)
+    quiet = [i for i in range(CARDS_PER_NODE) if collector.profile_of(i) not in CARD_FAULT_PROFILES]
+    return quiet + list(range(CARDS_PER_NODE, CARDS_PER_NODE + 1024))
 
 
 def pod_letter(index: int) -> str:
@@ -133,7 +146,7 @@ def plan_instances(
         raise PlanError("one InstancePorts per instance")
     blocks = split_ranks(dp_size, pods)
     nodes = max(sim_nodes, 1)
-    next_card = [0] * nodes
+    free_cards = [quiet_cards(node_name(n)) for n in range(nodes)]
     plans = []
     for k in range(instances):
         instance_id = f"inst-{k + 1}"
@@ -146,8 +159,7 @@ def plan_instances(
             name = node_name(node_index)
             ranks = []
             for rank in block:
-                card = next_card[node_index]
-                next_card[node_index] += 1
+                card = free_cards[node_index].pop(0)
                 ranks.append(
                     RankPlan(
                         rank=rank,
@@ -248,13 +260,27 @@ def process_plans(
     engine_log_dir: Path,
     admin_token: str,
     agent_token: str,
+    monitor_token: str,
+    hardware_directory: Path,
 ) -> list[ProcessPlan]:
     """Every process of the cluster in start order, as data.
 
     ``controller`` is the merged YAML's ``controller`` section: its host, store and Coordinator are passed as
     options too, because options beat ``HETEROFLOW_…`` variables left in the operator's shell, and the state
-    file must name where the controller really is. Secrets travel in the environment, never in argv."""
+    file must name where the controller really is. Secrets travel in the environment, never in argv.
+
+    The controller's ResourceMonitor follows both hardware sources: MindCluster ConfigMap documents in
+    ``hardware_directory`` and the platform's hardware-event feed for the simulated cards (read with
+    ``monitor_token``, scope ``nodes:read``), each polled every second."""
     cluster = (("HETEROFLOW_CLUSTER_TOKEN", admin_token),)
+    monitor = (
+        ("HETEROFLOW_MONITOR_DIRECTORY", str(hardware_directory)),
+        ("HETEROFLOW_MONITOR_DIRECTORY_POLL_SEC", str(MONITOR_POLL_SEC)),
+        ("HETEROFLOW_MONITOR_PLATFORM_URL", layout.server_url),
+        ("HETEROFLOW_MONITOR_PLATFORM_TOKEN", monitor_token),
+        ("HETEROFLOW_MONITOR_PLATFORM_POLL_SEC", str(MONITOR_POLL_SEC)),
+        ("HETEROFLOW_MONITOR_PLATFORM_SOURCE", "simulated"),
+    )
     host = layout.host
     plans = [
         ProcessPlan(
@@ -271,7 +297,7 @@ def process_plans(
                 "--store-url", str(controller["store_url"]),
                 "--coordinator-url", str(controller.get("coordinator_url") or layout.coordinator_url),
             ),
-            cluster,
+            (*cluster, *monitor),
             "controller.log",
         ),
         ProcessPlan(

@@ -82,6 +82,12 @@ class ClusterState(_Model):
     controller_url: str
     coordinator_url: str
     admin_token: str
+    agent_token: str | None = Field(
+        default=None, description="The simulated agents' token: `heteroflow fault hardware --via gpu-health` uses it."
+    )
+    hardware_directory: str | None = Field(
+        default=None, description="The folder of MindCluster ConfigMap documents the controller follows."
+    )
     database_url: str
     controller_config: str = Field(description="The controller YAML actually used (generated + --config).")
     instances: list[InstanceState]

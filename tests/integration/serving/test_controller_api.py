@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -15,6 +16,7 @@ from heteroflow.core.clock import SystemClock
 from heteroflow.serving.controller.app import create_app
 from heteroflow.serving.controller.clients import NodeManagerClient
 from heteroflow.serving.controller.config import ControllerConfig, ControllerSettings, FaultToleranceConfig
+from heteroflow.serving.controller.monitor import DirectorySource, ResourceMonitor
 from heteroflow.serving.controller.service import Controller
 from heteroflow.serving.controller.store import SqliteFtRuntimeStore
 
@@ -61,7 +63,13 @@ def registration(pod: str, ids: list[int], **changes: Any) -> dict[str, Any]:
     return body
 
 
-def with_api(tmp_path: Path, scenario: Callable[[httpx.AsyncClient, Controller], Awaitable[None]], **ft: Any) -> None:
+def with_api(
+    tmp_path: Path,
+    scenario: Callable[[httpx.AsyncClient, Controller], Awaitable[None]],
+    *,
+    hardware_folder: Path | None = None,
+    **ft: Any,
+) -> None:
     async def main() -> None:
         config = ControllerConfig(
             settings=ControllerSettings.load(cluster_token=TOKEN),
@@ -75,13 +83,20 @@ def with_api(tmp_path: Path, scenario: Callable[[httpx.AsyncClient, Controller],
             clock=SystemClock(),
         )
         await controller.start(loops=False)
-        transport = httpx.ASGITransport(app=create_app(controller, cluster_token=TOKEN))
+        monitor = None
+        if hardware_folder is not None:
+            source = DirectorySource(hardware_folder, poll_sec=0.05, hosts_instance=lambda _: False)
+            monitor = ResourceMonitor(sources=[source], sink=controller.hardware_fault, clock=controller.clock)
+            await monitor.start()
+        transport = httpx.ASGITransport(app=create_app(controller, cluster_token=TOKEN, monitor=monitor))
         async with httpx.AsyncClient(
             transport=transport, base_url="http://controller", headers={"Authorization": f"Bearer {TOKEN}"}
         ) as client:
             try:
                 await scenario(client, controller)
             finally:
+                if monitor is not None:
+                    await monitor.close()
                 await controller.close()
 
     asyncio.run(main())
@@ -92,6 +107,7 @@ ROUTES = [
     ("GET", "/controller/fault_tolerance/rounds"),
     ("GET", "/controller/fault_tolerance/rounds/x"),
     ("GET", "/controller/config"),
+    ("GET", "/controller/resource_monitor"),
     ("GET", "/metrics"),
     ("POST", "/controller/node_manager/register"),
     ("POST", "/controller/node_manager/heartbeat"),
@@ -204,3 +220,53 @@ def test_a_pod_registering_again_moves_its_address_but_never_its_ranks(tmp_path:
         assert {pod.pod_id: pod.dp_ranks for pod in inst.topology.pods}["a"] == {0, 1}
 
     with_api(tmp_path, scenario)
+
+
+def test_the_status_lists_each_hardware_fault_taken_and_a_monitor_less_controller_says_so(tmp_path: Path) -> None:
+    async def scenario(client: httpx.AsyncClient, _: Controller) -> None:
+        for pod, ranks in (("a", [0, 1]), ("b", [2, 3])):
+            assert (await client.post("/controller/node_manager/register", json=registration(pod, ranks))).is_success
+        fault = {"node_name": "node-x", "card": "Ascend910-1", "fault_code": "80E18402", "level": 5, "source": "t"}
+        answer = (await client.post("/controller/report_hardware_fault", json=fault)).json()
+        assert answer["key"] == "80E18402|Ascend910-1|node-x"
+        [entry] = (await client.get("/controller/fault_tolerance/status")).json()
+        [taken] = entry["hardware_faults"]
+        assert taken["key"] == answer["key"]
+        assert (taken["source"], taken["level"], taken["mapping"], taken["pending"]) == ("t", 5, "UNMAPPABLE", True)
+        assert "node name" in taken["reason"]  # these pods registered none: no guess (A14)
+        await client.post("/controller/report_hardware_fault", json={**fault, "cleared": True})
+        [entry] = (await client.get("/controller/fault_tolerance/status")).json()
+        assert entry["hardware_faults"] == []
+        monitor = (await client.get("/controller/resource_monitor")).json()
+        assert monitor == {"sources": [], "standing": [], "reports": 0, "sink_errors": 0}
+
+    with_api(tmp_path, scenario)
+
+
+def test_the_resource_monitor_route_shows_each_source_and_the_standing_faults(tmp_path: Path) -> None:
+    folder = tmp_path / "mindcluster"
+    folder.mkdir()
+
+    async def scenario(client: httpx.AsyncClient, _: Controller) -> None:
+        (folder / "broken.json").write_bytes(b"{not json")
+        node = {
+            "kind": "Node",
+            "metadata": {"name": "node-x"},
+            "status": {"conditions": [{"type": "Ready", "status": "False"}]},
+        }
+        (folder / "node-x.json").write_text(json.dumps(node))
+
+        async def both_read() -> dict[str, Any]:
+            while True:
+                found: dict[str, Any] = (await client.get("/controller/resource_monitor")).json()
+                if found["standing"] and found["sources"][0]["problems"]:
+                    return found
+                await asyncio.sleep(0.05)  # the source polls every 50 ms; the wait_for below bounds this
+
+        found = await asyncio.wait_for(both_read(), timeout=10)
+        [source] = found["sources"]
+        assert (source["name"], source["state"]) == ("mindcluster-dir", "running")
+        assert "not JSON" in source["last_problem"]
+        assert found["standing"] == ["NodeNotReady||node-x"]
+
+    with_api(tmp_path, scenario, hardware_folder=folder)

@@ -202,7 +202,7 @@ def test_a13_a_fault_on_a_committed_rank_is_handled_without_a_new_round(tmp_path
             inst = plane.controller.instances["inst-1"]  # type: ignore[index]
             key = "80E18402|Ascend910-1|node-a"
             await eventually(
-                lambda: key in inst.hardware_keys_seen and not inst.hardware,
+                lambda: key in inst.hardware_seen and not inst.hardware,
                 within=5,
                 what="the fault is taken and marked handled",
             )

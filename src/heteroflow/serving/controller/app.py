@@ -9,12 +9,14 @@ Routes (all but ``/health`` need the cluster token; 4xx bodies are ``{"error", "
   needs beside them (pods, published view, generation, last decision, recent rounds).
 - ``GET /controller/fault_tolerance/rounds`` (``?instance_id=``) and ``…/rounds/{request_id}`` — the evidence
   timelines (F-60).
+- ``GET /controller/resource_monitor`` — the hardware sources: state, snapshots, problems, standing faults.
 - ``GET /controller/config`` — the effective configuration and the warnings of its loading.
 - ``GET /metrics`` (Prometheus), ``GET /health`` (liveness, open for probes).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -25,6 +27,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
 from heteroflow.platform.auth import bearer_matches
+from heteroflow.serving.controller.monitor import ResourceMonitor
 from heteroflow.serving.controller.service import Controller, RegistrationConflictError, UnknownInstanceError
 from heteroflow.serving.wire import (
     HEARTBEAT_PATH,
@@ -88,7 +91,13 @@ async def _body(request: Request, model: type[_M]) -> _M:
         raise _BadBody(f"{where}: {err['msg']}") from exc
 
 
-def create_app(controller: Controller, *, cluster_token: str | None, allow_no_token: bool = False) -> FastAPI:
+def create_app(
+    controller: Controller,
+    *,
+    cluster_token: str | None,
+    allow_no_token: bool = False,
+    monitor: ResourceMonitor | None = None,
+) -> FastAPI:
     app = FastAPI(title="HeteroFlow controller", docs_url=None, redoc_url=None)
 
     @app.middleware("http")
@@ -151,6 +160,12 @@ def create_app(controller: Controller, *, cluster_token: str | None, allow_no_to
     @app.get("/controller/fault_tolerance/status")
     async def ft_status() -> Response:
         return JSONResponse(controller.status())
+
+    @app.get("/controller/resource_monitor")
+    async def resource_monitor() -> Response:
+        if monitor is None:
+            return JSONResponse({"sources": [], "standing": [], "reports": 0, "sink_errors": 0})
+        return JSONResponse(dataclasses.asdict(monitor.status()))
 
     @app.get("/controller/fault_tolerance/rounds")
     async def rounds(instance_id: str | None = None) -> Response:

@@ -124,9 +124,10 @@ class Instance:
     """F-54: the idle survivors of the current evidence were nudged once."""
     collecting: bool = False
     collected_at: float = float("-inf")
-    hardware_keys_seen: set[str] = field(default_factory=set)
-    """Keys of hardware faults already taken for this instance: a source repeating a standing fault never opens
-    a second window; the key is forgotten when the source clears it or the evidence is reset."""
+    hardware_seen: dict[str, dict[str, object]] = field(default_factory=dict)
+    """Hardware faults already taken for this instance, by key (what the status shows of each): a source
+    repeating a standing fault never opens a second window; the key is forgotten when the source clears it or
+    the evidence is reset."""
     persist_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """One write at a time per instance, so that two writers never race on the same CAS revision."""
     pending_abort: RequestId | None = None
@@ -288,14 +289,21 @@ class Controller:
         results: dict[str, HardwareMapping] = {}
         for inst in self.instances.values():
             if report.cleared:
-                inst.hardware_keys_seen.discard(fault.key)
+                inst.hardware_seen.pop(fault.key, None)
                 inst.hardware = [e for e in inst.hardware if e.fault.key != fault.key]
                 continue
             mapping = normalizer.map_hardware_fault(fault, inst.topology)
             results[inst.instance_id] = mapping
-            if mapping.kind == MappingKind.NOT_AFFECTED or fault.key in inst.hardware_keys_seen:
+            if mapping.kind == MappingKind.NOT_AFFECTED or fault.key in inst.hardware_seen:
                 continue
-            inst.hardware_keys_seen.add(fault.key)
+            inst.hardware_seen[fault.key] = {
+                "key": fault.key,
+                "level": fault.level,
+                "source": report.source,
+                "mapping": mapping.kind.value,
+                "ranks": sorted(mapping.ranks),
+                "reason": mapping.reason,
+            }
             inst.hardware.append(HardwareEvent(fault=fault, mapping=mapping, received_at=now))
             self.metrics.hardware_faults.labels(source=report.source, mapping=mapping.kind.value).inc()
             self.history.add(
@@ -450,7 +458,7 @@ class Controller:
         inst.snapshot = normalizer.reset()
         inst.hardware.clear()
         inst.engine_statuses.clear()
-        inst.hardware_keys_seen.clear()
+        inst.hardware_seen.clear()
         inst.nudged = False
 
     # == strategy center (F-10…F-13) =========================================================================
@@ -654,6 +662,8 @@ class Controller:
             entry["running_strategy"] = inst.running
             entry["last_decision"] = inst.last_decision
             entry["published_endpoints"] = sorted(inst.published)
+            pending = {e.fault.key for e in inst.hardware}
+            entry["hardware_faults"] = [{**seen, "pending": key in pending} for key, seen in inst.hardware_seen.items()]
             entry["rounds"] = list(inst.runtime.history)
             entry["pods"] = [self._pod_status(pod.pod_id) for pod in inst.topology.pods]
             entry["persist_pending"] = inst.persist_pending

@@ -170,6 +170,7 @@ class ScaleDownRound:
             dead_committed=sorted(self.context.dead_committed_at_start),
             fallback=self.context.fallback.value,
             hardware_matched=self.context.hardware_matched,
+            hardware_keys=list(self.context.hardware_keys),
         )
         dedup = rt.dedup_is_success(inst.runtime, self.context.candidates)
         if dedup is not None:  # F-20: nothing new to remove (the core's decide never asks for this; be safe)
