@@ -11,6 +11,12 @@ A rank that gets work while idle bumps a wave counter in the TCP store; idle ran
 step all-reduces every rank's tokens and counts (the final step, with no work anywhere, ends the wave for
 all ranks at once and agrees on the counter), then all-reduces the MoE outputs: every logical expert is
 computed on its one active replica.
+
+A rank whose collective fails leaves the group and says so in the TCP store (``<group>fault``). Peers blocked
+in a collective on it would otherwise wait for the collective timeout whenever gloo keeps its side of the
+connection open (it does when the failed operation still references the transport): a collective that has not
+finished after :data:`FAULT_CHECK_AFTER_SEC` looks at that key every :data:`FAULT_CHECK_EVERY_SEC` and fails at
+once when a peer has left. A healthy step never reads the store.
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import datetime
+import gc
 import json
 import os
 import queue
@@ -46,6 +53,10 @@ from heteroflow.engine_sim.placement import (
 
 _out_lock = threading.Lock()
 
+FAULT_CHECK_AFTER_SEC = 0.2
+"""A collective still running after this long starts looking for a peer that left the group."""
+FAULT_CHECK_EVERY_SEC = 0.05
+
 
 def emit(event: dict[str, Any]) -> None:
     line = json.dumps(event, separators=(",", ":")) + "\n"
@@ -61,6 +72,10 @@ def log(message: str) -> None:
 
 class RebuildError(RuntimeError):
     """A rebuild that cannot complete (store, peers, expert slots, disagreement)."""
+
+
+class PeerLeftError(RuntimeError):
+    """A peer left the group while this rank waited in a collective with it."""
 
 
 @dataclass
@@ -94,6 +109,26 @@ class WorkerConfig:
         raw = json.loads(text)
         raw["dead_ranks"] = frozenset(raw["dead_ranks"])
         return cls(**raw)
+
+
+def wait_collective(work: Any, store: Any, fault_key: str) -> None:
+    """``work.wait()``, except that a peer announcing (``fault_key`` in ``store``) that it left the group fails
+    the wait at once: :class:`PeerLeftError`. The store is read only once the collective has run for
+    :data:`FAULT_CHECK_AFTER_SEC`, so a healthy step never touches it."""
+    started = time.monotonic()
+    next_check = started + FAULT_CHECK_AFTER_SEC
+    while not work.is_completed():
+        now = time.monotonic()
+        if now >= next_check:
+            next_check = now + FAULT_CHECK_EVERY_SEC
+            try:
+                left = bool(store.check([fault_key]))
+            except Exception:  # an unreachable store: the collective's own timeout still ends the wait
+                left = False
+            if left:
+                raise PeerLeftError(f"a peer left the group during a collective ({fault_key})")
+        time.sleep(0 if now - started < 0.002 else 0.0005)  # yield first, then short naps
+    work.wait()  # raises the collective's own error, if any
 
 
 class Worker:
@@ -177,8 +212,20 @@ class Worker:
         self.store.set_timeout(datetime.timedelta(seconds=self.cfg.collective_timeout_sec))
 
     def _drop_group(self) -> None:
-        # closing our side makes peers blocked on us fail fast ("Connection closed by peer")
+        # closing our side makes peers blocked on us fail fast ("Connection closed by peer"); the collection
+        # frees a transport that a reference cycle (a failed operation's traceback) would otherwise keep open
         self.pg = None
+        gc.collect()
+
+    def _announce_fault(self) -> None:
+        """Tell the group's peers that this rank left it (best effort: the store may be gone too)."""
+        with contextlib.suppress(Exception):
+            self.store.set(f"{self.group_id}fault", str(self.cfg.rank))
+        with contextlib.suppress(Exception):
+            self.store.add(f"{self.group_id}wave", 1)  # and pull idle peers into a wave: they fail it at once
+
+    def _wait(self, work: Any) -> None:
+        wait_collective(work, self.store, f"{self.group_id}fault")
 
     def start(self) -> None:
         cfg = self.cfg
@@ -188,7 +235,7 @@ class Worker:
             self.store = self._connect_store(cfg.master_addr, cfg.master_port, cfg.startup_timeout_sec)
         self._make_group("init/", cfg.startup_timeout_sec)
         probe = torch.ones(1)
-        self.pg.allreduce([probe]).wait()
+        self._wait(self.pg.allreduce([probe]))
         if int(probe.item()) != len(self.members):
             raise RebuildError(f"first all-reduce gave {probe.item()}, expected {len(self.members)}")
 
@@ -280,7 +327,7 @@ class Worker:
             x[me, i, d] = 1.0
         x[me, 0, d + 1] = float(len(self.active) + len(self.pending))
         x[me, 1, d + 1] = float(self.wave_counter)
-        self.pg.allreduce([x]).wait()
+        self._wait(self.pg.allreduce([x]))
         if float(x[:, 0, d + 1].sum()) == 0.0:
             # nobody had work at this step: every rank sees the same sums, so the wave ends everywhere
             self.wave_ended = int(x[:, 1, d + 1].max())
@@ -291,7 +338,7 @@ class Worker:
             for i in range(batch):
                 if x[r, i, d] == 1.0:
                     out[r, i] = self.shard.contribution(x[r, i, :d])
-        self.pg.allreduce([out]).wait()
+        self._wait(self.pg.allreduce([out]))
         for i, seq in enumerate(rows):
             if seq.rid not in self.active:
                 continue
@@ -310,6 +357,7 @@ class Worker:
 
     def _fault(self, exc: BaseException) -> None:
         log(f"collective failed: {type(exc).__name__}: {exc}")
+        self._announce_fault()
         self._drop_group()
         self.active.clear()
         self.pending.clear()
@@ -317,9 +365,7 @@ class Worker:
         emit({"ev": "fault", "fault_info": type(exc).__name__, "mask": self._mask(), "detail": str(exc)[:500]})
 
     def _inject_transient(self) -> None:
-        # pull every idle peer into a wave, then leave the group: each of them fails its collective
-        with contextlib.suppress(Exception):
-            self.store.add(f"{self.group_id}wave", 1)
+        # leave the group as a failed collective would: idle peers are pulled into a wave and fail it
         self._fault(RuntimeError("transient collective failure injected"))
 
     # -- rebuild ---------------------------------------------------------------------------------------
@@ -366,7 +412,7 @@ class Worker:
                 ok, error = 0, str(exc)
         digest = int(plan["digest"])
         vote = torch.tensor([ok, digest, -digest], dtype=torch.int64)
-        self.pg.allreduce([vote], ReduceOp.MIN).wait()
+        self._wait(self.pg.allreduce([vote], ReduceOp.MIN))
         if int(vote[0]) != 1:
             raise RebuildError(error or "a peer failed the rebuild (unanimous commit refused)")
         if int(vote[1]) != -int(vote[2]):

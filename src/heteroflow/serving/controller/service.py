@@ -495,7 +495,10 @@ class Controller:
             ),
             now=now,
         )
-        inst.last_decision = f"{decision.kind}:{decision.reason.value}"
+        said = f"{decision.kind}:{decision.reason.value}"
+        if said != inst.last_decision:
+            _log.info("controller.decision", instance_id=inst.instance_id, decision=said)
+        inst.last_decision = said
         inst.wake_at = decision.until if isinstance(decision, Wait) else None
         if isinstance(decision, StartScaleDown):
             from heteroflow.serving.controller.strategy import ScaleDownRound
@@ -525,7 +528,10 @@ class Controller:
         elif isinstance(decision, MarkHardwareHandled):
             inst.hardware = [e for e in inst.hardware if e.fault.key not in decision.keys]
             self._wake.set()
-        elif isinstance(decision, Wait) and decision.reason == DecisionReason.COLLECTING:
+        elif isinstance(decision, Wait) and decision.reason in (
+            DecisionReason.COLLECTING,
+            DecisionReason.CORRELATION_WINDOW,  # a hardware-first window waits for the same evidence (F-12)
+        ):
             evidence.collect_missing(self, inst)
             evidence.nudge_idle(self, inst)
         return decision
