@@ -97,7 +97,13 @@ def inject(
     code = code or DEFAULT_CODES[via]
     if via == HardwareVia.CONTROLLER:
         return _report(
-            client, inst, target, card=card or target.uuid, level=level or DEFAULT_LEVEL, code=code, cleared=cleared
+            client,
+            inst,
+            target,
+            card=target.uuid if card is None else card,  # "" is a node-level fault
+            level=level or DEFAULT_LEVEL,
+            code=code,
+            cleared=cleared,
         )
     if via == HardwareVia.MINDCLUSTER:
         if card is None and target.index is None:

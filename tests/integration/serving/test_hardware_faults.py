@@ -149,7 +149,8 @@ def test_a11_hardware_first_then_software_dead_scales_down_matched(tmp_path: Pat
             write_configmap(folder, "node-a", [fault("Ascend910-1", "SeparateNPU", "A8028801,80E18402")])
             await eventually(lambda: bool(hardware(plane)), within=5, what="the ConfigMap fault reaches the controller")
             assert hardware(plane) == [("80E18402,A8028801|Ascend910-1|node-a", frozenset({1}), "MAPPED")]
-            assert (await plane.status())["last_decision"] == "wait:CORRELATION_WINDOW"
+            # the strategy center decides on its own task, after the fault was taken
+            await plane.until(lambda s: s["last_decision"] == "wait:CORRELATION_WINDOW", within=5, what="the window")
             await plane.kill_and_traffic(1)
             status = await plane.until(scaled_down([1]), within=20, what="rank 1 removed on software DEAD")
             timeline = await plane.round(status["request_id"])

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 from heteroflow.platform.auth import bearer_matches
 from heteroflow.serving.controller.monitor import ResourceMonitor
 from heteroflow.serving.controller.service import Controller, RegistrationConflictError, UnknownInstanceError
+from heteroflow.serving.controller.status import instance_statuses
 from heteroflow.serving.wire import (
     HEARTBEAT_PATH,
     REGISTER_PATH,
@@ -159,7 +160,7 @@ def create_app(
 
     @app.get("/controller/fault_tolerance/status")
     async def ft_status() -> Response:
-        return JSONResponse(controller.status())
+        return JSONResponse(instance_statuses(controller))
 
     @app.get("/controller/resource_monitor")
     async def resource_monitor() -> Response:

@@ -158,7 +158,8 @@ class Controller:
         self._exit_process = exit_process
         self.pods: dict[str, PodState] = {}
         self.instances: dict[InstanceId, Instance] = {}
-        self._restored: dict[InstanceId, rt.Restored] = {}
+        self.restored: dict[InstanceId, rt.Restored] = {}
+        """Runtimes loaded from the store for instances whose NodeManagers have not all registered again yet."""
         self._revisions: dict[InstanceId, int] = {}
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
@@ -185,13 +186,13 @@ class Controller:
         for instance_id, reason in loaded.corrupt.items():
             _log.error("controller.store_record_corrupt", instance_id=instance_id, reason=reason)
         for instance_id, stored in loaded.records.items():
-            self._restored[instance_id] = rt.restore(stored.record)
+            self.restored[instance_id] = rt.restore(stored.record)
             self._revisions[instance_id] = stored.revision
             _log.info(
                 "controller.runtime_restored",
                 instance_id=instance_id,
                 persisted_phase=stored.record.phase.value,
-                phase=self._restored[instance_id].runtime.phase.value,
+                phase=self.restored[instance_id].runtime.phase.value,
             )
 
     async def close(self) -> None:
@@ -340,7 +341,7 @@ class Controller:
         except TopologyError as exc:
             _log.info("controller.instance_incomplete", instance_id=instance_id, detail=str(exc))
             return None
-        restored = self._restored.pop(instance_id, None)
+        restored = self.restored.pop(instance_id, None)
         if restored is not None and restored.runtime.original_dp_ranks == topology.original_dp_ranks:
             runtime = restored.runtime
             inst = Instance(instance_id=instance_id, topology=topology, runtime=runtime)
@@ -656,45 +657,6 @@ class Controller:
                     await self.persist(inst, required=False)
                 await self.refresh_view(inst)
             await asyncio.sleep(self.ft.serving_view_refresh_sec)  # the SET's own period
-
-    # == status ==============================================================================================
-    def status(self) -> list[dict[str, object]]:
-        entries = []
-        for inst in self.instances.values():
-            entry = rt.status_entry(inst.runtime, engine_statuses=dict(inst.engine_statuses))
-            gate = inst.runtime.gate
-            entry["gate"] = {**entry["gate"], "warnings": list(gate.warnings) if gate else []}  # type: ignore[dict-item]
-            entry["generation"] = inst.runtime.generation
-            entry["running_strategy"] = inst.running
-            entry["last_decision"] = inst.last_decision
-            entry["published_endpoints"] = sorted(inst.published)
-            pending = {e.fault.key for e in inst.hardware}
-            entry["hardware_faults"] = [{**seen, "pending": key in pending} for key, seen in inst.hardware_seen.items()]
-            entry["rounds"] = list(inst.runtime.history)
-            entry["pods"] = [self._pod_status(pod.pod_id) for pod in inst.topology.pods]
-            entry["persist_pending"] = inst.persist_pending
-            entry["store_error"] = self.store_error
-            entries.append(entry)
-        for restored in self._restored.values():
-            entry = rt.status_entry(restored.runtime)
-            entry["running_strategy"] = None
-            entry["last_decision"] = "waiting for every NodeManager to register"
-            entries.append(entry)
-        return entries
-
-    def _pod_status(self, pod_id: str) -> dict[str, object]:
-        state = self.pods.get(pod_id)
-        if state is None:
-            return {"pod_id": pod_id, "state": "unknown"}
-        silent = self.clock.monotonic() - state.last_seen
-        lost = silent > self.config.settings.pod_lost_after_sec
-        return {
-            "pod_id": pod_id,
-            "state": "lost" if lost else "up",
-            "silent_sec": round(silent, 3),
-            "heartbeat_complete": state.heartbeat_complete,
-            "heartbeats": state.heartbeats,
-        }
 
     def in_round(self, instance_id: str) -> bool:
         inst = self.instances.get(InstanceId(instance_id))

@@ -1,0 +1,54 @@
+"""What ``GET /controller/fault_tolerance/status`` answers: one entry per instance, RFC §7's keys (the core's
+:func:`~heteroflow.serving.controller.core.runtime.status_entry`) plus what an operator needs beside them."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from heteroflow.serving.controller.core import runtime as rt
+
+if TYPE_CHECKING:
+    from heteroflow.serving.controller.service import Controller, Instance
+
+
+def instance_statuses(ctrl: Controller) -> list[dict[str, object]]:
+    """Every assembled instance, then every restored one still waiting for its NodeManagers."""
+    entries = [_assembled(ctrl, inst) for inst in ctrl.instances.values()]
+    for restored in ctrl.restored.values():
+        entry = rt.status_entry(restored.runtime)
+        entry["running_strategy"] = None
+        entry["last_decision"] = "waiting for every NodeManager to register"
+        entries.append(entry)
+    return entries
+
+
+def _assembled(ctrl: Controller, inst: Instance) -> dict[str, object]:
+    entry = rt.status_entry(inst.runtime, engine_statuses=dict(inst.engine_statuses))
+    gate = inst.runtime.gate
+    entry["gate"] = {**entry["gate"], "warnings": list(gate.warnings) if gate else []}  # type: ignore[dict-item]
+    entry["generation"] = inst.runtime.generation
+    entry["running_strategy"] = inst.running
+    entry["last_decision"] = inst.last_decision
+    entry["published_endpoints"] = sorted(inst.published)
+    pending = {e.fault.key for e in inst.hardware}
+    entry["hardware_faults"] = [{**seen, "pending": key in pending} for key, seen in inst.hardware_seen.items()]
+    entry["rounds"] = list(inst.runtime.history)
+    entry["pods"] = [_pod(ctrl, pod.pod_id) for pod in inst.topology.pods]
+    entry["persist_pending"] = inst.persist_pending
+    entry["store_error"] = ctrl.store_error
+    return entry
+
+
+def _pod(ctrl: Controller, pod_id: str) -> dict[str, object]:
+    state = ctrl.pods.get(pod_id)
+    if state is None:
+        return {"pod_id": pod_id, "state": "unknown"}
+    silent = ctrl.clock.monotonic() - state.last_seen
+    lost = silent > ctrl.config.settings.pod_lost_after_sec
+    return {
+        "pod_id": pod_id,
+        "state": "lost" if lost else "up",
+        "silent_sec": round(silent, 3),
+        "heartbeat_complete": state.heartbeat_complete,
+        "heartbeats": state.heartbeats,
+    }
