@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +12,13 @@ import httpx
 
 from heteroflow.engine_sim import conformance
 from heteroflow.engine_sim.backend import FaultKind
-from heteroflow.serving.wire import NM_FT_APPLY_PATH, NM_FT_FINALIZE_PATH, NM_FT_PROBE_PATH, NM_FT_STATUS_PATH
+from heteroflow.serving.wire import (
+    NM_FT_APPLY_PATH,
+    NM_FT_FINALIZE_PATH,
+    NM_FT_GUARD_PATH,
+    NM_FT_PROBE_PATH,
+    NM_FT_STATUS_PATH,
+)
 from tests.integration.serving.controller_harness import Plane, run_plane
 from tests.integration.serving.test_controller_rounds import events, reconfiguring, scaled_down
 
@@ -216,3 +224,45 @@ def test_the_controller_collects_missing_evidence_instead_of_waiting_for_the_pol
         assert events(timeline, "decided")[0]["survivors"] == [0, 2, 3]
 
     run_plane(scenario, tmp_path, node_manager_poll_sec=60.0)
+
+
+def test_f58_a_refused_lease_renewal_fails_the_round_before_commit(tmp_path: Path) -> None:
+    """The guard is renewed every third of its lease while the round runs (8.2 s lease with these timings:
+    2 x 1 s deadlines + 3 x 2 s requests + 2 x 0.1 s polls, so a renewal 2.7 s in). Pod b's NodeManager is slow
+    (its apply answers 1.2 s late) and refuses the renewal; its probe is held until that refusal."""
+
+    async def scenario(plane: Plane) -> None:
+        guards = {"a": 0, "b": 0}
+        refused = asyncio.Event()
+
+        async def slow_pod_b(pod: str, request: httpx.Request) -> httpx.Response | None:
+            if request.url.path == NM_FT_GUARD_PATH:
+                guards[pod] += 1
+                if pod == "b" and guards[pod] > 1:
+                    refused.set()
+                    return httpx.Response(503, json={"error": "unavailable", "detail": "injected: renewal refused"})
+            elif pod == "b" and request.url.path == NM_FT_APPLY_PATH:
+                await asyncio.sleep(1.2)  # the injected fault: a slow NodeManager (below the 2 s request timeout)
+            elif pod == "b" and request.url.path == NM_FT_PROBE_PATH:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(refused.wait(), timeout=1.5)
+            return None
+
+        plane.hooks.append(slow_pod_b)
+        await plane.kill_and_traffic(1)
+        status = await plane.until(reconfiguring, within=30, what="the refused renewal fails the round")
+        assert refused.is_set()
+        assert "lease renewal failed on pod pod-b" in (status["last_error"] or "")
+        assert status["dead_committed"] == []  # never committed
+        timeline = await plane.round(status["request_id"])
+        assert {e["pod_id"] for e in events(timeline, "guard_renewal_failed")} == {"pod-b"}
+        finalized = events(timeline, "finalize")
+        assert sorted({e["pod_id"] for e in finalized}) == ["pod-a", "pod-b"]
+        assert all(e["commit"] is False for e in finalized)  # aborted everywhere
+        assert guards["a"] >= 2  # pod a's renewal went through: only b refused
+
+    run_plane(
+        scenario,
+        tmp_path,
+        ft={"execution_deadline_sec": 1.0, "request_timeout_sec": 2.0, "poll_interval_sec": 0.1},
+    )
