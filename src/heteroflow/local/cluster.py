@@ -102,6 +102,9 @@ class ClusterOptions:
     num_redundant_experts: int = NUM_REDUNDANT_EXPERTS
     """EPLB redundant expert replicas of every instance (4). 0 still serves, but fails the scale-down gate
     (``EXPERT_REDUNDANCY_REQUIRED``): how the acceptance suite shows a static gate refusal (A15)."""
+    collective_timeout_sec: float = 10.0
+    """The engines' collective timeout (``--cpu-distributed-timeout-seconds``, 10 s): how long a survivor waits on
+    a peer that neither answers nor leaves, e.g. a hung worker."""
 
     @property
     def state_path(self) -> Path:
@@ -188,6 +191,7 @@ class LocalCluster:
             host=opts.host,
             python=opts.python,
             num_redundant_experts=opts.num_redundant_experts,
+            collective_timeout_sec=opts.collective_timeout_sec,
         )
         database_url = f"sqlite:///{data_dir / 'heteroflow.db'}"
         admin_token, agent_token, monitor_token = _create_tokens(database_url)

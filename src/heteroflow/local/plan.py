@@ -135,11 +135,13 @@ def plan_instances(
     model: str = MODEL_NAME,
     engine_recovery_timeout_sec: float = 120.0,
     num_redundant_experts: int = NUM_REDUNDANT_EXPERTS,
+    collective_timeout_sec: float = 10.0,
 ) -> list[InstancePlan]:
     """Every instance of the cluster, its pods and their NodeManager specs.
 
     ``num_redundant_experts`` is the engines' EPLB redundancy; 0 makes every instance fail the scale-down gate
-    (``EXPERT_REDUNDANCY_REQUIRED``, acceptance row A15) while it still serves."""
+    (``EXPERT_REDUNDANCY_REQUIRED``, acceptance row A15) while it still serves. ``collective_timeout_sec`` is
+    the engines' ``--cpu-distributed-timeout-seconds``: how long a survivor waits on a silent peer."""
     if instances < 1:
         raise PlanError("a cluster runs at least one instance")
     if len(ports) != instances:
@@ -179,6 +181,7 @@ def plan_instances(
                     "num_logical_experts": NUM_LOGICAL_EXPERTS,
                     "num_redundant_experts": num_redundant_experts,
                     "engine_recovery_timeout_sec": engine_recovery_timeout_sec,
+                    "cpu_distributed_timeout_sec": collective_timeout_sec,
                     "endpoints": [
                         {"id": r.rank, "port": r.port, "device_infos": [r.device.model_dump()]} for r in ranks
                     ],
