@@ -13,7 +13,7 @@ import typer
 
 from heteroflow.local import faults
 from heteroflow.local.client import ClusterClient, ClusterUnreachableError
-from heteroflow.local.hardware import HardwareFaultError, HardwareVia
+from heteroflow.local.hardware import HardwareVia
 from heteroflow.local.hardware import inject as inject_hardware
 from heteroflow.local.state import InstanceState, StateFileError, read_state
 from heteroflow.local.view import render, take_snapshot
@@ -33,7 +33,7 @@ def _run(state_file: Path, instance: str | None, act: Callable[[ClusterClient, I
         inst = state.instance(instance)
         with ClusterClient(state) as client:
             typer.echo(act(client, inst))
-    except (StateFileError, faults.FaultError, HardwareFaultError, ClusterUnreachableError) as exc:
+    except (StateFileError, faults.FaultError, ClusterUnreachableError) as exc:  # hardware's errors included
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
 

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from heteroflow.local.client import ClusterClient
 from heteroflow.local.processes import CLUSTER_ID_ENV
-from heteroflow.local.state import ClusterState, InstanceState
+from heteroflow.local.state import ClusterState, EndpointState, InstanceState
 from heteroflow.serving.node_manager.spec import endpoint_url
 
 
@@ -30,12 +30,17 @@ class FaultError(Exception):
     """The fault could not be injected; the text says why."""
 
 
-def _engine_url(inst: InstanceState, rank: int) -> str:
+def endpoint_of(inst: InstanceState, rank: int) -> EndpointState:
+    """The state file's endpoint of ``rank``; :class:`FaultError` naming the ranks there are."""
     try:
-        endpoint = inst.endpoint(rank)
+        return inst.endpoint(rank)
     except KeyError:
         ranks = ", ".join(str(e.id) for e in inst.endpoints)
         raise FaultError(f"{inst.instance_id} has no rank {rank} (its ranks: {ranks})") from None
+
+
+def _engine_url(inst: InstanceState, rank: int) -> str:
+    endpoint = endpoint_of(inst, rank)
     return endpoint_url(endpoint.ip, endpoint.port)
 
 

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from heteroflow.local.client import ClusterClient, ClusterUnreachableError
+from heteroflow.local.faults import FaultError, endpoint_of
 from heteroflow.local.state import ClusterState, InstanceState
 from heteroflow.serving.controller.monitor.gpu_health import XID_LEVELS
 from heteroflow.serving.controller.monitor.mindcluster import DEFAULT_NAME_PREFIX, DEVICE_INFO_KEY, normalize_codes
@@ -55,7 +56,7 @@ DEFAULT_CODES = {HardwareVia.CONTROLLER: "XID79", HardwareVia.MINDCLUSTER: "80E1
 Ascend card fault code, for MindCluster."""
 
 
-class HardwareFaultError(Exception):
+class HardwareFaultError(FaultError):
     """The hardware fault could not be injected, or the controller did not take it in time; the text says why."""
 
 
@@ -68,11 +69,7 @@ class Card:
 
 def card_of(inst: InstanceState, rank: int) -> Card:
     """The node and first card of ``rank`` (from the state file)."""
-    try:
-        endpoint = inst.endpoint(rank)
-    except KeyError:
-        ranks = ", ".join(str(e.id) for e in inst.endpoints)
-        raise HardwareFaultError(f"{inst.instance_id} has no rank {rank} (its ranks: {ranks})") from None
+    endpoint = endpoint_of(inst, rank)
     if not endpoint.device_infos:
         raise HardwareFaultError(f"{inst.instance_id} rank {rank} lists no device in the state file")
     device = endpoint.device_infos[0]

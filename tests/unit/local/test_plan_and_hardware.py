@@ -14,6 +14,7 @@ from heteroflow.agent.simulated import CARD_FAULT_PROFILES, SimulatedCollector
 from heteroflow.core.clock import SystemClock
 from heteroflow.local import hardware
 from heteroflow.local.client import ClusterClient
+from heteroflow.local.faults import FaultError
 from heteroflow.local.hardware import HardwareFaultError, HardwareVia, write_configmap
 from heteroflow.local.plan import (
     CARDS_PER_NODE,
@@ -171,5 +172,5 @@ def test_a_state_file_without_the_new_fields_says_to_restart(tmp_path: Path) -> 
             hardware.inject(client, cluster.instance(None), 0, via=HardwareVia.MINDCLUSTER)
         with pytest.raises(HardwareFaultError, match="no agent token"):
             hardware.inject(client, cluster.instance(None), 0, via=HardwareVia.GPU_HEALTH)
-        with pytest.raises(HardwareFaultError, match="has no rank 5"):
+        with pytest.raises(FaultError, match="has no rank 5"):
             hardware.inject(client, cluster.instance(None), 5)
