@@ -115,19 +115,17 @@ def wait_collective(work: Any, store: Any, fault_key: str) -> None:
     """``work.wait()``, except that a peer announcing (``fault_key`` in ``store``) that it left the group fails
     the wait at once: :class:`PeerLeftError`. The store is read only once the collective has run for
     :data:`FAULT_CHECK_AFTER_SEC`, so a healthy step never touches it."""
-    started = time.monotonic()
-    next_check = started + FAULT_CHECK_AFTER_SEC
-    while not work.is_completed():
-        now = time.monotonic()
-        if now >= next_check:
-            next_check = now + FAULT_CHECK_EVERY_SEC
-            try:
-                left = bool(store.check([fault_key]))
-            except Exception:  # an unreachable store: the collective's own timeout still ends the wait
-                left = False
-            if left:
-                raise PeerLeftError(f"a peer left the group during a collective ({fault_key})")
-        time.sleep(0 if now - started < 0.002 else 0.0005)  # yield first, then short naps
+    done = threading.Event()
+    work.get_future().add_done_callback(lambda _: done.set())  # set on success and on error alike
+    timeout = FAULT_CHECK_AFTER_SEC
+    while not done.wait(timeout):  # blocks: a healthy step wakes the moment its collective finishes
+        timeout = FAULT_CHECK_EVERY_SEC
+        try:
+            left = bool(store.check([fault_key]))
+        except Exception:  # an unreachable store: the collective's own timeout still ends the wait
+            left = False
+        if left:
+            raise PeerLeftError(f"a peer left the group during a collective ({fault_key})")
     work.wait()  # raises the collective's own error, if any
 
 
