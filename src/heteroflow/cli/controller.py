@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import os
 import signal
+import socket
+import sys
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -67,6 +71,11 @@ async def run_controller(cfg: Any) -> int:
     except ValueError as exc:
         _log.error("controller.bad_store_url", error=str(exc))
         return 2
+    try:
+        election = leader_election(settings, store, clock=SystemClock())
+    except ValueError as exc:
+        _log.error("controller.bad_leader_election", error=str(exc))
+        return 2
     timeout = cfg.ft.request_timeout_sec
     ctrl = Controller(
         config=cfg,
@@ -79,6 +88,8 @@ async def run_controller(cfg: Any) -> int:
         ),
         clock=SystemClock(),
     )
+    if election is not None:
+        ctrl.on_not_leader = election.lost
     monitor = build_monitor(
         ResourceMonitorSettings.load(),
         sink=ctrl.hardware_fault,
@@ -86,7 +97,11 @@ async def run_controller(cfg: Any) -> int:
         clock=ctrl.clock,
     )
     app = create_app(
-        ctrl, cluster_token=settings.cluster_token, allow_no_token=settings.allow_no_token, monitor=monitor
+        ctrl,
+        cluster_token=settings.cluster_token,
+        allow_no_token=settings.allow_no_token,
+        monitor=monitor,
+        leadership=election,
     )
     server = uvicorn.Server(
         uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False, lifespan="off")
@@ -94,6 +109,18 @@ async def run_controller(cfg: Any) -> int:
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))
+    serving = asyncio.create_task(server.serve(), name="http")
+    if election is not None:
+        # a standby serves its probes and 503s, and acts only once it holds the lease
+        campaign = asyncio.create_task(election.campaign(), name="campaign")
+        await asyncio.wait({serving, campaign}, return_when=asyncio.FIRST_COMPLETED)
+        if not campaign.done():  # asked to stop while standing by
+            campaign.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await campaign
+            await serving
+            await ctrl.close()
+            return 0
     await ctrl.start()
     await monitor.start()
     _log.info(
@@ -102,10 +129,43 @@ async def run_controller(cfg: Any) -> int:
         port=settings.port,
         store=settings.store_url.split("?")[0],
         scale_down=cfg.ft.scale_down_enabled,
+        leader_election=election is not None,
     )
     try:
-        await server.serve()
+        await serving
     finally:
         await monitor.close()
+        await ctrl.stop()
+        if election is not None:
+            await election.resign()  # after the last write: the standby may take over at once
         await ctrl.close()
     return 0
+
+
+def leader_election(settings: Any, store: Any, *, clock: Any) -> Any:
+    """The controller's :class:`LeaderElection`, or ``None`` in single-controller mode; :class:`ValueError` when
+    election is asked for on the embedded store."""
+    from heteroflow.serving.controller.leadership import LEADERSHIP_LOST_EXIT_CODE, LeaderElection
+    from heteroflow.serving.controller.store import EtcdFtRuntimeStore
+
+    if not isinstance(store, EtcdFtRuntimeStore):
+        if settings.leader_election:
+            raise ValueError("leader election needs an etcd store; the embedded SQLite store is single-controller")
+        return None
+    if settings.leader_election is False:
+        return None
+
+    def lost(reason: str) -> None:
+        # the in-memory state may already be behind the new leader's: stop at once, come back as a standby
+        sys.stderr.flush()
+        os._exit(LEADERSHIP_LOST_EXIT_CODE)
+
+    return LeaderElection(
+        store,
+        key=store.prefix.rstrip("/") + "-leader",
+        controller_id=settings.controller_id or f"{socket.gethostname()}-{os.getpid()}",
+        url=settings.advertise_url,
+        ttl_sec=settings.lease_ttl_sec,
+        clock=clock,
+        on_lost=lost,
+    )

@@ -21,7 +21,13 @@ _log = structlog.get_logger(__name__)
 
 
 def node_manager(
-    controller: Annotated[str, typer.Option(help="Controller base URL, e.g. http://127.0.0.1:8200")],
+    controller: Annotated[
+        str,
+        typer.Option(
+            help="Controller base URL, e.g. http://127.0.0.1:8500; several comma-separated for active/standby "
+            "controllers (the NodeManager moves on from one that is down or not acting)"
+        ),
+    ],
     pod_id: Annotated[str, typer.Option(help="This pod's id (unique in the cluster)")],
     pod_ip: Annotated[str, typer.Option(help="This pod's IP: engines bind it, the controller reaches them there")],
     host: Annotated[

@@ -427,32 +427,39 @@ def _refuse_exit(code: int) -> None:
 # == the controller as a real process (crash injection, store outages) =========================================
 @dataclass
 class ProcessPlane:
-    """The controller runs as ``heteroflow controller`` in a subprocess; NodeManagers and fake engines run in
-    the test's loop, served by uvicorn on real loopback ports."""
+    """The controller runs as ``heteroflow controller`` in a subprocess (several, active/standby, when
+    ``controllers > 1``: controller *i* listens on ``ports[i]``); NodeManagers and fake engines run in the test's
+    loop, served by uvicorn on real loopback ports, and are given every controller's URL."""
 
     cluster: FakeEngineCluster
     node_managers: dict[str, NodeManager]
     launchers: dict[str, FakeLauncher]
     config_path: Path
-    port: int
+    ports: list[int]
     log_dir: Path
     applies: list[tuple[str, str]] = field(default_factory=list)
     """(pod, request_id) of every apply that reached a NodeManager."""
-    process: subprocess.Popen[bytes] | None = None
+    processes: dict[int, subprocess.Popen[bytes]] = field(default_factory=dict)
+    logs: dict[int, Path] = field(default_factory=dict)
     starts: int = 0
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+    def url_of(self, index: int = 0) -> str:
+        return f"http://127.0.0.1:{self.ports[index]}"
 
-    def start_controller(self, *, crash_at: str | None = None, extra_env: dict[str, str] | None = None) -> None:
+    def start_controller(
+        self, *, crash_at: str | None = None, extra_env: dict[str, str] | None = None, index: int = 0
+    ) -> None:
         env = {**os.environ, "HETEROFLOW_CLUSTER_TOKEN": TEST_CLUSTER_TOKEN, **(extra_env or {})}
         env.pop("HETEROFLOW_CONTROLLER_CRASH_AT_STEP", None)
         if crash_at is not None:
             env["HETEROFLOW_CONTROLLER_CRASH_AT_STEP"] = crash_at
+        env["HETEROFLOW_CONTROLLER_PORT"] = str(self.ports[index])
+        env["HETEROFLOW_CONTROLLER_ID"] = f"controller-{index}"
+        env["HETEROFLOW_CONTROLLER_ADVERTISE_URL"] = self.url_of(index)
         self.starts += 1
-        with (self.log_dir / f"controller-{self.starts}.log").open("wb") as log:  # the child keeps its own fd
-            self.process = subprocess.Popen(
+        self.logs[index] = self.log_dir / f"controller-{self.starts}.log"
+        with self.logs[index].open("wb") as log:  # the child keeps its own fd
+            self.processes[index] = subprocess.Popen(
                 [sys.executable, "-m", "heteroflow.cli.main", "controller", "--config", str(self.config_path)],
                 stdout=log,
                 stderr=subprocess.STDOUT,
@@ -460,42 +467,51 @@ class ProcessPlane:
                 start_new_session=True,
             )
 
-    def stop_controller(self) -> None:
-        if self.process is not None and self.process.poll() is None:
-            os.killpg(self.process.pid, signal.SIGKILL)
-            self.process.wait(timeout=10)
+    def stop_controller(self, index: int | None = None) -> None:
+        """SIGKILL controller ``index`` (every one when ``None``)."""
+        for i, process in self.processes.items():
+            if (index is None or i == index) and process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
 
-    def controller_log(self) -> str:
-        return (self.log_dir / f"controller-{self.starts}.log").read_text(errors="replace")
+    def controller_log(self, index: int = 0) -> str:
+        return self.logs[index].read_text(errors="replace")
 
-    async def status(self) -> dict[str, Any] | None:
+    async def get(self, path: str, *, index: int = 0) -> httpx.Response | None:
         async with httpx.AsyncClient(headers={"Authorization": f"Bearer {TEST_CLUSTER_TOKEN}"}) as http:
             try:
-                response = await http.get(f"{self.url}/controller/fault_tolerance/status", timeout=2.0)
+                return await http.get(self.url_of(index) + path, timeout=2.0)
             except httpx.TransportError:
                 return None
+
+    async def status(self, index: int = 0) -> dict[str, Any] | None:
+        response = await self.get("/controller/fault_tolerance/status", index=index)
+        if response is None or response.status_code != 200:
+            return None
         entries = response.json()
         return dict(entries[0]) if entries else None
 
-    async def until(self, check: Callable[[dict[str, Any]], bool], *, within: float, what: str) -> dict[str, Any]:
+    async def until(
+        self, check: Callable[[dict[str, Any]], bool], *, within: float, what: str, index: int = 0
+    ) -> dict[str, Any]:
         start = time.monotonic()
         last: dict[str, Any] | None = None
         while True:
-            last = await self.status()
+            last = await self.status(index)
             if last is not None and check(last):
                 return last
             if time.monotonic() - start > within:
                 raise TimeoutError(f"not within {within} s: {what}; last status {last}")
             await asyncio.sleep(0.05)
 
-    async def exited(self, *, within: float) -> int:
-        assert self.process is not None
+    async def exited(self, *, within: float, index: int = 0) -> int:
+        process = self.processes[index]
         start = time.monotonic()
-        while self.process.poll() is None:
+        while process.poll() is None:
             if time.monotonic() - start > within:
-                raise TimeoutError(f"the controller did not exit within {within} s")
+                raise TimeoutError(f"controller {index} did not exit within {within} s")
             await asyncio.sleep(0.05)
-        return int(self.process.returncode)
+        return int(process.returncode)
 
     async def kill_and_traffic(self, *victims: int) -> None:
         for victim in victims:
@@ -509,6 +525,8 @@ def run_process_plane(
     *,
     store_url: str | None = None,
     ft: dict[str, Any] | None = None,
+    controllers: int = 1,
+    controller_settings: dict[str, Any] | None = None,
 ) -> None:
     import uvicorn
     import yaml
@@ -518,7 +536,7 @@ def run_process_plane(
     async def main() -> None:
         cluster = FakeEngineCluster(dp_size=4)
         await cluster.start()
-        port = free_port()
+        ports = [free_port() for _ in range(controllers)]
         log_dir = tmp_path / "logs"
         log_dir.mkdir()
         config_path = tmp_path / "controller.yaml"
@@ -526,16 +544,16 @@ def run_process_plane(
             yaml.safe_dump(
                 {
                     "controller": {
-                        "port": port,
                         "store_url": store_url or f"sqlite:///{tmp_path / 'ft.db'}",
                         "heartbeat_interval_sec": 0.1,
                         "store_timeout_sec": 1.0,
+                        **(controller_settings or {}),
                     },
                     "fault_tolerance_config": {**FAST_FT, **(ft or {})},
                 }
             )
         )
-        plane = ProcessPlane(cluster, {}, {}, config_path, port, log_dir)
+        plane = ProcessPlane(cluster, {}, {}, config_path, ports, log_dir)
         servers: list[tuple[uvicorn.Server, asyncio.Task[None]]] = []
         pump = asyncio.create_task(_pump(cluster))
         try:
@@ -554,7 +572,11 @@ def run_process_plane(
                     pod=PodIdentity(
                         pod_id=f"pod-{name}", pod_ip=POD_IPS[name], node_manager_url=f"http://127.0.0.1:{nm_port}"
                     ),
-                    controller=HttpControllerClient(plane.url, cluster_token=TEST_CLUSTER_TOKEN, timeout_sec=2.0),
+                    controller=HttpControllerClient(
+                        ",".join(plane.url_of(i) for i in range(controllers)),
+                        cluster_token=TEST_CLUSTER_TOKEN,
+                        timeout_sec=2.0,
+                    ),
                     engines=HttpEngineClient(cluster.client, ft_path_prefix=cluster.prefix),
                     launcher=launcher,
                     clock=cluster.clock,

@@ -109,6 +109,7 @@ ROUTES = [
     ("GET", "/controller/config"),
     ("GET", "/controller/resource_monitor"),
     ("GET", "/metrics"),
+    ("GET", "/controller/leadership"),
     ("POST", "/controller/node_manager/register"),
     ("POST", "/controller/node_manager/heartbeat"),
     ("POST", "/controller/report_software_fault"),
@@ -123,6 +124,35 @@ def test_every_route_but_health_needs_the_cluster_token(tmp_path: Path) -> None:
                 assert response.status_code == 401, (method, path, headers)
                 assert response.json()["error"] == "unauthorized"
         assert (await client.get("/health", headers={"Authorization": ""})).status_code == 200
+        assert (await client.get("/ready", headers={"Authorization": ""})).status_code == 200
+
+    with_api(tmp_path, scenario)
+
+
+def test_until_it_acts_the_controller_answers_not_leader_and_is_not_ready(tmp_path: Path) -> None:
+    async def scenario(client: httpx.AsyncClient, controller: Controller) -> None:
+        await controller.stop()  # as before start, or a standby: nothing loaded, nothing may act
+        ready = await client.get("/ready")
+        assert ready.status_code == 503
+        assert ready.json()["ready"] is False
+        for method, path in ROUTES:
+            response = await client.request(method, path, json={})
+            if path in ("/metrics", "/controller/config", "/controller/leadership"):
+                assert response.status_code == 200, path
+            else:
+                assert response.status_code == 503, path
+                assert response.json()["error"] == "not_leader"
+        assert (await client.get("/controller/leadership")).json()["role"] == "single"
+        assert "heteroflow_controller_acting 0.0" in (await client.get("/metrics")).text
+        await controller.start(loops=False)
+        assert (await client.get("/ready")).json() == {
+            "ready": True,
+            "role": "single",
+            "leader_id": None,
+            "leader_url": None,
+        }
+        assert (await client.get("/controller/fault_tolerance/status")).status_code == 200
+        assert "heteroflow_controller_acting 1.0" in (await client.get("/metrics")).text
 
     with_api(tmp_path, scenario)
 

@@ -5,13 +5,18 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+from datetime import UTC, datetime
 from typing import Any
 
 import httpx
 import pytest
 
 from heteroflow.engine_sim import conformance
-from heteroflow.serving.node_manager.client import ControllerRejectedError, HttpControllerClient
+from heteroflow.serving.node_manager.client import (
+    ControllerRejectedError,
+    ControllerUnavailableError,
+    HttpControllerClient,
+)
 from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN, FakeController
 from heteroflow.serving.wire import (
     NM_ENGINES_RESTART_PATH,
@@ -27,6 +32,7 @@ from heteroflow.serving.wire import (
     FaultEvidence,
     FtFlags,
     FtStatusRequest,
+    HeartbeatRequest,
     RegisterRequest,
 )
 
@@ -575,6 +581,57 @@ def test_http_controller_client_speaks_the_fake_controllers_routes() -> None:
             await bad.register(controller.registrations[0])
         await client.aclose()
         await bad.aclose()
+
+    asyncio.run(main())
+
+
+class _Hosts(httpx.AsyncBaseTransport):
+    """``down`` refuses connections, ``standby`` answers 503 not_leader, anything else is the fake controller."""
+
+    def __init__(self, controller: httpx.AsyncBaseTransport) -> None:
+        self.controller = controller
+        self.hosts: list[str] = []
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.hosts.append(request.url.host)
+        if request.url.host == "down":
+            raise httpx.ConnectError("connection refused", request=request)
+        if request.url.host == "standby":
+            return httpx.Response(503, json={"error": "not_leader", "detail": "the leader is http://controller"})
+        return await self.controller.handle_async_request(request)
+
+
+def test_http_controller_client_moves_on_from_a_dead_or_standby_controller_and_stays_with_the_leader() -> None:
+    async def main() -> None:
+        controller = FakeController(flags=FtFlags(enable_dp_scale_down_proxy=True))
+        transport = _Hosts(httpx.ASGITransport(app=controller.app(cluster_token="tok")))
+        client = HttpControllerClient(
+            "http://down:8500, http://standby:8500,http://controller:8500/", cluster_token="tok", transport=transport
+        )
+        assert client.urls == ("http://down:8500", "http://standby:8500", "http://controller:8500")
+        beat = HeartbeatRequest(
+            pod_id="p", instance_id="i", endpoint_ids=[0, 1], expected_endpoint_ids=[0, 1], sent_at=datetime.now(UTC)
+        )
+        await client.heartbeat(beat)
+        assert transport.hosts == ["down", "standby", "controller"]
+        await client.heartbeat(beat)
+        assert transport.hosts[3:] == ["controller"]  # it stays with the one that answered
+        assert client.current_url == "http://controller:8500"
+
+        only_bad = HttpControllerClient("http://down:1,http://standby:2", cluster_token="tok", transport=transport)
+        with pytest.raises(ControllerUnavailableError) as failed:
+            await only_bad.heartbeat(beat)
+        assert "http://down:1: ConnectError" in str(failed.value)
+        assert "http://standby:2: HTTP 503" in str(failed.value)
+        wrong = HttpControllerClient("http://controller:1,http://down:2", cluster_token="x", transport=transport)
+        before = len(transport.hosts)
+        with pytest.raises(ControllerRejectedError, match="401"):  # a refusal is final: no failover
+            await wrong.heartbeat(beat)
+        assert transport.hosts[before:] == ["controller"]
+        with pytest.raises(ValueError, match="no controller URL"):
+            HttpControllerClient(" , ", cluster_token="tok")
+        for c in (client, only_bad, wrong):
+            await c.aclose()
 
     asyncio.run(main())
 

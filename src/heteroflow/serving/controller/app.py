@@ -11,7 +11,13 @@ Routes (all but ``/health`` need the cluster token; 4xx bodies are ``{"error", "
   timelines (F-60).
 - ``GET /controller/resource_monitor`` — the hardware sources: state, snapshots, problems, standing faults.
 - ``GET /controller/config`` — the effective configuration and the warnings of its loading.
-- ``GET /metrics`` (Prometheus), ``GET /health`` (liveness, open for probes).
+- ``GET /controller/leadership`` — this controller's role (``leader``, ``standby``, ``single``) and the leader.
+- ``GET /metrics`` (Prometheus), ``GET /health`` (liveness) and ``GET /ready`` (200 once this controller acts:
+  started, and the leader in active/standby mode; 503 otherwise) — the two probes are open without a token.
+
+Until the controller acts (a standby, or while it loads the persisted runtimes), every route but the probes,
+``/metrics``, ``/controller/leadership`` and ``/controller/config`` answers ``503 not_leader`` naming the leader:
+a NodeManager given several controller URLs moves on to the next one.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
 from heteroflow.platform.auth import bearer_matches
+from heteroflow.serving.controller.leadership import LeaderElection
 from heteroflow.serving.controller.monitor import ResourceMonitor
 from heteroflow.serving.controller.service import Controller, RegistrationConflictError, UnknownInstanceError
 from heteroflow.serving.controller.status import instance_statuses
@@ -43,6 +50,10 @@ from heteroflow.serving.wire import (
 )
 
 _M = TypeVar("_M", bound=BaseModel)
+
+PROBES = frozenset({"/health", "/ready"})
+OPEN_BEFORE_ACTING = PROBES | {"/metrics", "/controller/leadership", "/controller/config"}
+"""Routes that answer before the controller acts (a standby's): none of them acts or reports instance state."""
 
 MAX_BODY_BYTES = 1 << 20
 MAX_JSON_DEPTH = 32
@@ -98,17 +109,33 @@ def create_app(
     cluster_token: str | None,
     allow_no_token: bool = False,
     monitor: ResourceMonitor | None = None,
+    leadership: LeaderElection | None = None,
 ) -> FastAPI:
     app = FastAPI(title="HeteroFlow controller", docs_url=None, redoc_url=None)
 
+    def leadership_status() -> dict[str, object]:
+        if leadership is None:
+            return {"role": "single", "leader_id": None, "leader_url": None}
+        return leadership.status()
+
     @app.middleware("http")
     async def _authenticate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:
-        if request.url.path != "/health":
+        path = request.url.path
+        if path not in PROBES:
             if cluster_token:
                 if not bearer_matches(request.headers.get("authorization"), cluster_token):
                     return _error(401, "unauthorized", "a valid cluster token is required (Authorization: Bearer)")
             elif not allow_no_token:
                 return _error(401, "unauthorized", "no cluster token is configured; internal routes are closed")
+        if not controller.started and path not in OPEN_BEFORE_ACTING:
+            found = leadership_status()
+            leader = found["leader_url"] or found["leader_id"]
+            detail = (
+                f"this controller is a standby; the leader is {leader}"
+                if leader and found["role"] == "standby"
+                else "this controller is not acting yet (it is starting or waiting for the leader lease)"
+            )
+            return _error(503, "not_leader", detail)
         return await call_next(request)
 
     @app.exception_handler(_BadBody)
@@ -118,6 +145,15 @@ def create_app(
     @app.get("/health")
     async def health() -> dict[str, str]:
         return {"status": "ok"}
+
+    @app.get("/ready")
+    async def ready() -> Response:
+        acting = controller.started and (leadership is None or leadership.leading)
+        return JSONResponse({"ready": acting, **leadership_status()}, status_code=200 if acting else 503)
+
+    @app.get("/controller/leadership")
+    async def leadership_route() -> Response:
+        return JSONResponse(leadership_status())
 
     @app.get("/metrics")
     async def metrics() -> Response:

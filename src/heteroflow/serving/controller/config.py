@@ -119,6 +119,34 @@ class ControllerSettings(LenientSettings):
         validation_alias=env_names("controller_default_model"),
         description="Served model name published to the Coordinator for instances without their own.",
     )
+    leader_election: bool | None = Field(
+        default=None,
+        validation_alias=env_names("controller_leader_election"),
+        description=(
+            "Active/standby: act only while holding the leader lease in etcd. Unset: on with an etcd store, off "
+            "with the embedded SQLite store (which is single-controller only; true is refused there)."
+        ),
+    )
+    lease_ttl_sec: int = Field(
+        default=10,
+        ge=2,
+        le=300,
+        validation_alias=env_names("controller_lease_ttl_sec"),
+        description="TTL of the leader lease: a standby takes over about this long after the leader dies.",
+    )
+    controller_id: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        validation_alias=env_names("controller_id"),
+        description="This controller's name in the leader key (default: host name and process id).",
+    )
+    advertise_url: str | None = Field(
+        default=None,
+        pattern=r"^https?://\S+$",
+        validation_alias=env_names("controller_advertise_url"),
+        description="The URL peers reach this controller at, shown by a standby as the leader's (default: none).",
+    )
     crash_at_step: str | None = Field(
         default=None,
         validation_alias=env_names("controller_crash_at_step"),

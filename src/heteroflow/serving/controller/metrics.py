@@ -52,6 +52,11 @@ class ControllerMetrics:
             ["source", "mapping"],
             registry=self.registry,
         )
+        self.acting = Gauge(
+            "heteroflow_controller_acting",
+            "1 while this controller acts (the leader in active/standby mode, or a started single controller).",
+            registry=self.registry,
+        )
 
     def set_phase(self, instance_id: str, phase: FtPhase) -> None:
         for candidate in FtPhase:

@@ -54,7 +54,7 @@ from heteroflow.serving.controller.core.ranks import DpRank, InstanceId, Request
 from heteroflow.serving.controller.core.topology import InstanceTopology, resolve_instance
 from heteroflow.serving.controller.history import RoundHistory
 from heteroflow.serving.controller.metrics import ControllerMetrics
-from heteroflow.serving.controller.store import FtRuntimeStore, FtStoreError
+from heteroflow.serving.controller.store import FtRuntimeStore, FtStoreError, NotLeaderError
 from heteroflow.serving.wire import (
     FinalizeRequest,
     HardwareFaultReport,
@@ -164,6 +164,10 @@ class Controller:
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
         self.store_error: str | None = None
+        self.started = False
+        """:meth:`start` finished: the persisted runtimes are loaded, and the API may act."""
+        self.on_not_leader: Callable[[str], None] | None = None
+        """Called when a fenced write finds that this controller no longer leads (active/standby mode)."""
 
     # == lifecycle ===========================================================================================
     async def start(self, *, loops: bool = True) -> None:
@@ -172,6 +176,8 @@ class Controller:
         if loops:
             self._tasks.append(asyncio.create_task(self._strategy_center(), name="strategy-center"))
             self._tasks.append(asyncio.create_task(self._refresh_loop(), name="view-refresh"))
+        self.started = True
+        self.metrics.acting.set(1)
 
     async def load_persisted(self) -> None:
         try:
@@ -195,7 +201,10 @@ class Controller:
                 phase=self.restored[instance_id].runtime.phase.value,
             )
 
-    async def close(self) -> None:
+    async def stop(self) -> None:
+        """Stop acting: cancel the loops and every running strategy. Idempotent."""
+        self.started = False
+        self.metrics.acting.set(0)
         for task in self._tasks:
             task.cancel()
         for inst in self.instances.values():
@@ -206,6 +215,9 @@ class Controller:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._tasks.clear()
+
+    async def close(self) -> None:
+        await self.stop()
         await self.nm.aclose()
         if self.coordinator is not None:
             await self.coordinator.aclose()
@@ -441,6 +453,8 @@ class Controller:
         try:
             inst.revision = await self.store.put(record, expected_revision=inst.revision)
         except (StoreUnavailableError, FtStoreError) as exc:
+            if isinstance(exc, NotLeaderError) and self.on_not_leader is not None:
+                self.on_not_leader(str(exc))
             inst.persist_pending = True
             self.store_error = f"{type(exc).__name__}: {exc}"
             self.metrics.store_errors.inc()

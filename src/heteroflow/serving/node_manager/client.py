@@ -50,7 +50,19 @@ class ControllerClient(Protocol):
     async def aclose(self) -> None: ...
 
 
+def controller_urls(base_url: str) -> tuple[str, ...]:
+    """``"URL[,URL…]"`` → the controllers to try, in order; :class:`ValueError` when none is given."""
+    urls = tuple(url.strip().rstrip("/") for url in base_url.split(",") if url.strip())
+    if not urls:
+        raise ValueError(f"no controller URL in {base_url!r}")
+    return urls
+
+
 class HttpControllerClient:
+    """Talks to the controller; ``base_url`` may list several (active/standby): a request that finds one
+    unreachable or not acting (5xx, ``503 not_leader``) moves on to the next, and the client stays with the one
+    that answered."""
+
     def __init__(
         self,
         base_url: str,
@@ -60,9 +72,13 @@ class HttpControllerClient:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         headers = {"Authorization": f"Bearer {cluster_token}"} if cluster_token else {}
-        self._http = httpx.AsyncClient(
-            base_url=base_url.rstrip("/"), headers=headers, timeout=timeout_sec, transport=transport
-        )
+        self.urls = controller_urls(base_url)
+        self._current = 0
+        self._http = httpx.AsyncClient(headers=headers, timeout=timeout_sec, transport=transport)
+
+    @property
+    def current_url(self) -> str:
+        return self.urls[self._current]
 
     async def register(self, request: RegisterRequest) -> RegisterResponse:
         return _parse(await self._post(REGISTER_PATH, request), RegisterResponse)
@@ -77,15 +93,24 @@ class HttpControllerClient:
         await self._http.aclose()
 
     async def _post(self, path: str, body: BaseModel) -> httpx.Response:
-        try:
-            response = await self._http.post(path, content=body.model_dump_json(), headers=_JSON)
-        except httpx.HTTPError as exc:
-            raise ControllerUnavailableError(f"POST {path}: {type(exc).__name__}: {exc}") from exc
-        if response.status_code >= 500:
-            raise ControllerUnavailableError(f"POST {path}: HTTP {response.status_code}")
-        if response.status_code >= 400:
-            raise ControllerRejectedError(f"POST {path}: HTTP {response.status_code}: {response.text[:200]}")
-        return response
+        content = body.model_dump_json()
+        failures: list[str] = []
+        for _ in self.urls:
+            url = self.current_url
+            try:
+                response = await self._http.post(url + path, content=content, headers=_JSON)
+            except httpx.HTTPError as exc:
+                failures.append(f"{url}: {type(exc).__name__}: {exc}")
+            else:
+                if response.status_code < 500:
+                    if response.status_code >= 400:
+                        raise ControllerRejectedError(
+                            f"POST {path}: HTTP {response.status_code}: {response.text[:200]}"
+                        )
+                    return response
+                failures.append(f"{url}: HTTP {response.status_code}")
+            self._current = (self._current + 1) % len(self.urls)
+        raise ControllerUnavailableError(f"POST {path}: " + "; ".join(failures))
 
 
 def _parse(response: httpx.Response, answer: type[_M]) -> _M:

@@ -14,7 +14,15 @@ from __future__ import annotations
 from pathlib import Path
 from urllib.parse import parse_qs, urlsplit
 
-from .base import FtRuntimeStore, FtStoreError, LoadResult, StoreConflictError, StoreCorruptError, StoredRuntime
+from .base import (
+    FtRuntimeStore,
+    FtStoreError,
+    LoadResult,
+    NotLeaderError,
+    StoreConflictError,
+    StoreCorruptError,
+    StoredRuntime,
+)
 from .codec import SCHEMA_VERSION, decode_runtime, encode_runtime
 from .etcd import DEFAULT_PREFIX, EtcdFtRuntimeStore
 from .sqlite import SqliteFtRuntimeStore
@@ -26,6 +34,7 @@ __all__ = [
     "FtRuntimeStore",
     "FtStoreError",
     "LoadResult",
+    "NotLeaderError",
     "SqliteFtRuntimeStore",
     "StoreConflictError",
     "StoreCorruptError",

@@ -10,6 +10,7 @@ Errors::
     Exception
     ├── FtStoreError                  permanent for this call: retrying the same call gives the same answer
     │   ├── StoreConflictError        a compare-and-swap lost: reload, decide again, write again
+    │   ├── NotLeaderError            the write is fenced by a leader lease this controller no longer holds
     │   └── StoreCorruptError         a stored record cannot be decoded (or a record would not round-trip)
     └── heteroflow.core.errors.StoreUnavailableError
                                       the backend did not answer in ``timeout_sec`` or failed; retry later.
@@ -44,6 +45,18 @@ class StoreConflictError(FtStoreError):
         want = "no record" if expected is None else f"revision {expected}"
         have = "no record" if actual is None else f"revision {actual}"
         super().__init__(f"runtime of {instance_id!r}: expected {want}, the store has {have}")
+
+
+class NotLeaderError(FtStoreError):
+    """A fenced write was refused: the leader key no longer holds this controller's claim (another controller
+    leads, or the lease expired). The caller must stop acting; nothing was written."""
+
+    def __init__(self, instance_id: str, *, holder: str | None) -> None:
+        self.instance_id = instance_id
+        self.holder = holder
+        """The leader key's value when the write was refused; ``None``: nobody holds it."""
+        who = "nobody" if holder is None else holder
+        super().__init__(f"runtime of {instance_id!r}: this controller no longer leads (the leader key names {who})")
 
 
 class StoreCorruptError(FtStoreError):

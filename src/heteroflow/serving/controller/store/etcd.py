@@ -12,6 +12,13 @@ or client error, or the deadline, raises :class:`StoreUnavailableError` and disc
 opens a fresh channel (on the next endpoint when several are configured), so a restarted etcd is used at once
 rather than after gRPC's reconnect back-off. A write is never retried inside a call: after a lost response it
 may have landed, and retrying it would report the caller's own write as a conflict.
+
+Leadership (``docs/controller.md``, active/standby): the same store grants the controllers' leader lease
+(:meth:`EtcdFtRuntimeStore.claim` puts the leader key under a lease only if no one holds it,
+:meth:`~EtcdFtRuntimeStore.keep_alive` renews it) and, once :meth:`~EtcdFtRuntimeStore.fence` is set, every write
+of a runtime is one transaction that also requires the leader key to still hold this controller's claim. A
+controller whose lease expired while it was paused can therefore not write a single runtime afterwards: its write
+fails with :class:`NotLeaderError` and changes nothing.
 """
 
 from __future__ import annotations
@@ -27,7 +34,7 @@ from heteroflow.core.errors import StoreUnavailableError
 from heteroflow.serving.controller.core.ranks import InstanceId
 from heteroflow.serving.controller.core.runtime import PersistedRuntime
 
-from .base import LoadResult, StoreConflictError, StoreCorruptError, StoredRuntime
+from .base import LoadResult, NotLeaderError, StoreConflictError, StoreCorruptError, StoredRuntime
 from .codec import decode_runtime, encode_runtime
 
 T = TypeVar("T")
@@ -69,6 +76,7 @@ class EtcdFtRuntimeStore:
         self._endpoint_index = 0
         self._closing: set[asyncio.Task[None]] = set()
         self._closed = False
+        self._fence: tuple[bytes, bytes] | None = None
 
     def __repr__(self) -> str:
         where = ",".join(f"{host}:{port}" for host, port in self.endpoints)
@@ -117,11 +125,13 @@ class EtcdFtRuntimeStore:
         async def write(client: Any) -> tuple[bool, int | None]:
             ops = client.transactions
             succeeded, responses = await client.transaction(
-                compare=self._expect(ops, key, expected_revision),
+                compare=self._expect(ops, key, expected_revision) + self._fenced(ops),
                 success=[ops.put(key, value), ops.get(key)],
-                failure=[ops.get(key)],
+                failure=[ops.get(key), *self._fence_read(ops)],
             )
-            return bool(succeeded), _read_revision(responses[-1])
+            if not succeeded:
+                self._check_fence(record.instance_id, responses)
+            return bool(succeeded), _read_revision(responses[0] if not succeeded else responses[-1])
 
         succeeded, revision = await self._call(write)
         if not succeeded:
@@ -136,11 +146,13 @@ class EtcdFtRuntimeStore:
         async def remove(client: Any) -> tuple[bool, int | None]:
             ops = client.transactions
             succeeded, responses = await client.transaction(
-                compare=self._expect(ops, key, expected_revision),
+                compare=self._expect(ops, key, expected_revision) + self._fenced(ops),
                 success=[ops.delete(key)],
-                failure=[ops.get(key)],
+                failure=[ops.get(key), *self._fence_read(ops)],
             )
-            return bool(succeeded), None if succeeded else _read_revision(responses[-1])
+            if not succeeded:
+                self._check_fence(instance_id, responses)
+            return bool(succeeded), None if succeeded else _read_revision(responses[0])
 
         succeeded, actual = await self._call(remove)
         if not succeeded:
@@ -152,6 +164,64 @@ class EtcdFtRuntimeStore:
             await client.get(self._prefix_key)
 
         await self._call(read)
+
+    # == leadership ==============================================================================================
+    def fence(self, key: str, claim: bytes | None) -> None:
+        """From now on every write also requires ``key`` to hold ``claim`` (this controller's leadership), else it
+        raises :class:`NotLeaderError`; ``None`` lifts the fence."""
+        self._fence = None if claim is None else (key.encode("utf-8"), claim)
+
+    async def grant_lease(self, ttl_sec: int) -> tuple[int, int]:
+        """A new lease: ``(lease id, granted TTL in seconds)`` (etcd may grant more than asked for)."""
+
+        async def grant(client: Any) -> tuple[int, int]:
+            lease = await client.lease(ttl_sec)
+            return int(lease.id), int(lease.ttl)
+
+        return await self._call(grant)
+
+    async def claim(self, key: str, claim: bytes, lease_id: int) -> bytes | None:
+        """Put ``claim`` at ``key`` under the lease if nobody holds the key; ``None`` when it was put, else the
+        holder's claim (the key exists and is someone else's, or ours from an earlier lease)."""
+        raw = key.encode("utf-8")
+
+        async def put_if_absent(client: Any) -> bytes | None:
+            ops = client.transactions
+            succeeded, responses = await client.transaction(
+                compare=[ops.create(raw) == 0], success=[ops.put(raw, claim, lease_id)], failure=[ops.get(raw)]
+            )
+            if succeeded:
+                return None
+            entries = list(responses[0])
+            return bytes(entries[0][0]) if entries else b""
+
+        return await self._call(put_if_absent)
+
+    async def read_claim(self, key: str) -> bytes | None:
+        """The value at ``key``; ``None`` when absent."""
+
+        async def read(client: Any) -> bytes | None:
+            found = await client.get(key.encode("utf-8"))
+            return None if found is None else bytes(found.value)
+
+        return await self._call(read)
+
+    async def keep_alive(self, lease_id: int) -> int:
+        """Renew the lease; the TTL it now has (``<= 0``: the lease is gone, expired or revoked)."""
+
+        async def refresh(client: Any) -> int:
+            reply = await client.refresh_lease(lease_id)
+            return -1 if reply is None else int(reply.TTL)
+
+        return await self._call(refresh)
+
+    async def revoke_lease(self, lease_id: int) -> None:
+        """Give the lease up now: the keys under it are deleted, so a standby can claim at once."""
+
+        async def revoke(client: Any) -> None:
+            await client.revoke_lease(lease_id)
+
+        await self._call(revoke)
 
     async def close(self) -> None:
         self._closed = True
@@ -170,6 +240,24 @@ class EtcdFtRuntimeStore:
             return [ops.create(key) == 0]
         # mod_revision alone would match an absent key when expected_revision is 0; create > 0 rules that out.
         return [ops.create(key) > 0, ops.mod(key) == expected_revision]
+
+    def _fenced(self, ops: Any) -> list[Any]:
+        if self._fence is None:
+            return []
+        key, claim = self._fence
+        return [ops.value(key) == claim]
+
+    def _fence_read(self, ops: Any) -> list[Any]:
+        return [] if self._fence is None else [ops.get(self._fence[0])]
+
+    def _check_fence(self, instance_id: str, responses: list[Any]) -> None:
+        """After a failed fenced transaction: raise :class:`NotLeaderError` when the fence is what failed."""
+        if self._fence is None:
+            return
+        entries = list(responses[1])
+        holder = bytes(entries[0][0]) if entries else None
+        if holder != self._fence[1]:
+            raise NotLeaderError(instance_id, holder=None if holder is None else holder.decode("utf-8", "replace"))
 
     async def _call(self, operation: Callable[[Any], Awaitable[T]]) -> T:
         if self._closed:
