@@ -17,6 +17,13 @@ router = APIRouter(tags=["operations"])
 Ctx = Annotated[ServerContext, Depends(context)]
 
 
+@router.get("/health", summary="Liveness probe of the server process (open: probes carry no token)")
+async def health() -> dict[str, str]:
+    """Answers from the event loop alone, never the database: a database outage must not restart the server
+    (heartbeats keep answering through it, H-22)."""
+    return {"status": "ok"}
+
+
 @router.get("/healthz", summary="Liveness of the server process (any valid token)")
 async def healthz(_: Annotated[Principal, Depends(authenticate)]) -> dict[str, str]:
     return {"status": "ok"}
