@@ -367,9 +367,11 @@ def running_cluster(
     sim_nodes: int = 2,
     num_redundant_experts: int = 4,
     serves: bool = True,
+    network_namespaces: bool = False,
 ) -> Iterator[ClusterUnderTest]:
     """Start one cluster whose controller gets ``ft`` merged into ``fault_tolerance_config``, wait until it
-    serves, take the baseline outputs, yield it; stop it and check that no process of it is left.
+    serves, take the baseline outputs, yield it; stop it and check that no process of it is left (nor any part
+    of its pods' network, with ``network_namespaces``: each pod in a namespace of its own).
 
     ``serves=False`` is the feature-off cluster: with scale-down off ``can_serve`` stays false (F-40), so
     readiness is "DISABLED and the Coordinator publishes every rank" instead of :meth:`LocalCluster.wait_ready`.
@@ -388,6 +390,7 @@ def running_cluster(
         controller_config=config,
         num_redundant_experts=num_redundant_experts,
         collective_timeout_sec=COLLECTIVE_TIMEOUT_SEC,
+        network_namespaces=network_namespaces,
     )
     cluster = LocalCluster(options)
     with pytest.MonkeyPatch.context() as env:
@@ -409,3 +412,4 @@ def running_cluster(
         report = cluster.stop()
     assert report.left == (), f"processes of cluster {name} left behind: {report.left}"
     assert marked_processes(cluster.cluster_id) == []
+    assert report.network_left == (), f"network of cluster {name} left behind: {report.network_left}"

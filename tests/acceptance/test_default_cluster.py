@@ -10,7 +10,6 @@ two ranks at once, and the last two ranks dying together (rebuilt once more).
 
 from __future__ import annotations
 
-import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +28,7 @@ from tests.acceptance.harness import (
     traffic,
     until,
 )
+from tests.acceptance.rows import rank_0_dead_moves_the_master, scale_down_rounds
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 
@@ -40,24 +40,10 @@ def cut(tmp_path_factory: pytest.TempPathFactory, evidence_root: Path) -> Iterat
     yield from running_cluster("default", tmp_path_factory, evidence_root, ft={})
 
 
-def scale_down_rounds(timelines: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [t for t in timelines if t.get("kind") == "scale_down"]
-
-
 def kill_workers(cut: ClusterUnderTest, *ranks: int) -> list[str]:
     """Kill the workers of ``ranks`` within milliseconds (what ``heteroflow fault kill`` does for one rank)."""
     with cut.client() as client:
         return [kill(client, cut.inst, rank, mode=KillMode.WORKER) for rank in ranks]
-
-
-def set_operations(cut: ClusterUnderTest) -> int:
-    """SETs the Coordinator applied so far (its ``heteroflow_coordinator_view_operations_total`` counter)."""
-    with cut.http() as http:
-        text = http.get(cut.state.coordinator_url + "/metrics").text
-    found = re.search(r'view_operations_total\{[^}]*op="SET"[^}]*outcome="applied"[^}]*\} ([0-9.e+]+)', text)
-    if found is None:
-        found = re.search(r'view_operations_total\{[^}]*outcome="applied"[^}]*op="SET"[^}]*\} ([0-9.e+]+)', text)
-    return int(float(found.group(1))) if found else 0
 
 
 def test_a1_a5_non_zero_rank_dead_is_removed_by_one_apply_and_survivors_serve(cut: ClusterUnderTest) -> None:
@@ -106,39 +92,7 @@ def test_a1_a5_non_zero_rank_dead_is_removed_by_one_apply_and_survivors_serve(cu
 def test_a3_a4_rank_0_dead_moves_the_master_and_the_second_apply_is_cumulative(cut: ClusterUnderTest) -> None:
     cut.serving([0, 1, 3], dead=[2])
     with scenario(cut, "A03-A04-rank-0-dead-second-round") as sc:
-        with traffic(cut.state):
-            sc.fault("kill", "--rank", "0", target=[0])
-            entry = cut.serving([1, 3], dead=[0, 2], within=60)
-        committed_at = time.monotonic()
-        sets_at_commit = set_operations(cut)
-        [timeline] = scale_down_rounds(sc.new_rounds())
-        assert timeline["outcome"] == "committed"
-        [decided] = events(timeline, "decided")
-        assert (decided["candidates"], decided["survivors"], decided["dead_committed"]) == ([0], [1, 3], [2])
-        applies = events(timeline, "apply")
-        assert sorted(a["pod_id"] for a in applies) == [POD_A, POD_B]
-        for apply in applies:
-            assert apply["http_status"] == 202
-            assert apply["body"]["params"]["removed_dp_ranks"] == [0, 2]  # cumulative (A4)
-            assert apply["body"]["params"]["dp_master_ip"] == cut.inst.endpoint(1).ip  # min(survivors) (A3)
-        # A3, proven against the engines: the new store master is rank 1, ids were not renumbered
-        infos = sc.fact("sim_info_after", {r: cut.sim_info(r) for r in (1, 3)})
-        for rank, info in infos.items():
-            assert (info["dp_rank"], info["members"], info["dead_ranks"], info["store_master"]) == (
-                rank,
-                [1, 3],
-                [0, 2],
-                1,
-            )
-        # A4: SET never re-adds a committed rank: wait for two periodic SETs after the commit, the view stays
-        until(lambda: set_operations(cut) >= sets_at_commit + 2, within=30, what="two periodic SETs after the commit")
-        assert cut.published() == [1, 3]
-        after_commit = [s for s in sc.series() if s["t"] >= sc.t_of(committed_at)]
-        views = {tuple(s["coordinator_published"]) for s in after_commit if s.get("coordinator_published") is not None}
-        assert views == {(1, 3)}, views
-        sc.fact("set_operations", {"at_commit": sets_at_commit, "checked_after": set_operations(cut)})
-        assert entry["alive_dp_ranks"] == [1, 3]
-        assert sc.inference(cut.baseline) == cut.baseline
+        rank_0_dead_moves_the_master(cut, sc, dead_before=[2])
 
 
 def test_a13_hardware_fault_on_a_committed_rank_is_handled_without_a_new_round(cut: ClusterUnderTest) -> None:

@@ -22,16 +22,11 @@ from typing import Any
 
 import pytest
 
-from heteroflow.local.faults import KillMode, kill
 from tests.acceptance.evidence import scenario
-from tests.acceptance.harness import ClusterUnderTest, events, running_cluster, timestamp, traffic
+from tests.acceptance.harness import ClusterUnderTest, running_cluster, timestamp
+from tests.acceptance.rows import GPU_HEALTH, MINDCLUSTER, WINDOW_SEC, key_in, scale_down_matched
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
-
-WINDOW_SEC = 5.0
-"""``hardware_ft_correlation_window_sec``, default."""
-MINDCLUSTER = "mindcluster-dir"
-GPU_HEALTH = "gpu-health"
 
 
 @pytest.fixture(scope="module")
@@ -45,40 +40,6 @@ def taken(cut: ClusterUnderTest, key: str) -> dict[str, Any]:
     assert entry is not None
     [fault] = [f for f in entry["hardware_faults"] if f["key"] == key]
     return dict(fault)
-
-
-def key_in(said: str) -> str:
-    """The fault key ``heteroflow fault hardware --via <source>`` printed (``… the controller took <key> …``)."""
-    return said.split("the controller took ", 1)[1].split(" after ", 1)[0]
-
-
-def scale_down_matched(cut: ClusterUnderTest, sc: Any, *, rank: int, via: str, source: str, serving: list[int]) -> None:
-    """A11 on ``rank``: the fault through ``via``, the window, the rank's worker killed, a matched scale-down."""
-    dead = sorted(set(range(4)) - set(serving))
-    with traffic(cut.state):
-        said = sc.fault("hardware", "--rank", str(rank), "--via", via, target=[rank])
-        assert f"from {source}: inst-1 MAPPED [{rank}]" in said, said
-        key = key_in(said)  # the controller has the fault: kill at once, the window is running
-
-        def kill_rank() -> str:
-            with cut.client() as client:
-                return kill(client, cut.inst, rank, mode=KillMode.WORKER)
-
-        sc.inject(f"heteroflow fault kill --rank {rank} (in-process)", kill_rank, target=[rank])
-        entry = cut.serving(serving, dead=dead, within=60)
-    [timeline] = [t for t in sc.new_rounds() if t["kind"] == "scale_down"]
-    assert (timeline["request_id"], timeline["outcome"]) == (entry["request_id"], "committed")
-    [decided] = events(timeline, "decided")
-    assert (decided["hardware_matched"], decided["hardware_keys"], decided["candidates"]) == (True, [key], [rank])
-    window = cut.controller_events("controller.decision", since=sc.started_wall, decision="wait:CORRELATION_WINDOW")
-    assert window, "no correlation window opened"
-    assert timestamp(window[0]["timestamp"]) <= timestamp(decided["at"])  # it opened before the decision
-    [seen] = [e for e in cut.controller_events("controller.hardware_fault", since=sc.started_wall) if e["key"] == key]
-    assert (seen["source"], seen["mapping"], seen["ranks"]) == (source, "MAPPED", [rank])
-    waited = timestamp(decided["at"]) - timestamp(seen["timestamp"])
-    assert sc.fact("hardware_to_decision_sec", round(waited, 3)) < WINDOW_SEC  # matched inside the window
-    assert all(a["body"]["params"]["removed_dp_ranks"] == dead for a in events(timeline, "apply"))
-    assert sc.inference(cut.baseline) == cut.baseline
 
 
 def handled_without_a_round(cut: ClusterUnderTest, sc: Any, *, rank: int, via: str, source: str) -> None:

@@ -5,13 +5,15 @@ One cluster (DP 4 over 2 pods, simulated engines with torch workers) walks the s
 within the budget of a 2-core machine: serve, kill rank 2's worker under traffic (a committed scale-down
 round, the Coordinator publishes [0, 1, 3]), kill rank 0 — the store master — under traffic (survivors
 [1, 3], cumulative removal [0, 2], the master moves to rank 1), outputs identical to the baseline, then stop
-with no process of the cluster left. A second test runs ``heteroflow up`` itself and stops it with SIGTERM.
+with no process of the cluster left. A second test runs ``heteroflow up`` itself and stops it with SIGTERM; a
+third does the same with ``--netns`` (root only: each pod in a network namespace of its own, all deleted at stop).
 Nothing sleeps for synchronisation: every wait polls a condition with a deadline.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import stat
 import subprocess
@@ -23,19 +25,22 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
 import yaml
 
-from heteroflow.local import ClusterOptions, ClusterState, LocalCluster, read_state
+from heteroflow.local import ClusterOptions, ClusterState, LocalCluster, netns, read_state
 from heteroflow.local.client import ClusterClient, ClusterUnreachableError
+from heteroflow.local.cluster import NETWORK_RECORD
 from heteroflow.local.processes import kill_marked, marked_processes, session_members
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 PROMPTS = ["the quick brown fox", "hello world"]
 T = TypeVar("T")
+NETNS_UNAVAILABLE = netns.unavailable_reason(euid=os.geteuid(), ip=netns.find_ip())
 
 
 def until(check: Callable[[], T | None], *, within: float, what: str, period: float = 0.1) -> T:
@@ -213,8 +218,9 @@ def test_local_cluster_scales_down_twice_under_traffic_and_stops_clean(tmp_path:
     assert sorted(p.name for p in (Path(state.log_dir) / "inst-1").iterdir()) == [f"engine-{r}.log" for r in range(4)]
 
 
-def test_up_command_writes_state_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
-    pytest.importorskip("torch")
+def run_up(tmp_path: Path, *extra: str) -> tuple[ClusterState, str]:
+    """``heteroflow up <extra>`` as a subprocess (DP 2): wait for its state file and one completion, SIGTERM it,
+    check it exited 0 and left no process; its state and output. Whatever happens, nothing of it is left."""
     state_file = tmp_path / "state.json"
     log = (tmp_path / "up.out").open("wb")
     process = subprocess.Popen(
@@ -222,7 +228,7 @@ def test_up_command_writes_state_serves_and_stops_on_sigterm(tmp_path: Path) -> 
             sys.executable, "-m", "heteroflow", "up",
             "--data-dir", str(tmp_path / "local"), "--state-file", str(state_file),
             "--port", "0", "--controller-port", "0", "--coordinator-port", "0",
-            "--dp", "2", "--pods", "1", "--sim-nodes", "1", "--no-browser",
+            "--dp", "2", "--sim-nodes", "1", "--no-browser", *extra,
         ],
         stdout=log,
         stderr=subprocess.STDOUT,
@@ -267,8 +273,43 @@ def test_up_command_writes_state_serves_and_stops_on_sigterm(tmp_path: Path) -> 
         leftovers = marked_processes(state.cluster_id) if state is not None else []
         if state is not None:
             kill_marked(state.cluster_id)  # never leave a cluster behind for the next test, even on failure
+        record = netns.read_record(tmp_path / "local" / NETWORK_RECORD)
+        ip = netns.find_ip()
+        if record is not None and ip is not None:  # nor its network (an `up` that was killed could not delete it)
+            netns.close_network(record, record_path=tmp_path / "local" / NETWORK_RECORD, run=netns.ip_runner(ip))
     output = (tmp_path / "up.out").read_text(errors="replace")
-    assert "stopped; logs are in" in output
     assert state is not None
     assert leftovers == []
     no_process_left(state)
+    assert record is None, "the network was still recorded after `up` exited"
+    return state, output
+
+
+def test_up_command_writes_state_serves_and_stops_on_sigterm(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    state, output = run_up(tmp_path, "--pods", "1")
+    assert "stopped; logs are in" in output
+    assert state.network is None
+    assert all(e.ip == "127.0.0.1" for e in state.instances[0].endpoints)
+
+
+@pytest.mark.skipif(NETNS_UNAVAILABLE is not None, reason=f"pods in network namespaces: {NETNS_UNAVAILABLE}")
+def test_up_with_netns_serves_from_a_namespace_per_pod_and_deletes_them_on_sigterm(tmp_path: Path) -> None:
+    pytest.importorskip("torch")
+    state, output = run_up(tmp_path, "--pods", "2", "--netns")
+    assert "stopped; logs are in" in output
+    network = state.network
+    assert network is not None
+    assert [(p.pod_id, p.ip) for p in network.pods] == [
+        (pod.pod_id, urlsplit(pod.node_manager_url).hostname) for pod in state.instances[0].pods
+    ]
+    assert len({p.ip for p in network.pods} | {network.gateway, "127.0.0.1"}) == 4
+    for pod in network.pods:
+        assert f"{pod.ip} in namespace {pod.namespace}" in output  # announced
+    assert urlsplit(state.controller_url).hostname == network.gateway
+    ip = netns.find_ip()
+    assert ip is not None
+    listed = subprocess.run([ip, "-j", "netns", "list"], capture_output=True, text=True, check=True).stdout
+    assert not {p.namespace for p in network.pods} & {ns["name"] for ns in json.loads(listed or "[]")}
+    links = subprocess.run([ip, "-j", "link", "show"], capture_output=True, text=True, check=True).stdout
+    assert not {network.bridge, *(p.veth for p in network.pods)} & {link["ifname"] for link in json.loads(links)}

@@ -54,6 +54,13 @@ def up(
         Path | None, typer.Option(help="Controller YAML merged over the generated one (the file wins)")
     ] = None,
     no_browser: Annotated[bool, typer.Option("--no-browser", help="Never open the web UI in a browser")] = False,
+    netns: Annotated[
+        bool,
+        typer.Option(
+            "--netns",
+            help="Each pod in a network namespace of its own, on an address of its own (Linux, root, iproute2)",
+        ),
+    ] = False,
     ready_timeout: Annotated[float, typer.Option(min=1, help="Seconds to wait for the instances to serve")] = 300.0,
 ) -> None:
     """Run HeteroFlow locally: platform, controller, Coordinator, NodeManagers, simulated engines and GPU nodes."""
@@ -76,6 +83,7 @@ def up(
         controller_port=controller_port,
         coordinator_port=coordinator_port,
         controller_config=config,
+        network_namespaces=netns,
     )
     cluster = LocalCluster(options)
     try:
@@ -102,6 +110,9 @@ def up(
         if report.left:
             typer.echo(f"warning: processes left behind: {list(report.left)}", err=True)
             code = code or 1
+        for line in report.network_left:
+            typer.echo(f"warning: network left behind: {line}", err=True)
+            code = code or 1
         typer.echo(f"stopped; logs are in {state.log_dir}")
     raise typer.Exit(code)
 
@@ -118,6 +129,9 @@ def _announce(state: ClusterState, state_path: Path) -> None:
     for inst in state.instances:
         pods = ", ".join(f"{p.pod_id} {p.endpoint_ids} on {p.node_name}" for p in inst.pods)
         rows.append((inst.instance_id, f"{inst.model}, DP {inst.dp_size}: {pods}"))
+    if state.network is not None:
+        rows.append(("bridge", f"{state.network.bridge} {state.network.gateway} ({state.network.subnet})"))
+        rows += [(pod.pod_id, f"{pod.ip} in namespace {pod.namespace}") for pod in state.network.pods]
     width = max(len(name) for name, _ in rows)
     for name, value in rows:
         typer.echo(f"{name:<{width}}  {value}")

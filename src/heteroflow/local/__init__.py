@@ -3,6 +3,7 @@
 - :mod:`~heteroflow.local.plan` — what runs where (instances, pods, ranks, ports, cards, command lines), pure;
 - :mod:`~heteroflow.local.cluster` — :class:`LocalCluster`: start, wait until serving, stop with no orphan;
 - :mod:`~heteroflow.local.processes` — sessions, the cluster marker, the orphan sweep;
+- :mod:`~heteroflow.local.netns` — each pod in a network namespace of its own (``--netns``), and its cleanup;
 - :mod:`~heteroflow.local.state` — the state file (URLs, token, instances, pids, logs);
 - :mod:`~heteroflow.local.client` — HTTP calls to the running cluster;
 - :mod:`~heteroflow.local.faults` — fault injection by rank (``heteroflow fault``);

@@ -1,6 +1,7 @@
 """The whole serving platform on one machine, as real processes: :class:`LocalCluster`.
 
-What runs (all on loopback, each process in its own session, every output under ``<data_dir>/logs``):
+What runs (on loopback unless each pod gets a network namespace of its own, see below; each process in its own
+session, every output under ``<data_dir>/logs``):
 
 - the platform server (``heteroflow server``) on SQLite under the data dir;
 - the controller (``heteroflow controller``) with its embedded SQLite FtRuntimeStore and a generated YAML
@@ -13,6 +14,11 @@ What runs (all on loopback, each process in its own session, every output under 
 One secret for everything: the platform's admin token, created here, is also the cluster token of every
 internal route (controller, NodeManagers, engines, the Coordinator's management routes), and the Coordinator
 accepts it — and any other platform token — as an OpenAI API key.
+
+With ``network_namespaces`` (root only) each pod's NodeManager, and so its engines, runs in a network
+namespace of its own on an address of its own, and the other services listen on the bridge that joins the
+namespaces (:mod:`heteroflow.local.netns`): pod IPs and DP master IPs are then distinct addresses. The network
+is created before any process starts and deleted after every process has stopped.
 
 ``heteroflow up`` is a thin shell over this class; the end-to-end tests drive it directly.
 """
@@ -32,12 +38,14 @@ import structlog
 import yaml
 
 from heteroflow.core.clock import SystemClock
+from heteroflow.local import netns
 from heteroflow.local.client import ClusterClient, ClusterUnreachableError
 from heteroflow.local.plan import (
     NUM_REDUNDANT_EXPERTS,
     InstancePlan,
     InstancePorts,
     Layout,
+    command_line,
     controller_config,
     merge_config,
     plan_instances,
@@ -52,12 +60,15 @@ from heteroflow.local.processes import (
     kill_marked,
     marked_processes,
     start_process,
+    start_ticks,
     stop_processes,
 )
 from heteroflow.local.state import (
     ClusterState,
     EndpointState,
     InstanceState,
+    NetworkState,
+    PodNetworkState,
     PodState,
     ProcessState,
     write_state,
@@ -71,6 +82,8 @@ _log = structlog.get_logger(__name__)
 DEFAULT_SERVER_PORT = 8080
 DEFAULT_CONTROLLER_PORT = 8500
 DEFAULT_COORDINATOR_PORT = 8400
+NETWORK_RECORD = "network.json"
+"""Under the data dir: the pods' network as created (``network_namespaces``), kept until it is deleted."""
 
 
 class ClusterError(Exception):
@@ -105,6 +118,10 @@ class ClusterOptions:
     collective_timeout_sec: float = 10.0
     """The engines' collective timeout (``--cpu-distributed-timeout-seconds``, 10 s): how long a survivor waits on
     a peer that neither answers nor leaves, e.g. a hung worker."""
+    network_namespaces: bool = False
+    """Each pod in a network namespace of its own (``heteroflow up --netns``; Linux, root, iproute2's ``ip``):
+    pods on distinct addresses of a private /24, the other services on the bridge's address instead of
+    ``host`` (which then only serves to check that the ports are free). Off: everything on ``host``."""
 
     @property
     def state_path(self) -> Path:
@@ -120,6 +137,9 @@ class StopReport:
     not stop them), SIGKILLed by the final sweep."""
     left: tuple[int, ...]
     """Marked pids alive after everything: should always be empty."""
+    network_left: tuple[str, ...] = ()
+    """Parts of the pods' network (``network_namespaces``) that could not be deleted, with ``ip``'s reason:
+    should always be empty."""
 
 
 class LocalCluster:
@@ -136,6 +156,10 @@ class LocalCluster:
         self.plans: list[InstancePlan] = []
         self._state: ClusterState | None = None
         self._stopped = False
+        self._network: tuple[Path, netns.NetworkRecord] | None = None
+        """Where the pods' network is recorded, and the record (``network_namespaces`` only)."""
+        self._ip: str | None = None
+        """iproute2's ``ip`` (``network_namespaces`` only)."""
 
     @property
     def state(self) -> ClusterState:
@@ -156,8 +180,15 @@ class LocalCluster:
     def start(self) -> ClusterState:
         """Choose ports, create tokens, write configurations, start every process, write the state file.
 
-        Returns at once (processes are starting); :meth:`wait_ready` waits for the instances to serve."""
+        Returns at once (processes are starting); :meth:`wait_ready` waits for the instances to serve.
+        With ``network_namespaces`` it first refuses (:class:`ClusterError`, nothing created) when this is not
+        Linux, not root, or ``ip`` is missing."""
         opts = self.options
+        if opts.network_namespaces:
+            self._ip = netns.find_ip()
+            reason = netns.unavailable_reason(euid=os.geteuid(), ip=self._ip)
+            if reason is not None:
+                raise ClusterError(f"cannot give pods network namespaces: {reason}")
         data_dir = opts.data_dir.resolve()
         log_dir = data_dir / "logs"
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -182,16 +213,73 @@ class LocalCluster:
             )
             for _ in range(opts.instances)
         ]
+        # With namespaces the ports were checked on `host` all the same: the bridge's address is new, so only a
+        # wildcard listener could hold a port there, and that one holds it on loopback too. Inside a pod's
+        # namespace every port is free; they stay distinct across the cluster anyway, so nothing else changes.
+        network = self._open_network(data_dir) if opts.network_namespaces else None
+        try:
+            return self._launch(
+                data_dir=data_dir,
+                log_dir=log_dir,
+                user_config=user_config,
+                server_port=server_port,
+                controller_port=controller_port,
+                coordinator_port=coordinator_port,
+                instance_ports=instance_ports,
+                network=network,
+            )
+        except BaseException:
+            if network is not None:
+                self.stop()  # every process first, then the network
+            raise
+
+    def _open_network(self, data_dir: Path) -> netns.NetworkPlan:
+        """Clean up an earlier run's leftovers, create the bridge and one namespace per pod (recorded first)."""
+        opts = self.options
+        assert self._ip is not None  # found by start()
+        owner, ticks = os.getpid(), start_ticks(os.getpid())
+        record_path = data_dir / NETWORK_RECORD
+        try:
+            plan = netns.open_network(
+                cluster_id=self.cluster_id,
+                pods=opts.instances * opts.pods,
+                record_path=record_path,
+                run=netns.ip_runner(self._ip),
+                owner_pid=owner,
+                owner_start_ticks=ticks,
+                owner_alive=_owner_alive,
+            )
+        except netns.NetworkError as exc:
+            raise ClusterError(f"cannot create the pods' network: {exc}") from exc
+        self._network = (record_path, netns.record_of(self.cluster_id, plan, owner_pid=owner, owner_start_ticks=ticks))
+        _log.info("local.network", bridge=plan.bridge, subnet=plan.subnet, pods=[p.ip for p in plan.pods])
+        return plan
+
+    def _launch(
+        self,
+        *,
+        data_dir: Path,
+        log_dir: Path,
+        user_config: dict[str, Any],
+        server_port: int,
+        controller_port: int,
+        coordinator_port: int,
+        instance_ports: list[InstancePorts],
+        network: netns.NetworkPlan | None,
+    ) -> ClusterState:
+        opts = self.options
+        host = opts.host if network is None else network.gateway
         plans = plan_instances(
             instances=opts.instances,
             dp_size=opts.dp_size,
             pods=opts.pods,
             sim_nodes=opts.sim_nodes,
             ports=instance_ports,
-            host=opts.host,
+            host=host,
             python=opts.python,
             num_redundant_experts=opts.num_redundant_experts,
             collective_timeout_sec=opts.collective_timeout_sec,
+            pod_networks=network.pods if network is not None else (),
         )
         database_url = f"sqlite:///{data_dir / 'heteroflow.db'}"
         admin_token, agent_token, monitor_token = _create_tokens(database_url)
@@ -203,10 +291,10 @@ class LocalCluster:
         for suffix in ("", "-wal", "-shm", "-journal"):
             store_path.with_name(store_path.name + suffix).unlink(missing_ok=True)
         store_path.parent.mkdir(parents=True, exist_ok=True)
-        coordinator_url = url_of(opts.host, coordinator_port)
+        coordinator_url = url_of(host, coordinator_port)
         config = merge_config(
             controller_config(
-                host=opts.host,
+                host=host,
                 port=controller_port,
                 store_url=f"sqlite:///{store_path}",
                 coordinator_url=coordinator_url,
@@ -215,7 +303,7 @@ class LocalCluster:
             user_config,
         )
         layout = Layout(
-            host=opts.host,
+            host=host,
             server_port=server_port,
             controller_port=controller_port,
             coordinator_port=coordinator_port,
@@ -233,7 +321,10 @@ class LocalCluster:
                 spec_paths[pod.pod_id] = spec_dir / f"{pod.pod_id}.json"
                 spec_paths[pod.pod_id].write_text(pod.spec.model_dump_json(indent=2))
 
+        commands: dict[str, list[str]] = {}  # what the state file records: the interpreter's arguments
         base_env = {**os.environ, **opts.extra_env, CLUSTER_ID_ENV: self.cluster_id, "PYTHONUNBUFFERED": "1"}
+        if network is not None:
+            base_env.update(_no_proxy(base_env, [network.gateway, *(pod.ip for pod in network.pods)]))
         try:
             for process in process_plans(
                 layout,
@@ -250,11 +341,12 @@ class LocalCluster:
                 self.processes.append(
                     start_process(
                         process.name,
-                        [opts.python, "-m", "heteroflow", *process.args],
+                        command_line(process, python=opts.python, ip=self._ip),
                         env={**base_env, **dict(process.env)},
                         log=log_dir / process.log_name,
                     )
                 )
+                commands[process.name] = ["-m", "heteroflow", *process.args]
         except BaseException:
             self.stop()
             raise
@@ -272,10 +364,11 @@ class LocalCluster:
             hardware_directory=str(hardware_directory),
             database_url=database_url,
             controller_config=str(config_path),
-            instances=[_instance_state(plan, opts.host) for plan in layout.instances],
+            instances=[_instance_state(plan) for plan in layout.instances],
             processes=[
-                ProcessState(name=p.name, pid=p.pid, log=str(p.log), command=list(p.argv[1:])) for p in self.processes
+                ProcessState(name=p.name, pid=p.pid, log=str(p.log), command=commands[p.name]) for p in self.processes
             ],
+            network=None if network is None else _network_state(network, layout.instances),
         )
         write_state(opts.state_path, self._state)
         _log.info("local.started", state_file=str(opts.state_path), processes=len(self.processes))
@@ -337,7 +430,8 @@ class LocalCluster:
         The controller goes first, so that engines stopping is never taken for a fault and answered with a
         reconfiguration; then the Coordinator; then the NodeManagers, which stop their engines; then the
         agents and the platform server. Whatever ignores SIGTERM is killed with its process group, and a
-        last sweep kills any process still carrying the cluster's marker."""
+        last sweep kills any process still carrying the cluster's marker. The pods' network namespaces, if
+        any, are deleted last, once no process of the cluster runs in them."""
         if self._stopped:
             return StopReport((), (), ())
         self._stopped = True
@@ -354,7 +448,22 @@ class LocalCluster:
             left = marked_processes(self.cluster_id)
         if killed or swept or left:
             _log.warning("local.stop_forced", killed=killed, swept=swept, left=left)
-        return StopReport(tuple(killed), tuple(swept), tuple(left))
+        network_left = self._close_network()
+        return StopReport(tuple(killed), tuple(swept), tuple(left), tuple(network_left))
+
+    def _close_network(self) -> list[str]:
+        if self._network is None or self._ip is None:
+            return []
+        record_path, record = self._network
+        left = netns.close_network(record, record_path=record_path, run=netns.ip_runner(self._ip))
+        if left:
+            _log.warning("local.network_left", bridge=record.bridge, left=left)
+        return left
+
+
+def _owner_alive(record: netns.NetworkRecord) -> bool:
+    """Whether the launcher that recorded a network still runs (same pid *and* start time: pids are reused)."""
+    return record.owner_start_ticks is not None and start_ticks(record.owner_pid) == record.owner_start_ticks
 
 
 def _read_yaml(path: Path) -> dict[str, Any]:
@@ -394,26 +503,47 @@ def _create_tokens(database_url: str) -> tuple[str, str, str]:
     return admin, agent, monitor
 
 
-def _instance_state(plan: InstancePlan, host: str) -> InstanceState:
+def _instance_state(plan: InstancePlan) -> InstanceState:
     return InstanceState(
         instance_id=plan.instance_id,
         model=plan.model,
         dp_size=plan.dp_size,
         endpoints=[
-            EndpointState(id=r.rank, ip=host, port=r.port, pod=pod.pod_id, device_infos=[r.device])
+            EndpointState(id=r.rank, ip=pod.ip, port=r.port, pod=pod.pod_id, device_infos=[r.device])
             for pod in plan.pods
             for r in pod.ranks
         ],
         pods=[
             PodState(
                 pod_id=pod.pod_id,
-                node_manager_url=url_of(host, pod.node_manager_port),
+                node_manager_url=url_of(pod.ip, pod.node_manager_port),
                 endpoint_ids=[r.rank for r in pod.ranks],
                 node_name=pod.node_name,
             )
             for pod in plan.pods
         ],
     )
+
+
+def _network_state(network: netns.NetworkPlan, instances: tuple[InstancePlan, ...]) -> NetworkState:
+    pods = [pod for inst in instances for pod in inst.pods]  # the order the network's pods were planned in
+    return NetworkState(
+        bridge=network.bridge,
+        subnet=network.subnet,
+        gateway=network.gateway,
+        pods=[
+            PodNetworkState(pod_id=pod.pod_id, namespace=net.namespace, ip=net.ip, veth=net.veth)
+            for pod, net in zip(pods, network.pods, strict=True)
+        ],
+    )
+
+
+def _no_proxy(env: Mapping[str, str], addresses: list[str]) -> dict[str, str]:
+    """``NO_PROXY``/``no_proxy`` extended with the cluster's addresses: the services' HTTP clients honour the
+    proxy variables of the operator's shell, which usually exempt loopback but not a private /24 of ours."""
+    current = env.get("NO_PROXY") or env.get("no_proxy") or ""
+    value = ",".join(part for part in [current, *addresses] if part)
+    return {"NO_PROXY": value, "no_proxy": value}
 
 
 __all__ = ["ClusterError", "ClusterOptions", "LocalCluster", "StopReport"]

@@ -12,6 +12,12 @@ card maps back to the rank (F-3) exactly as it would on real hardware. Ranks ski
 profile grows into a card fault (:data:`~heteroflow.agent.simulated.CARD_FAULT_PROFILES`: a sudden uncorrectable
 error after two simulated hours, a remap failure after three): the controller follows the platform's hardware
 events, so a rank on such a card would see a hardware fault nobody injected a few minutes after ``up``.
+
+Addresses. By default every process listens on ``host`` (loopback). With network namespaces
+(:mod:`~heteroflow.local.netns`) pod ``n`` of the cluster (counted over every instance's pods, in order) gets
+the address and namespace of ``pod_networks[n]``: its NodeManager runs inside that namespace (its command line
+starts with ``ip netns exec``), binds and registers that IP, and its engines serve there; each instance's DP
+master is its first pod's IP. ``host`` is then the bridge's address, where the root namespace's services listen.
 """
 
 from __future__ import annotations
@@ -19,13 +25,14 @@ from __future__ import annotations
 import copy
 import hashlib
 import string
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from heteroflow.agent.simulated import CARD_FAULT_PROFILES, SimulatedCollector
 from heteroflow.core.clock import SystemClock
+from heteroflow.local.netns import PodNetwork, exec_prefix
 from heteroflow.serving.node_manager.spec import InstanceSpec
 from heteroflow.serving.wire import DeviceInfo
 
@@ -97,6 +104,10 @@ class PodPlan:
     ranks: tuple[RankPlan, ...]
     spec: InstanceSpec
     """What this pod's NodeManager gets with ``--config``."""
+    ip: str
+    """The pod's IP: its NodeManager binds and registers it, its engines serve on it."""
+    netns: str | None = None
+    """The network namespace its processes run in; ``None`` = the root namespace."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -136,16 +147,21 @@ def plan_instances(
     engine_recovery_timeout_sec: float = 120.0,
     num_redundant_experts: int = NUM_REDUNDANT_EXPERTS,
     collective_timeout_sec: float = 10.0,
+    pod_networks: Sequence[PodNetwork] = (),
 ) -> list[InstancePlan]:
     """Every instance of the cluster, its pods and their NodeManager specs.
 
     ``num_redundant_experts`` is the engines' EPLB redundancy; 0 makes every instance fail the scale-down gate
     (``EXPERT_REDUNDANCY_REQUIRED``, acceptance row A15) while it still serves. ``collective_timeout_sec`` is
-    the engines' ``--cpu-distributed-timeout-seconds``: how long a survivor waits on a silent peer."""
+    the engines' ``--cpu-distributed-timeout-seconds``: how long a survivor waits on a silent peer.
+    ``pod_networks``, when given, holds one namespace and address per pod of the cluster, in order; else every
+    pod is on ``host``."""
     if instances < 1:
         raise PlanError("a cluster runs at least one instance")
     if len(ports) != instances:
         raise PlanError("one InstancePorts per instance")
+    if pod_networks and len(pod_networks) != instances * pods:
+        raise PlanError(f"{instances * pods} pod networks are needed, {len(pod_networks)} given")
     blocks = split_ranks(dp_size, pods)
     nodes = max(sim_nodes, 1)
     free_cards = [quiet_cards(node_name(n)) for n in range(nodes)]
@@ -155,6 +171,8 @@ def plan_instances(
         chosen = ports[k]
         if len(chosen.node_managers) != pods or len(chosen.engines) != dp_size:
             raise PlanError(f"{instance_id}: {pods} NodeManager ports and {dp_size} engine ports are needed")
+        networks = list(pod_networks[k * pods : (k + 1) * pods]) if pod_networks else []
+        pod_ips = [n.ip for n in networks] if networks else [host] * pods
         pod_plans = []
         for p, block in enumerate(blocks):
             node_index = p % nodes
@@ -175,7 +193,7 @@ def plan_instances(
                     "instance_id": instance_id,
                     "backend": "sim",
                     "dp_size": dp_size,
-                    "dp_master_ip": host,
+                    "dp_master_ip": pod_ips[0],  # the first pod holds rank 0, the first master
                     "dp_rpc_port": chosen.rpc_port,
                     "dp_store_port": chosen.store_port,
                     "num_logical_experts": NUM_LOGICAL_EXPERTS,
@@ -195,6 +213,8 @@ def plan_instances(
                     node_manager_port=chosen.node_managers[p],
                     ranks=tuple(ranks),
                     spec=spec,
+                    ip=pod_ips[p],
+                    netns=networks[p].namespace if networks else None,
                 )
             )
         plans.append(
@@ -247,10 +267,23 @@ class ProcessPlan:
     args: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
     log_name: str
+    netns: str | None = None
+    """The network namespace it runs in (a pod's NodeManager, with namespaces); ``None`` = the root one."""
 
     @property
     def role(self) -> str:
         return self.name.split(":")[0]
+
+
+def command_line(process: ProcessPlan, *, python: str, ip: str | None = None) -> list[str]:
+    """The argv that starts ``process``: ``python -m heteroflow <args>``, behind ``ip netns exec <namespace>``
+    when it runs in a namespace of its own (``ip`` is then the path of iproute2's ``ip``)."""
+    argv = [python, "-m", "heteroflow", *process.args]
+    if process.netns is None:
+        return argv
+    if ip is None:
+        raise PlanError(f"{process.name} runs in namespace {process.netns}: the path of `ip` is needed")
+    return [*exec_prefix(ip, process.netns), *argv]
 
 
 def process_plans(
@@ -324,13 +357,14 @@ def process_plans(
                     f"node-manager:{pod.pod_id}",
                     (
                         "node-manager", "--controller", layout.controller_url,
-                        "--pod-id", pod.pod_id, "--pod-ip", host,
-                        "--host", host, "--port", str(pod.node_manager_port),
+                        "--pod-id", pod.pod_id, "--pod-ip", pod.ip,
+                        "--host", pod.ip, "--port", str(pod.node_manager_port),
                         "--node-name", pod.node_name, "--config", str(spec_paths[pod.pod_id]),
                         "--log-dir", str(engine_log_dir / inst.instance_id),
                     ),
                     (*cluster, ("HETEROFLOW_ENGINE_SIM_MODEL_NAME", inst.model)),
                     f"node-manager-{pod.pod_id}.log",
+                    netns=pod.netns,
                 )
             )  # fmt: skip
     for n in range(layout.sim_nodes):

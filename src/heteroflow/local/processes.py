@@ -112,6 +112,15 @@ def _stat(pid: int) -> list[str] | None:
     return text.rsplit(")", 1)[1].split()  # state(0) ppid(1) pgrp(2) session(3)
 
 
+def start_ticks(pid: int) -> int | None:
+    """When ``pid`` started (clock ticks since boot, ``/proc/<pid>/stat``); ``None`` when it is gone. Together
+    with the pid it names one process: a reused pid starts later."""
+    fields = _stat(pid)
+    if fields is None or fields[0] in ("Z", "X"):
+        return None
+    return int(fields[19])  # field 22 of stat, counted from the state (field 3)
+
+
 def marked_processes(cluster_id: str) -> list[int]:
     """Live (non-zombie) processes whose environment carries this cluster's marker."""
     needle = f"{CLUSTER_ID_ENV}={cluster_id}".encode()

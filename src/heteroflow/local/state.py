@@ -72,6 +72,30 @@ class ProcessState(_Model):
     command: list[str] = Field(default_factory=list)
 
 
+class PodNetworkState(_Model):
+    """One pod's network namespace (``heteroflow up --netns``)."""
+
+    pod_id: str
+    namespace: str = Field(description="Its NodeManager and engines run in it (`ip netns exec <namespace>`).")
+    ip: str = Field(description="The pod's IP: its NodeManager's, its engines', the one it registers.")
+    veth: str = Field(description="The root namespace's end of its veth pair, on the bridge.")
+
+
+class NetworkState(_Model):
+    """The pods' network when each pod has a namespace of its own; absent from the file otherwise."""
+
+    bridge: str
+    subnet: str
+    gateway: str = Field(description="The bridge's address: the server, controller and Coordinator listen on it.")
+    pods: list[PodNetworkState]
+
+    def pod(self, pod_id: str) -> PodNetworkState:
+        for pod in self.pods:
+            if pod.pod_id == pod_id:
+                return pod
+        raise KeyError(pod_id)
+
+
 class ClusterState(_Model):
     version: int = STATE_VERSION
     cluster_id: str = Field(description="Marker in every process's environment (HETEROFLOW_LOCAL_CLUSTER_ID).")
@@ -92,6 +116,9 @@ class ClusterState(_Model):
     controller_config: str = Field(description="The controller YAML actually used (generated + --config).")
     instances: list[InstanceState]
     processes: list[ProcessState]
+    network: NetworkState | None = Field(
+        default=None, description="Each pod's namespace and IP (`--netns`); absent when every pod is on loopback."
+    )
 
     def instance(self, instance_id: str | None) -> InstanceState:
         """The named instance, or the only one when ``instance_id`` is ``None``."""
@@ -113,7 +140,8 @@ def write_state(path: Path, state: ClusterState) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(json.dumps(state.model_dump(mode="json"), indent=2) + "\n")
+        document = state.model_dump(mode="json", exclude={"network"} if state.network is None else None)
+        out.write(json.dumps(document, indent=2) + "\n")
     os.chmod(tmp, 0o600)
     os.replace(tmp, path)
 

@@ -47,6 +47,8 @@ def _pod(ctrl: Controller, pod_id: str) -> dict[str, object]:
     lost = silent > ctrl.config.settings.pod_lost_after_sec
     return {
         "pod_id": pod_id,
+        "pod_ip": state.registration.pod_ip,
+        "node_name": state.registration.node_name,
         "state": "lost" if lost else "up",
         "silent_sec": round(silent, 3),
         "heartbeat_complete": state.heartbeat_complete,
