@@ -194,3 +194,22 @@ def test_a_claim_that_is_not_ours_or_not_json_is_reported_as_such() -> None:
     assert Claim.decode(b"not json") is None
     assert Claim.decode(b'{"url": "x"}') is None
     assert Claim.decode(Claim("a", None, "n").encode()) == Claim("a", None, "n")
+
+
+def test_a_claim_that_landed_although_its_answer_was_lost_is_recognised_as_ours(
+    etcd_endpoint: str, etcd_prefix: str
+) -> None:
+    async def main() -> None:
+        store = EtcdFtRuntimeStore(etcd_endpoint, prefix=etcd_prefix, timeout_sec=2.0)
+        leader = election(store, "a")
+        try:
+            # the first attempt's transaction landed, but its answer never came back
+            leader.lease_id, _ = await store.grant_lease(TTL)
+            assert await store.claim(leader.key, leader.claim.encode(), leader.lease_id) is None
+            await asyncio.wait_for(leader.campaign(), timeout=2 * TTL)
+            assert leader.leading
+        finally:
+            await leader.resign()
+            await store.close()
+
+    asyncio.run(main())

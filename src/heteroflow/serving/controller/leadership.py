@@ -162,7 +162,7 @@ class LeaderElection:
                 self.lease_id = None
                 return False
         holder = await self.store.claim(self.key, self.claim.encode(), self.lease_id)
-        if holder is None:
+        if holder is None or holder == self.claim.encode():  # ours: an earlier claim landed, its answer was lost
             return True
         seen = Claim.decode(holder)
         if seen != self.holder:
