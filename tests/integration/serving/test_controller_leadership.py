@@ -7,6 +7,7 @@ import asyncio
 import time
 from collections.abc import Callable
 
+import aetcd
 import pytest
 
 from heteroflow.core.clock import SystemClock
@@ -210,6 +211,27 @@ def test_a_claim_that_landed_although_its_answer_was_lost_is_recognised_as_ours(
             assert leader.leading
         finally:
             await leader.resign()
+            await store.close()
+
+    asyncio.run(main())
+
+
+def test_a_leader_whose_key_was_deleted_behind_its_back_gives_up(etcd_endpoint: str, etcd_prefix: str) -> None:
+    async def main() -> None:
+        store = EtcdFtRuntimeStore(etcd_endpoint, prefix=etcd_prefix, timeout_sec=2.0)
+        lost: list[tuple[str, float]] = []
+        leader = election(store, "a", lost)
+        host, port = etcd_endpoint.rsplit(":", 1)
+        operator = aetcd.Client(host=host, port=int(port))
+        try:
+            await leader.campaign()
+            # the lease lives on, but the key is gone: another controller could claim it now
+            await operator.delete(leader.key.encode())
+            await eventually(lambda: bool(lost), within=TTL + 2, what="the leader notices")
+            assert "no longer holds" in lost[0][0]
+            assert leader.role == "lost"
+        finally:
+            await operator.close()
             await store.close()
 
     asyncio.run(main())

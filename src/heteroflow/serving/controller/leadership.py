@@ -194,8 +194,16 @@ class LeaderElection:
             if remaining <= 0:
                 self._lose("etcd says the leader lease is gone")
                 return
-            self.last_error = None
             valid_until = sent + self.ttl_sec - margin
+            try:
+                holder = await self.store.read_claim(self.key)
+            except StoreUnavailableError as exc:
+                self._note_error(f"leader key read: {exc}")
+                continue
+            if holder != self.claim.encode():  # the key was deleted or overwritten behind our back
+                self._lose("the leader key no longer holds this controller's claim")
+                return
+            self.last_error = None
 
     def lost(self, reason: str) -> None:
         """Another path (a fenced write) found this controller no longer leads."""
