@@ -273,11 +273,19 @@ class HealthIngestor:
         to_write: list[HealthReading] = []
         before_batch: dict[CardKey, StoredSample | None] = {}
         skipped = 0
+        read: set[CardKey] = set()
         for reading in batch:
-            if reading.key not in latest:
+            # The cache only ever proves a skip. A write is decided against what the database holds now: another
+            # server behind the same load balancer may have stored this change or keepalive since this cache was
+            # filled, and must not be written twice.
+            unproven = reading.key not in latest or (
+                decide_write(reading, latest[reading.key], keepalive=self._keepalive) is not None
+            )
+            if unproven and reading.key not in read:
                 selects += 1
                 stored = self._store.latest(reading.key)
                 latest[reading.key] = stored
+                read.add(reading.key)
                 if stored is not None:
                     confirmed.append(stored)
             if decide_write(reading, latest.get(reading.key), keepalive=self._keepalive) is None:
