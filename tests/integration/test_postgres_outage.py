@@ -1,4 +1,5 @@
-"""PostgreSQL stops mid-run: heartbeats keep answering 2xx; when it returns, samples resume (H-22)."""
+"""PostgreSQL stops mid-run: heartbeats keep answering 2xx; when it returns, samples resume (H-22). The prediction
+worker skips its ticks while it cannot check its lease, says so in its status, and ticks again when it returns."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from datetime import UTC, datetime
 import pytest
 import sqlalchemy as sa
 
+from heteroflow.core.clock import SystemClock
 from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.schema import gpu_health_samples
 from heteroflow.storage.testing import PostgresServer
@@ -71,6 +73,55 @@ def test_heartbeats_survive_a_database_outage_and_samples_resume(pg_server: Post
             assert again.json()["xid_events"] == {"received": 1, "stored": 1, "rejected": [], "retry": False}
             listing = h.get(reader, f"/api/v1/nodes/{node}").json()
             assert listing["online"] is True
+    finally:
+        if not pg_server.running:
+            pg_server.start()
+        engine.dispose()
+
+
+@pytest.mark.timeout(120)
+def test_the_prediction_worker_skips_its_ticks_during_a_database_outage_says_so_and_resumes(
+    pg_server: PostgresServer,
+) -> None:
+    if not pg_server.running:
+        pg_server.start()
+    engine = create_db_engine(pg_server.create_database(), connect_timeout_seconds=2)
+    upgrade_database(engine)
+    fast = {"lease_seconds": 0.6, "tick_minutes": 0.001}  # a lease check every 0.2 s, a tick due every 0.06 s
+    try:
+        with running_server(engine, clock=SystemClock(), prediction=fast, run_worker=True) as h:
+            admin, agent = h.token("admin"), h.token("agent")
+            node = h.register(agent, "gpu-worker")
+            worker = h.ctx.worker
+            wait_until(lambda: worker.status().ticks_total >= 2, timeout=30, what="the worker ticking")
+            assert h.get(admin, "/api/v1/server/status").status_code == 200  # the admin token is now cached
+
+            pg_server.stop()
+            beat = h.beat(agent, node, [{"index": 0, "uuid": "G", "ecc_corrected_total": 1}])
+            assert beat.status_code == 200, beat.text  # the main path does not depend on the worker
+            wait_until(lambda: worker.status().ticks_skipped_total >= 1, timeout=30, what="a skipped tick")
+            ticks_at_first_skip = worker.status().ticks_total
+            wait_until(lambda: worker.status().ticks_skipped_total >= 3, timeout=30, what="more skipped ticks")
+            during = worker.status()
+            assert during.ticks_total == ticks_at_first_skip  # skipped, not run
+            assert not during.leader
+            assert during.last_skip is not None
+            assert during.last_skip.reason.startswith("the lease could not be checked: StoreUnavailableError")
+            shown = h.get(admin, "/api/v1/server/status").json()["prediction_worker"]
+            assert shown["ticks_skipped_total"] >= 3
+            assert shown["last_skip"]["reason"].startswith("the lease could not be checked")
+
+            pg_server.start()
+            wait_until(
+                lambda: worker.status().leader and worker.status().ticks_total > ticks_at_first_skip,
+                timeout=60,
+                what="ticks after the database returned",
+            )
+            after = worker.status()
+            assert after.last_error is None
+            skipped = after.ticks_skipped_total
+            wait_until(lambda: worker.status().ticks_total >= after.ticks_total + 2, timeout=30, what="steady ticks")
+            assert worker.status().ticks_skipped_total == skipped  # no skip is reported once it ticks again
     finally:
         if not pg_server.running:
             pg_server.start()

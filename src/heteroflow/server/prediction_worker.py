@@ -71,6 +71,15 @@ class TickReport:
 
 
 @dataclass(frozen=True, slots=True)
+class SkippedTick:
+    """A tick that was due on the lease holder and did not run."""
+
+    at: datetime
+    """When the skip was decided (the worker's clock)."""
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
 class WorkerStatus:
     leader: bool
     holder: str
@@ -78,6 +87,9 @@ class WorkerStatus:
     tick_failures_total: int
     last_tick: TickReport | None
     last_error: str | None
+    ticks_skipped_total: int = 0
+    """Ticks that were due while the lease could not be checked (the database was unavailable)."""
+    last_skip: SkippedTick | None = None
 
 
 @dataclass
@@ -120,9 +132,20 @@ class PredictionWorker:
         self._failures = 0
         self._last: TickReport | None = None
         self._last_error: str | None = None
+        self._skipped = 0
+        self._last_skip: SkippedTick | None = None
 
     def status(self) -> WorkerStatus:
-        return WorkerStatus(self._leader, self.holder, self._ticks, self._failures, self._last, self._last_error)
+        return WorkerStatus(
+            leader=self._leader,
+            holder=self.holder,
+            ticks_total=self._ticks,
+            tick_failures_total=self._failures,
+            last_tick=self._last,
+            last_error=self._last_error,
+            ticks_skipped_total=self._skipped,
+            last_skip=self._last_skip,
+        )
 
     # -- one tick (blocking: the async shell runs it in a thread) ---------------------------------------------
 
@@ -269,24 +292,40 @@ class PredictionWorker:
     # -- the leader loop ----------------------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Hold the lease and tick every ``tick_minutes`` while leader; retry the lease every third of its TTL."""
+        """Hold the lease and tick every ``tick_minutes`` while leader; retry the lease every third of its TTL.
+
+        A holder that cannot check its lease (the database is unavailable) neither ticks nor keeps counting
+        itself leader; each tick period that passes that way is reported as a skipped tick (status, log), and the
+        overdue tick runs as soon as the lease can be checked again.
+        """
         ttl = timedelta(seconds=self._settings.lease_seconds)
         tick_every = self._settings.tick_minutes * 60
         last_tick = float("-inf")
+        last_skip = float("-inf")
+        held_before_outage = False
         try:
             while True:
                 try:
                     leader = await asyncio.to_thread(
                         self._leases.acquire, LEASE_NAME, holder=self.holder, now=self._clock.now(), ttl=ttl
                     )
+                    lease_error = None
                 except Exception as exc:
                     leader = False
-                    self._last_error = f"lease: {type(exc).__name__}: {exc}"[:300]
+                    lease_error = f"{type(exc).__name__}: {exc}"[:300]
+                    self._last_error = f"lease: {lease_error}"[:300]
+                # only the holder had a tick to skip: a follower would not have ticked anyway
+                held_before_outage = lease_error is not None and (self._leader or held_before_outage)
                 if leader != self._leader:
                     _log.info("prediction.leadership", leader=leader, holder=self.holder)
                 self._leader = leader
-                if leader and self._clock.monotonic() - last_tick >= tick_every:
-                    last_tick = self._clock.monotonic()
+                now = self._clock.monotonic()
+                due = now - last_tick >= tick_every
+                if held_before_outage and due and now - last_skip >= tick_every:
+                    last_skip = now
+                    self._skip(f"the lease could not be checked: {lease_error}")
+                if leader and due:
+                    last_tick = now
                     try:
                         await asyncio.to_thread(self.tick)
                         self._last_error = None
@@ -301,3 +340,8 @@ class PredictionWorker:
                     await asyncio.to_thread(self._leases.release, LEASE_NAME, holder=self.holder)
                 except Exception as exc:  # the lease expires by itself
                     _log.warning("prediction.lease_release_failed", error=str(exc)[:200])
+
+    def _skip(self, reason: str) -> None:
+        self._skipped += 1
+        self._last_skip = SkippedTick(at=self._clock.now(), reason=reason[:300])
+        _log.warning("prediction.tick_skipped", reason=self._last_skip.reason, skipped_total=self._skipped)

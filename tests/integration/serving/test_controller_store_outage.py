@@ -2,7 +2,8 @@
 
 Before commit a failed write-ahead aborts the round before apply (fail safe). After commit nothing rolls back:
 the instance stays SCALED_DOWN_RUNNING with ``last_error``, the persist is retried, and the controller
-recovers on its own when etcd returns.
+recovers on its own when etcd returns: the next fault then gets a normal round (write-ahead, one apply per pod,
+commit persisted).
 """
 
 from __future__ import annotations
@@ -99,5 +100,23 @@ def test_etcd_down_after_commit_keeps_the_scale_down_and_recovers(
         )
         assert status["phase"] == "SCALED_DOWN_RUNNING"
         assert await stored(etcd, prefix) == {"phase": "SCALED_DOWN_RUNNING", "dead_committed": [1]}
+
+        # recovered: the next fault gets a normal round, its write-ahead and commit land in etcd
+        rounds_before = len(status["rounds"])
+        await plane.kill_and_traffic(2)
+        status = await plane.until(
+            lambda s: s["phase"] == "SCALED_DOWN_RUNNING" and s["dead_committed"] == [1, 2] and s["can_serve"],
+            within=20,
+            what="a normal second round",
+        )
+        assert len(status["rounds"]) == rounds_before + 1
+        assert status["last_error"] is None
+        assert status["persist_pending"] is False
+        assert status["store_error"] is None
+        timeline = await plane.round(status["rounds"][-1])
+        assert sorted(e["pod_id"] for e in events(timeline, "apply")) == ["pod-a", "pod-b"]  # once per pod
+        assert {e["pod_id"] for e in events(timeline, "finalize") if e["commit"]} == {"pod-a", "pod-b"}
+        assert plane.coordinator.published() == [0, 3]
+        assert await stored(etcd, prefix) == {"phase": "SCALED_DOWN_RUNNING", "dead_committed": [1, 2]}
 
     run_plane(scenario, tmp_path, store=lambda: EtcdFtRuntimeStore(etcd.endpoint, prefix=prefix, timeout_sec=1.0))

@@ -8,17 +8,20 @@ engine death, reported once per incarnation with the endpoint id — independent
 so a DEAD candidate exists even when that route is unreachable.
 
 Processes are behind :class:`ProcessLauncher` / :class:`ProcessHandle`: :class:`PopenLauncher` is the real
-one (``/proc`` on Linux), ``testing.FakeLauncher`` the in-memory one. :meth:`ProcessSupervisor.check` is
+one (``/proc`` on Linux), ``testing.FakeLauncher`` the in-memory one. Engines never outlive their NodeManager,
+even one that is SIGKILLed: a restarted NodeManager must find its engines' ports free, as after the restart of
+a pod's container. :meth:`ProcessSupervisor.check` is
 synchronous and returns the new deaths; the daemon calls it every ``supervisor_interval_sec``.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import signal
 import subprocess
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Protocol
@@ -276,8 +279,36 @@ class PopenHandle:
         return True
 
 
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_this_process() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the kernel SIGKILL the child when this process dies, however it dies.
+
+    The libc function is resolved here, in the parent, so the child only makes one system call between fork
+    and exec. The kernel ties the signal to the forking *thread*: engines are launched from the event loop's
+    thread, which lives as long as the process. ``None`` where ``prctl`` does not exist (not Linux).
+    """
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def set_death_signal() -> None:  # pragma: no cover - runs in the child between fork and exec
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the NodeManager died before the request took effect
+            os._exit(1)
+
+    return set_death_signal
+
+
 class PopenLauncher:
-    """Starts each engine in its own session (so it can be killed whole) with the command's environment."""
+    """Starts each engine in its own session (so it can be killed whole) with the command's environment.
+
+    The kernel SIGKILLs the engine's API server when the NodeManager dies (the simulator's worker then dies
+    with its API server: it has a death signal of its own).
+    """
 
     def __init__(self, *, log_dir: Path | None = None, base_env: dict[str, str] | None = None) -> None:
         self._log_dir = log_dir
@@ -297,6 +328,7 @@ class PopenLauncher:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
+                preexec_fn=_die_with_this_process(),  # only a prctl call: nothing that takes a lock
             )
         finally:
             if not isinstance(log, int):
