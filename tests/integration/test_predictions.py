@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -348,6 +348,8 @@ def test_the_alert_switch_is_fail_open(engine: Engine, monkeypatch: pytest.Monke
         ({"limit": 0}, "limit"),
         ({"limit": 501}, "limit"),
         ({"offset": -1}, "offset"),
+        ({"offset": 2**63}, "offset"),  # once an OverflowError of the database driver, a 500
+        ({"offset": 10_000_001}, "offset"),
         ({"status": "done"}, "status"),
         ({"source": "all"}, "source"),
     ],
@@ -395,6 +397,42 @@ def test_only_the_lease_holder_ticks_and_a_dead_holder_is_replaced(engine: Engin
         statuses = [w.status() for w in workers]
         assert [s.leader for s in statuses].count(True) == 1
         assert [bool(s.ticks_total) for s in statuses].count(True) == 1  # the follower never ticked
+
+
+def test_the_holder_renews_its_lease_during_a_tick_longer_than_the_lease(engine: Engine) -> None:
+    import threading
+    import time
+
+    from heteroflow.core.clock import SystemClock
+
+    fast = {"lease_seconds": 0.6, "tick_minutes": 0.001}
+    ticking: list[str] = []
+    finished = threading.Event()
+
+    def slow_tick(name: str) -> Callable[[], None]:
+        def tick() -> None:
+            ticking.append(name)
+            finished.wait(timeout=10)  # held until the test has watched three lease lifetimes go by
+
+        return tick
+
+    with (
+        running_server(engine, clock=SystemClock(), prediction=fast, run_worker=True) as a,
+        running_server(engine, clock=SystemClock(), prediction=fast, run_worker=True) as b,
+    ):
+        a.ctx.worker.tick = slow_tick("a")  # type: ignore[method-assign]
+        b.ctx.worker.tick = slow_tick("b")  # type: ignore[method-assign]
+        deadline = time.monotonic() + 20
+        while not ticking:
+            assert time.monotonic() < deadline, "nobody ticked"
+            time.sleep(0.02)
+        started = time.monotonic()
+        while time.monotonic() - started < 3 * 0.6:
+            assert len(ticking) == 1, ticking  # the other server never took the lease while the tick ran
+            time.sleep(0.02)
+        finished.set()
+        statuses = [a.ctx.worker.status(), b.ctx.worker.status()]
+        assert [s.leader for s in statuses].count(True) == 1
 
 
 # -- the weak-signal layer (temperature and power from the metrics history) ------------------------------------

@@ -291,6 +291,22 @@ class PredictionWorker:
 
     # -- the leader loop ----------------------------------------------------------------------------------------
 
+    async def _tick_holding_the_lease(self, ttl: timedelta) -> None:
+        """One tick, renewing the lease every third of its TTL while it runs: a tick longer than the lease must
+        not let another server take the lease and tick the same data as well."""
+        tick = asyncio.ensure_future(asyncio.to_thread(self.tick))
+        while True:
+            done, _ = await asyncio.wait({tick}, timeout=self._settings.lease_seconds / 3)
+            if done:
+                tick.result()
+                return
+            try:
+                await asyncio.to_thread(
+                    self._leases.acquire, LEASE_NAME, holder=self.holder, now=self._clock.now(), ttl=ttl
+                )
+            except Exception as exc:  # the tick goes on; an overlap with a new holder is harmless (H-35)
+                _log.warning("prediction.lease_renewal_failed", error=f"{type(exc).__name__}: {exc}"[:300])
+
     async def run(self) -> None:
         """Hold the lease and tick every ``tick_minutes`` while leader; retry the lease every third of its TTL.
 
@@ -327,7 +343,7 @@ class PredictionWorker:
                 if leader and due:
                     last_tick = now
                     try:
-                        await asyncio.to_thread(self.tick)
+                        await self._tick_holding_the_lease(ttl)
                         self._last_error = None
                     except Exception as exc:
                         self._failures += 1
