@@ -17,6 +17,10 @@ in a collective on it would otherwise wait for the collective timeout whenever g
 connection open (it does when the failed operation still references the transport): a collective that has not
 finished after :data:`FAULT_CHECK_AFTER_SEC` looks at that key every :data:`FAULT_CHECK_EVERY_SEC` and fails at
 once when a peer has left. A healthy step never reads the store.
+
+Every store call of the worker loop has a deadline (:class:`BoundedStore`): a TCPStore client call to a host
+that stopped (a hung rank hosting the store) would otherwise block without limit, and every rank would sit in
+it instead of failing its collective after the collective timeout.
 """
 
 from __future__ import annotations
@@ -35,8 +39,12 @@ import threading
 import time
 import warnings
 from collections import deque
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, Future
+from concurrent.futures import TimeoutError as FutureTimeoutError
+from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -56,6 +64,13 @@ _out_lock = threading.Lock()
 FAULT_CHECK_AFTER_SEC = 0.2
 """A collective still running after this long starts looking for a peer that left the group."""
 FAULT_CHECK_EVERY_SEC = 0.05
+IDLE_POLL_STORE_TIMEOUT_SEC = 0.5
+"""Deadline of the idle wave poll. An unreachable store while idle is not a fault, so the poll only has to give
+the loop back soon enough to pick up commands (a request, a rebuild) at this pace."""
+ANNOUNCE_STORE_TIMEOUT_SEC = 0.5
+"""Deadline of announcing a fault (both store calls together): best effort, the fault is reported anyway."""
+
+_T = TypeVar("_T")
 
 
 def emit(event: dict[str, Any]) -> None:
@@ -76,6 +91,75 @@ class RebuildError(RuntimeError):
 
 class PeerLeftError(RuntimeError):
     """A peer left the group while this rank waited in a collective with it."""
+
+
+class StoreTimeoutError(RuntimeError):
+    """A TCP store call that did not finish within its deadline: the store's host is hung or unreachable."""
+
+
+class BoundedStore:
+    """The worker loop's access to the group's TCP store: every call has a deadline.
+
+    A TCPStore client call to a host that stopped answering (SIGSTOP) blocks without limit, whatever the store's
+    own timeout says, and releases the GIL while it does. So the calls run one at a time on this object's one
+    daemon thread, and the caller waits for each with a deadline: a call that misses it is cancelled if it has
+    not started yet, and the caller gets :class:`StoreTimeoutError`. A call that did start stays on the thread
+    until the host answers or goes away; calls behind it wait in the queue and miss their own deadlines, so at
+    most one thread is ever stuck and nothing piles up. Once the host answers, the stuck call completes and
+    later calls work again.
+
+    Only the loop's own calls go through here: gloo is given the raw store (:attr:`raw`), which it uses itself
+    while it creates a group.
+    """
+
+    def __init__(self, raw: Any) -> None:
+        self.raw = raw  # a TCPStore, or anything with its add, set and check
+        self._calls: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = queue.SimpleQueue()
+        # a daemon thread, not a ThreadPoolExecutor: the interpreter joins an executor's threads when it exits,
+        # and a stuck one would keep the worker from exiting
+        threading.Thread(target=self._serve, name="store-calls", daemon=True).start()
+
+    def _serve(self) -> None:
+        while (call := self._calls.get()) is not None:
+            future, fn = call
+            if not future.set_running_or_notify_cancel():
+                continue  # its caller gave up before it started
+            try:
+                result = fn()
+            except BaseException as exc:  # handed to the caller, who decides
+                future.set_exception(exc)
+            else:
+                future.set_result(result)
+
+    def _submit(self, fn: Callable[[], _T]) -> Future[_T]:
+        future: Future[_T] = Future()
+        self._calls.put((future, fn))
+        return future
+
+    def _call(self, what: str, fn: Callable[[], _T], timeout: float) -> _T:
+        limit = max(timeout, 0.0)
+        future = self._submit(fn)
+        try:
+            return future.result(timeout=limit)
+        except FutureTimeoutError:
+            future.cancel()  # not started: it never runs; started: it finishes on its own, result dropped
+            raise StoreTimeoutError(f"store {what} did not finish within {limit:.3g} s") from None
+
+    def add(self, key: str, value: int, *, timeout: float) -> int:
+        """``store.add(key, value)``; :class:`StoreTimeoutError` after ``timeout`` seconds."""
+        return int(self._call("add", lambda: self.raw.add(key, value), timeout))
+
+    def set(self, key: str, value: str, *, timeout: float) -> None:
+        """``store.set(key, value)``; :class:`StoreTimeoutError` after ``timeout`` seconds."""
+        self._call("set", lambda: self.raw.set(key, value), timeout)
+
+    def submit_check(self, keys: list[str]) -> Future[bool]:
+        """``store.check(keys)`` without waiting for it: the caller looks at the future when it suits it."""
+        return self._submit(lambda: bool(self.raw.check(keys)))
+
+    def close(self) -> None:
+        """Let the thread end once the calls already queued are done (a stuck one: once its host answers)."""
+        self._calls.put(None)
 
 
 @dataclass
@@ -111,21 +195,32 @@ class WorkerConfig:
         return cls(**raw)
 
 
-def wait_collective(work: Any, store: Any, fault_key: str) -> None:
+def wait_collective(work: Any, store: BoundedStore, fault_key: str) -> None:
     """``work.wait()``, except that a peer announcing (``fault_key`` in ``store``) that it left the group fails
     the wait at once: :class:`PeerLeftError`. The store is read only once the collective has run for
-    :data:`FAULT_CHECK_AFTER_SEC`, so a healthy step never touches it."""
-    done = threading.Event()
-    work.get_future().add_done_callback(lambda _: done.set())  # set on success and on error alike
-    timeout = FAULT_CHECK_AFTER_SEC
-    while not done.wait(timeout):  # blocks: a healthy step wakes the moment its collective finishes
-        timeout = FAULT_CHECK_EVERY_SEC
-        try:
-            left = bool(store.check([fault_key]))
-        except Exception:  # an unreachable store: the collective's own timeout still ends the wait
-            left = False
-        if left:
-            raise PeerLeftError(f"a peer left the group during a collective ({fault_key})")
+    :data:`FAULT_CHECK_AFTER_SEC`, so a healthy step never touches it, and the wait never blocks on the store:
+    a check that does not answer (a hung store host) stays in flight while the collective's own timeout ends
+    the wait."""
+    finished: Future[None] = Future()
+    work.get_future().add_done_callback(lambda _: finished.set_result(None))  # on success and on error alike
+    wait_futures([finished], timeout=FAULT_CHECK_AFTER_SEC)  # a healthy step wakes the moment it finishes
+    check: Future[bool] | None = None
+    try:
+        while not finished.done():
+            if check is None:
+                check = store.submit_check([fault_key])
+            either: list[Future[Any]] = [finished, check]
+            wait_futures(either, timeout=FAULT_CHECK_EVERY_SEC, return_when=FIRST_COMPLETED)
+            if not check.done():
+                continue  # the store has not answered yet: look again at the next poll, never submit twice
+            # an unreachable store (an error) says nothing: the collective's own timeout still ends the wait
+            if check.exception() is None and check.result():
+                raise PeerLeftError(f"a peer left the group during a collective ({fault_key})")
+            check = None
+            wait_futures([finished], timeout=FAULT_CHECK_EVERY_SEC)
+    finally:
+        if check is not None:
+            check.cancel()  # still queued behind a stuck call: it never runs
     work.wait()  # raises the collective's own error, if any
 
 
@@ -143,7 +238,7 @@ class Worker:
         self.placement: ExpertPlacement = remove_ranks(full, config.dead_ranks)
         self.shard = ExpertShard(self.model, self.placement, config.rank)
         self.members = tuple(r for r in range(config.dp_size) if r not in config.dead_ranks)
-        self.store: Any = None
+        self.store: BoundedStore | None = None
         self.pg: Any = None
         self.group_id = "init"
         self.wave_ended = 0
@@ -186,14 +281,28 @@ class Worker:
     def _connect_store(self, host: str, port: int, timeout: float) -> Any:
         return TCPStore(host, port, None, False, datetime.timedelta(seconds=timeout))
 
+    @property
+    def bounded_store(self) -> BoundedStore:
+        assert self.store is not None, "the worker uses the store only after start()"
+        return self.store
+
+    def _use_store(self, raw: Any) -> None:
+        if self.store is not None:
+            self.store.close()  # a call stuck on the old store's host must not hold the new one up
+        self.store = BoundedStore(raw)
+
     def _barrier(self, key: str, count: int, timeout: float) -> None:
-        """Wait until ``count`` members arrived at ``key`` (polling the store with a deadline)."""
-        self.store.add(key, 1)
+        """Wait until ``count`` members arrived at ``key`` (polling the store; every call within the deadline)."""
+        store = self.bounded_store
         deadline = time.monotonic() + timeout
-        while self.store.add(key, 0) < count:
-            if time.monotonic() > deadline:
-                raise RebuildError(f"peers did not all arrive within {timeout} s at {key}")
-            time.sleep(0.01)
+        try:
+            store.add(key, 1, timeout=deadline - time.monotonic())
+            while store.add(key, 0, timeout=deadline - time.monotonic()) < count:
+                if time.monotonic() > deadline:
+                    raise RebuildError(f"peers did not all arrive within {timeout} s at {key}")
+                time.sleep(0.01)
+        except StoreTimeoutError as exc:
+            raise RebuildError(f"the store did not answer within {timeout} s at {key}") from exc
 
     def _make_group(self, prefix: str, timeout: float) -> None:
         self._barrier(f"{prefix}arrive", len(self.members), timeout)
@@ -202,12 +311,11 @@ class Worker:
         opts = gloo._Options()
         opts._devices = [ProcessGroupGloo.create_device(hostname=self.cfg.bind_host)]
         opts._timeout = datetime.timedelta(seconds=self.cfg.collective_timeout_sec)
-        self.pg = ProcessGroupGloo(PrefixStore(prefix, self.store), self.dense_rank, len(self.members), opts)
+        raw = self.bounded_store.raw  # gloo uses the store itself while it creates the group
+        self.pg = ProcessGroupGloo(PrefixStore(prefix, raw), self.dense_rank, len(self.members), opts)
         self.group_id = prefix
         self.wave_ended = 0
         self._set_wave(False)
-        # from now on a store that stops answering must not stall the loop longer than a collective would
-        self.store.set_timeout(datetime.timedelta(seconds=self.cfg.collective_timeout_sec))
 
     def _drop_group(self) -> None:
         # closing our side makes peers blocked on us fail fast ("Connection closed by peer"); the collection
@@ -216,21 +324,24 @@ class Worker:
         gc.collect()
 
     def _announce_fault(self) -> None:
-        """Tell the group's peers that this rank left it (best effort: the store may be gone too)."""
+        """Tell the group's peers that this rank left it (best effort within :data:`ANNOUNCE_STORE_TIMEOUT_SEC`:
+        the store may be gone or hung too, and the fault is reported either way)."""
+        store = self.bounded_store
+        deadline = time.monotonic() + ANNOUNCE_STORE_TIMEOUT_SEC
         with contextlib.suppress(Exception):
-            self.store.set(f"{self.group_id}fault", str(self.cfg.rank))
-        with contextlib.suppress(Exception):
-            self.store.add(f"{self.group_id}wave", 1)  # and pull idle peers into a wave: they fail it at once
+            store.set(f"{self.group_id}fault", str(self.cfg.rank), timeout=deadline - time.monotonic())
+        with contextlib.suppress(Exception):  # and pull idle peers into a wave: they fail it at once
+            store.add(f"{self.group_id}wave", 1, timeout=deadline - time.monotonic())
 
     def _wait(self, work: Any) -> None:
-        wait_collective(work, self.store, f"{self.group_id}fault")
+        wait_collective(work, self.bounded_store, f"{self.group_id}fault")
 
     def start(self) -> None:
         cfg = self.cfg
         if cfg.rank == self.members[0]:
-            self.store = self._host_store(cfg.master_addr, cfg.master_port, cfg.startup_timeout_sec)
+            self._use_store(self._host_store(cfg.master_addr, cfg.master_port, cfg.startup_timeout_sec))
         else:
-            self.store = self._connect_store(cfg.master_addr, cfg.master_port, cfg.startup_timeout_sec)
+            self._use_store(self._connect_store(cfg.master_addr, cfg.master_port, cfg.startup_timeout_sec))
         self._make_group("init/", cfg.startup_timeout_sec)
         probe = torch.ones(1)
         self._wait(self.pg.allreduce([probe]))
@@ -293,14 +404,17 @@ class Worker:
                 self._fault(exc)
 
     def _should_start_wave(self) -> bool:
+        store = self.bounded_store
         key = f"{self.group_id}wave"
         if self.pending or self.active:
-            self.wave_counter = int(self.store.add(key, 1))  # a failure here is a fault: we have traffic
+            # a failure here is a fault (we have traffic), and a store that does not answer fails as late as
+            # the collective it stands for would
+            self.wave_counter = store.add(key, 1, timeout=self.cfg.collective_timeout_sec)
             self._set_wave(True)
             return True
         try:
-            counter = int(self.store.add(key, 0))
-        except Exception as exc:  # idle: an unreachable store is not a collective failure
+            counter = store.add(key, 0, timeout=IDLE_POLL_STORE_TIMEOUT_SEC)
+        except Exception as exc:  # idle: an unreachable or hung store is not a collective failure
             if str(exc) != self.last_poll_error:
                 log(f"idle store poll failed: {exc}")
                 self.last_poll_error = str(exc)
@@ -389,11 +503,11 @@ class Worker:
         if new_store is not None:
             host, port = new_store["host"], int(new_store["port"])
             if members[0] == cfg.rank:
-                self.store = self._host_store(host, port, cfg.rebuild_timeout_sec)
+                self._use_store(self._host_store(host, port, cfg.rebuild_timeout_sec))
             else:
-                self.store = self._connect_store(host, port, cfg.rebuild_timeout_sec)
+                self._use_store(self._connect_store(host, port, cfg.rebuild_timeout_sec))
         else:
-            self.store.set_timeout(datetime.timedelta(seconds=cfg.rebuild_timeout_sec))
+            self.bounded_store.raw.set_timeout(datetime.timedelta(seconds=cfg.rebuild_timeout_sec))
         old_members = self.members
         self.members = members
         try:

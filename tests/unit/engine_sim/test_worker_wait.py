@@ -1,19 +1,38 @@
-"""How a simulated rank waits in a collective: a peer that left the group and says so in the TCP store fails
-the wait at once, even when gloo keeps that peer's side of the connection open (real gloo, two ranks in one
-process, one of which never takes part)."""
+"""How a simulated rank uses the group's TCP store while it waits: a peer that left the group and says so in
+the store fails a collective at once, even when gloo keeps that peer's side of the connection open (real gloo,
+two ranks in one process, one of which never takes part); a store whose host stopped answering (a hung rank,
+SIGSTOP on a real store process) never holds the rank longer than a deadline: the collective's own timeout,
+or a store call's."""
 
 from __future__ import annotations
 
 import datetime
+import json
+import os
+import signal
+import subprocess
+import sys
 import threading
 import time
 import warnings
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
 from heteroflow.core.testing import free_port
-from heteroflow.engine_sim.worker import FAULT_CHECK_AFTER_SEC, PeerLeftError, wait_collective
+from heteroflow.engine_sim.worker import (
+    ANNOUNCE_STORE_TIMEOUT_SEC,
+    FAULT_CHECK_AFTER_SEC,
+    IDLE_POLL_STORE_TIMEOUT_SEC,
+    BoundedStore,
+    PeerLeftError,
+    StoreTimeoutError,
+    Worker,
+    WorkerConfig,
+    wait_collective,
+)
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
@@ -21,19 +40,77 @@ with warnings.catch_warnings():
     from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, TCPStore
 
 TIMEOUT_SEC = 5.0
+HUNG_TIMEOUT_SEC = 2.0
+"""The collective timeout of the groups whose store host is stopped (short: the tests wait it out)."""
+SLACK_SEC = 1.0
+"""How much later than its deadline a wait may end on a busy machine."""
+
+_HOST_SCRIPT = """
+import datetime, sys, time, warnings
+warnings.simplefilter("ignore")
+from torch._C._distributed_c10d import TCPStore
+store = TCPStore("127.0.0.1", int(sys.argv[1]), None, True, datetime.timedelta(seconds=60),
+                 wait_for_workers=False, use_libuv=False)
+print("up", flush=True)
+time.sleep(600)
+"""
 
 
-def pair_of_groups() -> tuple[Any, list[Any]]:
-    """A TCP store and two connected gloo groups (ranks 0 and 1) with a 5 s collective timeout."""
-    port = free_port()
-    store = TCPStore("127.0.0.1", port, None, True, datetime.timedelta(seconds=10))
+class StoreHost:
+    """A TCP store hosted by a process of its own, which a test stops (SIGSTOP) as a hung rank would be."""
+
+    def __init__(self) -> None:
+        self.port = free_port()
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _HOST_SCRIPT, str(self.port)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+        )
+
+    def client(self) -> Any:
+        return TCPStore("127.0.0.1", self.port, None, False, datetime.timedelta(seconds=10))
+
+    def stop(self) -> None:
+        """SIGSTOP the host and wait until every thread of it is stopped (the signal is asynchronous)."""
+        os.kill(self.proc.pid, signal.SIGSTOP)
+        tasks = Path(f"/proc/{self.proc.pid}/task")
+        deadline = time.monotonic() + 10.0
+        while not all(stat.read_text().rsplit(")", 1)[1].split()[0] == "T" for stat in tasks.glob("*/stat")):
+            assert time.monotonic() < deadline, "the store host did not stop"
+            time.sleep(0.005)
+
+    def resume(self) -> None:
+        os.kill(self.proc.pid, signal.SIGCONT)
+
+
+@pytest.fixture
+def store_host() -> Iterator[StoreHost]:
+    host = StoreHost()
+    try:
+        assert host.proc.stdout is not None
+        assert host.proc.stdout.readline() == b"up\n", "the store host did not start"
+        yield host
+    finally:
+        host.resume()  # first: a call stuck on the stopped host returns, then the host goes
+        host.proc.kill()
+        host.proc.wait(timeout=30)
+        if host.proc.stdout is not None:
+            host.proc.stdout.close()
+
+
+def pair_of_groups(*, port: int | None = None, timeout_sec: float = TIMEOUT_SEC) -> tuple[Any, list[Any]]:
+    """Rank 0's TCP store and two connected gloo groups (ranks 0 and 1) with ``timeout_sec`` as collective
+    timeout. The store is hosted here, or by another process at ``port``."""
+    if port is None:
+        port = free_port()
+        store = TCPStore("127.0.0.1", port, None, True, datetime.timedelta(seconds=10))
+    else:
+        store = TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=10))
     groups: list[Any] = [None, None]
 
     def make(rank: int) -> None:
         client = store if rank == 0 else TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=10))
         opts: Any = ProcessGroupGloo._Options()  # type: ignore[attr-defined]
         opts._devices = [ProcessGroupGloo.create_device(hostname="127.0.0.1")]
-        opts._timeout = datetime.timedelta(seconds=TIMEOUT_SEC)
+        opts._timeout = datetime.timedelta(seconds=timeout_sec)
         groups[rank] = ProcessGroupGloo(PrefixStore("g/", client), rank, 2, opts)
 
     threads = [threading.Thread(target=make, args=(rank,)) for rank in (0, 1)]
@@ -45,6 +122,18 @@ def pair_of_groups() -> tuple[Any, list[Any]]:
     return store, groups
 
 
+class CountingStore:
+    """A raw store that counts the checks made through it."""
+
+    def __init__(self, store: Any) -> None:
+        self.store = store
+        self.checks = 0
+
+    def check(self, keys: list[str]) -> bool:
+        self.checks += 1
+        return bool(self.store.check(keys))
+
+
 def test_a_peer_that_left_fails_the_wait_long_before_the_collective_timeout() -> None:
     store, groups = pair_of_groups()
     work = groups[0].allreduce([torch.ones(8)])  # rank 1 never joins: its side stays open, as after a fault
@@ -52,7 +141,7 @@ def test_a_peer_that_left_fails_the_wait_long_before_the_collective_timeout() ->
     announce.start()
     started = time.monotonic()
     with pytest.raises(PeerLeftError, match="left the group"):
-        wait_collective(work, store, "g/fault")
+        wait_collective(work, BoundedStore(store), "g/fault")
     waited = time.monotonic() - started
     assert 0.3 <= waited < 1.0 < TIMEOUT_SEC
     groups[1].allreduce([torch.ones(8)]).wait()  # let rank 0's pending operation finish before teardown
@@ -60,20 +149,13 @@ def test_a_peer_that_left_fails_the_wait_long_before_the_collective_timeout() ->
 
 def test_a_healthy_collective_never_reads_the_store() -> None:
     store, groups = pair_of_groups()
-
-    class CountingStore:
-        reads = 0
-
-        def check(self, keys: list[str]) -> bool:
-            CountingStore.reads += 1
-            return bool(store.check(keys))
-
+    counting = CountingStore(store)
     results = [torch.ones(8), torch.full((8,), 2.0)]
     works = [groups[rank].allreduce([results[rank]]) for rank in (0, 1)]
     for work in works:
-        wait_collective(work, CountingStore(), "g/fault")
+        wait_collective(work, BoundedStore(counting), "g/fault")
     assert results[0].tolist() == [3.0] * 8
-    assert CountingStore.reads == 0
+    assert counting.checks == 0
 
 
 def test_an_unreachable_store_leaves_the_collective_timeout_in_charge() -> None:
@@ -89,6 +171,90 @@ def test_an_unreachable_store_leaves_the_collective_timeout_in_charge() -> None:
     work = groups[0].allreduce([torch.ones(8)])
     finish = threading.Timer(FAULT_CHECK_AFTER_SEC + 0.3, lambda: groups[1].allreduce([torch.ones(8)]).wait())
     finish.start()
-    wait_collective(work, DeadStore(), "g/fault")  # no error: the peer did join in the end
+    wait_collective(work, BoundedStore(DeadStore()), "g/fault")  # no error: the peer did join in the end
     finish.join()
     assert DeadStore.reads >= 2
+
+
+def test_a_hung_store_host_never_outlasts_the_collective_timeout(store_host: StoreHost) -> None:
+    store, groups = pair_of_groups(port=store_host.port, timeout_sec=HUNG_TIMEOUT_SEC)
+    counting = CountingStore(store)
+    work = groups[0].allreduce([torch.ones(8)])  # rank 1 never joins: it hangs, and so does the store's host
+    store_host.stop()
+    started = time.monotonic()
+    with pytest.raises(RuntimeError) as failure:
+        wait_collective(work, BoundedStore(counting), "g/fault")
+    waited = time.monotonic() - started
+    assert not isinstance(failure.value, PeerLeftError), failure.value  # gloo's own timeout ended the wait
+    assert HUNG_TIMEOUT_SEC - 0.5 <= waited < HUNG_TIMEOUT_SEC + SLACK_SEC
+    assert counting.checks == 1  # the one check that never came back; none queued up behind it
+
+
+def test_a_call_to_a_stopped_store_host_times_out_without_piling_up(store_host: StoreHost) -> None:
+    store = BoundedStore(store_host.client())
+    assert store.add("k", 1, timeout=5.0) == 1
+    threads = threading.active_count()
+    store_host.stop()
+    deadline = 0.5
+    for amount in (1, 10):  # the first call sticks on the store's thread; the second waits behind it
+        started = time.monotonic()
+        with pytest.raises(StoreTimeoutError, match=r"did not finish within 0\.5 s"):
+            store.add("k", amount, timeout=deadline)
+        assert deadline - 0.05 <= time.monotonic() - started < deadline + SLACK_SEC
+    assert threading.active_count() == threads  # no thread per call: the stuck one is the store's own
+    store_host.resume()
+    # the stuck call completes once the host answers; the queued one was cancelled and never ran
+    assert store.add("k", 0, timeout=5.0) == 2
+    store.close()
+
+
+def idle_worker(port: int) -> Worker:
+    """Rank 1 of a 2-rank instance whose store (hosted at ``port``) it reaches, outside of any group."""
+    config = WorkerConfig(
+        rank=1,
+        dp_size=2,
+        dead_ranks=frozenset(),
+        master_addr="127.0.0.1",
+        master_port=port,
+        bind_host="127.0.0.1",
+        num_experts=4,
+        num_redundant_experts=0,
+        slots_per_rank=2,
+        collective_timeout_sec=HUNG_TIMEOUT_SEC,
+        startup_timeout_sec=10.0,
+        rebuild_timeout_sec=10.0,
+        seed=1,
+        max_batch=4,
+        idle_poll_interval_sec=0.02,
+    )
+    worker = Worker(config)
+    worker._use_store(TCPStore("127.0.0.1", port, None, False, datetime.timedelta(seconds=10)))
+    worker.group_id = "g/"
+    return worker
+
+
+def test_a_hung_store_host_stalls_neither_the_idle_poll_nor_a_rank_with_traffic(
+    store_host: StoreHost, capsys: pytest.CaptureFixture[str]
+) -> None:
+    worker = idle_worker(store_host.port)
+    assert worker._should_start_wave() is False  # a reachable store, nobody started a wave
+    store_host.stop()
+    for _ in range(2):  # idle: not a fault, and the loop gets back to its commands within the poll's deadline
+        started = time.monotonic()
+        assert worker._should_start_wave() is False
+        assert time.monotonic() - started < IDLE_POLL_STORE_TIMEOUT_SEC + SLACK_SEC
+    assert worker.last_poll_error is not None
+    assert "did not finish" in worker.last_poll_error
+    assert capsys.readouterr().err.count("idle store poll failed") == 1  # logged once, not once per poll
+
+    worker.handle({"op": "submit", "rid": "r1", "tokens": [1, 2, 3], "max_tokens": 4})
+    started = time.monotonic()
+    with pytest.raises(StoreTimeoutError) as failure:  # traffic: the store stands for a collective
+        worker._should_start_wave()
+    assert HUNG_TIMEOUT_SEC - 0.05 <= time.monotonic() - started < HUNG_TIMEOUT_SEC + SLACK_SEC
+    started = time.monotonic()
+    worker._announce_fault()  # best effort, and short: the store it would tell is the hung one
+    assert time.monotonic() - started < ANNOUNCE_STORE_TIMEOUT_SEC + SLACK_SEC
+    worker._fault(failure.value)
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e["fault_info"] for e in events if e["ev"] == "fault"] == ["StoreTimeoutError"]
