@@ -32,8 +32,9 @@ def gpu_stats(health: HealthCollection | None, telemetry: TelemetryCollection | 
         h = by_health.get(index)
         t = by_telemetry.get(index)
         stat: dict[str, Any] = {"index": index, "uuid": (h.uuid if h else None) or (t.uuid if t else None)}
-        if t is not None:
+        if t is not None and telemetry is not None:
             stat.update(
+                telemetry_at=_iso(telemetry.collected_at),
                 temperature_c=t.temperature_c,
                 utilization_pct=t.utilization_pct,
                 memory_used_mib=t.memory_used_mib,

@@ -99,7 +99,8 @@ def metric_readings_from_stats(
             MetricReading(
                 key=CardKey(node_id=node_id, gpu_index=index, source=source),
                 uuid=parse_uuid(stat.get("uuid")),
-                sampled_at=parse_time(stat.get("sampled_at")) or received_at,
+                # the telemetry's own time: `sampled_at` is the health counters' (every 60 s, not every beat)
+                sampled_at=parse_time(stat.get("telemetry_at")) or received_at,
                 metrics=metrics,
             )
         )

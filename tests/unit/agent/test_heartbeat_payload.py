@@ -41,6 +41,7 @@ def test_known_keys_only_with_the_collection_time(clock: FakeClock) -> None:
     assert "sampled_at" not in stats[1]
     assert "ecc_corrected_total" not in stats[1]
     assert stats[1]["temperature_c"] == 41.0
+    assert stats[1]["telemetry_at"] == clock.now().isoformat()  # the metrics' own time, 40 s after the counters'
     assert body["xid_events"] == [{"index": 3, "uuid": "GPU-3", "xid": 48, "occurred_at": clock.now().isoformat()}]
 
 

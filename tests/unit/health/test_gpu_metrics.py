@@ -49,6 +49,16 @@ def test_readings_use_the_declared_index_and_skip_cards_without_metrics() -> Non
     assert [(r.key.gpu_index, r.metrics.temperature_c) for r in readings] == [(3, 50.0)]
 
 
+def test_metrics_are_filed_at_the_telemetry_time_never_the_health_counters_time() -> None:
+    stats: list[dict[str, object]] = [
+        # counters read at 10:00:50, telemetry at 10:01:15: the metrics belong to 10:01
+        {"index": 0, "sampled_at": "2026-03-01T10:00:50Z", "telemetry_at": "2026-03-01T10:01:15Z", "power_w": 300},
+        {"index": 1, "sampled_at": "2026-03-01T10:00:50Z", "power_w": 200},  # no telemetry time: received
+    ]
+    readings = metric_readings_from_stats(stats, node_id=NodeId("n1"), source="real", received_at=T0)
+    assert [r.sampled_at for r in readings] == [datetime(2026, 3, 1, 10, 1, 15, tzinfo=UTC), T0]
+
+
 def test_a_minute_closes_after_its_end_plus_grace_with_min_avg_max_of_known_values() -> None:
     agg = MinuteAggregator(grace=timedelta(seconds=5))
     agg.add(reading(T0, temperature_c=40, power_w=None))

@@ -89,9 +89,18 @@ class _Http:
         return client
 
     async def post(
-        self, base_url: str, path: str, body: BaseModel, answer: type[_M], *, ok: tuple[int, ...] = (200,)
+        self,
+        base_url: str,
+        path: str,
+        body: BaseModel,
+        answer: type[_M],
+        *,
+        ok: tuple[int, ...] = (200,),
+        timeout_sec: float | None = None,
     ) -> _M:
-        response = await self.send(base_url, "POST", path, body.model_dump_json(exclude_none=True))
+        response = await self.send(
+            base_url, "POST", path, body.model_dump_json(exclude_none=True), timeout_sec=timeout_sec
+        )
         if response.status_code not in ok:
             raise PeerRejectedError(
                 f"POST {base_url}{path}: HTTP {response.status_code}: {_detail(response)}",
@@ -99,9 +108,12 @@ class _Http:
             )
         return _parse(response, answer)
 
-    async def send(self, base_url: str, method: str, path: str, content: str | None = None) -> httpx.Response:
+    async def send(
+        self, base_url: str, method: str, path: str, content: str | None = None, *, timeout_sec: float | None = None
+    ) -> httpx.Response:
+        timeout = self._timeout if timeout_sec is None else max(timeout_sec, self._timeout)
         try:
-            return await self._client(base_url).request(method, path, content=content, headers=_JSON)
+            return await self._client(base_url).request(method, path, content=content, headers=_JSON, timeout=timeout)
         except httpx.HTTPError as exc:
             raise PeerUnavailableError(f"{method} {base_url}{path}: {type(exc).__name__}: {exc}") from exc
 
@@ -128,6 +140,11 @@ def _parse(response: httpx.Response, answer: type[_M]) -> _M:
         raise PeerRejectedError(
             f"{response.request.url}: unexpected answer: {exc.errors()[0]['msg']}", status_code=response.status_code
         ) from exc
+
+
+ENGINES_RESTART_TIMEOUT_SEC = 30.0
+"""How long a NodeManager may take to stop and relaunch its engines (its stop grace is 5 s by default; the stops
+run concurrently)."""
 
 
 class NodeManagerClient:
@@ -162,7 +179,11 @@ class NodeManagerClient:
         return await self._http.post(url, NM_ENGINES_STOP_PATH, request, EnginesResponse)
 
     async def restart_engines(self, url: str, request: EnginesStartRequest) -> EnginesResponse:
-        return await self._http.post(url, NM_ENGINES_RESTART_PATH, request, EnginesResponse)
+        # a restart first stops the pod's engines, each allowed the NodeManager's stop grace (SIGTERM, then
+        # SIGKILL; a hung engine uses all of it): longer than a plain request may take
+        return await self._http.post(
+            url, NM_ENGINES_RESTART_PATH, request, EnginesResponse, timeout_sec=ENGINES_RESTART_TIMEOUT_SEC
+        )
 
     async def node_status(self, url: str) -> dict[str, Any]:
         response = await self._http.send(url, "GET", NM_STATUS_PATH)

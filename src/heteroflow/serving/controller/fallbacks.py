@@ -16,6 +16,7 @@ failed attempt leaves the instance in RECONFIGURING with ``last_error`` and is t
 from __future__ import annotations
 
 import asyncio
+import uuid
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
@@ -38,7 +39,8 @@ RETRY_BACKOFF_SEC = (1.0, 5.0, 15.0, 60.0)
 
 
 async def run_fallback(ctrl: Controller, inst: Instance, fallback: rt.FallbackStrategy) -> None:
-    request_id = f"fb-{inst.runtime.generation}-{fallback.value}"
+    # unique per run, like a round's: several instances fall back at the same generation (one node's fault)
+    request_id = f"fb-{uuid.uuid4().hex[:16]}"
     record = ctrl.history.begin(request_id, instance_id=inst.instance_id, kind="fallback")
     ctrl.history.add(request_id, "fallback", strategy=fallback.value, reason=inst.runtime.last_error)
     attempt = 0

@@ -52,6 +52,9 @@ class RoundHistory:
         self._rounds: OrderedDict[str, RoundRecord] = OrderedDict()
 
     def begin(self, request_id: str, *, instance_id: str, kind: str) -> RoundRecord:
+        """A new record; :class:`ValueError` for an id already kept (one id is one round's timeline)."""
+        if request_id in self._rounds:
+            raise ValueError(f"round {request_id!r} is already recorded")
         record = RoundRecord(
             request_id=request_id,
             instance_id=instance_id,

@@ -587,11 +587,13 @@ class NodeManager:
                 dead_ranks=frozenset(self._state.retired),
             )
             stopped: list[int] = []
-            if restart:
-                for eid in sorted(self.spec.endpoint_ids):
-                    grace = self.settings.engine_stop_grace_sec
-                    if await asyncio.to_thread(self.supervisor.stop, eid, grace_sec=grace):
-                        stopped.append(eid)
+            if restart:  # all at once: a hung engine uses its whole stop grace, and must not add it to the others'
+                grace = self.settings.engine_stop_grace_sec
+                ids = sorted(self.spec.endpoint_ids)
+                results = await asyncio.gather(
+                    *(asyncio.to_thread(self.supervisor.stop, eid, grace_sec=grace) for eid in ids)
+                )
+                stopped = [eid for eid, was_stopped in zip(ids, results, strict=True) if was_stopped]
             started = self.launch_engines()
             return EnginesResponse(
                 stopped_endpoint_ids=stopped,
