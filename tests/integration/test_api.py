@@ -183,6 +183,33 @@ def test_malformed_heartbeat_bodies_get_4xx_never_5xx(harness: Harness) -> None:
     assert harness.client.post(f"/api/v1/nodes/{node}/heartbeat", json=too_many, headers=headers).status_code == 422
 
 
+def test_a_beat_with_times_outside_the_calendar_is_accepted_with_those_times_unknown(harness: Harness) -> None:
+    """Both were a 500 (OverflowError converting to UTC): one agent's odd clock failed its own beat."""
+    agent = harness.token("agent")
+    node = harness.register(agent, "n1")
+    stats = [{"index": 0, "uuid": "GPU-0", "sampled_at": "9999-12-31T23:59:59-01:00", "retired_pages": 1}]
+    events = [{"index": 0, "xid": 79, "occurred_at": "0001-01-01T00:00:00+01:00"}]
+    response = harness.beat(agent, node, stats, xid_events=events)
+    assert response.status_code == 200, response.text
+    assert response.json()["xid_events"]["rejected"] == ["xid_events[0]: occurred_at must be an ISO-8601 time"]
+
+
+def test_bodies_too_large_too_deep_or_not_text_get_4xx_in_the_servers_error_shape(harness: Harness) -> None:
+    agent = harness.token("agent")
+    headers = {**harness.auth(agent), "content-type": "application/json"}
+    for raw, status, code in [
+        (b'{"hostname": "' + b"a" * (1 << 20) + b'"}', 413, "body_too_large"),
+        (b"[" * 10_000 + b"]" * 10_000, 400, "invalid_body"),  # past CPython's recursion limit
+        (b'{"a": ' * 40 + b"1" + b"}" * 40, 400, "invalid_body"),  # deeper than 32 levels
+        # not text: FastAPI's own answer was {"detail": "There was an error parsing the body"}
+        (b'{"hostname": "\xff"}', 400, "invalid_body"),
+    ]:
+        response = harness.client.post("/api/v1/nodes/register", content=raw, headers=headers)
+        assert response.status_code == status, (raw[:20], response.text)
+        assert response.json()["error"] == code
+        assert response.json()["detail"]
+
+
 def test_samples_are_ascending_bounded_and_truncated_keeping_the_newest(harness: Harness) -> None:
     agent = harness.token("agent")
     reader = harness.token("nodes:read")
@@ -221,6 +248,28 @@ def test_sample_parameters_out_of_range_get_400(harness: Harness, params: dict[s
     response = harness.get(reader, "/api/v1/gpu-health/samples", node_id=node, gpu_index=0, **params)
     assert response.status_code == 400
     assert message in response.json()["detail"]
+
+
+@pytest.mark.parametrize("when", ["0001-01-01T00:00:00+01:00", "9999-12-31T23:59:59-01:00"])
+def test_a_time_outside_the_calendar_once_in_utc_gets_422_on_every_time_parameter(harness: Harness, when: str) -> None:
+    """Each of these was a 500 (OverflowError converting to UTC)."""
+    agent = harness.token("agent")
+    reader = harness.token("nodes:read")
+    node = harness.register(agent, "n1")
+    for path, params in [
+        ("/api/v1/gpu-health/samples", {"node_id": node, "gpu_index": 0, "since": when}),
+        ("/api/v1/gpu-health/capabilities", {"since": when}),
+        (f"/api/v1/nodes/{node}/gpu-metrics", {"since": when}),
+        ("/api/v1/hardware-events", {"since": when}),
+        ("/api/v1/gpu-health/predictions", {"since": when}),
+        ("/api/v1/gpu-health/predictions", {"until": when}),
+        ("/api/v1/gpu-health/prediction-stats", {"since": when}),
+    ]:
+        response = harness.get(reader, path, **params)
+        assert response.status_code == 422, (path, params, response.text)
+        assert "outside years 1 to 9999" in response.text
+    # the same instants without an offset are within the calendar: accepted
+    assert harness.get(reader, "/api/v1/gpu-health/capabilities", since=when[:19]).status_code == 200
 
 
 def test_samples_require_node_and_index(harness: Harness) -> None:

@@ -405,14 +405,15 @@ def test_the_holder_renews_its_lease_during_a_tick_longer_than_the_lease(engine:
 
     from heteroflow.core.clock import SystemClock
 
-    fast = {"lease_seconds": 0.6, "tick_minutes": 0.001}
+    lease = 2.0  # renewed every 0.67 s: a renewal would have to be late by 1.3 s for the lease to lapse
+    fast = {"lease_seconds": lease, "tick_minutes": 0.001}
     ticking: list[str] = []
     finished = threading.Event()
 
     def slow_tick(name: str) -> Callable[[], None]:
         def tick() -> None:
             ticking.append(name)
-            finished.wait(timeout=10)  # held until the test has watched three lease lifetimes go by
+            finished.wait(timeout=20)  # held until the test has watched two lease lifetimes go by
 
         return tick
 
@@ -427,7 +428,7 @@ def test_the_holder_renews_its_lease_during_a_tick_longer_than_the_lease(engine:
             assert time.monotonic() < deadline, "nobody ticked"
             time.sleep(0.02)
         started = time.monotonic()
-        while time.monotonic() - started < 3 * 0.6:
+        while time.monotonic() - started < 2 * lease:
             assert len(ticking) == 1, ticking  # the other server never took the lease while the tick ran
             time.sleep(0.02)
         finished.set()

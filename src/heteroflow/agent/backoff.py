@@ -13,3 +13,15 @@ def backoff_delay(failures: int, *, initial_s: float, max_s: float) -> float:
         return 0.0
     exponent = min(failures - 1, 32)
     return float(min(max_s, initial_s * (2**exponent)))
+
+
+def retry_delay(failures: int, *, retry_after_s: float | None, initial_s: float, max_s: float) -> float:
+    """Seconds to wait before the next attempt: the backoff, but never sooner than the server's Retry-After.
+
+    An overloaded server answers 503 with Retry-After; coming back earlier only adds to its load. The
+    Retry-After is capped at ``max_s`` so that a confused server cannot park the agent for hours.
+    """
+    delay = backoff_delay(failures, initial_s=initial_s, max_s=max_s)
+    if retry_after_s is None:
+        return delay
+    return max(delay, min(retry_after_s, max_s))

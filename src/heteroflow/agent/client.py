@@ -3,7 +3,8 @@
 Errors (one tree, foreign errors translated here with ``raise … from``)::
 
     PlatformError
-    ├── ServerUnavailableError   connection refused/reset, timeout, 5xx: retry with backoff
+    ├── ServerUnavailableError   connection refused/reset, timeout, 5xx, 429: retry with backoff, not before
+    │                            the server's Retry-After (an overloaded server answers 503 + Retry-After)
     ├── NodeGoneError            404 on heartbeat: the node was deleted, register again
     └── PermanentError           401/403/409/422: retrying the same request cannot help
 """
@@ -24,7 +25,12 @@ class PlatformError(Exception):
 
 
 class ServerUnavailableError(PlatformError):
-    """The server could not be reached or failed; the same request may succeed later."""
+    """The server could not be reached, failed or is overloaded; the same request may succeed later."""
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        """The server's Retry-After in seconds, when it sent one: the earliest useful retry."""
 
 
 class NodeGoneError(PlatformError):
@@ -67,6 +73,16 @@ class PlatformClient(Protocol):
     def close(self) -> None: ...
 
 
+def retry_after_seconds(value: str | None) -> float | None:
+    """A Retry-After header in its delay-seconds form, in seconds; ``None`` if absent or not a number of seconds.
+
+    The HTTP-date form is not read: the platform sends seconds, and an unreadable value only means the
+    agent's own backoff decides. Purely computational.
+    """
+    text = (value or "").strip()
+    return float(text) if text.isdigit() else None
+
+
 def _detail(response: httpx.Response) -> str:
     try:
         body = response.json()
@@ -100,8 +116,12 @@ class HttpPlatformClient:
             response = self._http.post(path, json=dict(body))
         except httpx.HTTPError as exc:
             raise ServerUnavailableError(f"{type(exc).__name__}: {exc}") from exc
-        if response.status_code >= 500:
-            raise ServerUnavailableError(f"server answered {response.status_code}: {_detail(response)}")
+        if response.status_code >= 500 or response.status_code == 429:
+            # 503 and 429 are how an overloaded server says "later": retrying is right, stopping would not be
+            raise ServerUnavailableError(
+                f"server answered {response.status_code}: {_detail(response)}",
+                retry_after_s=retry_after_seconds(response.headers.get("retry-after")),
+            )
         return response
 
     def register(self, registration: Registration) -> Registered:

@@ -14,12 +14,11 @@ from datetime import datetime
 
 import structlog
 
-from heteroflow.agent.backoff import backoff_delay
+from heteroflow.agent.backoff import retry_delay
 from heteroflow.agent.client import (
     NodeGoneError,
     PermanentError,
     PlatformClient,
-    PlatformError,
     Registration,
     ServerUnavailableError,
 )
@@ -162,13 +161,15 @@ class Agent:
             self._last_error = None
             self._last_beat_at = self._clock.now()
 
-    def _record_failure(self, exc: PlatformError) -> float:
+    def _record_failure(self, exc: ServerUnavailableError) -> float:
         with self._lock:
             self._failed += 1
             self._consecutive += 1
             self._last_error = f"{type(exc).__name__}: {exc}"
             failures = self._consecutive
-        delay = backoff_delay(failures, initial_s=self._backoff[0], max_s=self._backoff[1])
+        delay = retry_delay(
+            failures, retry_after_s=exc.retry_after_s, initial_s=self._backoff[0], max_s=self._backoff[1]
+        )
         _log.warning("agent.server_unreachable", error=self._last_error, retry_in_s=delay)
         return delay
 

@@ -38,3 +38,6 @@ def configure_logging(*, level: str = "info", json: bool = True) -> None:
         cache_logger_on_first_use=False,
     )
     logging.basicConfig(level=numeric, stream=sys.stderr, format="%(levelname)s %(name)s %(message)s", force=True)
+    # httpx logs every request's whole URL at INFO, and some URLs are credentials: a webhook carries its secret in
+    # the path, the query or as user:password@. Its failures still reach the log through our own lines.
+    logging.getLogger("httpx").setLevel(max(numeric, logging.WARNING))

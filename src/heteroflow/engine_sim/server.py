@@ -4,6 +4,8 @@ Error mapping, in one place:
 
 - OpenAI routes: malformed input → 400, unknown model → 404, engine not healthy or request aborted → 503,
   all with vLLM's ``{"error": {"message", "type", "code"}}`` body.
+- Every route: a body over 1 MiB → 413, JSON nested deeper than 32 levels → 400, in the route's error shape
+  (:mod:`heteroflow.core.request_body`), before the route runs.
 - FT routes: a body that is not a protocol message → 400 ``{"error": …}``;
   a well-formed command → 202, whether the engine accepts it or rejects it. Upstream forwards the command
   to the engine core in a background task and answers 202 before the engine decides, so the outcome —
@@ -12,7 +14,7 @@ Error mapping, in one place:
   OpenAI route and both FT routes need ``Authorization: Bearer <token>`` (missing or wrong → 401), checked
   before anything else; ``/health`` and ``/metrics`` stay open, as in vLLM. With no token configured those
   routes are open (vLLM without ``--api-key``; the server binds loopback by default) and the sim-only
-  routes (``/sim/…``) answer 403; with one, the sim-only routes need it too.
+  routes (``/sim/…``) answer 403; with one, the sim-only routes need it too, checked before their body.
 
 Nothing maps to 500.
 """
@@ -31,11 +33,20 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from heteroflow.core.openapi import json_request_body
+from heteroflow.core.request_body import BodyError, BodyLimit, parse_json
 from heteroflow.engine_sim import vocab
 from heteroflow.engine_sim.backend import FaultKind
 from heteroflow.engine_sim.engine import EngineCore, EngineUnavailableError, RequestAbortedError
 from heteroflow.engine_sim.metrics import CONTENT_TYPE, EngineMetrics
-from heteroflow.engine_sim.protocol import ProtocolError, apply_path, parse_apply_request, status_path
+from heteroflow.engine_sim.protocol import (
+    ApplyAccepted,
+    ApplyRequest,
+    ProtocolError,
+    apply_path,
+    parse_apply_request,
+    status_path,
+)
 from heteroflow.platform.auth import bearer_matches
 
 SIM_PREFIX = "/sim"
@@ -59,7 +70,8 @@ class _SimAuthError(Exception):
 
 
 class _TokenGate:
-    """ASGI middleware: the cluster token on the OpenAI and FT routes, before routing and body parsing."""
+    """ASGI middleware: the cluster token on the OpenAI, FT and sim-only routes, before routing and body parsing
+    (a fault injection with a malformed body and no token is a 401, not a 400 that describes the body)."""
 
     def __init__(self, app: ASGIApp, *, token: str, ft_paths: frozenset[str]) -> None:
         self.app = app
@@ -68,19 +80,62 @@ class _TokenGate:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
-        if path in self.ft_paths or path.startswith("/v1/"):
+        sim_only = path.startswith(SIM_PREFIX + "/")
+        if path in self.ft_paths or sim_only or path.startswith("/v1/"):
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
             if not bearer_matches(headers.get("authorization"), self.token):
                 message = "a valid cluster token is required (Authorization: Bearer <token>)"
                 body: dict[str, Any] = (
                     {"error": message}
-                    if path in self.ft_paths
+                    if path in self.ft_paths or sim_only
                     else {"error": {"message": message, "type": "AuthenticationError", "param": None, "code": 401}}
                 )
                 response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
+
+
+class OpenAiErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class OpenAiErrorOut(BaseModel):
+    """vLLM's error answer on the OpenAI routes."""
+
+    error: OpenAiErrorDetail
+
+
+class PlainErrorOut(BaseModel):
+    """The error answer of the FT and sim-only routes."""
+
+    error: str
+
+
+_ERRORS: dict[int, str] = {
+    400: "Malformed input: not the route's body, JSON nested too deeply, or a value out of range.",
+    401: "A cluster token is configured and the request does not carry it.",
+    403: "Fault injection is disabled: no cluster token is configured.",
+    404: "The model is not the one this engine serves.",
+    413: "The body is larger than 1 MiB.",
+    503: "The engine is not serving (recovering, failed) or the request was aborted: retry elsewhere.",
+}
+
+
+def _errors(model: type[BaseModel], *codes: int) -> dict[int | str, dict[str, Any]]:
+    return {code: {"model": model, "description": _ERRORS[code]} for code in codes}
+
+
+_COMPLETION_ANSWERS: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The completion; with stream true, server-sent events ending with data: [DONE].",
+        "content": {"application/json": {}, "text/event-stream": {}},
+    },
+    **_errors(OpenAiErrorOut, 400, 401, 404, 413, 503),
+}
 
 
 class CompletionRequest(BaseModel):
@@ -131,8 +186,16 @@ def create_app(
     max_tokens_limit: int,
 ) -> FastAPI:
     app = FastAPI(title="HeteroFlow engine simulator", docs_url=None, redoc_url=None, openapi_url=None)
+    ft_paths = frozenset({status_path(ft_path_prefix), apply_path(ft_path_prefix)})
+
+    def refused_body(path: str, exc: BodyError) -> dict[str, object]:
+        if path.startswith("/v1/") and path not in ft_paths:
+            return _openai_error_body(exc.status, "BadRequestError", str(exc))
+        return {"error": str(exc)}
+
+    # the token gate is added last, so it runs first: an anonymous body is never read
+    app.add_middleware(BodyLimit, render=refused_body)
     if cluster_token:
-        ft_paths = frozenset({status_path(ft_path_prefix), apply_path(ft_path_prefix)})
         app.add_middleware(_TokenGate, token=cluster_token, ft_paths=ft_paths)
     created = int(time.time())
 
@@ -157,19 +220,19 @@ def create_app(
         return JSONResponse({"error": exc.message}, status_code=exc.status_code, headers=headers)
 
     # -- liveness and models -------------------------------------------------------------------------
-    @app.get("/health")
+    @app.get("/health", response_class=Response)
     async def health() -> Response:
         """Liveness only: 200 while the process serves HTTP, whatever the FT status."""
         return Response(status_code=200)
 
     metrics = EngineMetrics(core.status)
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response)
     async def prometheus() -> Response:
         """Unauthenticated, like vLLM's own /metrics."""
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=_errors(OpenAiErrorOut, 401))
     async def models() -> dict[str, Any]:
         return {
             "object": "list",
@@ -200,7 +263,7 @@ def create_app(
             raise _OpenAiError(400, "BadRequestError", f"the prompt is longer than {MAX_PROMPT_TOKENS} tokens")
 
     # -- completions ---------------------------------------------------------------------------------
-    @app.post("/v1/completions", response_model=None)
+    @app.post("/v1/completions", response_model=None, responses=_COMPLETION_ANSWERS)
     async def completions(body: CompletionRequest) -> Response:
         check_model(body.model)
         check_max_tokens(body.max_tokens)
@@ -231,7 +294,7 @@ def create_app(
             }
         )
 
-    @app.post("/v1/chat/completions", response_model=None)
+    @app.post("/v1/chat/completions", response_model=None, responses=_errors(OpenAiErrorOut, 400, 401, 404, 413, 503))
     async def chat_completions(body: ChatCompletionRequest) -> Response:
         check_model(body.model)
         max_tokens = body.max_completion_tokens or body.max_tokens or 16
@@ -265,17 +328,22 @@ def create_app(
         )
 
     # -- fault tolerance -----------------------------------------------------------------------------
-    @app.get(status_path(ft_path_prefix))
+    @app.get(status_path(ft_path_prefix), responses=_errors(PlainErrorOut, 401))
     async def ft_status() -> dict[str, Any]:
         return core.ft_status().wire()
 
-    @app.post(apply_path(ft_path_prefix))
+    @app.post(
+        apply_path(ft_path_prefix),
+        status_code=202,
+        responses={202: {"model": ApplyAccepted}, **_errors(PlainErrorOut, 400, 401, 413)},
+        openapi_extra=json_request_body(ApplyRequest),
+    )
     async def ft_apply(request: Request) -> JSONResponse:
         raw = await request.body()
         try:
-            body = json.loads(raw) if raw else None
-        except (ValueError, UnicodeDecodeError):
-            return JSONResponse({"error": "the body is not valid JSON"}, status_code=400)
+            body = parse_json(raw) if raw else None
+        except BodyError as exc:
+            return JSONResponse({"error": str(exc)}, status_code=exc.status)
         try:
             command = parse_apply_request(body)
         except ProtocolError as exc:
@@ -296,13 +364,13 @@ def create_app(
         if not bearer_matches(authorization, cluster_token):
             raise _SimAuthError(401, "a valid cluster token is required (Authorization: Bearer <token>)")
 
-    @app.post(f"{SIM_PREFIX}/faults", status_code=202)
+    @app.post(f"{SIM_PREFIX}/faults", status_code=202, responses=_errors(PlainErrorOut, 400, 401, 403, 413))
     async def inject(body: FaultInjection, authorization: Annotated[str | None, Header()] = None) -> dict[str, Any]:
         require_token(authorization)
         core.inject(body.kind, delay_sec=body.delay_sec)
         return {"injected": body.kind.value, "dp_rank": core.state.rank}
 
-    @app.get(f"{SIM_PREFIX}/info")
+    @app.get(f"{SIM_PREFIX}/info", responses=_errors(PlainErrorOut, 400, 401, 403))
     async def info(authorization: Annotated[str | None, Header()] = None) -> dict[str, Any]:
         require_token(authorization)
         return core.info()
@@ -310,11 +378,12 @@ def create_app(
     return app
 
 
+def _openai_error_body(status_code: int, kind: str, message: str) -> dict[str, object]:
+    return {"error": {"message": message, "type": kind, "param": None, "code": status_code}}
+
+
 def _openai_error(status_code: int, kind: str, message: str) -> JSONResponse:
-    return JSONResponse(
-        {"error": {"message": message, "type": kind, "param": None, "code": status_code}},
-        status_code=status_code,
-    )
+    return JSONResponse(_openai_error_body(status_code, kind, message), status_code=status_code)
 
 
 def _text_of(content: str | list[dict[str, Any]]) -> str:

@@ -12,6 +12,7 @@ import contextlib
 import threading
 from dataclasses import dataclass
 from typing import Any, Literal
+from urllib.parse import urlsplit
 
 import httpx
 import structlog
@@ -191,7 +192,10 @@ class AlertNotifier:
                     if attempt >= self._settings.max_attempts:
                         self.dropped_total += 1
                         _log.warning(
-                            "alert.delivery_gave_up", target=target, alert_id=event.alert.id, error=str(exc)[:200]
+                            "alert.delivery_gave_up",
+                            target=receiver_origin(target),
+                            alert_id=event.alert.id,
+                            error=str(exc)[:200],
                         )
                     else:
                         delay = min(60.0, self._settings.retry_initial_seconds * 2 ** (attempt - 1))
@@ -219,7 +223,20 @@ class AlertNotifier:
             url, body = target, webhook_payload(event)
         response = await client.post(url, json=body, headers={"User-Agent": "heteroflow-alerts"})
         if response.status_code >= 300:
-            raise _RejectedError(f"{url} answered {response.status_code}")
+            raise _RejectedError(f"{receiver_origin(url)} answered {response.status_code}")
+
+
+def receiver_origin(url: str) -> str:
+    """``scheme://host[:port]`` of a receiver URL, which is all a log line shows of it: webhook URLs carry their
+    credential in the path or the query (Slack, Teams, most chat hooks) or as ``user:password@``."""
+    parts = urlsplit(url)
+    host = parts.hostname or "?"
+    host = f"[{host}]" if ":" in host else host
+    try:
+        port = parts.port
+    except ValueError:  # not a number: the receiver is unreachable anyway, and the host says which one
+        port = None
+    return f"{parts.scheme}://{host}" + (f":{port}" if port else "")
 
 
 class _RejectedError(Exception):

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections.abc import AsyncIterator
 from typing import Annotated, Any
 
 import sqlalchemy as sa
-from fastapi import Depends, FastAPI
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from sqlalchemy.engine import Engine
 
 import heteroflow
+from heteroflow.core.admission import AdmissionGate, AdmissionLimit, Scope, watch_loop_lag
 from heteroflow.core.clock import Clock, SystemClock
+from heteroflow.core.request_body import BodyLimit
 from heteroflow.core.ttl_cache import TtlCache
 from heteroflow.health.ingest import HealthIngestor
 from heteroflow.health.metrics_settings import GpuMetricsSettings
@@ -21,9 +26,9 @@ from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform.auth import Principal
 from heteroflow.platform.liveness import LivenessTracker
 from heteroflow.server.alert_delivery import AlertDeliverySettings, AlertNotifier
-from heteroflow.server.auth import authenticate
+from heteroflow.server.auth import authenticate, invalid_request
 from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import install_error_handlers
+from heteroflow.server.errors import install_error_handlers, overloaded, refused_body
 from heteroflow.server.gpu_metrics import GpuMetricsRecorder
 from heteroflow.server.maintenance import run_maintenance
 from heteroflow.server.metrics import ServerMetrics
@@ -109,7 +114,15 @@ def build_context(
         metrics_recorder=recorder,
         token_cache=TtlCache(ttl_seconds=settings.auth_cache_seconds, max_entries=10_000),
         node_cache=TtlCache(ttl_seconds=settings.node_cache_seconds, max_entries=100_000),
+        heartbeat_admission=AdmissionGate(
+            max_in_flight=settings.max_in_flight_heartbeats, max_lag_s=settings.heartbeat_shed_lag_seconds
+        ),
     )
+
+
+def _is_heartbeat(scope: Scope) -> bool:
+    path: str = scope["path"]
+    return scope["method"] == "POST" and path.startswith("/api/v1/nodes/") and path.endswith("/heartbeat")
 
 
 def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = True) -> FastAPI:
@@ -120,7 +133,10 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
         ctx.ingestor.start()
         ctx.notifier.start()
         ctx.metrics_recorder.start()
-        tasks = [asyncio.create_task(run_maintenance(ctx), name="maintenance")]
+        tasks = [
+            asyncio.create_task(run_maintenance(ctx), name="maintenance"),
+            asyncio.create_task(watch_loop_lag(ctx.heartbeat_admission), name="loop-lag"),
+        ]
         if ctx.prediction_settings.enabled and run_worker:
             tasks.append(asyncio.create_task(ctx.worker.run(), name="prediction-worker"))
         try:
@@ -145,6 +161,21 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
     )
     app.state.context = ctx
     install_error_handlers(app)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return await invalid_request(request, exc)
+
+    app.add_middleware(BodyLimit, render=refused_body)  # size and depth, before FastAPI parses a body
+    # added last, so it runs first: a refused heartbeat costs no body read at all
+    app.add_middleware(
+        AdmissionLimit,
+        gate=ctx.heartbeat_admission,
+        applies=_is_heartbeat,
+        retry_after_s=max(1, math.ceil(ctx.settings.heartbeat_interval_seconds)),
+        render=overloaded,
+        on_refused=lambda _, why: ctx.metrics.heartbeats_refused.labels(reason=why).inc(),
+    )
     for routes in (
         node_routes,
         gpu_health_routes,

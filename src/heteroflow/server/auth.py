@@ -7,6 +7,9 @@ from collections.abc import Awaitable, Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
+from fastapi.exception_handlers import request_validation_exception_handler
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from heteroflow.core.errors import StoreUnavailableError
@@ -14,7 +17,7 @@ from heteroflow.core.ids import NodeId
 from heteroflow.platform.auth import Principal, Scope, hash_token
 from heteroflow.platform.nodes import NodeRecord
 from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import Forbidden, NotFound, Unauthorized
+from heteroflow.server.errors import Forbidden, NotFound, ServiceUnavailable, Unauthorized, error_response
 
 _bearer = HTTPBearer(auto_error=False, description="An API token: Authorization: Bearer hf_…")
 
@@ -56,6 +59,23 @@ async def authenticate(
     return principal
 
 
+async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+    """FastAPI's 422 for a request the route cannot read, but the 401 first to a caller without a valid token.
+
+    FastAPI decodes a JSON body before it resolves the route's dependencies, so a body that is not JSON would be
+    described to a caller who never showed a token. Every other validation error comes after the dependencies,
+    the token check included, and passes through unchanged.
+    """
+    if any(error.get("type") == "json_invalid" for error in exc.errors()):
+        try:
+            await authenticate(request, await _bearer(request))
+        except Unauthorized as refused:
+            return error_response(refused)
+        except StoreUnavailableError:
+            return error_response(ServiceUnavailable("the database is unavailable; retry later"))
+    return await request_validation_exception_handler(request, exc)
+
+
 def require(scope: Scope) -> Callable[..., Awaitable[Principal]]:
     """A dependency that authenticates and demands ``scope`` (``admin`` grants every scope)."""
 
@@ -65,6 +85,21 @@ def require(scope: Scope) -> Callable[..., Awaitable[Principal]]:
         return principal
 
     dependency.__name__ = f"require_{scope.value.replace(':', '_')}"
+    return dependency
+
+
+def require_cluster_wide(scope: Scope) -> Callable[..., Awaitable[Principal]]:
+    """Like :func:`require`, and on a token without a tenant: the route's data covers every tenant's nodes (the
+    Prometheus series name them; the status counts them), so a tenant's token gets 403 whatever its scopes."""
+
+    async def dependency(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
+        if not principal.has(scope):
+            raise Forbidden(f"this route needs the {scope.value!r} scope")
+        if principal.tenant_id is not None:
+            raise Forbidden(f"this route covers every tenant: it needs {scope.value!r} on a token without a tenant")
+        return principal
+
+    dependency.__name__ = f"require_cluster_wide_{scope.value.replace(':', '_')}"
     return dependency
 
 

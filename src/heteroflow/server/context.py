@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 from sqlalchemy.engine import Engine
 
+from heteroflow.core.admission import AdmissionGate
 from heteroflow.core.clock import Clock
 from heteroflow.core.ids import NodeId
 from heteroflow.core.ttl_cache import TtlCache
@@ -52,6 +53,8 @@ class ServerContext:
     metrics_recorder: GpuMetricsRecorder
     token_cache: TtlCache[str, Principal]
     node_cache: TtlCache[NodeId, NodeRecord]
+    heartbeat_admission: AdmissionGate
+    """Which heartbeats are worked on under overload (:mod:`heteroflow.core.admission`)."""
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def forget_node(self, node_id: NodeId) -> None:

@@ -8,16 +8,29 @@
     ├── Conflict (409)       a registration contradicting an existing node
     └── ServiceUnavailable (503)  the database is unreachable; retry later
 
+    BodyError (heteroflow.core.request_body), answered before any route runs:
+    ├── BodyTooLargeError (413)     a body over 1 MiB
+    └── InvalidJsonBodyError (400)  JSON nested deeper than 32 levels
+
+    Overloaded (503 + Retry-After, heteroflow.core.admission), answered before any route runs: a heartbeat
+    beyond max_in_flight_heartbeats, or while the event loop lags more than heartbeat_shed_lag_seconds;
+    the agent retries after Retry-After
+
 Validation errors of request bodies keep FastAPI's 422 with the field locations. Nothing maps to 500.
 """
 
 from __future__ import annotations
 
+from typing import Any
+
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from heteroflow.core.admission import Refusal
+from heteroflow.core.request_body import BodyError
 from heteroflow.health.store import StoreUnavailableError
+from heteroflow.server.schemas import ErrorOut
 
 _log = structlog.get_logger(__name__)
 
@@ -61,11 +74,42 @@ class ServiceUnavailable(ApiError):
     code = "unavailable"
 
 
+_DESCRIPTIONS: dict[int, str] = {
+    400: "A parameter out of range, or a body nested deeper than 32 levels (bad_request, invalid_body).",
+    401: "Missing, malformed, unknown or revoked token (unauthorized).",
+    403: "A valid token without the route's scope (forbidden).",
+    404: "Absent, or outside the caller's tenant (not_found).",
+    409: "Contradicts the current state (conflict).",
+    413: "The body is larger than 1 MiB (body_too_large).",
+    503: "The database or the controller is unavailable; retry later (unavailable).",
+}
+
+
+def error_responses(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The documented error answers of a route: 401 and 503 (every route authenticates) and ``codes``."""
+    return {code: {"model": ErrorOut, "description": _DESCRIPTIONS[code]} for code in sorted({401, 503, *codes})}
+
+
+def refused_body(_: str, exc: BodyError) -> dict[str, object]:
+    """The error body of a request body refused by :class:`BodyLimit`."""
+    return {"error": exc.code, "detail": str(exc)}
+
+
+def overloaded(_: object, why: Refusal) -> dict[str, object]:
+    """The error body of a heartbeat refused by the admission gate (503 + Retry-After)."""
+    reason = "too many heartbeats in flight" if why == "busy" else "the server is behind on its work"
+    return {"error": "overloaded", "detail": f"{reason}; retry after the Retry-After seconds"}
+
+
+def error_response(exc: ApiError) -> JSONResponse:
+    headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+    return JSONResponse({"error": exc.code, "detail": exc.message}, status_code=exc.status_code, headers=headers)
+
+
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
-        return JSONResponse({"error": exc.code, "detail": exc.message}, status_code=exc.status_code, headers=headers)
+        return error_response(exc)
 
     @app.exception_handler(StoreUnavailableError)
     async def _store_unavailable(_: Request, exc: StoreUnavailableError) -> JSONResponse:

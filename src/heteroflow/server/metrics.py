@@ -44,6 +44,13 @@ class ServerMetrics:
             "SQL statements this server sent to the database (all paths).",
             registry=self.registry,
         )
+        self.heartbeats_refused = Counter(
+            "heteroflow_heartbeats_refused",
+            "Heartbeats answered 503 + Retry-After by the admission gate, by reason: busy (max_in_flight_heartbeats "
+            "in flight) or lagging (the event loop behind by more than heartbeat_shed_lag_seconds).",
+            ["reason"],
+            registry=self.registry,
+        )
         self.xid_event_failures = Counter(
             "heteroflow_xid_event_write_failures",
             "Heartbeats whose XID events could not be stored (the agent keeps and re-sends them).",

@@ -5,9 +5,21 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema
 
+from heteroflow.core.clock import utc
 from heteroflow.core.ids import Source
+
+
+def _utc_instant(value: datetime) -> datetime:
+    try:
+        return utc(value)
+    except OverflowError as exc:  # e.g. 0001-01-01T00:00+01:00 is in year 0 once in UTC
+        raise ValueError("the time is outside years 1 to 9999 once converted to UTC") from exc
+
+
+UtcTime = Annotated[datetime, AfterValidator(_utc_instant)]
+"""A time parameter, as an aware UTC datetime (naive values are taken as UTC); one outside the calendar is a 422."""
 
 MAX_GPU_STATS = 256
 MAX_XID_EVENTS = 1000

@@ -77,6 +77,29 @@ class ServerSettings(LenientSettings):
             "another server is refused (404, the agent re-registers) within one flush interval."
         ),
     )
+    max_in_flight_heartbeats: int = Field(
+        default=256,
+        ge=1,
+        validation_alias=env_names("server_max_in_flight_heartbeats"),
+        description=(
+            "Heartbeats the server works on at once (default 256); one more is answered 503 with Retry-After "
+            "(the heartbeat interval) before its body is read. Without a bound an overloaded server answers "
+            "every beat after the agents' 5 s timeout, so all its work is wasted; with it the admitted beats "
+            "stay fast. At about 3 ms of CPU per beat, 256 beats in flight are under a second of work."
+        ),
+    )
+    heartbeat_shed_lag_seconds: float = Field(
+        default=2.0,
+        gt=0,
+        validation_alias=env_names("server_heartbeat_shed_lag_seconds"),
+        description=(
+            "While the server's event loop runs this late (default 2 s), new heartbeats are answered 503 with "
+            "Retry-After until it catches up. A beat served from memory never waits inside the server, so "
+            "under overload the queue forms before it (sockets, the loop's ready queue), where the in-flight "
+            "bound cannot see it; the loop's lag is that wait. Under the agents' 5 s timeout with room for the "
+            "beat itself; lower, it refuses beats that would still have been answered in time."
+        ),
+    )
     log_level: str = Field(
         default="info",
         pattern="^(debug|info|warning|error)$",

@@ -11,6 +11,7 @@ from heteroflow.agent.client import (
     PermanentError,
     Registration,
     ServerUnavailableError,
+    retry_after_seconds,
 )
 from heteroflow.core.ids import NodeId
 
@@ -60,6 +61,7 @@ def test_register_and_beat_speak_the_wire_format() -> None:
         (404, NodeGoneError),
         (500, ServerUnavailableError),
         (503, ServerUnavailableError),
+        (429, ServerUnavailableError),
         (401, PermanentError),
         (422, PermanentError),
     ],
@@ -68,6 +70,25 @@ def test_heartbeat_errors_carry_their_retry_meaning(status: int, error: type[Exc
     client = client_for(httpx.MockTransport(lambda _: httpx.Response(status, json={"detail": "x"})))
     with pytest.raises(error):
         client.heartbeat(NodeId("abc"), {})
+
+
+@pytest.mark.parametrize("status", [503, 429])
+@pytest.mark.parametrize("method", ["register", "heartbeat"])
+def test_an_overloaded_server_means_retry_later_not_stop(status: int, method: str) -> None:
+    answer = httpx.Response(status, headers={"Retry-After": "7"}, json={"error": "overloaded"})
+    client = client_for(httpx.MockTransport(lambda _: answer))
+    with pytest.raises(ServerUnavailableError) as raised:
+        client.register(REG) if method == "register" else client.heartbeat(NodeId("abc"), {})
+    assert raised.value.retry_after_s == 7.0
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [("5", 5.0), (" 12 ", 12.0), ("0", 0.0), (None, None), ("", None), ("soon", None), ("-3", None),
+     ("Wed, 21 Oct 2015 07:28:00 GMT", None)],
+)  # fmt: skip
+def test_retry_after_is_read_in_seconds(header: str | None, seconds: float | None) -> None:
+    assert retry_after_seconds(header) == seconds
 
 
 def test_a_conflict_on_register_is_permanent() -> None:

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from heteroflow.agent.backoff import backoff_delay
+from heteroflow.agent.backoff import backoff_delay, retry_delay
 from heteroflow.agent.freshness import Cached, fresh, freshness_limit
 from heteroflow.agent.readings import HealthCollection, XidEvent
 from heteroflow.agent.xid_queue import XidQueue
@@ -72,3 +72,10 @@ def test_queue_invariants(ops: list[str], capacity: int) -> None:
 def test_backoff_doubles_and_caps() -> None:
     assert [backoff_delay(n, initial_s=1, max_s=30) for n in range(8)] == [0, 1, 2, 4, 8, 16, 30, 30]
     assert backoff_delay(10_000, initial_s=1, max_s=30) == 30
+
+
+def test_retry_after_is_a_floor_under_the_backoff_capped_by_its_maximum() -> None:
+    assert retry_delay(1, retry_after_s=None, initial_s=1, max_s=30) == 1
+    assert retry_delay(1, retry_after_s=5, initial_s=1, max_s=30) == 5  # an overloaded server's "come back in 5 s"
+    assert retry_delay(5, retry_after_s=5, initial_s=1, max_s=30) == 16  # the backoff is already longer
+    assert retry_delay(1, retry_after_s=3600, initial_s=1, max_s=30) == 30

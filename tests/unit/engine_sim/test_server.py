@@ -89,6 +89,33 @@ def test_with_a_cluster_token_openai_and_ft_routes_need_it(
     run(scenario)
 
 
+def test_bodies_too_deep_too_large_or_not_text_are_a_4xx_in_each_routes_error_shape() -> None:
+    deep = b"[" * 10_000 + b"]" * 10_000  # past CPython's recursion limit: the apply route's RecursionError was a 500
+    big = b'{"prompt": "' + b"a" * (1 << 20) + b'"}'
+    undecodable = b'{"prompt": "\xff"}'  # FastAPI's own answer was {"detail": "There was an error parsing the body"}
+
+    async def scenario(h: FakeEngineCluster) -> None:
+        client = h.client(0)
+        json_body = {"content-type": "application/json"}
+        for raw, status, fragment in [
+            (deep, 400, "nested deeper"),
+            (big, 413, "larger than"),
+            (undecodable, 400, "UTF-8"),
+        ]:
+            ft = await client.post("/v1/fault_tolerance/apply", content=raw, headers=json_body)
+            assert ft.status_code == status, ft.text
+            assert fragment in ft.json()["error"]
+            openai = await client.post("/v1/completions", content=raw, headers=json_body)
+            assert openai.status_code == status, openai.text
+            assert fragment in openai.json()["error"]["message"]
+            sim = await client.post("/sim/faults", content=raw, headers=json_body)
+            assert sim.status_code == status, sim.text
+            assert fragment in sim.json()["error"]
+        assert (await conformance.complete(h, 0, "still serving")).status_code == 200
+
+    run(scenario)
+
+
 def test_the_ft_route_prefix_is_configurable() -> None:
     async def scenario(h: FakeEngineCluster) -> None:
         assert (await h.client(0).get("/fault_tolerance/status")).json()["engines"] == [{"id": 0, "status": "healthy"}]

@@ -48,3 +48,31 @@ def test_parse_time() -> None:
     assert parse_time("2026-01-01T08:00:00+08:00") == NOW
     assert parse_time(1234) is None
     assert parse_time("x" * 100) is None
+    # an offset that moves the instant out of years 1..9999 once in UTC is unknown (it was an OverflowError,
+    # and the whole heartbeat a 500)
+    assert parse_time("0001-01-01T00:00:00+01:00") is None
+    assert parse_time("9999-12-31T23:59:59-01:00") is None
+    assert parse_time("9999-12-31T23:59:59Z") == datetime(9999, 12, 31, 23, 59, 59, tzinfo=UTC)
+
+
+OFFSETS = st.sampled_from(["", "Z", "+00:00", "+01:00", "-01:00", "+14:00", "-23:59", "+23:59:59.999999"])
+
+
+@given(st.datetimes(), OFFSETS)
+def test_parse_time_never_raises_on_any_iso_time_and_offset(when: datetime, offset: str) -> None:
+    parsed = parse_time(when.isoformat() + offset)
+    if parsed is not None:
+        assert parsed.tzinfo is UTC
+        if offset in ("", "Z", "+00:00"):
+            assert parsed == when.replace(tzinfo=UTC)
+
+
+@given(st.datetimes(), OFFSETS)
+def test_a_beat_with_any_sample_or_event_time_is_parsed_never_raises(when: datetime, offset: str) -> None:
+    text = when.isoformat() + offset
+    readings, invalid = readings_from_stats(
+        [{"index": 0, "sampled_at": text, "retired_pages": 1}], node_id=NodeId("n"), source="real", received_at=NOW
+    )
+    assert (len(readings), invalid) == (1, 0)
+    parsed, rejected = xid_events_from_wire([{"index": 0, "xid": 79, "occurred_at": text}])
+    assert len(parsed) + len(rejected) == 1

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import signal
+import threading
 from datetime import UTC, datetime
 from typing import Any
 
@@ -164,6 +165,27 @@ def test_bad_json_is_a_400() -> None:
         )
         assert response.status_code == 400
         assert "JSON" in response.json()["detail"]
+
+    run_instance(scenario)
+
+
+@pytest.mark.parametrize(
+    ("raw", "status", "fragment"),
+    [
+        (b"[" * 10_000 + b"]" * 10_000, 400, "nested deeper"),  # a RecursionError, a 500, before the limit
+        (b'{"a": ' * 40 + b"1" + b"}" * 40, 400, "nested deeper"),
+        (b'{"request_id": "r", "lease_sec": 5, "pad": "' + b"a" * (1 << 20) + b'"}', 413, "larger than"),
+        (b'{"request_id": "\xff", "lease_sec": 5}', 400, "not JSON"),
+    ],
+)
+def test_bodies_too_deep_too_large_or_not_text_are_a_4xx(raw: bytes, status: int, fragment: str) -> None:
+    async def scenario(h: Harness) -> None:
+        pod = h.pods["a"]
+        headers = {"Authorization": f"Bearer {TEST_CLUSTER_TOKEN}"}
+        response = await pod.http.post(NM_FT_GUARD_PATH, content=raw, headers=headers)
+        assert response.status_code == status, response.text
+        assert fragment in response.json()["detail"]
+        assert (await pod.http.get("/health")).status_code == 200
 
     run_instance(scenario)
 
@@ -540,6 +562,30 @@ def test_stop_start_and_restart_routes() -> None:
     run_instance(scenario)
 
 
+def test_a_restart_stops_the_pods_engines_all_at_once() -> None:
+    async def scenario(h: Harness) -> None:
+        pod = h.pods["a"]
+        # each stop waits until every engine of the pod is being stopped: stops one after another would break the
+        # barrier (a hung engine uses its whole grace, which must not add up over the pod's engines)
+        barrier = threading.Barrier(len(pod.nm.spec.endpoint_ids), timeout=5)
+        stop = pod.nm.supervisor.stop
+
+        def stop_together(endpoint_id: int, *, grace_sec: float) -> bool:
+            barrier.wait()
+            return stop(endpoint_id, grace_sec=grace_sec)
+
+        pod.nm.supervisor.stop = stop_together  # type: ignore[method-assign]
+        try:
+            restarted = await pod.post(NM_ENGINES_RESTART_PATH, {"retired_endpoint_ids": []})
+        finally:
+            pod.nm.supervisor.stop = stop  # type: ignore[method-assign]
+        assert restarted.status_code == 200
+        assert restarted.json()["stopped_endpoint_ids"] == [0, 1]
+        assert restarted.json()["started_endpoint_ids"] == [0, 1]
+
+    run_instance(scenario)
+
+
 def test_reports_wait_in_the_outbox_while_the_controller_is_down() -> None:
     async def scenario(h: Harness) -> None:
         h.controller.unavailable = True
@@ -640,7 +686,8 @@ def test_metrics_are_read_from_the_status() -> None:
     async def scenario(h: Harness) -> None:
         pod = h.pods["b"]
         await guard(h, "r", pods="b")
-        text = (await pod.http.get("/metrics")).text
+        assert (await pod.http.get("/metrics")).status_code == 401
+        text = (await pod.http.get("/metrics", headers={"Authorization": f"Bearer {TEST_CLUSTER_TOKEN}"})).text
         assert 'heteroflow_node_manager_engine_ready{endpoint="2",pod="pod-b"} 1.0' in text
         assert 'heteroflow_node_manager_engine_ft_status{endpoint="3",pod="pod-b",status="healthy"} 1.0' in text
         assert "heteroflow_node_manager_guard_frozen 1.0" in text

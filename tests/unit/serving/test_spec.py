@@ -144,6 +144,7 @@ def test_sim_command_line_and_relaunch_target() -> None:
         ({"dead_ranks": [9]}, "outside"),
         ({"vllm": None}, "needs a 'vllm' section"),
         ({"endpoints": []}, "at least 1"),
+        ({"dead_ranks": [-1]}, "greater than or equal to 0"),  # a negative rank broke every heartbeat later
     ],
 )
 def test_invalid_specs_are_refused(change: dict[str, object], message: str, tmp_path: Path) -> None:
@@ -151,6 +152,18 @@ def test_invalid_specs_are_refused(change: dict[str, object], message: str, tmp_
     path = tmp_path / "spec.json"
     path.write_text(json.dumps(raw))
     with pytest.raises(SpecError, match=message):
+        load_spec(path)
+
+
+@pytest.mark.parametrize(
+    ("name", "text"),
+    [("spec.json", "[" * 5000 + "]" * 5000), ("spec.toml", "a = " + "[" * 5000 + "]" * 5000)],
+)
+def test_a_spec_nested_too_deeply_is_refused(name: str, text: str, tmp_path: Path) -> None:
+    """Both decoders recurse once per level: this was a RecursionError, not a SpecError."""
+    path = tmp_path / name
+    path.write_text(text)
+    with pytest.raises(SpecError, match="nested too deeply"):
         load_spec(path)
 
 

@@ -10,11 +10,11 @@ from fastapi import APIRouter, Depends, Query
 from heteroflow.platform.auth import NodeScope, Principal, Scope
 from heteroflow.server.auth import context, require
 from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import Conflict, NotFound
+from heteroflow.server.errors import Conflict, NotFound, error_responses
 from heteroflow.server.schemas import AlertDetail, AlertEventOut, AlertList, AlertOut, ResolveRequest
 from heteroflow.storage.alert_store import AlertRecord
 
-router = APIRouter(prefix="/api/v1/alerts", tags=["alerts"])
+router = APIRouter(prefix="/api/v1/alerts", tags=["alerts"], responses=error_responses(403))
 
 Ctx = Annotated[ServerContext, Depends(context)]
 
@@ -66,7 +66,9 @@ async def list_alerts(
     return AlertList(items=[alert_out(a) for a in records], total=total, limit=limit, offset=offset)
 
 
-@router.get("/{alert_id}", response_model=AlertDetail, summary="One alert and its history")
+@router.get(
+    "/{alert_id}", response_model=AlertDetail, summary="One alert and its history", responses=error_responses(404)
+)
 async def get_alert(
     alert_id: str, ctx: Ctx, principal: Annotated[Principal, Depends(require(Scope.NODES_READ))]
 ) -> AlertDetail:
@@ -78,7 +80,12 @@ async def get_alert(
     )
 
 
-@router.post("/{alert_id}/resolve", response_model=AlertDetail, summary="Resolve an alert by hand")
+@router.post(
+    "/{alert_id}/resolve",
+    response_model=AlertDetail,
+    summary="Resolve an alert by hand",
+    responses=error_responses(400, 404, 409, 413),
+)
 async def resolve_alert(
     alert_id: str,
     body: ResolveRequest,

@@ -14,10 +14,10 @@ from heteroflow.health.counters import HEALTH_KEYS
 from heteroflow.platform.auth import NodeScope, Principal, Scope
 from heteroflow.server.auth import context, require, visible_node
 from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import BadRequest
-from heteroflow.server.schemas import CapabilitiesOut, CardCapabilityOut, SampleOut, SamplesOut
+from heteroflow.server.errors import BadRequest, error_responses
+from heteroflow.server.schemas import CapabilitiesOut, CardCapabilityOut, SampleOut, SamplesOut, UtcTime
 
-router = APIRouter(prefix="/api/v1/gpu-health", tags=["gpu-health"])
+router = APIRouter(prefix="/api/v1/gpu-health", tags=["gpu-health"], responses=error_responses(400, 403))
 
 Ctx = Annotated[ServerContext, Depends(context)]
 Reader = Annotated[Principal, Depends(require(Scope.NODES_READ))]
@@ -45,13 +45,18 @@ def _since(value: datetime | None, *, default: datetime) -> datetime:
     return utc(value) if value is not None else default
 
 
-@router.get("/samples", response_model=SamplesOut, summary="Raw health samples of one card slot")
+@router.get(
+    "/samples",
+    response_model=SamplesOut,
+    summary="Raw health samples of one card slot",
+    responses=error_responses(404),
+)
 async def samples(
     ctx: Ctx,
     principal: Reader,
     node_id: Annotated[str, Query(min_length=1, max_length=64)],
     gpu_index: Annotated[int, Query(ge=0, le=4095)],
-    since: datetime | None = None,
+    since: UtcTime | None = None,
     limit: Annotated[int, Query(description="1..20000, default 5000")] = 5000,
     source: SourceParam = "real",
 ) -> SamplesOut:
@@ -86,7 +91,7 @@ async def capabilities(
     ctx: Ctx,
     principal: Reader,
     source: SourceParam = "real",
-    since: datetime | None = None,
+    since: UtcTime | None = None,
 ) -> CapabilitiesOut:
     """One row per card (node, index, uuid) with samples in the period (default: the retention period)."""
     chosen = parse_source(source)

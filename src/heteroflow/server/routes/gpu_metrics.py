@@ -16,8 +16,10 @@ from heteroflow.health.gpu_metrics import METRIC_KEYS, Aggregate, MinuteRow, dow
 from heteroflow.platform.auth import Principal, Scope
 from heteroflow.server.auth import context, require, visible_node
 from heteroflow.server.context import ServerContext
+from heteroflow.server.errors import error_responses
+from heteroflow.server.schemas import UtcTime
 
-router = APIRouter(prefix="/api/v1/nodes", tags=["nodes"])
+router = APIRouter(prefix="/api/v1/nodes", tags=["nodes"], responses=error_responses(403, 404))
 
 Ctx = Annotated[ServerContext, Depends(context)]
 Reader = Annotated[Principal, Depends(require(Scope.NODES_READ))]
@@ -77,7 +79,7 @@ async def gpu_metrics(
     ctx: Ctx,
     principal: Reader,
     gpu_index: Annotated[int | None, Query(ge=0, le=4095)] = None,
-    since: datetime | None = None,
+    since: UtcTime | None = None,
     step: Annotated[int, Query(ge=60, le=86_400, description="seconds per point, a multiple of 60")] = 60,
 ) -> GpuMetricsOut:
     """Per-GPU series since ``since`` (default the last hour, at most the retention period), one point per

@@ -20,10 +20,11 @@ from heteroflow.core.ids import Source
 from heteroflow.platform.auth import NodeScope, Principal, Scope
 from heteroflow.server.auth import context, require
 from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import BadRequest
+from heteroflow.server.errors import BadRequest, error_responses
 from heteroflow.server.routes.gpu_health import SourceParam, parse_source
+from heteroflow.server.schemas import UtcTime
 
-router = APIRouter(prefix="/api/v1/hardware-events", tags=["gpu-health"])
+router = APIRouter(prefix="/api/v1/hardware-events", tags=["gpu-health"], responses=error_responses(400, 403))
 
 Ctx = Annotated[ServerContext, Depends(context)]
 Reader = Annotated[Principal, Depends(require(Scope.NODES_READ))]
@@ -50,7 +51,8 @@ class HardwareEventsOut(BaseModel):
 def parse_cursor(cursor: str) -> tuple[int, int]:
     """``"<last XID id>.<last sample id>"``; anything else is a 400 (a client must never guess a position)."""
     parts = cursor.split(".")
-    if len(parts) != 2 or not all(part.isdigit() and len(part) <= 18 for part in parts):
+    # isascii: str.isdigit() also accepts digits such as '²' that int() refuses
+    if len(parts) != 2 or not all(part.isascii() and part.isdigit() and len(part) <= 18 for part in parts):
         raise BadRequest("cursor must be a next_cursor returned by this route")
     return int(parts[0]), int(parts[1])
 
@@ -61,7 +63,7 @@ async def hardware_events(
     principal: Reader,
     cursor: Annotated[str | None, Query(max_length=40, description="next_cursor of the previous page")] = None,
     since: Annotated[
-        datetime | None, Query(description="Without a cursor: start here (default: now, i.e. only new events)")
+        UtcTime | None, Query(description="Without a cursor: start here (default: now, i.e. only new events)")
     ] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="Rows of each kind read per page (default 200)")] = 200,
     source: SourceParam = "real",

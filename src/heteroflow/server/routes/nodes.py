@@ -17,7 +17,7 @@ from heteroflow.platform.auth import NodeScope, Principal, Scope
 from heteroflow.platform.nodes import NodeConflictError, NodeRecord, is_online, newest
 from heteroflow.server.auth import context, require, visible_node
 from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import Conflict
+from heteroflow.server.errors import Conflict, error_responses
 from heteroflow.server.schemas import (
     Heartbeat,
     HeartbeatAccepted,
@@ -28,7 +28,7 @@ from heteroflow.server.schemas import (
     XidEventsResult,
 )
 
-router = APIRouter(prefix="/api/v1/nodes", tags=["nodes"])
+router = APIRouter(prefix="/api/v1/nodes", tags=["nodes"], responses=error_responses(403))
 _log = structlog.get_logger(__name__)
 
 Ctx = Annotated[ServerContext, Depends(context)]
@@ -51,7 +51,12 @@ def node_out(ctx: ServerContext, node: NodeRecord) -> NodeOut:
     )
 
 
-@router.post("/register", response_model=NodeRegistered, summary="Register a node (agents)")
+@router.post(
+    "/register",
+    response_model=NodeRegistered,
+    summary="Register a node (agents)",
+    responses=error_responses(400, 409, 413),
+)
 async def register(
     body: NodeRegistration, ctx: Ctx, principal: Annotated[Principal, Depends(require(Scope.AGENT))]
 ) -> NodeRegistered:
@@ -76,7 +81,12 @@ async def register(
     )
 
 
-@router.post("/{node_id}/heartbeat", response_model=HeartbeatAccepted, summary="Heartbeat (agents)")
+@router.post(
+    "/{node_id}/heartbeat",
+    response_model=HeartbeatAccepted,
+    summary="Heartbeat (agents)",
+    responses=error_responses(400, 404, 413),
+)
 async def heartbeat(
     node_id: str,
     body: Heartbeat,
@@ -141,14 +151,19 @@ async def list_nodes(
     return NodeList(items=[node_out(ctx, node) for node in nodes], total=total, limit=limit, offset=offset)
 
 
-@router.get("/{node_id}", response_model=NodeOut, summary="One node")
+@router.get("/{node_id}", response_model=NodeOut, summary="One node", responses=error_responses(404))
 async def get_node(
     node_id: str, ctx: Ctx, principal: Annotated[Principal, Depends(require(Scope.NODES_READ))]
 ) -> NodeOut:
     return node_out(ctx, await visible_node(ctx, principal, node_id, cached=False))
 
 
-@router.delete("/{node_id}", status_code=204, summary="Delete a node with its samples and events")
+@router.delete(
+    "/{node_id}",
+    status_code=204,
+    summary="Delete a node with its samples and events",
+    responses=error_responses(404),
+)
 async def delete_node(
     node_id: str, ctx: Ctx, principal: Annotated[Principal, Depends(require(Scope.NODES_WRITE))]
 ) -> Response:

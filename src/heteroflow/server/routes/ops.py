@@ -9,8 +9,9 @@ from fastapi import APIRouter, Depends, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from heteroflow.platform.auth import Principal, Scope
-from heteroflow.server.auth import authenticate, context, require
+from heteroflow.server.auth import authenticate, context, require_cluster_wide
 from heteroflow.server.context import ServerContext
+from heteroflow.server.errors import error_responses
 
 router = APIRouter(tags=["operations"])
 
@@ -24,20 +25,25 @@ async def health() -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/healthz", summary="Liveness of the server process (any valid token)")
+@router.get("/healthz", summary="Liveness of the server process (any valid token)", responses=error_responses())
 async def healthz(_: Annotated[Principal, Depends(authenticate)]) -> dict[str, str]:
     return {"status": "ok"}
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response)
-async def metrics(ctx: Ctx, _: Annotated[Principal, Depends(require(Scope.METRICS_READ))]) -> Response:
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response, responses=error_responses(403))
+async def metrics(ctx: Ctx, _: Annotated[Principal, Depends(require_cluster_wide(Scope.METRICS_READ))]) -> Response:
     return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
 
-@router.get("/api/v1/server/status", summary="Status of the server's background paths (admin)")
-async def status(ctx: Ctx, _: Annotated[Principal, Depends(require(Scope.ADMIN))]) -> dict[str, Any]:
+@router.get(
+    "/api/v1/server/status",
+    summary="Status of the server's background paths (admin)",
+    responses=error_responses(403),
+)
+async def status(ctx: Ctx, _: Annotated[Principal, Depends(require_cluster_wide(Scope.ADMIN))]) -> dict[str, Any]:
     return {
         "health_ingest": asdict(ctx.ingestor.status()),
+        "heartbeat_admission": asdict(ctx.heartbeat_admission.status()),
         "liveness": asdict(ctx.liveness.status()),
         "prediction_worker": asdict(ctx.worker.status()),
         "alert_delivery": asdict(ctx.notifier.status()),

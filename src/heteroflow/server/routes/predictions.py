@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime, timedelta
+from datetime import timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
@@ -15,17 +15,18 @@ from heteroflow.health.statistics import band_statistics, disclaimer
 from heteroflow.platform.auth import NodeScope, Principal, Scope
 from heteroflow.server.auth import context, require
 from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import BadRequest
+from heteroflow.server.errors import BadRequest, error_responses
 from heteroflow.server.routes.gpu_health import SourceParam, parse_source
 from heteroflow.server.schemas import (
     BandOut,
     PredictionList,
     PredictionOut,
     PredictionStatsOut,
+    UtcTime,
 )
 from heteroflow.storage.prediction_store import PredictionFilter
 
-router = APIRouter(prefix="/api/v1/gpu-health", tags=["gpu-health"])
+router = APIRouter(prefix="/api/v1/gpu-health", tags=["gpu-health"], responses=error_responses(400, 403))
 
 Ctx = Annotated[ServerContext, Depends(context)]
 Reader = Annotated[Principal, Depends(require(Scope.NODES_READ))]
@@ -39,8 +40,8 @@ async def list_predictions(
     node_id: Annotated[str | None, Query(max_length=64)] = None,
     gpu_index: Annotated[int | None, Query(ge=0, le=4095)] = None,
     status: str | None = None,
-    since: datetime | None = None,
-    until: datetime | None = None,
+    since: UtcTime | None = None,
+    until: UtcTime | None = None,
     source: SourceParam = "real",
     limit: int = 100,
     offset: int = 0,
@@ -48,8 +49,8 @@ async def list_predictions(
     """Newest t0 first; ``since``/``until`` bound t0. Each item carries its frozen rule version and window."""
     if not 1 <= limit <= 500:
         raise BadRequest("limit must be between 1 and 500")
-    if offset < 0:
-        raise BadRequest("offset must be 0 or more")
+    if not 0 <= offset <= 10_000_000:
+        raise BadRequest("offset must be between 0 and 10000000")
     if status is not None and status not in STATUSES:
         raise BadRequest(f"status must be one of {', '.join(STATUSES)}")
     chosen: PredictionStatus | None = next((s for s in STATUSES if s == status), None)
@@ -93,7 +94,7 @@ async def list_predictions(
 
 @router.get("/prediction-stats", response_model=PredictionStatsOut, summary="Precision and recall, 7 and 30 days")
 async def prediction_stats(
-    ctx: Ctx, principal: Reader, since: datetime | None = None, source: SourceParam = "real"
+    ctx: Ctx, principal: Reader, since: UtcTime | None = None, source: SourceParam = "real"
 ) -> PredictionStatsOut:
     """Both bands always. Ratios are null — never 0 — while the evidence is insufficient, with the reasons."""
     chosen = parse_source(source)

@@ -32,7 +32,7 @@ from fastapi.responses import JSONResponse
 from heteroflow.platform.auth import Principal, Scope
 from heteroflow.server.auth import context, require
 from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import Forbidden, NotFound, ServiceUnavailable
+from heteroflow.server.errors import Forbidden, NotFound, ServiceUnavailable, error_responses
 
 CONTROLLER_TIMEOUT_SEC: Final = 5.0
 """Deadline of one forwarded call (connect, read, write, pool): the page polls every 2 s and shows a stale view
@@ -42,7 +42,7 @@ _REQUEST_ID: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._:-]{0,199}$")
 """What a round id can look like (``sd-…``, ``fr-…``); anything else cannot name a round and is never put in a
 URL path (no ``..``, no ``/``)."""
 
-router = APIRouter(tags=["serving"])
+router = APIRouter(tags=["serving"], responses=error_responses(403))
 
 Ctx = Annotated[ServerContext, Depends(context)]
 
@@ -159,6 +159,7 @@ async def serving_rounds(
 @router.get(
     "/api/v1/serving/rounds/{request_id}",
     summary="One round's evidence timeline, from the controller (admin, no tenant)",
+    responses=error_responses(404),
 )
 async def serving_round(ctx: Ctx, _: Admin, request_id: str) -> JSONResponse:
     proxy = proxy_of(ctx)

@@ -25,13 +25,14 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
+from heteroflow.core.openapi import json_request_body
 from heteroflow.platform.auth import bearer_matches
 from heteroflow.serving.controller.leadership import LeaderElection
 from heteroflow.serving.controller.monitor import ResourceMonitor
@@ -42,10 +43,13 @@ from heteroflow.serving.wire import (
     REGISTER_PATH,
     REPORT_HARDWARE_FAULT_PATH,
     REPORT_SOFTWARE_FAULT_PATH,
+    ErrorBody,
     HardwareFaultAnswer,
     HardwareFaultReport,
     HeartbeatRequest,
+    HeartbeatResponse,
     RegisterRequest,
+    RegisterResponse,
     SoftwareFaultReport,
 )
 
@@ -57,6 +61,20 @@ OPEN_BEFORE_ACTING = PROBES | {"/metrics", "/controller/leadership", "/controlle
 
 MAX_BODY_BYTES = 1 << 20
 MAX_JSON_DEPTH = 32
+
+
+_ERRORS: dict[int, str] = {
+    400: "The body is not the wire model (invalid_body): too large, not JSON, too deep, or a field is wrong.",
+    401: "No valid cluster token (unauthorized).",
+    404: "Not in this controller's memory (unknown_instance, unknown_round).",
+    409: "The registration contradicts the instance's registered facts (registration_conflict).",
+    503: "This controller does not act (not_leader): a standby, or it is still loading; the leader is named.",
+}
+
+
+def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    """The documented error answers of a guarded route (401 and ``codes``), each ``{"error", "detail"}``."""
+    return {code: {"model": ErrorBody, "description": _ERRORS[code]} for code in sorted({401, *codes})}
 
 
 class _BadBody(Exception):
@@ -146,20 +164,24 @@ def create_app(
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/ready")
+    @app.get("/ready", responses={503: {"description": "Not acting yet, or a standby: the same body, ready false."}})
     async def ready() -> Response:
         acting = controller.started and (leadership is None or leadership.leading)
         return JSONResponse({"ready": acting, **leadership_status()}, status_code=200 if acting else 503)
 
-    @app.get("/controller/leadership")
+    @app.get("/controller/leadership", responses=_errors())
     async def leadership_route() -> Response:
         return JSONResponse(leadership_status())
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response, responses=_errors())
     async def metrics() -> Response:
         return Response(controller.metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
-    @app.post(REGISTER_PATH)
+    @app.post(
+        REGISTER_PATH,
+        responses={200: {"model": RegisterResponse}, **_errors(400, 409, 503)},
+        openapi_extra=json_request_body(RegisterRequest),
+    )
     async def register(request: Request) -> Response:
         try:
             answer = await controller.register(await _body(request, RegisterRequest))
@@ -167,12 +189,20 @@ def create_app(
             return _error(409, "registration_conflict", str(exc))
         return JSONResponse(answer.model_dump(mode="json"))
 
-    @app.post(HEARTBEAT_PATH)
+    @app.post(
+        HEARTBEAT_PATH,
+        responses={200: {"model": HeartbeatResponse}, **_errors(400, 503)},
+        openapi_extra=json_request_body(HeartbeatRequest),
+    )
     async def heartbeat(request: Request) -> Response:
         answer = controller.heartbeat(await _body(request, HeartbeatRequest))
         return JSONResponse(answer.model_dump(mode="json"))
 
-    @app.post(REPORT_SOFTWARE_FAULT_PATH)
+    @app.post(
+        REPORT_SOFTWARE_FAULT_PATH,
+        responses=_errors(400, 404, 503),
+        openapi_extra=json_request_body(SoftwareFaultReport),
+    )
     async def report(request: Request) -> Response:
         body = await _body(request, SoftwareFaultReport)
         try:
@@ -181,7 +211,11 @@ def create_app(
             return _error(404, "unknown_instance", str(exc))
         return JSONResponse({"accepted": True, "used": used})
 
-    @app.post(REPORT_HARDWARE_FAULT_PATH)
+    @app.post(
+        REPORT_HARDWARE_FAULT_PATH,
+        responses={200: {"model": HardwareFaultAnswer}, **_errors(400, 503)},
+        openapi_extra=json_request_body(HardwareFaultReport),
+    )
     async def report_hardware(request: Request) -> Response:
         body = await _body(request, HardwareFaultReport)
         mappings = controller.hardware_fault(body)
@@ -194,17 +228,17 @@ def create_app(
         )
         return JSONResponse(answer.model_dump())
 
-    @app.get("/controller/fault_tolerance/status")
+    @app.get("/controller/fault_tolerance/status", responses=_errors(503))
     async def ft_status() -> Response:
         return JSONResponse(instance_statuses(controller))
 
-    @app.get("/controller/resource_monitor")
+    @app.get("/controller/resource_monitor", responses=_errors(503))
     async def resource_monitor() -> Response:
         if monitor is None:
             return JSONResponse({"sources": [], "standing": [], "reports": 0, "sink_errors": 0})
         return JSONResponse(dataclasses.asdict(monitor.status()))
 
-    @app.get("/controller/fault_tolerance/rounds")
+    @app.get("/controller/fault_tolerance/rounds", responses=_errors(503))
     async def rounds(instance_id: str | None = None) -> Response:
         found = [
             {k: v for k, v in record.as_json().items() if k != "events"}
@@ -213,14 +247,14 @@ def create_app(
         ]
         return JSONResponse(found)
 
-    @app.get("/controller/fault_tolerance/rounds/{request_id}")
+    @app.get("/controller/fault_tolerance/rounds/{request_id}", responses=_errors(404, 503))
     async def round_timeline(request_id: str) -> Response:
         record = controller.history.get(request_id)
         if record is None:
             return _error(404, "unknown_round", f"no round {request_id!r} in this controller's history")
         return JSONResponse(record.as_json())
 
-    @app.get("/controller/config")
+    @app.get("/controller/config", responses=_errors())
     async def config() -> Response:
         cfg = controller.config
         return JSONResponse(

@@ -331,6 +331,8 @@ def _read_file(path: Path) -> dict[str, Any]:
         loaded = yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise ConfigFileError(f"{path} is not valid YAML: {exc}") from exc
+    except RecursionError as exc:  # PyYAML composes nested collections recursively
+        raise ConfigFileError(f"{path} is nested too deeply to be a configuration") from exc
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):
@@ -375,9 +377,10 @@ def load_config(
     environ = os.environ if environ is None else environ
     warnings: list[str] = []
     raw = _read_file(path) if path is not None else {}
-    unknown = sorted(set(raw) - {"controller", "fault_tolerance_config", "instances"})
+    # YAML keys may be numbers, booleans or null as well as strings: named as text, so that they sort together
+    unknown = sorted(map(str, set(raw) - {"controller", "fault_tolerance_config", "instances"}))
     if unknown:
-        warnings.append(f"unknown top-level keys ignored: {', '.join(map(str, unknown))}")
+        warnings.append(f"unknown top-level keys ignored: {', '.join(unknown)}")
 
     controller_values = _section(raw, "controller", warnings)
     ft_values = _section(raw, "fault_tolerance_config", warnings)
@@ -390,9 +393,9 @@ def load_config(
         if ft_values.pop(key, None) is not None:
             warnings.append(f"{key} is derived (enable_fault_tolerance and enable_dp_scale_down); the value is ignored")
     for group, values in ((ControllerSettings, controller_values), (FaultToleranceConfig, ft_values)):
-        stray = sorted(set(values) - set(group.model_fields))
+        stray = sorted(map(str, set(values) - set(group.model_fields)))
         if stray:
-            warnings.append(f"unknown keys ignored: {', '.join(map(str, stray))}")
+            warnings.append(f"unknown keys ignored: {', '.join(stray)}")
 
     settings = ControllerSettings.load(
         **{**_without_env_set(ControllerSettings, controller_values, environ), **(overrides or {})}

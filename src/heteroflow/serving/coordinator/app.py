@@ -22,7 +22,7 @@ import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 import httpx
 import structlog
@@ -30,7 +30,9 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
+from heteroflow.core.admission import AdmissionGate, AdmissionLimit, AdmissionStatus, Refusal, Scope
 from heteroflow.core.clock import Clock, SystemClock
+from heteroflow.core.openapi import json_request_body
 from heteroflow.serving.coordinator.auth import (
     ApiKeyVerifier,
     KeyChecker,
@@ -46,8 +48,11 @@ from heteroflow.serving.coordinator.errors import (
     ManagementAuthError,
     ManagementError,
     ModelNotFoundError,
+    OpenAiErrorBody,
+    OverloadedError,
     ViewConflictError,
     management_error_response,
+    openai_error_body,
     openai_error_response,
 )
 from heteroflow.serving.coordinator.metrics import CONTENT_TYPE, CoordinatorMetrics
@@ -65,6 +70,7 @@ from heteroflow.serving.wire import (
     COORDINATOR_DEL_PATH,
     COORDINATOR_INSTANCES_PATH,
     COORDINATOR_SET_PATH,
+    ErrorBody,
     ViewAddRequest,
     ViewDelRequest,
     ViewResponse,
@@ -76,6 +82,56 @@ _M = TypeVar("_M", bound=BaseModel)
 
 VIEW_OUTCOME_HEADER = "X-HeteroFlow-View-Outcome"
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
+
+_MANAGEMENT_ERRORS: dict[int, str] = {
+    400: "The body is not the wire model (invalid_body), or is larger than max_body_bytes.",
+    401: "No valid cluster token, or none configured (unauthorized).",
+    409: "ADD for an instance that serves another model (model_mismatch).",
+}
+_OPENAI_ERRORS: dict[int, str] = {
+    400: "A malformed body: not JSON, nested too deeply, no string 'model', or a non-boolean 'stream'.",
+    401: "No valid API key, or none configured.",
+    404: "No instance was ever published for the model.",
+    413: "The body is larger than max_body_bytes.",
+    502: "The engines could not be reached or failed before answering (retry included).",
+    503: "No published endpoint after the unavailable wait, the engines are recovering, or the API key could not "
+    "be checked; see Retry-After.",
+}
+_INFERENCE_BODY: dict[str, Any] = {
+    "requestBody": {
+        "required": True,
+        "content": {
+            "application/json": {
+                "schema": {
+                    "type": "object",
+                    "description": "An OpenAI request; the Coordinator reads 'model' and 'stream' and forwards the "
+                    "body unchanged.",
+                    "required": ["model"],
+                    "properties": {"model": {"type": "string", "minLength": 1}, "stream": {"type": "boolean"}},
+                    "additionalProperties": True,
+                }
+            }
+        },
+    }
+}
+
+
+def _management_errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {code: {"model": ErrorBody, "description": _MANAGEMENT_ERRORS[code]} for code in sorted({401, *codes})}
+
+
+def _openai_errors(*codes: int) -> dict[int | str, dict[str, Any]]:
+    return {code: {"model": OpenAiErrorBody, "description": _OPENAI_ERRORS[code]} for code in sorted({401, *codes})}
+
+
+_INFERENCE_ANSWERS: dict[int | str, dict[str, Any]] = {
+    200: {
+        "description": "The engine's answer, passed through (server-sent events when stream is true); an engine's "
+        "own 4xx is passed through unchanged too.",
+        "content": {"application/json": {}, "text/event-stream": {}},
+    },
+    **_openai_errors(400, 404, 413, 502, 503),
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +147,8 @@ class CoordinatorStatus:
     api_keys_configured: bool
     management_enabled: bool
     config_warnings: tuple[str, ...]
+    admission: AdmissionStatus
+    """OpenAI requests in flight against ``max_concurrent_requests``, and those refused with 503."""
 
 
 class Coordinator:
@@ -108,7 +166,10 @@ class Coordinator:
         self.clock = clock or SystemClock()
         self.views = ServingViews()
         self.publications = PublicationSignal()
-        self.metrics = CoordinatorMetrics(self.views.status, waiting=lambda: self.publications.waiting)
+        self.admission = AdmissionGate(max_in_flight=settings.max_concurrent_requests)
+        self.metrics = CoordinatorMetrics(
+            self.views.status, waiting=lambda: self.publications.waiting, admission=self.admission.status
+        )
         timeouts = UpstreamTimeouts(
             connect=settings.upstream_connect_timeout_sec,
             first_byte=settings.upstream_first_byte_timeout_sec,
@@ -196,6 +257,7 @@ class Coordinator:
             api_keys_configured=self.keys.configured,
             management_enabled=self.settings.cluster_token is not None,
             config_warnings=self.settings.config_warnings,
+            admission=self.admission.status(),
         )
 
     async def aclose(self) -> None:
@@ -216,9 +278,12 @@ def _view_response(change: ViewChange | None, views: tuple[InstanceView, ...]) -
 async def _read_body(request: Request, *, max_bytes: int) -> bytes:
     declared = request.headers.get("content-length")
     if declared is not None:
-        if not declared.strip().isdigit():
+        declared = declared.strip()
+        # isascii: str.isdigit() also accepts digits such as '²' that int() refuses
+        if not (declared.isascii() and declared.isdigit()):
             raise BadRequestError("the Content-Length header is not a number")
-        check_size(int(declared), max_bytes=max_bytes)
+        # int() refuses strings of thousands of digits; past 18 digits the body is too large anyway
+        check_size(int(declared) if len(declared) <= 18 else max_bytes + 1, max_bytes=max_bytes)
     parts: list[bytes] = []
     size = 0
     async for chunk in request.stream():
@@ -253,6 +318,21 @@ def _request_id(request: Request) -> str:
     return given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
 
 
+_INFERENCE_ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "chat_completions"}
+
+
+def _is_inference(scope: Scope) -> bool:
+    return scope["method"] == "POST" and scope["path"] in _INFERENCE_ROUTES
+
+
+def _overloaded(_: Scope, __: Refusal) -> dict[str, object]:
+    return openai_error_body(
+        status_code=OverloadedError.status_code,
+        kind=OverloadedError.kind,
+        message="the Coordinator is handling as many requests as it is configured for; try again shortly",
+    )
+
+
 def create_app(coordinator: Coordinator) -> FastAPI:
     settings = coordinator.settings
     created = int(coordinator.clock.now().timestamp())
@@ -265,6 +345,16 @@ def create_app(coordinator: Coordinator) -> FastAPI:
             await coordinator.aclose()
 
     app = FastAPI(title="HeteroFlow Coordinator", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app.add_middleware(
+        AdmissionLimit,
+        gate=coordinator.admission,
+        applies=_is_inference,
+        retry_after_s=settings.retry_after_sec,
+        render=_overloaded,
+        on_refused=lambda scope, _: coordinator.metrics.requests.labels(
+            route=_INFERENCE_ROUTES[scope["path"]], outcome=OverloadedError.outcome
+        ).inc(),
+    )
 
     @app.exception_handler(ManagementError)
     async def _management_error(_: Request, exc: ManagementError) -> JSONResponse:
@@ -288,40 +378,52 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     async def health() -> dict[str, str]:
         return {"status": "ok"}
 
-    @app.get("/metrics")
+    @app.get("/metrics", response_class=Response, responses=_management_errors())
     async def prometheus(request: Request) -> Response:
         require_cluster_token(request)
         return Response(coordinator.metrics.render(), media_type=CONTENT_TYPE)
 
     # -- management (F-40) --------------------------------------------------------------------------------
-    @app.post(COORDINATOR_DEL_PATH)
+    @app.post(
+        COORDINATOR_DEL_PATH,
+        responses={200: {"model": ViewResponse}, **_management_errors(400)},
+        openapi_extra=json_request_body(ViewDelRequest),
+    )
     async def view_del(request: Request) -> JSONResponse:
         require_cluster_token(request)
         body = await _management_body(request, ViewDelRequest, max_bytes=settings.max_body_bytes)
         change = await coordinator.delete(body)
         return _view_response(change, change.instances)
 
-    @app.post(COORDINATOR_ADD_PATH)
+    @app.post(
+        COORDINATOR_ADD_PATH,
+        responses={200: {"model": ViewResponse}, **_management_errors(400, 409)},
+        openapi_extra=json_request_body(ViewAddRequest),
+    )
     async def view_add(request: Request) -> JSONResponse:
         require_cluster_token(request)
         body = _routable(await _management_body(request, ViewAddRequest, max_bytes=settings.max_body_bytes))
         change = await coordinator.add(body)
         return _view_response(change, change.instances)
 
-    @app.post(COORDINATOR_SET_PATH)
+    @app.post(
+        COORDINATOR_SET_PATH,
+        responses={200: {"model": ViewResponse}, **_management_errors(400)},
+        openapi_extra=json_request_body(ViewSetRequest),
+    )
     async def view_set(request: Request) -> JSONResponse:
         require_cluster_token(request)
         body = _routable(await _management_body(request, ViewSetRequest, max_bytes=settings.max_body_bytes))
         change = await coordinator.replace(body)
         return _view_response(change, change.instances)
 
-    @app.get(COORDINATOR_INSTANCES_PATH)
+    @app.get(COORDINATOR_INSTANCES_PATH, responses={200: {"model": ViewResponse}, **_management_errors()})
     async def instances(request: Request) -> JSONResponse:
         require_cluster_token(request)
         return _view_response(None, coordinator.views.snapshot())
 
     # -- OpenAI (F-41) ------------------------------------------------------------------------------------
-    @app.get("/v1/models")
+    @app.get("/v1/models", responses=_openai_errors(503))
     async def models(request: Request) -> Response:
         try:
             await coordinator.keys.verify(request.headers.get("authorization"))
@@ -353,11 +455,11 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         response.headers["x-request-id"] = request_id
         return response
 
-    @app.post("/v1/completions")
+    @app.post("/v1/completions", responses=_INFERENCE_ANSWERS, openapi_extra=_INFERENCE_BODY)
     async def completions(request: Request) -> Response:
         return await inference(request, route="completions", path="/v1/completions")
 
-    @app.post("/v1/chat/completions")
+    @app.post("/v1/chat/completions", responses=_openai_errors(400, 404, 413, 502, 503), openapi_extra=_INFERENCE_BODY)
     async def chat_completions(request: Request) -> Response:
         return await inference(request, route="chat_completions", path="/v1/chat/completions")
 

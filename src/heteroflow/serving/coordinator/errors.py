@@ -10,7 +10,9 @@
     ├── NoEndpointError          503 + Retry-After: no published endpoint (after the unavailable wait)
     ├── UpstreamUnavailableError 503 + Retry-After: the engines answered 503 (recovering), retry included
     ├── UpstreamFailedError      502 connection refused/reset or timeout before the first byte, retry included
-    └── AuthBackendUnavailableError 503: the platform could not be asked whether a key is valid
+    ├── AuthBackendUnavailableError 503: the platform could not be asked whether a key is valid
+    └── OverloadedError          503 + Retry-After: max_concurrent_requests are in flight; answered by the
+                                 admission middleware (heteroflow.core.admission) before the key or body is read
 
     ManagementError                  management routes: wire.ErrorBody {"error": code, "detail"}
     ├── ManagementAuthError      401 no or wrong cluster token, or none configured
@@ -25,6 +27,7 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+from pydantic import BaseModel
 from starlette.responses import JSONResponse
 
 from heteroflow.serving.wire import ErrorBody
@@ -89,6 +92,27 @@ class AuthBackendUnavailableError(CoordinatorError):
     status_code = 503
     kind = "ServiceUnavailableError"
     outcome = "auth_unavailable"
+
+
+class OverloadedError(CoordinatorError):
+    """Never raised: its status, type and outcome label the admission middleware's refusal."""
+
+    status_code = 503
+    kind = "ServiceUnavailableError"
+    outcome = "overloaded"
+
+
+class OpenAiErrorDetail(BaseModel):
+    message: str
+    type: str
+    param: str | None = None
+    code: int
+
+
+class OpenAiErrorBody(BaseModel):
+    """The OpenAI routes' error answer, as the schema documents it (:func:`openai_error_body` builds it)."""
+
+    error: OpenAiErrorDetail
 
 
 def openai_error_body(*, status_code: int, kind: str, message: str) -> dict[str, object]:

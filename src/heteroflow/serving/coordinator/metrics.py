@@ -15,6 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from heteroflow.core.admission import AdmissionStatus
 from heteroflow.serving.coordinator.views import ViewsStatus
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -23,12 +24,19 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
 
 
 class CoordinatorMetrics:
-    def __init__(self, status: Callable[[], ViewsStatus], *, waiting: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        status: Callable[[], ViewsStatus],
+        *,
+        waiting: Callable[[], int],
+        admission: Callable[[], AdmissionStatus] | None = None,
+    ) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "heteroflow_coordinator_requests",
             "OpenAI requests by route and outcome (ok, upstream_4xx, upstream_5xx, stream_error, bad_request, "
-            "unauthorized, unknown_model, no_endpoint, upstream_unavailable, upstream_failed, auth_unavailable).",
+            "unauthorized, unknown_model, no_endpoint, upstream_unavailable, upstream_failed, auth_unavailable, "
+            "overloaded).",
             ["route", "outcome"],
             registry=self.registry,
         )
@@ -54,6 +62,8 @@ class CoordinatorMetrics:
             registry=self.registry,
         )
         self.registry.register(_ViewsCollector(status, waiting))
+        if admission is not None:
+            self.registry.register(_AdmissionCollector(admission))
 
     def render(self) -> bytes:
         data: bytes = generate_latest(self.registry)
@@ -97,4 +107,22 @@ class _ViewsCollector(Collector):
             "heteroflow_coordinator_waiting_requests",
             "Requests waiting for a publication of their model (at most unavailable_wait_sec each).",
             value=float(self._waiting()),
+        )
+
+
+class _AdmissionCollector(Collector):
+    def __init__(self, admission: Callable[[], AdmissionStatus]) -> None:
+        self._admission = admission
+
+    def collect(self) -> Iterator[Any]:
+        snap = self._admission()
+        yield GaugeMetricFamily(
+            "heteroflow_coordinator_requests_in_progress",
+            "OpenAI requests being handled now, a stream until its last byte (bounded by max_concurrent_requests).",
+            value=float(snap.in_flight),
+        )
+        yield GaugeMetricFamily(
+            "heteroflow_coordinator_requests_in_progress_peak",
+            "The most OpenAI requests handled at once since the Coordinator started.",
+            value=float(snap.peak_in_flight),
         )

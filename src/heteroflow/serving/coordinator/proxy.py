@@ -55,7 +55,9 @@ _HOP_BY_HOP = frozenset(
      "transfer-encoding", "upgrade"}
 )  # fmt: skip
 _NOT_FORWARDED = _HOP_BY_HOP | {"host", "authorization", "content-length", "cookie", "accept-encoding", "x-request-id"}
-_NOT_RETURNED = _HOP_BY_HOP | {"content-length", "date", "server"}
+ENDPOINT_HEADER = "x-heteroflow-endpoint"
+"""Names the ``instance/endpoint`` whose engine answered (added to every engine answer, for tracing a request)."""
+_NOT_RETURNED = _HOP_BY_HOP | {"content-length", "date", "server", ENDPOINT_HEADER}
 _DONE = b"data: [DONE]\n\n"
 
 
@@ -143,9 +145,13 @@ def upstream_headers(
     return out
 
 
-def returned_headers(upstream: httpx.Headers, *, decoded: bool) -> dict[str, str]:
+def returned_headers(upstream: httpx.Headers, *, decoded: bool, answered_by: EndpointKey) -> dict[str, str]:
+    """What the client gets: the engine's headers minus hop-by-hop ones, plus which endpoint answered."""
     drop = _NOT_RETURNED | ({"content-encoding"} if decoded else frozenset())
-    return {name: value for name, value in upstream.multi_items() if name.lower() not in drop}
+    kept = {name: value for name, value in upstream.multi_items() if name.lower() not in drop}
+    # header values are latin-1 on the wire: ids the controller chose may not be
+    kept[ENDPOINT_HEADER] = answered_by.label.encode("ascii", "backslashreplace").decode("ascii")
+    return kept
 
 
 def last_event_end(buffer: bytes) -> int:
@@ -287,7 +293,7 @@ class Forwarder:
                     chunks=chunks,
                     deadline=deadline,
                     status_code=200,
-                    headers=returned_headers(response.headers, decoded=True),
+                    headers=returned_headers(response.headers, decoded=True, answered_by=lease.key),
                     finish=self._finisher(lease, response, route=route, log=log),
                     log=log,
                 )
@@ -299,7 +305,7 @@ class Forwarder:
             return Response(
                 content=body,
                 status_code=response.status_code,
-                headers=returned_headers(response.headers, decoded=False),
+                headers=returned_headers(response.headers, decoded=False, answered_by=lease.key),
             )
         finally:
             if not handed_over:

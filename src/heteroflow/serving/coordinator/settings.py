@@ -144,6 +144,17 @@ class CoordinatorSettings(LenientSettings):
         validation_alias=env_names("coordinator_upstream_max_connections"),
         description="Size of the connection pool to the engines (default 1000).",
     )
+    max_concurrent_requests: int = Field(
+        default=1000,
+        ge=1,
+        le=100000,
+        validation_alias=env_names("coordinator_max_concurrent_requests"),
+        description=(
+            "OpenAI requests handled at once, a stream until its last byte (default 1000, the upstream pool's "
+            "size); one more is answered 503 with Retry-After before its key or body is read. Beyond the pool "
+            "a request would only wait for a connection, up to the first-byte timeout."
+        ),
+    )
     log_level: str = Field(
         default="info",
         pattern=r"^(?i:debug|info|warning|error|critical)$",

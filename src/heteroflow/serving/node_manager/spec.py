@@ -14,7 +14,7 @@ import sys
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, model_validator
 
@@ -70,7 +70,9 @@ class InstanceSpec(BaseModel):
     dp_store_port: StrictInt = Field(
         ge=1, le=65535, description="Filled into every scale_down apply (F-25); the same on every pod."
     )
-    dead_ranks: list[StrictInt] = Field(default_factory=list, description="Ranks retired before this launch.")
+    dead_ranks: list[Annotated[StrictInt, Field(ge=0)]] = Field(
+        default_factory=list, description="Ranks retired before this launch."
+    )
     tp_size: StrictInt = Field(default=1, ge=1)
     num_logical_experts: StrictInt = Field(default=8, ge=1)
     num_redundant_experts: StrictInt = Field(default=4, ge=0)
@@ -143,6 +145,8 @@ def load_spec(path: Path) -> InstanceSpec:
         text = path.read_text(encoding="utf-8")
         raw = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
         return InstanceSpec.model_validate(raw)
+    except RecursionError as exc:  # both decoders recurse once per nesting level
+        raise SpecError(f"{path}: nested too deeply to be an instance spec") from exc
     except (OSError, ValueError, tomllib.TOMLDecodeError) as exc:
         reason = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
         raise SpecError(f"{path}: {reason}") from exc

@@ -107,13 +107,28 @@ surprise: {}
 
 @pytest.mark.parametrize(
     ("content", "fragment"),
-    [(b"key: [unclosed", "not valid YAML"), (b"- a\n- b\n", "mapping"), (b"\xff\xfe", "UTF-8")],
+    [
+        (b"key: [unclosed", "not valid YAML"),
+        (b"- a\n- b\n", "mapping"),
+        (b"\xff\xfe", "UTF-8"),
+        (b"controller: " + b"[" * 5000 + b"]" * 5000, "nested too deeply"),  # was a RecursionError
+    ],
 )
 def test_a_file_that_is_not_a_yaml_mapping_is_an_error(tmp_path: Path, content: bytes, fragment: str) -> None:
     path = tmp_path / "bad.yaml"
     path.write_bytes(content)
     with pytest.raises(ConfigFileError, match=fragment):
         load_config(path, environ={})
+
+
+def test_keys_that_are_not_strings_are_named_in_the_warnings(tmp_path: Path) -> None:
+    """YAML keys may be numbers, booleans or null: sorting them with strings was a TypeError."""
+    path = tmp_path / "keys.yaml"
+    path.write_text("1: a\nb: c\nnull: d\ncontroller: {2: x, host: 10.0.0.1, true: y}\n")
+    cfg = load_config(path, environ={})
+    assert cfg.settings.host == "10.0.0.1"
+    assert "unknown top-level keys ignored: 1, None, b" in cfg.warnings
+    assert "unknown keys ignored: 2, True" in cfg.warnings
 
 
 def test_a_missing_file_is_an_error(tmp_path: Path) -> None:

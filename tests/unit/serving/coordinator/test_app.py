@@ -191,6 +191,43 @@ def test_the_least_loaded_endpoint_gets_new_requests() -> None:
     run(scenario)
 
 
+def test_every_engine_answer_names_the_endpoint_that_answered() -> None:
+    async def scenario() -> None:
+        async with harness(engines=2) as h:
+            await h.publish((0, 1))
+            h.engine(0).mode = EngineMode.REFUSE
+            for stream in (False, True, False, True):
+                response = await h.complete(stream=stream)
+                assert response.status_code == 200
+                assert response.headers["x-heteroflow-endpoint"] == "i1/1"  # the retry's endpoint, not the dead one
+
+    run(scenario)
+
+
+def test_beyond_max_concurrent_requests_a_request_gets_503_with_retry_after_at_once() -> None:
+    async def scenario() -> None:
+        async with harness(engines=1, max_concurrent_requests=2, retry_after_sec=3) as h:
+            await h.publish((0,))
+            engine = h.engine(0)
+            engine.hold = asyncio.Event()
+            held = [asyncio.create_task(h.complete(stream=stream)) for stream in (False, True)]
+            await eventually(lambda: len(engine.received) == 2, what="two requests held by the engine")
+            refused = await h.client.post("/v1/chat/completions", headers={}, content=b"not even read")
+            assert refused.status_code == 503
+            assert refused.headers["retry-after"] == "3"
+            assert refused.json()["error"]["type"] == "ServiceUnavailableError"
+            assert len(engine.received) == 2
+            assert (await h.client.get("/v1/models", headers=KEY)).status_code == 200  # never limited
+            assert h.metric('heteroflow_coordinator_requests_total{outcome="overloaded",route="chat_completions"}') == 1
+            engine.release()
+            assert [r.status_code for r in await asyncio.gather(*held)] == [200, 200]
+            assert (await h.complete()).status_code == 200  # the slots came back
+            admission = h.coordinator.status().admission
+            assert (admission.in_flight, admission.peak_in_flight, admission.refused_busy_total) == (0, 2, 1)
+
+    run(scenario)
+
+
 # -- retry once (F-41) ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("mode", "reason"),
@@ -618,5 +655,29 @@ def test_bad_bodies_are_4xx_and_reach_no_engine(content: bytes | str, status: in
             assert message in response.json()["error"]["message"]
             assert h.upstreams.total_received() == 0
             assert h.metric('heteroflow_coordinator_requests_total{outcome="bad_request",route="completions"}') == 1
+
+    run(scenario)
+
+
+@pytest.mark.parametrize(
+    ("length", "status", "message"),
+    [
+        # '²' is a digit to str.isdigit() but not to int(), and int() refuses thousands of digits: both were a 500
+        (b"\xb2", 400, "not a number"),
+        (b"9" * 5000, 413, "larger than 4096 bytes"),
+        (b"-1", 400, "not a number"),
+    ],
+)
+@pytest.mark.parametrize("path", ["/v1/completions", COORDINATOR_SET_PATH])
+def test_a_content_length_that_is_no_length_is_4xx(length: bytes, status: int, message: str, path: str) -> None:
+    async def scenario() -> None:
+        async with harness(max_body_bytes=4096) as h:
+            headers = {**(KEY if path.startswith("/v1/") else MANAGE), "content-length": length}
+            response = await h.client.post(path, headers=headers, content=b'{"model": "m"}')
+            body = response.json()
+            found = body["error"]["message"] if path.startswith("/v1/") else body["detail"]
+            assert response.status_code == (status if path.startswith("/v1/") else 400), found
+            assert message in found
+            assert h.upstreams.total_received() == 0
 
     run(scenario)

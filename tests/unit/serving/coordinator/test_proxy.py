@@ -13,6 +13,7 @@ from heteroflow.serving.coordinator.proxy import (
     stream_error_event,
     upstream_headers,
 )
+from heteroflow.serving.coordinator.views import EndpointKey
 
 
 @pytest.mark.parametrize(
@@ -61,10 +62,23 @@ def test_the_engine_gets_no_client_credentials_and_no_hop_by_hop_headers() -> No
     assert "authorization" not in streamed
 
 
-def test_returned_headers_drop_framing_and_keep_the_rest() -> None:
+KEY = EndpointKey("inst-1", 2, "10.0.0.7", 8102)
+
+
+def test_returned_headers_drop_framing_keep_the_rest_and_name_the_endpoint() -> None:
     upstream = httpx.Headers(
-        {"content-type": "text/event-stream", "content-length": "5", "content-encoding": "gzip", "server": "uvicorn"}
-    )
-    raw = returned_headers(upstream, decoded=False)
-    assert raw == {"content-type": "text/event-stream", "content-encoding": "gzip"}
-    assert returned_headers(upstream, decoded=True) == {"content-type": "text/event-stream"}
+        {"content-type": "text/event-stream", "content-length": "5", "content-encoding": "gzip", "server": "uvicorn",
+         "x-heteroflow-endpoint": "spoofed/9"}
+    )  # fmt: skip
+    raw = returned_headers(upstream, decoded=False, answered_by=KEY)
+    assert raw == {"content-type": "text/event-stream", "content-encoding": "gzip", "x-heteroflow-endpoint": "inst-1/2"}
+    assert returned_headers(upstream, decoded=True, answered_by=KEY) == {
+        "content-type": "text/event-stream",
+        "x-heteroflow-endpoint": "inst-1/2",
+    }
+
+
+def test_the_endpoint_header_stays_latin_1() -> None:
+    key = EndpointKey("décodé", 0, "10.0.0.7", 8100)
+    headers = returned_headers(httpx.Headers(), decoded=True, answered_by=key)
+    assert headers["x-heteroflow-endpoint"] == "d\\xe9cod\\xe9/0"

@@ -1,0 +1,586 @@
+"""Heartbeats of a simulated fleet against one platform server, at the agent's cadence, then past saturation.
+
+Starts a real ``heteroflow server`` process, registers N nodes of 8 simulated cards each and drives their
+heartbeats from asyncio. Registrations and heartbeat bodies come from the agent's own code: each node is a
+:class:`~heteroflow.agent.simulated.SimulatedCollector` (seeded by its hostname, so the fleet is the same run
+after run), registered with :func:`~heteroflow.agent.runner.registration_for` and beating
+:func:`~heteroflow.agent.heartbeat.heartbeat_body` — telemetry fresh every beat, health counters re-read every
+60 s, as the agent's scheduler does. Like the agent, a node never has two beats in flight: a beat that is due
+while the node's previous one is unanswered is skipped (and counted).
+
+Phases, one server, one run:
+
+1. baseline  - ``--baseline-nodes`` (default 300) nodes at the agent's cadence (one beat per node per 5 s);
+2. fleet     - ``--nodes`` (default 3,000) nodes at the same cadence: 600 beats/s for 3,000 nodes;
+3. overload  - the fleet's beats back to back (closed loop) from ``--overload-concurrency`` connections, far
+               above what the server can answer within the agent's 5 s timeout.
+
+The client: ``--concurrency`` lanes (the bound on beats in flight). ``--client raw`` (the default) sends each
+beat over a minimal keep-alive HTTP/1.1 connection; ``--client httpx`` uses ``httpx.AsyncClient`` as the agent
+does (several small pools: ``httpx`` scans its pool on every request). On two shared cores ``httpx`` costs more
+CPU per beat than the server spends on it, so it measures itself before the server; the overload phase always
+uses raw connections with requests built before its clock starts.
+
+Latency is measured from each beat's scheduled time (open loop), so queueing in the client is not hidden; the
+client waits at most the agent's 5 s (in all) for an answer. Each phase prints: beats/s answered 2xx, latency
+p50/p95/p99 (and the p99 without each node's first beat of the phase, which writes the node's first rows),
+answers by status (``timeout`` and exception names for the client's own errors), Retry-After values of the
+refusals, the server's RSS at the start and end of the phase (VmRSS) and its peak (VmHWM), the server's CPU per
+beat, health rows written per 2xx beat (the write policy turns most beats into no row), the liveness probe's
+worst latency, the admission gate's peak in-flight count, peak event-loop lag and refusals, and the
+load generator's own CPU. Ratios are against the baseline phase of the same run. Usage::
+
+    .venv/bin/python bench/load_heartbeats.py [--nodes 3000] [--seconds 60] [--baseline-nodes 300]
+        [--baseline-seconds 20] [--concurrency 64] [--client raw|httpx] [--overload-concurrency 1024]
+        [--overload-seconds 15] [--max-in-flight N] [--shed-lag S] [--postgres | --database-url postgresql://…]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import httpx
+
+from heteroflow.agent.heartbeat import heartbeat_body
+from heteroflow.agent.readings import HealthCollection
+from heteroflow.agent.runner import registration_for
+from heteroflow.agent.simulated import SimulatedCollector
+from heteroflow.core.clock import SystemClock
+from heteroflow.core.ids import NodeId
+from heteroflow.core.testing import free_port
+from heteroflow.storage.testing import PostgresServer
+
+AGENT_TIMEOUT_S = 5.0
+"""The agent's HTTP timeout (``HttpPlatformClient``): a beat not answered within it is a failed beat."""
+HEALTH_INTERVAL_S = 60.0
+POOL_SIZE = 32
+"""Connections per ``httpx`` client of the load generator."""
+"""The agent's health-counter period; telemetry rides every beat."""
+
+
+class SimulatedNode:
+    """One agent's payloads: a seeded simulated collector, read the way the agent's scheduler reads it."""
+
+    def __init__(self, hostname: str, *, cards: int, clock: SystemClock, started_at: datetime) -> None:
+        self.hostname = hostname
+        self.node_id: NodeId | None = None
+        self.collector = SimulatedCollector(clock=clock, count=cards, seed=hostname, started_at=started_at)
+        self._clock = clock
+        self._health: HealthCollection | None = None
+        self._health_read = -HEALTH_INTERVAL_S
+        self.in_flight = False
+
+    def registration(self) -> dict[str, Any]:
+        health, telemetry = self.collector.read_health(), self.collector.read_telemetry()
+        reg = registration_for(hostname=self.hostname, source="simulated", health=health, telemetry=telemetry)
+        return {
+            "hostname": reg.hostname,
+            "vendor": reg.vendor,
+            "model": reg.model,
+            "gpu_count": reg.gpu_count,
+            "source": reg.source,
+        }
+
+    def body(self) -> bytes:
+        now = self._clock.monotonic()
+        if now - self._health_read >= HEALTH_INTERVAL_S:
+            self._health, self._health_read = self.collector.read_health(), now
+        body = heartbeat_body(health=self._health, telemetry=self.collector.read_telemetry(), xid_events=())
+        return json.dumps(body).encode()
+
+
+@dataclass
+class Phase:
+    name: str
+    nodes: int
+    offered: float = 0.0
+    """Beats scheduled per second (0 for the closed loop)."""
+    seconds: float = 0.0
+    latencies: list[float] = field(default_factory=list)
+    repeat_latencies: list[float] = field(default_factory=list)
+    """Latencies of every beat but each node's first of the phase (which may write the node's first rows)."""
+    answers: Counter[str] = field(default_factory=Counter)
+    skipped: int = 0
+    retry_after: Counter[str] = field(default_factory=Counter)
+    rss_start_kib: int = 0
+    rss_end_kib: int = 0
+    rss_peak_kib: int = 0
+    """The server's VmHWM at the end of the phase: its peak since it started."""
+    server_cpu_s: float = 0.0
+    client_cpu_s: float = 0.0
+    rows_written: int = 0
+    readings_offered: int = 0
+    probe_worst_s: float = 0.0
+    probe_failures: int = 0
+    peak_in_flight: int = 0
+    """The server's own count: the most heartbeats it worked on at once (since it started)."""
+    peak_lag_s: float = 0.0
+    """The server's event-loop lag at its worst (since it started)."""
+    refused: dict[str, int] = field(default_factory=dict)
+    """Heartbeats the server's admission gate refused in this phase, by reason."""
+
+    @property
+    def beats(self) -> int:
+        return sum(self.answers.values())
+
+    @property
+    def ok(self) -> int:
+        return sum(n for status, n in self.answers.items() if status.startswith("2"))
+
+    @property
+    def rate(self) -> float:
+        return self.ok / self.seconds if self.seconds else 0.0
+
+    def percentile(self, q: float, *, repeats_only: bool = False) -> float:
+        ordered = sorted(self.repeat_latencies if repeats_only else self.latencies)
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))] * 1000 if ordered else float("nan")
+
+
+class RawConnection:
+    """One keep-alive HTTP/1.1 connection sending pre-built requests; reads the status and Retry-After."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.reader = reader
+        self.writer = writer
+
+    @classmethod
+    async def open(cls, port: int) -> RawConnection:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        return cls(reader, writer)
+
+    async def send(self, request: bytes) -> tuple[int, str | None]:
+        self.writer.write(request)
+        head = await self.reader.readuntil(b"\r\n\r\n")
+        length, retry_after = 0, None
+        for line in head.split(b"\r\n")[1:]:
+            name, _, value = line.partition(b":")
+            if name.lower() == b"content-length":
+                length = int(value)
+            elif name.lower() == b"retry-after":
+                retry_after = value.strip().decode()
+        await self.reader.readexactly(length)
+        return int(head[9:12]), retry_after
+
+    def close(self) -> None:
+        self.writer.close()
+
+
+def beat_request(port: int, authorization: str, node: SimulatedNode) -> bytes:
+    body = node.body()
+    head = (
+        f"POST /api/v1/nodes/{node.node_id}/heartbeat HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
+        f"Authorization: {authorization}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def proc_status_kib(pid: int, key: str) -> int:
+    """A ``/proc/<pid>/status`` size in KiB (``VmRSS``, ``VmHWM``)."""
+    with open(f"/proc/{pid}/status") as status:
+        for line in status:
+            if line.startswith(f"{key}:"):
+                return int(line.split()[1])
+    raise RuntimeError(f"{key} missing from /proc/{pid}/status")
+
+
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process, from /proc (Linux)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def heteroflow(*args: str, env: dict[str, str]) -> str:
+    result = subprocess.run(
+        [sys.executable, "-m", "heteroflow", *args], capture_output=True, text=True, check=True, env=env
+    )
+    return result.stdout.strip().splitlines()[-1]
+
+
+Lanes = asyncio.Semaphore | asyncio.Queue[RawConnection | None]
+
+
+class Fleet:
+    def __init__(
+        self, *, url: str, agent_token: str, admin_token: str, pid: int, concurrency: int, client: str
+    ) -> None:
+        self.pid = pid
+        self.url = url
+        self.port = int(url.rsplit(":", 1)[1])
+        self.authorization = f"Bearer {agent_token}"
+        self.client = client
+        # Several small pools instead of one big one: httpx scans its whole pool for every request, which with
+        # a thousand connections costs the load generator more CPU than the server spends on the beat.
+        self.agents = [
+            httpx.AsyncClient(
+                base_url=url,
+                headers={"Authorization": f"Bearer {agent_token}", "Content-Type": "application/json"},
+                # idle connections expire before the server's 5 s keep-alive closes them (no reuse race)
+                limits=httpx.Limits(
+                    max_connections=POOL_SIZE, max_keepalive_connections=POOL_SIZE, keepalive_expiry=2.0
+                ),
+            )
+            for _ in range(-(-concurrency // POOL_SIZE))
+        ]
+        self.admin = httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=60)
+        self.clock = SystemClock()
+        self.started_at = self.clock.now()
+
+    async def aclose(self) -> None:
+        for agent in self.agents:
+            await agent.aclose()
+        await self.admin.aclose()
+
+    def nodes(self, count: int, prefix: str) -> list[SimulatedNode]:
+        return [
+            SimulatedNode(f"{prefix}-{i:05d}", cards=8, clock=self.clock, started_at=self.started_at)
+            for i in range(count)
+        ]
+
+    async def register(self, nodes: list[SimulatedNode]) -> None:
+        for start in range(0, len(nodes), 32):
+            batch = nodes[start : start + 32]
+            answers = await asyncio.gather(
+                *(self.agents[0].post("/api/v1/nodes/register", json=n.registration()) for n in batch)
+            )
+            for node, answer in zip(batch, answers, strict=True):
+                answer.raise_for_status()
+                node.node_id = NodeId(answer.json()["node_id"])
+
+    async def ingest_status(self) -> dict[str, Any]:
+        body: dict[str, Any] = (await self.admin.get("/api/v1/server/status")).json()
+        return body
+
+    async def drain(self) -> None:
+        deadline = time.monotonic() + 300
+        while (await self.ingest_status())["health_ingest"]["pending_readings"]:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the server's health writer did not drain within 300 s")
+            await asyncio.sleep(0.2)
+
+    async def node_count(self) -> int:
+        total: int = (await self.admin.get("/api/v1/nodes", params={"limit": 1})).json()["total"]
+        return total
+
+    async def send(
+        self, node: SimulatedNode, phase: Phase, *, scheduled: float, lanes: Lanes, lane: int, repeat: bool = False
+    ) -> None:
+        """One beat of ``node``, over a free lane (the concurrency bound); its answer is tallied in ``phase``."""
+        node.in_flight = True
+        try:
+            if isinstance(lanes, asyncio.Semaphore):
+                status, retry_after = await self._post_httpx(node, lanes, lane)
+            else:
+                status, retry_after = await self._post_raw(node, lanes)
+        except TimeoutError:
+            phase.answers["timeout"] += 1
+            return
+        except (httpx.TransportError, OSError, asyncio.IncompleteReadError) as exc:
+            phase.answers[type(exc).__name__] += 1
+            return
+        finally:
+            node.in_flight = False
+        phase.latencies.append(time.perf_counter() - scheduled)
+        if repeat:
+            phase.repeat_latencies.append(phase.latencies[-1])
+        phase.answers[str(status)] += 1
+        if status in (429, 503):
+            phase.retry_after[retry_after or "none"] += 1
+
+    async def _post_httpx(self, node: SimulatedNode, gate: asyncio.Semaphore, lane: int) -> tuple[int, str | None]:
+        async with gate, asyncio.timeout(AGENT_TIMEOUT_S):
+            answer = await self.agents[lane % len(self.agents)].post(
+                f"/api/v1/nodes/{node.node_id}/heartbeat", content=node.body()
+            )
+        return answer.status_code, answer.headers.get("retry-after")
+
+    async def _post_raw(self, node: SimulatedNode, pool: asyncio.Queue[RawConnection | None]) -> tuple[int, str | None]:
+        connection = await pool.get()
+        try:
+            async with asyncio.timeout(AGENT_TIMEOUT_S):
+                connection = connection or await RawConnection.open(self.port)
+                answer = await connection.send(beat_request(self.port, self.authorization, node))
+        except BaseException:
+            if connection is not None:
+                connection.close()  # a late answer must never be read as the next beat's
+            pool.put_nowait(None)
+            raise
+        pool.put_nowait(connection)
+        return answer
+
+    async def probe(self, phase: Phase, stop: asyncio.Event) -> None:
+        """The liveness route, twice a second, while the phase runs: its worst latency and its failures."""
+        while not stop.is_set():
+            started = time.perf_counter()
+            try:
+                ok = (await self.admin.get("/healthz", timeout=AGENT_TIMEOUT_S)).status_code == 200
+            except httpx.HTTPError:
+                ok = False
+            phase.probe_worst_s = max(phase.probe_worst_s, time.perf_counter() - started)
+            phase.probe_failures += not ok
+            await asyncio.sleep(0.5)
+
+    async def measure(self, phase: Phase, load: Any) -> Phase:
+        await self.drain()
+        before = await self.ingest_status()
+        phase.rss_start_kib = proc_status_kib(self.pid, "VmRSS")
+        cpu, client_cpu = cpu_seconds(self.pid), time.process_time()
+        stop = asyncio.Event()
+        prober = asyncio.create_task(self.probe(phase, stop))
+        started = time.perf_counter()
+        await load(phase)
+        phase.seconds = time.perf_counter() - started
+        stop.set()
+        await prober
+        phase.client_cpu_s = time.process_time() - client_cpu
+        phase.rss_end_kib = proc_status_kib(self.pid, "VmRSS")
+        phase.rss_peak_kib = proc_status_kib(self.pid, "VmHWM")
+        await self.drain()  # the writer's work for this phase is billed to it
+        phase.server_cpu_s = cpu_seconds(self.pid) - cpu
+        after = await self.ingest_status()
+        phase.rows_written = after["health_ingest"]["written_total"] - before["health_ingest"]["written_total"]
+        phase.readings_offered = after["health_ingest"]["offered_total"] - before["health_ingest"]["offered_total"]
+        gate, gate_before = after["heartbeat_admission"], before["heartbeat_admission"]
+        phase.peak_in_flight, phase.peak_lag_s = gate["peak_in_flight"], gate["peak_lag_s"]
+        phase.refused = {
+            why: gate[f"refused_{why}_total"] - gate_before[f"refused_{why}_total"] for why in ("busy", "lagging")
+        }
+        return phase
+
+    async def cadence(
+        self, phase: Phase, nodes: list[SimulatedNode], *, seconds: float, interval: float, concurrency: int
+    ) -> None:
+        """Open loop: node i beats at i x interval / N, then every interval (the agents' phases are spread)."""
+        lanes = self.lanes(concurrency)
+        rate = len(nodes) / interval
+        phase.offered = rate
+        tasks: set[asyncio.Task[None]] = set()
+        start = time.perf_counter()
+        for step in range(int(seconds * rate)):
+            scheduled = start + step / rate
+            delay = scheduled - time.perf_counter()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            node = nodes[step % len(nodes)]
+            if node.in_flight:
+                phase.skipped += 1  # the agent waits for its previous beat: this one is never sent
+                continue
+            task = asyncio.create_task(
+                self.send(node, phase, scheduled=scheduled, lanes=lanes, lane=step, repeat=step >= len(nodes))
+            )
+            tasks.add(task)
+            task.add_done_callback(tasks.discard)
+        await asyncio.gather(*tasks)
+        if not isinstance(lanes, asyncio.Semaphore):
+            while not lanes.empty():
+                connection = lanes.get_nowait()
+                if connection is not None:
+                    connection.close()
+
+    def lanes(self, concurrency: int) -> Lanes:
+        """``concurrency`` lanes for beats: ``httpx`` pools behind a semaphore, or a pool of raw connections."""
+        if self.client == "httpx":
+            return asyncio.Semaphore(concurrency)
+        pool: asyncio.Queue[RawConnection | None] = asyncio.Queue()
+        for _ in range(concurrency):
+            pool.put_nowait(None)  # opened on first use
+        return pool
+
+    async def closed_loop(self, phase: Phase, nodes: list[SimulatedNode], *, seconds: float, concurrency: int) -> None:
+        """Every connection sends the next node's beat as soon as its previous one is answered.
+
+        The requests are built once, before the clock starts, and sent over minimal keep-alive connections
+        (:class:`RawConnection`): a general-purpose client spends more CPU per request than the server does, so
+        on shared cores it would saturate itself long before the server.
+        """
+        port = self.port
+        requests = [beat_request(port, self.authorization, node) for node in nodes]
+        deadline = time.perf_counter() + seconds
+        turn = 0
+
+        async def worker() -> None:
+            nonlocal turn
+            connection: RawConnection | None = None
+            while time.perf_counter() < deadline:
+                turn += 1
+                request = requests[turn % len(requests)]
+                started = time.perf_counter()
+                try:
+                    async with asyncio.timeout(AGENT_TIMEOUT_S):
+                        connection = connection or await RawConnection.open(port)
+                        status, retry_after = await connection.send(request)
+                except TimeoutError:
+                    phase.answers["timeout"] += 1
+                    if connection is not None:
+                        connection.close()  # its answer may still come: never read it as the next one's
+                    connection = None
+                    continue
+                except (OSError, asyncio.IncompleteReadError) as exc:
+                    phase.answers[type(exc).__name__] += 1
+                    connection = None
+                    continue
+                phase.latencies.append(time.perf_counter() - started)
+                phase.answers[str(status)] += 1
+                if status in (429, 503):
+                    phase.retry_after[retry_after or "none"] += 1
+            if connection is not None:
+                connection.close()
+
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+
+
+async def run(args: argparse.Namespace, url: str, agent_token: str, admin_token: str, pid: int) -> list[Phase]:
+    concurrency = max(args.concurrency, args.overload_concurrency)
+    fleet = Fleet(
+        url=url, agent_token=agent_token, admin_token=admin_token, pid=pid, concurrency=concurrency, client=args.client
+    )
+    try:
+        nodes = fleet.nodes(args.nodes, "load")
+        await fleet.register(nodes)
+        few = nodes[: args.baseline_nodes]
+
+        async def baseline(phase: Phase) -> None:
+            await fleet.cadence(
+                phase, few, seconds=args.baseline_seconds, interval=args.interval, concurrency=args.concurrency
+            )
+
+        async def everyone(phase: Phase) -> None:
+            await fleet.cadence(
+                phase, nodes, seconds=args.seconds, interval=args.interval, concurrency=args.concurrency
+            )
+
+        async def overload(phase: Phase) -> None:
+            await fleet.closed_loop(phase, nodes, seconds=args.overload_seconds, concurrency=args.overload_concurrency)
+
+        phases = [
+            await fleet.measure(Phase(f"baseline {len(few)} nodes", len(few)), baseline),
+            await fleet.measure(Phase(f"fleet {len(nodes)} nodes", len(nodes)), everyone),
+        ]
+        if args.overload_seconds > 0:
+            name = f"overload {args.overload_concurrency} conns"
+            phases.append(await fleet.measure(Phase(name, len(nodes)), overload))
+        known = await fleet.node_count()
+        print(f"nodes known to the server after the run: {known} of {len(nodes)} registered")
+        return phases
+    finally:
+        await fleet.aclose()
+
+
+def report(phases: list[Phase], args: argparse.Namespace, backend: str) -> None:
+    print(
+        f"heartbeats at the agent's cadence ({args.interval:g} s), 8 simulated cards per node, {backend}, "
+        f"{args.client} client, concurrency {args.concurrency} (overload {args.overload_concurrency}), agent timeout "
+        f"{AGENT_TIMEOUT_S:g} s, {os.cpu_count()} CPUs shared by the load generator and the server; "
+        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
+    head = (
+        f"{'phase':<26} {'offered/s':>9} {'ok/s':>7} {'x base':>6} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} "
+        f"{'p99 repeat':>10} {'skipped':>7} {'rss MiB start/end/peak':>22} {'srv cpu ms/beat':>15} {'rows/beat':>9} "
+        f"{'probe worst ms':>14} {'peak in flight':>14} {'peak lag ms':>11} {'client cpu %':>12}  answers"
+    )
+    print(head)
+    base = phases[0]
+    for p in phases:
+        answers = " ".join(f"{status}:{n}" for status, n in sorted(p.answers.items()))
+        retry = f" retry-after {dict(p.retry_after)}" if p.retry_after else ""
+        rss = f"{p.rss_start_kib / 1024:.0f}/{p.rss_end_kib / 1024:.0f}/{p.rss_peak_kib / 1024:.0f}"
+        offered = f"{p.offered:.0f}" if p.offered else "closed"
+        print(
+            f"{p.name:<26} {offered:>9} {p.rate:>7.0f} {p.rate / base.rate:>6.2f} {p.percentile(0.5):>8.1f} "
+            f"{p.percentile(0.95):>8.1f} {p.percentile(0.99):>8.1f} {p.percentile(0.99, repeats_only=True):>10.1f} "
+            f"{p.skipped:>7} {rss:>22} "
+            f"{p.server_cpu_s / max(1, p.beats) * 1000:>15.2f} {p.rows_written / max(1, p.ok):>9.3f} "
+            f"{p.probe_worst_s * 1000:>14.0f} {p.peak_in_flight:>14} {p.peak_lag_s * 1000:>11.0f} "
+            f"{p.client_cpu_s / p.seconds * 100:>12.0f}  {answers}{retry} refused {p.refused}"
+        )
+    for p in phases[1:]:
+        cpu_ratio = (p.server_cpu_s / max(1, p.beats)) / (base.server_cpu_s / max(1, base.beats))
+        print(
+            f"{p.name} vs {base.name}: ok/s x{p.rate / base.rate:.2f}, "
+            f"p99 x{p.percentile(0.99) / base.percentile(0.99):.2f}, server CPU/beat x{cpu_ratio:.2f}, "
+            f"RSS end x{p.rss_end_kib / base.rss_end_kib:.2f}"
+        )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--nodes", type=int, default=3000)
+    parser.add_argument("--seconds", type=float, default=60.0)
+    parser.add_argument("--baseline-nodes", type=int, default=300)
+    parser.add_argument("--baseline-seconds", type=float, default=20.0)
+    parser.add_argument("--interval", type=float, default=5.0, help="heartbeat period per node (agent default 5 s)")
+    parser.add_argument("--concurrency", type=int, default=64, help="beats in flight at most (cadence phases)")
+    parser.add_argument(
+        "--client",
+        choices=("raw", "httpx"),
+        default="raw",
+        help="client of the cadence phases: minimal keep-alive connections (default), or httpx as the agent uses",
+    )
+    parser.add_argument("--overload-concurrency", type=int, default=1024)
+    parser.add_argument("--overload-seconds", type=float, default=15.0, help="0 skips the overload phase")
+    parser.add_argument("--max-in-flight", type=int, default=None, help="the server's in-flight heartbeat bound")
+    parser.add_argument("--shed-lag", type=float, default=None, help="the server's event-loop lag bound, seconds")
+    parser.add_argument("--database-url", default=None, help="default: a fresh SQLite file")
+    parser.add_argument("--postgres", action="store_true", help="start a private PostgreSQL server and use it")
+    args = parser.parse_args()
+
+    workdir = tempfile.mkdtemp(prefix="hf-load-")
+    postgres = PostgresServer() if args.postgres else None
+    if postgres is not None:
+        postgres.start()
+    database_url = postgres.create_database() if postgres else args.database_url or f"sqlite:///{workdir}/load.db"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HETEROFLOW_")}
+    agent_token = heteroflow("admin", "create-token", "--scopes", "agent", "--database-url", database_url, env=env)
+    admin_token = heteroflow("admin", "create-token", "--scopes", "admin", "--database-url", database_url, env=env)
+    port = free_port()
+    server_env = {
+        **env,
+        "HETEROFLOW_LOG_LEVEL": "warning",
+        # sized to the fleet as docs/operations.md says: nodes x 8 cards
+        "HETEROFLOW_GPU_HEALTH_DEDUP_CACHE_ENTRIES": str(args.nodes * 8),
+    }
+    if args.max_in_flight is not None:
+        server_env["HETEROFLOW_SERVER_MAX_IN_FLIGHT_HEARTBEATS"] = str(args.max_in_flight)
+    if args.shed_lag is not None:
+        server_env["HETEROFLOW_SERVER_HEARTBEAT_SHED_LAG_SECONDS"] = str(args.shed_lag)
+    server = subprocess.Popen(
+        [sys.executable, "-m", "heteroflow", "server", "--port", str(port), "--database-url", database_url],
+        env=server_env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                if httpx.get(f"{url}/healthz", headers={"Authorization": f"Bearer {agent_token}"}).status_code == 200:
+                    break
+            except httpx.TransportError:
+                if time.monotonic() > deadline:
+                    raise
+            time.sleep(0.1)
+        phases = asyncio.run(run(args, url, agent_token, admin_token, server.pid))
+        alive = server.poll() is None
+    finally:
+        server.terminate()
+        server.wait(15)
+        if postgres is not None:
+            postgres.close()
+    print(f"server process alive at the end: {alive}")
+    report(phases, args, database_url.split(":", 1)[0])
+
+
+if __name__ == "__main__":
+    main()

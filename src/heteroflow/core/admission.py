@@ -1,0 +1,179 @@
+"""Admission control: beyond what a service can answer in time, answer 503 with Retry-After at once.
+
+A service that accepts everything under overload answers everything late: once the wait passes the clients'
+timeout, every answer is work nobody waits for, and the queue (and the memory it holds) grows with the offered
+load. Refusing the excess early keeps the admitted requests fast and tells the clients when to come back.
+
+Two signals, because requests queue in two places:
+
+- **In flight** — requests inside the application (reading a body, waiting for a thread or an upstream,
+  streaming an answer). Bounded by ``max_in_flight``: each takes a slot for its whole life.
+- **Event-loop lag** — requests the loop has not reached yet. A handler that never waits (a heartbeat served
+  from memory) is never "in flight" for long, so under overload the queue forms *before* the application: in
+  sockets and in the loop's ready queue, where no counter sees it. How late a periodic timer fires measures
+  that wait (:func:`watch_loop_lag`); above ``max_lag_s`` new requests are refused until the loop catches up.
+
+Pieces, none importing a web framework:
+
+- :class:`AdmissionGate` — the decision and its counters, with a frozen :class:`AdmissionStatus` (no I/O).
+- :func:`watch_loop_lag` — the task that feeds the gate the loop's lag.
+- :class:`AdmissionLimit` — a plain ASGI middleware that sends the requests a service selects through the gate
+  and refuses the rest before reading their bodies. Each service renders the refusal in its own error shape
+  (``render``) and counts it in its own metrics (``on_refused``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any, Literal
+
+Message = MutableMapping[str, Any]
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+Refusal = Literal["busy", "lagging"]
+"""Why a request was refused: every slot taken, or the event loop too far behind."""
+
+
+@dataclass(frozen=True, slots=True)
+class AdmissionStatus:
+    """A snapshot of one gate, for status routes, metrics and tests."""
+
+    max_in_flight: int
+    max_lag_s: float | None
+    in_flight: int
+    peak_in_flight: int
+    """The most requests in flight at once since the service started."""
+    lag_s: float
+    """The event loop's lag as last measured, seconds (0 when it is not watched)."""
+    peak_lag_s: float
+    admitted_total: int
+    refused_busy_total: int
+    refused_lagging_total: int
+
+
+class AdmissionGate:
+    """At most ``max_in_flight`` holders at once, and none while the loop lags more than ``max_lag_s``.
+
+    Not thread-safe: one event loop owns it.
+    """
+
+    def __init__(self, *, max_in_flight: int, max_lag_s: float | None = None) -> None:
+        if max_in_flight < 1:
+            raise ValueError("an admission gate must admit at least one request at a time")
+        if max_lag_s is not None and max_lag_s <= 0:
+            raise ValueError("the lag bound must be positive (None: lag is not a reason to refuse)")
+        self.max_in_flight = max_in_flight
+        self.max_lag_s = max_lag_s
+        self._in_flight = 0
+        self._peak = 0
+        self._lag_s = 0.0
+        self._peak_lag_s = 0.0
+        self._admitted = 0
+        self._refused: dict[Refusal, int] = {"busy": 0, "lagging": 0}
+
+    def observe_lag(self, lag_s: float) -> None:
+        """The newest measurement of the event loop's lag, seconds."""
+        self._lag_s = max(0.0, lag_s)
+        self._peak_lag_s = max(self._peak_lag_s, self._lag_s)
+
+    def try_enter(self) -> Refusal | None:
+        """Take a slot (``None``), or say why not (counted as refused)."""
+        refusal: Refusal | None = None
+        if self.max_lag_s is not None and self._lag_s > self.max_lag_s:
+            refusal = "lagging"
+        elif self._in_flight >= self.max_in_flight:
+            refusal = "busy"
+        if refusal is not None:
+            self._refused[refusal] += 1
+            return refusal
+        self._in_flight += 1
+        self._admitted += 1
+        self._peak = max(self._peak, self._in_flight)
+        return None
+
+    def leave(self) -> None:
+        self._in_flight = max(0, self._in_flight - 1)
+
+    def status(self) -> AdmissionStatus:
+        return AdmissionStatus(
+            max_in_flight=self.max_in_flight,
+            max_lag_s=self.max_lag_s,
+            in_flight=self._in_flight,
+            peak_in_flight=self._peak,
+            lag_s=self._lag_s,
+            peak_lag_s=self._peak_lag_s,
+            admitted_total=self._admitted,
+            refused_busy_total=self._refused["busy"],
+            refused_lagging_total=self._refused["lagging"],
+        )
+
+
+async def watch_loop_lag(gate: AdmissionGate, *, period_s: float = 0.05) -> None:
+    """Measure, every ``period_s``, how late the running loop fires a timer, and tell ``gate``; runs until
+    cancelled. The lateness is the wait a request arriving now sees before the loop gets to it."""
+    loop = asyncio.get_running_loop()
+    while True:
+        due = loop.time() + period_s
+        await asyncio.sleep(period_s)
+        gate.observe_lag(loop.time() - due)
+
+
+Render = Callable[[Scope, Refusal], dict[str, object]]
+"""A service's error body for a refused request: ``(scope, why) → JSON object``."""
+
+
+class AdmissionLimit:
+    """ASGI middleware: requests for which ``applies(scope)`` is true pass only through ``gate``.
+
+    An admitted request holds its slot until the application returns (a streamed answer: its last byte). A
+    refused one is answered 503 with ``Retry-After: retry_after_s`` at once; its body is never read (that is
+    the point of refusing early).
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        gate: AdmissionGate,
+        applies: Callable[[Scope], bool],
+        retry_after_s: int,
+        render: Render,
+        on_refused: Callable[[Scope, Refusal], None] | None = None,
+    ) -> None:
+        self.app = app
+        self.gate = gate
+        self.applies = applies
+        self.retry_after_s = retry_after_s
+        self.render = render
+        self.on_refused = on_refused
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.applies(scope):
+            await self.app(scope, receive, send)
+            return
+        refusal = self.gate.try_enter()
+        if refusal is not None:
+            if self.on_refused is not None:
+                self.on_refused(scope, refusal)
+            await self._refuse(scope, refusal, send)
+            return
+        try:
+            await self.app(scope, receive, send)
+        finally:
+            self.gate.leave()
+
+    async def _refuse(self, scope: Scope, refusal: Refusal, send: Send) -> None:
+        body = json.dumps(self.render(scope, refusal)).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(body)).encode()),
+            (b"retry-after", str(self.retry_after_s).encode()),
+        ]
+        await send({"type": "http.response.start", "status": 503, "headers": headers})
+        await send({"type": "http.response.body", "body": body})

@@ -1,0 +1,233 @@
+"""Bounded JSON request bodies: the size and nesting limits an HTTP service applies before it trusts a body.
+
+Two pieces, neither importing a web framework:
+
+- :func:`parse_json` — bytes in, a JSON value or a typed error out (purely computational), for a handler that
+  reads its body itself.
+- :class:`BodyLimit` — a plain ASGI middleware that reads the body once, refuses it when it is too large, nested
+  too deeply, or declared JSON but undecodable, and otherwise hands the same bytes on, so that a framework's own
+  body parsing never sees a hostile body (FastAPI answers an undecodable one with a generic 400 in its own
+  shape). Each service renders the refusal in its own error shape (``render``).
+
+Errors::
+
+    BodyError (ValueError)
+    ├── BodyTooLargeError      413  more than ``max_bytes`` (declared by Content-Length, or received)
+    └── InvalidJsonBodyError   400  nested deeper than ``max_depth``; declared JSON but not UTF-8 (or -16, -32)
+
+Why a depth limit at all: CPython's decoder recurses once per level and gives up with ``RecursionError``
+somewhere below a thousand levels, and every later consumer (pydantic, our own walkers, an engine) recurses
+again. No request of ours nests more than a handful of levels, so anything deeper is refused at the door.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from typing import Any, ClassVar, Final
+
+MAX_BODY_BYTES: Final = 1 << 20
+"""Largest request body, bytes (1 MiB): the controller's limit, shared by every service that had none."""
+
+MAX_JSON_DEPTH: Final = 32
+"""Deepest nesting of arrays and objects accepted (``{}`` is 1, ``{"a": []}`` is 2)."""
+
+Message = MutableMapping[str, Any]
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+class BodyError(ValueError):
+    """A request body refused before it was used; ``status`` and ``code`` are its HTTP answer."""
+
+    status: ClassVar[int] = 400
+    code: ClassVar[str] = "invalid_body"
+
+
+class BodyTooLargeError(BodyError):
+    status = 413
+    code = "body_too_large"
+
+
+class InvalidJsonBodyError(BodyError):
+    status = 400
+    code = "invalid_body"
+
+
+def nesting_depth(value: object, *, limit: int = MAX_JSON_DEPTH) -> int:
+    """Nesting depth of a parsed JSON value (0 for a scalar), or ``limit + 1`` as soon as it is deeper.
+
+    Iterative, so a value too deep for recursion is measured without recursing.
+    """
+    deepest = 0
+    stack: list[tuple[object, int]] = [(value, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, dict):
+            children: Any = node.values()
+        elif isinstance(node, list):
+            children = node
+        else:
+            continue
+        if depth > limit:
+            return limit + 1
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
+    return deepest
+
+
+def check_size(length: int, *, max_bytes: int = MAX_BODY_BYTES) -> None:
+    if length > max_bytes:
+        raise BodyTooLargeError(f"the request body is larger than {max_bytes} bytes")
+
+
+def parse_json(raw: bytes, *, max_bytes: int = MAX_BODY_BYTES, max_depth: int = MAX_JSON_DEPTH) -> object:
+    """The JSON value of ``raw``; :class:`BodyTooLargeError` or :class:`InvalidJsonBodyError` otherwise."""
+    check_size(len(raw), max_bytes=max_bytes)
+    try:
+        value = json.loads(raw)
+    except RecursionError as exc:
+        raise InvalidJsonBodyError(f"the request body is nested deeper than {max_depth} levels") from exc
+    except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError alike
+        raise InvalidJsonBodyError(f"the request body is not JSON: {exc}") from exc
+    _check_depth(raw, value, max_depth=max_depth)
+    return value
+
+
+def _check_depth(raw: bytes, value: object, *, max_depth: int) -> None:
+    # fewer brackets than the limit cannot nest deeper than it: the common small body costs two byte counts
+    if raw.count(b"[") + raw.count(b"{") > max_depth and nesting_depth(value, limit=max_depth) > max_depth:
+        raise InvalidJsonBodyError(f"the request body is nested deeper than {max_depth} levels")
+
+
+def check_body(
+    raw: bytes, *, max_bytes: int = MAX_BODY_BYTES, max_depth: int = MAX_JSON_DEPTH, declared_json: bool = False
+) -> None:
+    """Refuse a body that is too large, JSON nested too deeply, or declared JSON but not text in a JSON encoding;
+    any other body passes (its route judges it, malformed JSON included)."""
+    check_size(len(raw), max_bytes=max_bytes)
+    if declared_json and not _decodable(raw):
+        raise InvalidJsonBodyError("the request body is not UTF-8 encoded JSON")
+    if raw.count(b"[") + raw.count(b"{") <= max_depth:
+        return
+    try:
+        value = json.loads(raw)
+    except RecursionError as exc:
+        raise InvalidJsonBodyError(f"the request body is nested deeper than {max_depth} levels") from exc
+    except ValueError:
+        return  # not JSON: the route's own parsing answers that, in its own words
+    _check_depth(raw, value, max_depth=max_depth)
+
+
+def _decodable(raw: bytes) -> bool:
+    """Whether ``json.loads`` can decode ``raw`` to text (it may still not be JSON)."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    else:
+        return True
+    try:
+        json.loads(raw)  # UTF-16 and UTF-32, which JSON allows, are detected and decoded by json itself
+    except UnicodeDecodeError:
+        return False
+    except (ValueError, RecursionError):
+        return True
+    return True
+
+
+Render = Callable[[str, BodyError], dict[str, object]]
+"""A service's error body for a refused request body: ``(path, error) → JSON object``."""
+
+
+class BodyLimit:
+    """ASGI middleware: every HTTP request body is read here first and refused when :func:`check_body` says so.
+
+    A Content-Length over the limit is answered at once, without reading; a body sent without one is cut off
+    as soon as it passes the limit. An accepted body is handed to the application unchanged, in one message.
+    """
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        render: Render,
+        max_bytes: int = MAX_BODY_BYTES,
+        max_depth: int = MAX_JSON_DEPTH,
+    ) -> None:
+        self.app = app
+        self.render = render
+        self.max_bytes = max_bytes
+        self.max_depth = max_depth
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        try:
+            body = await self._read(scope, receive)
+            if body is None:
+                return  # the client went away before its body ended: there is no one to answer
+            check_body(body, max_bytes=self.max_bytes, max_depth=self.max_depth, declared_json=_declares_json(scope))
+        except BodyError as exc:
+            await self._refuse(scope, send, exc)
+            return
+        replayed = False
+
+        async def replay() -> Message:
+            nonlocal replayed
+            if not replayed:
+                replayed = True
+                return {"type": "http.request", "body": body, "more_body": False}
+            return await receive()  # later calls wait for the disconnect, as a streaming response expects
+
+        await self.app(scope, replay, send)
+
+    async def _read(self, scope: Scope, receive: Receive) -> bytes | None:
+        declared = _content_length(scope)
+        if declared is not None:
+            check_size(declared, max_bytes=self.max_bytes)
+        parts: list[bytes] = []
+        size = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            check_size(size, max_bytes=self.max_bytes)
+            parts.append(chunk)
+            if not message.get("more_body", False):
+                return b"".join(parts)
+
+    async def _refuse(self, scope: Scope, send: Send, exc: BodyError) -> None:
+        payload = json.dumps(self.render(str(scope.get("path", "")), exc)).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+        if isinstance(exc, BodyTooLargeError):
+            headers.append((b"connection", b"close"))  # the rest of the body is never read
+        await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+        await send({"type": "http.response.body", "body": payload, "more_body": False})
+
+
+def _declares_json(scope: Scope) -> bool:
+    """``Content-Type: application/json`` or ``application/…+json``, as FastAPI decides to parse a body."""
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"content-type":
+            media_type: str = value.decode("latin-1").split(";", 1)[0].strip().lower()
+            return media_type == "application/json" or (
+                media_type.startswith("application/") and media_type.endswith("+json")
+            )
+    return False
+
+
+def _content_length(scope: Scope) -> int | None:
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"content-length":
+            text = value.decode("latin-1").strip()
+            if not (text.isascii() and text.isdigit()):
+                return None  # not a length: the bytes received are counted instead
+            # int() refuses strings of thousands of digits; anything past 18 digits is too large anyway
+            return int(text) if len(text) <= 18 else 10**18
+    return None
