@@ -294,7 +294,7 @@ def create_app(
             }
         )
 
-    @app.post("/v1/chat/completions", response_model=None, responses=_errors(OpenAiErrorOut, 400, 401, 404, 413, 503))
+    @app.post("/v1/chat/completions", response_model=None, responses=_COMPLETION_ANSWERS)
     async def chat_completions(body: ChatCompletionRequest) -> Response:
         check_model(body.model)
         max_tokens = body.max_completion_tokens or body.max_tokens or 16

@@ -459,7 +459,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     async def completions(request: Request) -> Response:
         return await inference(request, route="completions", path="/v1/completions")
 
-    @app.post("/v1/chat/completions", responses=_openai_errors(400, 404, 413, 502, 503), openapi_extra=_INFERENCE_BODY)
+    @app.post("/v1/chat/completions", responses=_INFERENCE_ANSWERS, openapi_extra=_INFERENCE_BODY)
     async def chat_completions(request: Request) -> Response:
         return await inference(request, route="chat_completions", path="/v1/chat/completions")
 
