@@ -30,9 +30,9 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import JSONResponse
 
 from heteroflow.platform.auth import Principal, Scope
-from heteroflow.server.auth import context, require
+from heteroflow.server.auth import context, require_cluster_wide
 from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import Forbidden, NotFound, ServiceUnavailable, error_responses
+from heteroflow.server.errors import NotFound, ServiceUnavailable, error_responses
 
 CONTROLLER_TIMEOUT_SEC: Final = 5.0
 """Deadline of one forwarded call (connect, read, write, pool): the page polls every 2 s and shows a stale view
@@ -47,14 +47,8 @@ router = APIRouter(tags=["serving"], responses=error_responses(403))
 Ctx = Annotated[ServerContext, Depends(context)]
 
 
-async def cluster_admin(principal: Annotated[Principal, Depends(require(Scope.ADMIN))]) -> Principal:
-    """``admin`` on a token without a tenant: serving instances belong to the whole cluster."""
-    if principal.tenant_id is not None:
-        raise Forbidden("serving instances are cluster-wide: this route needs an 'admin' token without a tenant")
-    return principal
-
-
-Admin = Annotated[Principal, Depends(cluster_admin)]
+# ``admin`` on a token without a tenant: serving instances belong to the whole cluster
+Admin = Annotated[Principal, Depends(require_cluster_wide(Scope.ADMIN))]
 
 
 class ControllerProxy:
