@@ -313,6 +313,45 @@ def test_the_guard_freezes_the_suicide_handling() -> None:
     run_instance(scenario)
 
 
+def test_a_full_rebuild_takes_over_a_retired_dead_engine_without_triggering_the_suicide() -> None:
+    async def scenario(h: Harness) -> None:
+        pod = h.pods["b"]
+        await guard(h, "round-1", lease=100.0, pods="b")
+        pod.launcher.current(3).kill_worker()
+        await pod.nm.supervise_once()
+        committed = await pod.post(
+            NM_FT_FINALIZE_PATH, {"request_id": "round-1", "commit": True, "retired_endpoint_ids": [3]}
+        )
+        assert committed.status_code == 200
+        h.cluster.clock.advance(500.0)  # rank 3 died long ago; retired, it does not count
+        # the controller's fallback: a full rebuild un-retires rank 3 and restarts the pod's engines, whose stops
+        # take a while (a hung engine uses its whole grace); the supervisor keeps checking meanwhile
+        release, stopping = threading.Event(), threading.Event()
+        stop = pod.nm.supervisor.stop
+
+        def slow_stop(endpoint_id: int, *, grace_sec: float) -> bool:
+            stopping.set()
+            release.wait(timeout=10)
+            return stop(endpoint_id, grace_sec=grace_sec)
+
+        pod.nm.supervisor.stop = slow_stop  # type: ignore[method-assign]
+        restart = asyncio.create_task(pod.post(NM_ENGINES_RESTART_PATH, {"retired_endpoint_ids": []}))
+        try:
+            assert await asyncio.to_thread(stopping.wait, 10)  # the restart is stopping the engines now
+            await pod.nm.supervise_once()
+            assert pod.nm.status().suicide_reason is None
+        finally:
+            release.set()
+            answer = await restart
+            pod.nm.supervisor.stop = stop  # type: ignore[method-assign]
+        assert answer.json()["started_endpoint_ids"] == [2, 3]
+        await pod.nm.supervise_once()
+        assert pod.nm.status().suicide_reason is None
+        assert not pod.nm.exit_requested.is_set()
+
+    run_instance(scenario)
+
+
 # == a whole round through the four routes ===================================================================
 def test_scale_down_round_through_both_node_managers() -> None:
     async def scenario(h: Harness) -> None:

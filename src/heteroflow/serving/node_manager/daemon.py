@@ -199,6 +199,8 @@ class NodeManager:
     async def _maybe_suicide(self) -> None:
         if not self.settings.engine_death_suicide or self._suicide_reason is not None:
             return
+        if self._lifecycle.locked():  # the controller is stopping or starting our engines: it took them over
+            return
         due = service.suicide_due(
             dead_since=self._dead_since,
             state=self._state,
@@ -579,6 +581,9 @@ class NodeManager:
 
     async def start_engines(self, request: EnginesStartRequest, *, restart: bool = False) -> EnginesResponse:
         async with self._lifecycle:
+            # the controller takes every local engine over: an earlier death no longer counts towards the suicide
+            # handling, also for an engine the new retired set no longer retires (a full rebuild)
+            self._dead_since.clear()
             if request.retired_endpoint_ids is not None:
                 self._state = service.replace_retired(self._state, self._in_instance(request.retired_endpoint_ids))
             self._target = LaunchTarget(
