@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from typing import Any
 
+from heteroflow.core.request_body import nesting_depth
 from heteroflow.serving.coordinator.errors import BadRequestError, BodyTooLargeError
 
 MAX_JSON_DEPTH = 64
@@ -26,28 +26,6 @@ class InferenceRequest:
     model: str
     stream: bool
     raw: bytes
-
-
-def nesting_depth(value: Any, *, limit: int = MAX_JSON_DEPTH) -> int:
-    """The nesting depth of a parsed JSON value (0 for a scalar, 1 for ``[]``), or ``limit + 1`` once over.
-
-    Iterative, and it stops as soon as the limit is passed, so a hostile body costs no more than its parse.
-    """
-    deepest = 0
-    stack: list[tuple[Any, int]] = [(value, 1)]
-    while stack:
-        node, depth = stack.pop()
-        if isinstance(node, dict):
-            children: Any = node.values()
-        elif isinstance(node, list):
-            children = node
-        else:
-            continue
-        if depth > limit:
-            return limit + 1
-        deepest = max(deepest, depth)
-        stack.extend((child, depth + 1) for child in children if isinstance(child, dict | list))
-    return deepest
 
 
 def check_size(length: int, *, max_bytes: int) -> None:
@@ -72,7 +50,8 @@ def parse_inference_body(raw: bytes, *, max_bytes: int) -> InferenceRequest:
     except ValueError as exc:
         raise BadRequestError(f"the request body is not valid JSON: {exc}") from exc
     # fewer brackets than the limit cannot nest deeper than it: the common case costs two byte counts
-    if raw.count(b"[") + raw.count(b"{") > MAX_JSON_DEPTH and nesting_depth(body) > MAX_JSON_DEPTH:
+    brackets = raw.count(b"[") + raw.count(b"{")
+    if brackets > MAX_JSON_DEPTH and nesting_depth(body, limit=MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
         raise BadRequestError(f"the request body is nested deeper than {MAX_JSON_DEPTH} levels")
     if not isinstance(body, dict):
         raise BadRequestError("the request body must be a JSON object")
