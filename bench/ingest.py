@@ -1,12 +1,16 @@
-"""Heartbeat ingestion throughput: dedup on (steady counters) versus writing every beat.
+"""Heartbeat ingestion throughput: dedup on (steady counters) versus writing every beat, against the floor.
 
-Starts a real ``heteroflow server`` process, registers nodes, then drives the real HTTP heartbeat route
-(8 GPU stats per beat) in three phases:
+Starts a real ``heteroflow server`` process, registers nodes, then drives the real HTTP heartbeat route with the
+agent's own bodies (``SimulatedCollector`` + ``heartbeat_body``: 8 cards with health counters and telemetry,
+~3.4 KB, fresh ``sampled_at``/``telemetry_at`` on every beat) in four phases:
 
 1. baseline  - every beat changes a counter on every card, so every beat writes 8 rows;
 2. dedup     - the same closed-loop load with steady counters: the dedup cache skips the database;
 3. target    - an open loop at a fixed rate (default 600/s = 3,000 nodes at 5 s) with steady counters;
-               latency is measured from each request's scheduled time, so queueing is not hidden.
+               latency is measured from each request's scheduled time, so queueing is not hidden;
+4. floor     - the dedup phase's load against ``bench/floor_app.py`` (bare Starlette on the same uvicorn:
+               token check, JSON decode, the project's ``Heartbeat`` schema, nothing else): what no heartbeat
+               route on this stack can avoid. The dedup phase's CPU per beat is printed as a ratio of it.
 
 The load generator is a minimal HTTP/1.1 keep-alive client on asyncio streams with pre-built requests: on a
 2-core machine a general-purpose client would spend more CPU per request than the server does and measure
@@ -15,7 +19,7 @@ itself. The server's own CPU time per beat (from /proc) and its SQL statements p
 measured in the same run. Usage::
 
     .venv/bin/python bench/ingest.py [--nodes 3000] [--seconds 15] [--concurrency 16] [--rate 600]
-                                     [--postgres | --database-url postgresql://…]
+                                     [--postgres | --database-url postgresql://…] [--no-floor]
 """
 
 from __future__ import annotations
@@ -28,12 +32,22 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
 
+from heteroflow.agent.heartbeat import heartbeat_body
+from heteroflow.agent.runner import registration_for
+from heteroflow.agent.simulated import SimulatedCollector
+from heteroflow.core.clock import SystemClock
 from heteroflow.storage.testing import PostgresServer, free_port
+
+# placeholders in the pre-rendered agent bodies, replaced per request (cheaper than a json.dumps per beat)
+TIME_MARK = "1999-01-01T00:00:00+00:00"
+COUNTER_MARK = 987654321
 
 
 @dataclass
@@ -94,25 +108,43 @@ def request_bytes(port: int, token: str, node: str, body: bytes) -> bytes:
     return head.encode() + body
 
 
-def beat_body(step: int, *, changing: bool) -> bytes:
-    corrected = step if changing else 10
-    stats: list[dict[str, Any]] = [
-        {
-            "index": index,
-            "uuid": f"GPU-{index:02d}",
-            "temperature_c": 40,
-            "utilization_pct": 50,
-            "memory_used_mib": 1000,
-            "memory_total_mib": 81920,
-            "ecc_uncorrected_total": 0,
-            "ecc_corrected_total": corrected,
-            "retired_pages": 0,
-            "remapped_rows_pending": 0,
-            "remapped_rows_failure": 0,
-        }
-        for index in range(8)
-    ]
-    return json.dumps({"gpu_stats": stats}).encode()
+@dataclass(frozen=True)
+class AgentNode:
+    """One simulated node: its registration and its heartbeat body as the agent renders it."""
+
+    hostname: str
+    registration: dict[str, Any]
+    steady: bytes  # counters as collected; time placeholders
+    changing: bytes  # every card's corrected counter replaced by COUNTER_MARK; time placeholders
+
+    def body(self, step: int | None) -> bytes:
+        """The body of one beat: fresh sample times; with ``step``, a corrected counter that changed."""
+        now = datetime.now(UTC).isoformat().encode()
+        if step is None:
+            return self.steady.replace(TIME_MARK.encode(), now)
+        return self.changing.replace(TIME_MARK.encode(), now).replace(str(COUNTER_MARK).encode(), str(step).encode())
+
+
+def agent_nodes(count: int) -> list[AgentNode]:
+    """``count`` nodes of 8 simulated cards each, their bodies built by the agent's own code."""
+    clock = SystemClock()
+    started = clock.now()
+    nodes = []
+    for i in range(count):
+        hostname = f"bench-{i:05d}"
+        collector = SimulatedCollector(clock=clock, count=8, seed=hostname, started_at=started)
+        health, telemetry = collector.read_health(), collector.read_telemetry()
+        registration = registration_for(hostname=hostname, source="simulated", health=health, telemetry=telemetry)
+        body = heartbeat_body(health=health, telemetry=telemetry, xid_events=())
+        for stat in body["gpu_stats"]:
+            for key in ("sampled_at", "telemetry_at"):
+                if key in stat:
+                    stat[key] = TIME_MARK
+        steady = json.dumps(body).encode()
+        for stat in body["gpu_stats"]:
+            stat["ecc_corrected_total"] = COUNTER_MARK
+        nodes.append(AgentNode(hostname, asdict(registration), steady, json.dumps(body).encode()))
+    return nodes
 
 
 def cpu_seconds(pid: int) -> float:
@@ -130,15 +162,31 @@ def heteroflow(*args: str, env: dict[str, str]) -> str:
 
 
 class Bench:
-    def __init__(self, *, port: int, token: str, admin: httpx.AsyncClient, nodes: list[str], server_pid: int) -> None:
+    """Drives one HTTP server (the project's, or the floor app) with the agent bodies of ``agents``."""
+
+    def __init__(
+        self,
+        *,
+        port: int,
+        token: str,
+        admin: httpx.AsyncClient | None,
+        node_ids: list[str],
+        agents: list[AgentNode],
+        server_pid: int,
+    ) -> None:
         self.port = port
         self.token = token
         self.admin = admin
-        self.nodes = nodes
+        self.node_ids = node_ids
+        self.agents = agents
         self.server_pid = server_pid
-        self.steady = [request_bytes(port, token, node, beat_body(0, changing=False)) for node in nodes]
+
+    def request(self, node: int, step: int | None) -> bytes:
+        return request_bytes(self.port, self.token, self.node_ids[node], self.agents[node].body(step))
 
     async def statements(self) -> float:
+        if self.admin is None:
+            return 0.0
         text = (await self.admin.get("/metrics")).text
         for line in text.splitlines():
             if line.startswith("heteroflow_db_statements_total "):
@@ -147,6 +195,8 @@ class Bench:
 
     async def drain(self) -> None:
         """Wait until the server's health writer has no backlog (so one phase never bills the next)."""
+        if self.admin is None:
+            return
         deadline = time.monotonic() + 300
         while (await self.admin.get("/api/v1/server/status")).json()["health_ingest"]["pending_readings"]:
             if time.monotonic() > deadline:
@@ -156,8 +206,13 @@ class Bench:
     async def prime(self) -> None:
         """One steady beat per node: first rows written, caches warm, before anything is measured."""
         connections = [await Connection.open(self.port) for _ in range(16)]
-        for start in range(0, len(self.steady), len(connections)):
-            await asyncio.gather(*(c.send(r) for c, r in zip(connections, self.steady[start:], strict=False)))
+        for start in range(0, len(self.node_ids), len(connections)):
+            await asyncio.gather(
+                *(
+                    c.send(self.request(node, None))
+                    for c, node in zip(connections, range(start, len(self.node_ids)), strict=False)
+                )
+            )
         for c in connections:
             c.close()
         await self.drain()
@@ -181,12 +236,7 @@ class Bench:
             try:
                 while time.perf_counter() < deadline:
                     counter += 1
-                    node = counter % len(self.nodes)
-                    request = (
-                        request_bytes(self.port, self.token, self.nodes[node], beat_body(counter, changing=True))
-                        if changing
-                        else self.steady[node]
-                    )
+                    request = self.request(counter % len(self.node_ids), counter if changing else None)
                     started = time.perf_counter()
                     status = await connection.send(request)
                     result.latencies.append(time.perf_counter() - started)
@@ -207,7 +257,7 @@ class Bench:
         async def one(step: int, scheduled: float) -> None:
             connection = await pool.get()
             try:
-                status = await connection.send(self.steady[step % len(self.nodes)])
+                status = await connection.send(self.request(step % len(self.node_ids), None))
             finally:
                 pool.put_nowait(connection)
             # from the scheduled time: waiting for a free connection is latency too
@@ -229,25 +279,24 @@ class Bench:
             pool.get_nowait().close()
 
 
-async def run(args: argparse.Namespace, port: int, agent_token: str, admin_token: str, pid: int) -> list[PhaseResult]:
+async def run(
+    args: argparse.Namespace, port: int, agent_token: str, admin_token: str, pid: int, agents: list[AgentNode]
+) -> tuple[list[PhaseResult], list[str]]:
     url = f"http://127.0.0.1:{port}"
     async with (
         httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {agent_token}"}, timeout=30) as client,
         httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=30) as admin,
     ):
-        nodes: list[str] = []
-        for start in range(0, args.nodes, 50):
+        node_ids: list[str] = []
+        for start in range(0, len(agents), 50):
             batch = await asyncio.gather(
                 *(
-                    client.post(
-                        "/api/v1/nodes/register",
-                        json={"hostname": f"bench-{i:05d}", "vendor": "nvidia", "model": "H100", "gpu_count": 8},
-                    )
-                    for i in range(start, min(args.nodes, start + 50))
+                    client.post("/api/v1/nodes/register", json=agent.registration)
+                    for agent in agents[start : start + 50]
                 )
             )
-            nodes.extend(r.json()["node_id"] for r in batch)
-        bench = Bench(port=port, token=agent_token, admin=admin, nodes=nodes, server_pid=pid)
+            node_ids.extend(r.raise_for_status().json()["node_id"] for r in batch)
+        bench = Bench(port=port, token=agent_token, admin=admin, node_ids=node_ids, agents=agents, server_pid=pid)
         await bench.prime()
         baseline = await bench.measure(
             PhaseResult("baseline: every beat writes"),
@@ -262,7 +311,60 @@ async def run(args: argparse.Namespace, port: int, agent_token: str, admin_token
             PhaseResult(f"target {args.rate:.0f}/s (open loop)"),
             lambda r: bench.open_loop(r, seconds=args.seconds, rate=args.rate, connections=args.concurrency * 4),
         )
-        return [baseline, dedup, target]
+        return [baseline, dedup, target], node_ids
+
+
+async def run_floor(
+    args: argparse.Namespace, port: int, token: str, pid: int, agents: list[AgentNode], node_ids: list[str]
+) -> PhaseResult:
+    bench = Bench(port=port, token=token, admin=None, node_ids=node_ids, agents=agents, server_pid=pid)
+    await bench.prime()
+    return await bench.measure(
+        PhaseResult("floor: decode + validate"),
+        lambda r: bench.closed_loop(r, seconds=args.seconds, concurrency=args.concurrency, changing=False),
+    )
+
+
+def wait_answering(url: str, token: str, *, what: str, status: int | None = 200) -> None:
+    """Poll ``url`` until it answers (with ``status``, unless None), for at most 30 s."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            answer = httpx.get(url, headers={"Authorization": f"Bearer {token}"})
+            if status is None or answer.status_code == status:
+                return
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{what} did not answer within 30 s")
+        time.sleep(0.1)
+
+
+def start_floor(token: str, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
+    """The floor app on the same uvicorn (and HTTP parser) the platform server runs on."""
+    port = free_port()
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "uvicorn",
+            "floor_app:app",
+            "--app-dir",
+            str(Path(__file__).parent),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--log-level",
+            "warning",
+            "--no-access-log",
+        ],
+        env={**env, "FLOOR_TOKEN": token},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_answering(f"http://127.0.0.1:{port}/", token, what="the floor app", status=None)
+    return process, port
 
 
 def main() -> None:
@@ -274,6 +376,7 @@ def main() -> None:
     parser.add_argument("--database-url", default=None, help="default: a fresh SQLite file")
     parser.add_argument("--postgres", action="store_true", help="start a private PostgreSQL server and use it")
     parser.add_argument("--cache-entries", type=int, default=0, help="dedup cache size (default nodes x 8)")
+    parser.add_argument("--no-floor", action="store_true", help="skip the floor phase")
     args = parser.parse_args()
     cache_entries = args.cache_entries or args.nodes * 8
 
@@ -297,23 +400,23 @@ def main() -> None:
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    agents = agent_nodes(args.nodes)
+    floor: PhaseResult | None = None
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                headers = {"Authorization": f"Bearer {agent_token}"}
-                if httpx.get(f"http://127.0.0.1:{port}/healthz", headers=headers).status_code == 200:
-                    break
-            except httpx.TransportError:
-                if time.monotonic() > deadline:
-                    raise
-            time.sleep(0.1)
-        results = asyncio.run(run(args, port, agent_token, admin_token, server.pid))
+        wait_answering(f"http://127.0.0.1:{port}/healthz", agent_token, what="the server")
+        results, node_ids = asyncio.run(run(args, port, agent_token, admin_token, server.pid, agents))
     finally:
         server.terminate()
         server.wait(15)
         if postgres is not None:
             postgres.close()
+    if not args.no_floor:  # the platform server is stopped first: the floor has the cores the server had
+        floor_process, floor_port = start_floor(agent_token, env)
+        try:
+            floor = asyncio.run(run_floor(args, floor_port, agent_token, floor_process.pid, agents, node_ids))
+        finally:
+            floor_process.terminate()
+            floor_process.wait(15)
 
     backend = database_url.split(":", 1)[0]
     print(
@@ -325,10 +428,19 @@ def main() -> None:
         f"{'srv cpu ms/beat':>15} {'errors':>6}"
     )
     base = results[0].rate
-    for r in results:
+    for r in [*results, *([floor] if floor else [])]:
         print(
             f"{r.name:<30} {r.rate:>8.0f} {r.rate / base:>7.2f} {r.percentile(0.50):>7.1f} {r.percentile(0.99):>7.1f} "
             f"{r.statements:>10.3f} {r.cpu_ms_per_beat:>15.2f} {r.errors:>6}"
+        )
+
+    body = sum(len(agent.body(None)) for agent in agents) / len(agents)
+    print(f"mean agent body {body:.0f} B; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if floor is not None:
+        dedup = results[1]
+        print(
+            f"dedup / floor: CPU per beat x{dedup.cpu_ms_per_beat / floor.cpu_ms_per_beat:.2f}, "
+            f"throughput x{dedup.rate / floor.rate:.2f}"
         )
 
 
