@@ -111,8 +111,9 @@ def test_every_requirement_id_cited_in_src_is_defined_in_docs_design() -> None:
     defined = defined_ids()
     missing = {rid: where for rid, where in cited_ids().items() if rid not in defined}
     report = [
-        f"{rid} is cited at {', '.join(where[:5])}{' …' if len(where) > 5 else ''} but not defined in docs/design/: "
-        f"add a heading '{rid} …' (or a table row '| {rid} |') to docs/design/{HOME[rid[0]]}"
+        f"{'RFC ' if rid[0] == '§' else ''}{rid} is cited at {', '.join(where[:5])}{' …' if len(where) > 5 else ''} "
+        f"but not defined in docs/design/: add a heading '### {rid} …' (or a table row '| {rid} | … |') to "
+        f"docs/design/{HOME[rid[0]]}"
         for rid, where in sorted(missing.items())
     ]
     assert not report, "\n".join(report)
