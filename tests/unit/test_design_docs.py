@@ -1,6 +1,8 @@
 """The repository stands alone: every requirement id the code cites is defined in ``docs/design/``, and nothing
 in the code or the docs points outside the repository (``docs/design/README.md``, D-51).
 
+Ids are collected from ``src`` and from the docs, tests and benchmarks that cite them too (:data:`CITING`).
+
 How an id is recognised — one regular expression, :data:`ID_PATTERN`, with three alternatives:
 
 - ``F-nn``, ``H-nn``, ``D-nn``: a serving requirement, a GPU health requirement, a design decision. The id must
@@ -37,6 +39,9 @@ ID_PATTERN = re.compile(
 #: Where a missing id of each kind belongs.
 HOME = {"F": "serving-ft.md", "A": "serving-ft.md", "H": "health.md", "D": "decisions.md", "§": "rfc-dp-scale-down.md"}
 
+#: Where ids are cited: the code first, and the docs and tests that explain and check it.
+CITING = ("src", "docs", "tests", "bench", "README.md", "ARCHITECTURE.md")
+
 #: Text that points outside the repository (the specification and design folders the code grew from).
 OUTSIDE = ("shared/spec", "shared/seeds", "../shared", "/work/shared")
 #: What must stand alone: the code, the docs, and everything that ships with them. ``tests`` may read real tool
@@ -63,10 +68,12 @@ def read(path: Path) -> str:
     return path.read_text(encoding="utf-8", errors="replace")
 
 
-def cited_ids(root: str = "src") -> dict[str, list[str]]:
-    """Every id cited under ``root`` → the ``path:line`` places that cite it."""
+def cited_ids(*roots: str) -> dict[str, list[str]]:
+    """Every id cited under ``roots`` (this file's examples aside) → the ``path:line`` places that cite it."""
     places: dict[str, list[str]] = defaultdict(list)
-    for path in text_files(root):
+    for path in text_files(*roots):
+        if path == Path(__file__).resolve():
+            continue
         for number, line in enumerate(read(path).splitlines(), start=1):
             for match in ID_PATTERN.finditer(line):
                 places[normalise(match.group())].append(f"{path.relative_to(REPO)}:{number}")
@@ -103,13 +110,14 @@ def test_the_pattern_finds_exactly_the_ids_of_a_sentence() -> None:
 
 def test_src_cites_requirement_ids() -> None:
     """A guard on the guard: if the pattern stopped matching, the next test would pass vacuously."""
-    kinds = {normalise(rid)[0] for rid in cited_ids()}
+    kinds = {normalise(rid)[0] for rid in cited_ids("src")}
     assert {"F", "H", "§", "A"} <= kinds
 
 
-def test_every_requirement_id_cited_in_src_is_defined_in_docs_design() -> None:
+def test_every_requirement_id_cited_is_defined_in_docs_design() -> None:
+    """Every id in ``src`` (and in the docs and tests around it) names a definition in ``docs/design/``."""
     defined = defined_ids()
-    missing = {rid: where for rid, where in cited_ids().items() if rid not in defined}
+    missing = {rid: where for rid, where in cited_ids(*CITING).items() if rid not in defined}
     report = [
         f"{'RFC ' if rid[0] == '§' else ''}{rid} is cited at {', '.join(where[:5])}{' …' if len(where) > 5 else ''} "
         f"but not defined in docs/design/: add a heading '### {rid} …' (or a table row '| {rid} | … |') to "
