@@ -7,8 +7,8 @@ cards healthy, some degrading, some with a sudden uncorrectable error), then mea
               queries at the rules' boundary instants);
 * stats     - the production statistics (failure events and exposure in SQL with window functions), called
               twice: the first call after the ticks, and the same call again;
-* naive     - the same decisions made by reading every card's whole series into Python (what the seed's known
-              limit #7 describes), as the baseline.
+* naive     - the same decisions made by reading every card's whole series into Python (what known limit 7
+              of docs/design/gpu-health-design.md describes), as the baseline.
 
 Usage::
 

@@ -13,20 +13,26 @@ from sqlalchemy.engine import Engine
 
 from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.testing import PostgresServer, PostgresUnavailableError
-
-_HEALTH_ENV_PREFIXES = ("HETEROFLOW_", "GPU_HEALTH_", "GPU_METRICS_", "GPU_MEMORY_HIGH_", "GPU_WEAK_")
+from tests.support.environment import load_settings_modules, settings_env_names, settings_in
 
 # Two shared cores: a per-example deadline would fail on the machine's load, not on the code.
 settings.register_profile("heteroflow", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile("heteroflow")
 
 
+@pytest.fixture(scope="session")
+def _settings_modules() -> list[str]:
+    """Every settings group loaded once, so that names only a subprocess reads are known too."""
+    return load_settings_modules()
+
+
 @pytest.fixture(autouse=True)
-def _clean_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Tests never inherit HeteroFlow settings from the shell that runs them."""
-    for name in list(os.environ):
-        if name.startswith(_HEALTH_ENV_PREFIXES):
-            monkeypatch.delenv(name)
+def _clean_environment(monkeypatch: pytest.MonkeyPatch, _settings_modules: list[str]) -> None:
+    """Tests never inherit HeteroFlow settings from the shell that runs them (``tests/support/environment.py``):
+    every declared prefix (``HETEROFLOW_``, ``GPU_FAULT_``, …, ``ALERT_BACKLOG_HOURS``) and every name a settings
+    group reads, matched case-insensitively as the settings match them."""
+    for name in settings_in(list(os.environ), settings_env_names()):
+        monkeypatch.delenv(name)
     structlog.reset_defaults()
 
 

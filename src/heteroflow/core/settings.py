@@ -24,8 +24,8 @@ ENV_PREFIX = "HETEROFLOW_"
 def env_names(field: str, *seed_names: str) -> AliasChoices:
     """The environment names a field is read from, in order of precedence.
 
-    The ``HETEROFLOW_``-prefixed name comes first; the seed documents' own names (for example
-    ``GPU_HEALTH_RETENTION_DAYS``) are read exactly as written after it.
+    The ``HETEROFLOW_``-prefixed name comes first; the design's own names (for example
+    ``GPU_HEALTH_RETENTION_DAYS``, ``docs/design/health.md`` H-25) are read exactly as written after it.
     """
     return AliasChoices(f"{ENV_PREFIX}{field.upper()}", *seed_names, field)
 

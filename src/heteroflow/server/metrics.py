@@ -83,7 +83,7 @@ class GpuValues(Protocol):
     def metrics(self) -> GpuMetrics | None: ...
 
 
-#: (metric name, help, attribute, scale) of the per-GPU gauges; counter gauges keep the seed's field names
+#: (metric name, help, attribute, scale) of the per-GPU gauges; counter gauges keep the design's field names
 _COUNTER_GAUGES = [
     (f"heteroflow_gpu_{name}", f"The card's {name.replace('_', ' ')} as last reported (absent when unknown).", name)
     for name in HEALTH_KEYS

@@ -18,7 +18,7 @@ test("placeholders match between the languages", () => {
   }
 });
 
-test("the seed's Chinese wording is used", () => {
+test("the design's Chinese wording is used", () => {
   assert.equal(LANGUAGES.zh["stats.insufficient"], "样本不足，暂不给命中率");
   assert.equal(LANGUAGES.zh["type.unrecognised"], "未识别");
   assert.equal(LANGUAGES.zh["caps.stalled"], "采集停滞");

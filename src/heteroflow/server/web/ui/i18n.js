@@ -1,4 +1,5 @@
-// English and Simplified Chinese strings, both complete. The Chinese wording follows the seed.
+// English and Simplified Chinese strings, both complete. The Chinese wording follows the design's terms
+// (docs/design/gpu-health-design.md, docs/design/glossary.md).
 // t(key, params) fills {name} placeholders; a missing key shows the key itself (tests catch that).
 
 const EN = {

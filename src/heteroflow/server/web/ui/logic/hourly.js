@@ -1,6 +1,7 @@
 // Hourly counter increases for the ECC rate chart. Purely computational: no DOM, no fetch, no clock.
 //
-// An hour [m, m + 1h) has a value only when all three conditions of the seed hold; otherwise it is unknown
+// An hour [m, m + 1h) has a value only when all three conditions of the design hold
+// (docs/design/gpu-health-design.md, "The page"); otherwise it is unknown
 // (null) — never 0, and never a negative bar:
 //   1. at both marks the latest sample at or before the mark exists, is no older than the stall threshold
 //      (an old value carried forward would be invented data) and its counter is readable (non-null);

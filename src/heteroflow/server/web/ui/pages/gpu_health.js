@@ -1,5 +1,5 @@
-// /nodes/gpu-health: statistics, predictions, ECC rate, capability matrix — top to bottom, as the seed's table
-// describes. No auto-refresh: data is fetched on load and on interaction only.
+// /nodes/gpu-health: statistics, predictions, ECC rate, capability matrix — top to bottom, as the page table of
+// docs/design/gpu-health-design.md describes. No auto-refresh: data is fetched on load and on interaction only.
 import { api } from "../api.js";
 import { h, replace } from "../dom.js";
 import { fmtNumber, fmtPercent, fmtTime } from "../format.js";
