@@ -1,14 +1,13 @@
 """Which environment variables are HeteroFlow settings, so that no test inherits one from the shell that runs it.
 
-A settings group (:class:`~heteroflow.core.settings.LenientSettings`) reads each field from several names: the
-``HETEROFLOW_``-prefixed one, the design's own names (``GPU_HEALTH_RETENTION_DAYS``, ``GPU_FAULT_PREDICT_RATIO``,
-``ALERT_BACKLOG_HOURS``, …) and the bare field name (``database_url``, ``log_level``). pydantic-settings matches
-environment names case-insensitively, so ``DATABASE_URL`` or ``LOG_LEVEL`` in a developer's shell would reach the
-settings too. Two rules together cover all of them:
+A settings group (:class:`~heteroflow.core.settings.LenientSettings`) reads each field from the
+``HETEROFLOW_``-prefixed name and the design's own names (``GPU_HEALTH_RETENTION_DAYS``, ``GPU_FAULT_PREDICT_RATIO``,
+``ALERT_BACKLOG_HOURS``, …), matched case-insensitively (never from the bare field name: ``DATABASE_URL`` in a
+shell is no setting). Two rules together cover all of them:
 
 - :data:`PREFIXES` and :data:`NAMES`: every upper-case name the groups read, declared here so that a reader sees
   what is cleared (``tests/unit/test_environment_isolation.py`` fails when a group reads a name they miss);
-- every name any loaded settings group reads (:func:`settings_env_names`), which adds the bare field names.
+- every name any loaded settings group reads (:func:`settings_env_names`), whatever its case.
   :func:`load_settings_modules` imports every module that defines a group, so names only a subprocess reads are
   cleared too (a subprocess inherits the cleaned environment).
 """

@@ -60,7 +60,16 @@ def text_files(*roots: str) -> list[Path]:
     for root in roots:
         path = REPO / root
         candidates = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file())
-        files += [p for p in candidates if "__pycache__" not in p.parts and p.suffix in TEXT_SUFFIXES]
+        # build and tool outputs (an editable install's egg-info, caches) are not the repository's text
+        files += [
+            p
+            for p in candidates
+            if p.suffix in TEXT_SUFFIXES
+            and not any(
+                part == "__pycache__" or part.endswith(".egg-info") or part.startswith(".")
+                for part in p.relative_to(REPO).parts
+            )
+        ]
     return files
 
 

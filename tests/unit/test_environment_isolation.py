@@ -55,11 +55,11 @@ def test_the_design_names_of_the_prediction_engine_and_alerts_are_cleared() -> N
     assert set(settings_in(names, known)) == names
 
 
-def test_bare_field_names_are_cleared_in_any_case() -> None:
-    """pydantic-settings reads ``DATABASE_URL`` for the field alias ``database_url``: clear it, whatever the case."""
+def test_names_are_matched_in_any_case_and_bare_field_names_are_not_settings() -> None:
+    """The environment is matched case-insensitively; a bare field name (``DATABASE_URL``) is no setting."""
     known = settings_env_names([ServerSettings])
     environ = ["DATABASE_URL", "database_url", "Log_Level", "heteroflow_server_port", "PATH", "HOME", "CI", "TZ"]
-    assert settings_in(environ, known) == ["DATABASE_URL", "database_url", "Log_Level", "heteroflow_server_port"]
+    assert settings_in(environ, known) == ["heteroflow_server_port"]
 
 
 def test_the_rule_clears_nothing_that_is_not_a_setting(groups: list[type[LenientSettings]]) -> None:
@@ -75,7 +75,13 @@ def test_the_running_test_sees_no_setting_from_the_shell(groups: list[type[Lenie
     assert settings_in(list(os.environ), settings_env_names(groups)) == []
 
 
-def test_a_shell_setting_would_reach_the_settings_without_the_fixture(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Why the bare names matter: set after the fixture ran, ``DATABASE_URL`` is what the server would use."""
+def test_a_generic_shell_variable_does_not_configure_a_service(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``DATABASE_URL`` or ``LOG_LEVEL`` meant for another program never reach a service; the prefixed names do."""
     monkeypatch.setenv("DATABASE_URL", "sqlite:////nonexistent/from-the-shell.db")
-    assert ServerSettings.load().database_url == "sqlite:////nonexistent/from-the-shell.db"
+    monkeypatch.setenv("log_level", "debug")
+    loaded = ServerSettings.load()
+    assert loaded.database_url != "sqlite:////nonexistent/from-the-shell.db"
+    assert loaded.log_level == ServerSettings.model_fields["log_level"].get_default()
+    monkeypatch.setenv("HETEROFLOW_DATABASE_URL", "sqlite:////srv/heteroflow.db")
+    assert ServerSettings.load().database_url == "sqlite:////srv/heteroflow.db"
+    assert ServerSettings.load(database_url="sqlite:////x.db").database_url == "sqlite:////x.db"  # by field name

@@ -25,15 +25,29 @@ def env_names(field: str, *seed_names: str) -> AliasChoices:
     """The environment names a field is read from, in order of precedence.
 
     The ``HETEROFLOW_``-prefixed name comes first; the design's own names (for example
-    ``GPU_HEALTH_RETENTION_DAYS``, ``docs/design/health.md`` H-25) are read exactly as written after it.
+    ``GPU_HEALTH_RETENTION_DAYS``, ``docs/design/health.md`` H-25) are read exactly as written after it. The bare
+    field name is not an environment name: pydantic-settings matches names case-insensitively, so a generic
+    ``DATABASE_URL``, ``PORT`` or ``LOG_LEVEL`` in an operator's shell would otherwise configure a service. Keyword
+    arguments by field name still work (:class:`LenientSettings` translates them to the field's first name).
     """
-    return AliasChoices(f"{ENV_PREFIX}{field.upper()}", *seed_names, field)
+    return AliasChoices(f"{ENV_PREFIX}{field.upper()}", *seed_names)
 
 
 class LenientSettings(BaseSettings):
     """Base of every settings group. See the module docstring for the fallback rule."""
 
-    model_config = SettingsConfigDict(extra="ignore", populate_by_name=True, validate_default=True)
+    # populate_by_name stays off: with it, pydantic-settings also reads the bare field name from the environment
+    model_config = SettingsConfigDict(extra="ignore", validate_default=True)
+
+    def __init__(self, **values: Any) -> None:
+        """Keyword arguments by field name (``database_url=...``) are taken as the field's first alias."""
+        fields = type(self).model_fields
+        super().__init__(
+            **{
+                (aliases[0] if key in fields and (aliases := _aliases(type(self), key)) else key): value
+                for key, value in values.items()
+            }
+        )
 
     config_warnings_: ClassVar[tuple[str, ...]] = ()
 
