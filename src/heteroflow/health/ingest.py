@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 import structlog
@@ -22,6 +22,7 @@ import structlog
 from heteroflow.core.clock import Clock
 from heteroflow.core.ids import NodeId
 from heteroflow.health.dedup import DedupCache
+from heteroflow.health.sample_times import after_newest
 from heteroflow.health.samples import CardKey, HealthReading, StoredSample
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.health.store import HealthSampleStore, StoreUnavailableError
@@ -54,6 +55,8 @@ class IngestStatus:
     last_cleanup_at: datetime | None
     last_write_error: str | None
     writer_backing_off: bool
+    moved_after_newest_total: int = 0
+    """Readings whose time was not after their card's newest stored row, written just after it instead."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +65,7 @@ class _BatchResult:
     confirmed: list[StoredSample]
     skipped: int
     selects: int
+    moved: int
 
 
 class HealthIngestor:
@@ -76,6 +80,7 @@ class HealthIngestor:
         self._clock = clock
         self._settings = settings
         self._keepalive = timedelta(seconds=settings.keepalive_seconds)
+        self._max_ahead = timedelta(seconds=settings.clock_skew_seconds)
         self._cache = DedupCache(
             keepalive=self._keepalive,
             max_entries=settings.dedup_cache_entries,
@@ -100,6 +105,7 @@ class HealthIngestor:
         self._dropped = 0
         self._write_failures = 0
         self._selects = 0
+        self._moved = 0
         self._cleanup_runs = 0
         self._cleanup_failures = 0
         self._cleanup_deleted = 0
@@ -161,6 +167,7 @@ class HealthIngestor:
             last_cleanup_at=self._last_cleanup_at,
             last_write_error=self._last_write_error,
             writer_backing_off=self._backing_off,
+            moved_after_newest_total=self._moved,
         )
 
     # -- lifecycle ----------------------------------------------------------------------------------------
@@ -235,6 +242,7 @@ class HealthIngestor:
             self._in_flight = set()
             self._selects += result.selects
             self._skipped_unchanged += result.skipped
+            self._moved += result.moved
             self._written += len(result.written)
             self._count_writes(len(result.written))
 
@@ -268,7 +276,12 @@ class HealthIngestor:
     def _write_batch(self, batch: Sequence[HealthReading], known: dict[CardKey, StoredSample]) -> _BatchResult:
         """Runs in a worker thread: decide every reading against the newest stored row, insert, read back."""
         latest: dict[CardKey, StoredSample | None] = dict(known)
+        # A stored row further ahead of this server's clock than any agent time is believed (written before that
+        # check existed, or by a server with another clock) is not the card's newest: judged against it, no
+        # keepalive would be due until the skew passed.
+        not_after = self._clock.now() + self._max_ahead
         selects = 0
+        moved = 0
         confirmed: list[StoredSample] = []
         to_write: list[HealthReading] = []
         before_batch: dict[CardKey, StoredSample | None] = {}
@@ -283,7 +296,7 @@ class HealthIngestor:
             )
             if unproven and reading.key not in read:
                 selects += 1
-                stored = self._store.latest(reading.key)
+                stored = self._store.latest(reading.key, not_after=not_after)
                 latest[reading.key] = stored
                 read.add(reading.key)
                 if stored is not None:
@@ -291,15 +304,24 @@ class HealthIngestor:
             if decide_write(reading, latest.get(reading.key), keepalive=self._keepalive) is None:
                 skipped += 1
                 continue
+            newest = latest.get(reading.key)
             if reading.key not in before_batch:
-                before_batch[reading.key] = latest.get(reading.key)
+                before_batch[reading.key] = newest
+            sampled_at, fix = after_newest(reading.sampled_at, newest=newest.sampled_at if newest else None)
+            if fix is not None:
+                # the agent's clock stepped back (within the tolerance): written before the newest row, the reading
+                # would never become the newest, and a changed card would be written again on every beat
+                moved += 1
+                reading = replace(reading, sampled_at=sampled_at, time_fix=fix)
             to_write.append(reading)
             # later readings of this card in the batch are judged against this one
             latest[reading.key] = StoredSample(
                 key=reading.key, uuid=reading.uuid, sampled_at=reading.sampled_at, counters=reading.counters
             )
         written = self._store.insert(to_write, previous=before_batch) if to_write else []
-        return _BatchResult(written=written, confirmed=confirmed + written, skipped=skipped, selects=selects)
+        return _BatchResult(
+            written=written, confirmed=confirmed + written, skipped=skipped, selects=selects, moved=moved
+        )
 
     # -- retention ----------------------------------------------------------------------------------------
 

@@ -76,13 +76,15 @@ def _row_to_sample(row: Any) -> StoredSample:
     )
 
 
-def _latest(conn: Connection, key: CardKey) -> StoredSample | None:
+def _latest(conn: Connection, key: CardKey, *, not_after: datetime | None = None) -> StoredSample | None:
+    bound = [] if not_after is None else [samples_t.c.sampled_at <= not_after]
     query = (
         sa.select(samples_t)
         .where(
             samples_t.c.node_id == key.node_id,
             samples_t.c.gpu_index == key.gpu_index,
             samples_t.c.source == key.source,
+            *bound,
         )
         .order_by(samples_t.c.sampled_at.desc(), samples_t.c.id.desc())
         .limit(1)
@@ -110,9 +112,9 @@ class SqlHealthSampleStore:
 
     # -- write side ---------------------------------------------------------------------------------------
 
-    def latest(self, key: CardKey) -> StoredSample | None:
+    def latest(self, key: CardKey, *, not_after: datetime | None = None) -> StoredSample | None:
         with unavailable_as_store_error(), self._engine.connect() as conn:
-            return _latest(conn, key)
+            return _latest(conn, key, not_after=not_after)
 
     def insert(
         self, readings: Sequence[HealthReading], *, previous: Mapping[CardKey, StoredSample | None] | None = None
@@ -257,8 +259,15 @@ class SqlHealthSampleStore:
         truncated = len(rows) > limit
         return [_row_to_sample(row) for row in reversed(rows[:limit])], truncated
 
-    def capabilities(self, *, scope: NodeScope, source: Source, since: datetime) -> list[CardCapability]:
-        """Per card, which counters had a non-NULL value in the period, computed in SQL."""
+    def capabilities(
+        self, *, scope: NodeScope, source: Source, since: datetime, until: datetime | None = None
+    ) -> list[CardCapability]:
+        """Per card, which counters had a non-NULL value in the period, computed in SQL.
+
+        ``until`` leaves out rows stamped later (a row further ahead of the server than any agent clock is
+        believed would hide a stalled card behind a last sample in the future).
+        """
+        bound = [] if until is None else [samples_t.c.sampled_at <= until]
         columns = [sa.func.count(samples_t.c[name]).label(name) for name in HEALTH_KEYS]
         query = (
             sa.select(
@@ -273,6 +282,7 @@ class SqlHealthSampleStore:
             .where(
                 samples_t.c.source == source,
                 samples_t.c.sampled_at >= since,
+                *bound,
                 *in_scope(samples_t.c.node_id, scope),
             )
             .group_by(samples_t.c.node_id, samples_t.c.gpu_index, samples_t.c.uuid)

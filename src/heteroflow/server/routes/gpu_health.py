@@ -98,7 +98,10 @@ async def capabilities(
     now = ctx.clock.now()
     start = _since(since, default=now - timedelta(days=ctx.health_settings.retention_days))
     stall = timedelta(minutes=ctx.health_settings.stall_threshold_minutes)
-    cards = await asyncio.to_thread(ctx.samples.capabilities, scope=NodeScope.of(principal), source=chosen, since=start)
+    until = now + timedelta(seconds=ctx.health_settings.clock_skew_seconds)
+    cards = await asyncio.to_thread(
+        ctx.samples.capabilities, scope=NodeScope.of(principal), source=chosen, since=start, until=until
+    )
     return CapabilitiesOut(
         source=chosen,
         since=start,
