@@ -20,18 +20,23 @@ from heteroflow.agent.scheduler import CollectionService
 from heteroflow.agent.settings import AgentSettings
 from heteroflow.agent.simulated import SimulatedCollector
 from heteroflow.agent.xid_queue import XidQueue
+from heteroflow.agent.xid_status import XID_NEEDS_NVML, XidCollectionStatus, not_collected
 from heteroflow.core.clock import Clock
 from heteroflow.core.ids import Source
 from heteroflow.health.counters import HEALTH_KEYS
 
-XID_NEEDS_NVML = "XID events are collected through NVML only; not collected with this collector"
 
-
-def probe_report(selection: Selection, health: HealthCollection) -> dict[str, Any]:
-    """The ``agent probe --json`` document of one collection (H-16). Pure."""
+def probe_report(
+    selection: Selection, health: HealthCollection, xid: XidCollectionStatus | None = None
+) -> dict[str, Any]:
+    """The ``agent probe --json`` document of one collection (H-16), with the XID source's state. Pure."""
     warnings = list(dict.fromkeys([*selection.warnings, *health.warnings]))
     if health.collector not in ("nvml", "none", "simulated") and health.gpus:
         warnings.append(XID_NEEDS_NVML)
+    if xid is None:
+        xid = unwatched_xid_status(health.collector)
+    if xid.state != "collected":
+        warnings.append(f"XID events: {xid.state.replace('_', ' ')}: {xid.reason}")
     gpus = []
     for gpu in sorted(health.gpus, key=lambda g: g.index):
         counters = gpu.counters.as_dict()
@@ -51,8 +56,32 @@ def probe_report(selection: Selection, health: HealthCollection) -> dict[str, An
         "collector": health.collector,
         "collected_at": health.collected_at.isoformat(),
         "gpus": gpus,
-        "warnings": warnings,
+        "xid_events": xid.to_wire(),
+        "warnings": list(dict.fromkeys(warnings)),
     }
+
+
+def unwatched_xid_status(collector: str) -> XidCollectionStatus:
+    """The XID state of a collector without an NVML event watcher."""
+    if collector == "simulated":
+        return XidCollectionStatus(state="collected", reason="simulated cards: XIDs are injected, not read")
+    if collector == "none":
+        return not_collected("no GPU collector is available on this node")
+    return not_collected(XID_NEEDS_NVML)
+
+
+def probe_xids(selection: Selection, clock: Clock) -> XidCollectionStatus:
+    """Register for XID events once and wait briefly, as the agent would, to report whether XIDs can be read."""
+    collector = selection.collector
+    if not isinstance(collector, NvmlCollector) or collector.api is None:
+        return unwatched_xid_status(collector.name)
+    watcher = XidWatcher(api=collector.api, clock=clock)
+    try:
+        if watcher.start():
+            watcher.poll(0)
+        return watcher.status()
+    finally:
+        watcher.close()
 
 
 def run_probe(
@@ -66,7 +95,7 @@ def run_probe(
     selection = select_collector(choice, runner=runner, clock=clock, timeout_s=timeout_s, nvml_loader=nvml_loader)
     try:
         health = selection.first_health or selection.collector.read_health()
-        return probe_report(selection, health)
+        return probe_report(selection, health, probe_xids(selection, clock))
     finally:
         selection.collector.close()
 
@@ -129,4 +158,5 @@ def build_agent(
         reconnect_initial_s=settings.reconnect_initial_seconds,
         reconnect_max_s=settings.reconnect_max_seconds,
         xid_watcher=watcher,
+        xid_unwatched=unwatched_xid_status(selection.collector.name),
     )

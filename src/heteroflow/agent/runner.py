@@ -27,6 +27,7 @@ from heteroflow.agent.nvml import XidWatcher
 from heteroflow.agent.readings import HealthCollection, TelemetryCollection
 from heteroflow.agent.scheduler import CollectionService, CollectionStatus
 from heteroflow.agent.xid_queue import XidQueue, XidQueueStatus
+from heteroflow.agent.xid_status import XID_NEEDS_NVML, XidCollectionStatus, not_collected
 from heteroflow.core.clock import Clock
 from heteroflow.core.ids import NodeId, Source
 
@@ -45,6 +46,7 @@ class AgentStatus:
     stopped_reason: str | None
     xid: XidQueueStatus
     collection: CollectionStatus
+    xid_collection: XidCollectionStatus
 
 
 def registration_for(
@@ -82,6 +84,7 @@ class Agent:
         reconnect_max_s: float,
         stop: threading.Event | None = None,
         xid_watcher: XidWatcher | None = None,
+        xid_unwatched: XidCollectionStatus | None = None,
     ) -> None:
         self._client = client
         self._collection = collection
@@ -93,6 +96,7 @@ class Agent:
         self._backoff = (reconnect_initial_s, reconnect_max_s)
         self.stop_event = stop or threading.Event()
         self._xid_watcher = xid_watcher
+        self._xid_unwatched = xid_unwatched or not_collected(XID_NEEDS_NVML)
         self._lock = threading.Lock()
         self._node_id: NodeId | None = None
         self._registrations = 0
@@ -116,6 +120,7 @@ class Agent:
                 stopped_reason=self._stopped_reason,
                 xid=self._xids.status(),
                 collection=self._collection.status(),
+                xid_collection=self.xid_collection(),
             )
 
     def register(self) -> NodeId:
@@ -143,7 +148,9 @@ class Agent:
         node_id = self._node_id if self._node_id is not None else self.register()
         health, telemetry = self._collection.snapshot()
         pending = self._xids.peek(MAX_XID_EVENTS_PER_BEAT)
-        body = heartbeat_body(health=health, telemetry=telemetry, xid_events=pending)
+        body = heartbeat_body(
+            health=health, telemetry=telemetry, xid_events=pending, xid_collection=self.xid_collection()
+        )
         try:
             result = self._client.heartbeat(node_id, body)
         except NodeGoneError:
@@ -173,12 +180,28 @@ class Agent:
         _log.warning("agent.server_unreachable", error=self._last_error, retry_in_s=delay)
         return delay
 
+    def xid_collection(self) -> XidCollectionStatus:
+        """Whether XID events are collected here, and why not (sent with every beat, shown by the status)."""
+        if self._xid_watcher is None:
+            return self._xid_unwatched
+        return self._xid_watcher.status()
+
     def _xid_loop(self, watcher: XidWatcher) -> None:
+        reported: XidCollectionStatus | None = None
         while not self.stop_event.is_set():
             event = watcher.poll(500)
             if event is not None:
                 _log.warning("agent.xid", gpu_index=event.index, xid=event.xid)
                 self._xids.put(event)
+                continue
+            state = watcher.status()
+            if reported is None or (state.state, state.reason) != (reported.state, reported.reason):
+                if state.state != "collected" or reported is not None:
+                    _log.warning("agent.xid_collection", state=state.state, reason=state.reason)
+                reported = state
+            delay = watcher.retry_delay_s()
+            if delay > 0 and self.stop_event.wait(delay):
+                break  # a failing wait is backed off, never retried at once
 
     def run(self) -> int:
         """Beat until :attr:`stop_event` is set. Returns the process exit code (0 clean, 2 refused)."""

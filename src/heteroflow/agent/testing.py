@@ -108,7 +108,8 @@ class FakeNvml:
     """A stand-in for the ``pynvml`` module (the :class:`~heteroflow.agent.nvml.NvmlApi` seam).
 
     ``init_error`` makes ``nvmlInit`` fail with that code (12 = LIBRARY_NOT_FOUND, as on a machine without
-    a GPU). XID events are queued with :meth:`emit_xid`; ``nvmlEventSetWait`` raises TIMEOUT when none is
+    a GPU). XID events are queued with :meth:`emit_xid`; a registered card whose ``errors`` name
+    ``nvmlEventSetWait`` makes every wait fail with that code; ``nvmlEventSetWait`` raises TIMEOUT when none is
     waiting, after waiting on a condition (never on the clock) for at most ``timeout_ms``.
     """
 
@@ -122,6 +123,8 @@ class FakeNvml:
         self._events: list[FakeEventData] = []
         self._cond = threading.Condition()
         self.registered: set[int] = set()
+        self.wait_error: int | None = None
+        """Make every ``nvmlEventSetWait`` fail with this code, whatever the cards (e.g. 999 UNKNOWN)."""
 
     def _gpu(self, handle: Any, fn: str) -> FakeGpu:
         self.calls.append(fn)
@@ -195,8 +198,10 @@ class FakeNvml:
         return self._gpu(handle, "nvmlDeviceGetPowerUsage").power_mw
 
     def nvmlEventSetCreate(self) -> str:
+        self.calls.append("nvmlEventSetCreate")
         if not self.initialised:
             raise FakeNVMLError(1)
+        self.registered = set()  # a new set watches no card until registered
         return "event-set"
 
     def nvmlDeviceRegisterEvents(self, handle: int, event_types: int, event_set: Any) -> None:
@@ -209,6 +214,14 @@ class FakeNvml:
             self._cond.notify_all()
 
     def nvmlEventSetWait(self, event_set: Any, timeout_ms: int) -> FakeEventData:
+        self.calls.append("nvmlEventSetWait")
+        # a card registered in the set can make every wait fail (GPU_IS_LOST when it falls off the bus)
+        for handle in sorted(self.registered):
+            code = self.gpus[handle].errors.get("nvmlEventSetWait")
+            if code is not None:
+                raise FakeNVMLError(code)
+        if self.wait_error is not None:
+            raise FakeNVMLError(self.wait_error)
         with self._cond:
             if not self._events:
                 self._cond.wait(timeout_ms / 1000.0)

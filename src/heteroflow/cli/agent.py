@@ -106,5 +106,7 @@ def probe(
             )
         )
         typer.echo(f"  GPU {gpu['index']} {gpu['vendor']} {gpu['name']} ({gpu['uuid']}): {counters}")
+    xid = report["xid_events"]
+    typer.echo(f"XID events: {xid['state'].replace('_', ' ')}" + (f" ({xid['reason']})" if xid["reason"] else ""))
     for warning in report["warnings"]:
         typer.echo(f"warning: {warning}")

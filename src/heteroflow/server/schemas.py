@@ -82,6 +82,13 @@ class Heartbeat(BaseModel):
 
     gpu_stats: list[GpuStatObject] = Field(default_factory=list, max_length=MAX_GPU_STATS)
     xid_events: list[XidEventObject] = Field(default_factory=list, max_length=MAX_XID_EVENTS)
+    xid_collection: JsonValue = Field(
+        default=None,
+        description=(
+            "The agent's XID source: {state: collected|partial|not_collected, reason, watched: [index], "
+            "unwatched: [{index, error}], lost: [index], wait_failures_total}. Read leniently; absent = unknown."
+        ),
+    )
 
 
 class XidEventsResult(BaseModel):
@@ -97,6 +104,19 @@ class HeartbeatAccepted(BaseModel):
     xid_events: XidEventsResult
 
 
+class XidUnwatchedOut(BaseModel):
+    index: int
+    error: str
+
+
+class XidCollectionOut(BaseModel):
+    state: Literal["collected", "partial", "not_collected"]
+    reason: str | None
+    watched: list[int]
+    unwatched: list[XidUnwatchedOut]
+    lost: list[int] = Field(description="Cards NVML reports lost (fallen off the bus): their XIDs are not read.")
+
+
 class NodeOut(BaseModel):
     id: str
     name: str
@@ -108,6 +128,9 @@ class NodeOut(BaseModel):
     registered_at: datetime
     last_heartbeat: datetime | None
     online: bool
+    xid_events: XidCollectionOut | None = Field(
+        default=None, description="Whether the node's XID events are collected; null when the agent has not said."
+    )
 
 
 class NodeList(BaseModel):
@@ -147,6 +170,10 @@ class CardCapabilityOut(BaseModel):
     sample_count: int
     collection_stalled: bool
     trend_prediction_possible: bool
+    xid_events: Literal["collected", "not_collected", "lost", "unknown"] = Field(
+        default="unknown", description="Whether this card's XID events are collected (unknown: the agent has not said)."
+    )
+    xid_events_reason: str | None = Field(default=None, description="Why XID events are not collected.")
 
 
 class CapabilitiesOut(BaseModel):

@@ -160,3 +160,48 @@ def test_xid_registration_not_supported_on_a_card_is_a_warning(clock: FakeClock)
     assert watcher.start()
     assert fake.registered == {1}
     assert any("GPU 0" in w for w in watcher.warnings)
+
+
+def _watching(clock: FakeClock, fake: FakeNvml) -> XidWatcher:
+    collector = nvml_collector(clock, fake)
+    assert collector.available()[0]
+    assert collector.api is not None
+    watcher = XidWatcher(api=collector.api, clock=clock)
+    watcher.start()
+    return watcher
+
+
+def test_a_card_lost_from_the_bus_is_reported_and_the_other_cards_still_watched(clock: FakeClock) -> None:
+    lost = {"nvmlEventSetWait": GPU_IS_LOST, "nvmlDeviceGetUUID": GPU_IS_LOST}
+    fake = FakeNvml([FakeGpu(uuid="GPU-a"), FakeGpu(uuid="GPU-b", errors=lost)])
+    watcher = _watching(clock, fake)
+    assert watcher.status().state == "collected"
+    assert watcher.poll(0) is None  # GPU_IS_LOST: the lost card is found and left out of a new set
+    status = watcher.status()
+    assert (status.state, status.lost, status.watched) == ("partial", (1,), (0,))
+    assert "GPU 1 lost" in (status.reason or "")
+    assert fake.registered == {0}
+    assert watcher.retry_delay_s() > 0  # the failed wait is backed off once
+    fake.emit_xid(0, 79)
+    event = watcher.poll(1000)
+    assert event is not None
+    assert (event.index, event.xid) == (0, 79)
+    assert watcher.retry_delay_s() == 0
+
+
+def test_a_persistent_wait_error_is_backed_off_and_its_warnings_stay_bounded(clock: FakeClock) -> None:
+    fake = FakeNvml([FakeGpu(), FakeGpu()])
+    fake.wait_error = UNKNOWN
+    watcher = _watching(clock, fake)
+    delays = []
+    for _ in range(10_000):
+        assert watcher.poll(0) is None
+        delays.append(watcher.retry_delay_s())
+    assert delays[:4] == [0.5, 1.0, 2.0, 4.0]
+    assert delays[-1] == XidWatcher.RETRY_MAX_S
+    assert len(watcher.warnings) <= XidWatcher.MAX_WARNINGS
+    assert len(watcher.warnings) == len(set(watcher.warnings))
+    status = watcher.status()
+    assert status.state == "not_collected"
+    assert status.wait_failures_total == 10_000
+    assert "waiting for events fails: unknown error" in (status.reason or "")

@@ -16,6 +16,7 @@ from heteroflow.core.ids import NodeId
 from heteroflow.health.gpu_metrics import metric_readings_from_stats
 from heteroflow.health.heartbeat import XID_TOO_OLD, readings_from_stats, xid_events_from_wire
 from heteroflow.health.sample_times import SampleTimeWindow, TimeFix
+from heteroflow.health.xid_collection import XidCollectionReport, parse_xid_collection
 from heteroflow.platform.auth import NodeScope, Principal, Scope
 from heteroflow.platform.nodes import NodeConflictError, NodeRecord, is_online, newest
 from heteroflow.server.auth import context, require, visible_node
@@ -28,7 +29,9 @@ from heteroflow.server.schemas import (
     NodeOut,
     NodeRegistered,
     NodeRegistration,
+    XidCollectionOut,
     XidEventsResult,
+    XidUnwatchedOut,
 )
 
 router = APIRouter(prefix="/api/v1/nodes", tags=["nodes"], responses=error_responses(403))
@@ -51,6 +54,19 @@ def node_out(ctx: ServerContext, node: NodeRecord) -> NodeOut:
         registered_at=node.registered_at,
         last_heartbeat=last,
         online=is_online(last, now=ctx.clock.now(), offline_after=offline_after),
+        xid_events=xid_collection_out(ctx.xid_collection.get(NodeId(node.id), now=ctx.clock.monotonic())),
+    )
+
+
+def xid_collection_out(report: XidCollectionReport | None) -> XidCollectionOut | None:
+    if report is None:
+        return None
+    return XidCollectionOut(
+        state=report.state,
+        reason=report.reason,
+        watched=list(report.watched),
+        unwatched=[XidUnwatchedOut(index=index, error=error) for index, error in report.unwatched],
+        lost=list(report.lost),
     )
 
 
@@ -121,6 +137,7 @@ async def heartbeat(
     _count_time_fixes(ctx, "health", (r.time_fix for r in readings))
     _count_time_fixes(ctx, "telemetry", (r.time_fix for r in metric_readings))
     ctx.metrics_recorder.offer(node, metrics=metric_readings, health=readings)
+    ctx.xid_collection.record(node.id, parse_xid_collection(body.xid_collection), now=ctx.clock.monotonic())
     xid_result = await _store_xid_events(ctx, node, body, received_at=received_at, window=window)
     ctx.metrics.heartbeats.inc()
     ctx.metrics.heartbeat_seconds.observe(time.perf_counter() - started)

@@ -519,6 +519,13 @@ export function createGpuHealthPage(main) {
               t("caps.stalled"),
             )
           : null,
+        card.xid_events === "not_collected" || card.xid_events === "lost"
+          ? h(
+              "span",
+              { class: "badge stalled", dataset: { xid: card.xid_events }, title: card.xid_events_reason ?? "" },
+              t(`caps.xid.${card.xid_events}`),
+            )
+          : null,
         h("br"),
         h("code", { class: "uuid" }, card.uuid ?? t("unknown")),
       ),
