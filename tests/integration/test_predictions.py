@@ -495,3 +495,18 @@ def test_weak_signals_ride_along_as_evidence_on_a_strong_prediction(harness: Har
     assert item["signals"] == ["uncorrectable_ecc", "temperature_high", "power_shift"]
     assert "weak signal [power_shift]" in item["evidence"]
     assert "+50%" in item["evidence"]  # 300 W -> 450 W; the other uuid's 999 W is not this card's history
+
+
+def test_a_card_last_sampled_longer_ago_than_the_window_is_not_predicted_retroactively(harness: Harness) -> None:
+    agent, reader = harness.token("agent"), harness.token("nodes:read")
+    node = harness.register(agent, "stale-node")
+    now = harness.clock.now()
+    write(harness, node, 0, [(now - 10 * DAY, "GPU-stale", {"ecc_uncorrected_total": 2})])  # silent for 10 days
+    write(harness, node, 1, [(now - 2 * DAY, "GPU-recent", {"ecc_uncorrected_total": 2})])  # window still open
+    report = harness.ctx.worker.tick()
+    assert report.cards_stale == 1
+    assert report.predictions_created == {"real": 1}
+    (item,) = predictions(harness, reader)["items"]
+    assert item["gpu_index"] == 1
+    assert all(a["status"] == "open" for a in alerts(harness, reader))  # one alert, about the card with an open window
+    assert "#1" in alerts(harness, reader)[0]["message"] or "GPU 1" in alerts(harness, reader)[0]["message"]

@@ -41,6 +41,16 @@ def window_end(t0: datetime, window_days: int) -> datetime:
     return t0 + timedelta(days=window_days)
 
 
+def window_over_at(t0: datetime, window_days: int, *, now: datetime) -> bool:
+    """True when a prediction made ``now`` from a sample at ``t0`` would already be judgeable.
+
+    A card last sampled longer ago than the window is stale, not at risk: a prediction about it would be
+    judged at once from samples that were never going to come (voided) and its "within N days" alert would sit
+    open in the backlog. Such a card shows as stalled in the capability matrix instead.
+    """
+    return window_end(t0, window_days) <= now
+
+
 @dataclass(frozen=True, slots=True)
 class XidObservation:
     gpu_index: int
@@ -97,6 +107,11 @@ def judge(
             return Judgement("hit", f"hit: XID {event.xid} at {event.occurred_at.isoformat()}", event.occurred_at)
     if any(s.uuid != card.uuid for s in inside):
         return Judgement("voided", "voided: the card was replaced inside the window (uuid changed)")
+    if all(s.counters.ecc_uncorrected_total is None for s in inside):
+        # nothing was watched: a miss in the precision denominator must mean "we watched and nothing happened"
+        return Judgement(
+            "voided", "voided: the uncorrectable-ECC count was unknown in every sample of the window (unobservable)"
+        )
     return Judgement(
         "miss", f"miss: window expired with {len(inside)} samples inside it and no uncorrectable-ECC growth"
     )

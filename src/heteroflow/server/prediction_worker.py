@@ -33,7 +33,7 @@ from heteroflow.health.alerts import (
     resolution_by_backfill,
 )
 from heteroflow.health.prediction_settings import PredictionSettings
-from heteroflow.health.predictions import PredictionStatus, judge, prediction_id, window_end
+from heteroflow.health.predictions import PredictionStatus, judge, prediction_id, window_end, window_over_at
 from heteroflow.health.rules import RULE_VERSION, RuleParams, Signal, evaluate
 from heteroflow.health.samples import Card
 from heteroflow.health.weak_signals import WeakSignalParams, weak_signals
@@ -92,6 +92,8 @@ class TickReport:
     alerts_backlogged: int
     cards_failed: int = 0
     """Cards (or due predictions) whose evaluation raised: each is logged and skipped, the tick goes on."""
+    cards_stale: int = 0
+    """Cards not predicted because their newest sample is older than the window (shown stalled instead)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,6 +127,7 @@ class _Tally:
     resolved: int = 0
     backlogged: int = 0
     failed: int = 0
+    stale: int = 0
 
 
 class PredictionWorker:
@@ -193,6 +196,7 @@ class PredictionWorker:
             alerts_resolved=tally.resolved,
             alerts_backlogged=tally.backlogged,
             cards_failed=tally.failed,
+            cards_stale=tally.stale,
         )
         self._ticks += 1
         self._last = report
@@ -227,6 +231,9 @@ class PredictionWorker:
             return
         view = self._predictions.card_view(card, now=now, params=self._params)
         if view is None:
+            return
+        if window_over_at(view.t0, window_days, now=now):
+            tally.stale += 1  # no prediction whose window is over at creation
             return
         tally.evaluated[source] += 1
         evaluation = evaluate(view, self._params)
