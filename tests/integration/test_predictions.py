@@ -510,3 +510,48 @@ def test_a_card_last_sampled_longer_ago_than_the_window_is_not_predicted_retroac
     assert item["gpu_index"] == 1
     assert all(a["status"] == "open" for a in alerts(harness, reader))  # one alert, about the card with an open window
     assert "#1" in alerts(harness, reader)[0]["message"] or "GPU 1" in alerts(harness, reader)[0]["message"]
+
+
+def _every_half_hour(start: datetime, end: datetime, uuid: str, **counters: int | None) -> list[Any]:
+    rows = []
+    at = start
+    while at <= end:
+        rows.append((at, uuid, dict(counters)))
+        at += timedelta(minutes=30)
+    return rows
+
+
+def test_one_historic_uncorrectable_error_does_not_predict_forever(harness: Harness) -> None:
+    agent, reader = harness.token("agent"), harness.token("nodes:read")
+    node = harness.register(agent, "old-ue-node")
+    now = harness.clock.now()
+    # card 0: one uncorrectable error 20 days ago, none since; card 1: a new one yesterday
+    write(harness, node, 0, _every_half_hour(now - 20 * DAY, now, "GPU-old", ecc_uncorrected_total=1))
+    write(harness, node, 1, _every_half_hour(now - 20 * DAY, now - DAY, "GPU-new", ecc_uncorrected_total=1))
+    write(
+        harness, node, 1, _every_half_hour(now - DAY + timedelta(minutes=30), now, "GPU-new", ecc_uncorrected_total=2)
+    )
+    assert harness.ctx.worker.tick().predictions_created == {"real": 1}
+    (item,) = predictions(harness, reader)["items"]
+    assert item["gpu_index"] == 1
+    assert "grew from 1 to 2" in item["evidence"]
+    assert "lifetime total 2" in item["evidence"]
+
+
+def test_a_card_predicted_at_first_sight_is_not_predicted_again_without_new_errors(harness: Harness) -> None:
+    agent, reader = harness.token("agent"), harness.token("nodes:read")
+    node = harness.register(agent, "first-sight")
+    start = harness.clock.now()
+    write(harness, node, 0, [(start - timedelta(minutes=1), "GPU-a", {"ecc_uncorrected_total": 1})])
+    assert harness.ctx.worker.tick().predictions_created == {"real": 1}  # no earlier value known: the seed's rule
+    harness.clock.advance(8 * 86400)
+    write(harness, node, 0, _every_half_hour(start, harness.clock.now(), "GPU-a", ecc_uncorrected_total=1))
+    report = harness.ctx.worker.tick()
+    assert report.judged == {"miss": 1}
+    assert report.predictions_created == {}  # the same old error: no second prediction
+    assert [a["status"] for a in alerts(harness, reader)] == ["resolved"]  # so the alert can close
+    harness.clock.advance(86400)
+    write(harness, node, 0, [(harness.clock.now() - timedelta(minutes=1), "GPU-a", {"ecc_uncorrected_total": 3})])
+    assert harness.ctx.worker.tick().predictions_created == {"real": 1}  # new errors: predicted again
+    newest = max(predictions(harness, reader)["items"], key=lambda p: p["t0"])
+    assert "grew from 1 to 3" in newest["evidence"]

@@ -4,7 +4,8 @@ EXPERIMENTAL. The thresholds are initial values from a public mechanism, not cal
 
 Three layers:
 
-* strong — uncorrectable ECC total > 0; row-remap failure > 0. Either fires alone.
+* strong — uncorrectable ECC *grew* (new errors since the card was last predicted and within the observation
+           period; the lifetime total is context only, see below); row-remap failure > 0. Either fires alone.
 * trend  — corrected-ECC growth (two conditions, below); pending remaps grew in the observation period and are
            > 0 now; retired pages grew in the observation period and are > 0 now. Each fires alone.
 * weak   — reserved (temperature, power…). A weak signal can never fire alone: it is evidence beside a strong
@@ -32,7 +33,7 @@ RULE_VERSION = "v1-ecc-growth"
 Layer = Literal["strong", "trend", "weak"]
 
 #: counters whose growth is judged across boundaries (the shell reports their last decrease)
-GROWTH_KEYS = ("ecc_corrected_total", "remapped_rows_pending", "retired_pages")
+GROWTH_KEYS = ("ecc_corrected_total", "remapped_rows_pending", "retired_pages", "ecc_uncorrected_total")
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +64,8 @@ class CardView:
     """The newest sample of the slot at or before each instant of :func:`boundary_instants`."""
     last_decrease: Mapping[str, datetime | None] = field(default_factory=dict)
     """Per growth counter, the time of the newest sample that was lower than the one before it."""
+    last_predicted_t0: datetime | None = None
+    """The t0 of the card's newest earlier prediction (its value there is in ``boundaries``), if any."""
 
     @property
     def t0(self) -> datetime:
@@ -98,10 +101,9 @@ def evaluate(view: CardView, params: RuleParams, *, weak_signals: Sequence[Signa
     abandoned: list[str] = []
     now = view.latest.counters
 
-    if now.ecc_uncorrected_total is not None and now.ecc_uncorrected_total > 0:
-        signals.append(
-            Signal("strong", "uncorrectable_ecc", f"uncorrectable ECC total {now.ecc_uncorrected_total} > 0")
-        )
+    uncorrectable = _uncorrectable_growth(view, params)
+    if uncorrectable is not None:
+        signals.append(uncorrectable)
     if now.remapped_rows_failure is not None and now.remapped_rows_failure > 0:
         signals.append(
             Signal(
@@ -134,6 +136,36 @@ def evaluate(view: CardView, params: RuleParams, *, weak_signals: Sequence[Signa
             raise ValueError("weak_signals takes weak signals only")
         signals.append(weak)
     return Evaluation(signals=tuple(signals), abandoned=tuple(abandoned))
+
+
+def _uncorrectable_growth(view: CardView, params: RuleParams) -> Signal | None:
+    """New uncorrectable errors, not the lifetime total (the aggregate counter never goes down).
+
+    Read on the lifetime total, one old error would predict the card in every window for life: its alert could
+    never close and the precision denominator would fill with the same card. So the signal fires when the total
+    is above its value at the start of the observation period and at the card's last prediction; when neither
+    is known (a card first seen, or counted from 0 again after a driver reload) a total above 0 is new to us.
+    """
+    current = view.latest.counters.ecc_uncorrected_total
+    if current is None or current <= 0:
+        return None
+    key = "ecc_uncorrected_total"
+    references = [
+        (instant, value)
+        for instant in (view.t0 - params.observation, view.last_predicted_t0)
+        if instant is not None and (value := _value_at(view, key, instant, params)) is not None
+    ]
+    if not references:
+        return Signal("strong", "uncorrectable_ecc", f"uncorrectable ECC total {current} > 0 (no earlier value known)")
+    since, reference = max(references, key=lambda item: item[1])
+    if current <= reference:
+        return None
+    return Signal(
+        "strong",
+        "uncorrectable_ecc",
+        f"uncorrectable ECC grew from {reference} to {current} since {since.isoformat(timespec='seconds')} "
+        f"(lifetime total {current})",
+    )
 
 
 def _corrected_growth(view: CardView, params: RuleParams) -> tuple[Signal | None, str | None]:

@@ -141,10 +141,24 @@ class SqlPredictionStore:
                 return None
             latest = _sample(latest_row)
             instants = boundary_instants(latest.sampled_at, params)
+            predicted_t0 = conn.execute(
+                sa.select(sa.func.max(predictions_t.c.t0)).where(
+                    *_same_card(predictions_t, card), predictions_t.c.t0 < latest.sampled_at
+                )
+            ).scalar()
+            last_predicted_t0 = utc_value(predicted_t0) if predicted_t0 is not None else None
+            if last_predicted_t0 is not None and last_predicted_t0 not in instants:
+                instants = sorted([*instants, last_predicted_t0])
             boundaries = self._as_of(conn, card, instants)
             start = instants[0] - params.staleness
             decreases = self._last_decreases(conn, card, start=start, end=latest.sampled_at)
-        return CardView(card=card, latest=latest, boundaries=boundaries, last_decrease=decreases)
+        return CardView(
+            card=card,
+            latest=latest,
+            boundaries=boundaries,
+            last_decrease=decreases,
+            last_predicted_t0=last_predicted_t0,
+        )
 
     def _as_of(self, conn: Connection, card: Card, instants: Sequence[datetime]) -> dict[datetime, StoredSample | None]:
         parts = []
