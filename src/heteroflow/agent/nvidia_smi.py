@@ -31,6 +31,16 @@ from heteroflow.health.counters import Counters
 
 TOOL: Final = "nvidia-smi"
 PROBE_TTL_SECONDS: Final = 1800.0
+PROBE_RETRY_SECONDS: Final = 60.0
+"""After a failed ``--help-query-gpu``, the base fields are used for this long before the probe runs again."""
+
+#: What is queried when ``--help-query-gpu`` fails or lists nothing: identity and telemetry fields every driver
+#: has had for a decade. The health fields are the ones whose names move between drivers, so without the help
+#: text they are not queried and stay unknown — but temperature, memory and power live on (the seed: a failed
+#: probe makes the health fields unknown, never the other metrics).
+BASE_FIELDS: Final = frozenset(
+    {"index", "uuid", "name", "temperature.gpu", "utilization.gpu", "memory.used", "memory.total", "power.draw"}
+)
 
 IDENTITY_FIELDS: Final = (("index",), ("uuid", "gpu_uuid"), ("name", "gpu_name"))
 TELEMETRY_FIELDS: Final = (
@@ -218,6 +228,7 @@ class NvidiaSmiCollector:
         self._timeout_s = timeout_s
         self._probe_ttl_s = probe_ttl_s
         self._probe: _Probe | None = None
+        self._probe_failure: tuple[str, float] | None = None
         self.probe_runs = 0
         """How many times ``--help-query-gpu`` ran (tests pin the 30-minute cache with it)."""
 
@@ -226,22 +237,37 @@ class NvidiaSmiCollector:
             return False, "nvidia-smi is not installed (not found on PATH); NVIDIA GPUs are not collected"
         return True, ""
 
-    def _fields(self) -> frozenset[str]:
+    def _fields(self) -> tuple[frozenset[str], str | None]:
+        """The fields the driver lists, or the base fields and why (the probe failed; retried after a minute)."""
         now = self._clock.monotonic()
         if self._probe is not None and now - self._probe.at_monotonic < self._probe_ttl_s:
-            return self._probe.fields
+            return self._probe.fields, None
+        if self._probe_failure is not None and now - self._probe_failure[1] < PROBE_RETRY_SECONDS:
+            return BASE_FIELDS, self._probe_failure[0]
         self.probe_runs += 1
-        result = self._runner.run([TOOL, "--help-query-gpu"], timeout_s=self._timeout_s)
+        try:
+            result = self._runner.run([TOOL, "--help-query-gpu"], timeout_s=self._timeout_s)
+        except CommandError as exc:
+            return self._probe_failed(f"nvidia-smi --help-query-gpu failed ({exc})", now)
         fields = parse_help_fields(result.stdout)
         if result.returncode != 0 or not fields:
-            raise CommandError(f"nvidia-smi --help-query-gpu failed (exit {result.returncode})")
+            why = "listed no field" if result.returncode == 0 else f"exit {result.returncode}"
+            return self._probe_failed(f"nvidia-smi --help-query-gpu failed ({why})", now)
         self._probe = _Probe(fields=fields, at_monotonic=now)
-        return fields
+        self._probe_failure = None
+        return fields, None
+
+    def _probe_failed(self, why: str, now: float) -> tuple[frozenset[str], str]:
+        self._probe = None
+        self._probe_failure = (why, now)
+        return BASE_FIELDS, why
 
     def _query(
         self, wanted: Sequence[tuple[str, ...]]
     ) -> tuple[list[dict[str, str]], dict[tuple[str, ...], str], list[str]]:
-        available = self._fields()
+        available, probe_failed = self._fields()
+        if probe_failed is not None and self._runner.which(TOOL) is None:
+            raise CommandError(probe_failed)  # the tool itself is gone: nothing to query
         chosen = choose_fields(available, [*IDENTITY_FIELDS, *wanted])
         if ("index",) not in chosen:
             raise CommandError("nvidia-smi does not list the field 'index'; GPUs cannot be told apart")
@@ -254,6 +280,8 @@ class NvidiaSmiCollector:
                 self._probe = None  # the driver disagrees with its help text: re-probe next tick
                 raise CommandError(f"nvidia-smi rejected the field {bad!r}; this tick's values are unknown")
             warnings.append(f"nvidia-smi exited {result.returncode}; kept the {len(rows)} readable rows")
+        if probe_failed is not None:
+            warnings.append(f"{probe_failed}; health values unknown, telemetry read from the base fields")
         return rows, chosen, warnings
 
     def read_health(self) -> HealthCollection:
@@ -263,7 +291,7 @@ class NvidiaSmiCollector:
         except CommandError as exc:  # missing, hung, or a field the driver refused
             return HealthCollection(collector="nvidia-smi", collected_at=now, warnings=(str(exc),))
         missing = [names[0] for names in HEALTH_FIELDS if names not in chosen]
-        if missing:
+        if missing and len(missing) < len(HEALTH_FIELDS):
             warnings.append(f"nvidia-smi does not list {', '.join(missing)}; those keys are unknown")
         gpus, row_warnings = health_from_rows(rows, chosen)
         return HealthCollection(

@@ -186,3 +186,37 @@ def test_every_shared_capture_has_expected_readings(shared_fixtures: Path) -> No
     captures = {p.name for p in (shared_fixtures / "nvidia-smi").glob("nvidia_gpu_exporter__capture__*.txt")}
     covered = {f"nvidia_gpu_exporter__capture__linux-x86_64__{stem}.txt" for stem, _, _ in CAPTURES.values()}
     assert captures == covered  # a new capture must get its expected readings here
+
+
+@pytest.mark.parametrize("help_answer", [(0, ""), (1, "Failed to initialize NVML: Unknown Error\n"), (0, "garbage\n")])
+def test_a_failed_field_probe_makes_health_unknown_but_keeps_every_gpus_telemetry(
+    shared_fixtures: Path, clock: FakeClock, help_answer: tuple[int, str]
+) -> None:
+    capture = (
+        shared_fixtures
+        / "nvidia-smi"
+        / "nvidia_gpu_exporter__capture__linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt"
+    ).read_text()
+    real_help, csv_text = FAKE_SMI.help_section(capture), FAKE_SMI.csv_section(capture, "idle")
+
+    def probe_fails(argv: object) -> CommandResult:
+        args = list(argv)  # type: ignore[call-overload]
+        if args[1] == "--help-query-gpu":
+            return CommandResult(help_answer[0], help_answer[1], "")
+        code, out, err = FAKE_SMI.answer(args, help_text=real_help, csv_text=csv_text)  # the real query logic
+        return CommandResult(code, out, err)
+
+    runner = FakeCommandRunner({"nvidia-smi": probe_fails})
+    smi = collector(clock, runner)
+    telemetry = smi.read_telemetry()
+    assert telemetry.gpus, telemetry.warnings
+    assert all(gpu.temperature_c is not None and gpu.memory_total_mib is not None for gpu in telemetry.gpus)
+    assert all(gpu.uuid for gpu in telemetry.gpus)
+    assert any("health values unknown" in w for w in telemetry.warnings)
+    health = smi.read_health()
+    assert [gpu.index for gpu in health.gpus] == [gpu.index for gpu in telemetry.gpus]
+    assert all(gpu.counters.all_unknown for gpu in health.gpus)  # unknown, never 0
+    assert smi.probe_runs == 1  # a failed probe is retried after a minute, not on every tick
+    clock.advance(61)
+    smi.read_telemetry()
+    assert smi.probe_runs == 2
