@@ -555,3 +555,38 @@ def test_a_card_predicted_at_first_sight_is_not_predicted_again_without_new_erro
     assert harness.ctx.worker.tick().predictions_created == {"real": 1}  # new errors: predicted again
     newest = max(predictions(harness, reader)["items"], key=lambda p: p["t0"])
     assert "grew from 1 to 3" in newest["evidence"]
+
+
+def test_cambricons_unconfirmed_semantics_reach_the_evidence_the_alert_the_recall_and_the_matrix(
+    harness: Harness,
+) -> None:
+    agent, reader = harness.token("agent"), harness.token("nodes:read")
+    node = harness.register(agent, "mlu-node", vendor="Cambricon", model="MLU370")
+    start = harness.clock.now()
+
+    def beat(ue: int) -> None:
+        stat = {
+            "index": 0,
+            "uuid": None,  # cnmon gives no uuid
+            "sampled_at": harness.clock.now().isoformat(),
+            "ecc_uncorrected_total": ue,
+            "semantics_unconfirmed": ["ecc_uncorrected_total", "not-a-key"],
+        }
+        assert harness.beat(agent, node, [stat]).status_code == 200
+        harness.drain()
+
+    beat(0)
+    harness.clock.advance(3600)
+    beat(3)  # a step: a failure event, read from the Ecc-Error column of unknown meaning
+    harness.clock.advance(60)
+    assert harness.ctx.worker.tick().predictions_created == {"real": 1}
+
+    (item,) = predictions(harness, reader)["items"]
+    assert "semantics unconfirmed" in item["evidence"]
+    (alert,) = alerts(harness, reader)
+    assert "semantics unconfirmed" in alert["message"]
+    (card,) = harness.get(reader, "/api/v1/gpu-health/capabilities").json()["cards"]
+    assert card["semantics_unconfirmed"] == ["ecc_uncorrected_total"]
+    stats = harness.get(reader, "/api/v1/gpu-health/prediction-stats", since=start.isoformat()).json()
+    assert {band["failed_cards"] for band in stats["windows"]} == {1}
+    assert {band["unconfirmed_failed_cards"] for band in stats["windows"]} == {1}

@@ -47,6 +47,8 @@ def gpu_stats(health: HealthCollection | None, telemetry: TelemetryCollection | 
             if known:
                 stat["sampled_at"] = _iso(health.collected_at)
                 stat.update({key: known[key] for key in HEALTH_KEYS if key in known})
+                if h.semantics_unconfirmed:
+                    stat["semantics_unconfirmed"] = list(h.semantics_unconfirmed)
         stats.append(stat)
     return stats
 

@@ -47,6 +47,26 @@ class Counters:
         return cls(**{name: parse_counter(stat.get(name)) for name in HEALTH_KEYS})
 
 
+def parse_keys(value: object) -> tuple[str, ...]:
+    """A list of health keys from any JSON value (e.g. ``semantics_unconfirmed``): known keys only, in order."""
+    if not isinstance(value, list):
+        return ()
+    named = {item for item in value[: len(HEALTH_KEYS) * 2] if isinstance(item, str)}
+    return tuple(key for key in HEALTH_KEYS if key in named)
+
+
+def join_keys(keys: tuple[str, ...]) -> str | None:
+    """Health keys as stored (comma-separated; ``None`` for none)."""
+    return ",".join(keys) if keys else None
+
+
+def split_keys(stored: str | None) -> tuple[str, ...]:
+    """Stored health keys back as a tuple; unknown names are dropped."""
+    if not stored:
+        return ()
+    return parse_keys(stored.split(","))
+
+
 def parse_counter(value: object) -> int | None:
     """A counter from any JSON value: a non-negative integer, or ``None`` (unknown).
 

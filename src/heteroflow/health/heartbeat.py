@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from heteroflow.core.ids import NodeId, Source
-from heteroflow.health.counters import Counters, parse_counter
+from heteroflow.health.counters import Counters, parse_counter, parse_keys
 from heteroflow.health.sample_times import SampleTimeWindow, TimeFix
 from heteroflow.health.samples import CardKey, HealthReading
 
@@ -88,6 +88,7 @@ def readings_from_stats(
                 sampled_at=sampled_at,
                 counters=Counters.from_wire(stat),
                 time_fix=fix,
+                semantics_unconfirmed=parse_keys(stat.get("semantics_unconfirmed")),
             )
         )
     return readings, invalid

@@ -21,7 +21,7 @@ counter decreased after it (H-3: a driver reload resets counters; an increase ac
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from itertools import pairwise
 from typing import Literal
@@ -31,6 +31,19 @@ from heteroflow.health.samples import Card, StoredSample
 RULE_VERSION = "v1-ecc-growth"
 
 Layer = Literal["strong", "trend", "weak"]
+
+#: the counter each signal reads (its evidence says so when the vendor has not confirmed what that counter counts)
+SIGNAL_KEYS = {
+    "uncorrectable_ecc": "ecc_uncorrected_total",
+    "remap_failure": "remapped_rows_failure",
+    "corrected_ecc_growth": "ecc_corrected_total",
+    "pending_remap_growth": "remapped_rows_pending",
+    "retired_pages_growth": "retired_pages",
+}
+UNCONFIRMED_NOTE = (
+    " [semantics unconfirmed: the vendor has not confirmed what {key} counts on this card (cnmon's Ecc-Error may "
+    "count correctable errors, uncorrectable errors or both)]"
+)
 
 #: counters whose growth is judged across boundaries (the shell reports their last decrease)
 GROWTH_KEYS = ("ecc_corrected_total", "remapped_rows_pending", "retired_pages", "ecc_uncorrected_total")
@@ -131,11 +144,21 @@ def evaluate(view: CardView, params: RuleParams, *, weak_signals: Sequence[Signa
             days = params.observation / timedelta(days=1)
             signals.append(Signal("trend", code, f"{label} grew from {start} to {current} in {days:g} days"))
 
+    unconfirmed = set(view.latest.semantics_unconfirmed)
+    if unconfirmed:  # carried into the prediction's evidence, and so into its alert
+        signals = [_with_caveat(s, unconfirmed) for s in signals]
     for weak in weak_signals:
         if weak.layer != "weak":
             raise ValueError("weak_signals takes weak signals only")
         signals.append(weak)
     return Evaluation(signals=tuple(signals), abandoned=tuple(abandoned))
+
+
+def _with_caveat(signal: Signal, unconfirmed: set[str]) -> Signal:
+    key = SIGNAL_KEYS.get(signal.code)
+    if key is None or key not in unconfirmed:
+        return signal
+    return replace(signal, evidence=signal.evidence + UNCONFIRMED_NOTE.format(key=key))
 
 
 def _uncorrectable_growth(view: CardView, params: RuleParams) -> Signal | None:

@@ -36,6 +36,8 @@ class HealthReading:
     counters: Counters
     time_fix: TimeFix | None = None
     """Why ``sampled_at`` is not the time the agent claimed (``sample_times.py``); ``None`` when it is."""
+    semantics_unconfirmed: tuple[str, ...] = ()
+    """Keys whose meaning the vendor has not confirmed (cnmon ``Ecc-Error``), as the agent marked them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +48,7 @@ class StoredSample:
     uuid: str | None
     sampled_at: datetime
     counters: Counters
+    semantics_unconfirmed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -36,7 +36,14 @@ class InMemoryHealthSampleStore:
         with self._lock:
             self._check()
             stored = [
-                StoredSample(key=r.key, uuid=r.uuid, sampled_at=r.sampled_at, counters=r.counters) for r in readings
+                StoredSample(
+                    key=r.key,
+                    uuid=r.uuid,
+                    sampled_at=r.sampled_at,
+                    counters=r.counters,
+                    semantics_unconfirmed=r.semantics_unconfirmed,
+                )
+                for r in readings
             ]
             self.rows.extend(stored)
             return stored

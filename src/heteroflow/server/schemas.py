@@ -170,6 +170,9 @@ class CardCapabilityOut(BaseModel):
     sample_count: int
     collection_stalled: bool
     trend_prediction_possible: bool
+    semantics_unconfirmed: list[str] = Field(
+        default_factory=list, description="Keys whose meaning the vendor has not confirmed (cnmon Ecc-Error)."
+    )
     xid_events: Literal["collected", "not_collected", "lost", "unknown"] = Field(
         default="unknown", description="Whether this card's XID events are collected (unknown: the agent has not said)."
     )
@@ -225,6 +228,13 @@ class BandOut(BaseModel):
     failed_cards: int = Field(description="Monitorable cards with a failure event in the period (recall denominator).")
     predicted_cards: int = Field(description="Failed cards with a same-card prediction whose window held the failure.")
     missed_cards: int = Field(description="Failed cards without such a prediction.")
+    unconfirmed_failed_cards: int = Field(
+        default=0,
+        description=(
+            "Failed cards whose only failures were read from a counter whose meaning the vendor has not confirmed "
+            "(Cambricon cnmon Ecc-Error): part of failed_cards, flagged so the recall is read with that caveat."
+        ),
+    )
     precision: float | None = Field(description="hit / (hit + miss); null when the evidence is insufficient.")
     recall: float | None = Field(description="predicted_cards / failed_cards; null when insufficient.")
     insufficient: list[str] = Field(description="Why the ratios are null, e.g. 'observed 3.0 of ≥ 8 days'.")

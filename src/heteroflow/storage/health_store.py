@@ -12,7 +12,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from heteroflow.core.ids import NodeId, Source
-from heteroflow.health.counters import HEALTH_KEYS, Counters
+from heteroflow.health.counters import HEALTH_KEYS, Counters, join_keys, split_keys
 from heteroflow.health.heartbeat import ParsedXid
 from heteroflow.health.samples import CardKey, HealthReading, StoredSample
 from heteroflow.platform.auth import NodeScope
@@ -33,6 +33,7 @@ class CardCapability:
     first_sample_at: datetime
     last_sample_at: datetime
     sample_count: int
+    semantics_unconfirmed: tuple[str, ...] = ()
 
 
 HardwareEventKind = Literal["xid", "ecc_uncorrected", "remap_failure"]
@@ -73,6 +74,7 @@ def _row_to_sample(row: Any) -> StoredSample:
         uuid=row.uuid,
         sampled_at=row.sampled_at,
         counters=Counters(**{name: getattr(row, name) for name in HEALTH_KEYS}),
+        semantics_unconfirmed=split_keys(row.semantics_unconfirmed),
     )
 
 
@@ -159,6 +161,7 @@ class SqlHealthSampleStore:
                         "sampled_at": r.sampled_at,
                         "changed": changed,
                         "ue_changed": ue_changed,
+                        "semantics_unconfirmed": join_keys(r.semantics_unconfirmed),
                         **r.counters.as_dict(),
                     }
                 )
@@ -277,6 +280,7 @@ class SqlHealthSampleStore:
                 sa.func.min(samples_t.c.sampled_at).label("first_sample_at"),
                 sa.func.max(samples_t.c.sampled_at).label("last_sample_at"),
                 sa.func.count().label("sample_count"),
+                sa.func.max(samples_t.c.semantics_unconfirmed).label("semantics_unconfirmed"),
                 *columns,
             )
             .where(
@@ -299,6 +303,7 @@ class SqlHealthSampleStore:
                 first_sample_at=row.first_sample_at,
                 last_sample_at=row.last_sample_at,
                 sample_count=row.sample_count,
+                semantics_unconfirmed=split_keys(row.semantics_unconfirmed),
             )
             for row in rows
         ]

@@ -18,7 +18,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from heteroflow.core.ids import NodeId, Source
-from heteroflow.health.counters import HEALTH_KEYS, Counters
+from heteroflow.health.counters import HEALTH_KEYS, Counters, split_keys
 from heteroflow.health.predictions import COUNTED_XIDS, Judgement, PredictionStatus, XidObservation
 from heteroflow.health.rules import GROWTH_KEYS, CardView, RuleParams, boundary_instants
 from heteroflow.health.samples import Card, CardKey, StoredSample
@@ -85,6 +85,7 @@ def _sample(row: Any) -> StoredSample:
         uuid=row.uuid,
         sampled_at=row.sampled_at,
         counters=Counters(**{name: getattr(row, name) for name in HEALTH_KEYS}),
+        semantics_unconfirmed=split_keys(row.semantics_unconfirmed),
     )
 
 
@@ -380,7 +381,13 @@ class SqlPredictionStore:
             ]
             monitorable = {(row.node_id, row.gpu_index, row.uuid) for row in cards}
             events = [
-                FailureEvent(row.node_id, row.gpu_index, row.uuid, utc_value(row.at))
+                FailureEvent(
+                    row.node_id,
+                    row.gpu_index,
+                    row.uuid,
+                    utc_value(row.at),
+                    semantics_unconfirmed="ecc_uncorrected_total" in split_keys(row.unconfirmed),
+                )
                 for row in conn.execute(self._failures(source=source, scope=scope, since=since, now=now))
                 if (row.node_id, row.gpu_index, row.uuid) in monitorable
             ]
@@ -398,6 +405,8 @@ class SqlPredictionStore:
                     PredictionWindow(r.node_id, r.gpu_index, r.uuid, r.window_days, r.t0, r.window_end) for r in rows
                 ]
         failed_cards = len({e.card for e in events})
+        confirmed = {e.card for e in events if not e.semantics_unconfirmed}
+        unconfirmed_failed_cards = len({e.card for e in events if e.semantics_unconfirmed} - confirmed)
         bands = {
             n: BandCounts(
                 window_days=n,
@@ -407,6 +416,7 @@ class SqlPredictionStore:
                 voided=statuses[n].get("voided", 0),
                 failed_cards=failed_cards,
                 predicted_cards=len(predicted_cards(events, windows, window_days=n)),
+                unconfirmed_failed_cards=unconfirmed_failed_cards,
             )
             for n in window_days
         }
@@ -428,6 +438,7 @@ class SqlPredictionStore:
                 samples_t.c.gpu_index,
                 samples_t.c.uuid,
                 samples_t.c.sampled_at,
+                samples_t.c.semantics_unconfirmed,
                 ue.label("v"),
                 sa.func.lag(ue)
                 .over(
@@ -449,7 +460,11 @@ class SqlPredictionStore:
             .subquery()
         )
         counter_failures = sa.select(
-            steps.c.node_id, steps.c.gpu_index, steps.c.uuid, steps.c.sampled_at.label("at")
+            steps.c.node_id,
+            steps.c.gpu_index,
+            steps.c.uuid,
+            steps.c.sampled_at.label("at"),
+            steps.c.semantics_unconfirmed.label("unconfirmed"),
         ).where(steps.c.prev.is_not(None), steps.c.v > steps.c.prev, steps.c.sampled_at >= since)
         # XIDs are attributed to the card (node, index, uuid) of the slot; the caller keeps monitorable cards only
         monitorable = (
@@ -460,7 +475,11 @@ class SqlPredictionStore:
         )
         xid_failures = (
             sa.select(
-                monitorable.c.node_id, monitorable.c.gpu_index, monitorable.c.uuid, xid_t.c.occurred_at.label("at")
+                monitorable.c.node_id,
+                monitorable.c.gpu_index,
+                monitorable.c.uuid,
+                xid_t.c.occurred_at.label("at"),
+                sa.null().label("unconfirmed"),
             )
             .join(
                 xid_t,

@@ -121,6 +121,7 @@ async def capabilities(
                 sample_count=card.sample_count,
                 collection_stalled=now - card.last_sample_at > stall,
                 trend_prediction_possible=card.collectable["ecc_corrected_total"],
+                semantics_unconfirmed=list(card.semantics_unconfirmed),
                 xid_events=_card_xids(xid_reports[card.node_id], card.gpu_index)[0],
                 xid_events_reason=_card_xids(xid_reports[card.node_id], card.gpu_index)[1],
             )

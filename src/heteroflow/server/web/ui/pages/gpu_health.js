@@ -526,6 +526,13 @@ export function createGpuHealthPage(main) {
               t(`caps.xid.${card.xid_events}`),
             )
           : null,
+        (card.semantics_unconfirmed ?? []).length > 0
+          ? h(
+              "span",
+              { class: "badge", title: t("caps.unconfirmed_title", { keys: card.semantics_unconfirmed.join(", ") }) },
+              t("caps.unconfirmed"),
+            )
+          : null,
         h("br"),
         h("code", { class: "uuid" }, card.uuid ?? t("unknown")),
       ),
