@@ -590,3 +590,47 @@ def test_cambricons_unconfirmed_semantics_reach_the_evidence_the_alert_the_recal
     stats = harness.get(reader, "/api/v1/gpu-health/prediction-stats", since=start.isoformat()).json()
     assert {band["failed_cards"] for band in stats["windows"]} == {1}
     assert {band["unconfirmed_failed_cards"] for band in stats["windows"]} == {1}
+
+
+def test_uncorrectable_row_remaps_are_stored_predicted_on_and_counted_as_failures(harness: Harness) -> None:
+    agent, reader = harness.token("agent"), harness.token("nodes:read")
+    node = harness.register(agent, "a10-node", model="NVIDIA A10")
+    start = harness.clock.now()
+
+    def beat(uncorrectable_remaps: int) -> None:
+        stat = {
+            "index": 0,
+            "uuid": "GPU-a10",
+            "sampled_at": harness.clock.now().isoformat(),
+            "ecc_uncorrected_total": 0,  # the ECC counter shows nothing
+            "ecc_corrected_total": 12,
+            "remapped_rows_pending": 1,
+            "remapped_rows_failure": 0,
+            "remapped_rows_correctable": 0,
+            "remapped_rows_uncorrectable": uncorrectable_remaps,
+        }
+        assert harness.beat(agent, node, [stat]).status_code == 200
+        harness.drain()
+
+    beat(4)  # an A10 with 4 uncorrectable remaps and pending=Yes
+    (card,) = harness.get(reader, "/api/v1/gpu-health/capabilities").json()["cards"]
+    assert card["metrics"]["remapped_rows_uncorrectable"] == "collectable"
+    assert card["metrics"]["ecc_sram_uncorrected_total"] == "unknown"  # never sent: unknown, never 0
+    samples = harness.get(reader, "/api/v1/gpu-health/samples", node_id=node, gpu_index=0).json()["samples"]
+    assert samples[0]["remapped_rows_uncorrectable"] == 4
+    assert samples[0]["ecc_sram_corrected_total"] is None
+
+    harness.clock.advance(60)
+    assert harness.ctx.worker.tick().predictions_created == {"real": 1}
+    (item,) = predictions(harness, reader)["items"]
+    assert "uncorrectable_remap" in item["signals"]
+
+    harness.clock.advance(86400)
+    beat(5)  # one more row remapped after an uncorrectable error: the failure the prediction was about
+    harness.clock.advance(7 * 86400)
+    beat(5)
+    assert harness.ctx.worker.tick().judged == {"hit": 1}
+    judged = predictions(harness, reader)["items"][0]
+    assert "rows remapped after uncorrectable errors grew from 4 to 5" in judged["conclusion"]
+    stats = harness.get(reader, "/api/v1/gpu-health/prediction-stats", since=start.isoformat()).json()
+    assert {band["failed_cards"] for band in stats["windows"]} == {1}

@@ -51,22 +51,25 @@ TELEMETRY_FIELDS: Final = (
     ("power.draw",),
 )
 #: Each health field by its candidate names, preferred first (aliases from the driver's help text).
+#: Where the driver splits ECC counts by location (590-series help text: ``.aggregate.dram`` "errors detected in
+#: global device memory", ``.aggregate.sram`` "in global SRAMs"), the ECC keys hold the DRAM (HBM) count the rules
+#: are about — ``.total`` mixes in on-die SRAM errors — and the SRAM counts are kept apart.
 HEALTH_FIELDS: Final = (
-    ("ecc.errors.uncorrected.aggregate.total",),
-    ("ecc.errors.corrected.aggregate.total",),
+    ("ecc.errors.uncorrected.aggregate.dram", "ecc.errors.uncorrected.aggregate.total"),
+    ("ecc.errors.corrected.aggregate.dram", "ecc.errors.corrected.aggregate.total"),
     ("retired_pages.single_bit_ecc.count", "retired_pages.sbe"),
     ("retired_pages.double_bit.count", "retired_pages.dbe"),
     ("remapped_rows.pending",),
     ("remapped_rows.failure",),
-)
-
-#: Shown by ``agent probe`` (extras), never sent: pending page retirement and the remapped row counts.
-EXTRA_FIELDS: Final = (
-    ("retired_pages.pending",),
     ("remapped_rows.correctable", "remapped_rows.sbe"),
     ("remapped_rows.uncorrectable", "remapped_rows.dbe"),
+    ("ecc.errors.uncorrected.aggregate.sram",),
+    ("ecc.errors.corrected.aggregate.sram",),
 )
-EXTRA_KEYS: Final = ("retired_pages_pending", "remapped_rows_correctable", "remapped_rows_uncorrectable")
+
+#: Shown by ``agent probe`` (extras), never sent: pending page retirement.
+EXTRA_FIELDS: Final = (("retired_pages.pending",),)
+EXTRA_KEYS: Final = ("retired_pages_pending",)
 
 _HELP_FIELD_LINE = re.compile(r'^"([A-Za-z0-9_.\-]+)"(?:\s+or\s+"([A-Za-z0-9_.\-]+)")*\s*$')
 _QUOTED = re.compile(r'"([A-Za-z0-9_.\-]+)"')
@@ -156,6 +159,10 @@ def health_from_rows(
             retired_pages=add_counts(sbe, dbe),
             remapped_rows_pending=parse_flag(_pick(row, chosen, HEALTH_FIELDS[4])),
             remapped_rows_failure=parse_flag(_pick(row, chosen, HEALTH_FIELDS[5])),
+            remapped_rows_correctable=parse_count(_pick(row, chosen, HEALTH_FIELDS[6])),
+            remapped_rows_uncorrectable=parse_count(_pick(row, chosen, HEALTH_FIELDS[7])),
+            ecc_sram_uncorrected_total=parse_count(_pick(row, chosen, HEALTH_FIELDS[8])),
+            ecc_sram_corrected_total=parse_count(_pick(row, chosen, HEALTH_FIELDS[9])),
         )
         gpus.append(
             GpuHealth(
@@ -164,11 +171,7 @@ def health_from_rows(
                 uuid=_uuid_of(row, chosen),
                 name=_pick(row, chosen, ("name", "gpu_name"))[:200],
                 counters=counters,
-                extras=(
-                    (EXTRA_KEYS[0], parse_flag(_pick(row, chosen, EXTRA_FIELDS[0]))),
-                    (EXTRA_KEYS[1], parse_count(_pick(row, chosen, EXTRA_FIELDS[1]))),
-                    (EXTRA_KEYS[2], parse_count(_pick(row, chosen, EXTRA_FIELDS[2]))),
-                ),
+                extras=((EXTRA_KEYS[0], parse_flag(_pick(row, chosen, EXTRA_FIELDS[0]))),),
             )
         )
     return gpus, warnings

@@ -48,6 +48,8 @@ UNKNOWN: Final = 999
 MEMORY_ERROR_CORRECTED: Final = 0
 MEMORY_ERROR_UNCORRECTED: Final = 1
 AGGREGATE_ECC: Final = 1
+MEMORY_LOCATION_DRAM: Final = 2
+MEMORY_LOCATION_SRAM: Final = 7
 RETIRED_MULTIPLE_SINGLE_BIT: Final = 0
 RETIRED_DOUBLE_BIT: Final = 1
 EVENT_XID_CRITICAL: Final = 0x8
@@ -79,6 +81,9 @@ class NvmlApi(Protocol):
     def nvmlDeviceGetName(self, handle: Any) -> str | bytes: ...
     def nvmlDeviceGetEccMode(self, handle: Any) -> Sequence[int]: ...
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter_type: int) -> int: ...
+    def nvmlDeviceGetMemoryErrorCounter(
+        self, handle: Any, error_type: int, counter_type: int, location_type: int
+    ) -> int: ...
     def nvmlDeviceGetRetiredPages(self, handle: Any, cause: int) -> Sequence[int]: ...
     def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any) -> int: ...
     def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]: ...
@@ -214,8 +219,14 @@ class NvmlCollector:
         mode = self._call(card, "ECC mode", lambda: api.nvmlDeviceGetEccMode(h))
         ecc_on = bool(mode) and mode is not None and int(mode[0]) == 1
         # ECC disabled reads as "not supported" from the driver; it is unknown, never "zero errors".
-        unc = corr = None
+        unc = corr = sram_unc = sram_corr = None
         if ecc_on:
+            # Turing and later split the counts by location: DRAM (HBM) is the memory the rules are about, on-die
+            # SRAM is kept apart. Where the split is not supported, the total is the only figure there is.
+            located = self._located_ecc(card, h)
+            if located is not None:
+                unc, corr, sram_unc, sram_corr = located
+        if ecc_on and unc is None and corr is None:
             unc = _count(
                 self._call(
                     card,
@@ -251,13 +262,34 @@ class NvmlCollector:
             retired_pages=retired,
             remapped_rows_pending=pending,
             remapped_rows_failure=failure,
+            remapped_rows_correctable=corr_rows,
+            remapped_rows_uncorrectable=unc_rows,
+            ecc_sram_uncorrected_total=sram_unc,
+            ecc_sram_corrected_total=sram_corr,
         )
-        extras = (
-            ("retired_pages_pending", None if pending_retire is None else (1 if pending_retire else 0)),
-            ("remapped_rows_correctable", corr_rows),
-            ("remapped_rows_uncorrectable", unc_rows),
-        )
+        extras = (("retired_pages_pending", None if pending_retire is None else (1 if pending_retire else 0)),)
         return counters, extras
+
+    def _located_ecc(self, card: _Card, h: Any) -> tuple[int | None, int | None, int | None, int | None] | None:
+        """DRAM and SRAM ECC counts (uncorrected, corrected each), or ``None`` when the driver has no DRAM split."""
+        api = self._require()
+
+        def read(error_type: int, location: int) -> int | None:
+            return _count(
+                self._call(
+                    card,
+                    "ECC by location",
+                    lambda: api.nvmlDeviceGetMemoryErrorCounter(h, error_type, AGGREGATE_ECC, location),
+                )
+            )
+
+        dram_unc = read(MEMORY_ERROR_UNCORRECTED, MEMORY_LOCATION_DRAM)
+        dram_corr = read(MEMORY_ERROR_CORRECTED, MEMORY_LOCATION_DRAM)
+        if dram_unc is None and dram_corr is None:
+            return None
+        sram_unc = read(MEMORY_ERROR_UNCORRECTED, MEMORY_LOCATION_SRAM)
+        sram_corr = read(MEMORY_ERROR_CORRECTED, MEMORY_LOCATION_SRAM)
+        return dram_unc, dram_corr, sram_unc, sram_corr
 
     def read_health(self) -> HealthCollection:
         now = self._clock.now()

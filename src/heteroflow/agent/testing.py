@@ -82,6 +82,9 @@ class FakeGpu:
     memory_total: int = 80 * 1024 * 1024 * 1024
     power_mw: int = 70_000
     errors: dict[str, int] = field(default_factory=dict)
+    memory_errors: dict[tuple[int, int], int] = field(default_factory=dict)
+    """``nvmlDeviceGetMemoryErrorCounter`` by (error type, location: 2 DRAM, 7 SRAM); absent = NOT_SUPPORTED
+    (a driver without the split, where only the totals exist)."""
 
 
 @dataclass(frozen=True)
@@ -172,6 +175,15 @@ class FakeNvml:
         if counter_type != 1:
             raise FakeNVMLError(2)  # INVALID_ARGUMENT: the agent only reads aggregate counts
         return gpu.ecc_uncorrected if error_type == 1 else gpu.ecc_corrected
+
+    def nvmlDeviceGetMemoryErrorCounter(self, handle: int, error_type: int, counter_type: int, location: int) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetMemoryErrorCounter")
+        if counter_type != 1:
+            raise FakeNVMLError(2)  # INVALID_ARGUMENT: the agent only reads aggregate counts
+        value = gpu.memory_errors.get((error_type, location))
+        if value is None:
+            raise FakeNVMLError(3)  # NOT_SUPPORTED
+        return value
 
     def nvmlDeviceGetRetiredPages(self, handle: int, cause: int) -> list[int]:
         gpu = self._gpu(handle, "nvmlDeviceGetRetiredPages")

@@ -1,4 +1,8 @@
-"""The five hardware error counters and the rule that unknown is never 0 (H-1).
+"""The hardware error counters and the rule that unknown is never 0 (H-1).
+
+The seed's five counters, and four that real drivers give beyond it: the remapped-row counts (the durable evidence
+of failing memory rows on Ampere and later) and the on-die SRAM ECC counts, kept apart from the DRAM (HBM) errors
+that ``ecc_*_total`` hold where the driver splits them.
 
 A counter is an ``int`` or ``None``. ``None`` means *unknown*: not collected, not parseable, not supported
 or not permitted. Reading an unknown counter as 0 would turn a card with no observability into "a healthy
@@ -21,18 +25,30 @@ HEALTH_KEYS: Final = (
     "retired_pages",
     "remapped_rows_pending",
     "remapped_rows_failure",
+    "remapped_rows_correctable",
+    "remapped_rows_uncorrectable",
+    "ecc_sram_uncorrected_total",
+    "ecc_sram_corrected_total",
 )
 
 
 @dataclass(frozen=True, slots=True)
 class Counters:
-    """One reading of the five counters of one card; ``None`` = unknown."""
+    """One reading of the counters of one card; ``None`` = unknown."""
 
     ecc_uncorrected_total: int | None = None
     ecc_corrected_total: int | None = None
     retired_pages: int | None = None
     remapped_rows_pending: int | None = None
     remapped_rows_failure: int | None = None
+    remapped_rows_correctable: int | None = None
+    """Rows remapped after correctable errors (nvidia-smi ``remapped_rows.correctable``)."""
+    remapped_rows_uncorrectable: int | None = None
+    """Rows remapped after uncorrectable errors: growth is a strong signal and a failure event."""
+    ecc_sram_uncorrected_total: int | None = None
+    """Uncorrectable ECC errors of on-die SRAM, where the driver splits them from DRAM."""
+    ecc_sram_corrected_total: int | None = None
+    """Correctable ECC errors of on-die SRAM, where the driver splits them from DRAM."""
 
     @property
     def all_unknown(self) -> bool:

@@ -5,7 +5,8 @@ EXPERIMENTAL. The thresholds are initial values from a public mechanism, not cal
 Three layers:
 
 * strong — uncorrectable ECC *grew* (new errors since the card was last predicted and within the observation
-           period; the lifetime total is context only, see below); row-remap failure > 0. Either fires alone.
+           period; the lifetime total is context only, see below); rows remapped after uncorrectable errors grew
+           (the same way; an extension of the seed's F1); row-remap failure > 0. Each fires alone.
 * trend  — corrected-ECC growth (two conditions, below); pending remaps grew in the observation period and are
            > 0 now; retired pages grew in the observation period and are > 0 now. Each fires alone.
 * weak   — reserved (temperature, power…). A weak signal can never fire alone: it is evidence beside a strong
@@ -35,6 +36,7 @@ Layer = Literal["strong", "trend", "weak"]
 #: the counter each signal reads (its evidence says so when the vendor has not confirmed what that counter counts)
 SIGNAL_KEYS = {
     "uncorrectable_ecc": "ecc_uncorrected_total",
+    "uncorrectable_remap": "remapped_rows_uncorrectable",
     "remap_failure": "remapped_rows_failure",
     "corrected_ecc_growth": "ecc_corrected_total",
     "pending_remap_growth": "remapped_rows_pending",
@@ -46,7 +48,13 @@ UNCONFIRMED_NOTE = (
 )
 
 #: counters whose growth is judged across boundaries (the shell reports their last decrease)
-GROWTH_KEYS = ("ecc_corrected_total", "remapped_rows_pending", "retired_pages", "ecc_uncorrected_total")
+GROWTH_KEYS = (
+    "ecc_corrected_total",
+    "remapped_rows_pending",
+    "retired_pages",
+    "ecc_uncorrected_total",
+    "remapped_rows_uncorrectable",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,9 +122,14 @@ def evaluate(view: CardView, params: RuleParams, *, weak_signals: Sequence[Signa
     abandoned: list[str] = []
     now = view.latest.counters
 
-    uncorrectable = _uncorrectable_growth(view, params)
-    if uncorrectable is not None:
-        signals.append(uncorrectable)
+    for key, code, label in (
+        ("ecc_uncorrected_total", "uncorrectable_ecc", "uncorrectable ECC"),
+        # an extension of the seed's F1: a row remapped after an uncorrectable error is the durable record of one
+        ("remapped_rows_uncorrectable", "uncorrectable_remap", "rows remapped after uncorrectable errors"),
+    ):
+        grown = _strong_growth(view, params, key=key, code=code, label=label)
+        if grown is not None:
+            signals.append(grown)
     if now.remapped_rows_failure is not None and now.remapped_rows_failure > 0:
         signals.append(
             Signal(
@@ -161,32 +174,31 @@ def _with_caveat(signal: Signal, unconfirmed: set[str]) -> Signal:
     return replace(signal, evidence=signal.evidence + UNCONFIRMED_NOTE.format(key=key))
 
 
-def _uncorrectable_growth(view: CardView, params: RuleParams) -> Signal | None:
-    """New uncorrectable errors, not the lifetime total (the aggregate counter never goes down).
+def _strong_growth(view: CardView, params: RuleParams, *, key: str, code: str, label: str) -> Signal | None:
+    """New uncorrectable errors (or remaps), not the lifetime total (the aggregate counter never goes down).
 
     Read on the lifetime total, one old error would predict the card in every window for life: its alert could
     never close and the precision denominator would fill with the same card. So the signal fires when the total
     is above its value at the start of the observation period and at the card's last prediction; when neither
     is known (a card first seen, or counted from 0 again after a driver reload) a total above 0 is new to us.
     """
-    current = view.latest.counters.ecc_uncorrected_total
+    current = getattr(view.latest.counters, key)
     if current is None or current <= 0:
         return None
-    key = "ecc_uncorrected_total"
     references = [
         (instant, value)
         for instant in (view.t0 - params.observation, view.last_predicted_t0)
         if instant is not None and (value := _value_at(view, key, instant, params)) is not None
     ]
     if not references:
-        return Signal("strong", "uncorrectable_ecc", f"uncorrectable ECC total {current} > 0 (no earlier value known)")
+        return Signal("strong", code, f"{label} total {current} > 0 (no earlier value known)")
     since, reference = max(references, key=lambda item: item[1])
     if current <= reference:
         return None
     return Signal(
         "strong",
-        "uncorrectable_ecc",
-        f"uncorrectable ECC grew from {reference} to {current} since {since.isoformat(timespec='seconds')} "
+        code,
+        f"{label} grew from {reference} to {current} since {since.isoformat(timespec='seconds')} "
         f"(lifetime total {current})",
     )
 

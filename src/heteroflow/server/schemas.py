@@ -59,6 +59,11 @@ class GpuStat(BaseModel):
     retired_pages: JsonValue = None
     remapped_rows_pending: JsonValue = None
     remapped_rows_failure: JsonValue = None
+    remapped_rows_correctable: JsonValue = None
+    remapped_rows_uncorrectable: JsonValue = None
+    ecc_sram_uncorrected_total: JsonValue = None
+    ecc_sram_corrected_total: JsonValue = None
+    semantics_unconfirmed: JsonValue = None
 
 
 class XidEventIn(BaseModel):
@@ -148,6 +153,10 @@ class SampleOut(BaseModel):
     retired_pages: int | None
     remapped_rows_pending: int | None
     remapped_rows_failure: int | None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    ecc_sram_uncorrected_total: int | None = None
+    ecc_sram_corrected_total: int | None = None
 
 
 class SamplesOut(BaseModel):

@@ -147,9 +147,11 @@ class SqlHealthSampleStore:
                     chain[r.key] = (before.uuid, before.counters) if before is not None else None
                 before_reading = chain[r.key]
                 changed = before_reading != (r.uuid, r.counters)
+                # the failure counters (uncorrectable ECC, rows remapped after uncorrectable errors): their steps
                 ue_changed = before_reading is None or (
                     before_reading[0] != r.uuid
                     or before_reading[1].ecc_uncorrected_total != r.counters.ecc_uncorrected_total
+                    or before_reading[1].remapped_rows_uncorrectable != r.counters.remapped_rows_uncorrectable
                 )
                 chain[r.key] = (r.uuid, r.counters)
                 rows.append(

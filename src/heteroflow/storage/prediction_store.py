@@ -19,7 +19,7 @@ from sqlalchemy.engine import Connection, Engine
 
 from heteroflow.core.ids import NodeId, Source
 from heteroflow.health.counters import HEALTH_KEYS, Counters, split_keys
-from heteroflow.health.predictions import COUNTED_XIDS, Judgement, PredictionStatus, XidObservation
+from heteroflow.health.predictions import COUNTED_XIDS, FAILURE_COUNTERS, Judgement, PredictionStatus, XidObservation
 from heteroflow.health.rules import GROWTH_KEYS, CardView, RuleParams, boundary_instants
 from heteroflow.health.samples import Card, CardKey, StoredSample
 from heteroflow.health.statistics import BandCounts, Exposure, FailureEvent, PredictionWindow, predicted_cards
@@ -423,49 +423,18 @@ class SqlPredictionStore:
         return bands, _exposure(cards)
 
     def _failures(self, *, source: Source, scope: NodeScope, since: datetime, now: datetime) -> sa.Select[Any]:
-        """Failure events of monitorable cards: a strict increase of uncorrectable ECC between consecutive known
-        samples of one card (a first sample never is one), or a counted XID; found by scanning samples in SQL.
+        """Failure events of monitorable cards: a strict increase of uncorrectable ECC — or of the rows remapped
+        after uncorrectable errors (an extension of the seed's F1) — between consecutive known samples of one card
+        (a first sample never is one), or a counted XID; found by scanning samples in SQL.
 
-        Only the ``ue_changed`` rows are scanned: a row without the flag repeats the uuid and the value of its
-        slot's previous row, which is then the card's previous known sample with the same value, so it is never
-        a step; and each flagged row's predecessor among the flagged rows holds the value its true predecessor
+        Only the ``ue_changed`` rows are scanned: a row without the flag repeats the uuid and the failure counters of
+        its slot's previous row, which is then the card's previous known sample with the same values, so it is never
+        a step; and each flagged row's predecessor among the flagged rows holds the values its true predecessor
         held. Degrading cards change their corrected-ECC counter every sample, so the broader ``changed`` rows
         would be hundreds of thousands at 1,000 cards; these are about one per card plus one per step."""
-        ue = samples_t.c.ecc_uncorrected_total
-        steps = (
-            sa.select(
-                samples_t.c.node_id,
-                samples_t.c.gpu_index,
-                samples_t.c.uuid,
-                samples_t.c.sampled_at,
-                samples_t.c.semantics_unconfirmed,
-                ue.label("v"),
-                sa.func.lag(ue)
-                .over(
-                    # exactly the order of the partial index of ue_changed rows, so the window needs no sort
-                    # (two rows of one card never share a sampling time: a collection is one reading)
-                    partition_by=(samples_t.c.node_id, samples_t.c.gpu_index, samples_t.c.uuid),
-                    order_by=samples_t.c.sampled_at,
-                )
-                .label("prev"),
-            )
-            .where(
-                samples_t.c.source == source,
-                # a row that repeats its predecessor's uuid and value can never be a step
-                samples_t.c.ue_changed,
-                ue.is_not(None),
-                samples_t.c.sampled_at <= now,
-                *in_scope(samples_t.c.node_id, scope),
-            )
-            .subquery()
-        )
-        counter_failures = sa.select(
-            steps.c.node_id,
-            steps.c.gpu_index,
-            steps.c.uuid,
-            steps.c.sampled_at.label("at"),
-            steps.c.semantics_unconfirmed.label("unconfirmed"),
-        ).where(steps.c.prev.is_not(None), steps.c.v > steps.c.prev, steps.c.sampled_at >= since)
+        parts = [
+            self._counter_steps(key, source=source, scope=scope, since=since, now=now) for key, _ in FAILURE_COUNTERS
+        ]
         # XIDs are attributed to the card (node, index, uuid) of the slot; the caller keeps monitorable cards only
         monitorable = (
             sa.select(samples_t.c.node_id, samples_t.c.gpu_index, samples_t.c.uuid)
@@ -497,7 +466,48 @@ class SqlPredictionStore:
                 *in_scope(xid_t.c.node_id, scope),
             )
         )
-        return sa.union_all(counter_failures, xid_failures).subquery().select()
+        return sa.union_all(*parts, xid_failures).subquery().select()
+
+    def _counter_steps(
+        self, key: str, *, source: Source, scope: NodeScope, since: datetime, now: datetime
+    ) -> sa.Select[Any]:
+        """Strict increases of one failure counter between consecutive known ``ue_changed`` rows of each card."""
+        value = samples_t.c[key]
+        steps = (
+            sa.select(
+                samples_t.c.node_id,
+                samples_t.c.gpu_index,
+                samples_t.c.uuid,
+                samples_t.c.sampled_at,
+                samples_t.c.semantics_unconfirmed,
+                value.label("v"),
+                sa.func.lag(value)
+                .over(
+                    # exactly the order of the partial index of ue_changed rows, so the window needs no sort
+                    # (two rows of one card never share a sampling time: a collection is one reading)
+                    partition_by=(samples_t.c.node_id, samples_t.c.gpu_index, samples_t.c.uuid),
+                    order_by=samples_t.c.sampled_at,
+                )
+                .label("prev"),
+            )
+            .where(
+                samples_t.c.source == source,
+                # a row that repeats its predecessor's uuid and failure counters can never be a step
+                samples_t.c.ue_changed,
+                value.is_not(None),
+                samples_t.c.sampled_at <= now,
+                *in_scope(samples_t.c.node_id, scope),
+            )
+            .subquery()
+        )
+        unconfirmed = steps.c.semantics_unconfirmed if key == "ecc_uncorrected_total" else sa.null()
+        return sa.select(
+            steps.c.node_id,
+            steps.c.gpu_index,
+            steps.c.uuid,
+            steps.c.sampled_at.label("at"),
+            unconfirmed.label("unconfirmed"),
+        ).where(steps.c.prev.is_not(None), steps.c.v > steps.c.prev, steps.c.sampled_at >= since)
 
     def _cards_in_period(self, *, source: Source, scope: NodeScope, since: datetime, now: datetime) -> sa.Select[Any]:
         """Cards with a sample at or before ``now``, with their first and last sample in [since, now] (NULL when

@@ -98,6 +98,10 @@ gpu_health_samples = sa.Table(
     sa.Column("retired_pages", sa.BigInteger(), nullable=True),
     sa.Column("remapped_rows_pending", sa.BigInteger(), nullable=True),
     sa.Column("remapped_rows_failure", sa.BigInteger(), nullable=True),
+    sa.Column("remapped_rows_correctable", sa.BigInteger(), nullable=True),
+    sa.Column("remapped_rows_uncorrectable", sa.BigInteger(), nullable=True),
+    sa.Column("ecc_sram_uncorrected_total", sa.BigInteger(), nullable=True),
+    sa.Column("ecc_sram_corrected_total", sa.BigInteger(), nullable=True),
     # False for a row that repeats its slot's previous row (a keepalive row): scans that look for changes
     # (failure events, the capability matrix) read the changed rows only
     sa.Column("changed", sa.Boolean(), nullable=False, server_default=sa.true()),

@@ -41,16 +41,13 @@ def test_synthetic_rows_cover_sentinels_flags_lost_gpu_negative_and_huge(clock: 
     health = collector(clock, smi_runner(help_text=HELP, csv_text=CSV)).read_health()
     by_index = {gpu.index: gpu for gpu in health.gpus}
     assert sorted(by_index) == [0, 1, 3, 4]  # the lost GPU's rows are left out, the others kept
-    assert by_index[0].counters == Counters(0, 12, 0, 1, 0)
+    # an A10 with 4 uncorrectable remaps and a remap pending: the counts are counters now (no SRAM split here)
+    assert by_index[0].counters == Counters(0, 12, 0, 1, 0, 0, 4)
     assert by_index[0].uuid == "GPU-aaaaaaaa-0000-0000-0000-000000000000"
-    assert dict(by_index[0].extras) == {
-        "retired_pages_pending": 0,
-        "remapped_rows_correctable": 0,
-        "remapped_rows_uncorrectable": 4,
-    }
+    assert dict(by_index[0].extras) == {"retired_pages_pending": 0}
     assert by_index[1].counters == Counters()  # every sentinel is unknown, never 0
-    assert by_index[3].counters == Counters(None, 55_000_000_000, 5, 0, 1)  # negative → unknown
-    assert by_index[4].counters == Counters(None, None, None, 1, 0)  # > 2**63-1, blank, fractional
+    assert by_index[3].counters == Counters(None, 55_000_000_000, 5, 0, 1, 1, 0)  # negative → unknown
+    assert by_index[4].counters == Counters(None, None, None, 1, 0, 0, 0)  # > 2**63-1, blank, fractional
     assert any("lost GPU" in w or "unreadable line" in w for w in health.warnings)
     assert health.collected_at == clock.now()
 
@@ -128,10 +125,15 @@ def test_a_hung_tool_gives_an_unknown_tick(clock: FakeClock) -> None:
 
 
 CAPTURES = {
-    "h100": ("nvidia-h100-80gb-hbm3__590.48.01", "NVIDIA H100 80GB HBM3", Counters(0, 0, None, 0, 0)),
-    "h100-mig": ("nvidia-h100-mig__590.48.01", "NVIDIA H100 80GB HBM3", Counters(0, 0, None, None, None)),
-    "h200": ("nvidia-h200__590.48.01", "NVIDIA H200", Counters(0, 0, None, 0, 0)),
-    "l40s": ("nvidia-l40s__595.80", "NVIDIA L40S", Counters(0, 0, None, 0, 0)),
+    # ECC from the .dram fields these drivers list; remapped-row counts 0 (unknown under MIG); SRAM counts apart
+    "h100": ("nvidia-h100-80gb-hbm3__590.48.01", "NVIDIA H100 80GB HBM3", Counters(0, 0, None, 0, 0, 0, 0, 0, 0)),
+    "h100-mig": (
+        "nvidia-h100-mig__590.48.01",
+        "NVIDIA H100 80GB HBM3",
+        Counters(0, 0, None, None, None, None, None, 0, 0),
+    ),
+    "h200": ("nvidia-h200__590.48.01", "NVIDIA H200", Counters(0, 0, None, 0, 0, 0, 0, 0, 0)),
+    "l40s": ("nvidia-l40s__595.80", "NVIDIA L40S", Counters(0, 0, None, 0, 0, 0, 0, 0, 0)),
     "rtx4080s": ("nvidia-geforce-rtx-4080-super__595.71.05", "NVIDIA GeForce RTX 4080 SUPER", Counters()),
 }
 
