@@ -57,6 +57,8 @@ class IngestStatus:
     writer_backing_off: bool
     moved_after_newest_total: int = 0
     """Readings whose time was not after their card's newest stored row, written just after it instead."""
+    isolated_failures_total: int = 0
+    """Readings dropped alone after their batch failed permanently (the batch's other readings were written)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,6 +108,7 @@ class HealthIngestor:
         self._write_failures = 0
         self._selects = 0
         self._moved = 0
+        self._isolated = 0
         self._cleanup_runs = 0
         self._cleanup_failures = 0
         self._cleanup_deleted = 0
@@ -168,6 +171,7 @@ class HealthIngestor:
             last_write_error=self._last_write_error,
             writer_backing_off=self._backing_off,
             moved_after_newest_total=self._moved,
+            isolated_failures_total=self._isolated,
         )
 
     # -- lifecycle ----------------------------------------------------------------------------------------
@@ -215,6 +219,7 @@ class HealthIngestor:
             batch = self._take_batch()
             known = {r.key: s for r in batch if (s := self._cache.get(r.key, now=self._clock.monotonic()))}
             self._in_flight = {r.key for r in batch}
+            failed = 0
             try:
                 result = await asyncio.to_thread(self._write_batch, batch, known)
             except StoreUnavailableError as exc:
@@ -227,15 +232,28 @@ class HealthIngestor:
                 delay = min(delay * 2, _RETRY_MAX_SECONDS)
                 continue
             except Exception as exc:
-                # permanent for this batch: drop it. The cache was not confirmed, so the agent's next
-                # beat re-offers the same counters and they are written then.
-                self._in_flight = set()
+                # Permanent for this batch: one bad reading must not take the other cards down with it, so the
+                # batch is written again one reading at a time and only the readings that fail are dropped. The
+                # cache was not confirmed for those, so the agent's next beat re-offers the same counters.
                 self._note_failure(exc, readings=len(batch), retrying=False)
-                self._dropped += len(batch)
-                continue
+                try:
+                    result, failed = await asyncio.to_thread(self._write_each, batch)
+                except StoreUnavailableError:  # the database went away meanwhile: keep them all, as above
+                    self._in_flight = set()
+                    self._requeue(batch)
+                    self._backing_off = True
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, _RETRY_MAX_SECONDS)
+                    continue
+                self._dropped += failed
+                self._isolated += failed
+                if failed == len(batch):
+                    self._in_flight = set()
+                    continue
             delay = _RETRY_MIN_SECONDS
             self._backing_off = False
-            self._last_write_error = None
+            if not failed:
+                self._last_write_error = None
             now = self._clock.monotonic()
             for sample in result.confirmed:
                 self._cache.confirm(sample, now=now)
@@ -272,6 +290,31 @@ class HealthIngestor:
                 self._pending.move_to_end(reading.key, last=False)
             queue.appendleft(reading)
             self._pending_count += 1
+
+    def _write_each(self, batch: Sequence[HealthReading]) -> tuple[_BatchResult, int]:
+        """Runs in a worker thread: the batch one reading per transaction; the readings that still fail are counted.
+
+        Every reading is decided against the database (no cache entry is trusted: earlier readings of the same card
+        may just have been written). A transient failure propagates: the caller keeps the whole batch.
+        """
+        written: list[StoredSample] = []
+        confirmed: list[StoredSample] = []
+        skipped = selects = moved = failed = 0
+        for reading in batch:
+            try:
+                one = self._write_batch([reading], {})
+            except StoreUnavailableError:
+                raise
+            except Exception as exc:
+                failed += 1
+                self._last_write_error = f"{type(exc).__name__}: {exc}"[:500]
+                _log.warning("health.reading_dropped", node_id=reading.key.node_id, gpu_index=reading.key.gpu_index)
+                continue
+            written += one.written
+            confirmed += one.confirmed
+            skipped, selects, moved = skipped + one.skipped, selects + one.selects, moved + one.moved
+        result = _BatchResult(written=written, confirmed=confirmed, skipped=skipped, selects=selects, moved=moved)
+        return result, failed
 
     def _write_batch(self, batch: Sequence[HealthReading], known: dict[CardKey, StoredSample]) -> _BatchResult:
         """Runs in a worker thread: decide every reading against the newest stored row, insert, read back."""
