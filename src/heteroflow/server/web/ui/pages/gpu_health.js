@@ -17,6 +17,7 @@ const METRICS = [
   "retired_pages",
   "remapped_rows_pending",
   "remapped_rows_failure",
+  "remapped_rows_uncorrectable",
 ];
 const STATUSES = ["all", "pending", "hit", "miss", "voided"];
 const DEFAULT_STALL_MINUTES = 60;
@@ -522,7 +523,7 @@ export function createGpuHealthPage(main) {
         card.xid_events === "not_collected" || card.xid_events === "lost"
           ? h(
               "span",
-              { class: "badge stalled", dataset: { xid: card.xid_events }, title: card.xid_events_reason ?? "" },
+              { class: "badge xid", dataset: { xid: card.xid_events }, title: card.xid_events_reason ?? "" },
               t(`caps.xid.${card.xid_events}`),
             )
           : null,
