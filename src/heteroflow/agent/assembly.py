@@ -13,6 +13,8 @@ from typing import Any
 from heteroflow.agent.client import HttpPlatformClient, PlatformClient
 from heteroflow.agent.collectors import CollectorChoice, Selection, select_collector
 from heteroflow.agent.commands import CommandRunner
+from heteroflow.agent.kernel_xid import DevKmsg, KernelLog, KernelXidReader
+from heteroflow.agent.nvidia_smi import NvidiaSmiCollector
 from heteroflow.agent.nvml import NvmlApi, NvmlCollector, XidWatcher, load_pynvml
 from heteroflow.agent.readings import HealthCollection
 from heteroflow.agent.runner import Agent
@@ -20,7 +22,7 @@ from heteroflow.agent.scheduler import CollectionService
 from heteroflow.agent.settings import AgentSettings
 from heteroflow.agent.simulated import SimulatedCollector
 from heteroflow.agent.xid_queue import XidQueue
-from heteroflow.agent.xid_status import XID_NEEDS_NVML, XidCollectionStatus, not_collected
+from heteroflow.agent.xid_status import XID_NEEDS_NVML, XidCollectionStatus, not_collected, with_kernel_log
 from heteroflow.core.clock import Clock
 from heteroflow.core.ids import Source
 from heteroflow.health.counters import HEALTH_KEYS
@@ -31,10 +33,10 @@ def probe_report(
 ) -> dict[str, Any]:
     """The ``agent probe --json`` document of one collection (H-16), with the XID source's state. Pure."""
     warnings = list(dict.fromkeys([*selection.warnings, *health.warnings]))
-    if health.collector not in ("nvml", "none", "simulated") and health.gpus:
-        warnings.append(XID_NEEDS_NVML)
     if xid is None:
         xid = unwatched_xid_status(health.collector)
+    if health.collector not in ("nvml", "none", "simulated") and health.gpus and "kernel_log" not in xid.sources:
+        warnings.append(XID_NEEDS_NVML)
     if xid.state != "collected":
         warnings.append(f"XID events: {xid.state.replace('_', ' ')}: {xid.reason}")
     gpus = []
@@ -70,18 +72,43 @@ def unwatched_xid_status(collector: str) -> XidCollectionStatus:
     return not_collected(XID_NEEDS_NVML)
 
 
-def probe_xids(selection: Selection, clock: Clock) -> XidCollectionStatus:
-    """Register for XID events once and wait briefly, as the agent would, to report whether XIDs can be read."""
+def kernel_log_from(path: str) -> KernelLog | None:
+    """The kernel log at ``path`` (``/dev/kmsg`` by default), or ``None`` when the setting is empty."""
+    return DevKmsg(path) if path else None
+
+
+def kernel_xid_reader(selection: Selection, clock: Clock, log: KernelLog | None) -> KernelXidReader | None:
+    """The kernel-log XID reader for an NVIDIA collector (the lines name PCI addresses the collector maps)."""
     collector = selection.collector
-    if not isinstance(collector, NvmlCollector) or collector.api is None:
-        return unwatched_xid_status(collector.name)
-    watcher = XidWatcher(api=collector.api, clock=clock)
+    if log is None or not isinstance(collector, NvmlCollector | NvidiaSmiCollector):
+        return None
+    return KernelXidReader(log=log, card_map=collector.card_map, now=clock.now, monotonic=clock.monotonic)
+
+
+def probe_xids(selection: Selection, clock: Clock, kernel_log: KernelLog | None = None) -> XidCollectionStatus:
+    """Register for XID events once and wait briefly, as the agent would, and open the kernel log, to report
+    whether XIDs can be read."""
+    collector = selection.collector
+    status = unwatched_xid_status(collector.name)
+    nvml = isinstance(collector, NvmlCollector) and collector.api is not None
+    if isinstance(collector, NvmlCollector) and collector.api is not None:
+        watcher = XidWatcher(api=collector.api, clock=clock)
+        try:
+            if watcher.start():
+                watcher.poll(0)
+            status = watcher.status()
+        finally:
+            watcher.close()
+    reader = kernel_xid_reader(selection, clock, kernel_log)
+    if reader is None:
+        return status
     try:
-        if watcher.start():
-            watcher.poll(0)
-        return watcher.status()
+        reader.start()
+        reader.poll()
+        kernel = reader.status()
     finally:
-        watcher.close()
+        reader.close()
+    return with_kernel_log(status, readable=kernel.readable, reason=kernel.reason, cards=kernel.cards, nvml=nvml)
 
 
 def run_probe(
@@ -91,11 +118,12 @@ def run_probe(
     clock: Clock,
     timeout_s: float,
     nvml_loader: Callable[[], NvmlApi] = load_pynvml,
+    kernel_log: KernelLog | None = None,
 ) -> dict[str, Any]:
     selection = select_collector(choice, runner=runner, clock=clock, timeout_s=timeout_s, nvml_loader=nvml_loader)
     try:
         health = selection.first_health or selection.collector.read_health()
-        return probe_report(selection, health, probe_xids(selection, clock))
+        return probe_report(selection, health, probe_xids(selection, clock, kernel_log))
     finally:
         selection.collector.close()
 
@@ -113,7 +141,9 @@ def build_agent(
     clock: Clock,
     client: PlatformClient | None = None,
     nvml_loader: Callable[[], NvmlApi] = load_pynvml,
+    kernel_log: KernelLog | None = None,
 ) -> Agent:
+    """``kernel_log``: where the driver's ``NVRM: Xid`` lines are read (the CLI passes ``settings.kernel_log``)."""
     simulated = settings.simulate_gpus > 0
     source: Source = "simulated" if simulated else "real"
     hostname = settings.node_name or default_node_name(simulated=simulated)
@@ -145,6 +175,7 @@ def build_agent(
     if isinstance(selection.collector, NvmlCollector) and selection.collector.api is not None:
         watcher = XidWatcher(api=selection.collector.api, clock=clock)
     return Agent(
+        kernel_xids=None if simulated else kernel_xid_reader(selection, clock, kernel_log),
         client=client
         or HttpPlatformClient(
             base_url=settings.server_url, token=settings.token, timeout_s=settings.request_timeout_seconds

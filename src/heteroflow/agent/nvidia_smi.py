@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from heteroflow.agent.commands import CommandError, CommandRunner
+from heteroflow.agent.kernel_xid import CardMap, parse_bus_id
 from heteroflow.agent.parsing import add_counts, parse_count, parse_flag, parse_measure
 from heteroflow.agent.readings import (
     CollectorName,
@@ -317,5 +318,29 @@ class NvidiaSmiCollector:
             warnings=tuple(warnings),
         )
 
+    def card_map(self) -> CardMap:
+        """Each card's PCI address (``pci.bus_id``) → (index, uuid), for the kernel log's XID lines."""
+        try:
+            result = self._runner.run(
+                [TOOL, "--query-gpu=index,uuid,pci.bus_id", "--format=csv,noheader,nounits"], timeout_s=self._timeout_s
+            )
+        except CommandError:
+            return {}
+        return parse_bus_rows(result.stdout)
+
     def close(self) -> None:
         return None
+
+
+def parse_bus_rows(stdout: str) -> CardMap:
+    """``index, uuid, pci.bus_id`` rows as PCI address → (index, uuid). Never raises; odd rows are skipped."""
+    cards: CardMap = {}
+    for line in stdout.splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) != 3 or not parts[0].isdigit() or len(parts[0]) > 4:
+            continue
+        address = parse_bus_id(parts[2])
+        if address is not None:
+            uuid = parts[1] if parts[1].startswith("GPU-") else None
+            cards[address] = (int(parts[0]), uuid)
+    return cards

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeVar, cast
 
 from heteroflow.agent.backoff import backoff_delay
+from heteroflow.agent.kernel_xid import CardMap, parse_bus_id
 from heteroflow.agent.parsing import add_counts
 from heteroflow.agent.readings import (
     CollectorName,
@@ -91,6 +92,7 @@ class NvmlApi(Protocol):
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...
     def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any: ...
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any: ...
     def nvmlEventSetCreate(self) -> Any: ...
     def nvmlDeviceRegisterEvents(self, handle: Any, event_types: int, event_set: Any) -> None: ...
     def nvmlEventSetWait(self, event_set: Any, timeout_ms: int) -> Any: ...
@@ -338,11 +340,42 @@ class NvmlCollector:
         gpus = tuple(self._telemetry(card) for card in cards)
         return TelemetryCollection(collector="nvml", collected_at=now, gpus=gpus, warnings=tuple(warnings))
 
+    def card_map(self) -> CardMap:
+        """Each card's PCI address (``nvmlDeviceGetPciInfo(h).busId``) → (index, uuid), for the kernel log's XIDs."""
+        api = self._api
+        if api is None:
+            return {}
+        return nvml_card_map(api)
+
     def close(self) -> None:
         if self._api is not None:
             api, self._api = self._api, None
             with contextlib.suppress(api.NVMLError):
                 api.nvmlShutdown()
+
+
+def nvml_card_map(api: NvmlApi) -> CardMap:
+    """PCI address → (index, uuid) of every card NVML can name; a card whose call fails is left out."""
+    cards: CardMap = {}
+    try:
+        count = api.nvmlDeviceGetCount()
+    except api.NVMLError:
+        return cards
+    for index in range(count):
+        try:
+            handle = api.nvmlDeviceGetHandleByIndex(index)
+            info = api.nvmlDeviceGetPciInfo(handle)
+        except api.NVMLError:
+            continue
+        address = parse_bus_id(getattr(info, "busId", None))
+        if address is None:
+            continue
+        try:
+            uuid = _text(api.nvmlDeviceGetUUID(handle)) or None
+        except api.NVMLError:
+            uuid = None
+        cards[address] = (index, uuid)
+    return cards
 
 
 def _number(value: object) -> float | None:

@@ -81,10 +81,17 @@ class FakeGpu:
     memory_used: int = 1024 * 1024 * 1024
     memory_total: int = 80 * 1024 * 1024 * 1024
     power_mw: int = 70_000
+    pci_bus_id: str = ""
+    """``nvmlDeviceGetPciInfo(h).busId``; empty = ``00000000:<index+1 in hex>:00.0``."""
     errors: dict[str, int] = field(default_factory=dict)
     memory_errors: dict[tuple[int, int], int] = field(default_factory=dict)
     """``nvmlDeviceGetMemoryErrorCounter`` by (error type, location: 2 DRAM, 7 SRAM); absent = NOT_SUPPORTED
     (a driver without the split, where only the totals exist)."""
+
+
+@dataclass(frozen=True)
+class _PciInfo:
+    busId: str
 
 
 @dataclass(frozen=True)
@@ -208,6 +215,10 @@ class FakeNvml:
 
     def nvmlDeviceGetPowerUsage(self, handle: int) -> int:
         return self._gpu(handle, "nvmlDeviceGetPowerUsage").power_mw
+
+    def nvmlDeviceGetPciInfo(self, handle: int) -> _PciInfo:
+        gpu = self._gpu(handle, "nvmlDeviceGetPciInfo")
+        return _PciInfo(busId=gpu.pci_bus_id or f"00000000:{handle + 1:02X}:00.0")
 
     def nvmlEventSetCreate(self) -> str:
         self.calls.append("nvmlEventSetCreate")

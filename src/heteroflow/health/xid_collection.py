@@ -18,6 +18,7 @@ XidState = Literal["collected", "partial", "not_collected"]
 CardXidState = Literal["collected", "not_collected", "lost", "unknown"]
 
 _STATES: Final = ("collected", "partial", "not_collected")
+_SOURCES: Final = ("nvml", "kernel_log")
 MAX_REASON: Final = 300
 MAX_CARDS: Final = 64
 
@@ -30,6 +31,10 @@ class XidCollectionReport:
     unwatched: tuple[tuple[int, str], ...]
     lost: tuple[int, ...]
     wait_failures_total: int | None
+    sources: tuple[str, ...] = ()
+    """Where the agent reads XIDs from: ``nvml`` (events), ``kernel_log`` (the driver's ``NVRM: Xid`` lines)."""
+    kernel_log: str | None = None
+    """Why the agent does not read the kernel log (e.g. no permission to read /dev/kmsg); ``None`` otherwise."""
 
     def card(self, gpu_index: int) -> tuple[CardXidState, str | None]:
         """One card's XID state and why (for the capability matrix)."""
@@ -84,7 +89,16 @@ def parse_xid_collection(value: object) -> XidCollectionReport | None:
         unwatched=tuple(unwatched),
         lost=_indexes(value.get("lost")),
         wait_failures_total=failures if isinstance(failures, int) and not isinstance(failures, bool) else None,
+        sources=_sources(value.get("sources")),
+        kernel_log=_text(value.get("kernel_log"), MAX_REASON),
     )
+
+
+def _sources(value: object) -> tuple[str, ...]:
+    if not isinstance(value, list):
+        return ()
+    named = {item for item in value[:8] if isinstance(item, str)}
+    return tuple(source for source in _SOURCES if source in named)
 
 
 class XidCollectionBook:

@@ -120,6 +120,13 @@ class XidCollectionOut(BaseModel):
     watched: list[int]
     unwatched: list[XidUnwatchedOut]
     lost: list[int] = Field(description="Cards NVML reports lost (fallen off the bus): their XIDs are not read.")
+    sources: list[Literal["nvml", "kernel_log"]] = Field(
+        default_factory=list,
+        description="Where XIDs are read from: NVML events, the kernel log's 'NVRM: Xid' lines, or both.",
+    )
+    kernel_log: str | None = Field(
+        default=None, description="Why the agent does not read the kernel log (e.g. no permission); null otherwise."
+    )
 
 
 class NodeOut(BaseModel):

@@ -67,6 +67,8 @@ def xid_collection_out(report: XidCollectionReport | None) -> XidCollectionOut |
         watched=list(report.watched),
         unwatched=[XidUnwatchedOut(index=index, error=error) for index, error in report.unwatched],
         lost=list(report.lost),
+        sources=[source for source in report.sources if source in ("nvml", "kernel_log")],
+        kernel_log=report.kernel_log,
     )
 
 
