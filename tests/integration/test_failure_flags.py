@@ -34,10 +34,18 @@ DAY = timedelta(days=1)
 HOUR = timedelta(hours=1)
 END = START + 2 * DAY
 
-# what the samples table held at revision 0003 (no ue_changed column)
+# what the samples table held at revision 0003 (no ue_changed column, nor the columns of later revisions)
+LATER_COLUMNS = (
+    "ue_changed",  # 0004
+    "semantics_unconfirmed",  # 0005
+    "remapped_rows_correctable",  # 0006
+    "remapped_rows_uncorrectable",
+    "ecc_sram_uncorrected_total",
+    "ecc_sram_corrected_total",
+)
 samples_0003 = sa.table(
     "gpu_health_samples",
-    *(sa.column(c.name, c.type) for c in samples_t.c if c.name not in ("id", "ue_changed")),
+    *(sa.column(c.name, c.type) for c in samples_t.c if c.name not in ("id", *LATER_COLUMNS)),
 )
 
 

@@ -495,3 +495,142 @@ def test_weak_signals_ride_along_as_evidence_on_a_strong_prediction(harness: Har
     assert item["signals"] == ["uncorrectable_ecc", "temperature_high", "power_shift"]
     assert "weak signal [power_shift]" in item["evidence"]
     assert "+50%" in item["evidence"]  # 300 W -> 450 W; the other uuid's 999 W is not this card's history
+
+
+def test_a_card_last_sampled_longer_ago_than_the_window_is_not_predicted_retroactively(harness: Harness) -> None:
+    agent, reader = harness.token("agent"), harness.token("nodes:read")
+    node = harness.register(agent, "stale-node")
+    now = harness.clock.now()
+    write(harness, node, 0, [(now - 10 * DAY, "GPU-stale", {"ecc_uncorrected_total": 2})])  # silent for 10 days
+    write(harness, node, 1, [(now - 2 * DAY, "GPU-recent", {"ecc_uncorrected_total": 2})])  # window still open
+    report = harness.ctx.worker.tick()
+    assert report.cards_stale == 1
+    assert report.predictions_created == {"real": 1}
+    (item,) = predictions(harness, reader)["items"]
+    assert item["gpu_index"] == 1
+    assert all(a["status"] == "open" for a in alerts(harness, reader))  # one alert, about the card with an open window
+    assert "#1" in alerts(harness, reader)[0]["message"] or "GPU 1" in alerts(harness, reader)[0]["message"]
+
+
+def _every_half_hour(start: datetime, end: datetime, uuid: str, **counters: int | None) -> list[Any]:
+    rows = []
+    at = start
+    while at <= end:
+        rows.append((at, uuid, dict(counters)))
+        at += timedelta(minutes=30)
+    return rows
+
+
+def test_one_historic_uncorrectable_error_does_not_predict_forever(harness: Harness) -> None:
+    agent, reader = harness.token("agent"), harness.token("nodes:read")
+    node = harness.register(agent, "old-ue-node")
+    now = harness.clock.now()
+    # card 0: one uncorrectable error 20 days ago, none since; card 1: a new one yesterday
+    write(harness, node, 0, _every_half_hour(now - 20 * DAY, now, "GPU-old", ecc_uncorrected_total=1))
+    write(harness, node, 1, _every_half_hour(now - 20 * DAY, now - DAY, "GPU-new", ecc_uncorrected_total=1))
+    write(
+        harness, node, 1, _every_half_hour(now - DAY + timedelta(minutes=30), now, "GPU-new", ecc_uncorrected_total=2)
+    )
+    assert harness.ctx.worker.tick().predictions_created == {"real": 1}
+    (item,) = predictions(harness, reader)["items"]
+    assert item["gpu_index"] == 1
+    assert "grew from 1 to 2" in item["evidence"]
+    assert "lifetime total 2" in item["evidence"]
+
+
+def test_a_card_predicted_at_first_sight_is_not_predicted_again_without_new_errors(harness: Harness) -> None:
+    agent, reader = harness.token("agent"), harness.token("nodes:read")
+    node = harness.register(agent, "first-sight")
+    start = harness.clock.now()
+    write(harness, node, 0, [(start - timedelta(minutes=1), "GPU-a", {"ecc_uncorrected_total": 1})])
+    assert harness.ctx.worker.tick().predictions_created == {"real": 1}  # no earlier value known: the seed's rule
+    harness.clock.advance(8 * 86400)
+    write(harness, node, 0, _every_half_hour(start, harness.clock.now(), "GPU-a", ecc_uncorrected_total=1))
+    report = harness.ctx.worker.tick()
+    assert report.judged == {"miss": 1}
+    assert report.predictions_created == {}  # the same old error: no second prediction
+    assert [a["status"] for a in alerts(harness, reader)] == ["resolved"]  # so the alert can close
+    harness.clock.advance(86400)
+    write(harness, node, 0, [(harness.clock.now() - timedelta(minutes=1), "GPU-a", {"ecc_uncorrected_total": 3})])
+    assert harness.ctx.worker.tick().predictions_created == {"real": 1}  # new errors: predicted again
+    newest = max(predictions(harness, reader)["items"], key=lambda p: p["t0"])
+    assert "grew from 1 to 3" in newest["evidence"]
+
+
+def test_cambricons_unconfirmed_semantics_reach_the_evidence_the_alert_the_recall_and_the_matrix(
+    harness: Harness,
+) -> None:
+    agent, reader = harness.token("agent"), harness.token("nodes:read")
+    node = harness.register(agent, "mlu-node", vendor="Cambricon", model="MLU370")
+    start = harness.clock.now()
+
+    def beat(ue: int) -> None:
+        stat = {
+            "index": 0,
+            "uuid": None,  # cnmon gives no uuid
+            "sampled_at": harness.clock.now().isoformat(),
+            "ecc_uncorrected_total": ue,
+            "semantics_unconfirmed": ["ecc_uncorrected_total", "not-a-key"],
+        }
+        assert harness.beat(agent, node, [stat]).status_code == 200
+        harness.drain()
+
+    beat(0)
+    harness.clock.advance(3600)
+    beat(3)  # a step: a failure event, read from the Ecc-Error column of unknown meaning
+    harness.clock.advance(60)
+    assert harness.ctx.worker.tick().predictions_created == {"real": 1}
+
+    (item,) = predictions(harness, reader)["items"]
+    assert "semantics unconfirmed" in item["evidence"]
+    (alert,) = alerts(harness, reader)
+    assert "semantics unconfirmed" in alert["message"]
+    (card,) = harness.get(reader, "/api/v1/gpu-health/capabilities").json()["cards"]
+    assert card["semantics_unconfirmed"] == ["ecc_uncorrected_total"]
+    stats = harness.get(reader, "/api/v1/gpu-health/prediction-stats", since=start.isoformat()).json()
+    assert {band["failed_cards"] for band in stats["windows"]} == {1}
+    assert {band["unconfirmed_failed_cards"] for band in stats["windows"]} == {1}
+
+
+def test_uncorrectable_row_remaps_are_stored_predicted_on_and_counted_as_failures(harness: Harness) -> None:
+    agent, reader = harness.token("agent"), harness.token("nodes:read")
+    node = harness.register(agent, "a10-node", model="NVIDIA A10")
+    start = harness.clock.now()
+
+    def beat(uncorrectable_remaps: int) -> None:
+        stat = {
+            "index": 0,
+            "uuid": "GPU-a10",
+            "sampled_at": harness.clock.now().isoformat(),
+            "ecc_uncorrected_total": 0,  # the ECC counter shows nothing
+            "ecc_corrected_total": 12,
+            "remapped_rows_pending": 1,
+            "remapped_rows_failure": 0,
+            "remapped_rows_correctable": 0,
+            "remapped_rows_uncorrectable": uncorrectable_remaps,
+        }
+        assert harness.beat(agent, node, [stat]).status_code == 200
+        harness.drain()
+
+    beat(4)  # an A10 with 4 uncorrectable remaps and pending=Yes
+    (card,) = harness.get(reader, "/api/v1/gpu-health/capabilities").json()["cards"]
+    assert card["metrics"]["remapped_rows_uncorrectable"] == "collectable"
+    assert card["metrics"]["ecc_sram_uncorrected_total"] == "unknown"  # never sent: unknown, never 0
+    samples = harness.get(reader, "/api/v1/gpu-health/samples", node_id=node, gpu_index=0).json()["samples"]
+    assert samples[0]["remapped_rows_uncorrectable"] == 4
+    assert samples[0]["ecc_sram_corrected_total"] is None
+
+    harness.clock.advance(60)
+    assert harness.ctx.worker.tick().predictions_created == {"real": 1}
+    (item,) = predictions(harness, reader)["items"]
+    assert "uncorrectable_remap" in item["signals"]
+
+    harness.clock.advance(86400)
+    beat(5)  # one more row remapped after an uncorrectable error: the failure the prediction was about
+    harness.clock.advance(7 * 86400)
+    beat(5)
+    assert harness.ctx.worker.tick().judged == {"hit": 1}
+    judged = predictions(harness, reader)["items"][0]
+    assert "rows remapped after uncorrectable errors grew from 4 to 5" in judged["conclusion"]
+    stats = harness.get(reader, "/api/v1/gpu-health/prediction-stats", since=start.isoformat()).json()
+    assert {band["failed_cards"] for band in stats["windows"]} == {1}

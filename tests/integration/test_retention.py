@@ -66,10 +66,13 @@ def test_invalid_retention_falls_back_to_180_days_and_keeps_younger_rows(
     assert settings.retention_days == 180
     assert any("GPU_HEALTH_RETENTION_DAYS" in w for w in settings.config_warnings)
     assert settings.cleanup_every_writes == 3
-    with running_server(engine, start=T0) as h:
+    with running_server(engine, start=T0 - timedelta(days=200)) as h:
         agent = h.token("agent")
         node = h.register(agent, "n1")
+        # beats 200 and 100 days ago, on a server clock of that time (an agent time that far from the server's
+        # clock is a wrong clock and is not believed)
         for value, age_days in enumerate((200, 100)):
+            h.clock.advance((T0 - timedelta(days=age_days) - h.clock.now()).total_seconds())
             h.beat(
                 agent,
                 node,
@@ -83,6 +86,7 @@ def test_invalid_retention_falls_back_to_180_days_and_keeps_younger_rows(
                 ],
             )
             h.drain()
+        h.clock.advance((T0 - h.clock.now()).total_seconds())
         h.beat(agent, node, [{"index": 0, "uuid": "G", "ecc_corrected_total": 7}])
         h.drain()
         h.client.portal.call(h.ctx.ingestor.cleanup_finished)  # type: ignore[union-attr]

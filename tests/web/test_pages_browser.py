@@ -415,12 +415,15 @@ def test_capability_matrix_columns_metrics_vendor_and_footer(open_page: Open, se
             "Retired pages",
             "Pending remaps",
             "Remap failures",
+            "Uncorrectable remaps",
             "Trend prediction",
             "Last sample · count",
         ]
     )
     stalled_card = table.locator(f'tr[data-node="{seeded.nodes["gpu-a"]}"][data-index="3"]')
-    expect(stalled_card.locator("td.metric")).to_have_text(["Unknown", "Collectable", "Unknown", "Unknown", "Unknown"])
+    expect(stalled_card.locator("td.metric")).to_have_text(
+        ["Unknown", "Collectable", "Unknown", "Unknown", "Unknown", "Unknown"]
+    )
     expect(stalled_card).to_contain_text("Not possible")
     expect(stalled_card).to_contain_text("95 samples")
     # Vendor and model once per node, never per card.

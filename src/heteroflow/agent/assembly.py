@@ -13,6 +13,8 @@ from typing import Any
 from heteroflow.agent.client import HttpPlatformClient, PlatformClient
 from heteroflow.agent.collectors import CollectorChoice, Selection, select_collector
 from heteroflow.agent.commands import CommandRunner
+from heteroflow.agent.kernel_xid import DevKmsg, KernelLog, KernelXidReader
+from heteroflow.agent.nvidia_smi import NvidiaSmiCollector
 from heteroflow.agent.nvml import NvmlApi, NvmlCollector, XidWatcher, load_pynvml
 from heteroflow.agent.readings import HealthCollection
 from heteroflow.agent.runner import Agent
@@ -20,18 +22,23 @@ from heteroflow.agent.scheduler import CollectionService
 from heteroflow.agent.settings import AgentSettings
 from heteroflow.agent.simulated import SimulatedCollector
 from heteroflow.agent.xid_queue import XidQueue
+from heteroflow.agent.xid_status import XID_NEEDS_NVML, XidCollectionStatus, not_collected, with_kernel_log
 from heteroflow.core.clock import Clock
 from heteroflow.core.ids import Source
 from heteroflow.health.counters import HEALTH_KEYS
 
-XID_NEEDS_NVML = "XID events are collected through NVML only; not collected with this collector"
 
-
-def probe_report(selection: Selection, health: HealthCollection) -> dict[str, Any]:
-    """The ``agent probe --json`` document of one collection (H-16). Pure."""
+def probe_report(
+    selection: Selection, health: HealthCollection, xid: XidCollectionStatus | None = None
+) -> dict[str, Any]:
+    """The ``agent probe --json`` document of one collection (H-16), with the XID source's state. Pure."""
     warnings = list(dict.fromkeys([*selection.warnings, *health.warnings]))
-    if health.collector not in ("nvml", "none", "simulated") and health.gpus:
+    if xid is None:
+        xid = unwatched_xid_status(health.collector)
+    if health.collector not in ("nvml", "none", "simulated") and health.gpus and "kernel_log" not in xid.sources:
         warnings.append(XID_NEEDS_NVML)
+    if xid.state != "collected":
+        warnings.append(f"XID events: {xid.state.replace('_', ' ')}: {xid.reason}")
     gpus = []
     for gpu in sorted(health.gpus, key=lambda g: g.index):
         counters = gpu.counters.as_dict()
@@ -51,8 +58,57 @@ def probe_report(selection: Selection, health: HealthCollection) -> dict[str, An
         "collector": health.collector,
         "collected_at": health.collected_at.isoformat(),
         "gpus": gpus,
-        "warnings": warnings,
+        "xid_events": xid.to_wire(),
+        "warnings": list(dict.fromkeys(warnings)),
     }
+
+
+def unwatched_xid_status(collector: str) -> XidCollectionStatus:
+    """The XID state of a collector without an NVML event watcher."""
+    if collector == "simulated":
+        return XidCollectionStatus(state="collected", reason="simulated cards: XIDs are injected, not read")
+    if collector == "none":
+        return not_collected("no GPU collector is available on this node")
+    return not_collected(XID_NEEDS_NVML)
+
+
+def kernel_log_from(path: str) -> KernelLog | None:
+    """The kernel log at ``path`` (``/dev/kmsg`` by default), or ``None`` when the setting is empty."""
+    return DevKmsg(path) if path else None
+
+
+def kernel_xid_reader(selection: Selection, clock: Clock, log: KernelLog | None) -> KernelXidReader | None:
+    """The kernel-log XID reader for an NVIDIA collector (the lines name PCI addresses the collector maps)."""
+    collector = selection.collector
+    if log is None or not isinstance(collector, NvmlCollector | NvidiaSmiCollector):
+        return None
+    return KernelXidReader(log=log, card_map=collector.card_map, now=clock.now, monotonic=clock.monotonic)
+
+
+def probe_xids(selection: Selection, clock: Clock, kernel_log: KernelLog | None = None) -> XidCollectionStatus:
+    """Register for XID events once and wait briefly, as the agent would, and open the kernel log, to report
+    whether XIDs can be read."""
+    collector = selection.collector
+    status = unwatched_xid_status(collector.name)
+    nvml = isinstance(collector, NvmlCollector) and collector.api is not None
+    if isinstance(collector, NvmlCollector) and collector.api is not None:
+        watcher = XidWatcher(api=collector.api, clock=clock)
+        try:
+            if watcher.start():
+                watcher.poll(0)
+            status = watcher.status()
+        finally:
+            watcher.close()
+    reader = kernel_xid_reader(selection, clock, kernel_log)
+    if reader is None:
+        return status
+    try:
+        reader.start()
+        reader.poll()
+        kernel = reader.status()
+    finally:
+        reader.close()
+    return with_kernel_log(status, readable=kernel.readable, reason=kernel.reason, cards=kernel.cards, nvml=nvml)
 
 
 def run_probe(
@@ -62,11 +118,12 @@ def run_probe(
     clock: Clock,
     timeout_s: float,
     nvml_loader: Callable[[], NvmlApi] = load_pynvml,
+    kernel_log: KernelLog | None = None,
 ) -> dict[str, Any]:
     selection = select_collector(choice, runner=runner, clock=clock, timeout_s=timeout_s, nvml_loader=nvml_loader)
     try:
         health = selection.first_health or selection.collector.read_health()
-        return probe_report(selection, health)
+        return probe_report(selection, health, probe_xids(selection, clock, kernel_log))
     finally:
         selection.collector.close()
 
@@ -84,7 +141,9 @@ def build_agent(
     clock: Clock,
     client: PlatformClient | None = None,
     nvml_loader: Callable[[], NvmlApi] = load_pynvml,
+    kernel_log: KernelLog | None = None,
 ) -> Agent:
+    """``kernel_log``: where the driver's ``NVRM: Xid`` lines are read (the CLI passes ``settings.kernel_log``)."""
     simulated = settings.simulate_gpus > 0
     source: Source = "simulated" if simulated else "real"
     hostname = settings.node_name or default_node_name(simulated=simulated)
@@ -116,6 +175,7 @@ def build_agent(
     if isinstance(selection.collector, NvmlCollector) and selection.collector.api is not None:
         watcher = XidWatcher(api=selection.collector.api, clock=clock)
     return Agent(
+        kernel_xids=None if simulated else kernel_xid_reader(selection, clock, kernel_log),
         client=client
         or HttpPlatformClient(
             base_url=settings.server_url, token=settings.token, timeout_s=settings.request_timeout_seconds
@@ -129,4 +189,5 @@ def build_agent(
         reconnect_initial_s=settings.reconnect_initial_seconds,
         reconnect_max_s=settings.reconnect_max_seconds,
         xid_watcher=watcher,
+        xid_unwatched=unwatched_xid_status(selection.collector.name),
     )

@@ -13,6 +13,7 @@ from typing import Any
 
 from heteroflow.agent.readings import GpuHealth, GpuTelemetry, HealthCollection, TelemetryCollection
 from heteroflow.agent.xid_queue import Pending
+from heteroflow.agent.xid_status import XidCollectionStatus
 from heteroflow.health.counters import HEALTH_KEYS
 
 MAX_XID_EVENTS_PER_BEAT = 1000
@@ -46,6 +47,8 @@ def gpu_stats(health: HealthCollection | None, telemetry: TelemetryCollection | 
             if known:
                 stat["sampled_at"] = _iso(health.collected_at)
                 stat.update({key: known[key] for key in HEALTH_KEYS if key in known})
+                if h.semantics_unconfirmed:
+                    stat["semantics_unconfirmed"] = list(h.semantics_unconfirmed)
         stats.append(stat)
     return stats
 
@@ -67,5 +70,9 @@ def heartbeat_body(
     health: HealthCollection | None,
     telemetry: TelemetryCollection | None,
     xid_events: Sequence[Pending],
+    xid_collection: XidCollectionStatus | None = None,
 ) -> dict[str, Any]:
-    return {"gpu_stats": gpu_stats(health, telemetry), "xid_events": xid_payload(xid_events)}
+    body: dict[str, Any] = {"gpu_stats": gpu_stats(health, telemetry), "xid_events": xid_payload(xid_events)}
+    if xid_collection is not None:
+        body["xid_collection"] = xid_collection.to_wire()
+    return body

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Final
 
 from heteroflow.agent.commands import CommandError, CommandRunner
+from heteroflow.agent.kernel_xid import CardMap, parse_bus_id
 from heteroflow.agent.parsing import add_counts, parse_count, parse_flag, parse_measure
 from heteroflow.agent.readings import (
     CollectorName,
@@ -31,6 +32,16 @@ from heteroflow.health.counters import Counters
 
 TOOL: Final = "nvidia-smi"
 PROBE_TTL_SECONDS: Final = 1800.0
+PROBE_RETRY_SECONDS: Final = 60.0
+"""After a failed ``--help-query-gpu``, the base fields are used for this long before the probe runs again."""
+
+#: What is queried when ``--help-query-gpu`` fails or lists nothing: identity and telemetry fields every driver
+#: has had for a decade. The health fields are the ones whose names move between drivers, so without the help
+#: text they are not queried and stay unknown — but temperature, memory and power live on (the seed: a failed
+#: probe makes the health fields unknown, never the other metrics).
+BASE_FIELDS: Final = frozenset(
+    {"index", "uuid", "name", "temperature.gpu", "utilization.gpu", "memory.used", "memory.total", "power.draw"}
+)
 
 IDENTITY_FIELDS: Final = (("index",), ("uuid", "gpu_uuid"), ("name", "gpu_name"))
 TELEMETRY_FIELDS: Final = (
@@ -41,22 +52,25 @@ TELEMETRY_FIELDS: Final = (
     ("power.draw",),
 )
 #: Each health field by its candidate names, preferred first (aliases from the driver's help text).
+#: Where the driver splits ECC counts by location (590-series help text: ``.aggregate.dram`` "errors detected in
+#: global device memory", ``.aggregate.sram`` "in global SRAMs"), the ECC keys hold the DRAM (HBM) count the rules
+#: are about — ``.total`` mixes in on-die SRAM errors — and the SRAM counts are kept apart.
 HEALTH_FIELDS: Final = (
-    ("ecc.errors.uncorrected.aggregate.total",),
-    ("ecc.errors.corrected.aggregate.total",),
+    ("ecc.errors.uncorrected.aggregate.dram", "ecc.errors.uncorrected.aggregate.total"),
+    ("ecc.errors.corrected.aggregate.dram", "ecc.errors.corrected.aggregate.total"),
     ("retired_pages.single_bit_ecc.count", "retired_pages.sbe"),
     ("retired_pages.double_bit.count", "retired_pages.dbe"),
     ("remapped_rows.pending",),
     ("remapped_rows.failure",),
-)
-
-#: Shown by ``agent probe`` (extras), never sent: pending page retirement and the remapped row counts.
-EXTRA_FIELDS: Final = (
-    ("retired_pages.pending",),
     ("remapped_rows.correctable", "remapped_rows.sbe"),
     ("remapped_rows.uncorrectable", "remapped_rows.dbe"),
+    ("ecc.errors.uncorrected.aggregate.sram",),
+    ("ecc.errors.corrected.aggregate.sram",),
 )
-EXTRA_KEYS: Final = ("retired_pages_pending", "remapped_rows_correctable", "remapped_rows_uncorrectable")
+
+#: Shown by ``agent probe`` (extras), never sent: pending page retirement.
+EXTRA_FIELDS: Final = (("retired_pages.pending",),)
+EXTRA_KEYS: Final = ("retired_pages_pending",)
 
 _HELP_FIELD_LINE = re.compile(r'^"([A-Za-z0-9_.\-]+)"(?:\s+or\s+"([A-Za-z0-9_.\-]+)")*\s*$')
 _QUOTED = re.compile(r'"([A-Za-z0-9_.\-]+)"')
@@ -146,6 +160,10 @@ def health_from_rows(
             retired_pages=add_counts(sbe, dbe),
             remapped_rows_pending=parse_flag(_pick(row, chosen, HEALTH_FIELDS[4])),
             remapped_rows_failure=parse_flag(_pick(row, chosen, HEALTH_FIELDS[5])),
+            remapped_rows_correctable=parse_count(_pick(row, chosen, HEALTH_FIELDS[6])),
+            remapped_rows_uncorrectable=parse_count(_pick(row, chosen, HEALTH_FIELDS[7])),
+            ecc_sram_uncorrected_total=parse_count(_pick(row, chosen, HEALTH_FIELDS[8])),
+            ecc_sram_corrected_total=parse_count(_pick(row, chosen, HEALTH_FIELDS[9])),
         )
         gpus.append(
             GpuHealth(
@@ -154,11 +172,7 @@ def health_from_rows(
                 uuid=_uuid_of(row, chosen),
                 name=_pick(row, chosen, ("name", "gpu_name"))[:200],
                 counters=counters,
-                extras=(
-                    (EXTRA_KEYS[0], parse_flag(_pick(row, chosen, EXTRA_FIELDS[0]))),
-                    (EXTRA_KEYS[1], parse_count(_pick(row, chosen, EXTRA_FIELDS[1]))),
-                    (EXTRA_KEYS[2], parse_count(_pick(row, chosen, EXTRA_FIELDS[2]))),
-                ),
+                extras=((EXTRA_KEYS[0], parse_flag(_pick(row, chosen, EXTRA_FIELDS[0]))),),
             )
         )
     return gpus, warnings
@@ -218,6 +232,7 @@ class NvidiaSmiCollector:
         self._timeout_s = timeout_s
         self._probe_ttl_s = probe_ttl_s
         self._probe: _Probe | None = None
+        self._probe_failure: tuple[str, float] | None = None
         self.probe_runs = 0
         """How many times ``--help-query-gpu`` ran (tests pin the 30-minute cache with it)."""
 
@@ -226,22 +241,37 @@ class NvidiaSmiCollector:
             return False, "nvidia-smi is not installed (not found on PATH); NVIDIA GPUs are not collected"
         return True, ""
 
-    def _fields(self) -> frozenset[str]:
+    def _fields(self) -> tuple[frozenset[str], str | None]:
+        """The fields the driver lists, or the base fields and why (the probe failed; retried after a minute)."""
         now = self._clock.monotonic()
         if self._probe is not None and now - self._probe.at_monotonic < self._probe_ttl_s:
-            return self._probe.fields
+            return self._probe.fields, None
+        if self._probe_failure is not None and now - self._probe_failure[1] < PROBE_RETRY_SECONDS:
+            return BASE_FIELDS, self._probe_failure[0]
         self.probe_runs += 1
-        result = self._runner.run([TOOL, "--help-query-gpu"], timeout_s=self._timeout_s)
+        try:
+            result = self._runner.run([TOOL, "--help-query-gpu"], timeout_s=self._timeout_s)
+        except CommandError as exc:
+            return self._probe_failed(f"nvidia-smi --help-query-gpu failed ({exc})", now)
         fields = parse_help_fields(result.stdout)
         if result.returncode != 0 or not fields:
-            raise CommandError(f"nvidia-smi --help-query-gpu failed (exit {result.returncode})")
+            why = "listed no field" if result.returncode == 0 else f"exit {result.returncode}"
+            return self._probe_failed(f"nvidia-smi --help-query-gpu failed ({why})", now)
         self._probe = _Probe(fields=fields, at_monotonic=now)
-        return fields
+        self._probe_failure = None
+        return fields, None
+
+    def _probe_failed(self, why: str, now: float) -> tuple[frozenset[str], str]:
+        self._probe = None
+        self._probe_failure = (why, now)
+        return BASE_FIELDS, why
 
     def _query(
         self, wanted: Sequence[tuple[str, ...]]
     ) -> tuple[list[dict[str, str]], dict[tuple[str, ...], str], list[str]]:
-        available = self._fields()
+        available, probe_failed = self._fields()
+        if probe_failed is not None and self._runner.which(TOOL) is None:
+            raise CommandError(probe_failed)  # the tool itself is gone: nothing to query
         chosen = choose_fields(available, [*IDENTITY_FIELDS, *wanted])
         if ("index",) not in chosen:
             raise CommandError("nvidia-smi does not list the field 'index'; GPUs cannot be told apart")
@@ -254,6 +284,8 @@ class NvidiaSmiCollector:
                 self._probe = None  # the driver disagrees with its help text: re-probe next tick
                 raise CommandError(f"nvidia-smi rejected the field {bad!r}; this tick's values are unknown")
             warnings.append(f"nvidia-smi exited {result.returncode}; kept the {len(rows)} readable rows")
+        if probe_failed is not None:
+            warnings.append(f"{probe_failed}; health values unknown, telemetry read from the base fields")
         return rows, chosen, warnings
 
     def read_health(self) -> HealthCollection:
@@ -263,7 +295,7 @@ class NvidiaSmiCollector:
         except CommandError as exc:  # missing, hung, or a field the driver refused
             return HealthCollection(collector="nvidia-smi", collected_at=now, warnings=(str(exc),))
         missing = [names[0] for names in HEALTH_FIELDS if names not in chosen]
-        if missing:
+        if missing and len(missing) < len(HEALTH_FIELDS):
             warnings.append(f"nvidia-smi does not list {', '.join(missing)}; those keys are unknown")
         gpus, row_warnings = health_from_rows(rows, chosen)
         return HealthCollection(
@@ -286,5 +318,29 @@ class NvidiaSmiCollector:
             warnings=tuple(warnings),
         )
 
+    def card_map(self) -> CardMap:
+        """Each card's PCI address (``pci.bus_id``) → (index, uuid), for the kernel log's XID lines."""
+        try:
+            result = self._runner.run(
+                [TOOL, "--query-gpu=index,uuid,pci.bus_id", "--format=csv,noheader,nounits"], timeout_s=self._timeout_s
+            )
+        except CommandError:
+            return {}
+        return parse_bus_rows(result.stdout)
+
     def close(self) -> None:
         return None
+
+
+def parse_bus_rows(stdout: str) -> CardMap:
+    """``index, uuid, pci.bus_id`` rows as PCI address → (index, uuid). Never raises; odd rows are skipped."""
+    cards: CardMap = {}
+    for line in stdout.splitlines():
+        parts = [part.strip() for part in line.split(",")]
+        if len(parts) != 3 or not parts[0].isdigit() or len(parts[0]) > 4:
+            continue
+        address = parse_bus_id(parts[2])
+        if address is not None:
+            uuid = parts[1] if parts[1].startswith("GPU-") else None
+            cards[address] = (int(parts[0]), uuid)
+    return cards

@@ -12,13 +12,17 @@ produces a warning naming the card (the health event).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import functools
 import importlib
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, Protocol, TypeVar, cast
 
+from heteroflow.agent.backoff import backoff_delay
+from heteroflow.agent.kernel_xid import CardMap, parse_bus_id
 from heteroflow.agent.parsing import add_counts
 from heteroflow.agent.readings import (
     CollectorName,
@@ -28,6 +32,7 @@ from heteroflow.agent.readings import (
     TelemetryCollection,
     XidEvent,
 )
+from heteroflow.agent.xid_status import XidCollectionStatus, not_collected, watcher_status
 from heteroflow.core.clock import Clock
 from heteroflow.health.counters import COUNTER_MAX, Counters
 
@@ -44,6 +49,8 @@ UNKNOWN: Final = 999
 MEMORY_ERROR_CORRECTED: Final = 0
 MEMORY_ERROR_UNCORRECTED: Final = 1
 AGGREGATE_ECC: Final = 1
+MEMORY_LOCATION_DRAM: Final = 2
+MEMORY_LOCATION_SRAM: Final = 7
 RETIRED_MULTIPLE_SINGLE_BIT: Final = 0
 RETIRED_DOUBLE_BIT: Final = 1
 EVENT_XID_CRITICAL: Final = 0x8
@@ -75,6 +82,9 @@ class NvmlApi(Protocol):
     def nvmlDeviceGetName(self, handle: Any) -> str | bytes: ...
     def nvmlDeviceGetEccMode(self, handle: Any) -> Sequence[int]: ...
     def nvmlDeviceGetTotalEccErrors(self, handle: Any, error_type: int, counter_type: int) -> int: ...
+    def nvmlDeviceGetMemoryErrorCounter(
+        self, handle: Any, error_type: int, counter_type: int, location_type: int
+    ) -> int: ...
     def nvmlDeviceGetRetiredPages(self, handle: Any, cause: int) -> Sequence[int]: ...
     def nvmlDeviceGetRetiredPagesPendingStatus(self, handle: Any) -> int: ...
     def nvmlDeviceGetRemappedRows(self, handle: Any) -> tuple[int, int, int, int]: ...
@@ -82,6 +92,7 @@ class NvmlApi(Protocol):
     def nvmlDeviceGetUtilizationRates(self, handle: Any) -> Any: ...
     def nvmlDeviceGetMemoryInfo(self, handle: Any) -> Any: ...
     def nvmlDeviceGetPowerUsage(self, handle: Any) -> int: ...
+    def nvmlDeviceGetPciInfo(self, handle: Any) -> Any: ...
     def nvmlEventSetCreate(self) -> Any: ...
     def nvmlDeviceRegisterEvents(self, handle: Any, event_types: int, event_set: Any) -> None: ...
     def nvmlEventSetWait(self, event_set: Any, timeout_ms: int) -> Any: ...
@@ -210,8 +221,14 @@ class NvmlCollector:
         mode = self._call(card, "ECC mode", lambda: api.nvmlDeviceGetEccMode(h))
         ecc_on = bool(mode) and mode is not None and int(mode[0]) == 1
         # ECC disabled reads as "not supported" from the driver; it is unknown, never "zero errors".
-        unc = corr = None
+        unc = corr = sram_unc = sram_corr = None
         if ecc_on:
+            # Turing and later split the counts by location: DRAM (HBM) is the memory the rules are about, on-die
+            # SRAM is kept apart. Where the split is not supported, the total is the only figure there is.
+            located = self._located_ecc(card, h)
+            if located is not None:
+                unc, corr, sram_unc, sram_corr = located
+        if ecc_on and unc is None and corr is None:
             unc = _count(
                 self._call(
                     card,
@@ -247,13 +264,34 @@ class NvmlCollector:
             retired_pages=retired,
             remapped_rows_pending=pending,
             remapped_rows_failure=failure,
+            remapped_rows_correctable=corr_rows,
+            remapped_rows_uncorrectable=unc_rows,
+            ecc_sram_uncorrected_total=sram_unc,
+            ecc_sram_corrected_total=sram_corr,
         )
-        extras = (
-            ("retired_pages_pending", None if pending_retire is None else (1 if pending_retire else 0)),
-            ("remapped_rows_correctable", corr_rows),
-            ("remapped_rows_uncorrectable", unc_rows),
-        )
+        extras = (("retired_pages_pending", None if pending_retire is None else (1 if pending_retire else 0)),)
         return counters, extras
+
+    def _located_ecc(self, card: _Card, h: Any) -> tuple[int | None, int | None, int | None, int | None] | None:
+        """DRAM and SRAM ECC counts (uncorrected, corrected each), or ``None`` when the driver has no DRAM split."""
+        api = self._require()
+
+        def read(error_type: int, location: int) -> int | None:
+            return _count(
+                self._call(
+                    card,
+                    "ECC by location",
+                    lambda: api.nvmlDeviceGetMemoryErrorCounter(h, error_type, AGGREGATE_ECC, location),
+                )
+            )
+
+        dram_unc = read(MEMORY_ERROR_UNCORRECTED, MEMORY_LOCATION_DRAM)
+        dram_corr = read(MEMORY_ERROR_CORRECTED, MEMORY_LOCATION_DRAM)
+        if dram_unc is None and dram_corr is None:
+            return None
+        sram_unc = read(MEMORY_ERROR_UNCORRECTED, MEMORY_LOCATION_SRAM)
+        sram_corr = read(MEMORY_ERROR_CORRECTED, MEMORY_LOCATION_SRAM)
+        return dram_unc, dram_corr, sram_unc, sram_corr
 
     def read_health(self) -> HealthCollection:
         now = self._clock.now()
@@ -302,11 +340,42 @@ class NvmlCollector:
         gpus = tuple(self._telemetry(card) for card in cards)
         return TelemetryCollection(collector="nvml", collected_at=now, gpus=gpus, warnings=tuple(warnings))
 
+    def card_map(self) -> CardMap:
+        """Each card's PCI address (``nvmlDeviceGetPciInfo(h).busId``) → (index, uuid), for the kernel log's XIDs."""
+        api = self._api
+        if api is None:
+            return {}
+        return nvml_card_map(api)
+
     def close(self) -> None:
         if self._api is not None:
             api, self._api = self._api, None
             with contextlib.suppress(api.NVMLError):
                 api.nvmlShutdown()
+
+
+def nvml_card_map(api: NvmlApi) -> CardMap:
+    """PCI address → (index, uuid) of every card NVML can name; a card whose call fails is left out."""
+    cards: CardMap = {}
+    try:
+        count = api.nvmlDeviceGetCount()
+    except api.NVMLError:
+        return cards
+    for index in range(count):
+        try:
+            handle = api.nvmlDeviceGetHandleByIndex(index)
+            info = api.nvmlDeviceGetPciInfo(handle)
+        except api.NVMLError:
+            continue
+        address = parse_bus_id(getattr(info, "busId", None))
+        if address is None:
+            continue
+        try:
+            uuid = _text(api.nvmlDeviceGetUUID(handle)) or None
+        except api.NVMLError:
+            uuid = None
+        cards[address] = (index, uuid)
+    return cards
 
 
 def _number(value: object) -> float | None:
@@ -329,42 +398,96 @@ class XidWatcher:
     """Waits for NVML XID critical-error events (H-15) and hands each one to ``sink``.
 
     :meth:`poll` waits at most ``timeout_ms`` for one event, so the loop that calls it stays responsive to
-    shutdown; NVML's timeout (``NVMLError_Timeout``) just means nothing happened.
+    shutdown; NVML's timeout (``NVMLError_Timeout``) just means nothing happened. Any other error of the wait
+    is counted and backed off (:meth:`retry_delay_s`, doubling to 30 s): the error that matters most —
+    GPU_IS_LOST, exactly when a card falls off the bus — is persistent, and retrying at once would spin a
+    core. A lost card is found by asking each watched card for its uuid, reported (:meth:`status`) and left
+    out of a new event set, so the other cards' XIDs are still read. Warnings are kept bounded and distinct.
     """
+
+    MAX_WARNINGS: Final = 32
+    RETRY_INITIAL_S: Final = 0.5
+    RETRY_MAX_S: Final = 30.0
 
     def __init__(self, *, api: NvmlApi, clock: Clock) -> None:
         self._api = api
         self._clock = clock
         self._set: Any = None
-        self.warnings: list[str] = []
+        self._lock = threading.Lock()
+        self._warnings: collections.deque[str] = collections.deque(maxlen=self.MAX_WARNINGS)
+        self._watched: dict[int, Any] = {}
+        self._unwatched: dict[int, str] = {}
+        self._lost: set[int] = set()
+        self._wait_error: str | None = None
+        self._consecutive = 0
+        self._failures = 0
+        self._started = False
+
+    @property
+    def warnings(self) -> list[str]:
+        """The distinct recent warnings (at most :attr:`MAX_WARNINGS`)."""
+        with self._lock:
+            return list(self._warnings)
+
+    def _warn(self, message: str) -> None:
+        with self._lock:
+            if message not in self._warnings:
+                self._warnings.append(message)
+
+    def status(self) -> XidCollectionStatus:
+        with self._lock:
+            if not self._started:
+                return not_collected("the XID watcher has not started")
+            return watcher_status(
+                watched=tuple(sorted(self._watched)),
+                unwatched=tuple(sorted(self._unwatched.items())),
+                lost=tuple(sorted(self._lost)),
+                wait_error=self._wait_error,
+                wait_failures_total=self._failures,
+            )
 
     def start(self) -> bool:
         """Register every GPU for XID events; ``False`` (with warnings) when none could be."""
         api = self._api
+        self._started = True
         try:
             self._set = api.nvmlEventSetCreate()
             count = api.nvmlDeviceGetCount()
         except api.NVMLError as exc:
-            self.warnings.append(f"NVML: XID events unavailable ({describe(exc)})")
+            with self._lock:
+                self._wait_error = f"XID events unavailable ({describe(exc)})"
+            self._warn(f"NVML: XID events unavailable ({describe(exc)})")
             return False
-        registered = 0
         for index in range(count):
             try:
                 handle = api.nvmlDeviceGetHandleByIndex(index)
                 api.nvmlDeviceRegisterEvents(handle, EVENT_XID_CRITICAL, self._set)
-                registered += 1
             except api.NVMLError as exc:
-                self.warnings.append(f"NVML: GPU {index}: XID events not registered ({describe(exc)})")
-        return registered > 0
+                with self._lock:
+                    self._unwatched[index] = describe(exc)
+                    if error_code(exc) == GPU_IS_LOST:
+                        self._lost.add(index)
+                self._warn(f"NVML: GPU {index}: XID events not registered ({describe(exc)})")
+                continue
+            with self._lock:
+                self._watched[index] = handle
+        return bool(self._watched)
+
+    def retry_delay_s(self) -> float:
+        """Seconds to wait before the next poll: 0 after a good wait, a doubling backoff after failed ones."""
+        return backoff_delay(self._consecutive, initial_s=self.RETRY_INITIAL_S, max_s=self.RETRY_MAX_S)
 
     def poll(self, timeout_ms: int) -> XidEvent | None:
         api = self._api
         try:
             data = api.nvmlEventSetWait(self._set, timeout_ms)
         except api.NVMLError as exc:
-            if error_code(exc) != TIMEOUT:
-                self.warnings.append(f"NVML: waiting for XID events failed ({describe(exc)})")
+            if error_code(exc) == TIMEOUT:
+                self._waited_well()
+            else:
+                self._wait_failed(exc)
             return None
+        self._waited_well()
         xid = _count(getattr(data, "eventData", None))
         if xid is None or xid > 2**31 - 1:
             return None
@@ -378,6 +501,56 @@ class XidWatcher:
         except api.NVMLError:
             uuid = None
         return XidEvent(index=index, uuid=uuid, xid=xid, occurred_at=self._clock.now())
+
+    def _waited_well(self) -> None:
+        self._consecutive = 0
+        with self._lock:
+            self._wait_error = None
+
+    def _wait_failed(self, exc: BaseException) -> None:
+        self._consecutive += 1
+        with self._lock:
+            self._failures += 1
+            self._wait_error = describe(exc)
+        self._warn(f"NVML: waiting for XID events failed ({describe(exc)})")
+        if error_code(exc) in (GPU_IS_LOST, RESET_REQUIRED):
+            self._drop_lost_cards()
+
+    def _drop_lost_cards(self) -> None:
+        """Find the cards that answer GPU_IS_LOST, report them, and watch the others in a new event set."""
+        api = self._api
+        lost: list[int] = []
+        for index, handle in list(self._watched.items()):
+            try:
+                api.nvmlDeviceGetUUID(handle)
+            except api.NVMLError as exc:
+                if error_code(exc) in (GPU_IS_LOST, RESET_REQUIRED):
+                    lost.append(index)
+        if not lost:
+            return
+        with self._lock:
+            self._lost.update(lost)
+            for index in lost:
+                self._watched.pop(index, None)
+            remaining = dict(self._watched)
+        for index in lost:
+            self._warn(f"NVML: GPU {index}: lost; its XID events are no longer read")
+        old, self._set = self._set, None
+        with contextlib.suppress(api.NVMLError):
+            api.nvmlEventSetFree(old)
+        try:
+            self._set = api.nvmlEventSetCreate()
+        except api.NVMLError as exc:
+            self._warn(f"NVML: XID events unavailable ({describe(exc)})")
+            return
+        for index, handle in remaining.items():
+            try:
+                api.nvmlDeviceRegisterEvents(handle, EVENT_XID_CRITICAL, self._set)
+            except api.NVMLError as exc:
+                with self._lock:
+                    self._watched.pop(index, None)
+                    self._unwatched[index] = describe(exc)
+                self._warn(f"NVML: GPU {index}: XID events not registered ({describe(exc)})")
 
     def close(self) -> None:
         if self._set is not None:

@@ -23,10 +23,13 @@ from heteroflow.agent.client import (
     ServerUnavailableError,
 )
 from heteroflow.agent.heartbeat import MAX_XID_EVENTS_PER_BEAT, heartbeat_body
+from heteroflow.agent.kernel_xid import KernelXidReader
 from heteroflow.agent.nvml import XidWatcher
 from heteroflow.agent.readings import HealthCollection, TelemetryCollection
 from heteroflow.agent.scheduler import CollectionService, CollectionStatus
+from heteroflow.agent.xid_merge import XidMerger
 from heteroflow.agent.xid_queue import XidQueue, XidQueueStatus
+from heteroflow.agent.xid_status import XID_NEEDS_NVML, XidCollectionStatus, not_collected, with_kernel_log
 from heteroflow.core.clock import Clock
 from heteroflow.core.ids import NodeId, Source
 
@@ -45,6 +48,7 @@ class AgentStatus:
     stopped_reason: str | None
     xid: XidQueueStatus
     collection: CollectionStatus
+    xid_collection: XidCollectionStatus
 
 
 def registration_for(
@@ -82,6 +86,8 @@ class Agent:
         reconnect_max_s: float,
         stop: threading.Event | None = None,
         xid_watcher: XidWatcher | None = None,
+        xid_unwatched: XidCollectionStatus | None = None,
+        kernel_xids: KernelXidReader | None = None,
     ) -> None:
         self._client = client
         self._collection = collection
@@ -93,6 +99,9 @@ class Agent:
         self._backoff = (reconnect_initial_s, reconnect_max_s)
         self.stop_event = stop or threading.Event()
         self._xid_watcher = xid_watcher
+        self._xid_unwatched = xid_unwatched or not_collected(XID_NEEDS_NVML)
+        self._kernel_xids = kernel_xids
+        self._merger = XidMerger(sink=xid_queue.put, monotonic=clock.monotonic)
         self._lock = threading.Lock()
         self._node_id: NodeId | None = None
         self._registrations = 0
@@ -116,6 +125,7 @@ class Agent:
                 stopped_reason=self._stopped_reason,
                 xid=self._xids.status(),
                 collection=self._collection.status(),
+                xid_collection=self.xid_collection(),
             )
 
     def register(self) -> NodeId:
@@ -143,7 +153,9 @@ class Agent:
         node_id = self._node_id if self._node_id is not None else self.register()
         health, telemetry = self._collection.snapshot()
         pending = self._xids.peek(MAX_XID_EVENTS_PER_BEAT)
-        body = heartbeat_body(health=health, telemetry=telemetry, xid_events=pending)
+        body = heartbeat_body(
+            health=health, telemetry=telemetry, xid_events=pending, xid_collection=self.xid_collection()
+        )
         try:
             result = self._client.heartbeat(node_id, body)
         except NodeGoneError:
@@ -173,12 +185,56 @@ class Agent:
         _log.warning("agent.server_unreachable", error=self._last_error, retry_in_s=delay)
         return delay
 
+    def xid_collection(self) -> XidCollectionStatus:
+        """Whether XID events are collected here, and why not (sent with every beat, shown by the status)."""
+        base = self._xid_unwatched if self._xid_watcher is None else self._xid_watcher.status()
+        if self._kernel_xids is None:
+            return base
+        kernel = self._kernel_xids.status()
+        return with_kernel_log(
+            base,
+            readable=kernel.readable,
+            reason=kernel.reason,
+            cards=kernel.cards,
+            nvml=self._xid_watcher is not None,
+        )
+
+    @property
+    def xid_duplicates(self) -> int:
+        """XID reports dropped because the other source had already reported the same XID."""
+        return self._merger.duplicates
+
+    def _kernel_loop(self, reader: KernelXidReader) -> None:
+        while not self.stop_event.is_set():
+            events = reader.poll()
+            for event in events:
+                _log.warning("agent.xid", gpu_index=event.index, xid=event.xid, source="kernel_log")
+                self._merger.offer("kernel_log", event)
+            self._merger.flush()
+            if not reader.status().readable:
+                _log.warning("agent.xid_kernel_log", reason=reader.status().reason)
+                self._merger.hold_nvml_events(False)
+                return
+            if not events and self.stop_event.wait(0.5):
+                return
+
     def _xid_loop(self, watcher: XidWatcher) -> None:
+        reported: XidCollectionStatus | None = None
         while not self.stop_event.is_set():
             event = watcher.poll(500)
+            self._merger.flush()
             if event is not None:
-                _log.warning("agent.xid", gpu_index=event.index, xid=event.xid)
-                self._xids.put(event)
+                _log.warning("agent.xid", gpu_index=event.index, xid=event.xid, source="nvml")
+                self._merger.offer("nvml", event)
+                continue
+            state = watcher.status()
+            if reported is None or (state.state, state.reason) != (reported.state, reported.reason):
+                if state.state != "collected" or reported is not None:
+                    _log.warning("agent.xid_collection", state=state.state, reason=state.reason)
+                reported = state
+            delay = watcher.retry_delay_s()
+            if delay > 0 and self.stop_event.wait(delay):
+                break  # a failing wait is backed off, never retried at once
 
     def run(self) -> int:
         """Beat until :attr:`stop_event` is set. Returns the process exit code (0 clean, 2 refused)."""
@@ -189,6 +245,16 @@ class Agent:
                 target=self._xid_loop, args=(self._xid_watcher,), name="heteroflow-xid", daemon=True
             )
             xid_thread.start()
+        kernel_thread: threading.Thread | None = None
+        if self._kernel_xids is not None:
+            if self._kernel_xids.start():
+                self._merger.hold_nvml_events(True)
+                kernel_thread = threading.Thread(
+                    target=self._kernel_loop, args=(self._kernel_xids,), name="heteroflow-kmsg", daemon=True
+                )
+                kernel_thread.start()
+            else:
+                _log.warning("agent.xid_kernel_log", reason=self._kernel_xids.status().reason)
         code = 0
         try:
             self._wait_for_first_collection()
@@ -214,6 +280,11 @@ class Agent:
             self.stop_event.set()
             if xid_thread is not None:
                 xid_thread.join(2.0)
+            if kernel_thread is not None:
+                kernel_thread.join(2.0)
+            if self._kernel_xids is not None:
+                self._kernel_xids.close()
+            self._merger.flush(force=True)
             if self._xid_watcher is not None:
                 self._xid_watcher.close()
             self._collection.stop()

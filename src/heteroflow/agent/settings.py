@@ -75,6 +75,15 @@ class AgentSettings(LenientSettings):
             "dropped and counted."
         ),
     )
+    kernel_log: str = Field(
+        default="/dev/kmsg",
+        max_length=4096,
+        validation_alias=env_names("agent_kernel_log"),
+        description=(
+            "Where the NVIDIA driver's 'NVRM: Xid' lines are read from, the second XID source next to NVML "
+            "events (default /dev/kmsg; read from the oldest record still buffered; empty = not read)."
+        ),
+    )
     reconnect_initial_seconds: float = Field(
         default=1.0,
         gt=0,

@@ -81,7 +81,17 @@ class FakeGpu:
     memory_used: int = 1024 * 1024 * 1024
     memory_total: int = 80 * 1024 * 1024 * 1024
     power_mw: int = 70_000
+    pci_bus_id: str = ""
+    """``nvmlDeviceGetPciInfo(h).busId``; empty = ``00000000:<index+1 in hex>:00.0``."""
     errors: dict[str, int] = field(default_factory=dict)
+    memory_errors: dict[tuple[int, int], int] = field(default_factory=dict)
+    """``nvmlDeviceGetMemoryErrorCounter`` by (error type, location: 2 DRAM, 7 SRAM); absent = NOT_SUPPORTED
+    (a driver without the split, where only the totals exist)."""
+
+
+@dataclass(frozen=True)
+class _PciInfo:
+    busId: str
 
 
 @dataclass(frozen=True)
@@ -108,7 +118,8 @@ class FakeNvml:
     """A stand-in for the ``pynvml`` module (the :class:`~heteroflow.agent.nvml.NvmlApi` seam).
 
     ``init_error`` makes ``nvmlInit`` fail with that code (12 = LIBRARY_NOT_FOUND, as on a machine without
-    a GPU). XID events are queued with :meth:`emit_xid`; ``nvmlEventSetWait`` raises TIMEOUT when none is
+    a GPU). XID events are queued with :meth:`emit_xid`; a registered card whose ``errors`` name
+    ``nvmlEventSetWait`` makes every wait fail with that code; ``nvmlEventSetWait`` raises TIMEOUT when none is
     waiting, after waiting on a condition (never on the clock) for at most ``timeout_ms``.
     """
 
@@ -122,6 +133,8 @@ class FakeNvml:
         self._events: list[FakeEventData] = []
         self._cond = threading.Condition()
         self.registered: set[int] = set()
+        self.wait_error: int | None = None
+        """Make every ``nvmlEventSetWait`` fail with this code, whatever the cards (e.g. 999 UNKNOWN)."""
 
     def _gpu(self, handle: Any, fn: str) -> FakeGpu:
         self.calls.append(fn)
@@ -170,6 +183,15 @@ class FakeNvml:
             raise FakeNVMLError(2)  # INVALID_ARGUMENT: the agent only reads aggregate counts
         return gpu.ecc_uncorrected if error_type == 1 else gpu.ecc_corrected
 
+    def nvmlDeviceGetMemoryErrorCounter(self, handle: int, error_type: int, counter_type: int, location: int) -> int:
+        gpu = self._gpu(handle, "nvmlDeviceGetMemoryErrorCounter")
+        if counter_type != 1:
+            raise FakeNVMLError(2)  # INVALID_ARGUMENT: the agent only reads aggregate counts
+        value = gpu.memory_errors.get((error_type, location))
+        if value is None:
+            raise FakeNVMLError(3)  # NOT_SUPPORTED
+        return value
+
     def nvmlDeviceGetRetiredPages(self, handle: int, cause: int) -> list[int]:
         gpu = self._gpu(handle, "nvmlDeviceGetRetiredPages")
         count = gpu.retired_sbe if cause == 0 else gpu.retired_dbe
@@ -194,9 +216,15 @@ class FakeNvml:
     def nvmlDeviceGetPowerUsage(self, handle: int) -> int:
         return self._gpu(handle, "nvmlDeviceGetPowerUsage").power_mw
 
+    def nvmlDeviceGetPciInfo(self, handle: int) -> _PciInfo:
+        gpu = self._gpu(handle, "nvmlDeviceGetPciInfo")
+        return _PciInfo(busId=gpu.pci_bus_id or f"00000000:{handle + 1:02X}:00.0")
+
     def nvmlEventSetCreate(self) -> str:
+        self.calls.append("nvmlEventSetCreate")
         if not self.initialised:
             raise FakeNVMLError(1)
+        self.registered = set()  # a new set watches no card until registered
         return "event-set"
 
     def nvmlDeviceRegisterEvents(self, handle: int, event_types: int, event_set: Any) -> None:
@@ -209,6 +237,14 @@ class FakeNvml:
             self._cond.notify_all()
 
     def nvmlEventSetWait(self, event_set: Any, timeout_ms: int) -> FakeEventData:
+        self.calls.append("nvmlEventSetWait")
+        # a card registered in the set can make every wait fail (GPU_IS_LOST when it falls off the bus)
+        for handle in sorted(self.registered):
+            code = self.gpus[handle].errors.get("nvmlEventSetWait")
+            if code is not None:
+                raise FakeNVMLError(code)
+        if self.wait_error is not None:
+            raise FakeNVMLError(self.wait_error)
         with self._cond:
             if not self._events:
                 self._cond.wait(timeout_ms / 1000.0)

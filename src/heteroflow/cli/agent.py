@@ -8,7 +8,7 @@ from typing import Annotated, Any
 
 import typer
 
-from heteroflow.agent.assembly import build_agent, run_probe
+from heteroflow.agent.assembly import build_agent, kernel_log_from, run_probe
 from heteroflow.agent.collectors import CHOICES, CollectorChoice
 from heteroflow.agent.commands import SubprocessRunner
 from heteroflow.agent.runner import install_stop_signals
@@ -75,7 +75,9 @@ def run(
     configure_logging(level=settings.log_level)
     if not settings.token:
         raise typer.BadParameter("a token is required (--token or HETEROFLOW_AGENT_TOKEN)", param_hint="--token")
-    agent = build_agent(settings, runner=SubprocessRunner(), clock=SystemClock())
+    agent = build_agent(
+        settings, runner=SubprocessRunner(), clock=SystemClock(), kernel_log=kernel_log_from(settings.kernel_log)
+    )
     install_stop_signals(agent.stop_event.set)
     raise typer.Exit(agent.run())
 
@@ -89,7 +91,13 @@ def probe(
     """Collect once and print what was read (exit 0 even when no vendor tool is installed)."""
     configure_logging(level="warning")
     choice = _collector(collector) or "auto"
-    report = run_probe(choice, runner=SubprocessRunner(), clock=SystemClock(), timeout_s=timeout)
+    report = run_probe(
+        choice,
+        runner=SubprocessRunner(),
+        clock=SystemClock(),
+        timeout_s=timeout,
+        kernel_log=kernel_log_from(AgentSettings().kernel_log),
+    )
     if as_json:
         typer.echo(json.dumps(report, indent=2))
         return
@@ -106,5 +114,7 @@ def probe(
             )
         )
         typer.echo(f"  GPU {gpu['index']} {gpu['vendor']} {gpu['name']} ({gpu['uuid']}): {counters}")
+    xid = report["xid_events"]
+    typer.echo(f"XID events: {xid['state'].replace('_', ' ')}" + (f" ({xid['reason']})" if xid["reason"] else ""))
     for warning in report["warnings"]:
         typer.echo(f"warning: {warning}")

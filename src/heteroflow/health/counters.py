@@ -1,4 +1,8 @@
-"""The five hardware error counters and the rule that unknown is never 0 (H-1).
+"""The hardware error counters and the rule that unknown is never 0 (H-1).
+
+The seed's five counters, and four that real drivers give beyond it: the remapped-row counts (the durable evidence
+of failing memory rows on Ampere and later) and the on-die SRAM ECC counts, kept apart from the DRAM (HBM) errors
+that ``ecc_*_total`` hold where the driver splits them.
 
 A counter is an ``int`` or ``None``. ``None`` means *unknown*: not collected, not parseable, not supported
 or not permitted. Reading an unknown counter as 0 would turn a card with no observability into "a healthy
@@ -21,18 +25,30 @@ HEALTH_KEYS: Final = (
     "retired_pages",
     "remapped_rows_pending",
     "remapped_rows_failure",
+    "remapped_rows_correctable",
+    "remapped_rows_uncorrectable",
+    "ecc_sram_uncorrected_total",
+    "ecc_sram_corrected_total",
 )
 
 
 @dataclass(frozen=True, slots=True)
 class Counters:
-    """One reading of the five counters of one card; ``None`` = unknown."""
+    """One reading of the counters of one card; ``None`` = unknown."""
 
     ecc_uncorrected_total: int | None = None
     ecc_corrected_total: int | None = None
     retired_pages: int | None = None
     remapped_rows_pending: int | None = None
     remapped_rows_failure: int | None = None
+    remapped_rows_correctable: int | None = None
+    """Rows remapped after correctable errors (nvidia-smi ``remapped_rows.correctable``)."""
+    remapped_rows_uncorrectable: int | None = None
+    """Rows remapped after uncorrectable errors: growth is a strong signal and a failure event."""
+    ecc_sram_uncorrected_total: int | None = None
+    """Uncorrectable ECC errors of on-die SRAM, where the driver splits them from DRAM."""
+    ecc_sram_corrected_total: int | None = None
+    """Correctable ECC errors of on-die SRAM, where the driver splits them from DRAM."""
 
     @property
     def all_unknown(self) -> bool:
@@ -45,6 +61,26 @@ class Counters:
     def from_wire(cls, stat: Mapping[str, object]) -> Counters:
         """The counters of one heartbeat stat; every malformed value becomes unknown, nothing raises."""
         return cls(**{name: parse_counter(stat.get(name)) for name in HEALTH_KEYS})
+
+
+def parse_keys(value: object) -> tuple[str, ...]:
+    """A list of health keys from any JSON value (e.g. ``semantics_unconfirmed``): known keys only, in order."""
+    if not isinstance(value, list):
+        return ()
+    named = {item for item in value[: len(HEALTH_KEYS) * 2] if isinstance(item, str)}
+    return tuple(key for key in HEALTH_KEYS if key in named)
+
+
+def join_keys(keys: tuple[str, ...]) -> str | None:
+    """Health keys as stored (comma-separated; ``None`` for none)."""
+    return ",".join(keys) if keys else None
+
+
+def split_keys(stored: str | None) -> tuple[str, ...]:
+    """Stored health keys back as a tuple; unknown names are dropped."""
+    if not stored:
+        return ()
+    return parse_keys(stored.split(","))
 
 
 def parse_counter(value: object) -> int | None:

@@ -16,6 +16,7 @@ from typing import Final
 
 from heteroflow.core.ids import NodeId
 from heteroflow.health.heartbeat import parse_index, parse_time, parse_uuid
+from heteroflow.health.sample_times import SampleTimeWindow, TimeFix
 from heteroflow.health.samples import CardKey, Source
 
 METRIC_KEYS: Final = ("temperature_c", "utilization_pct", "memory_used_mib", "memory_total_mib", "power_w")
@@ -79,12 +80,23 @@ class MetricReading:
     uuid: str | None
     sampled_at: datetime
     metrics: GpuMetrics
+    time_fix: TimeFix | None = None
+    """Why ``sampled_at`` is not the agent's ``telemetry_at`` (``sample_times.py``)."""
 
 
 def metric_readings_from_stats(
-    stats: Sequence[Mapping[str, object]], *, node_id: NodeId, source: Source, received_at: datetime
+    stats: Sequence[Mapping[str, object]],
+    *,
+    node_id: NodeId,
+    source: Source,
+    received_at: datetime,
+    window: SampleTimeWindow | None = None,
 ) -> list[MetricReading]:
-    """The metric readings of one beat, by each stat's declared index (never its position; duplicates ignored)."""
+    """The metric readings of one beat, by each stat's declared index (never its position; duplicates ignored).
+
+    With ``window``, a ``telemetry_at`` outside it is replaced by the receive time (a year-9999 minute would
+    break every flush, and future minutes would never close).
+    """
     readings: list[MetricReading] = []
     seen: set[int] = set()
     for stat in stats:
@@ -95,13 +107,19 @@ def metric_readings_from_stats(
         metrics = GpuMetrics.from_wire(stat)
         if metrics.all_unknown:
             continue
+        # the telemetry's own time: `sampled_at` is the health counters' (every 60 s, not every beat)
+        claimed = parse_time(stat.get("telemetry_at"))
+        if window is None:
+            sampled_at, fix = claimed or received_at, None
+        else:
+            sampled_at, fix = window.reading_time(claimed, received_at=received_at)
         readings.append(
             MetricReading(
                 key=CardKey(node_id=node_id, gpu_index=index, source=source),
                 uuid=parse_uuid(stat.get("uuid")),
-                # the telemetry's own time: `sampled_at` is the health counters' (every 60 s, not every beat)
-                sampled_at=parse_time(stat.get("telemetry_at")) or received_at,
+                sampled_at=sampled_at,
                 metrics=metrics,
+                time_fix=fix,
             )
         )
     return readings

@@ -11,11 +11,14 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from heteroflow.core.ids import NodeId, Source
-from heteroflow.health.counters import Counters, parse_counter
+from heteroflow.health.counters import Counters, parse_counter, parse_keys
+from heteroflow.health.sample_times import SampleTimeWindow, TimeFix
 from heteroflow.health.samples import CardKey, HealthReading
 
 MAX_GPU_INDEX = 4095
 MAX_UUID_LENGTH = 128
+XID_TOO_OLD = "occurred_at is older than the retention period"
+"""The end of the rejection reason of an XID older than the retention (counted by the route)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,6 +27,7 @@ class ParsedXid:
     uuid: str | None
     xid: int
     occurred_at: datetime
+    time_fix: TimeFix | None = None
 
 
 def parse_index(value: object) -> int | None:
@@ -49,13 +53,19 @@ def parse_time(value: object) -> datetime | None:
 
 
 def readings_from_stats(
-    stats: Sequence[Mapping[str, object]], *, node_id: NodeId, source: Source, received_at: datetime
+    stats: Sequence[Mapping[str, object]],
+    *,
+    node_id: NodeId,
+    source: Source,
+    received_at: datetime,
+    window: SampleTimeWindow | None = None,
 ) -> tuple[list[HealthReading], int]:
     """The health readings of one beat, and how many stats had no usable declared index.
 
     ``sampled_at`` is the agent's collection time of the reading; the server's receive time when the
-    stat has none (or an unparseable one). A second stat declaring an index already seen in the same
-    beat is ignored as ambiguous.
+    stat has none (or an unparseable one), or when ``window`` finds the agent's clock wrong (the reading
+    says so in ``time_fix``). A second stat declaring an index already seen in the same beat is ignored as
+    ambiguous.
     """
     readings: list[HealthReading] = []
     seen: set[int] = set()
@@ -66,19 +76,35 @@ def readings_from_stats(
             invalid += 1
             continue
         seen.add(index)
+        claimed = parse_time(stat.get("sampled_at"))
+        if window is None:
+            sampled_at, fix = claimed or received_at, None
+        else:
+            sampled_at, fix = window.reading_time(claimed, received_at=received_at)
         readings.append(
             HealthReading(
                 key=CardKey(node_id=node_id, gpu_index=index, source=source),
                 uuid=parse_uuid(stat.get("uuid")),
-                sampled_at=parse_time(stat.get("sampled_at")) or received_at,
+                sampled_at=sampled_at,
                 counters=Counters.from_wire(stat),
+                time_fix=fix,
+                semantics_unconfirmed=parse_keys(stat.get("semantics_unconfirmed")),
             )
         )
     return readings, invalid
 
 
-def xid_events_from_wire(events: Sequence[Mapping[str, object]]) -> tuple[list[ParsedXid], list[str]]:
-    """Usable XID events, and one reason per unusable one (the agent drops those, it never re-sends)."""
+def xid_events_from_wire(
+    events: Sequence[Mapping[str, object]],
+    *,
+    received_at: datetime | None = None,
+    window: SampleTimeWindow | None = None,
+) -> tuple[list[ParsedXid], list[str]]:
+    """Usable XID events, and one reason per unusable one (the agent drops those, it never re-sends).
+
+    With ``window`` (and ``received_at``), an event time ahead of the server is clamped to the receive time and
+    one older than the retention is unusable.
+    """
     parsed: list[ParsedXid] = []
     rejected: list[str] = []
     for position, event in enumerate(events):
@@ -92,7 +118,20 @@ def xid_events_from_wire(events: Sequence[Mapping[str, object]]) -> tuple[list[P
         elif occurred_at is None:
             rejected.append(f"xid_events[{position}]: occurred_at must be an ISO-8601 time")
         else:
+            fix = None
+            if window is not None and received_at is not None:
+                checked, fix = window.event_time(occurred_at, received_at=received_at)
+                if checked is None:
+                    rejected.append(f"xid_events[{position}]: {XID_TOO_OLD}")
+                    continue
+                occurred_at = checked
             parsed.append(
-                ParsedXid(gpu_index=index, uuid=parse_uuid(event.get("uuid")), xid=xid, occurred_at=occurred_at)
+                ParsedXid(
+                    gpu_index=index,
+                    uuid=parse_uuid(event.get("uuid")),
+                    xid=xid,
+                    occurred_at=occurred_at,
+                    time_fix=fix,
+                )
             )
     return parsed, rejected

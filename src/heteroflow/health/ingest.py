@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 import structlog
@@ -22,6 +22,7 @@ import structlog
 from heteroflow.core.clock import Clock
 from heteroflow.core.ids import NodeId
 from heteroflow.health.dedup import DedupCache
+from heteroflow.health.sample_times import after_newest
 from heteroflow.health.samples import CardKey, HealthReading, StoredSample
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.health.store import HealthSampleStore, StoreUnavailableError
@@ -54,6 +55,10 @@ class IngestStatus:
     last_cleanup_at: datetime | None
     last_write_error: str | None
     writer_backing_off: bool
+    moved_after_newest_total: int = 0
+    """Readings whose time was not after their card's newest stored row, written just after it instead."""
+    isolated_failures_total: int = 0
+    """Readings dropped alone after their batch failed permanently (the batch's other readings were written)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -62,6 +67,7 @@ class _BatchResult:
     confirmed: list[StoredSample]
     skipped: int
     selects: int
+    moved: int
 
 
 class HealthIngestor:
@@ -76,6 +82,7 @@ class HealthIngestor:
         self._clock = clock
         self._settings = settings
         self._keepalive = timedelta(seconds=settings.keepalive_seconds)
+        self._max_ahead = timedelta(seconds=settings.clock_skew_seconds)
         self._cache = DedupCache(
             keepalive=self._keepalive,
             max_entries=settings.dedup_cache_entries,
@@ -100,6 +107,8 @@ class HealthIngestor:
         self._dropped = 0
         self._write_failures = 0
         self._selects = 0
+        self._moved = 0
+        self._isolated = 0
         self._cleanup_runs = 0
         self._cleanup_failures = 0
         self._cleanup_deleted = 0
@@ -161,6 +170,8 @@ class HealthIngestor:
             last_cleanup_at=self._last_cleanup_at,
             last_write_error=self._last_write_error,
             writer_backing_off=self._backing_off,
+            moved_after_newest_total=self._moved,
+            isolated_failures_total=self._isolated,
         )
 
     # -- lifecycle ----------------------------------------------------------------------------------------
@@ -208,6 +219,7 @@ class HealthIngestor:
             batch = self._take_batch()
             known = {r.key: s for r in batch if (s := self._cache.get(r.key, now=self._clock.monotonic()))}
             self._in_flight = {r.key for r in batch}
+            failed = 0
             try:
                 result = await asyncio.to_thread(self._write_batch, batch, known)
             except StoreUnavailableError as exc:
@@ -220,21 +232,35 @@ class HealthIngestor:
                 delay = min(delay * 2, _RETRY_MAX_SECONDS)
                 continue
             except Exception as exc:
-                # permanent for this batch: drop it. The cache was not confirmed, so the agent's next
-                # beat re-offers the same counters and they are written then.
-                self._in_flight = set()
+                # Permanent for this batch: one bad reading must not take the other cards down with it, so the
+                # batch is written again one reading at a time and only the readings that fail are dropped. The
+                # cache was not confirmed for those, so the agent's next beat re-offers the same counters.
                 self._note_failure(exc, readings=len(batch), retrying=False)
-                self._dropped += len(batch)
-                continue
+                try:
+                    result, failed = await asyncio.to_thread(self._write_each, batch)
+                except StoreUnavailableError:  # the database went away meanwhile: keep them all, as above
+                    self._in_flight = set()
+                    self._requeue(batch)
+                    self._backing_off = True
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, _RETRY_MAX_SECONDS)
+                    continue
+                self._dropped += failed
+                self._isolated += failed
+                if failed == len(batch):
+                    self._in_flight = set()
+                    continue
             delay = _RETRY_MIN_SECONDS
             self._backing_off = False
-            self._last_write_error = None
+            if not failed:
+                self._last_write_error = None
             now = self._clock.monotonic()
             for sample in result.confirmed:
                 self._cache.confirm(sample, now=now)
             self._in_flight = set()
             self._selects += result.selects
             self._skipped_unchanged += result.skipped
+            self._moved += result.moved
             self._written += len(result.written)
             self._count_writes(len(result.written))
 
@@ -265,10 +291,40 @@ class HealthIngestor:
             queue.appendleft(reading)
             self._pending_count += 1
 
+    def _write_each(self, batch: Sequence[HealthReading]) -> tuple[_BatchResult, int]:
+        """Runs in a worker thread: the batch one reading per transaction; the readings that still fail are counted.
+
+        Every reading is decided against the database (no cache entry is trusted: earlier readings of the same card
+        may just have been written). A transient failure propagates: the caller keeps the whole batch.
+        """
+        written: list[StoredSample] = []
+        confirmed: list[StoredSample] = []
+        skipped = selects = moved = failed = 0
+        for reading in batch:
+            try:
+                one = self._write_batch([reading], {})
+            except StoreUnavailableError:
+                raise
+            except Exception as exc:
+                failed += 1
+                self._last_write_error = f"{type(exc).__name__}: {exc}"[:500]
+                _log.warning("health.reading_dropped", node_id=reading.key.node_id, gpu_index=reading.key.gpu_index)
+                continue
+            written += one.written
+            confirmed += one.confirmed
+            skipped, selects, moved = skipped + one.skipped, selects + one.selects, moved + one.moved
+        result = _BatchResult(written=written, confirmed=confirmed, skipped=skipped, selects=selects, moved=moved)
+        return result, failed
+
     def _write_batch(self, batch: Sequence[HealthReading], known: dict[CardKey, StoredSample]) -> _BatchResult:
         """Runs in a worker thread: decide every reading against the newest stored row, insert, read back."""
         latest: dict[CardKey, StoredSample | None] = dict(known)
+        # A stored row further ahead of this server's clock than any agent time is believed (written before that
+        # check existed, or by a server with another clock) is not the card's newest: judged against it, no
+        # keepalive would be due until the skew passed.
+        not_after = self._clock.now() + self._max_ahead
         selects = 0
+        moved = 0
         confirmed: list[StoredSample] = []
         to_write: list[HealthReading] = []
         before_batch: dict[CardKey, StoredSample | None] = {}
@@ -283,7 +339,7 @@ class HealthIngestor:
             )
             if unproven and reading.key not in read:
                 selects += 1
-                stored = self._store.latest(reading.key)
+                stored = self._store.latest(reading.key, not_after=not_after)
                 latest[reading.key] = stored
                 read.add(reading.key)
                 if stored is not None:
@@ -291,15 +347,24 @@ class HealthIngestor:
             if decide_write(reading, latest.get(reading.key), keepalive=self._keepalive) is None:
                 skipped += 1
                 continue
+            newest = latest.get(reading.key)
             if reading.key not in before_batch:
-                before_batch[reading.key] = latest.get(reading.key)
+                before_batch[reading.key] = newest
+            sampled_at, fix = after_newest(reading.sampled_at, newest=newest.sampled_at if newest else None)
+            if fix is not None:
+                # the agent's clock stepped back (within the tolerance): written before the newest row, the reading
+                # would never become the newest, and a changed card would be written again on every beat
+                moved += 1
+                reading = replace(reading, sampled_at=sampled_at, time_fix=fix)
             to_write.append(reading)
             # later readings of this card in the batch are judged against this one
             latest[reading.key] = StoredSample(
                 key=reading.key, uuid=reading.uuid, sampled_at=reading.sampled_at, counters=reading.counters
             )
         written = self._store.insert(to_write, previous=before_batch) if to_write else []
-        return _BatchResult(written=written, confirmed=confirmed + written, skipped=skipped, selects=selects)
+        return _BatchResult(
+            written=written, confirmed=confirmed + written, skipped=skipped, selects=selects, moved=moved
+        )
 
     # -- retention ----------------------------------------------------------------------------------------
 

@@ -4,7 +4,9 @@ EXPERIMENTAL. The thresholds are initial values from a public mechanism, not cal
 
 Three layers:
 
-* strong — uncorrectable ECC total > 0; row-remap failure > 0. Either fires alone.
+* strong — uncorrectable ECC *grew* (new errors since the card was last predicted and within the observation
+           period; the lifetime total is context only, see below); rows remapped after uncorrectable errors grew
+           (the same way; an extension of the seed's F1); row-remap failure > 0. Each fires alone.
 * trend  — corrected-ECC growth (two conditions, below); pending remaps grew in the observation period and are
            > 0 now; retired pages grew in the observation period and are > 0 now. Each fires alone.
 * weak   — reserved (temperature, power…). A weak signal can never fire alone: it is evidence beside a strong
@@ -20,7 +22,7 @@ counter decreased after it (H-3: a driver reload resets counters; an increase ac
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from itertools import pairwise
 from typing import Literal
@@ -31,8 +33,28 @@ RULE_VERSION = "v1-ecc-growth"
 
 Layer = Literal["strong", "trend", "weak"]
 
+#: the counter each signal reads (its evidence says so when the vendor has not confirmed what that counter counts)
+SIGNAL_KEYS = {
+    "uncorrectable_ecc": "ecc_uncorrected_total",
+    "uncorrectable_remap": "remapped_rows_uncorrectable",
+    "remap_failure": "remapped_rows_failure",
+    "corrected_ecc_growth": "ecc_corrected_total",
+    "pending_remap_growth": "remapped_rows_pending",
+    "retired_pages_growth": "retired_pages",
+}
+UNCONFIRMED_NOTE = (
+    " [semantics unconfirmed: the vendor has not confirmed what {key} counts on this card (cnmon's Ecc-Error may "
+    "count correctable errors, uncorrectable errors or both)]"
+)
+
 #: counters whose growth is judged across boundaries (the shell reports their last decrease)
-GROWTH_KEYS = ("ecc_corrected_total", "remapped_rows_pending", "retired_pages")
+GROWTH_KEYS = (
+    "ecc_corrected_total",
+    "remapped_rows_pending",
+    "retired_pages",
+    "ecc_uncorrected_total",
+    "remapped_rows_uncorrectable",
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +85,8 @@ class CardView:
     """The newest sample of the slot at or before each instant of :func:`boundary_instants`."""
     last_decrease: Mapping[str, datetime | None] = field(default_factory=dict)
     """Per growth counter, the time of the newest sample that was lower than the one before it."""
+    last_predicted_t0: datetime | None = None
+    """The t0 of the card's newest earlier prediction (its value there is in ``boundaries``), if any."""
 
     @property
     def t0(self) -> datetime:
@@ -98,10 +122,14 @@ def evaluate(view: CardView, params: RuleParams, *, weak_signals: Sequence[Signa
     abandoned: list[str] = []
     now = view.latest.counters
 
-    if now.ecc_uncorrected_total is not None and now.ecc_uncorrected_total > 0:
-        signals.append(
-            Signal("strong", "uncorrectable_ecc", f"uncorrectable ECC total {now.ecc_uncorrected_total} > 0")
-        )
+    for key, code, label in (
+        ("ecc_uncorrected_total", "uncorrectable_ecc", "uncorrectable ECC"),
+        # an extension of the seed's F1: a row remapped after an uncorrectable error is the durable record of one
+        ("remapped_rows_uncorrectable", "uncorrectable_remap", "rows remapped after uncorrectable errors"),
+    ):
+        grown = _strong_growth(view, params, key=key, code=code, label=label)
+        if grown is not None:
+            signals.append(grown)
     if now.remapped_rows_failure is not None and now.remapped_rows_failure > 0:
         signals.append(
             Signal(
@@ -129,11 +157,50 @@ def evaluate(view: CardView, params: RuleParams, *, weak_signals: Sequence[Signa
             days = params.observation / timedelta(days=1)
             signals.append(Signal("trend", code, f"{label} grew from {start} to {current} in {days:g} days"))
 
+    unconfirmed = set(view.latest.semantics_unconfirmed)
+    if unconfirmed:  # carried into the prediction's evidence, and so into its alert
+        signals = [_with_caveat(s, unconfirmed) for s in signals]
     for weak in weak_signals:
         if weak.layer != "weak":
             raise ValueError("weak_signals takes weak signals only")
         signals.append(weak)
     return Evaluation(signals=tuple(signals), abandoned=tuple(abandoned))
+
+
+def _with_caveat(signal: Signal, unconfirmed: set[str]) -> Signal:
+    key = SIGNAL_KEYS.get(signal.code)
+    if key is None or key not in unconfirmed:
+        return signal
+    return replace(signal, evidence=signal.evidence + UNCONFIRMED_NOTE.format(key=key))
+
+
+def _strong_growth(view: CardView, params: RuleParams, *, key: str, code: str, label: str) -> Signal | None:
+    """New uncorrectable errors (or remaps), not the lifetime total (the aggregate counter never goes down).
+
+    Read on the lifetime total, one old error would predict the card in every window for life: its alert could
+    never close and the precision denominator would fill with the same card. So the signal fires when the total
+    is above its value at the start of the observation period and at the card's last prediction; when neither
+    is known (a card first seen, or counted from 0 again after a driver reload) a total above 0 is new to us.
+    """
+    current = getattr(view.latest.counters, key)
+    if current is None or current <= 0:
+        return None
+    references = [
+        (instant, value)
+        for instant in (view.t0 - params.observation, view.last_predicted_t0)
+        if instant is not None and (value := _value_at(view, key, instant, params)) is not None
+    ]
+    if not references:
+        return Signal("strong", code, f"{label} total {current} > 0 (no earlier value known)")
+    since, reference = max(references, key=lambda item: item[1])
+    if current <= reference:
+        return None
+    return Signal(
+        "strong",
+        code,
+        f"{label} grew from {reference} to {current} since {since.isoformat(timespec='seconds')} "
+        f"(lifetime total {current})",
+    )
 
 
 def _corrected_growth(view: CardView, params: RuleParams) -> tuple[Signal | None, str | None]:

@@ -7,6 +7,7 @@ from datetime import datetime
 
 from heteroflow.core.ids import SOURCES, NodeId, Source
 from heteroflow.health.counters import Counters
+from heteroflow.health.sample_times import TimeFix
 
 __all__ = ["SOURCES", "Card", "CardKey", "HealthReading", "Source", "StoredSample"]
 
@@ -33,6 +34,10 @@ class HealthReading:
     uuid: str | None
     sampled_at: datetime
     counters: Counters
+    time_fix: TimeFix | None = None
+    """Why ``sampled_at`` is not the time the agent claimed (``sample_times.py``); ``None`` when it is."""
+    semantics_unconfirmed: tuple[str, ...] = ()
+    """Keys whose meaning the vendor has not confirmed (cnmon ``Ecc-Error``), as the agent marked them."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,6 +48,7 @@ class StoredSample:
     uuid: str | None
     sampled_at: datetime
     counters: Counters
+    semantics_unconfirmed: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
+
 from pydantic import Field
 
 from heteroflow.core.settings import LenientSettings, env_names
+from heteroflow.health.sample_times import SampleTimeWindow
 
 
 class HealthStorageSettings(LenientSettings):
@@ -86,3 +89,37 @@ class HealthStorageSettings(LenientSettings):
             "reported stalled (default 60)."
         ),
     )
+    clock_skew_seconds: float = Field(
+        default=300.0,
+        gt=0,
+        le=86400,
+        validation_alias=env_names("gpu_health_clock_skew_seconds", "GPU_HEALTH_CLOCK_SKEW_SECONDS"),
+        description=(
+            "Seconds an agent's sample time (health `sampled_at`, telemetry `telemetry_at`, XID `occurred_at`) "
+            "may be ahead of the server's clock (default 300). A later time is a wrong agent clock: the reading "
+            "is kept under the server's receive time and counted "
+            '(heteroflow_sample_times_corrected{reason="ahead"}), so a skewed agent can neither suppress '
+            "keepalive rows and the stall badge nor open minutes that never close."
+        ),
+    )
+    max_sample_age_seconds: float = Field(
+        default=900.0,
+        gt=0,
+        le=86400,
+        validation_alias=env_names("gpu_health_max_sample_age_seconds", "GPU_HEALTH_MAX_SAMPLE_AGE_SECONDS"),
+        description=(
+            "Seconds a reading's time may lie before the server's receive time (default 900). The agent "
+            "reports no health reading older than three collection periods (180 s at the default 60 s), so an "
+            "older time is a wrong agent clock: the reading is kept under the receive time and counted "
+            '(reason="behind"). XID events are exempt (an agent keeps them while the server is down); one '
+            "older than the retention is rejected."
+        ),
+    )
+
+    def sample_time_window(self) -> SampleTimeWindow:
+        """The claimed times the server believes (``sample_times.py``)."""
+        return SampleTimeWindow(
+            max_ahead=timedelta(seconds=self.clock_skew_seconds),
+            max_behind=timedelta(seconds=self.max_sample_age_seconds),
+            max_event_age=timedelta(days=self.retention_days),
+        )

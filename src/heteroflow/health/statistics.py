@@ -27,6 +27,8 @@ class BandCounts:
     voided: int
     failed_cards: int
     predicted_cards: int
+    unconfirmed_failed_cards: int = 0
+    """Failed cards whose failure was read from a counter of unconfirmed meaning (cnmon's Ecc-Error)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +85,8 @@ class FailureEvent:
     gpu_index: int
     uuid: str | None
     at: datetime
+    semantics_unconfirmed: bool = False
+    """The failure is an uncorrectable-ECC step of a counter whose meaning the vendor has not confirmed."""
 
     @property
     def card(self) -> tuple[str, int, str | None]:

@@ -18,8 +18,8 @@ __all__ = ["HealthSampleStore", "StoreUnavailableError"]
 
 
 class HealthSampleStore(Protocol):
-    def latest(self, key: CardKey) -> StoredSample | None:
-        """The newest stored row of a card slot (by sampled_at), or ``None``. One SELECT."""
+    def latest(self, key: CardKey, *, not_after: datetime | None = None) -> StoredSample | None:
+        """The newest stored row of a card slot (by sampled_at) not after ``not_after``, or ``None``. One SELECT."""
         ...
 
     def insert(

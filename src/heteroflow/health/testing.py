@@ -24,10 +24,10 @@ class InMemoryHealthSampleStore:
         if not self.available:
             raise StoreUnavailableError("in-memory store marked unavailable")
 
-    def latest(self, key: CardKey) -> StoredSample | None:
+    def latest(self, key: CardKey, *, not_after: datetime | None = None) -> StoredSample | None:
         with self._lock:
             self._check()
-            rows = [row for row in self.rows if row.key == key]
+            rows = [row for row in self.rows if row.key == key and (not_after is None or row.sampled_at <= not_after)]
             return max(rows, key=lambda row: row.sampled_at) if rows else None
 
     def insert(
@@ -36,7 +36,14 @@ class InMemoryHealthSampleStore:
         with self._lock:
             self._check()
             stored = [
-                StoredSample(key=r.key, uuid=r.uuid, sampled_at=r.sampled_at, counters=r.counters) for r in readings
+                StoredSample(
+                    key=r.key,
+                    uuid=r.uuid,
+                    sampled_at=r.sampled_at,
+                    counters=r.counters,
+                    semantics_unconfirmed=r.semantics_unconfirmed,
+                )
+                for r in readings
             ]
             self.rows.extend(stored)
             return stored

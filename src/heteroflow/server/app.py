@@ -23,6 +23,7 @@ from heteroflow.health.ingest import HealthIngestor
 from heteroflow.health.metrics_settings import GpuMetricsSettings
 from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
+from heteroflow.health.xid_collection import XidCollectionBook
 from heteroflow.platform.auth import Principal
 from heteroflow.platform.liveness import LivenessTracker
 from heteroflow.server.alert_delivery import AlertDeliverySettings, AlertNotifier
@@ -117,6 +118,7 @@ def build_context(
         heartbeat_admission=AdmissionGate(
             max_in_flight=settings.max_in_flight_heartbeats, max_lag_s=settings.heartbeat_shed_lag_seconds
         ),
+        xid_collection=XidCollectionBook(stale_seconds=settings.offline_after_seconds),
     )
 
 

@@ -15,6 +15,7 @@ from heteroflow.health.ingest import HealthIngestor
 from heteroflow.health.metrics_settings import GpuMetricsSettings
 from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
+from heteroflow.health.xid_collection import XidCollectionBook
 from heteroflow.platform.auth import Principal
 from heteroflow.platform.liveness import LivenessTracker
 from heteroflow.platform.nodes import NodeRecord
@@ -55,6 +56,8 @@ class ServerContext:
     node_cache: TtlCache[NodeId, NodeRecord]
     heartbeat_admission: AdmissionGate
     """Which heartbeats are worked on under overload (:mod:`heteroflow.core.admission`)."""
+    xid_collection: XidCollectionBook
+    """Each node's newest word on its XID source (:mod:`heteroflow.health.xid_collection`)."""
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def forget_node(self, node_id: NodeId) -> None:
@@ -63,3 +66,4 @@ class ServerContext:
         self.liveness.forget(node_id)
         self.ingestor.forget_node(node_id)
         self.metrics_recorder.forget_node(node_id)
+        self.xid_collection.forget_node(node_id)

@@ -34,6 +34,14 @@ class ServerMetrics:
             "Heartbeat GPU stats whose health part was ignored (no valid declared index).",
             registry=self.registry,
         )
+        self.sample_times_corrected = Counter(
+            "heteroflow_sample_times_corrected",
+            "Agent-claimed times not taken as they were, by kind (health, telemetry, xid) and reason: ahead "
+            "(of the server's clock beyond the tolerance; the receive time is used), behind (older than a "
+            "reading can be; the receive time is used), too_old (an XID older than the retention; rejected).",
+            ["kind", "reason"],
+            registry=self.registry,
+        )
         self.xid_events_stored = Counter(
             "heteroflow_xid_events_stored",
             "XID events stored (re-sent duplicates excluded).",
@@ -148,6 +156,13 @@ class _StatusCollector(Collector):
         )
         failures.add_metric([], status.write_failures_total)
         yield failures
+        moved = CounterMetricFamily(
+            "heteroflow_health_rows_moved_after_newest",
+            "Health rows whose time was not after their card's newest stored row (an agent clock stepped back) "
+            "and were placed just after it, so the write policy's bound of rows holds.",
+        )
+        moved.add_metric([], status.moved_after_newest_total)
+        yield moved
         selects = CounterMetricFamily(
             "heteroflow_health_latest_selects", "SELECTs of a card's newest row after a dedup cache miss."
         )

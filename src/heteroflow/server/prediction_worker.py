@@ -11,17 +11,20 @@ Real and simulated series are evaluated separately; simulated predictions never 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import socket
 import time
 import uuid
 from collections import defaultdict
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import structlog
 
 from heteroflow.core.clock import Clock
+from heteroflow.core.errors import StoreUnavailableError
 from heteroflow.core.ids import SOURCES, Source
 from heteroflow.health.alerts import (
     GPU_FAULT_PREDICTED,
@@ -30,7 +33,7 @@ from heteroflow.health.alerts import (
     resolution_by_backfill,
 )
 from heteroflow.health.prediction_settings import PredictionSettings
-from heteroflow.health.predictions import PredictionStatus, judge, prediction_id, window_end
+from heteroflow.health.predictions import PredictionStatus, judge, prediction_id, window_end, window_over_at
 from heteroflow.health.rules import RULE_VERSION, RuleParams, Signal, evaluate
 from heteroflow.health.samples import Card
 from heteroflow.health.weak_signals import WeakSignalParams, weak_signals
@@ -44,6 +47,25 @@ from heteroflow.storage.prediction_store import PredictionRecord, SqlPredictionS
 _log = structlog.get_logger(__name__)
 
 LEASE_NAME = "gpu-fault-prediction-worker"
+
+
+@contextlib.contextmanager
+def _one_card(card: Card, tally: _Tally, *, step: str) -> Iterator[None]:
+    """One card's failure (an odd stored value the core cannot take) is logged and skipped: it never takes the
+    tick down for every other card. A database that is unavailable still fails the tick (retried next tick)."""
+    try:
+        yield
+    except StoreUnavailableError:
+        raise
+    except Exception as exc:
+        tally.failed += 1
+        _log.warning(
+            "prediction.card_failed",
+            step=step,
+            node_id=card.node_id,
+            gpu_index=card.gpu_index,
+            error=f"{type(exc).__name__}: {exc}"[:300],
+        )
 
 
 def rule_params(settings: PredictionSettings) -> RuleParams:
@@ -68,6 +90,10 @@ class TickReport:
     alerts_raised: int
     alerts_resolved: int
     alerts_backlogged: int
+    cards_failed: int = 0
+    """Cards (or due predictions) whose evaluation raised: each is logged and skipped, the tick goes on."""
+    cards_stale: int = 0
+    """Cards not predicted because their newest sample is older than the window (shown stalled instead)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,6 +126,8 @@ class _Tally:
     raised: int = 0
     resolved: int = 0
     backlogged: int = 0
+    failed: int = 0
+    stale: int = 0
 
 
 class PredictionWorker:
@@ -167,6 +195,8 @@ class PredictionWorker:
             alerts_raised=tally.raised,
             alerts_resolved=tally.resolved,
             alerts_backlogged=tally.backlogged,
+            cards_failed=tally.failed,
+            cards_stale=tally.stale,
         )
         self._ticks += 1
         self._last = report
@@ -180,49 +210,58 @@ class PredictionWorker:
 
     def _backfill(self, source: Source, now: datetime, tally: _Tally) -> None:
         for record in self._predictions.due(source=source, now=now):
-            samples = self._predictions.window_samples(record.card, t0=record.t0, end=record.window_end)
-            xids = self._predictions.window_xids(record.card, t0=record.t0, end=record.window_end)
-            judgement = judge(
-                card=record.card, t0=record.t0, end=record.window_end, now=now, samples=samples, xids=xids
-            )
-            if judgement is not None and self._predictions.record_judgement(record.id, judgement, now=now):
-                tally.judged[judgement.status] += 1
+            with _one_card(record.card, tally, step="backfill"):
+                self._backfill_one(record, now, tally)
+
+    def _backfill_one(self, record: PredictionRecord, now: datetime, tally: _Tally) -> None:
+        samples = self._predictions.window_samples(record.card, t0=record.t0, end=record.window_end)
+        xids = self._predictions.window_xids(record.card, t0=record.t0, end=record.window_end)
+        judgement = judge(card=record.card, t0=record.t0, end=record.window_end, now=now, samples=samples, xids=xids)
+        if judgement is not None and self._predictions.record_judgement(record.id, judgement, now=now):
+            tally.judged[judgement.status] += 1
 
     def _predict(self, source: Source, now: datetime, tally: _Tally) -> None:
-        window_days = self._settings.window_days
         for card in self._predictions.evaluation_cards(source=source, now=now):
-            if self._predictions.has_open_window(card, now=now):
-                continue
-            view = self._predictions.card_view(card, now=now, params=self._params)
-            if view is None:
-                continue
-            tally.evaluated[source] += 1
-            evaluation = evaluate(view, self._params)
-            if not evaluation.predicts:
-                continue  # weak signals could not change that (the gate), so their history is not even read
-            weak = self._weak_signals(card, t0=view.t0)
-            if weak:
-                evaluation = evaluate(view, self._params, weak_signals=weak)
-            record = PredictionRecord(
-                id=prediction_id(card, rule_version=RULE_VERSION, window_days=window_days, t0=view.t0),
-                card=card,
-                rule_version=RULE_VERSION,
-                window_days=window_days,
-                t0=view.t0,
-                window_end=window_end(view.t0, window_days),
-                status="pending",
-                signals=tuple(signal.code for signal in evaluation.signals),
-                evidence=evaluation.evidence,
-                created_at=now,
-                judged_at=None,
-                conclusion=None,
-                alert_id=None,
-            )
-            if not self._predictions.insert(record):
-                continue  # another worker created it: it raises the alert, not us
-            tally.created[source] += 1
-            if source == "real" and self._settings.alert_enabled:
-                self._raise_alert(record, now, tally)
+            with _one_card(card, tally, step="predict"):
+                self._predict_one(card, source, now, tally)
+
+    def _predict_one(self, card: Card, source: Source, now: datetime, tally: _Tally) -> None:
+        window_days = self._settings.window_days
+        if self._predictions.has_open_window(card, now=now):
+            return
+        view = self._predictions.card_view(card, now=now, params=self._params)
+        if view is None:
+            return
+        if window_over_at(view.t0, window_days, now=now):
+            tally.stale += 1  # no prediction whose window is over at creation
+            return
+        tally.evaluated[source] += 1
+        evaluation = evaluate(view, self._params)
+        if not evaluation.predicts:
+            return  # weak signals could not change that (the gate), so their history is not even read
+        weak = self._weak_signals(card, t0=view.t0)
+        if weak:
+            evaluation = evaluate(view, self._params, weak_signals=weak)
+        record = PredictionRecord(
+            id=prediction_id(card, rule_version=RULE_VERSION, window_days=window_days, t0=view.t0),
+            card=card,
+            rule_version=RULE_VERSION,
+            window_days=window_days,
+            t0=view.t0,
+            window_end=window_end(view.t0, window_days),
+            status="pending",
+            signals=tuple(signal.code for signal in evaluation.signals),
+            evidence=evaluation.evidence,
+            created_at=now,
+            judged_at=None,
+            conclusion=None,
+            alert_id=None,
+        )
+        if not self._predictions.insert(record):
+            return  # another worker created it: it raises the alert, not us
+        tally.created[source] += 1
+        if source == "real" and self._settings.alert_enabled:
+            self._raise_alert(record, now, tally)
 
     def _weak_signals(self, card: Card, *, t0: datetime) -> list[Signal]:
         """Temperature and power anomalies of the card from the metrics history: supporting evidence only."""

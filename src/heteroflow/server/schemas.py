@@ -59,6 +59,11 @@ class GpuStat(BaseModel):
     retired_pages: JsonValue = None
     remapped_rows_pending: JsonValue = None
     remapped_rows_failure: JsonValue = None
+    remapped_rows_correctable: JsonValue = None
+    remapped_rows_uncorrectable: JsonValue = None
+    ecc_sram_uncorrected_total: JsonValue = None
+    ecc_sram_corrected_total: JsonValue = None
+    semantics_unconfirmed: JsonValue = None
 
 
 class XidEventIn(BaseModel):
@@ -82,6 +87,13 @@ class Heartbeat(BaseModel):
 
     gpu_stats: list[GpuStatObject] = Field(default_factory=list, max_length=MAX_GPU_STATS)
     xid_events: list[XidEventObject] = Field(default_factory=list, max_length=MAX_XID_EVENTS)
+    xid_collection: JsonValue = Field(
+        default=None,
+        description=(
+            "The agent's XID source: {state: collected|partial|not_collected, reason, watched: [index], "
+            "unwatched: [{index, error}], lost: [index], wait_failures_total}. Read leniently; absent = unknown."
+        ),
+    )
 
 
 class XidEventsResult(BaseModel):
@@ -97,6 +109,26 @@ class HeartbeatAccepted(BaseModel):
     xid_events: XidEventsResult
 
 
+class XidUnwatchedOut(BaseModel):
+    index: int
+    error: str
+
+
+class XidCollectionOut(BaseModel):
+    state: Literal["collected", "partial", "not_collected"]
+    reason: str | None
+    watched: list[int]
+    unwatched: list[XidUnwatchedOut]
+    lost: list[int] = Field(description="Cards NVML reports lost (fallen off the bus): their XIDs are not read.")
+    sources: list[Literal["nvml", "kernel_log"]] = Field(
+        default_factory=list,
+        description="Where XIDs are read from: NVML events, the kernel log's 'NVRM: Xid' lines, or both.",
+    )
+    kernel_log: str | None = Field(
+        default=None, description="Why the agent does not read the kernel log (e.g. no permission); null otherwise."
+    )
+
+
 class NodeOut(BaseModel):
     id: str
     name: str
@@ -108,6 +140,9 @@ class NodeOut(BaseModel):
     registered_at: datetime
     last_heartbeat: datetime | None
     online: bool
+    xid_events: XidCollectionOut | None = Field(
+        default=None, description="Whether the node's XID events are collected; null when the agent has not said."
+    )
 
 
 class NodeList(BaseModel):
@@ -125,6 +160,10 @@ class SampleOut(BaseModel):
     retired_pages: int | None
     remapped_rows_pending: int | None
     remapped_rows_failure: int | None
+    remapped_rows_correctable: int | None = None
+    remapped_rows_uncorrectable: int | None = None
+    ecc_sram_uncorrected_total: int | None = None
+    ecc_sram_corrected_total: int | None = None
 
 
 class SamplesOut(BaseModel):
@@ -147,6 +186,13 @@ class CardCapabilityOut(BaseModel):
     sample_count: int
     collection_stalled: bool
     trend_prediction_possible: bool
+    semantics_unconfirmed: list[str] = Field(
+        default_factory=list, description="Keys whose meaning the vendor has not confirmed (cnmon Ecc-Error)."
+    )
+    xid_events: Literal["collected", "not_collected", "lost", "unknown"] = Field(
+        default="unknown", description="Whether this card's XID events are collected (unknown: the agent has not said)."
+    )
+    xid_events_reason: str | None = Field(default=None, description="Why XID events are not collected.")
 
 
 class CapabilitiesOut(BaseModel):
@@ -198,6 +244,13 @@ class BandOut(BaseModel):
     failed_cards: int = Field(description="Monitorable cards with a failure event in the period (recall denominator).")
     predicted_cards: int = Field(description="Failed cards with a same-card prediction whose window held the failure.")
     missed_cards: int = Field(description="Failed cards without such a prediction.")
+    unconfirmed_failed_cards: int = Field(
+        default=0,
+        description=(
+            "Failed cards whose only failures were read from a counter whose meaning the vendor has not confirmed "
+            "(Cambricon cnmon Ecc-Error): part of failed_cards, flagged so the recall is read with that caveat."
+        ),
+    )
     precision: float | None = Field(description="hit / (hit + miss); null when the evidence is insufficient.")
     recall: float | None = Field(description="predicted_cards / failed_cards; null when insufficient.")
     insufficient: list[str] = Field(description="Why the ratios are null, e.g. 'observed 3.0 of ≥ 8 days'.")

@@ -12,7 +12,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from heteroflow.core.ids import NodeId, Source
-from heteroflow.health.counters import HEALTH_KEYS, Counters
+from heteroflow.health.counters import HEALTH_KEYS, Counters, join_keys, split_keys
 from heteroflow.health.heartbeat import ParsedXid
 from heteroflow.health.samples import CardKey, HealthReading, StoredSample
 from heteroflow.platform.auth import NodeScope
@@ -33,6 +33,7 @@ class CardCapability:
     first_sample_at: datetime
     last_sample_at: datetime
     sample_count: int
+    semantics_unconfirmed: tuple[str, ...] = ()
 
 
 HardwareEventKind = Literal["xid", "ecc_uncorrected", "remap_failure"]
@@ -73,16 +74,19 @@ def _row_to_sample(row: Any) -> StoredSample:
         uuid=row.uuid,
         sampled_at=row.sampled_at,
         counters=Counters(**{name: getattr(row, name) for name in HEALTH_KEYS}),
+        semantics_unconfirmed=split_keys(row.semantics_unconfirmed),
     )
 
 
-def _latest(conn: Connection, key: CardKey) -> StoredSample | None:
+def _latest(conn: Connection, key: CardKey, *, not_after: datetime | None = None) -> StoredSample | None:
+    bound = [] if not_after is None else [samples_t.c.sampled_at <= not_after]
     query = (
         sa.select(samples_t)
         .where(
             samples_t.c.node_id == key.node_id,
             samples_t.c.gpu_index == key.gpu_index,
             samples_t.c.source == key.source,
+            *bound,
         )
         .order_by(samples_t.c.sampled_at.desc(), samples_t.c.id.desc())
         .limit(1)
@@ -110,9 +114,9 @@ class SqlHealthSampleStore:
 
     # -- write side ---------------------------------------------------------------------------------------
 
-    def latest(self, key: CardKey) -> StoredSample | None:
+    def latest(self, key: CardKey, *, not_after: datetime | None = None) -> StoredSample | None:
         with unavailable_as_store_error(), self._engine.connect() as conn:
-            return _latest(conn, key)
+            return _latest(conn, key, not_after=not_after)
 
     def insert(
         self, readings: Sequence[HealthReading], *, previous: Mapping[CardKey, StoredSample | None] | None = None
@@ -143,9 +147,11 @@ class SqlHealthSampleStore:
                     chain[r.key] = (before.uuid, before.counters) if before is not None else None
                 before_reading = chain[r.key]
                 changed = before_reading != (r.uuid, r.counters)
+                # the failure counters (uncorrectable ECC, rows remapped after uncorrectable errors): their steps
                 ue_changed = before_reading is None or (
                     before_reading[0] != r.uuid
                     or before_reading[1].ecc_uncorrected_total != r.counters.ecc_uncorrected_total
+                    or before_reading[1].remapped_rows_uncorrectable != r.counters.remapped_rows_uncorrectable
                 )
                 chain[r.key] = (r.uuid, r.counters)
                 rows.append(
@@ -157,6 +163,7 @@ class SqlHealthSampleStore:
                         "sampled_at": r.sampled_at,
                         "changed": changed,
                         "ue_changed": ue_changed,
+                        "semantics_unconfirmed": join_keys(r.semantics_unconfirmed),
                         **r.counters.as_dict(),
                     }
                 )
@@ -257,8 +264,15 @@ class SqlHealthSampleStore:
         truncated = len(rows) > limit
         return [_row_to_sample(row) for row in reversed(rows[:limit])], truncated
 
-    def capabilities(self, *, scope: NodeScope, source: Source, since: datetime) -> list[CardCapability]:
-        """Per card, which counters had a non-NULL value in the period, computed in SQL."""
+    def capabilities(
+        self, *, scope: NodeScope, source: Source, since: datetime, until: datetime | None = None
+    ) -> list[CardCapability]:
+        """Per card, which counters had a non-NULL value in the period, computed in SQL.
+
+        ``until`` leaves out rows stamped later (a row further ahead of the server than any agent clock is
+        believed would hide a stalled card behind a last sample in the future).
+        """
+        bound = [] if until is None else [samples_t.c.sampled_at <= until]
         columns = [sa.func.count(samples_t.c[name]).label(name) for name in HEALTH_KEYS]
         query = (
             sa.select(
@@ -268,11 +282,13 @@ class SqlHealthSampleStore:
                 sa.func.min(samples_t.c.sampled_at).label("first_sample_at"),
                 sa.func.max(samples_t.c.sampled_at).label("last_sample_at"),
                 sa.func.count().label("sample_count"),
+                sa.func.max(samples_t.c.semantics_unconfirmed).label("semantics_unconfirmed"),
                 *columns,
             )
             .where(
                 samples_t.c.source == source,
                 samples_t.c.sampled_at >= since,
+                *bound,
                 *in_scope(samples_t.c.node_id, scope),
             )
             .group_by(samples_t.c.node_id, samples_t.c.gpu_index, samples_t.c.uuid)
@@ -289,6 +305,7 @@ class SqlHealthSampleStore:
                 first_sample_at=row.first_sample_at,
                 last_sample_at=row.last_sample_at,
                 sample_count=row.sample_count,
+                semantics_unconfirmed=split_keys(row.semantics_unconfirmed),
             )
             for row in rows
         ]

@@ -18,8 +18,8 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from heteroflow.core.ids import NodeId, Source
-from heteroflow.health.counters import HEALTH_KEYS, Counters
-from heteroflow.health.predictions import COUNTED_XIDS, Judgement, PredictionStatus, XidObservation
+from heteroflow.health.counters import HEALTH_KEYS, Counters, split_keys
+from heteroflow.health.predictions import COUNTED_XIDS, FAILURE_COUNTERS, Judgement, PredictionStatus, XidObservation
 from heteroflow.health.rules import GROWTH_KEYS, CardView, RuleParams, boundary_instants
 from heteroflow.health.samples import Card, CardKey, StoredSample
 from heteroflow.health.statistics import BandCounts, Exposure, FailureEvent, PredictionWindow, predicted_cards
@@ -85,6 +85,7 @@ def _sample(row: Any) -> StoredSample:
         uuid=row.uuid,
         sampled_at=row.sampled_at,
         counters=Counters(**{name: getattr(row, name) for name in HEALTH_KEYS}),
+        semantics_unconfirmed=split_keys(row.semantics_unconfirmed),
     )
 
 
@@ -141,10 +142,24 @@ class SqlPredictionStore:
                 return None
             latest = _sample(latest_row)
             instants = boundary_instants(latest.sampled_at, params)
+            predicted_t0 = conn.execute(
+                sa.select(sa.func.max(predictions_t.c.t0)).where(
+                    *_same_card(predictions_t, card), predictions_t.c.t0 < latest.sampled_at
+                )
+            ).scalar()
+            last_predicted_t0 = utc_value(predicted_t0) if predicted_t0 is not None else None
+            if last_predicted_t0 is not None and last_predicted_t0 not in instants:
+                instants = sorted([*instants, last_predicted_t0])
             boundaries = self._as_of(conn, card, instants)
             start = instants[0] - params.staleness
             decreases = self._last_decreases(conn, card, start=start, end=latest.sampled_at)
-        return CardView(card=card, latest=latest, boundaries=boundaries, last_decrease=decreases)
+        return CardView(
+            card=card,
+            latest=latest,
+            boundaries=boundaries,
+            last_decrease=decreases,
+            last_predicted_t0=last_predicted_t0,
+        )
 
     def _as_of(self, conn: Connection, card: Card, instants: Sequence[datetime]) -> dict[datetime, StoredSample | None]:
         parts = []
@@ -366,7 +381,13 @@ class SqlPredictionStore:
             ]
             monitorable = {(row.node_id, row.gpu_index, row.uuid) for row in cards}
             events = [
-                FailureEvent(row.node_id, row.gpu_index, row.uuid, utc_value(row.at))
+                FailureEvent(
+                    row.node_id,
+                    row.gpu_index,
+                    row.uuid,
+                    utc_value(row.at),
+                    semantics_unconfirmed="ecc_uncorrected_total" in split_keys(row.unconfirmed),
+                )
                 for row in conn.execute(self._failures(source=source, scope=scope, since=since, now=now))
                 if (row.node_id, row.gpu_index, row.uuid) in monitorable
             ]
@@ -384,6 +405,8 @@ class SqlPredictionStore:
                     PredictionWindow(r.node_id, r.gpu_index, r.uuid, r.window_days, r.t0, r.window_end) for r in rows
                 ]
         failed_cards = len({e.card for e in events})
+        confirmed = {e.card for e in events if not e.semantics_unconfirmed}
+        unconfirmed_failed_cards = len({e.card for e in events if e.semantics_unconfirmed} - confirmed)
         bands = {
             n: BandCounts(
                 window_days=n,
@@ -393,50 +416,25 @@ class SqlPredictionStore:
                 voided=statuses[n].get("voided", 0),
                 failed_cards=failed_cards,
                 predicted_cards=len(predicted_cards(events, windows, window_days=n)),
+                unconfirmed_failed_cards=unconfirmed_failed_cards,
             )
             for n in window_days
         }
         return bands, _exposure(cards)
 
     def _failures(self, *, source: Source, scope: NodeScope, since: datetime, now: datetime) -> sa.Select[Any]:
-        """Failure events of monitorable cards: a strict increase of uncorrectable ECC between consecutive known
-        samples of one card (a first sample never is one), or a counted XID; found by scanning samples in SQL.
+        """Failure events of monitorable cards: a strict increase of uncorrectable ECC — or of the rows remapped
+        after uncorrectable errors (an extension of the seed's F1) — between consecutive known samples of one card
+        (a first sample never is one), or a counted XID; found by scanning samples in SQL.
 
-        Only the ``ue_changed`` rows are scanned: a row without the flag repeats the uuid and the value of its
-        slot's previous row, which is then the card's previous known sample with the same value, so it is never
-        a step; and each flagged row's predecessor among the flagged rows holds the value its true predecessor
+        Only the ``ue_changed`` rows are scanned: a row without the flag repeats the uuid and the failure counters of
+        its slot's previous row, which is then the card's previous known sample with the same values, so it is never
+        a step; and each flagged row's predecessor among the flagged rows holds the values its true predecessor
         held. Degrading cards change their corrected-ECC counter every sample, so the broader ``changed`` rows
         would be hundreds of thousands at 1,000 cards; these are about one per card plus one per step."""
-        ue = samples_t.c.ecc_uncorrected_total
-        steps = (
-            sa.select(
-                samples_t.c.node_id,
-                samples_t.c.gpu_index,
-                samples_t.c.uuid,
-                samples_t.c.sampled_at,
-                ue.label("v"),
-                sa.func.lag(ue)
-                .over(
-                    # exactly the order of the partial index of ue_changed rows, so the window needs no sort
-                    # (two rows of one card never share a sampling time: a collection is one reading)
-                    partition_by=(samples_t.c.node_id, samples_t.c.gpu_index, samples_t.c.uuid),
-                    order_by=samples_t.c.sampled_at,
-                )
-                .label("prev"),
-            )
-            .where(
-                samples_t.c.source == source,
-                # a row that repeats its predecessor's uuid and value can never be a step
-                samples_t.c.ue_changed,
-                ue.is_not(None),
-                samples_t.c.sampled_at <= now,
-                *in_scope(samples_t.c.node_id, scope),
-            )
-            .subquery()
-        )
-        counter_failures = sa.select(
-            steps.c.node_id, steps.c.gpu_index, steps.c.uuid, steps.c.sampled_at.label("at")
-        ).where(steps.c.prev.is_not(None), steps.c.v > steps.c.prev, steps.c.sampled_at >= since)
+        parts = [
+            self._counter_steps(key, source=source, scope=scope, since=since, now=now) for key, _ in FAILURE_COUNTERS
+        ]
         # XIDs are attributed to the card (node, index, uuid) of the slot; the caller keeps monitorable cards only
         monitorable = (
             sa.select(samples_t.c.node_id, samples_t.c.gpu_index, samples_t.c.uuid)
@@ -446,7 +444,11 @@ class SqlPredictionStore:
         )
         xid_failures = (
             sa.select(
-                monitorable.c.node_id, monitorable.c.gpu_index, monitorable.c.uuid, xid_t.c.occurred_at.label("at")
+                monitorable.c.node_id,
+                monitorable.c.gpu_index,
+                monitorable.c.uuid,
+                xid_t.c.occurred_at.label("at"),
+                sa.null().label("unconfirmed"),
             )
             .join(
                 xid_t,
@@ -464,7 +466,48 @@ class SqlPredictionStore:
                 *in_scope(xid_t.c.node_id, scope),
             )
         )
-        return sa.union_all(counter_failures, xid_failures).subquery().select()
+        return sa.union_all(*parts, xid_failures).subquery().select()
+
+    def _counter_steps(
+        self, key: str, *, source: Source, scope: NodeScope, since: datetime, now: datetime
+    ) -> sa.Select[Any]:
+        """Strict increases of one failure counter between consecutive known ``ue_changed`` rows of each card."""
+        value = samples_t.c[key]
+        steps = (
+            sa.select(
+                samples_t.c.node_id,
+                samples_t.c.gpu_index,
+                samples_t.c.uuid,
+                samples_t.c.sampled_at,
+                samples_t.c.semantics_unconfirmed,
+                value.label("v"),
+                sa.func.lag(value)
+                .over(
+                    # exactly the order of the partial index of ue_changed rows, so the window needs no sort
+                    # (two rows of one card never share a sampling time: a collection is one reading)
+                    partition_by=(samples_t.c.node_id, samples_t.c.gpu_index, samples_t.c.uuid),
+                    order_by=samples_t.c.sampled_at,
+                )
+                .label("prev"),
+            )
+            .where(
+                samples_t.c.source == source,
+                # a row that repeats its predecessor's uuid and failure counters can never be a step
+                samples_t.c.ue_changed,
+                value.is_not(None),
+                samples_t.c.sampled_at <= now,
+                *in_scope(samples_t.c.node_id, scope),
+            )
+            .subquery()
+        )
+        unconfirmed = steps.c.semantics_unconfirmed if key == "ecc_uncorrected_total" else sa.null()
+        return sa.select(
+            steps.c.node_id,
+            steps.c.gpu_index,
+            steps.c.uuid,
+            steps.c.sampled_at.label("at"),
+            unconfirmed.label("unconfirmed"),
+        ).where(steps.c.prev.is_not(None), steps.c.v > steps.c.prev, steps.c.sampled_at >= since)
 
     def _cards_in_period(self, *, source: Source, scope: NodeScope, since: datetime, now: datetime) -> sa.Select[Any]:
         """Cards with a sample at or before ``now``, with their first and last sample in [since, now] (NULL when

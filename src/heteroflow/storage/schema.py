@@ -98,6 +98,10 @@ gpu_health_samples = sa.Table(
     sa.Column("retired_pages", sa.BigInteger(), nullable=True),
     sa.Column("remapped_rows_pending", sa.BigInteger(), nullable=True),
     sa.Column("remapped_rows_failure", sa.BigInteger(), nullable=True),
+    sa.Column("remapped_rows_correctable", sa.BigInteger(), nullable=True),
+    sa.Column("remapped_rows_uncorrectable", sa.BigInteger(), nullable=True),
+    sa.Column("ecc_sram_uncorrected_total", sa.BigInteger(), nullable=True),
+    sa.Column("ecc_sram_corrected_total", sa.BigInteger(), nullable=True),
     # False for a row that repeats its slot's previous row (a keepalive row): scans that look for changes
     # (failure events, the capability matrix) read the changed rows only
     sa.Column("changed", sa.Boolean(), nullable=False, server_default=sa.true()),
@@ -105,6 +109,8 @@ gpu_health_samples = sa.Table(
     # (H-50) and the card lists need only these few rows, while `changed` also marks every corrected-ECC step
     # of a degrading card (most changed rows). Every card's first row carries both flags (retention keeps it so).
     sa.Column("ue_changed", sa.Boolean(), nullable=False, server_default=sa.true()),
+    # keys whose meaning the vendor has not confirmed (comma-separated; NULL = none): cnmon's Ecc-Error column
+    sa.Column("semantics_unconfirmed", sa.String(200), nullable=True),
     sa.CheckConstraint(SOURCE_CHECK, name="source"),
     # one card's series, read back in time order
     sa.Index(None, "node_id", "gpu_index", "sampled_at"),

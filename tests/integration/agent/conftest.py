@@ -111,6 +111,7 @@ def fake_smi_path(tmp: Path) -> Path:
 def agent_env(bin_dir: Path, **fake: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HETEROFLOW_", "GPU_HEALTH_", "FAKE_NVIDIA"))}
     env["PATH"] = f"{bin_dir}{os.pathsep}/usr/bin{os.pathsep}/bin"
+    env["HETEROFLOW_AGENT_KERNEL_LOG"] = ""  # the host's own kernel log is not the test's
     env.update(fake)
     return env
 

@@ -185,3 +185,63 @@ def test_a_server_restart_loses_no_queued_xid_event(tmp_path: Path) -> None:
         thread.join(20)
         engine.dispose()
         server.stop()
+
+
+def test_xid_collection_that_fails_is_shown_on_the_node_and_in_the_capability_matrix(tmp_path: Path) -> None:
+    from heteroflow.agent.assembly import run_probe
+    from heteroflow.agent.nvml import GPU_IS_LOST, NO_PERMISSION
+
+    denied = {"nvmlDeviceRegisterEvents": NO_PERMISSION}
+    lost = {"nvmlEventSetWait": GPU_IS_LOST, "nvmlDeviceGetUUID": GPU_IS_LOST}
+    gpus = [FakeGpu(uuid="GPU-p0", errors=denied), FakeGpu(uuid="GPU-p1", errors=denied)]
+    probe = run_probe(
+        "nvml",
+        runner=FakeCommandRunner(installed=[]),
+        clock=SystemClock(),
+        timeout_s=5,
+        nvml_loader=lambda: FakeNvml(gpus),
+    )
+    assert probe["xid_events"]["state"] == "not_collected"
+    assert any(
+        w.startswith("XID events: not collected: 2 card(s) not registered (no permission)") for w in probe["warnings"]
+    )
+
+    server = start_server(tmp_path)
+    fake = FakeNvml(
+        [
+            FakeGpu(uuid="GPU-x0", ecc_corrected=1),
+            FakeGpu(uuid="GPU-x1", ecc_corrected=1, errors=lost),
+            FakeGpu(uuid="GPU-x2", ecc_corrected=1, errors=denied),
+        ]
+    )
+    settings = AgentSettings.load(
+        server_url=server.url, token=server.token, node_name="e2e-xid-status",
+        heartbeat_interval_seconds=0.1, health_interval_seconds=0.5, request_timeout_seconds=2,
+    )  # fmt: skip
+    agent = build_agent(settings, runner=FakeCommandRunner(installed=[]), clock=SystemClock(), nvml_loader=lambda: fake)
+    thread = threading.Thread(target=agent.run)
+    thread.start()
+    try:
+        node_id = str(poll(lambda: node_id_of(server, "e2e-xid-status")))
+
+        def node_xids() -> dict[str, object] | None:
+            node = server.get(f"/api/v1/nodes/{node_id}").json()
+            xids = node.get("xid_events")
+            return xids if xids and xids.get("lost") else None
+
+        xids = poll(node_xids)
+        assert isinstance(xids, dict)
+        assert xids["state"] == "partial"
+        assert xids["watched"] == [0]
+        assert xids["unwatched"] == [{"index": 2, "error": "no permission"}]
+
+        def matrix() -> dict[int, str] | None:
+            cards = server.get("/api/v1/gpu-health/capabilities").json()["cards"]
+            by_index = {card["gpu_index"]: card["xid_events"] for card in cards if card["node_id"] == node_id}
+            return by_index if len(by_index) == 3 else None
+
+        assert poll(matrix) == {0: "collected", 1: "lost", 2: "not_collected"}
+    finally:
+        agent.stop_event.set()
+        thread.join(20)
+        server.stop()

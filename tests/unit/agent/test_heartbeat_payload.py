@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 from heteroflow.agent.heartbeat import heartbeat_body
 from heteroflow.agent.readings import GpuHealth, GpuTelemetry, HealthCollection, TelemetryCollection, XidEvent
 from heteroflow.agent.xid_queue import XidQueue
@@ -47,3 +49,19 @@ def test_known_keys_only_with_the_collection_time(clock: FakeClock) -> None:
 
 def test_no_collection_no_stats() -> None:
     assert heartbeat_body(health=None, telemetry=None, xid_events=[]) == {"gpu_stats": [], "xid_events": []}
+
+
+def test_cnmon_readings_carry_their_unconfirmed_semantics_to_the_server(
+    shared_fixtures: Path, clock: FakeClock
+) -> None:
+    from heteroflow.agent.cnmon import parse_cnmon
+
+    text = (shared_fixtures / "cnmon" / "cnmon__paddlenlp_llm_devices_mlu_llama_README__CNMON_v5.10.31.txt").read_text()
+    table = parse_cnmon(text)
+    assert table is not None
+    assert table.health, table.warnings
+    health = HealthCollection(collector="cnmon", collected_at=clock.now(), gpus=table.health)
+    body = heartbeat_body(health=health, telemetry=None, xid_events=[])
+    sent = [stat for stat in body["gpu_stats"] if "ecc_uncorrected_total" in stat]
+    assert sent, "the capture has a known Ecc-Error value"
+    assert all(stat["semantics_unconfirmed"] == ["ecc_uncorrected_total"] for stat in sent)

@@ -41,16 +41,13 @@ def test_synthetic_rows_cover_sentinels_flags_lost_gpu_negative_and_huge(clock: 
     health = collector(clock, smi_runner(help_text=HELP, csv_text=CSV)).read_health()
     by_index = {gpu.index: gpu for gpu in health.gpus}
     assert sorted(by_index) == [0, 1, 3, 4]  # the lost GPU's rows are left out, the others kept
-    assert by_index[0].counters == Counters(0, 12, 0, 1, 0)
+    # an A10 with 4 uncorrectable remaps and a remap pending: the counts are counters now (no SRAM split here)
+    assert by_index[0].counters == Counters(0, 12, 0, 1, 0, 0, 4)
     assert by_index[0].uuid == "GPU-aaaaaaaa-0000-0000-0000-000000000000"
-    assert dict(by_index[0].extras) == {
-        "retired_pages_pending": 0,
-        "remapped_rows_correctable": 0,
-        "remapped_rows_uncorrectable": 4,
-    }
+    assert dict(by_index[0].extras) == {"retired_pages_pending": 0}
     assert by_index[1].counters == Counters()  # every sentinel is unknown, never 0
-    assert by_index[3].counters == Counters(None, 55_000_000_000, 5, 0, 1)  # negative → unknown
-    assert by_index[4].counters == Counters(None, None, None, 1, 0)  # > 2**63-1, blank, fractional
+    assert by_index[3].counters == Counters(None, 55_000_000_000, 5, 0, 1, 1, 0)  # negative → unknown
+    assert by_index[4].counters == Counters(None, None, None, 1, 0, 0, 0)  # > 2**63-1, blank, fractional
     assert any("lost GPU" in w or "unreadable line" in w for w in health.warnings)
     assert health.collected_at == clock.now()
 
@@ -128,10 +125,15 @@ def test_a_hung_tool_gives_an_unknown_tick(clock: FakeClock) -> None:
 
 
 CAPTURES = {
-    "h100": ("nvidia-h100-80gb-hbm3__590.48.01", "NVIDIA H100 80GB HBM3", Counters(0, 0, None, 0, 0)),
-    "h100-mig": ("nvidia-h100-mig__590.48.01", "NVIDIA H100 80GB HBM3", Counters(0, 0, None, None, None)),
-    "h200": ("nvidia-h200__590.48.01", "NVIDIA H200", Counters(0, 0, None, 0, 0)),
-    "l40s": ("nvidia-l40s__595.80", "NVIDIA L40S", Counters(0, 0, None, 0, 0)),
+    # ECC from the .dram fields these drivers list; remapped-row counts 0 (unknown under MIG); SRAM counts apart
+    "h100": ("nvidia-h100-80gb-hbm3__590.48.01", "NVIDIA H100 80GB HBM3", Counters(0, 0, None, 0, 0, 0, 0, 0, 0)),
+    "h100-mig": (
+        "nvidia-h100-mig__590.48.01",
+        "NVIDIA H100 80GB HBM3",
+        Counters(0, 0, None, None, None, None, None, 0, 0),
+    ),
+    "h200": ("nvidia-h200__590.48.01", "NVIDIA H200", Counters(0, 0, None, 0, 0, 0, 0, 0, 0)),
+    "l40s": ("nvidia-l40s__595.80", "NVIDIA L40S", Counters(0, 0, None, 0, 0, 0, 0, 0, 0)),
     "rtx4080s": ("nvidia-geforce-rtx-4080-super__595.71.05", "NVIDIA GeForce RTX 4080 SUPER", Counters()),
 }
 
@@ -186,3 +188,37 @@ def test_every_shared_capture_has_expected_readings(shared_fixtures: Path) -> No
     captures = {p.name for p in (shared_fixtures / "nvidia-smi").glob("nvidia_gpu_exporter__capture__*.txt")}
     covered = {f"nvidia_gpu_exporter__capture__linux-x86_64__{stem}.txt" for stem, _, _ in CAPTURES.values()}
     assert captures == covered  # a new capture must get its expected readings here
+
+
+@pytest.mark.parametrize("help_answer", [(0, ""), (1, "Failed to initialize NVML: Unknown Error\n"), (0, "garbage\n")])
+def test_a_failed_field_probe_makes_health_unknown_but_keeps_every_gpus_telemetry(
+    shared_fixtures: Path, clock: FakeClock, help_answer: tuple[int, str]
+) -> None:
+    capture = (
+        shared_fixtures
+        / "nvidia-smi"
+        / "nvidia_gpu_exporter__capture__linux-x86_64__nvidia-h100-80gb-hbm3__590.48.01.txt"
+    ).read_text()
+    real_help, csv_text = FAKE_SMI.help_section(capture), FAKE_SMI.csv_section(capture, "idle")
+
+    def probe_fails(argv: object) -> CommandResult:
+        args = list(argv)  # type: ignore[call-overload]
+        if args[1] == "--help-query-gpu":
+            return CommandResult(help_answer[0], help_answer[1], "")
+        code, out, err = FAKE_SMI.answer(args, help_text=real_help, csv_text=csv_text)  # the real query logic
+        return CommandResult(code, out, err)
+
+    runner = FakeCommandRunner({"nvidia-smi": probe_fails})
+    smi = collector(clock, runner)
+    telemetry = smi.read_telemetry()
+    assert telemetry.gpus, telemetry.warnings
+    assert all(gpu.temperature_c is not None and gpu.memory_total_mib is not None for gpu in telemetry.gpus)
+    assert all(gpu.uuid for gpu in telemetry.gpus)
+    assert any("health values unknown" in w for w in telemetry.warnings)
+    health = smi.read_health()
+    assert [gpu.index for gpu in health.gpus] == [gpu.index for gpu in telemetry.gpus]
+    assert all(gpu.counters.all_unknown for gpu in health.gpus)  # unknown, never 0
+    assert smi.probe_runs == 1  # a failed probe is retried after a minute, not on every tick
+    clock.advance(61)
+    smi.read_telemetry()
+    assert smi.probe_runs == 2

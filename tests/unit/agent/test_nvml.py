@@ -39,12 +39,9 @@ def test_aggregate_ecc_retired_pages_of_both_causes_and_remapped_rows(clock: Fak
     health = nvml_collector(clock, fake).read_health()
     gpu = health.gpus[0]
     assert (gpu.index, gpu.uuid, gpu.vendor, gpu.name) == (0, "GPU-1", "NVIDIA", "NVIDIA H100 80GB HBM3")
-    assert gpu.counters == Counters(2, 55_000_000_000, 4, 1, 0)
-    assert dict(gpu.extras) == {
-        "retired_pages_pending": 1,
-        "remapped_rows_correctable": 5,
-        "remapped_rows_uncorrectable": 4,
-    }
+    # the remapped-row counts are counters; without a DRAM/SRAM split (NOT_SUPPORTED) the totals stand, SRAM unknown
+    assert gpu.counters == Counters(2, 55_000_000_000, 4, 1, 0, 5, 4, None, None)
+    assert dict(gpu.extras) == {"retired_pages_pending": 1}
     assert health.collector == "nvml"
     assert health.warnings == ()
 
@@ -56,7 +53,15 @@ def test_aggregate_ecc_retired_pages_of_both_causes_and_remapped_rows(clock: Fak
         ("nvmlDeviceGetTotalEccErrors", {"ecc_uncorrected_total", "ecc_corrected_total"}),
         ("nvmlDeviceGetEccMode", {"ecc_uncorrected_total", "ecc_corrected_total"}),
         ("nvmlDeviceGetRetiredPages", {"retired_pages"}),
-        ("nvmlDeviceGetRemappedRows", {"remapped_rows_pending", "remapped_rows_failure"}),
+        (
+            "nvmlDeviceGetRemappedRows",
+            {
+                "remapped_rows_pending",
+                "remapped_rows_failure",
+                "remapped_rows_correctable",
+                "remapped_rows_uncorrectable",
+            },
+        ),
     ],
 )
 def test_every_nvml_error_class_makes_only_that_value_unknown(
@@ -65,8 +70,9 @@ def test_every_nvml_error_class_makes_only_that_value_unknown(
     fake = FakeNvml([FakeGpu(errors={function: code}), FakeGpu()])
     health = nvml_collector(clock, fake).read_health()
     values = health.gpus[0].counters.as_dict()
-    assert {key for key, value in values.items() if value is None} == unknown_keys
-    assert health.gpus[1].counters == Counters(0, 0, 0, 0, 0)  # the other card is untouched
+    no_split = {"ecc_sram_uncorrected_total", "ecc_sram_corrected_total"}  # these fakes have no DRAM/SRAM split
+    assert {key for key, value in values.items() if value is None} == unknown_keys | no_split
+    assert health.gpus[1].counters == Counters(0, 0, 0, 0, 0, 0, 0)  # the other card is untouched
     lost = [w for w in health.warnings if "GPU 0" in w]
     if code in (NOT_SUPPORTED, NO_PERMISSION):
         assert lost == []  # expected on many cards; not worth a warning
@@ -79,7 +85,7 @@ def test_a_lost_gpu_is_unknown_everywhere_and_reported(clock: FakeClock) -> None
     health = nvml_collector(clock, fake).read_health()
     assert [(g.index, g.uuid, g.counters) for g in health.gpus] == [
         (0, None, Counters()),
-        (1, "GPU-2", Counters(0, 0, 0, 0, 0)),
+        (1, "GPU-2", Counters(0, 0, 0, 0, 0, 0, 0)),
     ]
     assert any("GPU 0: GPU is lost" in w for w in health.warnings)
 
@@ -160,3 +166,58 @@ def test_xid_registration_not_supported_on_a_card_is_a_warning(clock: FakeClock)
     assert watcher.start()
     assert fake.registered == {1}
     assert any("GPU 0" in w for w in watcher.warnings)
+
+
+def _watching(clock: FakeClock, fake: FakeNvml) -> XidWatcher:
+    collector = nvml_collector(clock, fake)
+    assert collector.available()[0]
+    assert collector.api is not None
+    watcher = XidWatcher(api=collector.api, clock=clock)
+    watcher.start()
+    return watcher
+
+
+def test_a_card_lost_from_the_bus_is_reported_and_the_other_cards_still_watched(clock: FakeClock) -> None:
+    lost = {"nvmlEventSetWait": GPU_IS_LOST, "nvmlDeviceGetUUID": GPU_IS_LOST}
+    fake = FakeNvml([FakeGpu(uuid="GPU-a"), FakeGpu(uuid="GPU-b", errors=lost)])
+    watcher = _watching(clock, fake)
+    assert watcher.status().state == "collected"
+    assert watcher.poll(0) is None  # GPU_IS_LOST: the lost card is found and left out of a new set
+    status = watcher.status()
+    assert (status.state, status.lost, status.watched) == ("partial", (1,), (0,))
+    assert "GPU 1 lost" in (status.reason or "")
+    assert fake.registered == {0}
+    assert watcher.retry_delay_s() > 0  # the failed wait is backed off once
+    fake.emit_xid(0, 79)
+    event = watcher.poll(1000)
+    assert event is not None
+    assert (event.index, event.xid) == (0, 79)
+    assert watcher.retry_delay_s() == 0
+
+
+def test_a_persistent_wait_error_is_backed_off_and_its_warnings_stay_bounded(clock: FakeClock) -> None:
+    fake = FakeNvml([FakeGpu(), FakeGpu()])
+    fake.wait_error = UNKNOWN
+    watcher = _watching(clock, fake)
+    delays = []
+    for _ in range(10_000):
+        assert watcher.poll(0) is None
+        delays.append(watcher.retry_delay_s())
+    assert delays[:4] == [0.5, 1.0, 2.0, 4.0]
+    assert delays[-1] == XidWatcher.RETRY_MAX_S
+    assert len(watcher.warnings) <= XidWatcher.MAX_WARNINGS
+    assert len(watcher.warnings) == len(set(watcher.warnings))
+    status = watcher.status()
+    assert status.state == "not_collected"
+    assert status.wait_failures_total == 10_000
+    assert "waiting for events fails: unknown error" in (status.reason or "")
+
+
+def test_where_the_driver_splits_ecc_by_location_dram_is_the_memory_count_and_sram_is_kept_apart(
+    clock: FakeClock,
+) -> None:
+    split = {(1, 2): 1, (0, 2): 40, (1, 7): 3, (0, 7): 9}  # (uncorrected 1 / corrected 0, DRAM 2 / SRAM 7)
+    fake = FakeNvml([FakeGpu(ecc_uncorrected=4, ecc_corrected=49, memory_errors=split)])  # totals mix both
+    counters = nvml_collector(clock, fake).read_health().gpus[0].counters
+    assert (counters.ecc_uncorrected_total, counters.ecc_corrected_total) == (1, 40)
+    assert (counters.ecc_sram_uncorrected_total, counters.ecc_sram_corrected_total) == (3, 9)

@@ -180,3 +180,54 @@ def test_beats_go_on_while_the_collector_hangs(clock: FakeClock) -> None:
         collector.hold.set()
         thread.join(10)
     assert not thread.is_alive()
+
+
+class _RecordingStop(threading.Event):
+    """The agent's stop event, recording every wait's timeout (the XID loop's backoff) without waiting."""
+
+    def __init__(self, *, stop_after: int) -> None:
+        super().__init__()
+        self.timeouts: list[float | None] = []
+        self._stop_after = stop_after
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.timeouts.append(timeout)
+        if len(self.timeouts) >= self._stop_after:
+            self.set()
+        return self.is_set()
+
+
+def test_the_xid_loop_backs_off_a_persistent_nvml_error_instead_of_spinning(clock: FakeClock) -> None:
+    from heteroflow.agent.nvml import GPU_IS_LOST, NvmlCollector, XidWatcher
+    from heteroflow.agent.testing import FakeGpu, FakeNvml
+
+    fake = FakeNvml([FakeGpu(), FakeGpu()])
+    fake.wait_error = GPU_IS_LOST  # which card is lost cannot be told: every card still answers
+    collector = NvmlCollector(clock=clock, loader=lambda: fake)
+    assert collector.available()[0]
+    assert collector.api is not None
+    watcher = XidWatcher(api=collector.api, clock=clock)
+    assert watcher.start()
+    client = FakePlatformClient()
+    agent, _, _ = make_agent(clock, client)
+    stop = _RecordingStop(stop_after=8)
+    agent.stop_event = stop
+    loop = threading.Thread(target=agent._xid_loop, args=(watcher,), daemon=True)
+    loop.start()
+    loop.join(10.0)
+    alive = loop.is_alive()
+    stop.set()
+    assert not alive, f"the XID loop spun: {fake.calls.count('nvmlEventSetWait')} waits"
+    assert fake.calls.count("nvmlEventSetWait") == 8  # one wait per backoff, never a tight loop
+    assert stop.timeouts == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0, 30.0, 30.0]
+    assert watcher.status().state == "not_collected"
+
+
+def test_every_beat_says_whether_xid_events_are_collected(clock: FakeClock) -> None:
+    client = FakePlatformClient()
+    agent, _, _ = make_agent(clock, client)  # nvidia-smi: no event source
+    agent.beat()
+    sent = client.beats[-1][1]["xid_collection"]
+    assert sent["state"] == "not_collected"
+    assert "through NVML only" in sent["reason"]
+    assert agent.status().xid_collection.state == "not_collected"

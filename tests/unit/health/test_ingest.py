@@ -95,30 +95,31 @@ def test_an_unavailable_store_costs_no_reading_and_the_backlog_is_written_in_ord
     asyncio.run(scenario())
 
 
-def test_a_permanent_error_drops_the_batch_and_the_next_beat_writes_it() -> None:
-    class Broken(InMemoryHealthSampleStore):
-        fail_once = True
+def test_a_bad_reading_is_dropped_alone_and_never_takes_its_batch_down() -> None:
+    class Poisoned(InMemoryHealthSampleStore):
+        """Refuses any transaction holding the poison value, as a database refuses a value it cannot store."""
 
         def insert(self, readings: Sequence[HealthReading], **kwargs: Any) -> list[StoredSample]:
-            if self.fail_once:
-                self.fail_once = False
+            if any(r.counters.ecc_corrected_total == 666 for r in readings):
                 raise ValueError("constraint violated")
             return super().insert(readings, **kwargs)
 
     async def scenario() -> None:
         clock = FakeClock(T0)
-        store = Broken()
+        store = Poisoned()
         ingestor = HealthIngestor(store=store, clock=clock, settings=HealthStorageSettings.load())
         ingestor.start()
-        ingestor.offer([reading(clock, 1)])
+        ingestor.offer([reading(clock, 1, node="a"), reading(clock, 666, node="b"), reading(clock, 3, node="c")])
         await ingestor.drained()
-        assert store.rows == []
-        assert ingestor.status().dropped_total == 1
+        assert sorted(r.key.node_id for r in store.rows) == ["a", "c"]  # the other cards of the batch are written
+        status = ingestor.status()
+        assert (status.dropped_total, status.isolated_failures_total, status.write_failures_total) == (1, 1, 1)
+        assert status.last_write_error == "ValueError: constraint violated"
         clock.advance(5)
-        ingestor.offer([reading(clock, 1)])  # not skipped: nothing was confirmed
+        ingestor.offer([reading(clock, 2, node="b")])  # the card's next good reading is written
         await ingestor.drained()
         await ingestor.stop()
-        assert [r.counters.ecc_corrected_total for r in store.rows] == [1]
+        assert sorted(r.key.node_id for r in store.rows) == ["a", "b", "c"]
 
     asyncio.run(scenario())
 

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 from heteroflow.core.ids import NodeId
 from heteroflow.health.counters import Counters
-from heteroflow.health.predictions import XidObservation, judge, prediction_id, window_end
+from heteroflow.health.predictions import XidObservation, judge, prediction_id, window_end, window_over_at
 from heteroflow.health.samples import Card, CardKey, StoredSample
 
 T0 = datetime(2026, 5, 1, 12, 0, 0, 123456, tzinfo=UTC)
@@ -88,3 +88,19 @@ def test_prediction_ids_are_derived_from_the_data_not_the_clock() -> None:
     assert a != prediction_id(CARD, rule_version="v1-ecc-growth", window_days=7, t0=T0 + US)
     no_uuid = Card(node_id=CARD.node_id, gpu_index=3, uuid=None, source="real")
     assert a != prediction_id(no_uuid, rule_version="v1-ecc-growth", window_days=7, t0=T0)
+
+
+def test_a_window_whose_uncorrectable_count_was_never_known_is_voided_not_a_miss() -> None:
+    unobservable = [s(T0, 0), s(T0 + timedelta(days=1), None), s(T0 + timedelta(days=6), None)]  # ECC turned off
+    verdict = judge(card=CARD, t0=T0, end=END, now=END, samples=unobservable)
+    assert verdict is not None
+    assert verdict.status == "voided"
+    assert "unknown in every sample" in verdict.conclusion
+    xid = XidObservation(3, "GPU-3", 95, T0 + timedelta(days=2))
+    assert run(unobservable, xids=[xid]) == "hit"  # what was observed still counts
+
+
+def test_a_window_over_at_creation_is_never_predicted() -> None:
+    assert window_over_at(T0, 7, now=END)
+    assert window_over_at(T0, 7, now=T0 + timedelta(days=10))
+    assert not window_over_at(T0, 7, now=END - US)

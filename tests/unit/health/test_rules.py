@@ -214,3 +214,33 @@ def test_unknown_values_never_become_signals(values: list[int | None], ue: int |
     needed = [values[0], values[1], values[2], values[3], values[7]]
     if any(v is None for v in needed):
         assert "corrected_ecc_growth" not in found
+
+
+def _ue_view(
+    before: int | None, now: int, *, decreased: datetime | None = None, predicted: tuple[datetime, int] | None = None
+) -> CardView:
+    boundaries: dict[datetime, StoredSample | None] = {
+        instant: sample(instant, ecc_uncorrected_total=before) for instant in boundary_instants(T0, P)
+    }
+    if predicted is not None:
+        boundaries[predicted[0]] = sample(predicted[0], ecc_uncorrected_total=predicted[1])
+    return CardView(
+        card=CARD,
+        latest=sample(T0, ecc_uncorrected_total=now),
+        boundaries=boundaries,
+        last_decrease={"ecc_uncorrected_total": decreased},
+        last_predicted_t0=predicted[0] if predicted else None,
+    )
+
+
+def test_the_strong_uncorrectable_signal_fires_on_growth_not_on_the_lifetime_total() -> None:
+    assert "uncorrectable_ecc" not in codes(_ue_view(1, 1))  # one old error: context, not a signal
+    assert "uncorrectable_ecc" in codes(_ue_view(1, 2))  # a new one in the observation period
+    assert "uncorrectable_ecc" in codes(_ue_view(None, 1))  # first sight: no earlier value known
+    # counted from 0 again after a driver reload: the values before the decrease are no reference
+    assert "uncorrectable_ecc" in codes(_ue_view(5, 1, decreased=T0 - DAY))
+    # new since the start of the observation period, but not since the card's last prediction
+    assert "uncorrectable_ecc" not in codes(_ue_view(1, 2, predicted=(T0 - 2 * DAY, 2)))
+    (signal,) = [s for s in evaluate(_ue_view(1, 3), P).signals if s.code == "uncorrectable_ecc"]
+    assert "grew from 1 to 3" in signal.evidence
+    assert "lifetime total 3" in signal.evidence

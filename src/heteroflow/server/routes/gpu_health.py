@@ -11,6 +11,7 @@ from fastapi import APIRouter, Depends, Query
 from heteroflow.core.clock import utc
 from heteroflow.core.ids import NodeId
 from heteroflow.health.counters import HEALTH_KEYS
+from heteroflow.health.xid_collection import CardXidState, XidCollectionReport
 from heteroflow.platform.auth import NodeScope, Principal, Scope
 from heteroflow.server.auth import context, require, visible_node
 from heteroflow.server.context import ServerContext
@@ -98,7 +99,12 @@ async def capabilities(
     now = ctx.clock.now()
     start = _since(since, default=now - timedelta(days=ctx.health_settings.retention_days))
     stall = timedelta(minutes=ctx.health_settings.stall_threshold_minutes)
-    cards = await asyncio.to_thread(ctx.samples.capabilities, scope=NodeScope.of(principal), source=chosen, since=start)
+    until = now + timedelta(seconds=ctx.health_settings.clock_skew_seconds)
+    cards = await asyncio.to_thread(
+        ctx.samples.capabilities, scope=NodeScope.of(principal), source=chosen, since=start, until=until
+    )
+    monotonic = ctx.clock.monotonic()
+    xid_reports = {card.node_id: ctx.xid_collection.get(card.node_id, now=monotonic) for card in cards}
     return CapabilitiesOut(
         source=chosen,
         since=start,
@@ -115,7 +121,16 @@ async def capabilities(
                 sample_count=card.sample_count,
                 collection_stalled=now - card.last_sample_at > stall,
                 trend_prediction_possible=card.collectable["ecc_corrected_total"],
+                semantics_unconfirmed=list(card.semantics_unconfirmed),
+                xid_events=_card_xids(xid_reports[card.node_id], card.gpu_index)[0],
+                xid_events_reason=_card_xids(xid_reports[card.node_id], card.gpu_index)[1],
             )
             for card in cards
         ],
     )
+
+
+def _card_xids(report: XidCollectionReport | None, gpu_index: int) -> tuple[CardXidState, str | None]:
+    if report is None:
+        return "unknown", "the agent has not reported its XID source recently"
+    return report.card(gpu_index)

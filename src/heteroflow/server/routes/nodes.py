@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import time
-from datetime import timedelta
+from collections import Counter
+from collections.abc import Iterable
+from datetime import datetime, timedelta
 from typing import Annotated
 
 import structlog
@@ -12,7 +14,9 @@ from fastapi import APIRouter, Depends, Query, Response
 
 from heteroflow.core.ids import NodeId
 from heteroflow.health.gpu_metrics import metric_readings_from_stats
-from heteroflow.health.heartbeat import readings_from_stats, xid_events_from_wire
+from heteroflow.health.heartbeat import XID_TOO_OLD, readings_from_stats, xid_events_from_wire
+from heteroflow.health.sample_times import SampleTimeWindow, TimeFix
+from heteroflow.health.xid_collection import XidCollectionReport, parse_xid_collection
 from heteroflow.platform.auth import NodeScope, Principal, Scope
 from heteroflow.platform.nodes import NodeConflictError, NodeRecord, is_online, newest
 from heteroflow.server.auth import context, require, visible_node
@@ -25,7 +29,9 @@ from heteroflow.server.schemas import (
     NodeOut,
     NodeRegistered,
     NodeRegistration,
+    XidCollectionOut,
     XidEventsResult,
+    XidUnwatchedOut,
 )
 
 router = APIRouter(prefix="/api/v1/nodes", tags=["nodes"], responses=error_responses(403))
@@ -48,6 +54,21 @@ def node_out(ctx: ServerContext, node: NodeRecord) -> NodeOut:
         registered_at=node.registered_at,
         last_heartbeat=last,
         online=is_online(last, now=ctx.clock.now(), offline_after=offline_after),
+        xid_events=xid_collection_out(ctx.xid_collection.get(NodeId(node.id), now=ctx.clock.monotonic())),
+    )
+
+
+def xid_collection_out(report: XidCollectionReport | None) -> XidCollectionOut | None:
+    if report is None:
+        return None
+    return XidCollectionOut(
+        state=report.state,
+        reason=report.reason,
+        watched=list(report.watched),
+        unwatched=[XidUnwatchedOut(index=index, error=error) for index, error in report.unwatched],
+        lost=list(report.lost),
+        sources=[source for source in report.sources if source in ("nvml", "kernel_log")],
+        kernel_log=report.kernel_log,
     )
 
 
@@ -104,26 +125,42 @@ async def heartbeat(
     node = await visible_node(ctx, principal, node_id, cached=True)
     received_at = ctx.clock.now()
     ctx.liveness.beat(node.id, received_at)
+    # every agent-claimed time is checked against this server's clock, per value (sample_times.py)
+    window = ctx.health_settings.sample_time_window()
     readings, invalid = readings_from_stats(
-        body.gpu_stats, node_id=node.id, source=node.source, received_at=received_at
+        body.gpu_stats, node_id=node.id, source=node.source, received_at=received_at, window=window
     )
     if invalid:
         ctx.metrics.health_stats_invalid.inc(invalid)
     ctx.ingestor.offer(readings)
     metric_readings = metric_readings_from_stats(
-        body.gpu_stats, node_id=node.id, source=node.source, received_at=received_at
+        body.gpu_stats, node_id=node.id, source=node.source, received_at=received_at, window=window
     )
+    _count_time_fixes(ctx, "health", (r.time_fix for r in readings))
+    _count_time_fixes(ctx, "telemetry", (r.time_fix for r in metric_readings))
     ctx.metrics_recorder.offer(node, metrics=metric_readings, health=readings)
-    xid_result = await _store_xid_events(ctx, node, body)
+    ctx.xid_collection.record(node.id, parse_xid_collection(body.xid_collection), now=ctx.clock.monotonic())
+    xid_result = await _store_xid_events(ctx, node, body, received_at=received_at, window=window)
     ctx.metrics.heartbeats.inc()
     ctx.metrics.heartbeat_seconds.observe(time.perf_counter() - started)
     return HeartbeatAccepted(server_time=received_at, xid_events=xid_result)
 
 
-async def _store_xid_events(ctx: ServerContext, node: NodeRecord, body: Heartbeat) -> XidEventsResult:
+def _count_time_fixes(ctx: ServerContext, kind: str, fixes: Iterable[TimeFix | None]) -> None:
+    for fix, count in Counter(fix for fix in fixes if fix is not None).items():
+        ctx.metrics.sample_times_corrected.labels(kind=kind, reason=fix.value).inc(count)
+
+
+async def _store_xid_events(
+    ctx: ServerContext, node: NodeRecord, body: Heartbeat, *, received_at: datetime, window: SampleTimeWindow
+) -> XidEventsResult:
     if not body.xid_events:
         return XidEventsResult(received=0, stored=0, rejected=[], retry=False)
-    events, rejected = xid_events_from_wire(body.xid_events)
+    events, rejected = xid_events_from_wire(body.xid_events, received_at=received_at, window=window)
+    _count_time_fixes(ctx, "xid", (event.time_fix for event in events))
+    too_old = sum(1 for reason in rejected if reason.endswith(XID_TOO_OLD))
+    if too_old:
+        ctx.metrics.sample_times_corrected.labels(kind="xid", reason=TimeFix.TOO_OLD.value).inc(too_old)
     try:
         stored = await asyncio.to_thread(
             ctx.samples.insert_xid_events,

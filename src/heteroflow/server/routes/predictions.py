@@ -121,6 +121,7 @@ async def prediction_stats(
                 failed_cards=stats.counts.failed_cards,
                 predicted_cards=stats.counts.predicted_cards,
                 missed_cards=stats.missed_cards,
+                unconfirmed_failed_cards=stats.counts.unconfirmed_failed_cards,
                 precision=stats.precision,
                 recall=stats.recall,
                 insufficient=list(stats.insufficient),

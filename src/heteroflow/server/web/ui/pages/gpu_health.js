@@ -17,6 +17,7 @@ const METRICS = [
   "retired_pages",
   "remapped_rows_pending",
   "remapped_rows_failure",
+  "remapped_rows_uncorrectable",
 ];
 const STATUSES = ["all", "pending", "hit", "miss", "voided"];
 const DEFAULT_STALL_MINUTES = 60;
@@ -517,6 +518,20 @@ export function createGpuHealthPage(main) {
               "span",
               { class: "badge stalled", title: t("caps.stalled_title", { minutes: caps.stall_threshold_minutes }) },
               t("caps.stalled"),
+            )
+          : null,
+        card.xid_events === "not_collected" || card.xid_events === "lost"
+          ? h(
+              "span",
+              { class: "badge xid", dataset: { xid: card.xid_events }, title: card.xid_events_reason ?? "" },
+              t(`caps.xid.${card.xid_events}`),
+            )
+          : null,
+        (card.semantics_unconfirmed ?? []).length > 0
+          ? h(
+              "span",
+              { class: "badge", title: t("caps.unconfirmed_title", { keys: card.semantics_unconfirmed.join(", ") }) },
+              t("caps.unconfirmed"),
             )
           : null,
         h("br"),
