@@ -1,6 +1,6 @@
-"""Screenshots of the serving dashboard for docs/screenshots/ (serving-en.png, serving-zh.png, serving-800.png), from the same live
-controller the browser tests use (a real DP scale-down of rank 1): ``.venv/bin/python -m tests.web.serving_screenshots
-[OUTPUT_DIR]`` (default ``docs/screenshots``)."""
+"""Screenshots of the serving dashboard for docs/screenshots/ (serving-en.png, serving-zh.png, serving-800.png),
+from the same live controller the browser tests use (a real DP scale-down of rank 1):
+``.venv/bin/python -m tests.web.serving_screenshots [OUTPUT_DIR]`` (default ``docs/screenshots``)."""
 
 from __future__ import annotations
 
