@@ -8,6 +8,7 @@ import json
 import re
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx2 as httpx
@@ -45,7 +46,9 @@ def open_page(browser: Any, seeded: Seeded) -> Iterator[Open]:
         width: int = 1280,
         color_scheme: str = "light",
     ) -> Any:
-        context = browser.new_context(viewport={"width": width, "height": 900}, color_scheme=color_scheme)
+        context = browser.new_context(
+            viewport={"width": width, "height": 900}, color_scheme=color_scheme, accept_downloads=True
+        )
         contexts.append(context)
         script = ""
         if token is not None:
@@ -469,6 +472,78 @@ def test_no_auto_refresh(open_page: Open, seeded: Seeded) -> None:
     page.clock.run_for("30:00")
     page.wait_for_timeout(200)
     assert len(requests) == before
+
+
+def test_auto_refresh_is_opt_in_and_kept_in_the_url(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    requests: list[str] = []
+    page = open_page("")
+    page.clock.install()
+    page.on("request", lambda r: requests.append(r.url) if "/gpu-health/predictions" in r.url else None)
+    page.goto(seeded.base_url + "/nodes/gpu-health")
+    loaded(page)
+    expect(page.locator("#as-of-time")).to_contain_text("Data as of")
+    expect(page.locator("#auto-refresh")).not_to_be_checked()
+    page.check("#auto-refresh")
+    assert "refresh=1" in page.url
+    before = len(requests)
+    page.clock.run_for("01:01")
+    deadline = 50
+    while len(requests) == before and deadline:
+        page.wait_for_timeout(100)
+        deadline -= 1
+    assert len(requests) == before + 1  # one refresh a minute, once asked for
+    expect(page.locator("#pred-table tbody tr").first).to_be_visible()  # the rows stay on screen
+
+
+def test_filters_sort_search_and_the_card_are_in_the_url(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    params = {"status": "pending", "type": "trend", "sort": "window_end"}
+    expected = api(seeded, "/api/v1/gpu-health/predictions", limit=50, **params)
+    assert expected["total"] > 0
+    page = loaded(open_page("/nodes/gpu-health?status=pending&type=trend&sort=window_end"))
+    expect(page.locator("#pred-filter")).to_have_value("pending")
+    expect(page.locator("#pred-type")).to_have_value("trend")
+    expect(page.locator("#pred-sort")).to_have_value("window_end")
+    ids = page.locator("#pred-table tbody tr").evaluate_all("rows => rows.map(r => r.dataset.id)")
+    assert ids == [item["id"] for item in expected["items"]]
+    # a row picked: its card is in the URL, and a reload (or a link) brings it back
+    first = expected["items"][0]
+    page.locator(f'#pred-table tr[data-id="{first["id"]}"]').click()
+    expect(page.locator("#ecc-card")).to_have_value(f"{first['node_id']}|{first['gpu_index']}")
+    assert f"card={first['node_id']}%3A{first['gpu_index']}" in page.url
+    page.reload()
+    loaded(page)
+    expect(page.locator("#ecc-card")).to_have_value(f"{first['node_id']}|{first['gpu_index']}")
+    expect(page.locator("#pred-type")).to_have_value("trend")
+    # the card search, server-side
+    uuid = first["uuid"]
+    page.fill("#pred-search", uuid)
+    page.click("#pred-search-go")
+    found = api(seeded, "/api/v1/gpu-health/predictions", limit=50, q=uuid, **params)
+    expect(page.locator("#pred-table tbody tr")).to_have_count(len(found["items"]))
+    assert "q=" in page.url
+    page.fill("#pred-search", "no-such-card-anywhere")
+    page.click("#pred-search-go")
+    expect(page.locator("#pred-empty-filtered")).to_be_visible()
+
+
+def test_the_csv_export_has_the_filtered_predictions(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    total = api(seeded, "/api/v1/gpu-health/predictions", limit=1, status="pending")["total"]
+    page = loaded(open_page("/nodes/gpu-health?status=pending"))
+    expect(page.locator("#pred-filter")).to_have_value("pending")
+    with page.expect_download() as info:
+        page.click("#pred-csv")
+    download = info.value
+    assert download.suggested_filename == "heteroflow-predictions-real.csv"
+    lines = Path(download.path()).read_text().splitlines()
+    assert lines[0].startswith("id,node_id,node_name,gpu_index,uuid")
+    assert len(lines) == total + 1
+    assert all(",pending," in line for line in lines[1:])
 
 
 # ---- tenants, nodes, alerts -----------------------------------------------------------------------------------
