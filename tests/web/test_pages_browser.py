@@ -640,6 +640,9 @@ def test_language_switch_english_and_chinese(open_page: Open, seeded: Seeded) ->
     expect(page.locator("#caps-table .badge.stalled").first).to_have_text("采集停滞")
     expect(page.locator("#nav")).to_contain_text("GPU 健康")
     expect(page.locator("#caps-table tr.more-cards").first).to_contain_text("张卡全部指标未知")
+    # The API's texts come with a code: shown in Chinese, the API's parameters filled in
+    expect(page.locator("#caps-note")).to_have_text(re.compile("^采集能力来自实际收到的样本"))
+    expect(page.locator("#calibration-text")).to_contain_text("至少 20 条已成熟预测且观察满 8 天")
     # The choice is remembered for the next page.
     seeded.beat("gpu-a")
     page.goto(seeded.base_url + "/nodes")

@@ -165,7 +165,7 @@ export function createAlertsPage(main) {
           { dataset: { action: e.action } },
           h("td", { class: "nowrap" }, fmtTime(e.at)),
           h("td", {}, h("code", {}, e.actor)),
-          h("td", {}, e.action),
+          h("td", {}, ["raised", "resolved", "backlog"].includes(e.action) ? t(`alerts.action.${e.action}`) : e.action),
           h("td", {}, e.note),
         ),
       ),

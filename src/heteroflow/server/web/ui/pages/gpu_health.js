@@ -4,7 +4,7 @@
 import { api, download } from "../api.js";
 import { h, replace } from "../dom.js";
 import { fmtNumber, fmtPercent, fmtTime } from "../format.js";
-import { t } from "../i18n.js";
+import { LANGUAGES, t } from "../i18n.js";
 import { recogniseTypes } from "../logic/labels.js";
 import { SORTS, STATUSES, TYPES, parseView, predictionParams, writeView } from "../logic/query.js";
 import { statsCardState } from "../logic/stats.js";
@@ -24,6 +24,20 @@ const DEFAULT_STALL_MINUTES = 60;
 export const AUTO_REFRESH_MS = 60_000;
 
 const cardKey = (nodeId, index) => `${nodeId}|${index}`;
+
+/**
+ * An API text in the page's language: the API sends a stable code with each text (``note_code``,
+ * ``disclaimer_code``); a code the dictionary knows is shown in the chosen language with the response's own
+ * parameters, anything else verbatim as the API wrote it.
+ */
+function apiText(body, field) {
+  const code = body[`${field}_code`];
+  const key = typeof code === "string" ? `api.${code}` : null;
+  if (key && key in LANGUAGES.en) {
+    return t(key, { min_matured: body.min_matured, min_span: body.min_span_days });
+  }
+  return body[field];
+}
 
 export function createGpuHealthPage(main) {
   const view = parseView(location.search);
@@ -197,7 +211,7 @@ export function createGpuHealthPage(main) {
     banner.hidden = state.source !== "simulated";
     banner.textContent = t("sim.banner");
     // The calibration notice never disappears: the API's disclaimer verbatim when we have it, else local text.
-    const disclaimer = state.stats.status === "ok" ? state.stats.data.disclaimer : null;
+    const disclaimer = state.stats.status === "ok" ? apiText(state.stats.data, "disclaimer") : null;
     calibrationText.textContent = typeof disclaimer === "string" && disclaimer ? disclaimer : t("calibration.fallback");
     calibrationText.dataset.origin = typeof disclaimer === "string" && disclaimer ? "api" : "fallback";
     const option = (value) =>
@@ -639,7 +653,7 @@ export function createGpuHealthPage(main) {
             rows,
             { id: "caps-table" },
           ),
-      h("p", { class: "footer-note", id: "caps-note" }, caps.note),
+      h("p", { class: "footer-note", id: "caps-note", dataset: { code: caps.note_code ?? "" } }, apiText(caps, "note")),
     );
   }
 
