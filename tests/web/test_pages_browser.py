@@ -7,9 +7,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import httpx2 as httpx
 import pytest
@@ -528,6 +529,39 @@ def test_filters_sort_search_and_the_card_are_in_the_url(open_page: Open, seeded
     page.fill("#pred-search", "no-such-card-anywhere")
     page.click("#pred-search-go")
     expect(page.locator("#pred-empty-filtered")).to_be_visible()
+
+
+def test_ecc_chart_has_a_labelled_time_axis_and_three_ranges(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    requests: list[str] = []
+    page = open_page("")
+    page.on("request", lambda r: requests.append(r.url) if "/gpu-health/samples" in r.url else None)
+    page.goto(seeded.base_url + "/nodes/gpu-health")
+    loaded(page)
+    chart = page.locator("#ecc .chart[data-state='known']").first
+    expect(chart.locator(".tick-label").first).to_be_attached()
+    labels = chart.locator(".tick-label").all_text_contents()
+    assert 6 <= len(labels) <= 10, labels
+    assert all(re.fullmatch(r"\d\d-\d\d", label) for label in labels), labels  # a week: one label a day
+    expect(page.locator("#ecc-range")).to_have_value("7")
+    page.select_option("#ecc-range", "1")
+    expect(chart.locator(".tick-label").first).to_have_text(re.compile(r"^\d\d:00$"))  # a day: hours
+    assert "range=1" in page.url
+    page.select_option("#ecc-range", "30")
+    expect(chart.locator(".tick-label").first).to_have_text(re.compile(r"^\d\d-\d\d$"))
+    since = [re.search(r"since=([^&]+)", url) for url in requests]
+    assert len(since) == 3, requests
+    assert all(since), requests
+    spans = [
+        (datetime.now(UTC) - datetime.fromisoformat(unquote(m.group(1)).replace("Z", "+00:00"))).total_seconds() / 86400
+        for m in since
+        if m
+    ]
+    assert [round(span) for span in spans] == [7, 1, 30]
+    page.reload()
+    loaded(page)
+    expect(page.locator("#ecc-range")).to_have_value("30")
 
 
 def test_the_csv_export_has_the_filtered_predictions(open_page: Open, seeded: Seeded) -> None:

@@ -26,12 +26,13 @@ test("a view survives the round trip through its URL", () => {
     page: 3,
     card: { node_id: "6f1c-node", gpu_index: 7 },
     refresh: true,
+    range: 30,
   };
   assert.deepEqual(parseView(writeView(view)), view);
 });
 
 test("unknown or hostile values fall back to the defaults, never an error", () => {
-  const view = parseView("?status=dead&type=weak&sort=random&page=-2&card=nocolon&refresh=yes&source=all");
+  const view = parseView("?status=dead&type=weak&sort=random&page=-2&card=nocolon&refresh=yes&source=all&range=2");
   assert.deepEqual(view, { ...DEFAULT_VIEW });
   assert.equal(parseView("?page=99999999").page, 1);
   assert.equal(parseView(`?q=${"x".repeat(300)}`).q.length, 128);

@@ -24,7 +24,9 @@ export const DEFAULT_VIEW = Object.freeze({
   page: 1,
   card: null,
   refresh: false,
+  range: 7,
 });
+const RANGES = [1, 7, 30];
 
 const MAX_PAGE = 200_000; // offset 10,000,000 at 50 a page: the API's bound
 
@@ -48,6 +50,7 @@ export function parseView(search) {
     page: Number.isInteger(page) && page >= 1 && page <= MAX_PAGE ? page : 1,
     card: parseCard(p.get("card")),
     refresh: p.get("refresh") === "1",
+    range: RANGES.includes(Number(p.get("range"))) ? Number(p.get("range")) : DEFAULT_VIEW.range,
   };
 }
 
@@ -70,6 +73,7 @@ export function writeView(view) {
   if (view.page > 1) p.set("page", String(view.page));
   if (view.card) p.set("card", `${view.card.node_id}:${view.card.gpu_index}`);
   if (view.refresh) p.set("refresh", "1");
+  if (view.range !== DEFAULT_VIEW.range) p.set("range", String(view.range));
   const text = p.toString();
   return text ? `?${text}` : "";
 }

@@ -6,6 +6,7 @@ import { h, replace } from "../dom.js";
 import { fmtNumber, fmtPercent, fmtTime } from "../format.js";
 import { LANGUAGES, t } from "../i18n.js";
 import { recogniseTypes } from "../logic/labels.js";
+import { DEFAULT_RANGE, RANGES } from "../logic/axis.js";
 import { SORTS, STATUSES, TYPES, parseView, predictionParams, writeView } from "../logic/query.js";
 import { statsCardState } from "../logic/stats.js";
 import { eccChart } from "./ecc_chart.js";
@@ -55,6 +56,7 @@ export function createGpuHealthPage(main) {
     selected: view.card, // {node_id, gpu_index}
     cardInUrl: view.card !== null, // the default card is not written to the URL; a chosen one is
     refresh: view.refresh,
+    range: view.range,
     refreshTimer: null,
     asOf: null, // when the data on screen was read (the newest answer of the API)
     stats: loading(),
@@ -89,6 +91,7 @@ export function createGpuHealthPage(main) {
       page: Math.floor(state.offset / PAGE_SIZE) + 1,
       card: state.cardInUrl ? state.selected : null,
       refresh: state.refresh,
+      range: state.range,
     };
   }
 
@@ -167,7 +170,8 @@ export function createGpuHealthPage(main) {
     const gen = state.gen;
     const samplesGen = ++state.samplesGen;
     if (!quiet || state.samples.status !== "ok") state.samples = loading();
-    const params = { source: state.source, node_id: card.node_id, gpu_index: card.gpu_index, limit: SAMPLE_LIMIT };
+    const since = new Date(Date.now() - state.range * 86_400_000).toISOString();
+    const params = { source: state.source, node_id: card.node_id, gpu_index: card.gpu_index, limit: SAMPLE_LIMIT, since };
     const current = () => gen === state.gen && samplesGen === state.samplesGen;
     api("/api/v1/gpu-health/samples", { params }).then(
       (data) => current() && setBlock("samples", { status: "ok", data, fetchedAt: Date.now() }),
@@ -559,11 +563,28 @@ export function createGpuHealthPage(main) {
       selectedKey ? null : h("option", { value: "", selected: true }, "—"),
       [...options].map(([key, label]) => h("option", { value: key, selected: key === selectedKey }, label)),
     );
+    const range = h(
+      "select",
+      {
+        id: "ecc-range",
+        onchange: (event) => {
+          state.range = Number(event.target.value);
+          if (state.selected) selectCard(state.selected, { scroll: false, remember: state.cardInUrl });
+          else writeUrl();
+        },
+      },
+      RANGES.map((days) => h("option", { value: String(days), selected: days === state.range }, t("ecc.range.days", { days }))),
+    );
     const head = h(
       "div",
       { class: "block-head" },
       title,
-      h("div", { class: "control" }, h("label", { for: "ecc-card" }, t("ecc.card")), select),
+      h(
+        "div",
+        { class: "controls" },
+        h("div", { class: "control" }, h("label", { for: "ecc-card" }, t("ecc.card")), select),
+        h("div", { class: "control" }, h("label", { for: "ecc-range" }, t("ecc.range")), range),
+      ),
     );
     const sampleStatus = blockStatus(state.samples);
     if (state.samples.status === "idle") return replace(eccBox, head);
