@@ -626,6 +626,11 @@ def test_alerts_resolve_with_a_reason_and_audit_trail(open_page: Open, seeded: S
     readonly.fill("#resolve-reason", "card replaced")
     readonly.click("#resolve-submit")
     expect(readonly.locator("#resolve-message")).to_have_text("This token lacks the alerts:write scope (403).")
+    # the typed reason is kept, the form is not offered again to this token
+    expect(readonly.locator("#resolve-reason")).to_have_value("card replaced")
+    expect(readonly.locator("#resolve-reason")).to_have_attribute("readonly", "")
+    expect(readonly.locator("#resolve-submit")).to_have_count(0)
+    expect(readonly.locator("#resolve-unavailable")).to_contain_text("Your reason is kept above")
 
     page = open_page("/alerts")
     expect(page.locator("#alert-filter")).to_have_value("open")
