@@ -120,3 +120,24 @@ def test_the_csv_export_has_every_filtered_row_with_node_names(
     trend = list(csv.DictReader(io.StringIO(h.get(reader, "/api/v1/gpu-health/predictions.csv", type="trend").text)))
     assert len(trend) == 2
     assert h.client.get("/api/v1/gpu-health/predictions.csv").status_code == 401
+
+
+def test_the_capability_matrix_filters_stalled_cards_nodes_and_searches(
+    fleet: tuple[Harness, str, dict[str, str]],
+) -> None:
+    h, reader, nodes = fleet
+
+    def listed_cards(**params: Any) -> list[tuple[str, int]]:
+        response = h.get(reader, "/api/v1/gpu-health/capabilities", **params)
+        assert response.status_code == 200, response.text
+        return cards(response.json()["cards"], nodes)
+
+    every = listed_cards()
+    assert sorted(every) == [("gpu-a", 0), ("gpu-a", 1), ("gpu-b", 0), ("gpu-c", 3)]
+    assert listed_cards(stalled="true") == []  # every card reported a sample just now
+    assert sorted(listed_cards(stalled="false")) == sorted(every)
+    h.clock.advance(2 * 3600)  # no sample for two hours: past the 60-minute stall threshold
+    assert sorted(listed_cards(stalled="true")) == sorted(every)
+    assert sorted(listed_cards(node_id=nodes["gpu-a"])) == [("gpu-a", 0), ("gpu-a", 1)]
+    assert listed_cards(q="GPU-B") == [("gpu-b", 0)]
+    assert h.get(reader, "/api/v1/gpu-health/capabilities", stalled="maybe").status_code == 422

@@ -564,6 +564,27 @@ def test_ecc_chart_has_a_labelled_time_axis_and_three_ranges(open_page: Open, se
     expect(page.locator("#ecc-range")).to_have_value("30")
 
 
+def test_capability_matrix_stalled_only_is_served_by_the_api_and_in_the_url(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    stalled = api(seeded, "/api/v1/gpu-health/capabilities", stalled="true")["cards"]
+    assert stalled
+    assert all(card["collection_stalled"] for card in stalled)
+    page = loaded(open_page("/nodes/gpu-health"))
+    page.check("#caps-stalled")
+    assert "stalled=1" in page.url
+    rows = page.locator("#caps-table tbody tr")
+    expect(rows).to_have_count(len(stalled))
+    expect(page.locator("#caps-table tbody tr[data-stalled='false']")).to_have_count(0)
+    expect(page.locator("#caps-table tr.more-cards")).to_have_count(0)
+    page.reload()
+    loaded(page)
+    expect(page.locator("#caps-stalled")).to_be_checked()
+    expect(rows).to_have_count(len(stalled))
+    page.uncheck("#caps-stalled")
+    expect(page.locator("#caps-table tr.more-cards").first).to_be_visible()
+
+
 def test_the_csv_export_has_the_filtered_predictions(open_page: Open, seeded: Seeded) -> None:
     from playwright.sync_api import expect
 

@@ -27,6 +27,7 @@ test("a view survives the round trip through its URL", () => {
     card: { node_id: "6f1c-node", gpu_index: 7 },
     refresh: true,
     range: 30,
+    stalled: true,
   };
   assert.deepEqual(parseView(writeView(view)), view);
 });

@@ -25,6 +25,7 @@ export const DEFAULT_VIEW = Object.freeze({
   card: null,
   refresh: false,
   range: 7,
+  stalled: false,
 });
 const RANGES = [1, 7, 30];
 
@@ -51,6 +52,7 @@ export function parseView(search) {
     card: parseCard(p.get("card")),
     refresh: p.get("refresh") === "1",
     range: RANGES.includes(Number(p.get("range"))) ? Number(p.get("range")) : DEFAULT_VIEW.range,
+    stalled: p.get("stalled") === "1",
   };
 }
 
@@ -74,6 +76,7 @@ export function writeView(view) {
   if (view.card) p.set("card", `${view.card.node_id}:${view.card.gpu_index}`);
   if (view.refresh) p.set("refresh", "1");
   if (view.range !== DEFAULT_VIEW.range) p.set("range", String(view.range));
+  if (view.stalled) p.set("stalled", "1");
   const text = p.toString();
   return text ? `?${text}` : "";
 }

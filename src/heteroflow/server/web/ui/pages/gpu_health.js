@@ -57,6 +57,8 @@ export function createGpuHealthPage(main) {
     cardInUrl: view.card !== null, // the default card is not written to the URL; a chosen one is
     refresh: view.refresh,
     range: view.range,
+    stalledOnly: view.stalled,
+    stalledCaps: idle(), // the matrix's own call with stalled=true, while "stalled only" is on
     refreshTimer: null,
     asOf: null, // when the data on screen was read (the newest answer of the API)
     stats: loading(),
@@ -92,6 +94,7 @@ export function createGpuHealthPage(main) {
       card: state.cardInUrl ? state.selected : null,
       refresh: state.refresh,
       range: state.range,
+      stalled: state.stalledOnly,
     };
   }
 
@@ -120,6 +123,7 @@ export function createGpuHealthPage(main) {
       apply((error) => setBlock("stats", { status: "error", error })),
     );
     fetchPredictions({ quiet });
+    if (state.stalledOnly) fetchStalled();
     Promise.all([api("/api/v1/gpu-health/capabilities", { params: { source } }), allNodes()]).then(
       apply(([caps, nodes]) => {
         state.nodes = { status: "ok", data: new Map(nodes.map((n) => [n.id, n])) };
@@ -160,6 +164,15 @@ export function createGpuHealthPage(main) {
         setBlock("preds", { status: "ok", data });
       },
       (error) => current() && setBlock("preds", { status: "error", error }),
+    );
+  }
+
+  function fetchStalled() {
+    const gen = state.gen;
+    state.stalledCaps = loading();
+    api("/api/v1/gpu-health/capabilities", { params: { source: state.source, stalled: "true" } }).then(
+      (data) => gen === state.gen && setBlock("stalledCaps", { status: "ok", data }),
+      (error) => gen === state.gen && setBlock("stalledCaps", { status: "error", error }),
     );
   }
 
@@ -615,25 +628,49 @@ export function createGpuHealthPage(main) {
   }
 
   function renderCapabilities() {
-    const title = h("h2", { id: "caps-title" }, t("caps.title"), simBadge());
-    const status = blockStatus(state.caps);
+    const toggle = h(
+      "label",
+      { class: "control small" },
+      h("input", {
+        type: "checkbox",
+        id: "caps-stalled",
+        checked: state.stalledOnly,
+        onchange: (event) => {
+          state.stalledOnly = event.target.checked;
+          writeUrl();
+          if (state.stalledOnly) fetchStalled();
+          else renderCapabilities();
+        },
+      }),
+      " ",
+      t("caps.stalled_only"),
+    );
+    const title = h("div", { class: "block-head" }, h("h2", { id: "caps-title" }, t("caps.title"), simBadge()), toggle);
+    const status = blockStatus(state.caps) ?? (state.stalledOnly ? blockStatus(state.stalledCaps) : null);
     if (status) return replace(capsBox, title, status);
-    const caps = state.caps.data;
+    const caps = state.stalledOnly && state.stalledCaps.status === "ok" ? state.stalledCaps.data : state.caps.data;
     const groups = new Map();
+    // one row per card (node, index, uuid): a swapped card is a row of its own, stalled or not
+    const rowKey = (c) => `${cardKey(c.node_id, c.gpu_index)}|${c.uuid ?? ""}`;
+    const shown = state.stalledOnly ? new Set(caps.cards.map(rowKey)) : null;
     for (const card of orderedCards()) {
+      if (shown && !shown.has(rowKey(card))) continue;
       if (!groups.has(card.node_id)) groups.set(card.node_id, []);
       groups.get(card.node_id).push(card);
     }
-    // Nodes of this source without any health sample still count: all their GPUs are unknown.
-    const unsampled = [...state.nodes.data.values()]
-      .filter((node) => node.source === state.source && !groups.has(node.id))
-      .sort((a, b) => a.name.localeCompare(b.name));
+    // Nodes of this source without any health sample still count: all their GPUs are unknown (not "stalled":
+    // they never reported, so the stalled-only view leaves them out).
+    const unsampled = state.stalledOnly
+      ? []
+      : [...state.nodes.data.values()]
+          .filter((node) => node.source === state.source && !groups.has(node.id))
+          .sort((a, b) => a.name.localeCompare(b.name));
     for (const node of unsampled) groups.set(node.id, []);
     const rows = [];
     for (const [nodeId, cards] of groups) {
       const node = state.nodes.data.get(nodeId);
       const sampledSlots = new Set(cards.map((c) => c.gpu_index)).size;
-      const missing = node ? Math.max(0, node.gpu_count - sampledSlots) : 0;
+      const missing = node && !state.stalledOnly ? Math.max(0, node.gpu_count - sampledSlots) : 0;
       const span = cards.length + (missing > 0 ? 1 : 0);
       // Vendor and model are node facts: shown once per node, never matched to a single card.
       const vendorCell = h(
@@ -659,7 +696,9 @@ export function createGpuHealthPage(main) {
     replace(
       capsBox,
       title,
-      rows.length === 0 ? h("p", { class: "empty" }, t("caps.empty")) : null,
+      rows.length === 0
+        ? h("p", { class: "empty", id: "caps-empty" }, t(state.stalledOnly ? "caps.none_stalled" : "caps.empty"))
+        : null,
       rows.length === 0
         ? null
         : table(
