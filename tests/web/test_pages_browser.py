@@ -700,6 +700,25 @@ def test_language_switch_english_and_chinese(open_page: Open, seeded: Seeded) ->
     expect(page.locator("#caps-table .badge.stalled").first).to_have_text("采集停滞")
     expect(page.locator("#nav")).to_contain_text("GPU 健康")
     expect(page.locator("#caps-table tr.more-cards").first).to_contain_text("张卡全部指标未知")
+    # Chinese glyphs are drawn (a CJK font is installed: fonts-noto-cjk), not the "missing glyph" box that a
+    # private-use character gets
+    drawn = page.evaluate(
+        """() => {
+          const pixels = (text) => {
+            const canvas = document.createElement('canvas');
+            canvas.width = 64; canvas.height = 32;
+            const ctx = canvas.getContext('2d');
+            ctx.font = '24px sans-serif';
+            ctx.fillText(text, 2, 26);
+            return Array.from(ctx.getImageData(0, 0, 64, 32).data).join(',');
+          };
+          // without a CJK font every one of them is the same missing-glyph box
+          const missing = pixels('\\uE000');
+          const glyphs = ['采', '未', '推'].map(pixels);
+          return glyphs.map((g, i) => g !== missing && glyphs.every((other, j) => i === j || other !== g));
+        }"""
+    )
+    assert drawn == [True, True, True], "Chinese text renders as missing-glyph boxes: install fonts-noto-cjk"
     # The API's texts come with a code: shown in Chinese, the API's parameters filled in
     expect(page.locator("#caps-note")).to_have_text(re.compile("^采集能力来自实际收到的样本"))
     expect(page.locator("#calibration-text")).to_contain_text("至少 20 条已成熟预测且观察满 8 天")
