@@ -251,6 +251,6 @@ def test_the_grafana_dashboard_queries_only_series_the_server_exports(harness: H
     exprs = [target["expr"] for panel in dashboard["panels"] for target in panel.get("targets", [])]
     used = {name for expr in exprs for name in re.findall(r"heteroflow_gpu_[a-z_]+", expr)}
     text = harness.get(harness.token("metrics:read"), "/metrics").text
-    exported = set(re.findall(r"^# TYPE (heteroflow_gpu_[a-z_]+) gauge$", text, flags=re.MULTILINE))
+    exported = set(re.findall(r"^# TYPE (heteroflow_gpu_[a-z_]+) (?:gauge|counter)$", text, flags=re.MULTILINE))
     assert used
     assert used <= exported

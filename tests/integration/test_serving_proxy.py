@@ -193,14 +193,18 @@ def test_admin_reads_are_forwarded_verbatim(sqlite_engine: Engine, controller: L
         assert CLUSTER_TOKEN not in status.text + rounds.text + record.text
 
 
-def test_only_a_cluster_wide_admin_token_gets_through(sqlite_engine: Engine, controller: LiveController) -> None:
+def test_only_a_cluster_wide_serving_reader_or_admin_gets_through(
+    sqlite_engine: Engine, controller: LiveController
+) -> None:
     with platform(sqlite_engine, controller_url=controller.url, cluster_token=CLUSTER_TOKEN) as h:
         tokens = {
             "tenant reader": h.token("nodes:read", tenant="acme"),
             "tenant admin": h.token("admin", tenant="acme"),
-            "cluster reader": h.token("nodes:read,alerts:write,metrics:read"),
+            "tenant serving reader": h.token("serving:read", tenant="acme"),
+            "cluster reader": h.token("nodes:read,nodes:write,alerts:write,metrics:read"),
         }
         admin = h.token("admin")
+        serving_reader = h.token("serving:read")
         for path in ROUTES:
             for headers in (
                 {},
@@ -213,7 +217,8 @@ def test_only_a_cluster_wide_admin_token_gets_through(sqlite_engine: Engine, con
                 response = h.get(token, path)
                 assert response.status_code == 403, (path, name, response.text)
                 assert response.json()["error"] == "forbidden"
-            assert h.get(admin, path).status_code in (200, 404)  # sd-x is not a round: 404 from the controller
+            for token in (admin, serving_reader):
+                assert h.get(token, path).status_code in (200, 404)  # sd-x is not a round: 404 from the controller
 
 
 def test_an_unknown_round_is_404(sqlite_engine: Engine, controller: LiveController) -> None:

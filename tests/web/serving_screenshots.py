@@ -1,6 +1,6 @@
-"""Screenshots of the serving dashboard for docs/screenshots/ (serving-en.png, serving-zh.png), from the same live
-controller the browser tests use (a real DP scale-down of rank 1): ``.venv/bin/python -m tests.web.serving_screenshots
-[OUTPUT_DIR]`` (default ``docs/screenshots``)."""
+"""Screenshots of the serving dashboard for docs/screenshots/ (serving-en.png, serving-zh.png, serving-800.png),
+from the same live controller the browser tests use (a real DP scale-down of rank 1):
+``.venv/bin/python -m tests.web.serving_screenshots [OUTPUT_DIR]`` (default ``docs/screenshots``)."""
 
 from __future__ import annotations
 
@@ -21,8 +21,8 @@ def take(out: Path) -> list[Path]:
     shots: list[Path] = []
     with tempfile.TemporaryDirectory() as tmp, serving_server(Path(tmp)) as seeded, sync_playwright() as p:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
-        for lang in ("en", "zh"):
-            context = browser.new_context(viewport={"width": 1280, "height": 900})
+        for lang, width, name in (("en", 1280, "serving-en"), ("zh", 1280, "serving-zh"), ("en", 800, "serving-800")):
+            context = browser.new_context(viewport={"width": width, "height": 900})
             context.add_init_script(
                 f"sessionStorage.setItem('heteroflow.token', {json.dumps(seeded.admin)});"
                 f"localStorage.setItem('heteroflow.lang', {json.dumps(lang)});"
@@ -31,7 +31,7 @@ def take(out: Path) -> list[Path]:
             page.goto(f"{seeded.base_url}/serving")
             expect(page.locator(".instance ol.timeline")).to_be_visible(timeout=20_000)
             page.wait_for_timeout(300)
-            path = out / f"serving-{lang}.png"
+            path = out / f"{name}.png"
             page.screenshot(path=str(path), full_page=True)
             shots.append(path)
             context.close()

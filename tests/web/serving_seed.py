@@ -48,6 +48,8 @@ class ServingSeeded:
     """admin scope, no tenant: sees the serving dashboard"""
     tenant_reader: str
     """tenant acme, nodes:read: signs in, but the serving routes answer 403"""
+    serving_reader: str
+    """nodes:read and serving:read, no tenant: a read-only operator who watches serving"""
     request_id: str
     """the committed round that removed rank 1"""
 
@@ -131,6 +133,9 @@ def serving_server(tmp: Path) -> Iterator[ServingSeeded]:
         acme = tokens.ensure_tenant("acme", now=now)[0]
         admin = tokens.create_token(name="serving-admin", scopes=parse_scopes("admin"), tenant_id=None, now=now)[1]
         reader = tokens.create_token(name="acme-reader", scopes=parse_scopes("nodes:read"), tenant_id=acme, now=now)[1]
+        watcher = tokens.create_token(
+            name="serving-reader", scopes=parse_scopes("nodes:read,serving:read"), tenant_id=None, now=now
+        )[1]
         try:
             with serve(build_app(ctx)) as base_url:
                 yield ServingSeeded(
@@ -138,6 +143,7 @@ def serving_server(tmp: Path) -> Iterator[ServingSeeded]:
                     controller_url=controller_url,
                     admin=admin,
                     tenant_reader=reader,
+                    serving_reader=watcher,
                     request_id=request_id,
                 )
         finally:

@@ -7,8 +7,10 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterator
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 import httpx2 as httpx
 import pytest
@@ -45,7 +47,9 @@ def open_page(browser: Any, seeded: Seeded) -> Iterator[Open]:
         width: int = 1280,
         color_scheme: str = "light",
     ) -> Any:
-        context = browser.new_context(viewport={"width": width, "height": 900}, color_scheme=color_scheme)
+        context = browser.new_context(
+            viewport={"width": width, "height": 900}, color_scheme=color_scheme, accept_downloads=True
+        )
         contexts.append(context)
         script = ""
         if token is not None:
@@ -474,6 +478,132 @@ def test_no_auto_refresh(open_page: Open, seeded: Seeded) -> None:
     assert len(requests) == before
 
 
+def test_auto_refresh_is_opt_in_and_kept_in_the_url(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    requests: list[str] = []
+    page = open_page("")
+    page.clock.install()
+    page.on("request", lambda r: requests.append(r.url) if "/gpu-health/predictions" in r.url else None)
+    page.goto(seeded.base_url + "/nodes/gpu-health")
+    loaded(page)
+    expect(page.locator("#as-of-time")).to_contain_text("Data as of")
+    expect(page.locator("#auto-refresh")).not_to_be_checked()
+    page.check("#auto-refresh")
+    assert "refresh=1" in page.url
+    before = len(requests)
+    page.clock.run_for("01:01")
+    deadline = 50
+    while len(requests) == before and deadline:
+        page.wait_for_timeout(100)
+        deadline -= 1
+    assert len(requests) == before + 1  # one refresh a minute, once asked for
+    expect(page.locator("#pred-table tbody tr").first).to_be_visible()  # the rows stay on screen
+
+
+def test_filters_sort_search_and_the_card_are_in_the_url(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    params = {"status": "pending", "type": "trend", "sort": "window_end"}
+    expected = api(seeded, "/api/v1/gpu-health/predictions", limit=50, **params)
+    assert expected["total"] > 0
+    page = loaded(open_page("/nodes/gpu-health?status=pending&type=trend&sort=window_end"))
+    expect(page.locator("#pred-filter")).to_have_value("pending")
+    expect(page.locator("#pred-type")).to_have_value("trend")
+    expect(page.locator("#pred-sort")).to_have_value("window_end")
+    ids = page.locator("#pred-table tbody tr").evaluate_all("rows => rows.map(r => r.dataset.id)")
+    assert ids == [item["id"] for item in expected["items"]]
+    # a row picked: its card is in the URL, and a reload (or a link) brings it back
+    first = expected["items"][0]
+    page.locator(f'#pred-table tr[data-id="{first["id"]}"]').click()
+    expect(page.locator("#ecc-card")).to_have_value(f"{first['node_id']}|{first['gpu_index']}")
+    assert f"card={first['node_id']}%3A{first['gpu_index']}" in page.url
+    page.reload()
+    loaded(page)
+    expect(page.locator("#ecc-card")).to_have_value(f"{first['node_id']}|{first['gpu_index']}")
+    expect(page.locator("#pred-type")).to_have_value("trend")
+    # the card search, server-side
+    uuid = first["uuid"]
+    page.fill("#pred-search", uuid)
+    page.click("#pred-search-go")
+    found = api(seeded, "/api/v1/gpu-health/predictions", limit=50, q=uuid, **params)
+    expect(page.locator("#pred-table tbody tr")).to_have_count(len(found["items"]))
+    assert "q=" in page.url
+    page.fill("#pred-search", "no-such-card-anywhere")
+    page.click("#pred-search-go")
+    expect(page.locator("#pred-empty-filtered")).to_be_visible()
+
+
+def test_ecc_chart_has_a_labelled_time_axis_and_three_ranges(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    requests: list[str] = []
+    page = open_page("")
+    page.on("request", lambda r: requests.append(r.url) if "/gpu-health/samples" in r.url else None)
+    page.goto(seeded.base_url + "/nodes/gpu-health")
+    loaded(page)
+    chart = page.locator("#ecc .chart[data-state='known']").first
+    expect(chart.locator(".tick-label").first).to_be_attached()
+    labels = chart.locator(".tick-label").all_text_contents()
+    assert 6 <= len(labels) <= 10, labels
+    assert all(re.fullmatch(r"\d\d-\d\d", label) for label in labels), labels  # a week: one label a day
+    expect(page.locator("#ecc-range")).to_have_value("7")
+    page.select_option("#ecc-range", "1")
+    expect(chart.locator(".tick-label").first).to_have_text(re.compile(r"^\d\d:00$"))  # a day: hours
+    assert "range=1" in page.url
+    page.select_option("#ecc-range", "30")
+    expect(chart.locator(".tick-label").first).to_have_text(re.compile(r"^\d\d-\d\d$"))
+    since = [re.search(r"since=([^&]+)", url) for url in requests]
+    assert len(since) == 3, requests
+    assert all(since), requests
+    spans = [
+        (datetime.now(UTC) - datetime.fromisoformat(unquote(m.group(1)).replace("Z", "+00:00"))).total_seconds() / 86400
+        for m in since
+        if m
+    ]
+    assert [round(span) for span in spans] == [7, 1, 30]
+    page.reload()
+    loaded(page)
+    expect(page.locator("#ecc-range")).to_have_value("30")
+
+
+def test_capability_matrix_stalled_only_is_served_by_the_api_and_in_the_url(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    stalled = api(seeded, "/api/v1/gpu-health/capabilities", stalled="true")["cards"]
+    assert stalled
+    assert all(card["collection_stalled"] for card in stalled)
+    page = loaded(open_page("/nodes/gpu-health"))
+    page.check("#caps-stalled")
+    assert "stalled=1" in page.url
+    rows = page.locator("#caps-table tbody tr")
+    expect(rows).to_have_count(len(stalled))
+    expect(page.locator("#caps-table tbody tr[data-stalled='false']")).to_have_count(0)
+    expect(page.locator("#caps-table tr.more-cards")).to_have_count(0)
+    page.reload()
+    loaded(page)
+    expect(page.locator("#caps-stalled")).to_be_checked()
+    expect(rows).to_have_count(len(stalled))
+    page.uncheck("#caps-stalled")
+    expect(page.locator("#caps-table tr.more-cards").first).to_be_visible()
+
+
+def test_the_csv_export_has_the_filtered_predictions(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    total = api(seeded, "/api/v1/gpu-health/predictions", limit=1, status="pending")["total"]
+    page = loaded(open_page("/nodes/gpu-health?status=pending"))
+    expect(page.locator("#pred-filter")).to_have_value("pending")
+    with page.expect_download() as info:
+        page.click("#pred-csv")
+    download = info.value
+    assert download.suggested_filename == "heteroflow-predictions-real.csv"
+    lines = Path(download.path()).read_text().splitlines()
+    assert lines[0].startswith("id,node_id,node_name,gpu_index,uuid")
+    assert len(lines) == total + 1
+    assert all(",pending," in line for line in lines[1:])
+
+
 # ---- tenants, nodes, alerts -----------------------------------------------------------------------------------
 def test_tenant_scope_on_every_page(open_page: Open, seeded: Seeded) -> None:
     from playwright.sync_api import expect
@@ -520,6 +650,11 @@ def test_alerts_resolve_with_a_reason_and_audit_trail(open_page: Open, seeded: S
     readonly.fill("#resolve-reason", "card replaced")
     readonly.click("#resolve-submit")
     expect(readonly.locator("#resolve-message")).to_have_text("This token lacks the alerts:write scope (403).")
+    # the typed reason is kept, the form is not offered again to this token
+    expect(readonly.locator("#resolve-reason")).to_have_value("card replaced")
+    expect(readonly.locator("#resolve-reason")).to_have_attribute("readonly", "")
+    expect(readonly.locator("#resolve-submit")).to_have_count(0)
+    expect(readonly.locator("#resolve-unavailable")).to_contain_text("Your reason is kept above")
 
     page = open_page("/alerts")
     expect(page.locator("#alert-filter")).to_have_value("open")
@@ -568,6 +703,28 @@ def test_language_switch_english_and_chinese(open_page: Open, seeded: Seeded) ->
     expect(page.locator("#caps-table .badge.stalled").first).to_have_text("采集停滞")
     expect(page.locator("#nav")).to_contain_text("GPU 健康")
     expect(page.locator("#caps-table tr.more-cards").first).to_contain_text("张卡全部指标未知")
+    # Chinese glyphs are drawn (a CJK font is installed: fonts-noto-cjk), not the "missing glyph" box that a
+    # private-use character gets
+    drawn = page.evaluate(
+        """() => {
+          const pixels = (text) => {
+            const canvas = document.createElement('canvas');
+            canvas.width = 64; canvas.height = 32;
+            const ctx = canvas.getContext('2d');
+            ctx.font = '24px sans-serif';
+            ctx.fillText(text, 2, 26);
+            return Array.from(ctx.getImageData(0, 0, 64, 32).data).join(',');
+          };
+          // without a CJK font every one of them is the same missing-glyph box
+          const missing = pixels('\\uE000');
+          const glyphs = ['采', '未', '推'].map(pixels);
+          return glyphs.map((g, i) => g !== missing && glyphs.every((other, j) => i === j || other !== g));
+        }"""
+    )
+    assert drawn == [True, True, True], "Chinese text renders as missing-glyph boxes: install fonts-noto-cjk"
+    # The API's texts come with a code: shown in Chinese, the API's parameters filled in
+    expect(page.locator("#caps-note")).to_have_text(re.compile("^采集能力来自实际收到的样本"))
+    expect(page.locator("#calibration-text")).to_contain_text("至少 20 条已成熟预测且观察满 8 天")
     # The choice is remembered for the next page.
     seeded.beat("gpu-a")
     page.goto(seeded.base_url + "/nodes")

@@ -177,6 +177,65 @@ def test_the_grid_shows_each_rank_state_after_a_real_scale_down(open_page: Open,
     expect(row.locator(".badge")).to_have_text("Committed")
 
 
+def test_a_read_only_serving_token_watches_pods_nodes_and_decisions(open_page: Open, serving: ServingSeeded) -> None:
+    from playwright.sync_api import expect
+
+    page = open_page(serving.base_url + "/serving", token=serving.serving_reader)
+    instance = page.locator(INSTANCE)
+    expect(instance).to_have_attribute("data-phase", "SCALED_DOWN_RUNNING")
+    [status] = controller(serving, "/controller/fault_tolerance/status")
+    for pod in status["pods"]:
+        row = instance.locator(f'table.pods tr[data-pod="{pod["pod_id"]}"]')
+        if pod.get("node_name"):  # a pod links to its node's GPU health page
+            link = row.locator(".pod-node a")
+            expect(link).to_have_text(pod["node_name"])
+            expect(link).to_have_attribute("href", f"/nodes/gpu-health?node={pod['node_name']}")
+        else:  # this harness's NodeManagers register no node name: unknown, never a guess
+            expect(row.locator(".pod-node")).to_have_text("Unknown")
+        expect(row).to_contain_text(pod["pod_ip"])
+    expect(instance.locator(".hw-empty")).to_have_text("No hardware fault seen for this instance.")
+    decision = instance.locator(".fact[data-decision]")
+    expect(decision).to_have_attribute("data-decision", status["last_decision"])
+    _, _, reason = status["last_decision"].partition(":")
+    expect(decision.locator(".reason-code")).to_have_text(reason)
+    expect(decision.locator(".explain")).not_to_be_empty()  # every reason code has its sentence
+    # the committed round's duration is the controller's round_total
+    [summary] = [
+        r for r in controller(serving, "/controller/fault_tolerance/rounds") if r["request_id"] == serving.request_id
+    ]
+    total = summary["stage_seconds"]["round_total"]
+    row = instance.locator(f'table.rounds tr[data-request="{serving.request_id}"]')
+    expect(row.locator(".duration")).to_have_text(f"{total:.3f} s")
+
+
+@pytest.mark.parametrize("width", [800, 1024, 1280])
+def test_every_fact_stays_under_its_own_label(open_page: Open, serving: ServingSeeded, width: int) -> None:
+    from playwright.sync_api import expect
+
+    page = open_page(serving.base_url + "/serving", token=serving.admin, width=width)
+    facts = page.locator(INSTANCE + " .instance-facts .fact")
+    expect(facts.first).to_be_visible()
+    boxes = facts.evaluate_all(
+        """cells => cells.map(c => {
+          const dt = c.querySelector('dt').getBoundingClientRect();
+          const dd = c.querySelector('dd').getBoundingClientRect();
+          return {label: c.querySelector('dt').textContent, dtLeft: dt.left, dtBottom: dt.bottom,
+                  ddLeft: dd.left, ddTop: dd.top, ddRight: dd.right, cellRight: c.getBoundingClientRect().right};
+        })"""
+    )
+    assert len(boxes) == 10
+    labels = [(round(b["dtLeft"]), b["dtBottom"]) for b in boxes]
+    for box in boxes:
+        assert abs(box["ddLeft"] - box["dtLeft"]) < 1, box  # the value starts where its label starts
+        assert box["ddTop"] >= box["dtBottom"] - 1, box  # ... right below it
+        assert box["ddRight"] <= box["cellRight"] + 1, box
+        # no other label sits between a label and its value
+        between = [lb for lb in labels if lb[0] == round(box["dtLeft"]) and box["dtBottom"] < lb[1] <= box["ddTop"]]
+        assert between == [], box
+    overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    assert overflow <= 1, f"the page scrolls sideways by {overflow}px at {width}px"
+
+
 def _repeated_poll(record: dict[str, Any], index: int) -> bool:
     """Whether event ``index`` is a status poll folded into the one before it (same answers)."""
     events = record["events"]
@@ -260,7 +319,7 @@ def test_a_tenant_token_is_told_it_is_not_authorised(open_page: Open, serving: S
     error = page.locator("#serving-error")
     expect(error).to_have_attribute("data-status", "403")
     expect(error).to_contain_text("Not authorised (403)")
-    expect(error).to_contain_text("admin scope and no tenant")
+    expect(error).to_contain_text("serving:read (or admin) scope and no tenant")
     expect(page.locator(INSTANCE)).to_have_count(0)
     page.clock.run_for(10_000)
     page.wait_for_timeout(300)

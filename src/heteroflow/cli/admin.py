@@ -39,7 +39,9 @@ def _store(database_url: str | None) -> SqlTokenStore:
 def create_token(
     scopes: Annotated[
         str,
-        typer.Option(help="Comma-separated: nodes:read, nodes:write, agent, alerts:write, metrics:read, admin"),
+        typer.Option(
+            help="Comma-separated: nodes:read, nodes:write, agent, alerts:write, metrics:read, serving:read, admin"
+        ),
     ],
     tenant: Annotated[str | None, typer.Option(help="Limit the token to this tenant's nodes (created if new)")] = None,
     name: Annotated[str, typer.Option(help="A label to recognise the token by")] = "cli",

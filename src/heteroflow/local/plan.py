@@ -322,7 +322,8 @@ def process_plans(
         ProcessPlan(
             "server",
             ("server", "--host", host, "--port", str(layout.server_port), "--database-url", database_url),
-            (),
+            # the serving dashboard's proxy: the controller's URL and the cluster token, kept on the server
+            (("HETEROFLOW_SERVER_CONTROLLER_URL", layout.controller_url), *cluster),
             "server.log",
         ),
         ProcessPlan(

@@ -24,6 +24,8 @@ class Scope(StrEnum):
     AGENT = "agent"
     ALERTS_WRITE = "alerts:write"
     METRICS_READ = "metrics:read"
+    SERVING_READ = "serving:read"
+    """Watch serving fault tolerance (the platform server's read-only proxy to the controller); cluster-wide."""
     ADMIN = "admin"
 
 

@@ -110,10 +110,16 @@ class _GpuCollector(Collector):
     def __init__(self, latest: Callable[[], Sequence[GpuValues]]) -> None:
         self._latest = latest
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         cards = self._latest()
         for name, help_text, attribute in _COUNTER_GAUGES:
-            family = GaugeMetricFamily(name, help_text, labels=_GPU_LABELS)
+            # the two ECC totals only grow on a card (a new uuid is a new series): Prometheus counters, whose
+            # exposition keeps the ``_total`` name; a gauge must not carry that suffix (promtool check metrics)
+            family: GaugeMetricFamily | CounterMetricFamily = (
+                CounterMetricFamily(name.removesuffix("_total"), help_text, labels=_GPU_LABELS)
+                if name.endswith("_total")
+                else GaugeMetricFamily(name, help_text, labels=_GPU_LABELS)
+            )
             for card in cards:
                 value = getattr(card.counters, attribute) if card.counters is not None else None
                 if value is not None:

@@ -201,6 +201,10 @@ class CapabilitiesOut(BaseModel):
     stall_threshold_minutes: int
     cards: list[CardCapabilityOut]
     note: str
+    note_code: str = Field(
+        default="capabilities.observed",
+        description="A stable code for `note`: a page shows the note in its own language by this code.",
+    )
 
 
 class ErrorOut(BaseModel):
@@ -268,6 +272,10 @@ class PredictionStatsOut(BaseModel):
     min_span_days: float
     windows: list[BandOut]
     disclaimer: str
+    disclaimer_code: str = Field(
+        default="prediction.uncalibrated",
+        description="A stable code for `disclaimer` (its parameters are min_matured and min_span_days).",
+    )
 
 
 class AlertOut(BaseModel):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import uuid
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -84,6 +85,15 @@ class SqlNodeStore:
         with unavailable_as_store_error(), self._engine.connect() as conn:
             row = conn.execute(sa.select(nodes_t).where(nodes_t.c.id == node_id)).first()
         return _record(row) if row is not None else None
+
+    def names(self, node_ids: Iterable[NodeId]) -> dict[NodeId, str]:
+        """The names of these nodes (one statement); an id that no longer exists is left out."""
+        wanted = sorted(set(node_ids))
+        if not wanted:
+            return {}
+        query = sa.select(nodes_t.c.id, nodes_t.c.name).where(nodes_t.c.id.in_(wanted))
+        with unavailable_as_store_error(), self._engine.connect() as conn:
+            return {NodeId(row.id): str(row.name) for row in conn.execute(query)}
 
     def list(self, *, scope: NodeScope, limit: int, offset: int) -> tuple[list[NodeRecord], int]:
         query = sa.select(nodes_t)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Literal
 
 import sqlalchemy as sa
 from sqlalchemy.dialects import postgresql, sqlite
@@ -28,6 +28,7 @@ from heteroflow.storage.db import unavailable_as_store_error
 from heteroflow.storage.health_store import in_scope
 from heteroflow.storage.schema import gpu_health_samples as samples_t
 from heteroflow.storage.schema import gpu_xid_events as xid_t
+from heteroflow.storage.schema import nodes as nodes_t
 from heteroflow.storage.schema import predictions as predictions_t
 
 
@@ -58,6 +59,29 @@ class PredictionFilter:
     status: PredictionStatus | None = None
     since: datetime | None = None
     until: datetime | None = None
+    signals: tuple[str, ...] = ()
+    """Any of these signal codes (``uncorrectable_ecc``, …); empty: every prediction."""
+    search: str | None = None
+    """A card search: part of the card's uuid or of its node's name (case-insensitive)."""
+
+
+PredictionOrder = Literal["newest", "strong_first", "window_end"]
+"""``newest``: t0 descending; ``strong_first``: predictions with a strong signal (uncorrectable ECC, remap
+failure: the card is already failing) first, then newest; ``window_end``: the soonest window end first (what
+must be looked at this week)."""
+
+STRONG_SIGNALS = ("uncorrectable_ecc", "remap_failure")
+"""The rules' strong signal codes (``health.rules``: a value already above 0)."""
+
+
+def _has_signal(code: str) -> sa.ColumnElement[bool]:
+    """``code`` is one element of the comma-separated ``signals`` column (never a substring of another)."""
+    return (sa.literal(",") + predictions_t.c.signals + sa.literal(",")).like(f"%,{code},%")
+
+
+def _like_pattern(text: str) -> str:
+    escaped = text.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
 
 
 def _record(row: Any) -> PredictionRecord:
@@ -316,8 +340,21 @@ class SqlPredictionStore:
         with unavailable_as_store_error(), self._engine.connect() as conn:
             return [_record(row) for row in conn.execute(query)]
 
-    def list(self, flt: PredictionFilter, *, limit: int, offset: int) -> tuple[list[PredictionRecord], int]:
+    def list(
+        self, flt: PredictionFilter, *, limit: int, offset: int, order: PredictionOrder = "newest"
+    ) -> tuple[list[PredictionRecord], int]:
         conditions = [predictions_t.c.source == flt.source, *in_scope(predictions_t.c.node_id, flt.scope)]
+        if flt.signals:
+            conditions.append(sa.or_(*(_has_signal(code) for code in flt.signals)))
+        if flt.search:
+            pattern = _like_pattern(flt.search)
+            named = sa.select(nodes_t.c.id).where(sa.func.lower(nodes_t.c.name).like(pattern, escape="\\"))
+            conditions.append(
+                sa.or_(
+                    sa.func.lower(sa.func.coalesce(predictions_t.c.uuid, "")).like(pattern, escape="\\"),
+                    predictions_t.c.node_id.in_(named),
+                )
+            )
         if flt.node_id is not None:
             conditions.append(predictions_t.c.node_id == flt.node_id)
         if flt.gpu_index is not None:
@@ -328,10 +365,18 @@ class SqlPredictionStore:
             conditions.append(predictions_t.c.t0 >= flt.since)
         if flt.until is not None:
             conditions.append(predictions_t.c.t0 <= flt.until)
+        strong = sa.case((sa.or_(*(_has_signal(code) for code in STRONG_SIGNALS)), 0), else_=1)
+        ordering: list[sa.ColumnElement[Any]]
+        if order == "strong_first":
+            ordering = [strong, predictions_t.c.t0.desc()]
+        elif order == "window_end":
+            ordering = [predictions_t.c.window_end, strong]
+        else:
+            ordering = [predictions_t.c.t0.desc()]
         query = (
             sa.select(predictions_t)
             .where(*conditions)
-            .order_by(predictions_t.c.t0.desc(), predictions_t.c.id)
+            .order_by(*ordering, predictions_t.c.id)
             .limit(limit)
             .offset(offset)
         )

@@ -495,6 +495,23 @@ def test_server_is_replicated_probed_and_reads_the_database_url_from_a_secret(
         assert main[probe]["httpGet"]["path"] == "/health", probe
 
 
+@pytest.mark.parametrize("kustomization", PLATFORM)
+def test_the_server_reaches_the_controller_for_the_serving_dashboard(kustomization: str) -> None:
+    """The serving dashboard's proxy: the controller's Service URL and the cluster token the controller checks."""
+    from urllib.parse import urlsplit
+
+    documents = rendered(kustomization)
+    server = env(container(one(documents, "Deployment", "heteroflow-server"), "server"))
+    controller = env(container(one(documents, "Deployment", "heteroflow-controller"), "controller"))
+    url = urlsplit(server["HETEROFLOW_SERVER_CONTROLLER_URL"]["value"])
+    service = one(documents, "Service", url.hostname or "")
+    assert service["spec"]["selector"]["app.kubernetes.io/component"] == "controller"
+    assert url.port in {port["port"] for port in service["spec"]["ports"]}
+    token = secret_ref(server["HETEROFLOW_CLUSTER_TOKEN"])
+    assert token is not None
+    assert token == secret_ref(controller["HETEROFLOW_CLUSTER_TOKEN"])
+
+
 @pytest.mark.parametrize(("kustomization", "replicas"), [(BASE, 2), (DEV, 1), (PRODUCTION, 2)])
 def test_controller_runs_active_standby(kustomization: str, replicas: int) -> None:
     controller = one(rendered(kustomization), "Deployment", "heteroflow-controller")

@@ -84,6 +84,29 @@ def test_the_controller_follows_both_hardware_sources_with_secrets_in_the_enviro
     assert not any("hf_" in arg for p in plans for arg in p.args)
 
 
+def test_the_server_reaches_the_controller_for_the_serving_dashboard(tmp_path: Path) -> None:
+    layout = plan(4, 2)
+    plans = process_plans(
+        layout,
+        database_url="sqlite:///x.db",
+        controller={"store_url": "sqlite:///s.db"},
+        controller_config_path=tmp_path / "c.yaml",
+        spec_paths={p.pod_id: tmp_path / f"{p.pod_id}.json" for p in layout.instances[0].pods},
+        engine_log_dir=tmp_path,
+        admin_token="hf_admin",
+        agent_token="hf_agent",
+        monitor_token="hf_monitor",
+        hardware_directory=tmp_path / "mindcluster",
+    )
+    [server] = [p for p in plans if p.name == "server"]
+    [controller] = [p for p in plans if p.name == "controller"]
+    env = dict(server.env)
+    assert env["HETEROFLOW_SERVER_CONTROLLER_URL"] == layout.controller_url
+    # the token the controller requires, so that the proxy is not refused
+    assert env["HETEROFLOW_CLUSTER_TOKEN"] == dict(controller.env)["HETEROFLOW_CLUSTER_TOKEN"] == "hf_admin"
+    assert f"--port {layout.controller_port}" in " ".join(controller.args)
+
+
 def state(tmp_path: Path, *, agent_token: str | None = "hf_agent", folder: bool = True) -> ClusterState:
     return ClusterState(
         cluster_id="c",

@@ -25,3 +25,17 @@ test("the design's Chinese wording is used", () => {
   assert.match(LANGUAGES.zh["pred.empty"], /没有预测记录不代表所有卡都健康——没有采集能力的卡不会被预测/);
   assert.match(LANGUAGES.zh["calibration.heading"], /初始经验阈值，待真实数据校准/);
 });
+
+test("the API's coded texts read the same as the API in English, and have a Chinese text", async () => {
+  const { readFile } = await import("node:fs/promises");
+  const stats = await readFile(new URL("../../../src/heteroflow/health/statistics.py", import.meta.url), "utf8");
+  const caps = await readFile(new URL("../../../src/heteroflow/server/routes/gpu_health.py", import.meta.url), "utf8");
+  const pyString = (source, name) => {
+    const block = source.split(`${name} = (`)[1].split("\n)")[0];
+    return [...block.matchAll(/"((?:[^"\\]|\\.)*)"/g)].map((m) => m[1]).join("");
+  };
+  const disclaimer = pyString(stats, "DISCLAIMER").replace("{min_matured}", "{min_matured}").replace("{min_span:g}", "{min_span}");
+  assert.equal(LANGUAGES.en["api.prediction.uncalibrated"], disclaimer);
+  assert.equal(LANGUAGES.en["api.capabilities.observed"], pyString(caps, "CAPABILITIES_NOTE"));
+  for (const key of ["api.prediction.uncalibrated", "api.capabilities.observed"]) assert.notEqual(LANGUAGES.zh[key], LANGUAGES.en[key]);
+});

@@ -2,16 +2,25 @@ import { test } from "node:test";
 import assert from "node:assert/strict";
 import { LANGUAGES } from "../../../src/heteroflow/server/web/ui/i18n.js";
 import {
+  DECISION_KINDS,
+  DECISION_REASONS,
+  FALLBACK_STRATEGIES,
   GATE_REASONS,
+  HARDWARE_MAPPINGS,
   PHASES,
   RANK_STATES,
+  decisionInfo,
   evidenceDocument,
+  fallbackKey,
   gateReasons,
+  hardwareFaults,
   isRunning,
+  nodeLink,
   pastRounds,
   phaseInfo,
   rankCells,
   relTime,
+  roundDuration,
   roundToShow,
   shapeTimeline,
   stateCounts,
@@ -134,23 +143,103 @@ test("every rank state has a name and an explanation", () => {
 });
 
 // ---- which round ------------------------------------------------------------------------------------------------
-test("the running round is shown while a round phase lasts; afterwards the last one", () => {
+test("the running round is shown while it runs; afterwards the newest one", () => {
   const rounds = [{ request_id: "sd-old", outcome: "committed" }];
+  const now = [...rounds, { request_id: "sd-now", outcome: null }];
+  assert.deepEqual(roundToShow(entry({ phase: "SCALING_DOWN", request_id: "sd-now" }), now), {
+    requestId: "sd-now",
+    running: true,
+    picked: false,
+  });
+  // the round began between the status call and the rounds call: the entry's id stands in while a round phase lasts
   assert.deepEqual(roundToShow(entry({ phase: "SCALING_DOWN", request_id: "sd-now" }), rounds), {
     requestId: "sd-now",
     running: true,
     picked: false,
   });
-  assert.deepEqual(roundToShow(entry({ phase: "SCALED_DOWN_RUNNING", request_id: "sd-now" }), rounds), {
+  const done = [...rounds, { request_id: "sd-now", outcome: "committed" }];
+  assert.deepEqual(roundToShow(entry({ phase: "SCALED_DOWN_RUNNING", request_id: "sd-now" }), done), {
     requestId: "sd-now",
     running: false,
     picked: false,
   });
   assert.deepEqual(roundToShow(entry(), rounds), { requestId: "sd-old", running: false, picked: false });
   assert.equal(roundToShow(entry(), []), null);
-  assert.equal(roundToShow(entry(), [], "sd-x").picked, true);
+  assert.deepEqual(roundToShow(entry(), [], "sd-x"), { requestId: "sd-x", running: false, picked: true });
+  assert.equal(roundToShow(entry(), now, "sd-now").running, true);
   assert.equal(isRunning(entry({ phase: "RECONFIGURING", running_strategy: "fallback" })), true);
   assert.equal(isRunning(entry({ phase: "RECONFIGURING" })), false);
+});
+
+test("after a failed round the fallback is the current round, not the failed one the entry still names", () => {
+  const rounds = [
+    { request_id: "sd-1", kind: "scale_down", outcome: "failed" },
+    { request_id: "fb-1", kind: "fallback", outcome: null },
+  ];
+  const reconfiguring = entry({ phase: "RECONFIGURING", request_id: "sd-1", running_strategy: "scale_down" });
+  assert.deepEqual(roundToShow(reconfiguring, rounds), { requestId: "fb-1", running: true, picked: false });
+  // the fallback succeeded: the entry is back to NORMAL, still naming sd-1; the newest round is the last one
+  const succeeded = [rounds[0], { ...rounds[1], outcome: "succeeded" }];
+  assert.deepEqual(roundToShow(entry({ request_id: "sd-1" }), succeeded), {
+    requestId: "fb-1",
+    running: false,
+    picked: false,
+  });
+});
+
+test("every round kind has a duration once finished: round_total, else the outcome's time", () => {
+  const failed = { request_id: "sd-2", outcome: "failed", stage_seconds: { guard: 0.1 } };
+  const events = [
+    { kind: "decided", t_sec: 0 },
+    { kind: "failed", t_sec: 2.25, error: "x" },
+    { kind: "outcome", t_sec: 2.5, outcome: "failed" },
+  ];
+  assert.equal(roundDuration(failed, { ...failed, events }), 2.5);
+  assert.equal(roundDuration(failed, null), null); // not loaded: unknown, never 0
+  assert.equal(roundDuration({ outcome: "committed", stage_seconds: { round_total: 1.5 } }), 1.5);
+  assert.equal(roundDuration({ outcome: null, stage_seconds: {} }, { events }), null); // still running
+  const fallback = { request_id: "fb-2", kind: "fallback", outcome: "succeeded", stage_seconds: {} };
+  const list = pastRounds([fallback], new Map([["fb-2", { ...fallback, events: [{ kind: "outcome", t_sec: 7 }] }]]));
+  assert.equal(list[0].totalSec, 7);
+});
+
+test("the last decision is explained in both languages; an unknown part is kept as sent", () => {
+  for (const reason of DECISION_REASONS) {
+    const info = decisionInfo(`reconfigure:${reason}`);
+    assert.equal(info.reasonKey, `serving.decision.reason.${reason}`);
+    for (const lang of ["en", "zh"]) assert.ok(LANGUAGES[lang][info.reasonKey], `${lang} ${reason}`);
+  }
+  for (const kind of DECISION_KINDS) {
+    for (const lang of ["en", "zh"]) assert.ok(LANGUAGES[lang][`serving.decision.kind.${kind}`], `${lang} ${kind}`);
+  }
+  const odd = decisionInfo("later:SOMETHING_NEW");
+  assert.deepEqual([odd.kindKey, odd.reasonKey, odd.kind, odd.reason], [null, null, "later", "SOMETHING_NEW"]);
+  assert.equal(decisionInfo(null), null);
+  assert.equal(decisionInfo("no_action").reason, "");
+});
+
+test("hardware faults carry their mapping's sentence; fallbacks theirs", () => {
+  const faults = hardwareFaults(
+    entry({
+      hardware_faults: [
+        { key: "k1", level: "L2", source: "platform", mapping: "MAPPED", ranks: [2, 3], reason: "node-level fault", pending: true },
+        { key: "k2", mapping: "SOMETHING", ranks: "x" },
+        null,
+      ],
+    }),
+  );
+  assert.deepEqual(
+    faults.map((f) => [f.key, f.mappingKey, f.ranks, f.pending]),
+    [
+      ["k1", "serving.hw.mapping.MAPPED", [2, 3], true],
+      ["k2", null, [], null],
+    ],
+  );
+  for (const m of HARDWARE_MAPPINGS) for (const lang of ["en", "zh"]) assert.ok(LANGUAGES[lang][`serving.hw.mapping.${m}`]);
+  for (const f of FALLBACK_STRATEGIES) for (const lang of ["en", "zh"]) assert.ok(LANGUAGES[lang][fallbackKey(f)]);
+  assert.equal(fallbackKey("Other"), null);
+  assert.equal(nodeLink("sim local/01"), "/nodes/gpu-health?node=sim%20local%2F01");
+  assert.deepEqual(hardwareFaults(entry()), []);
 });
 
 test("past rounds come newest first with their outcome's tone; no outcome means running", () => {

@@ -93,8 +93,14 @@ async def capabilities(
     principal: Reader,
     source: SourceParam = "real",
     since: UtcTime | None = None,
+    stalled: Annotated[bool | None, Query(description="true: only cards whose collection stalled; false: none")] = None,
+    node_id: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
+    q: Annotated[
+        str | None, Query(min_length=1, max_length=128, description="part of the card's uuid or its node's name")
+    ] = None,
 ) -> CapabilitiesOut:
-    """One row per card (node, index, uuid) with samples in the period (default: the retention period)."""
+    """One row per card (node, index, uuid) with samples in the period (default: the retention period).
+    ``stalled``, ``node_id`` and ``q`` keep only the matching cards (the footer note stays)."""
     chosen = parse_source(source)
     now = ctx.clock.now()
     start = _since(since, default=now - timedelta(days=ctx.health_settings.retention_days))
@@ -103,6 +109,18 @@ async def capabilities(
     cards = await asyncio.to_thread(
         ctx.samples.capabilities, scope=NodeScope.of(principal), source=chosen, since=start, until=until
     )
+    if stalled is not None:
+        cards = [card for card in cards if (now - card.last_sample_at > stall) == stalled]
+    if node_id is not None:
+        cards = [card for card in cards if card.node_id == node_id]
+    needle = q.strip().lower() if q else ""
+    if needle:
+        names = await asyncio.to_thread(ctx.nodes.names, {card.node_id for card in cards})
+        cards = [
+            card
+            for card in cards
+            if needle in (card.uuid or "").lower() or needle in names.get(card.node_id, "").lower()
+        ]
     monotonic = ctx.clock.monotonic()
     xid_reports = {card.node_id: ctx.xid_collection.get(card.node_id, now=monotonic) for card in cards}
     return CapabilitiesOut(

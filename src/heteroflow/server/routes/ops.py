@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import asdict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from heteroflow.core.errors import StoreUnavailableError
 from heteroflow.platform.auth import Principal, Scope
 from heteroflow.server.auth import authenticate, context, require_cluster_wide
 from heteroflow.server.context import ServerContext
 from heteroflow.server.errors import error_responses
+from heteroflow.server.fleet_metrics import render_fleet
+from heteroflow.storage.fleet_store import FleetSnapshot, SqlFleetStore
 
 router = APIRouter(tags=["operations"])
 
@@ -32,7 +36,12 @@ async def healthz(_: Annotated[Principal, Depends(authenticate)]) -> dict[str, s
 
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response, responses=error_responses(403))
 async def metrics(ctx: Ctx, _: Annotated[Principal, Depends(require_cluster_wide(Scope.METRICS_READ))]) -> Response:
-    return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    snapshot: FleetSnapshot | None
+    try:
+        snapshot = await asyncio.to_thread(SqlFleetStore(ctx.engine).snapshot)
+    except StoreUnavailableError:  # the in-memory series still answer; the fleet ones say they are missing
+        snapshot = None
+    return Response(ctx.metrics.render() + render_fleet(snapshot), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get(

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
 from datetime import timedelta
-from typing import Annotated
+from typing import Annotated, Final, get_args
 
 from fastapi import APIRouter, Depends, Query
+from fastapi.responses import Response
 
 from heteroflow.core.clock import utc
 from heteroflow.health.predictions import STATUSES, PredictionStatus
@@ -24,13 +27,77 @@ from heteroflow.server.schemas import (
     PredictionStatsOut,
     UtcTime,
 )
-from heteroflow.storage.prediction_store import PredictionFilter
+from heteroflow.storage.prediction_store import STRONG_SIGNALS, PredictionFilter, PredictionOrder, PredictionRecord
 
 router = APIRouter(prefix="/api/v1/gpu-health", tags=["gpu-health"], responses=error_responses(400, 403))
 
 Ctx = Annotated[ServerContext, Depends(context)]
 Reader = Annotated[Principal, Depends(require(Scope.NODES_READ))]
 BANDS = (7, 30)
+
+TREND_SIGNALS: Final = ("corrected_ecc_growth", "pending_remap_growth", "retired_pages_growth")
+PREDICTION_TYPES: Final = {
+    "strong": STRONG_SIGNALS,
+    "trend": TREND_SIGNALS,
+    **{code: (code,) for code in (*STRONG_SIGNALS, *TREND_SIGNALS)},
+}
+"""``type=``: a layer (strong: the card already reports uncorrectable errors or a remap failure; trend: a counter
+grows) or one signal code."""
+ORDERS: Final = get_args(PredictionOrder)
+CSV_LIMIT: Final = 10_000
+"""Rows of one CSV export; a fleet's pending predictions fit many times over, and the body stays a few MB."""
+CSV_COLUMNS: Final = (
+    "id", "node_id", "node_name", "gpu_index", "uuid", "source", "status", "signals", "t0", "window_end",
+    "rule_version", "created_at", "judged_at", "conclusion",
+)  # fmt: skip
+
+TypeParam = Annotated[
+    str | None, Query(description="strong, trend, or one signal code (uncorrectable_ecc, remap_failure, …)")
+]
+SortParam = Annotated[str, Query(description="newest (default), strong_first or window_end")]
+SearchParam = Annotated[
+    str | None, Query(min_length=1, max_length=128, description="part of the card's uuid or of its node's name")
+]
+
+
+def _filter(
+    principal: Principal,
+    *,
+    node_id: str | None,
+    gpu_index: int | None,
+    status: str | None,
+    since: UtcTime | None,
+    until: UtcTime | None,
+    source: str,
+    type_: str | None,
+    search: str | None,
+) -> PredictionFilter:
+    if status is not None and status not in STATUSES:
+        raise BadRequest(f"status must be one of {', '.join(STATUSES)}")
+    if type_ is not None and type_ not in PREDICTION_TYPES:
+        raise BadRequest(f"type must be one of {', '.join(PREDICTION_TYPES)}")
+    chosen: PredictionStatus | None = next((s for s in STATUSES if s == status), None)
+    return PredictionFilter(
+        source=parse_source(source),
+        scope=NodeScope.of(principal),
+        node_id=node_id,
+        gpu_index=gpu_index,
+        status=chosen,
+        since=utc(since) if since else None,
+        until=utc(until) if until else None,
+        signals=PREDICTION_TYPES[type_] if type_ is not None else (),
+        search=search.strip() or None if search else None,
+    )
+
+
+def _order(sort: str) -> PredictionOrder:
+    if sort == "strong_first":
+        return "strong_first"
+    if sort == "window_end":
+        return "window_end"
+    if sort == "newest":
+        return "newest"
+    raise BadRequest(f"sort must be one of {', '.join(ORDERS)}")
 
 
 @router.get("/predictions", response_model=PredictionList, summary="Predictions (experimental rules)")
@@ -43,27 +110,31 @@ async def list_predictions(
     since: UtcTime | None = None,
     until: UtcTime | None = None,
     source: SourceParam = "real",
+    type: TypeParam = None,
+    sort: SortParam = "newest",
+    q: SearchParam = None,
     limit: int = 100,
     offset: int = 0,
 ) -> PredictionList:
-    """Newest t0 first; ``since``/``until`` bound t0. Each item carries its frozen rule version and window."""
+    """Newest t0 first by default; ``since``/``until`` bound t0; ``type`` keeps a layer or a signal; ``q`` searches
+    the card's uuid and node name. Each item carries its frozen rule version and window."""
     if not 1 <= limit <= 500:
         raise BadRequest("limit must be between 1 and 500")
     if not 0 <= offset <= 10_000_000:
         raise BadRequest("offset must be between 0 and 10000000")
-    if status is not None and status not in STATUSES:
-        raise BadRequest(f"status must be one of {', '.join(STATUSES)}")
-    chosen: PredictionStatus | None = next((s for s in STATUSES if s == status), None)
-    flt = PredictionFilter(
-        source=parse_source(source),
-        scope=NodeScope.of(principal),
+    flt = _filter(
+        principal,
         node_id=node_id,
         gpu_index=gpu_index,
-        status=chosen,
-        since=utc(since) if since else None,
-        until=utc(until) if until else None,
+        status=status,
+        since=since,
+        until=until,
+        source=source,
+        type_=type,
+        search=q,
     )
-    records, total = await asyncio.to_thread(ctx.predictions.list, flt, limit=limit, offset=offset)
+    order = _order(sort)
+    records, total = await asyncio.to_thread(ctx.predictions.list, flt, limit=limit, offset=offset, order=order)
     return PredictionList(
         items=[
             PredictionOut(
@@ -140,3 +211,63 @@ async def prediction_stats(
         windows=bands,
         disclaimer=disclaimer(min_matured=settings.min_matured, min_span_days=settings.min_span_days),
     )
+
+
+@router.get(
+    "/predictions.csv",
+    summary="The same predictions as CSV (at most 10,000 rows; the same filters and sort)",
+    response_class=Response,
+    responses={200: {"content": {"text/csv": {}}, "description": "One header line, one row per prediction."}},
+)
+async def export_predictions(
+    ctx: Ctx,
+    principal: Reader,
+    node_id: Annotated[str | None, Query(max_length=64)] = None,
+    gpu_index: Annotated[int | None, Query(ge=0, le=4095)] = None,
+    status: str | None = None,
+    since: UtcTime | None = None,
+    until: UtcTime | None = None,
+    source: SourceParam = "real",
+    type: TypeParam = None,
+    sort: SortParam = "newest",
+    q: SearchParam = None,
+) -> Response:
+    """A spreadsheet of the filtered predictions, with each card's node name; ``X-Total-Count`` says how many
+    matched (more than the rows when the export was cut at 10,000)."""
+    flt = _filter(
+        principal,
+        node_id=node_id,
+        gpu_index=gpu_index,
+        status=status,
+        since=since,
+        until=until,
+        source=source,
+        type_=type,
+        search=q,
+    )
+    records, total = await asyncio.to_thread(ctx.predictions.list, flt, limit=CSV_LIMIT, offset=0, order=_order(sort))
+    names = await asyncio.to_thread(ctx.nodes.names, {r.card.node_id for r in records})
+    body = io.StringIO()
+    writer = csv.writer(body, lineterminator="\r\n")
+    writer.writerow(CSV_COLUMNS)
+    for record in records:
+        writer.writerow(_csv_row(record, names.get(record.card.node_id, "")))
+    return Response(
+        body.getvalue(),
+        media_type="text/csv; charset=utf-8",
+        headers={
+            "Content-Disposition": f'attachment; filename="heteroflow-predictions-{flt.source}.csv"',
+            "X-Total-Count": str(total),
+        },
+    )
+
+
+def _csv_row(record: PredictionRecord, node_name: str) -> list[str]:
+    cells = [
+        record.id, record.card.node_id, node_name, str(record.card.gpu_index), record.card.uuid or "",
+        record.card.source, record.status, ",".join(record.signals), record.t0.isoformat(),
+        record.window_end.isoformat(), record.rule_version, record.created_at.isoformat(),
+        record.judged_at.isoformat() if record.judged_at else "", record.conclusion or "",
+    ]  # fmt: skip
+    # a spreadsheet must not run a cell as a formula (CSV injection): node names come from agents
+    return [f"'{cell}" if cell[:1] in ("=", "+", "-", "@", "\t", "\r") else cell for cell in cells]

@@ -7,8 +7,9 @@ so the platform server forwards three reads on the caller's behalf, adding the t
     GET /api/v1/serving/rounds[?instance_id=]   → GET /controller/fault_tolerance/rounds[?instance_id=]
     GET /api/v1/serving/rounds/{request_id}     → GET /controller/fault_tolerance/rounds/{request_id}
 
-Serving instances are cluster-wide, not tenant-scoped, so every route needs the ``admin`` scope on a token without
-a tenant (403 otherwise). What can go wrong on the way is mapped here, never to a 500:
+Serving instances are cluster-wide, not tenant-scoped, so every route needs the ``serving:read`` scope (or
+``admin``) on a token without a tenant (403 otherwise): a read-only operator can watch serving without holding
+an admin token. What can go wrong on the way is mapped here, never to a 500:
 
 - no controller configured (``HETEROFLOW_SERVER_CONTROLLER_URL`` unset) → 503;
 - controller unreachable, timed out, refusing the cluster token, failing, or answering something that is not
@@ -47,8 +48,8 @@ router = APIRouter(tags=["serving"], responses=error_responses(403))
 Ctx = Annotated[ServerContext, Depends(context)]
 
 
-# ``admin`` on a token without a tenant: serving instances belong to the whole cluster
-Admin = Annotated[Principal, Depends(require_cluster_wide(Scope.ADMIN))]
+# ``serving:read`` (or ``admin``) on a token without a tenant: serving instances belong to the whole cluster
+ServingReader = Annotated[Principal, Depends(require_cluster_wide(Scope.SERVING_READ))]
 
 
 class ControllerProxy:
@@ -133,18 +134,18 @@ def proxy_of(ctx: ServerContext) -> ControllerProxy:
 
 @router.get(
     "/api/v1/serving/status",
-    summary="Fault-tolerance status of every serving instance, from the controller (admin, no tenant)",
+    summary="Fault-tolerance status of every serving instance, from the controller (serving:read, no tenant)",
 )
-async def serving_status(ctx: Ctx, _: Admin) -> JSONResponse:
+async def serving_status(ctx: Ctx, _: ServingReader) -> JSONResponse:
     return JSONResponse(await proxy_of(ctx).get("/controller/fault_tolerance/status"))
 
 
 @router.get(
     "/api/v1/serving/rounds",
-    summary="Summaries of the rounds in the controller's memory (admin, no tenant)",
+    summary="Summaries of the rounds in the controller's memory (serving:read, no tenant)",
 )
 async def serving_rounds(
-    ctx: Ctx, _: Admin, instance_id: Annotated[str | None, Query(min_length=1, max_length=200)] = None
+    ctx: Ctx, _: ServingReader, instance_id: Annotated[str | None, Query(min_length=1, max_length=200)] = None
 ) -> JSONResponse:
     params = {"instance_id": instance_id} if instance_id else None
     return JSONResponse(await proxy_of(ctx).get("/controller/fault_tolerance/rounds", params=params))
@@ -152,10 +153,10 @@ async def serving_rounds(
 
 @router.get(
     "/api/v1/serving/rounds/{request_id}",
-    summary="One round's evidence timeline, from the controller (admin, no tenant)",
+    summary="One round's evidence timeline, from the controller (serving:read, no tenant)",
     responses=error_responses(404),
 )
-async def serving_round(ctx: Ctx, _: Admin, request_id: str) -> JSONResponse:
+async def serving_round(ctx: Ctx, _: ServingReader, request_id: str) -> JSONResponse:
     proxy = proxy_of(ctx)
     proxy.ensure_configured()  # no controller configured is a 503, whatever the id
     if _REQUEST_ID.fullmatch(request_id) is None:

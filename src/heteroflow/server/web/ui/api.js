@@ -61,3 +61,44 @@ export async function api(path, { params = {}, body, bearer } = {}) {
   }
   return payload;
 }
+
+/**
+ * GET a file (a CSV export) with the bearer token and save it through a Blob link; rejects with ApiError.
+ * @param {string} path
+ * @param {{params?: object, filename: string}} opts
+ */
+export async function download(path, { params = {}, filename }) {
+  const query = new URLSearchParams();
+  for (const [k, v] of Object.entries(params)) if (v !== null && v !== undefined && v !== "") query.set(k, String(v));
+  const search = query.toString();
+  let response;
+  try {
+    response = await fetch(search ? `${path}?${search}` : path, {
+      headers: { Authorization: `Bearer ${token() ?? ""}` },
+      cache: "no-store",
+    });
+  } catch (err) {
+    throw new ApiError(0, String(err && err.message ? err.message : err));
+  }
+  if (!response.ok) {
+    let detail = `HTTP ${response.status}`;
+    try {
+      const payload = await response.json();
+      if (payload && typeof payload.detail === "string") detail = payload.detail;
+    } catch {
+      // not JSON: the status says enough
+    }
+    const error = new ApiError(response.status, detail);
+    if (response.status === 401) onUnauthorized(error);
+    throw error;
+  }
+  const url = URL.createObjectURL(await response.blob());
+  const link = document.createElement("a");
+  link.href = url;
+  link.download = filename;
+  link.hidden = true;
+  document.body.append(link);
+  link.click();
+  link.remove();
+  setTimeout(() => URL.revokeObjectURL(url), 60_000);
+}

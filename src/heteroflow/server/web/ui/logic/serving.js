@@ -110,19 +110,141 @@ export function gateReasons(entry) {
 }
 
 /**
- * Which round's timeline to show: the one the user picked, else the running one, else the last one.
+ * Which round's timeline to show: the one the user picked, else the newest round still running, else the newest
+ * round of all (the last one).
+ *
+ * The status entry's ``request_id`` is not the current round: after a failed round it still names that round
+ * while the fallback (a round record of its own, ``fb-…``) runs, and after a commit it names the committed round.
+ * So the round summaries decide: the newest without an outcome is running. Only when the summaries do not yet
+ * list the entry's round (it began between the two calls) does the entry's id stand in, while a round phase lasts.
  * @param {object} entry the instance's status entry
  * @param {object[]} rounds the instance's round summaries (oldest first, as the controller sends them)
  * @param {string|null} picked a request id the user selected
  * @returns {{requestId: string, running: boolean, picked: boolean}|null}
  */
 export function roundToShow(entry, rounds, picked = null) {
-  const running = isRunning(entry);
-  if (picked) return { requestId: picked, running: running && picked === entry.request_id, picked: true };
-  if (entry.request_id) return { requestId: entry.request_id, running, picked: false };
-  const last = Array.isArray(rounds) && rounds.length ? rounds[rounds.length - 1] : null;
-  if (last && last.request_id) return { requestId: last.request_id, running: last.outcome == null, picked: false };
+  const list = Array.isArray(rounds) ? rounds.filter((r) => r && r.request_id) : [];
+  const runningIds = new Set(list.filter((r) => r.outcome == null).map((r) => String(r.request_id)));
+  if (picked) return { requestId: picked, running: runningIds.has(picked), picked: true };
+  const newestRunning = [...list].reverse().find((r) => r.outcome == null);
+  if (newestRunning) return { requestId: String(newestRunning.request_id), running: true, picked: false };
+  const listed = new Set(list.map((r) => String(r.request_id)));
+  if (entry.request_id && ROUND_PHASES.includes(entry.phase) && !listed.has(String(entry.request_id))) {
+    return { requestId: String(entry.request_id), running: true, picked: false };
+  }
+  const last = list.at(-1);
+  if (last) return { requestId: String(last.request_id), running: false, picked: false };
+  if (entry.request_id) return { requestId: String(entry.request_id), running: isRunning(entry), picked: false };
   return null;
+}
+
+/**
+ * A round's duration in seconds: the controller's ``round_total`` stage when it measured one (a committed
+ * scale-down), else, for a finished round whose record is loaded, the time of its outcome event since the round
+ * began (failed rounds, fallbacks, fast recoveries). A running round, or one whose record is not loaded, has no
+ * duration yet (null), never 0.
+ * @param {object} summary a round summary (or record)
+ * @param {object|null} record the round's record with its events, when loaded
+ * @returns {number|null}
+ */
+export function roundDuration(summary, record = null) {
+  const total = summary?.stage_seconds?.round_total;
+  if (typeof total === "number" && Number.isFinite(total)) return total;
+  if (summary?.outcome == null) return null;
+  const events = Array.isArray(record?.events) ? record.events : [];
+  const outcome = [...events].reverse().find((e) => e && e.kind === "outcome" && typeof e.t_sec === "number");
+  if (outcome) return outcome.t_sec;
+  return null;
+}
+
+/** Decision reasons the dictionary explains (``DecisionReason`` of the controller's core). */
+export const DECISION_REASONS = Object.freeze([
+  "FEATURE_DISABLED",
+  "HIGHER_PRIORITY",
+  "STRATEGY_RUNNING",
+  "NO_FAULT",
+  "COLLECTING",
+  "WAITING_FOR_DEAD",
+  "STABILITY_WINDOW",
+  "CORRELATION_WINDOW",
+  "COLLECTION_TIMEOUT",
+  "ALL_DEAD",
+  "CORRELATION_EXPIRED",
+  "HARDWARE_UNMAPPABLE",
+  "INSTANCE_NOT_ACTIVE",
+  "HARDWARE_ALREADY_COMMITTED",
+  "COMPLETE_SNAPSHOT",
+  "FAST_RECOVERY_APPLICABLE",
+  "FAST_RECOVERY_FAILED",
+]);
+
+/** Decision kinds the dictionary names. */
+export const DECISION_KINDS = Object.freeze([
+  "no_action",
+  "wait",
+  "higher_priority",
+  "fast_recovery",
+  "scale_down",
+  "reconfigure",
+  "hardware_handled",
+]);
+
+/**
+ * The controller's ``last_decision`` ("kind:REASON") as dictionary keys; a part the page does not know is kept
+ * as sent (key null). ``null`` when there is no decision yet.
+ * @returns {{raw: string, kind: string, reason: string, kindKey: string|null, reasonKey: string|null}|null}
+ */
+export function decisionInfo(lastDecision) {
+  if (typeof lastDecision !== "string" || lastDecision === "") return null;
+  const at = lastDecision.indexOf(":");
+  const kind = at < 0 ? lastDecision : lastDecision.slice(0, at);
+  const reason = at < 0 ? "" : lastDecision.slice(at + 1);
+  return {
+    raw: lastDecision,
+    kind,
+    reason,
+    kindKey: DECISION_KINDS.includes(kind) ? `serving.decision.kind.${kind}` : null,
+    reasonKey: DECISION_REASONS.includes(reason) ? `serving.decision.reason.${reason}` : null,
+  };
+}
+
+/** Fallback strategies the dictionary explains (F-14). */
+export const FALLBACK_STRATEGIES = Object.freeze(["InstanceReconfiguration", "EngineRelaunch", "ScaleP2D"]);
+
+export function fallbackKey(strategy) {
+  return FALLBACK_STRATEGIES.includes(strategy) ? `serving.fallback.${strategy}` : null;
+}
+
+/** How a hardware fault maps onto the instance (``MappingKind``). */
+export const HARDWARE_MAPPINGS = Object.freeze(["MAPPED", "NOT_AFFECTED", "UNMAPPABLE"]);
+
+/**
+ * The hardware faults the controller has seen for the instance, each with its mapping's dictionary key.
+ * @returns {{key: string, level: string|null, source: string|null, mapping: string, mappingKey: string|null,
+ *            ranks: number[], reason: string, pending: boolean|null}[]}
+ */
+export function hardwareFaults(entry) {
+  const faults = Array.isArray(entry?.hardware_faults) ? entry.hardware_faults : [];
+  return faults
+    .filter((f) => f && typeof f === "object")
+    .map((f) => {
+      const mapping = String(f.mapping ?? "");
+      return {
+        key: String(f.key ?? ""),
+        level: f.level == null ? null : String(f.level),
+        source: f.source == null ? null : String(f.source),
+        mapping,
+        mappingKey: HARDWARE_MAPPINGS.includes(mapping) ? `serving.hw.mapping.${mapping}` : null,
+        ranks: Array.isArray(f.ranks) ? f.ranks.filter(Number.isInteger) : [],
+        reason: typeof f.reason === "string" ? f.reason : "",
+        pending: typeof f.pending === "boolean" ? f.pending : null,
+      };
+    });
+}
+
+/** The GPU health page of one node, where its cards can be inspected (a deep link). */
+export function nodeLink(nodeName) {
+  return `/nodes/gpu-health?node=${encodeURIComponent(String(nodeName))}`;
 }
 
 /** A round is running in a round phase, or while the controller reports a running strategy. */
@@ -130,8 +252,12 @@ export function isRunning(entry) {
   return ROUND_PHASES.includes(entry.phase) || Boolean(entry.running_strategy);
 }
 
-/** Past rounds, newest first; a summary without an outcome is still running. */
-export function pastRounds(rounds) {
+/**
+ * Past rounds, newest first; a summary without an outcome is still running.
+ * @param {object[]} rounds the summaries, oldest first
+ * @param {Map<string, object>|null} records loaded round records by request id (for the durations)
+ */
+export function pastRounds(rounds, records = null) {
   const list = Array.isArray(rounds) ? [...rounds] : [];
   return list.reverse().map((r) => ({
     requestId: String(r.request_id),
@@ -139,7 +265,7 @@ export function pastRounds(rounds) {
     startedAt: r.started_at ?? null,
     outcome: r.outcome ?? null,
     tone: outcomeTone(r.outcome ?? null),
-    totalSec: typeof r.stage_seconds?.round_total === "number" ? r.stage_seconds.round_total : null,
+    totalSec: roundDuration(r, records?.get?.(String(r.request_id)) ?? null),
   }));
 }
 

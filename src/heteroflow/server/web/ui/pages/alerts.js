@@ -9,7 +9,17 @@ const LIMIT = 500;
 const FILTERS = ["open", "resolved", "all"];
 
 export function createAlertsPage(main) {
-  const state = { filter: "open", list: loading(), detail: idle(), selectedId: null, gen: 0, detailGen: 0, message: null };
+  const state = {
+    filter: "open",
+    list: loading(),
+    detail: idle(),
+    selectedId: null,
+    gen: 0,
+    detailGen: 0,
+    message: null,
+    drafts: new Map(), // alert id -> the reason typed so far: never lost to a refused or failed resolve
+    cannotResolve: false, // after a 403 the form is not offered again to this token
+  };
   const listBox = h("section", { class: "block", "aria-labelledby": "alerts-title" });
   const detailBox = h("section", {
     class: "block",
@@ -49,8 +59,10 @@ export function createAlertsPage(main) {
     try {
       await api(`/api/v1/alerts/${encodeURIComponent(id)}/resolve`, { body: { reason } });
       state.message = { key: "alerts.resolved_ok", kind: "ok" };
+      state.drafts.delete(id);
     } catch (err) {
       const status = err instanceof ApiError ? err.status : 0;
+      if (status === 403) state.cannotResolve = true;
       state.message =
         status === 403
           ? { key: "alerts.resolve_forbidden", kind: "error" }
@@ -165,7 +177,7 @@ export function createAlertsPage(main) {
           { dataset: { action: e.action } },
           h("td", { class: "nowrap" }, fmtTime(e.at)),
           h("td", {}, h("code", {}, e.actor)),
-          h("td", {}, e.action),
+          h("td", {}, ["raised", "resolved", "backlog"].includes(e.action) ? t(`alerts.action.${e.action}`) : e.action),
           h("td", {}, e.note),
         ),
       ),
@@ -173,17 +185,27 @@ export function createAlertsPage(main) {
     );
     let form = null;
     if (alert.status === "open") {
-      const reason = h("textarea", { id: "resolve-reason", rows: 3, maxlength: 2000, "aria-required": "true" });
+      const reason = h("textarea", {
+        id: "resolve-reason",
+        rows: 3,
+        maxlength: 2000,
+        "aria-required": "true",
+        readonly: state.cannotResolve,
+        oninput: (event) => state.drafts.set(alert.id, event.target.value),
+      });
+      reason.value = state.drafts.get(alert.id) ?? "";
       form = h(
         "form",
         { id: "resolve-form", class: "resolve" },
         h("label", { for: "resolve-reason" }, t("alerts.reason")),
         reason,
-        h("button", { type: "submit", id: "resolve-submit" }, t("alerts.resolve")),
+        state.cannotResolve
+          ? h("p", { class: "muted small", id: "resolve-unavailable" }, t("alerts.resolve_unavailable"))
+          : h("button", { type: "submit", id: "resolve-submit" }, t("alerts.resolve")),
       );
       form.addEventListener("submit", (event) => {
         event.preventDefault();
-        resolve(alert.id, reason.value.trim());
+        if (!state.cannotResolve) resolve(alert.id, reason.value.trim());
       });
     }
     replace(

@@ -2,12 +2,15 @@
 import { h, s } from "../dom.js";
 import { fmtHour, fmtNumber } from "../format.js";
 import { t } from "../i18n.js";
+import { timeTicks } from "../logic/axis.js";
 import { coverage, hourlyIncreases, metricUnknown } from "../logic/hourly.js";
 
 const BAR = 6;
 const HEIGHT = 120;
 const TOP = 14;
-const MIN_LABEL_RUN = 10; // an "unknown" text label needs this many adjacent unknown hours to fit
+const MIN_LABEL_RUN = 10;
+const AXIS = 16; // the labelled time axis under the bars
+const HOUR_MS = 3_600_000; // an "unknown" text label needs this many adjacent unknown hours to fit
 
 let chartSerial = 0;
 
@@ -77,10 +80,21 @@ export function eccChart({ samples, key, title, fromMs, untilMs, staleMinutes, t
     }
     i = j;
   }
+  // the time axis: a tick and a UTC label at each step (hours over a day, days over a week or a month)
+  const first = hours.length ? hours[0].start : fromMs;
+  const ticks = timeTicks(first, hours.length ? hours.at(-1).start + HOUR_MS : untilMs).map((tick) => {
+    const x = ((tick.at - first) / HOUR_MS) * BAR;
+    return s(
+      "g",
+      { class: "tick", dataset: { at: new Date(tick.at).toISOString() } },
+      s("line", { x1: x, y1: HEIGHT, x2: x, y2: HEIGHT + 4, class: "axis" }),
+      s("text", { x, y: HEIGHT + AXIS - 2, class: "tick-label", "text-anchor": "middle" }, tick.label),
+    );
+  });
   const svg = s(
     "svg",
     {
-      viewBox: `0 0 ${width} ${HEIGHT}`,
+      viewBox: `-12 0 ${width + 24} ${HEIGHT + AXIS}`,
       role: "img",
       "aria-label": `${title}. ${t("ecc.coverage", { computable: cov.computable, total: cov.total, sum: fmtNumber(cov.sum) })}`,
       class: "bars",
@@ -99,6 +113,7 @@ export function eccChart({ samples, key, title, fromMs, untilMs, staleMinutes, t
     s("text", { x: 2, y: 10, class: "axis-label" }, t("ecc.axis_max", { max: fmtNumber(max) })),
     bars,
     labels,
+    ticks,
   );
   return h(
     "figure",

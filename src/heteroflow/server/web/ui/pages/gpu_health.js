@@ -1,10 +1,13 @@
 // /nodes/gpu-health: statistics, predictions, ECC rate, capability matrix — top to bottom, as the page table of
-// docs/design/gpu-health-design.md describes. No auto-refresh: data is fetched on load and on interaction only.
-import { api } from "../api.js";
+// docs/design/gpu-health-design.md describes. Data is fetched on load and on interaction; an auto-refresh every minute is opt-in (a checkbox,
+// ?refresh=1). The URL carries the view (source, prediction filters, sort, search, page, selected card).
+import { api, download } from "../api.js";
 import { h, replace } from "../dom.js";
 import { fmtNumber, fmtPercent, fmtTime } from "../format.js";
-import { t } from "../i18n.js";
+import { LANGUAGES, t } from "../i18n.js";
 import { recogniseTypes } from "../logic/labels.js";
+import { DEFAULT_RANGE, RANGES } from "../logic/axis.js";
+import { SORTS, STATUSES, TYPES, parseView, predictionParams, writeView } from "../logic/query.js";
 import { statsCardState } from "../logic/stats.js";
 import { eccChart } from "./ecc_chart.js";
 import { activatable, allNodes, blockStatus, idle, loading, table } from "./common.js";
@@ -19,21 +22,46 @@ const METRICS = [
   "remapped_rows_failure",
   "remapped_rows_uncorrectable",
 ];
-const STATUSES = ["all", "pending", "hit", "miss", "voided"];
 const DEFAULT_STALL_MINUTES = 60;
+export const AUTO_REFRESH_MS = 60_000;
 
 const cardKey = (nodeId, index) => `${nodeId}|${index}`;
 
+/**
+ * An API text in the page's language: the API sends a stable code with each text (``note_code``,
+ * ``disclaimer_code``); a code the dictionary knows is shown in the chosen language with the response's own
+ * parameters, anything else verbatim as the API wrote it.
+ */
+function apiText(body, field) {
+  const code = body[`${field}_code`];
+  const key = typeof code === "string" ? `api.${code}` : null;
+  if (key && key in LANGUAGES.en) {
+    return t(key, { min_matured: body.min_matured, min_span: body.min_span_days });
+  }
+  return body[field];
+}
+
 export function createGpuHealthPage(main) {
+  const view = parseView(location.search);
   const state = {
-    source: new URLSearchParams(location.search).get("source") === "simulated" ? "simulated" : "real",
+    source: view.source,
     // Bumped on every source switch: a response for an older generation is discarded when it arrives.
     gen: 0,
     predsGen: 0,
     samplesGen: 0,
-    filter: "all",
-    offset: 0,
-    selected: null, // {node_id, gpu_index}
+    filter: view.status,
+    type: view.type,
+    sort: view.sort,
+    q: view.q,
+    offset: (view.page - 1) * PAGE_SIZE,
+    selected: view.card, // {node_id, gpu_index}
+    cardInUrl: view.card !== null, // the default card is not written to the URL; a chosen one is
+    refresh: view.refresh,
+    range: view.range,
+    stalledOnly: view.stalled,
+    stalledCaps: idle(), // the matrix's own call with stalled=true, while "stalled only" is on
+    refreshTimer: null,
+    asOf: null, // when the data on screen was read (the newest answer of the API)
     stats: loading(),
     preds: loading(),
     caps: loading(),
@@ -44,6 +72,7 @@ export function createGpuHealthPage(main) {
   const banner = document.getElementById("sim-banner");
   const calibrationText = document.getElementById("calibration-text");
   const sourceBox = h("div", { class: "source-switch" });
+  const asOfBox = h("div", { class: "as-of", id: "as-of" });
   const statsBox = h("section", { id: "stats", class: "block", "aria-labelledby": "stats-title" });
   const predsBox = h("section", { id: "predictions", class: "block", "aria-labelledby": "pred-title" });
   const eccBox = h("section", { id: "ecc", class: "block", "aria-labelledby": "ecc-title" });
@@ -55,8 +84,32 @@ export function createGpuHealthPage(main) {
   };
   const simBadge = () => (state.source === "simulated" ? h("span", { class: "badge sim" }, t("sim.badge")) : null);
 
+  function currentView() {
+    return {
+      source: state.source,
+      status: state.filter,
+      type: state.type,
+      sort: state.sort,
+      q: state.q,
+      page: Math.floor(state.offset / PAGE_SIZE) + 1,
+      card: state.cardInUrl ? state.selected : null,
+      refresh: state.refresh,
+      range: state.range,
+      stalled: state.stalledOnly,
+    };
+  }
+
+  function writeUrl() {
+    history.replaceState(null, "", `${location.pathname}${writeView(currentView())}${location.hash}`);
+  }
+
+  function scheduleRefresh() {
+    clearInterval(state.refreshTimer);
+    state.refreshTimer = state.refresh ? setInterval(() => fetchAll({ quiet: true }), AUTO_REFRESH_MS) : null;
+  }
+
   // ---- fetching -------------------------------------------------------------------------------------------
-  function fetchAll() {
+  function fetchAll({ quiet = false } = {}) {
     const gen = state.gen;
     const source = state.source;
     const apply = (fn) => (value) => {
@@ -64,10 +117,14 @@ export function createGpuHealthPage(main) {
       fn(value);
     };
     api("/api/v1/gpu-health/prediction-stats", { params: { source } }).then(
-      apply((data) => setBlock("stats", { status: "ok", data })),
+      apply((data) => {
+        state.asOf = new Date();
+        setBlock("stats", { status: "ok", data });
+      }),
       apply((error) => setBlock("stats", { status: "error", error })),
     );
-    fetchPredictions();
+    fetchPredictions({ quiet });
+    if (state.stalledOnly) fetchStalled();
     Promise.all([api("/api/v1/gpu-health/capabilities", { params: { source } }), allNodes()]).then(
       apply(([caps, nodes]) => {
         state.nodes = { status: "ok", data: new Map(nodes.map((n) => [n.id, n])) };
@@ -76,8 +133,11 @@ export function createGpuHealthPage(main) {
           const first = orderedCards().find(
             (c) => c.metrics.ecc_corrected_total === "collectable" || c.metrics.ecc_uncorrected_total === "collectable",
           );
-          if (first) selectCard({ node_id: first.node_id, gpu_index: first.gpu_index }, { scroll: false });
+          if (first) selectCard({ node_id: first.node_id, gpu_index: first.gpu_index }, { scroll: false, remember: false });
+        } else if (quiet) {
+          selectCard(state.selected, { scroll: false, remember: state.cardInUrl, quiet: true });
         }
+        state.asOf = new Date();
         renderAll();
       }),
       apply((error) => {
@@ -88,26 +148,44 @@ export function createGpuHealthPage(main) {
     );
   }
 
-  function fetchPredictions() {
+  function fetchPredictions({ quiet = false } = {}) {
     const gen = state.gen;
     const predsGen = ++state.predsGen;
-    state.preds = loading();
-    renderPredictions();
-    const params = { source: state.source, limit: PAGE_SIZE, offset: state.offset };
-    if (state.filter !== "all") params.status = state.filter;
+    writeUrl();
+    if (!quiet || state.preds.status !== "ok") {
+      state.preds = loading(); // a refresh keeps the rows on screen until the new ones arrive
+      renderPredictions();
+    }
+    const params = predictionParams(currentView(), PAGE_SIZE);
     const current = () => gen === state.gen && predsGen === state.predsGen;
     api("/api/v1/gpu-health/predictions", { params }).then(
-      (data) => current() && setBlock("preds", { status: "ok", data }),
+      (data) => {
+        if (!current()) return;
+        state.asOf = new Date();
+        setBlock("preds", { status: "ok", data });
+      },
       (error) => current() && setBlock("preds", { status: "error", error }),
     );
   }
 
-  function selectCard(card, { scroll = true } = {}) {
+  function fetchStalled() {
+    const gen = state.gen;
+    state.stalledCaps = loading();
+    api("/api/v1/gpu-health/capabilities", { params: { source: state.source, stalled: "true" } }).then(
+      (data) => gen === state.gen && setBlock("stalledCaps", { status: "ok", data }),
+      (error) => gen === state.gen && setBlock("stalledCaps", { status: "error", error }),
+    );
+  }
+
+  function selectCard(card, { scroll = true, remember = true, quiet = false } = {}) {
     state.selected = card;
+    state.cardInUrl = remember;
+    writeUrl();
     const gen = state.gen;
     const samplesGen = ++state.samplesGen;
-    state.samples = loading();
-    const params = { source: state.source, node_id: card.node_id, gpu_index: card.gpu_index, limit: SAMPLE_LIMIT };
+    if (!quiet || state.samples.status !== "ok") state.samples = loading();
+    const since = new Date(Date.now() - state.range * 86_400_000).toISOString();
+    const params = { source: state.source, node_id: card.node_id, gpu_index: card.gpu_index, limit: SAMPLE_LIMIT, since };
     const current = () => gen === state.gen && samplesGen === state.samplesGen;
     api("/api/v1/gpu-health/samples", { params }).then(
       (data) => current() && setBlock("samples", { status: "ok", data, fetchedAt: Date.now() }),
@@ -129,15 +207,13 @@ export function createGpuHealthPage(main) {
     state.gen += 1;
     state.offset = 0;
     state.selected = null;
+    state.cardInUrl = false;
     state.stats = loading();
     state.preds = loading();
     state.caps = loading();
     state.nodes = loading();
     state.samples = idle();
-    const url = new URL(location.href);
-    if (source === "simulated") url.searchParams.set("source", "simulated");
-    else url.searchParams.delete("source");
-    history.replaceState(null, "", url);
+    writeUrl();
     renderAll();
     fetchAll();
   }
@@ -153,7 +229,7 @@ export function createGpuHealthPage(main) {
     banner.hidden = state.source !== "simulated";
     banner.textContent = t("sim.banner");
     // The calibration notice never disappears: the API's disclaimer verbatim when we have it, else local text.
-    const disclaimer = state.stats.status === "ok" ? state.stats.data.disclaimer : null;
+    const disclaimer = state.stats.status === "ok" ? apiText(state.stats.data, "disclaimer") : null;
     calibrationText.textContent = typeof disclaimer === "string" && disclaimer ? disclaimer : t("calibration.fallback");
     calibrationText.dataset.origin = typeof disclaimer === "string" && disclaimer ? "api" : "fallback";
     const option = (value) =>
@@ -173,6 +249,30 @@ export function createGpuHealthPage(main) {
     replace(
       sourceBox,
       h("fieldset", {}, h("legend", {}, t("source.label")), option("real"), option("simulated")),
+    );
+    replace(
+      asOfBox,
+      h(
+        "p",
+        { class: "muted small", id: "as-of-time" },
+        state.asOf ? t("asof", { time: fmtTime(state.asOf.toISOString()) }) : t("loading"),
+      ),
+      h(
+        "label",
+        { class: "small refresh-toggle" },
+        h("input", {
+          type: "checkbox",
+          id: "auto-refresh",
+          checked: state.refresh,
+          onchange: (event) => {
+            state.refresh = event.target.checked;
+            writeUrl();
+            scheduleRefresh();
+          },
+        }),
+        " ",
+        t("refresh.auto", { seconds: AUTO_REFRESH_MS / 1000 }),
+      ),
     );
   }
 
@@ -246,32 +346,101 @@ export function createGpuHealthPage(main) {
     );
   }
 
+  function choice(id, values, currentValue, labelKey, onPick) {
+    return h(
+      "div",
+      { class: "control" },
+      h("label", { for: id }, t(labelKey)),
+      h(
+        "select",
+        { id, onchange: (event) => onPick(event.target.value) },
+        values.map((v) => h("option", { value: v.value, selected: v.value === currentValue }, v.label)),
+      ),
+    );
+  }
+
+  function refilter(change) {
+    change();
+    state.offset = 0; // a new filter or sort always starts on the first page
+    fetchPredictions();
+  }
+
+  async function exportCsv() {
+    const params = predictionParams(currentView(), PAGE_SIZE);
+    delete params.limit;
+    delete params.offset;
+    try {
+      await download("/api/v1/gpu-health/predictions.csv", { params, filename: `heteroflow-predictions-${state.source}.csv` });
+      state.csvError = null;
+    } catch (error) {
+      state.csvError = error;
+    }
+    renderPredictions();
+  }
+
   function renderPredictions() {
-    const select = h(
-      "select",
+    const search = h(
+      "form",
       {
-        id: "pred-filter",
-        onchange: (event) => {
-          state.filter = event.target.value;
-          state.offset = 0; // a new filter always starts on the first page
-          fetchPredictions();
+        class: "control search",
+        role: "search",
+        onsubmit: (event) => {
+          event.preventDefault();
+          const value = event.target.elements.namedItem("q").value.trim().slice(0, 128);
+          refilter(() => {
+            state.q = value;
+          });
         },
       },
-      STATUSES.map((s) => h("option", { value: s, selected: s === state.filter }, t(`pred.filter.${s}`))),
+      h("label", { for: "pred-search" }, t("pred.search")),
+      h("input", { type: "search", id: "pred-search", name: "q", value: state.q, maxlength: 128, placeholder: t("pred.search_hint") }),
+      h("button", { type: "submit", id: "pred-search-go" }, t("pred.search_go")),
     );
     const head = h(
       "div",
       { class: "block-head" },
       h("h2", { id: "pred-title" }, t("pred.title"), simBadge()),
-      h("div", { class: "control" }, h("label", { for: "pred-filter" }, t("pred.filter")), select),
+      h(
+        "div",
+        { class: "controls" },
+        choice(
+          "pred-filter",
+          STATUSES.map((s) => ({ value: s, label: t(`pred.filter.${s}`) })),
+          state.filter,
+          "pred.filter",
+          (v) => refilter(() => (state.filter = v)),
+        ),
+        choice(
+          "pred-type",
+          TYPES.map((v) => ({ value: v, label: t(`pred.type.${v}`) })),
+          state.type,
+          "pred.type",
+          (v) => refilter(() => (state.type = v)),
+        ),
+        choice(
+          "pred-sort",
+          SORTS.map((v) => ({ value: v, label: t(`pred.sort.${v}`) })),
+          state.sort,
+          "pred.sort",
+          (v) => refilter(() => (state.sort = v)),
+        ),
+        search,
+        h("button", { type: "button", id: "pred-csv", onclick: exportCsv }, t("pred.csv")),
+      ),
     );
+    const csvError = state.csvError
+      ? h("p", { class: "error", role: "alert", id: "pred-csv-error" }, t("pred.csv_failed", { detail: state.csvError.detail ?? String(state.csvError) }))
+      : null;
     const status = blockStatus(state.preds);
-    if (status) return replace(predsBox, head, status);
+    if (status) return replace(predsBox, head, csvError, status);
     const body = state.preds.data;
     if (body.total === 0 || body.items.length === 0) {
+      const filtered = state.filter !== "all" || state.type !== "all" || state.q;
       return replace(
         predsBox,
         head,
+        csvError,
+        filtered ? h("p", { class: "empty", id: "pred-empty-filtered" }, t("pred.empty_filtered")) : null,
         h(
           "p",
           { class: "empty", id: "pred-empty" },
@@ -288,6 +457,7 @@ export function createGpuHealthPage(main) {
     replace(
       predsBox,
       head,
+      csvError,
       h("p", { class: "muted small" }, t("pred.select_hint")),
       table(
         t("pred.title"),
@@ -407,11 +577,28 @@ export function createGpuHealthPage(main) {
       selectedKey ? null : h("option", { value: "", selected: true }, "—"),
       [...options].map(([key, label]) => h("option", { value: key, selected: key === selectedKey }, label)),
     );
+    const range = h(
+      "select",
+      {
+        id: "ecc-range",
+        onchange: (event) => {
+          state.range = Number(event.target.value);
+          if (state.selected) selectCard(state.selected, { scroll: false, remember: state.cardInUrl });
+          else writeUrl();
+        },
+      },
+      RANGES.map((days) => h("option", { value: String(days), selected: days === state.range }, t("ecc.range.days", { days }))),
+    );
     const head = h(
       "div",
       { class: "block-head" },
       title,
-      h("div", { class: "control" }, h("label", { for: "ecc-card" }, t("ecc.card")), select),
+      h(
+        "div",
+        { class: "controls" },
+        h("div", { class: "control" }, h("label", { for: "ecc-card" }, t("ecc.card")), select),
+        h("div", { class: "control" }, h("label", { for: "ecc-range" }, t("ecc.range")), range),
+      ),
     );
     const sampleStatus = blockStatus(state.samples);
     if (state.samples.status === "idle") return replace(eccBox, head);
@@ -442,25 +629,49 @@ export function createGpuHealthPage(main) {
   }
 
   function renderCapabilities() {
-    const title = h("h2", { id: "caps-title" }, t("caps.title"), simBadge());
-    const status = blockStatus(state.caps);
+    const toggle = h(
+      "label",
+      { class: "control small" },
+      h("input", {
+        type: "checkbox",
+        id: "caps-stalled",
+        checked: state.stalledOnly,
+        onchange: (event) => {
+          state.stalledOnly = event.target.checked;
+          writeUrl();
+          if (state.stalledOnly) fetchStalled();
+          else renderCapabilities();
+        },
+      }),
+      " ",
+      t("caps.stalled_only"),
+    );
+    const title = h("div", { class: "block-head" }, h("h2", { id: "caps-title" }, t("caps.title"), simBadge()), toggle);
+    const status = blockStatus(state.caps) ?? (state.stalledOnly ? blockStatus(state.stalledCaps) : null);
     if (status) return replace(capsBox, title, status);
-    const caps = state.caps.data;
+    const caps = state.stalledOnly && state.stalledCaps.status === "ok" ? state.stalledCaps.data : state.caps.data;
     const groups = new Map();
+    // one row per card (node, index, uuid): a swapped card is a row of its own, stalled or not
+    const rowKey = (c) => `${cardKey(c.node_id, c.gpu_index)}|${c.uuid ?? ""}`;
+    const shown = state.stalledOnly ? new Set(caps.cards.map(rowKey)) : null;
     for (const card of orderedCards()) {
+      if (shown && !shown.has(rowKey(card))) continue;
       if (!groups.has(card.node_id)) groups.set(card.node_id, []);
       groups.get(card.node_id).push(card);
     }
-    // Nodes of this source without any health sample still count: all their GPUs are unknown.
-    const unsampled = [...state.nodes.data.values()]
-      .filter((node) => node.source === state.source && !groups.has(node.id))
-      .sort((a, b) => a.name.localeCompare(b.name));
+    // Nodes of this source without any health sample still count: all their GPUs are unknown (not "stalled":
+    // they never reported, so the stalled-only view leaves them out).
+    const unsampled = state.stalledOnly
+      ? []
+      : [...state.nodes.data.values()]
+          .filter((node) => node.source === state.source && !groups.has(node.id))
+          .sort((a, b) => a.name.localeCompare(b.name));
     for (const node of unsampled) groups.set(node.id, []);
     const rows = [];
     for (const [nodeId, cards] of groups) {
       const node = state.nodes.data.get(nodeId);
       const sampledSlots = new Set(cards.map((c) => c.gpu_index)).size;
-      const missing = node ? Math.max(0, node.gpu_count - sampledSlots) : 0;
+      const missing = node && !state.stalledOnly ? Math.max(0, node.gpu_count - sampledSlots) : 0;
       const span = cards.length + (missing > 0 ? 1 : 0);
       // Vendor and model are node facts: shown once per node, never matched to a single card.
       const vendorCell = h(
@@ -486,7 +697,9 @@ export function createGpuHealthPage(main) {
     replace(
       capsBox,
       title,
-      rows.length === 0 ? h("p", { class: "empty" }, t("caps.empty")) : null,
+      rows.length === 0
+        ? h("p", { class: "empty", id: "caps-empty" }, t(state.stalledOnly ? "caps.none_stalled" : "caps.empty"))
+        : null,
       rows.length === 0
         ? null
         : table(
@@ -501,7 +714,7 @@ export function createGpuHealthPage(main) {
             rows,
             { id: "caps-table" },
           ),
-      h("p", { class: "footer-note", id: "caps-note" }, caps.note),
+      h("p", { class: "footer-note", id: "caps-note", dataset: { code: caps.note_code ?? "" } }, apiText(caps, "note")),
     );
   }
 
@@ -564,13 +777,16 @@ export function createGpuHealthPage(main) {
 
   return {
     start() {
-      replace(main, sourceBox, statsBox, predsBox, eccBox, capsBox);
+      replace(main, sourceBox, asOfBox, statsBox, predsBox, eccBox, capsBox);
       renderAll();
       fetchAll();
+      if (state.selected) selectCard(state.selected, { scroll: false, remember: true });
+      scheduleRefresh();
     },
     render: renderAll,
     stop() {
       state.gen += 1;
+      clearInterval(state.refreshTimer);
       document.body.classList.remove("simulated");
       banner.hidden = true;
     },

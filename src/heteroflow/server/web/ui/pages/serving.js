@@ -10,11 +10,16 @@ import { h, replace } from "../dom.js";
 import { LANGUAGES, t } from "../i18n.js";
 import {
   RANK_STATES,
+  decisionInfo,
   evidenceDocument,
+  fallbackKey,
   gateReasons,
+  hardwareFaults,
+  nodeLink,
   pastRounds,
   phaseInfo,
   rankCells,
+  roundDuration,
   roundToShow,
   shapeTimeline,
   stateCounts,
@@ -59,6 +64,7 @@ export function createServingPage(main) {
     error: null, // the last refresh's error (the last good data stays on screen, marked stale)
     rounds: new Map(), // instance id -> {data, error}
     timelines: new Map(), // request id -> {data, error}
+    finished: new Map(), // request id -> record of a finished round (it no longer changes: fetched once)
     picked: new Map(), // instance id -> request id the user chose
     downloadError: null, // {instance, error}
     timer: null,
@@ -78,11 +84,27 @@ export function createServingPage(main) {
     } catch (error) {
       state.rounds.set(id, { data: state.rounds.get(id)?.data ?? null, error });
     }
-    const show = roundToShow(entry, state.rounds.get(id).data ?? [], state.picked.get(id) ?? null);
+    const summaries = state.rounds.get(id).data ?? [];
+    // a finished round's duration comes from its record when the controller measured no round_total (failed
+    // rounds, fallbacks, fast recoveries): fetch each such record once; it no longer changes
+    const missing = summaries.filter(
+      (r) => r.outcome != null && roundDuration(r) === null && !state.finished.has(String(r.request_id)),
+    );
+    await Promise.all(
+      missing.map(async (r) => {
+        try {
+          state.finished.set(String(r.request_id), await api(`/api/v1/serving/rounds/${encodeURIComponent(r.request_id)}`));
+        } catch {
+          // the duration stays unknown; the next refresh tries again
+        }
+      }),
+    );
+    const show = roundToShow(entry, summaries, state.picked.get(id) ?? null);
     if (!show) return;
     try {
       const record = await api(`/api/v1/serving/rounds/${encodeURIComponent(show.requestId)}`);
       state.timelines.set(show.requestId, { data: record, error: null });
+      if (record && record.outcome != null) state.finished.set(show.requestId, record);
     } catch (error) {
       state.timelines.set(show.requestId, { data: state.timelines.get(show.requestId)?.data ?? null, error });
     }
@@ -242,7 +264,11 @@ export function createServingPage(main) {
   }
 
   function renderFacts(entry) {
-    const fact = (key, value) => [h("dt", {}, t(key)), h("dd", {}, value)];
+    // each label and its value stay together in one grid cell, whatever the number of columns
+    const fact = (key, value, extra = {}) => h("div", { class: "fact", ...extra }, h("dt", {}, t(key)), h("dd", {}, value));
+    const decision = decisionInfo(entry.last_decision);
+    const fallback = entry.fallback_strategy ?? null;
+    const fallbackWhy = fallback ? fallbackKey(fallback) : null;
     return h(
       "dl",
       { class: "facts instance-facts" },
@@ -251,12 +277,68 @@ export function createServingPage(main) {
       fact("serving.facts.committed", ranksText(entry.dead_committed)),
       fact("serving.facts.pending", ranksText(entry.pending_removed_ranks)),
       fact("serving.facts.published", ranksText(entry.published_endpoints)),
-      fact("serving.facts.fallback", entry.fallback_strategy ?? t("none")),
+      fact(
+        "serving.facts.fallback",
+        fallback ? [h("code", {}, fallback), fallbackWhy ? h("span", { class: "explain" }, t(fallbackWhy)) : null] : t("none"),
+      ),
       fact("serving.facts.generation", entry.generation ?? t("unknown")),
       fact("serving.facts.request_id", entry.request_id ? h("code", {}, entry.request_id) : t("none")),
       fact("serving.facts.running", entry.running_strategy ?? t("none")),
-      fact("serving.facts.decision", entry.last_decision ?? t("none")),
+      fact(
+        "serving.facts.decision",
+        decision === null
+          ? t("serving.decision.none")
+          : [
+              decision.kindKey ? t(decision.kindKey) : h("code", {}, decision.kind),
+              decision.reason ? [" ", h("code", { class: "reason-code" }, decision.reason)] : null,
+              decision.reasonKey ? h("span", { class: "explain" }, t(decision.reasonKey)) : null,
+            ],
+        { class: "fact wide", dataset: { decision: decision?.raw ?? "" } },
+      ),
     );
+  }
+
+  function renderHardware(entry) {
+    const faults = hardwareFaults(entry);
+    const title = h("h3", {}, t("serving.hw"));
+    if (faults.length === 0) return [title, h("p", { class: "empty hw-empty" }, t("serving.hw.empty"))];
+    return [
+      title,
+      table(
+        t("serving.hw"),
+        [
+          t("serving.hw.col.key"),
+          t("serving.hw.col.level"),
+          t("serving.hw.col.source"),
+          t("serving.hw.col.mapping"),
+          t("serving.hw.col.ranks"),
+          t("serving.hw.col.state"),
+        ],
+        faults.map((f) =>
+          h(
+            "tr",
+            { dataset: { key: f.key, mapping: f.mapping } },
+            h("td", {}, h("code", {}, f.key)),
+            h("td", {}, f.level ?? t("unknown")),
+            h("td", {}, f.source ?? t("unknown")),
+            h(
+              "td",
+              {},
+              h("code", {}, f.mapping || t("unknown")),
+              f.mappingKey ? h("span", { class: "explain" }, t(f.mappingKey)) : null,
+              f.reason ? h("span", { class: "explain muted" }, f.reason) : null,
+            ),
+            h("td", {}, f.ranks.length ? f.ranks.join(", ") : t("none")),
+            h(
+              "td",
+              {},
+              f.pending === null ? t("unknown") : f.pending ? t("serving.hw.pending") : t("serving.hw.handled"),
+            ),
+          ),
+        ),
+        { class: "hardware" },
+      ),
+    ];
   }
 
   function renderGate(entry) {
@@ -317,6 +399,8 @@ export function createServingPage(main) {
         t("serving.pods"),
         [
           t("serving.pod.col.id"),
+          t("serving.pod.col.node"),
+          t("serving.pod.col.ip"),
           t("serving.pod.col.state"),
           t("serving.pod.col.silent"),
           t("serving.pod.col.complete"),
@@ -327,6 +411,18 @@ export function createServingPage(main) {
             "tr",
             { dataset: { pod: String(p.pod_id), state: stateKey(p.state) } },
             h("td", {}, h("code", {}, p.pod_id)),
+            h(
+              "td",
+              { class: "pod-node" },
+              typeof p.node_name === "string" && p.node_name
+                ? h(
+                    "a",
+                    { href: nodeLink(p.node_name), title: t("serving.pod.node_link", { node: p.node_name }) },
+                    p.node_name,
+                  )
+                : t("unknown"),
+            ),
+            h("td", {}, typeof p.pod_ip === "string" && p.pod_ip ? h("code", {}, p.pod_ip) : t("unknown")),
             h(
               "td",
               {},
@@ -396,7 +492,7 @@ export function createServingPage(main) {
       if (!loaded) parts.push(h("p", { class: "muted", role: "status" }, t("loading")));
       return h("div", { class: "timeline-box", dataset: { request: show.requestId } }, parts);
     }
-    const summary = pastRounds([record])[0];
+    const summary = pastRounds([record], new Map([[show.requestId, record]]))[0];
     parts.push(
       h(
         "p",
@@ -451,16 +547,23 @@ export function createServingPage(main) {
       parts.push(h("p", { class: "warning" }, t("serving.round.dropped", { count: record.dropped_events })));
     }
     const stages = Object.entries(record.stage_seconds ?? {});
+    if (!stages.some(([name]) => name === "round_total") && summary.totalSec !== null) {
+      stages.push(["round_total", summary.totalSec]); // measured from the outcome event: every kind has one
+    }
     if (stages.length) {
       parts.push(
         h("h4", {}, t("serving.round.stages")),
         h(
           "dl",
           { class: "facts stages" },
-          stages.map(([name, sec]) => [
-            h("dt", {}, known(`serving.stage.${name}`, name)),
-            h("dd", {}, typeof sec === "number" ? t("serving.seconds", { sec: sec.toFixed(3) }) : t("unknown")),
-          ]),
+          stages.map(([name, sec]) =>
+            h(
+              "div",
+              { class: "fact", dataset: { stage: name } },
+              h("dt", {}, known(`serving.stage.${name}`, name)),
+              h("dd", {}, typeof sec === "number" ? t("serving.seconds", { sec: sec.toFixed(3) }) : t("unknown")),
+            ),
+          ),
         ),
       );
     }
@@ -481,7 +584,7 @@ export function createServingPage(main) {
               : t("serving.error.download", { detail: errorMessage(state.downloadError.error) }),
           )
         : null;
-    const rounds = pastRounds(loaded?.data ?? []);
+    const rounds = pastRounds(loaded?.data ?? [], state.finished);
     if (rounds.length === 0) return [title, error, h("p", { class: "empty" }, t("serving.past.empty"))];
     const picked = state.picked.get(id);
     return [
@@ -508,7 +611,15 @@ export function createServingPage(main) {
             h("td", {}, known(`serving.kind.${r.kind}`, r.kind)),
             h("td", { class: "nowrap" }, fmtSeconds(r.startedAt)),
             h("td", {}, outcomeBadge(r.outcome, r.tone)),
-            h("td", { class: "num" }, r.totalSec === null ? t("none") : t("serving.seconds", { sec: r.totalSec.toFixed(3) })),
+            h(
+              "td",
+              { class: "num duration" },
+              r.totalSec !== null
+                ? t("serving.seconds", { sec: r.totalSec.toFixed(3) })
+                : r.outcome == null
+                  ? t("serving.round.running")
+                  : t("unknown"),
+            ),
             h(
               "td",
               { class: "actions" },
@@ -574,6 +685,7 @@ export function createServingPage(main) {
       renderFacts(entry),
       renderGate(entry),
       renderErrors(entry),
+      renderHardware(entry),
       renderPods(entry),
       renderTimeline(entry),
       renderPast(entry),

@@ -1,0 +1,69 @@
+import { test } from "node:test";
+import assert from "node:assert/strict";
+import {
+  DEFAULT_VIEW,
+  SORTS,
+  TYPES,
+  parseCard,
+  parseView,
+  predictionParams,
+  writeView,
+} from "../../../src/heteroflow/server/web/ui/logic/query.js";
+import { LANGUAGES } from "../../../src/heteroflow/server/web/ui/i18n.js";
+
+test("the defaults read and write as an empty query", () => {
+  assert.deepEqual(parseView(""), { ...DEFAULT_VIEW });
+  assert.equal(writeView(DEFAULT_VIEW), "");
+});
+
+test("a view survives the round trip through its URL", () => {
+  const view = {
+    source: "simulated",
+    status: "pending",
+    type: "strong",
+    sort: "strong_first",
+    q: "gpu-a 01",
+    page: 3,
+    card: { node_id: "6f1c-node", gpu_index: 7 },
+    refresh: true,
+    range: 30,
+    stalled: true,
+  };
+  assert.deepEqual(parseView(writeView(view)), view);
+});
+
+test("unknown or hostile values fall back to the defaults, never an error", () => {
+  const view = parseView("?status=dead&type=weak&sort=random&page=-2&card=nocolon&refresh=yes&source=all&range=2");
+  assert.deepEqual(view, { ...DEFAULT_VIEW });
+  assert.equal(parseView("?page=99999999").page, 1);
+  assert.equal(parseView(`?q=${"x".repeat(300)}`).q.length, 128);
+  assert.equal(parseCard("n:4096"), null);
+  assert.equal(parseCard(":1"), null);
+  assert.deepEqual(parseCard("a:b:2"), { node_id: "a:b", gpu_index: 2 });
+});
+
+test("the serving dashboard's node link searches that node's cards", () => {
+  assert.equal(parseView("?node=sim-local-01").q, "sim-local-01");
+  assert.equal(parseView("?node=a&q=b").q, "b");
+});
+
+test("API parameters carry only what is chosen; the page becomes an offset", () => {
+  assert.deepEqual(predictionParams(DEFAULT_VIEW, 50), { source: "real", limit: 50, offset: 0 });
+  const view = { ...DEFAULT_VIEW, status: "pending", type: "strong", sort: "strong_first", q: "gpu", page: 2 };
+  assert.deepEqual(predictionParams(view, 50), {
+    source: "real",
+    limit: 50,
+    offset: 50,
+    status: "pending",
+    type: "strong",
+    sort: "strong_first",
+    q: "gpu",
+  });
+});
+
+test("every type and sort has its words in both languages", () => {
+  for (const lang of ["en", "zh"]) {
+    for (const type of TYPES) assert.ok(LANGUAGES[lang][`pred.type.${type}`], `${lang} type ${type}`);
+    for (const sort of SORTS) assert.ok(LANGUAGES[lang][`pred.sort.${sort}`], `${lang} sort ${sort}`);
+  }
+});

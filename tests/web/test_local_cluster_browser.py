@@ -1,0 +1,147 @@
+# ruff: noqa: RUF001  # the page is checked against its exact Chinese wording
+"""The serving dashboard on the local cluster, as ``heteroflow up`` starts it: real processes (platform server,
+controller, Coordinator, NodeManagers, simulated engines with torch workers), a Chromium on ``/serving`` signed in
+with a read-only ``nodes:read,serving:read`` token, and a rank's worker killed under traffic.
+
+The page must show what the controller does: the instance serving on four ranks, then the scale-down round of
+rank 2 in its timeline and its past rounds, committed, and rank 2 committed dead, in English and in Chinese.
+Nothing sleeps for synchronisation: Playwright's expectations and :func:`until` poll with deadlines.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from heteroflow.core.clock import SystemClock
+from heteroflow.local import ClusterOptions, ClusterState, LocalCluster
+from heteroflow.local.faults import KillMode, kill
+from heteroflow.platform.auth import parse_scopes
+from heteroflow.storage.db import create_db_engine
+from heteroflow.storage.token_store import SqlTokenStore
+from tests.acceptance.harness import COLLECTIVE_TIMEOUT_SEC, TIMINGS, traffic, until
+
+pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.timeout(420)]
+
+INSTANCE = '.instance[data-instance="inst-1"]'
+DURATION = re.compile(r"^\d+\.\d{3} s$")
+"""A duration as the page writes it: "1.234 s"."""
+ROUND_WAIT_MS = 120_000
+"""A round on a 2-core machine with torch workers takes seconds; the deadline leaves room for a loaded host."""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[LocalCluster, ClusterState]]:
+    pytest.importorskip("torch")
+    base = tmp_path_factory.mktemp("web-cluster")
+    config = base / "operator.yaml"
+    config.write_text(yaml.safe_dump({"fault_tolerance_config": TIMINGS}))
+    options = ClusterOptions(
+        data_dir=base / "local",
+        server_port=0,
+        controller_port=0,
+        coordinator_port=0,
+        controller_config=config,
+        collective_timeout_sec=COLLECTIVE_TIMEOUT_SEC,
+    )
+    local = LocalCluster(options)
+    with pytest.MonkeyPatch.context() as env:
+        for variable in list(os.environ):  # the processes inherit this environment: nothing from the shell
+            if variable.startswith("HETEROFLOW_"):
+                env.delenv(variable)
+        state = local.start()
+    try:
+        local.wait_ready(timeout_sec=240)
+        yield local, state
+    finally:
+        report = local.stop()
+    assert report.left == (), f"processes left behind: {report.left}"
+
+
+def serving_reader(state: ClusterState) -> str:
+    """A read-only operator's token (no admin), created the way ``heteroflow admin create-token`` does."""
+    engine = create_db_engine(state.database_url)
+    try:
+        store = SqlTokenStore(engine)
+        scopes = parse_scopes("nodes:read,serving:read")
+        return store.create_token(name="sre", scopes=scopes, tenant_id=None, now=SystemClock().now())[1]
+    finally:
+        engine.dispose()
+
+
+def controller_status(state: ClusterState) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {state.admin_token}"}
+    [entry] = httpx.get(f"{state.controller_url}/controller/fault_tolerance/status", headers=headers).json()
+    return dict(entry)
+
+
+def test_the_dashboard_follows_a_real_round_on_the_local_cluster(
+    browser: Any, cluster: tuple[LocalCluster, ClusterState], tmp_path: Path
+) -> None:
+    from playwright.sync_api import expect
+
+    local, state = cluster
+    token = serving_reader(state)
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    errors: list[str] = []
+    try:
+        context.add_init_script(
+            "if (!sessionStorage.getItem('seeded')) {"
+            f" sessionStorage.setItem('heteroflow.token', {json.dumps(token)});"
+            " localStorage.setItem('heteroflow.lang', 'en'); sessionStorage.setItem('seeded', '1'); }"
+        )
+        page = context.new_page()
+        page.on("pageerror", lambda exc: errors.append(str(exc)))
+        page.goto(state.server_url + "/serving")
+        instance = page.locator(INSTANCE)
+        # before the fault: no "no controller configured", four alive ranks, serving
+        expect(page.locator("#serving-error")).to_have_count(0)
+        expect(instance).to_have_attribute("data-phase", "NORMAL", timeout=30_000)
+        expect(instance.locator(".rank-grid li")).to_have_count(4)
+        expect(instance.locator('.rank-grid li[data-state="alive"]')).to_have_count(4)
+        expect(instance.locator(".badge.can-serve")).to_have_text("Can serve")
+        expect(instance.locator("table.pods tr[data-pod] .pod-node a")).to_have_count(2)
+
+        inst = state.instance("inst-1")
+        with traffic(state) as _load, local.client(timeout_sec=30) as client:
+            said = kill(client, inst, 2, mode=KillMode.WORKER)
+            assert "rank 2" in said
+            # the round appears on the page (its timeline and a past-rounds row), then commits
+            expect(instance.locator(".rank-grid li[data-rank='2']")).to_have_attribute(
+                "data-state", "committed_dead", timeout=ROUND_WAIT_MS
+            )
+            expect(instance).to_have_attribute("data-phase", "SCALED_DOWN_RUNNING", timeout=ROUND_WAIT_MS)
+        entry = until(
+            lambda: (e := controller_status(state))["dead_committed"] == [2] and e["can_serve"] and e,
+            within=60,
+            what="the controller's own status: rank 2 committed",
+        )
+        request_id = entry["request_id"]
+        row = instance.locator(f'table.rounds tr[data-request="{request_id}"]')
+        expect(row).to_have_attribute("data-outcome", "committed", timeout=30_000)
+        expect(row.locator(".duration")).to_have_text(DURATION)
+        timeline = instance.locator(f'ol.timeline[data-request="{request_id}"]')
+        expect(timeline.locator('li[data-kind="decided"]')).to_contain_text("Decided: remove 2")
+        expect(timeline.locator('li[data-kind="outcome"]')).to_contain_text("Outcome: committed")
+        for rank in (0, 1, 3):
+            expect(instance.locator(f".rank-grid li[data-rank='{rank}']")).to_have_attribute("data-state", "alive")
+        expect(instance.locator(".rank-grid li[data-rank='2'] .rank-pub")).to_have_text("not published")
+        expect(instance.locator(".instance-facts")).to_contain_text("0, 1, 3")
+
+        # the same page in Chinese
+        page.select_option("#lang", "zh")
+        expect(instance.locator(".rank-grid li[data-rank='2'] .rank-state")).to_have_text("已提交死亡")
+        expect(instance.locator(".badge.phase")).to_contain_text("已缩容运行")
+        expect(timeline.locator('li[data-kind="outcome"]')).to_contain_text("结果：已提交")
+        page.screenshot(path=str(tmp_path / "serving-local-cluster-zh.png"), full_page=True)
+    finally:
+        context.close()
+    assert not errors, f"uncaught page errors: {errors}"
