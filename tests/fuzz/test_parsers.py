@@ -33,7 +33,8 @@ from pydantic_settings import BaseSettings
 import heteroflow
 from heteroflow.agent.cnmon import CnmonCollector
 from heteroflow.agent.commands import CommandResult
-from heteroflow.agent.nvidia_smi import NvidiaSmiCollector
+from heteroflow.agent.kernel_xid import DevKmsg, KernelXidReader, PciAddress, parse_bus_id, parse_record, parse_xid
+from heteroflow.agent.nvidia_smi import NvidiaSmiCollector, parse_bus_rows
 from heteroflow.agent.nvml import NvmlCollector, XidWatcher
 from heteroflow.agent.readings import HealthCollection, TelemetryCollection
 from heteroflow.agent.settings import AgentSettings
@@ -539,3 +540,53 @@ def test_any_cursor_text_is_a_position_or_a_400(text: str) -> None:
 @given(st.integers(0, 10**18 - 1), st.integers(0, 10**18 - 1))
 def test_every_cursor_the_route_hands_out_reads_back(xid: int, sample: int) -> None:
     assert parse_cursor(f"{xid}.{sample}") == (xid, sample)
+
+
+# == the kernel log's XID lines ==============================================================================
+_kmsg_prefixes = st.sampled_from(["", "4,1834,1234567890,-;", "[24128.834365] ", "kernel: ", "6,,,;", "[ 1.] "])
+_xid_lines = st.builds(
+    lambda prefix, address, code, rest: f"{prefix}NVRM: Xid (PCI:{address}): {code}{rest}",
+    _kmsg_prefixes,
+    st.from_regex(r"[0-9a-fA-F]{0,9}:[0-9a-fA-F]{0,3}:[0-9a-fA-F]{0,3}(\.[0-9])?", fullmatch=True),
+    st.integers(-5, 2**40).map(str) | st.text(max_size=6),
+    st.text(max_size=80),
+)
+
+
+@given(_xid_lines | st.text(max_size=300) | st.binary(max_size=300).map(lambda b: b.decode("utf-8", "replace")))
+def test_any_kernel_log_line_is_an_xid_in_range_or_none(line: str) -> None:
+    parsed = parse_xid(line)
+    record = parse_record(line)
+    assert isinstance(record.message, str)
+    if parsed is not None:
+        assert 0 <= parsed.xid <= 2**31 - 1
+        assert 0 <= parsed.pci.bus <= 0xFF
+        assert 0 <= parsed.pci.device <= 0xFF
+        assert parsed.usec is None or parsed.usec >= 0
+        assert parse_bus_id(str(parsed.pci)) == parsed.pci
+
+
+@given(st.text(max_size=400))
+def test_any_bus_id_rows_map_to_cards_in_range(stdout: str) -> None:
+    for address, (index, uuid) in parse_bus_rows(stdout).items():
+        assert parse_bus_id(str(address)) == address
+        assert 0 <= index <= 9999
+        assert uuid is None or uuid.startswith("GPU-")
+
+
+@given(st.text(max_size=400) | st.binary(max_size=400).map(lambda b: b.decode("latin-1")))
+def test_any_kernel_log_file_is_read_without_raising(tmp_path_factory: pytest.TempPathFactory, content: str) -> None:
+    path = tmp_path_factory.mktemp("kmsg") / "kmsg"
+    path.write_text(content, encoding="utf-8", errors="surrogateescape")
+    clock = FakeClock()
+    reader = KernelXidReader(
+        log=DevKmsg(str(path), btime=lambda: datetime(2026, 1, 1, tzinfo=UTC)),
+        card_map=lambda: {PciAddress(0, bus, 0): (bus, None) for bus in range(256)},
+        now=clock.now,
+        monotonic=clock.monotonic,
+    )
+    assert reader.start()
+    for event in reader.poll():
+        assert 0 <= event.index <= 255
+        assert event.occurred_at.tzinfo is not None
+    reader.close()

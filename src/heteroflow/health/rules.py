@@ -130,14 +130,9 @@ def evaluate(view: CardView, params: RuleParams, *, weak_signals: Sequence[Signa
         grown = _strong_growth(view, params, key=key, code=code, label=label)
         if grown is not None:
             signals.append(grown)
-    if now.remapped_rows_failure is not None and now.remapped_rows_failure > 0:
-        signals.append(
-            Signal(
-                "strong",
-                "remap_failure",
-                f"row remapping failure {now.remapped_rows_failure} > 0 (spare rows exhausted)",
-            )
-        )
+    failure = _remap_failure(view, params)
+    if failure is not None:
+        signals.append(failure)
 
     growth, reason = _corrected_growth(view, params)
     if growth is not None:
@@ -200,6 +195,29 @@ def _strong_growth(view: CardView, params: RuleParams, *, key: str, code: str, l
         code,
         f"{label} grew from {reference} to {current} since {since.isoformat(timespec='seconds')} "
         f"(lifetime total {current})",
+    )
+
+
+def _remap_failure(view: CardView, params: RuleParams) -> Signal | None:
+    """The row-remapping failure flag once it is *newly* set: not set at the start of the observation period or at
+    the card's last prediction (a flag that stays set would predict the card in every window for life, as a
+    lifetime total would). With neither value known, a set flag is new to us and fires."""
+    grown = _strong_growth(view, params, key="remapped_rows_failure", code="remap_failure", label="row remapping")
+    if grown is None:
+        return None
+    current = view.latest.counters.remapped_rows_failure
+    known = [
+        (instant, value)
+        for instant in (view.t0 - params.observation, view.last_predicted_t0)
+        if instant is not None and (value := _value_at(view, "remapped_rows_failure", instant, params)) is not None
+    ]
+    if not known:
+        return Signal("strong", "remap_failure", f"row remapping failure {current} > 0 (spare rows exhausted)")
+    since = max(known, key=lambda item: item[1])[0]
+    return Signal(
+        "strong",
+        "remap_failure",
+        f"row remapping failure set since {since.isoformat(timespec='seconds')} (spare rows exhausted)",
     )
 
 

@@ -245,3 +245,65 @@ def test_xid_collection_that_fails_is_shown_on_the_node_and_in_the_capability_ma
         agent.stop_event.set()
         thread.join(20)
         server.stop()
+
+
+def test_xids_in_the_kernel_log_before_start_are_stored_once_and_the_node_names_the_source(tmp_path: Path) -> None:
+    """An XID raised while the agent was down is still in the ring buffer; a card NVML cannot register is read
+    from the kernel log; an agent restart re-reads the record with the same time, so the server keeps one row."""
+    from datetime import UTC, datetime, timedelta
+
+    from heteroflow.agent.kernel_xid import DevKmsg
+    from heteroflow.agent.nvml import NO_PERMISSION
+
+    boot = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=2)
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(
+        "6,1,1000,-;Linux version 6.8.0\n"
+        "4,2,3600000000,-;NVRM: Xid (PCI:0000:02:00): 48, pid=7, name=python3, An uncorrectable double bit error\n",
+        encoding="utf-8",
+    )
+    server = start_server(tmp_path)
+    denied = {"nvmlDeviceRegisterEvents": NO_PERMISSION}
+    fake = FakeNvml([FakeGpu(uuid="GPU-k0"), FakeGpu(uuid="GPU-k1", errors=denied)])
+    settings = AgentSettings.load(
+        server_url=server.url, token=server.token, node_name="e2e-kmsg",
+        heartbeat_interval_seconds=0.1, health_interval_seconds=0.5, request_timeout_seconds=2,
+    )  # fmt: skip
+    engine = sa.create_engine(server.database_url)
+
+    def run_once() -> None:
+        agent = build_agent(
+            settings,
+            runner=FakeCommandRunner(installed=[]),
+            clock=SystemClock(),
+            nvml_loader=lambda: fake,
+            kernel_log=DevKmsg(str(kmsg), btime=lambda: boot),
+        )
+        thread = threading.Thread(target=agent.run)
+        thread.start()
+        try:
+            poll(lambda: agent.status().xid.delivered >= 1)
+            poll(lambda: agent.status().beats_sent >= 2)
+        finally:
+            agent.stop_event.set()
+            thread.join(20)
+
+    def stored() -> list[tuple[int, int, str | None]]:
+        with engine.connect() as conn:
+            rows = conn.execute(sa.text("SELECT gpu_index, xid, uuid FROM gpu_xid_events ORDER BY id"))
+            return [(int(r[0]), int(r[1]), r[2]) for r in rows]
+
+    try:
+        run_once()
+        assert poll(stored) == [(1, 48, "GPU-k1")]
+        node_id = str(node_id_of(server, "e2e-kmsg"))
+        xids = server.get(f"/api/v1/nodes/{node_id}").json()["xid_events"]
+        assert xids["sources"] == ["nvml", "kernel_log"]
+        assert xids["kernel_log"] is None
+        assert xids["state"] == "collected"
+        assert xids["watched"] == [0, 1]
+        run_once()  # restarted: the ring buffer still holds the record
+        assert stored() == [(1, 48, "GPU-k1")]
+    finally:
+        engine.dispose()
+        server.stop()

@@ -41,6 +41,7 @@ FREE_TEXT = {
     "coordinator_url",
     "cluster_token",
     "crash_at_step",
+    "kernel_log",  # a path, or empty: not read
 }
 SPECIAL = {
     "port": ["abc", "0", "70000"],

@@ -196,6 +196,27 @@ def test_only_weak_signals_are_accepted_as_weak() -> None:
         evaluate(view_from(lambda d: 1), P, weak_signals=[Signal("strong", "x", "y")])
 
 
+def test_remap_failure_fires_when_the_flag_is_newly_set_not_while_it_stays_set() -> None:
+    start = T0 - P.observation
+
+    def view(flag_at_start: int | None, *, last_predicted: int | None = None) -> CardView:
+        boundaries = {instant: sample(instant, ecc_corrected_total=100) for instant in boundary_instants(T0, P)}
+        boundaries[start] = sample(start, ecc_corrected_total=100, remapped_rows_failure=flag_at_start)
+        last_t0 = None
+        if last_predicted is not None:
+            last_t0 = T0 - timedelta(days=2)
+            boundaries[last_t0] = sample(last_t0, ecc_corrected_total=100, remapped_rows_failure=last_predicted)
+        latest = sample(T0, ecc_corrected_total=100, remapped_rows_failure=1)
+        return CardView(card=CARD, latest=latest, boundaries=boundaries, last_decrease={}, last_predicted_t0=last_t0)
+
+    newly = [s for s in evaluate(view(0), P).signals if s.code == "remap_failure"]
+    assert len(newly) == 1
+    assert "set since" in newly[0].evidence
+    assert "remap_failure" not in codes(view(1))  # set for the whole observation period: not new
+    assert "remap_failure" not in codes(view(0, last_predicted=1))  # already predicted on it
+    assert "remap_failure" in codes(view(None))  # no earlier value known: new to us, as in the seed
+
+
 # -- invariants over arbitrary views ------------------------------------------------------------------------------
 
 
