@@ -16,6 +16,7 @@ from sqlalchemy.engine import Engine
 
 import heteroflow
 from heteroflow.core.admission import AdmissionGate, AdmissionLimit, Scope, watch_loop_lag
+from heteroflow.core.authentication import AuthenticateFirst, Denial
 from heteroflow.core.clock import Clock, SystemClock
 from heteroflow.core.request_body import BodyLimit
 from heteroflow.core.ttl_cache import TtlCache
@@ -26,7 +27,7 @@ from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform.auth import Principal
 from heteroflow.platform.liveness import LivenessTracker
 from heteroflow.server.alert_delivery import AlertDeliverySettings, AlertNotifier
-from heteroflow.server.auth import authenticate, invalid_request
+from heteroflow.server.auth import authenticate, check_before_work, invalid_request
 from heteroflow.server.context import ServerContext
 from heteroflow.server.errors import install_error_handlers, overloaded, refused_body
 from heteroflow.server.gpu_metrics import GpuMetricsRecorder
@@ -166,8 +167,9 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
     async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         return await invalid_request(request, exc)
 
+    # the last added runs first: token check → heartbeat admission → body size, time and depth → FastAPI
     app.add_middleware(BodyLimit, render=refused_body)  # size and depth, before FastAPI parses a body
-    # added last, so it runs first: a refused heartbeat costs no body read at all
+    # a refused heartbeat costs no body read at all; only authenticated heartbeats count
     app.add_middleware(
         AdmissionLimit,
         gate=ctx.heartbeat_admission,
@@ -175,6 +177,16 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
         retry_after_s=max(1, math.ceil(ctx.settings.heartbeat_interval_seconds)),
         render=overloaded,
         on_refused=lambda _, why: ctx.metrics.heartbeats_refused.labels(reason=why).inc(),
+    )
+
+    async def check(scope: Scope) -> Denial | None:
+        return await check_before_work(ctx, scope)
+
+    app.add_middleware(
+        AuthenticateFirst,
+        check=check,
+        render=lambda _, denial: {"error": denial.code, "detail": denial.message},
+        on_denied=lambda _, denial: ctx.metrics.requests_denied.labels(status=str(denial.status)).inc(),
     )
     for routes in (
         node_routes,

@@ -12,6 +12,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from heteroflow.core.authentication import Denial, bearer_of
+from heteroflow.core.authentication import Scope as AsgiScope
 from heteroflow.core.errors import StoreUnavailableError
 from heteroflow.core.ids import NodeId
 from heteroflow.platform.auth import Principal, Scope, hash_token
@@ -38,25 +40,49 @@ async def authenticate(
     """The caller, from the bearer token; verified tokens are trusted from memory for a short while."""
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
         raise Unauthorized("a bearer token is required (Authorization: Bearer <token>)")
-    ctx = server_context(request)
-    token_hash = hash_token(credentials.credentials)
+    return await principal_of(server_context(request), credentials.credentials)
+
+
+async def principal_of(ctx: ServerContext, token: str) -> Principal:
+    """The principal of ``token``: from the cache, else one lookup (a known-unknown token costs none for a
+    while, and at most a few lookups run at once, so random tokens cannot queue up the thread pool)."""
+    token_hash = hash_token(token)
     now = ctx.clock.monotonic()
     principal = ctx.token_cache.get(token_hash, now=now)
     if principal is not None:
         return principal
-    try:
-        principal = await asyncio.to_thread(ctx.tokens.principal, token_hash)
-    except StoreUnavailableError:
-        # the database is down: a token verified earlier stays good; an unknown one cannot be checked
-        stale = ctx.token_cache.get_stale(token_hash)
-        if stale is None:
-            raise
-        return stale
+    if ctx.unknown_tokens.get(token_hash, now=now) is not None:
+        raise Unauthorized("unknown or revoked token")
+    async with ctx.token_lookups:
+        try:
+            principal = await asyncio.to_thread(ctx.tokens.principal, token_hash)
+        except StoreUnavailableError:
+            # the database is down: a token verified earlier stays good; an unknown one cannot be checked
+            stale = ctx.token_cache.get_stale(token_hash)
+            if stale is None:
+                raise
+            return stale
     if principal is None:
         ctx.token_cache.discard(token_hash)
+        ctx.unknown_tokens.put(token_hash, True, now=now)
         raise Unauthorized("unknown or revoked token")
     ctx.token_cache.put(token_hash, principal, now=now)
     return principal
+
+
+async def check_before_work(ctx: ServerContext, scope: AsgiScope) -> Denial | None:
+    """The credential check that runs before admission, body read and parse (:mod:`heteroflow.core.authentication`):
+    a missing, unknown or revoked bearer token is refused there; scopes and tenants are the routes' business."""
+    token = bearer_of(scope)
+    if token is None:
+        return Denial(401, "unauthorized", "a bearer token is required (Authorization: Bearer <token>)")
+    try:
+        await principal_of(ctx, token)
+    except Unauthorized as exc:
+        return Denial(401, exc.code, exc.message)
+    except StoreUnavailableError:
+        return Denial(503, "unavailable", "the database is unavailable; retry later")
+    return None
 
 
 async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:

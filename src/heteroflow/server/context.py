@@ -30,6 +30,13 @@ from heteroflow.storage.node_store import SqlNodeStore
 from heteroflow.storage.prediction_store import SqlPredictionStore
 from heteroflow.storage.token_store import SqlTokenStore
 
+UNKNOWN_TOKEN_CACHE_S = 10.0
+"""How long a token found unknown is answered 401 from memory, seconds. A token is 256 random bits: none is
+created that was looked up before, so the cache only spares the database a client repeating a wrong token."""
+
+TOKEN_LOOKUPS_AT_ONCE = 4
+"""Uncached token lookups running at once; the others wait (on the loop, without a thread)."""
+
 
 @dataclass
 class ServerContext:
@@ -55,6 +62,12 @@ class ServerContext:
     node_cache: TtlCache[NodeId, NodeRecord]
     heartbeat_admission: AdmissionGate
     """Which heartbeats are worked on under overload (:mod:`heteroflow.core.admission`)."""
+    unknown_tokens: TtlCache[str, bool] = field(
+        default_factory=lambda: TtlCache(ttl_seconds=UNKNOWN_TOKEN_CACHE_S, max_entries=10_000)
+    )
+    """Hashes of tokens just found unknown: answered 401 without a statement for a while."""
+    token_lookups: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(TOKEN_LOOKUPS_AT_ONCE))
+    """Token lookups running at once (each is a thread and a statement)."""
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
 
     def forget_node(self, node_id: NodeId) -> None:

@@ -44,6 +44,13 @@ class ServerMetrics:
             "SQL statements this server sent to the database (all paths).",
             registry=self.registry,
         )
+        self.requests_denied = Counter(
+            "heteroflow_requests_denied",
+            "Requests refused before any work (no body read, no admission slot) because their bearer token is "
+            "missing, unknown or revoked (401), or could not be checked (503).",
+            ["status"],
+            registry=self.registry,
+        )
         self.heartbeats_refused = Counter(
             "heteroflow_heartbeats_refused",
             "Heartbeats answered 503 + Retry-After by the admission gate, by reason: busy (max_in_flight_heartbeats "
