@@ -44,13 +44,20 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._in_body = False
 
     def data_received(self, data: bytes) -> None:
-        if not self._in_body:
+        counting = not self._in_body
+        if counting:
             self._head_bytes += len(data)
-            if self._head_bytes > self.max_header_bytes:
-                self.transport.write(_refusal())
-                self.transport.close()
-                return
         super().data_received(data)
+        # judged after parsing: one read may hold a whole head and the start of its body; the head did not end
+        # in it when the parser is still before the body
+        if (
+            counting
+            and not self._in_body
+            and self._head_bytes > self.max_header_bytes
+            and not self.transport.is_closing()
+        ):
+            self.transport.write(_refusal())
+            self.transport.close()
 
     def on_headers_complete(self) -> None:
         self._in_body = True
