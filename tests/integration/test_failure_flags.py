@@ -42,8 +42,10 @@ samples_0003 = sa.table(
 
 
 def node(engine: Engine, name: str = "h1") -> NodeId:
-    record, _ = SqlNodeStore(engine).register(
-        name=name, vendor="nvidia", model="H100", gpu_count=8, source="real", tenant_id=None, now=START
+    record = (
+        SqlNodeStore(engine)
+        .register(name=name, vendor="nvidia", model="H100", gpu_count=8, source="real", tenant_id=None, now=START)
+        .node
     )
     return record.id
 

@@ -1,6 +1,6 @@
 """Attacks on a real platform server process, with a real agent process beating through them.
 
-Each test is one finding of the attack report, replayed with the bounded loops CI allows: the slow-body flood
+Each test replays one attack with the bounded loops CI allows: the slow-body flood
 (anonymous sockets trickling a heartbeat body), the megabyte flood (anonymous 1 MiB bodies of small containers),
 a huge request head. Throughout each flood the test beats for a node of its own through the agent's real client
 and measures every answer: all 200, each in bounded time; the real agent's node stays online.
@@ -170,7 +170,7 @@ def _answer(sock: socket.socket) -> bytes:
 
 
 def test_a_slow_body_flood_of_anonymous_sockets_leaves_real_heartbeats_at_200(platform: Platform) -> None:
-    """Finding 1: 256 sockets declaring a 100 kB heartbeat and sending it a byte at a time took every admission
+    """256 sockets declaring a 100 kB heartbeat and sending it a byte at a time took every admission
     slot. Now each is refused 401 on its head, before a slot or a body read, and the connection is closed."""
     port = platform.server.port
     head = (
@@ -218,7 +218,7 @@ def test_an_authenticated_slow_body_is_cut_off_with_408(platform: Platform) -> N
 
 
 def test_a_megabyte_flood_of_anonymous_bodies_leaves_real_heartbeats_at_200(platform: Platform) -> None:
-    """Finding 2: anonymous 1 MiB bodies of small containers were parsed and walked in Python before the token
+    """anonymous 1 MiB bodies of small containers were parsed and walked in Python before the token
     check (about a second of event loop each). Now they are refused on their head, unread."""
     body = b"[" + b",".join([b"[]"] * 349_000) + b"]"
     assert len(body) < 1 << 20
@@ -252,7 +252,7 @@ def test_a_megabyte_flood_of_anonymous_bodies_leaves_real_heartbeats_at_200(plat
 
 
 def test_a_huge_request_head_is_refused_431_without_growing_the_server(platform: Platform) -> None:
-    """Finding 6: four 128 MiB headers cost the server +580 MiB before any middleware ran. Now a head is cut off
+    """four 128 MiB headers cost the server +580 MiB before any middleware ran. Now a head is cut off
     past 64 KiB with 431; sixteen 8 MiB attempts leave the resident size within a few MiB."""
     before = platform.rss_kib()
     chunk = b"a" * (1 << 20)

@@ -51,6 +51,11 @@ class ServerMetrics:
             ["status"],
             registry=self.registry,
         )
+        self.heartbeats_foreign = Counter(
+            "heteroflow_heartbeats_foreign",
+            "Heartbeats for an existing node without that node's credential (answered 404, as a missing node).",
+            registry=self.registry,
+        )
         self.heartbeats_refused = Counter(
             "heteroflow_heartbeats_refused",
             "Heartbeats answered 503 + Retry-After by the admission gate, by reason: busy (max_in_flight_heartbeats "

@@ -39,6 +39,13 @@ class NodeRegistered(BaseModel):
     node_id: str
     created: bool
     heartbeat_interval_seconds: float
+    node_credential: str | None = Field(
+        default=None,
+        description=(
+            "The node's own credential, shown once when it is issued (a new node, or a node that had none): "
+            "send it as X-HeteroFlow-Node-Credential on every heartbeat and re-registration of this node."
+        ),
+    )
 
 
 class GpuStat(BaseModel):

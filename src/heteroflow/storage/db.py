@@ -101,6 +101,18 @@ def upgrade_database(engine: Engine) -> None:
                 conn.execute(sa.text("SELECT pg_advisory_unlock(:id)"), {"id": _PG_MIGRATION_LOCK})
                 conn.commit()
         return
-    with engine.begin() as conn:
-        config.attributes["connection"] = conn
-        command.upgrade(config, "head")
+    with engine.connect() as conn:
+        # SQLite recreates a table to change its constraints; with foreign keys on, dropping the old copy would
+        # cascade into every table that references it. The pragma is ignored inside a transaction: set it first.
+        conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+        conn.commit()
+        try:
+            with conn.begin():
+                config.attributes["connection"] = conn
+                command.upgrade(config, "head")
+                violations = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                if violations:
+                    raise RuntimeError(f"the migration left rows without their parent: {violations[:5]}")
+        finally:
+            conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+            conn.commit()

@@ -8,16 +8,25 @@ from datetime import timedelta
 from typing import Annotated
 
 import structlog
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Header, Query, Response
 
 from heteroflow.core.ids import NodeId
 from heteroflow.health.gpu_metrics import metric_readings_from_stats
 from heteroflow.health.heartbeat import readings_from_stats, xid_events_from_wire
-from heteroflow.platform.auth import NodeScope, Principal, Scope
-from heteroflow.platform.nodes import NodeConflictError, NodeRecord, is_online, newest
+from heteroflow.platform.auth import NodeScope, Principal, Scope, generate_token, hash_token
+from heteroflow.platform.nodes import (
+    NODE_CREDENTIAL_HEADER,
+    NodeConflictError,
+    NodeQuotaError,
+    NodeRecord,
+    Quota,
+    is_online,
+    newest,
+    speaks_for,
+)
 from heteroflow.server.auth import context, require, visible_node
 from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import Conflict, error_responses
+from heteroflow.server.errors import Conflict, NotFound, TooManyRequests, error_responses
 from heteroflow.server.schemas import (
     Heartbeat,
     HeartbeatAccepted,
@@ -32,6 +41,14 @@ router = APIRouter(prefix="/api/v1/nodes", tags=["nodes"], responses=error_respo
 _log = structlog.get_logger(__name__)
 
 Ctx = Annotated[ServerContext, Depends(context)]
+NodeCredential = Annotated[
+    str | None,
+    Header(
+        alias=NODE_CREDENTIAL_HEADER,
+        max_length=200,
+        description="The node's own credential, as the node's first registration issued it.",
+    ),
+]
 
 
 def node_out(ctx: ServerContext, node: NodeRecord) -> NodeOut:
@@ -55,14 +72,20 @@ def node_out(ctx: ServerContext, node: NodeRecord) -> NodeOut:
     "/register",
     response_model=NodeRegistered,
     summary="Register a node (agents)",
-    responses=error_responses(400, 409, 413),
+    responses=error_responses(400, 409, 413, 429),
 )
 async def register(
-    body: NodeRegistration, ctx: Ctx, principal: Annotated[Principal, Depends(require(Scope.AGENT))]
+    body: NodeRegistration,
+    ctx: Ctx,
+    principal: Annotated[Principal, Depends(require(Scope.AGENT))],
+    credential: NodeCredential = None,
 ) -> NodeRegistered:
-    """Register by hostname. The same hostname again returns the same node id (agents restart)."""
+    """Register by hostname, unique within the caller's tenant. A new node gets its own credential, shown once;
+    the same hostname again returns the same node id to a caller that presents it (agents restart). An
+    administrator's token re-issues it (an agent that lost its credential)."""
+    issued = generate_token()
     try:
-        node, created = await asyncio.to_thread(
+        result = await asyncio.to_thread(
             ctx.nodes.register,
             name=body.hostname,
             vendor=body.vendor,
@@ -71,13 +94,31 @@ async def register(
             source=body.source,
             tenant_id=principal.tenant_id,
             now=ctx.clock.now(),
+            token_id=principal.token_id,
+            presented_hash=hash_token(credential) if credential else None,
+            new_credential_hash=hash_token(issued),
+            reissue=principal.has(Scope.ADMIN) and not credential,
+            quota=Quota(max_nodes=ctx.settings.max_nodes_per_token, max_cards=ctx.settings.max_cards_per_token),
         )
+    except NodeQuotaError as exc:
+        raise TooManyRequests(str(exc)) from exc
     except NodeConflictError as exc:
         raise Conflict(str(exc)) from exc
+    node = result.node
     ctx.node_cache.put(node.id, node, now=ctx.clock.monotonic())
-    _log.info("node.registered", node_id=node.id, hostname=node.name, created=created, source=node.source)
+    _log.info(
+        "node.registered",
+        node_id=node.id,
+        hostname=node.name,
+        created=result.created,
+        credential_issued=result.issued,
+        source=node.source,
+    )
     return NodeRegistered(
-        node_id=node.id, created=created, heartbeat_interval_seconds=ctx.settings.heartbeat_interval_seconds
+        node_id=node.id,
+        created=result.created,
+        heartbeat_interval_seconds=ctx.settings.heartbeat_interval_seconds,
+        node_credential=issued if result.issued else None,
     )
 
 
@@ -92,16 +133,22 @@ async def heartbeat(
     body: Heartbeat,
     ctx: Ctx,
     principal: Annotated[Principal, Depends(require(Scope.AGENT))],
+    credential: NodeCredential = None,
 ) -> HeartbeatAccepted:
     """Record liveness and offer the GPU health readings to the side path.
 
     In steady state this makes no database statement: the token and the node come from short-lived
     caches, liveness is flushed in batches, and unchanged health readings are skipped by the dedup cache.
     A health write that fails never fails the beat. XID events are stored before answering; when that
-    fails, ``xid_events.retry`` tells the agent to keep them and send them again.
+    fails, ``xid_events.retry`` tells the agent to keep them and send them again. A beat without the node's
+    credential is the same 404 as a missing node: one agent cannot beat, or report XID events, for another.
     """
     started = time.perf_counter()
     node = await visible_node(ctx, principal, node_id, cached=True)
+    # an administrator's token may speak for any node (it may delete and re-register any node anyway)
+    if Scope.ADMIN not in principal.scopes and not speaks_for(node, hash_token(credential) if credential else None):
+        ctx.metrics.heartbeats_foreign.inc()
+        raise NotFound(f"node {node_id!r} not found")
     received_at = ctx.clock.now()
     ctx.liveness.beat(node.id, received_at)
     readings, invalid = readings_from_stats(
