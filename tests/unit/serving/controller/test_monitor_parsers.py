@@ -8,8 +8,8 @@ Kubernetes API returns them, and ``DeviceInfoCfg`` nests the ``-Fault`` array as
 from __future__ import annotations
 
 import asyncio
-import itertools
 import http.server
+import itertools
 import json
 import os
 import threading
