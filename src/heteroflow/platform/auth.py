@@ -24,6 +24,8 @@ class Scope(StrEnum):
     AGENT = "agent"
     ALERTS_WRITE = "alerts:write"
     METRICS_READ = "metrics:read"
+    INFERENCE = "inference"
+    """An API key of the Coordinator's OpenAI routes (and nothing else on the platform)."""
     ADMIN = "admin"
 
 

@@ -30,6 +30,22 @@ async def healthz(_: Annotated[Principal, Depends(authenticate)]) -> dict[str, s
     return {"status": "ok"}
 
 
+@router.get(
+    "/api/v1/auth/whoami",
+    summary="The caller's token: its id, label, scopes and tenant (any valid token; never the token itself)",
+    responses=error_responses(),
+)
+async def whoami(principal: Annotated[Principal, Depends(authenticate)]) -> dict[str, Any]:
+    """What the Coordinator asks about an API key: whether it has the ``inference`` scope, and its tenant."""
+    return {
+        "token_id": principal.token_id,
+        "token_name": principal.token_name,
+        "scopes": sorted(scope.value for scope in principal.scopes),
+        "tenant_id": principal.tenant_id,
+        "tenant_name": principal.tenant_name,
+    }
+
+
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response, responses=error_responses(403))
 async def metrics(ctx: Ctx, _: Annotated[Principal, Depends(require_cluster_wide(Scope.METRICS_READ))]) -> Response:
     return Response(ctx.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -212,7 +212,9 @@ def test_beyond_max_concurrent_requests_a_request_gets_503_with_retry_after_at_o
             engine.hold = asyncio.Event()
             held = [asyncio.create_task(h.complete(stream=stream)) for stream in (False, True)]
             await eventually(lambda: len(engine.received) == 2, what="two requests held by the engine")
-            refused = await h.client.post("/v1/chat/completions", headers={}, content=b"not even read")
+            anonymous = await h.client.post("/v1/chat/completions", headers={}, content=b"not even read")
+            assert anonymous.status_code == 401  # the key is checked before the gate: no slot for it
+            refused = await h.client.post("/v1/chat/completions", headers=KEY, content=b"not even read")
             assert refused.status_code == 503
             assert refused.headers["retry-after"] == "3"
             assert refused.json()["error"]["type"] == "ServiceUnavailableError"
