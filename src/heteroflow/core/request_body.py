@@ -14,7 +14,9 @@ Errors::
     BodyError (ValueError)
     ├── BodyTooLargeError      413  more than ``max_bytes`` (declared by Content-Length, or received)
     ├── BodyTimeoutError       408  the body did not arrive within ``read_timeout_s`` (a slow sender is cut off)
-    └── InvalidJsonBodyError   400  nested deeper than ``max_depth``; declared JSON but not UTF-8 (or -16, -32)
+    └── InvalidJsonBodyError   400  nested deeper than ``max_depth``; declared JSON but not UTF-8 (or -16, -32);
+                                    NaN or Infinity (not JSON, and not writable back as JSON); a string with a
+                                    lone surrogate escape (``"\\ud800"``: text no encoder can write)
 
 Why a depth limit at all: CPython's decoder recurses once per level and gives up with ``RecursionError``
 somewhere below a thousand levels, and every later consumer (pydantic, our own walkers, an engine) recurses
@@ -101,6 +103,28 @@ def exceeds_depth(raw: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> bool:
     return bool(brackets)
 
 
+_ESCAPED_BACKSLASH = re.compile(rb"\\\\")
+_SURROGATE_PAIR = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_NON_JSON_NUMBER = re.compile(rb"NaN|Infinity")
+
+
+def text_problem(raw: bytes) -> str | None:
+    """Why the JSON text ``raw`` (UTF-8) holds something no JSON writer can write back, or ``None``: a bare
+    ``NaN``/``Infinity`` (Python's decoder accepts them, every encoder of ours refuses them), or a string with a
+    lone surrogate escape (decoded, it cannot be encoded as UTF-8: a log line, a database row or an answer that
+    echoes it fails). Purely computational; regular expressions only, so C-speed on a megabyte."""
+    if b"N" in raw or b"I" in raw:
+        outside = _JSON_STRING.sub(b"", raw) if b'"' in raw else raw
+        if _NON_JSON_NUMBER.search(outside):
+            return "NaN and Infinity are not JSON numbers"
+    if b"\\u" in raw:
+        escapes = _SURROGATE_PAIR.sub(b"", _ESCAPED_BACKSLASH.sub(b"", raw))
+        if _SURROGATE.search(escapes):
+            return "a string holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text"
+    return None
+
+
 def _as_utf8(raw: bytes) -> bytes | None:
     """``raw`` as UTF-8: itself, or decoded from the UTF-16/32 that JSON allows; ``None`` when not decodable."""
     try:
@@ -151,6 +175,9 @@ def parse_json(raw: bytes, *, max_bytes: int = MAX_BODY_BYTES, max_depth: int = 
         raise InvalidJsonBodyError("the request body is not JSON: not UTF-8 (or -16, -32) encoded")
     if exceeds_depth(text, max_depth=max_depth):
         raise InvalidJsonBodyError(f"the request body is nested deeper than {max_depth} levels")
+    problem = text_problem(text)
+    if problem is not None:
+        raise InvalidJsonBodyError(f"the request body is not JSON: {problem}")
     try:
         return json.loads(text)
     except RecursionError as exc:
@@ -160,10 +187,16 @@ def parse_json(raw: bytes, *, max_bytes: int = MAX_BODY_BYTES, max_depth: int = 
 
 
 def check_body(
-    raw: bytes, *, max_bytes: int = MAX_BODY_BYTES, max_depth: int = MAX_JSON_DEPTH, declared_json: bool = False
+    raw: bytes,
+    *,
+    max_bytes: int = MAX_BODY_BYTES,
+    max_depth: int = MAX_JSON_DEPTH,
+    declared_json: bool = False,
+    strict_text: bool = True,
 ) -> None:
-    """Refuse a body that is too large, JSON nested too deeply, or declared JSON but not text in a JSON encoding;
-    any other body passes (its route judges it, malformed JSON included). Nothing is parsed here."""
+    """Refuse a body that is too large, JSON nested too deeply, or declared JSON but not text in a JSON encoding
+    or (``strict_text``) holding what no JSON writer can write back (:func:`text_problem`); any other body
+    passes (its route judges it, malformed JSON included). Nothing is parsed here."""
     check_size(len(raw), max_bytes=max_bytes)
     text = _as_utf8(raw)
     if text is None:
@@ -172,6 +205,10 @@ def check_body(
         return  # not text: not JSON either, so its depth means nothing; the route judges it
     if exceeds_depth(text, max_depth=max_depth):
         raise InvalidJsonBodyError(f"the request body is nested deeper than {max_depth} levels")
+    if declared_json and strict_text:
+        problem = text_problem(text)
+        if problem is not None:
+            raise InvalidJsonBodyError(f"the request body is not JSON: {problem}")
 
 
 Render = Callable[[str, BodyError], dict[str, object]]
@@ -195,6 +232,7 @@ class BodyLimit:
         max_depth: int = MAX_JSON_DEPTH,
         read_timeout_s: float = BODY_READ_TIMEOUT_S,
         too_large_status: int = BodyTooLargeError.status,
+        strict_text: Callable[[Scope], bool] | None = None,
     ) -> None:
         self.app = app
         self.render = render
@@ -203,6 +241,9 @@ class BodyLimit:
         self.read_timeout_s = read_timeout_s
         self.too_large_status = too_large_status
         """413, or 400 where a service's contract answers every refused body 400 (the controller's)."""
+        self.strict_text = strict_text
+        """Which requests have their text checked (:func:`text_problem`; default every one). A route that
+        refuses bad values one by one (a heartbeat: a bad reading must not cost the beat) opts out."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -218,7 +259,13 @@ class BodyLimit:
                 ) from exc
             if body is None:
                 return  # the client went away before its body ended: there is no one to answer
-            check_body(body, max_bytes=self.max_bytes, max_depth=self.max_depth, declared_json=_declares_json(scope))
+            check_body(
+                body,
+                max_bytes=self.max_bytes,
+                max_depth=self.max_depth,
+                declared_json=_declares_json(scope),
+                strict_text=self.strict_text is None or self.strict_text(scope),
+            )
         except BodyError as exc:
             await self._refuse(scope, send, exc)
             return

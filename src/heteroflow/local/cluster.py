@@ -38,6 +38,7 @@ import structlog
 import yaml
 
 from heteroflow.core.clock import SystemClock
+from heteroflow.core.files import private_dir
 from heteroflow.local import netns
 from heteroflow.local.client import ClusterClient, ClusterUnreachableError
 from heteroflow.local.plan import (
@@ -191,8 +192,10 @@ class LocalCluster:
                 raise ClusterError(f"cannot give pods network namespaces: {reason}")
         data_dir = opts.data_dir.resolve()
         log_dir = data_dir / "logs"
-        data_dir.mkdir(parents=True, exist_ok=True)
-        log_dir.mkdir(parents=True, exist_ok=True)
+        # every tenant's data, the token hashes, the runtime, logs and specs: owner-only, whatever the umask
+        # (every process is started with umask 077, see processes.py)
+        private_dir(data_dir)
+        private_dir(log_dir)
         user_config = _read_yaml(opts.controller_config) if opts.controller_config is not None else {}
 
         split_ranks(opts.dp_size, opts.pods)  # refuse impossible layouts before anything is created

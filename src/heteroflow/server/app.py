@@ -159,6 +159,9 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
         openapi_url=None,
         docs_url=None,
         redoc_url=None,
+        # no "/nodes/" → "/nodes" redirect: Starlette builds its Location from the Host header, which any
+        # client sets (an open redirect to another site)
+        redirect_slashes=False,
     )
     app.state.context = ctx
     install_error_handlers(app)
@@ -168,7 +171,9 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
         return await invalid_request(request, exc)
 
     # the last added runs first: token check → heartbeat admission → body size, time and depth → FastAPI
-    app.add_middleware(BodyLimit, render=refused_body)  # size and depth, before FastAPI parses a body
+    # size, read time, depth and unwritable text, before FastAPI parses a body; a heartbeat's bad values are
+    # refused one by one by its route (a bad reading never costs the beat)
+    app.add_middleware(BodyLimit, render=refused_body, strict_text=lambda scope: not _is_heartbeat(scope))
     # a refused heartbeat costs no body read at all; only authenticated heartbeats count
     app.add_middleware(
         AdmissionLimit,

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -99,7 +101,25 @@ async def invalid_request(request: Request, exc: RequestValidationError) -> JSON
             return error_response(refused)
         except StoreUnavailableError:
             return error_response(ServiceUnavailable("the database is unavailable; retry later"))
-    return await request_validation_exception_handler(request, exc)
+    errors = [_serialisable(error) for error in exc.errors()]
+    return await request_validation_exception_handler(request, RequestValidationError(errors, body=None))
+
+
+def _serialisable(error: Any) -> Any:
+    """A validation error as it can be written back: its ``input`` (and ``ctx``) dropped when they are not JSON
+    (NaN, a lone surrogate, bytes) — the 422 must never fail on the very input it describes."""
+    if not isinstance(error, dict):
+        return error
+    kept = dict(error)
+    for key in ("input", "ctx"):
+        if key in kept:
+            try:
+                json.dumps(jsonable_encoder(kept[key]), allow_nan=False).encode("utf-8")
+            except (TypeError, ValueError, UnicodeEncodeError):
+                kept[key] = repr(kept[key]).encode("ascii", "backslashreplace").decode("ascii")[:200]
+    if isinstance(kept.get("msg"), str):
+        kept["msg"] = kept["msg"].encode("utf-8", "backslashreplace").decode("utf-8")
+    return kept
 
 
 def require(scope: Scope) -> Callable[..., Awaitable[Principal]]:

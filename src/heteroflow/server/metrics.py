@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from heteroflow.core.text import printable
 from heteroflow.health.counters import HEALTH_KEYS, Counters
 from heteroflow.health.gpu_metrics import GpuMetrics
 from heteroflow.health.ingest import IngestStatus
@@ -133,7 +134,8 @@ class _GpuCollector(Collector):
 
 
 def _labels(card: GpuValues) -> list[str]:
-    return [card.node_name, str(card.gpu_index), card.uuid or ""]
+    # an agent's card uuid is untrusted text: NUL, controls and bidi overrides reach a label escaped
+    return [printable(card.node_name), str(card.gpu_index), printable(card.uuid or "")]
 
 
 class _StatusCollector(Collector):

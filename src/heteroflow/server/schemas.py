@@ -5,10 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema, field_validator
 
 from heteroflow.core.clock import utc
 from heteroflow.core.ids import Source
+from heteroflow.core.text import text_problem
 
 
 def _utc_instant(value: datetime) -> datetime:
@@ -33,6 +34,14 @@ class NodeRegistration(BaseModel):
     model: str = Field(default="", max_length=200)
     gpu_count: int = Field(ge=0, le=1024)
     source: Source = "real"
+
+    @field_validator("vendor", "model")
+    @classmethod
+    def _printable(cls, value: str) -> str:
+        problem = text_problem(value)
+        if problem is not None:
+            raise ValueError(f"must be printable text: {problem}")
+        return value
 
 
 class NodeRegistered(BaseModel):

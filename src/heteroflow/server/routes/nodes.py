@@ -11,6 +11,7 @@ import structlog
 from fastapi import APIRouter, Depends, Header, Query, Response
 
 from heteroflow.core.ids import NodeId
+from heteroflow.core.text import text_problem
 from heteroflow.health.gpu_metrics import metric_readings_from_stats
 from heteroflow.health.heartbeat import readings_from_stats, xid_events_from_wire
 from heteroflow.platform.auth import NodeScope, Principal, Scope, generate_token, hash_token
@@ -151,15 +152,15 @@ async def heartbeat(
         raise NotFound(f"node {node_id!r} not found")
     received_at = ctx.clock.now()
     ctx.liveness.beat(node.id, received_at)
-    readings, invalid = readings_from_stats(
-        body.gpu_stats, node_id=node.id, source=node.source, received_at=received_at
-    )
+    # one card's unwritable text (a lone surrogate, NUL, a bidi override) costs that card's reading, never the
+    # beat or the batch the writer puts it in
+    stats = [stat for stat in body.gpu_stats if _bad_text(stat) is None]
+    readings, invalid = readings_from_stats(stats, node_id=node.id, source=node.source, received_at=received_at)
+    invalid += len(body.gpu_stats) - len(stats)
     if invalid:
         ctx.metrics.health_stats_invalid.inc(invalid)
     ctx.ingestor.offer(readings)
-    metric_readings = metric_readings_from_stats(
-        body.gpu_stats, node_id=node.id, source=node.source, received_at=received_at
-    )
+    metric_readings = metric_readings_from_stats(stats, node_id=node.id, source=node.source, received_at=received_at)
     ctx.metrics_recorder.offer(node, metrics=metric_readings, health=readings)
     xid_result = await _store_xid_events(ctx, node, body)
     ctx.metrics.heartbeats.inc()
@@ -167,10 +168,28 @@ async def heartbeat(
     return HeartbeatAccepted(server_time=received_at, xid_events=xid_result)
 
 
+def _bad_text(value: object) -> str | None:
+    """The first text problem (:func:`heteroflow.core.text.text_problem`) in a wire object's strings."""
+    if isinstance(value, str):
+        return text_problem(value)
+    if isinstance(value, dict):
+        value = [*value.keys(), *value.values()]
+    if isinstance(value, list):
+        for item in value:
+            problem = _bad_text(item)
+            if problem is not None:
+                return problem
+    return None
+
+
 async def _store_xid_events(ctx: ServerContext, node: NodeRecord, body: Heartbeat) -> XidEventsResult:
     if not body.xid_events:
         return XidEventsResult(received=0, stored=0, rejected=[], retry=False)
-    events, rejected = xid_events_from_wire(body.xid_events)
+    # an event no database can store is rejected for good (retry false): kept, it would poison every beat
+    poisoned = [f"event {n}: {problem}" for n, e in enumerate(body.xid_events) if (problem := _bad_text(e))]
+    clean = [e for e in body.xid_events if _bad_text(e) is None]
+    events, rejected = xid_events_from_wire(clean)
+    rejected = [*poisoned, *rejected]
     try:
         stored = await asyncio.to_thread(
             ctx.samples.insert_xid_events,

@@ -109,7 +109,7 @@ def create_app(
     monitor: ResourceMonitor | None = None,
     leadership: LeaderElection | None = None,
 ) -> FastAPI:
-    app = FastAPI(title="HeteroFlow controller", docs_url=None, redoc_url=None)
+    app = FastAPI(title="HeteroFlow controller", docs_url=None, redoc_url=None, redirect_slashes=False)
 
     def leadership_status() -> dict[str, object]:
         if leadership is None:

@@ -345,7 +345,14 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         finally:
             await coordinator.aclose()
 
-    app = FastAPI(title="HeteroFlow Coordinator", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = FastAPI(
+        title="HeteroFlow Coordinator",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        lifespan=lifespan,
+        redirect_slashes=False,
+    )
     app.add_middleware(
         AdmissionLimit,
         gate=coordinator.admission,
