@@ -107,6 +107,7 @@ async def register(
         raise Conflict(str(exc)) from exc
     node = result.node
     ctx.node_cache.put(node.id, node, now=ctx.clock.monotonic())
+    ctx.missing_nodes.discard(node.id)
     _log.info(
         "node.registered",
         node_id=node.id,
