@@ -32,16 +32,14 @@ async def healthz(_: Annotated[Principal, Depends(authenticate)]) -> dict[str, s
 
 @router.get(
     "/api/v1/auth/whoami",
-    summary="The caller's token: its id, label, scopes and tenant (any valid token; never the token itself)",
+    summary="The caller's token: its label, scopes and tenant's name (any valid token; never the token itself)",
     responses=error_responses(),
 )
 async def whoami(principal: Annotated[Principal, Depends(authenticate)]) -> dict[str, Any]:
     """What the Coordinator asks about an API key: whether it has the ``inference`` scope, and its tenant."""
     return {
-        "token_id": principal.token_id,
         "token_name": principal.token_name,
         "scopes": sorted(scope.value for scope in principal.scopes),
-        "tenant_id": principal.tenant_id,
         "tenant_name": principal.tenant_name,
     }
 
