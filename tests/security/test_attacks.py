@@ -272,3 +272,86 @@ def test_a_huge_request_head_is_refused_431_without_growing_the_server(platform:
     probe.assert_all_ok(at_least=2)
     # a head under the limit is still served
     assert httpx.get(f"{platform.server.url}/health", headers={"X-Fine": "b" * 30_000}, timeout=5).status_code == 200
+
+
+def _token(platform: Platform, scopes: str, *, tenant: str | None = None) -> str:
+    engine = create_db_engine(f"sqlite:///{platform.folder / 'platform.db'}")
+    try:
+        store = SqlTokenStore(engine)
+        now = SystemClock().now()
+        tenant_id = store.ensure_tenant(tenant, now=now)[0] if tenant else None
+        return store.create_token(name="attacker", scopes=parse_scopes(scopes), tenant_id=tenant_id, now=now)[1]
+    finally:
+        engine.dispose()
+
+
+def test_a_stolen_agent_token_neither_takes_over_a_node_nor_storms_its_cards(platform: Platform) -> None:
+    """The fleet's own agent token, in an attacker's hands: re-registering the real node is refused (no node id
+    back, no inventory overwritten); beats and XID events for it are 404; a node of its own with invented cards
+    yields events the controller's source does not take as evidence."""
+    url, fleet = platform.server.url, platform.agent_token
+    now = SystemClock().now().strftime("%Y-%m-%dT%H:%M:%SZ")
+    with httpx.Client(base_url=url, headers=auth(fleet), timeout=10) as http:
+        nodes = httpx.get(f"{url}/api/v1/nodes", headers=auth(platform.admin), timeout=10).json()["items"]
+        real = next(node for node in nodes if node["name"] == "real-agent")
+        forged = http.post("/api/v1/nodes/register", json={"hostname": "real-agent", "vendor": "x", "gpu_count": 256})
+        assert forged.status_code == 409
+        assert real["id"] not in forged.text
+        storm = [
+            {"index": n % 8, "uuid": f"GPU-{n:08d}-0000-0000-0000-000000000000", "xid": 79, "occurred_at": now}
+            for n in range(200)
+        ]
+        assert http.post(f"/api/v1/nodes/{real['id']}/heartbeat", json={"xid_events": storm}).status_code == 404
+        own = http.post("/api/v1/nodes/register", json={"hostname": "attacker-1", "vendor": "x", "gpu_count": 1})
+        assert own.status_code == 200
+        headers = {"X-HeteroFlow-Node-Credential": own.json()["node_credential"]}
+        node = own.json()["node_id"]
+        beat = http.post(f"/api/v1/nodes/{node}/heartbeat", json={"xid_events": storm}, headers=headers)
+        assert beat.status_code == 200
+        assert beat.json()["xid_events"]["stored"] > 0, beat.text
+    reader = _token(platform, "nodes:read")
+    events = httpx.get(
+        f"{url}/api/v1/hardware-events", params={"since": "2000-01-01T00:00:00Z", "limit": 1000}, headers=auth(reader)
+    ).json()["events"]
+    invented = [e for e in events if e["node_id"] == node]
+    assert invented, "the storm's events were not stored"
+    assert not any(e["card_known"] for e in invented)  # never a fault key at the controller
+    after = httpx.get(f"{url}/api/v1/nodes/{real['id']}", headers=auth(platform.admin), timeout=10).json()
+    assert (after["vendor"], after["gpu_count"]) == (real["vendor"], real["gpu_count"])
+    assert platform.node_online("real-agent")
+
+
+def test_another_tenant_cannot_squat_or_capture_a_hostname_even_after_its_node_is_deleted(platform: Platform) -> None:
+    """Another tenant registering our hostname learns nothing and locks no one out; after an operator deletes
+    our node, our agent (its credential kept on disk) registers it again, and the other tenant's node of that
+    name stays theirs."""
+    url = platform.server.url
+    intruder = _token(platform, "agent", tenant="intruders")
+    theirs = httpx.post(
+        f"{url}/api/v1/nodes/register",
+        json={"hostname": "real-agent", "vendor": "x", "gpu_count": 1},
+        headers=auth(intruder),
+        timeout=10,
+    )
+    assert theirs.status_code == 200  # their own node of that name: no "registered in another scope" oracle
+    nodes = httpx.get(f"{url}/api/v1/nodes", headers=auth(platform.admin), timeout=10).json()["items"]
+    ours = next(n for n in nodes if n["name"] == "real-agent" and n["id"] != theirs.json()["node_id"])
+    assert httpx.delete(f"{url}/api/v1/nodes/{ours['id']}", headers=auth(platform.admin), timeout=10).status_code == 204
+    deadline = time.monotonic() + 30
+    while True:  # the real agent gets 404, registers again in its own scope and beats on
+        nodes = httpx.get(f"{url}/api/v1/nodes", headers=auth(platform.admin), timeout=10).json()["items"]
+        again = [
+            n for n in nodes if n["name"] == "real-agent" and n["id"] not in (ours["id"], theirs.json()["node_id"])
+        ]
+        if again and again[0]["online"]:
+            break
+        assert platform.agent.process.poll() is None, platform.agent.stop()[-3000:]
+        assert time.monotonic() < deadline, "the real agent did not come back after its node was deleted"
+        time.sleep(0.2)
+    assert again[0]["tenant_id"] is None
+
+
+def test_the_database_is_owner_only_with_its_side_files(platform: Platform) -> None:
+    for suffix in ("", "-wal", "-shm"):
+        path = platform.folder / f"platform.db{suffix}"
+        assert path.stat().st_mode & 0o077 == 0, f"{path.name} is readable by others"
