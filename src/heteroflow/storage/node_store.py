@@ -61,13 +61,16 @@ class SqlNodeStore:
         new_credential_hash: str | None = None,
         reissue: bool = False,
         quota: Quota | None = None,
+        reclaim_before: datetime | None = None,
     ) -> RegisterResult:
         """Register a node by hostname within its tenant; the same hostname again updates it.
 
         A new node is created with ``new_credential_hash``. An existing one is updated only when the request
         carries its credential (``presented_hash``), when it has none yet (claimed now), or when ``reissue``
-        (an administrator rotates it); otherwise :class:`NodeCredentialError`. ``quota`` bounds what
-        ``token_id`` may create (:class:`NodeQuotaError`).
+        (an administrator rotates it), or when ``token_id`` created the node and the node has not beaten since
+        ``reclaim_before`` (an agent that lost its credential, after its node has been offline a while: never
+        while the node is alive); otherwise :class:`NodeCredentialError`. ``quota`` bounds what ``token_id``
+        may create (:class:`NodeQuotaError`).
         """
         tenant_key = tenant_id or ""
         with unavailable_as_store_error(), self._engine.begin() as conn:
@@ -79,7 +82,13 @@ class SqlNodeStore:
                     raise NodeConflictError(
                         f"hostname {name!r} is registered as {row.source}; a node never switches source"
                     )
-                issue = reissue or row.credential_hash is None
+                reclaimable = (
+                    reclaim_before is not None
+                    and token_id is not None
+                    and row.registered_by == token_id
+                    and (row.last_heartbeat_at or row.registered_at) < reclaim_before
+                )
+                issue = reissue or reclaimable or row.credential_hash is None
                 if not issue and (presented_hash is None or presented_hash != row.credential_hash):
                     raise NodeCredentialError(
                         f"hostname {name!r} is registered: re-registering it needs its node credential "

@@ -83,7 +83,8 @@ async def register(
 ) -> NodeRegistered:
     """Register by hostname, unique within the caller's tenant. A new node gets its own credential, shown once;
     the same hostname again returns the same node id to a caller that presents it (agents restart). An
-    administrator's token re-issues it (an agent that lost its credential)."""
+    administrator's token re-issues it; so does the token that created the node, once the node has been
+    offline for twice ``offline_after_seconds`` (an agent that lost its credential)."""
     issued = generate_token()
     try:
         result = await asyncio.to_thread(
@@ -99,6 +100,9 @@ async def register(
             presented_hash=hash_token(credential) if credential else None,
             new_credential_hash=hash_token(issued),
             reissue=principal.has(Scope.ADMIN) and not credential,
+            # the token that created the node may claim it again once it has been offline for twice the offline
+            # time: an agent that lost its credential (a new pod, a wiped disk) comes back without an operator
+            reclaim_before=ctx.clock.now() - 2 * timedelta(seconds=ctx.settings.offline_after_seconds),
             quota=Quota(max_nodes=ctx.settings.max_nodes_per_token, max_cards=ctx.settings.max_cards_per_token),
         )
     except NodeQuotaError as exc:
