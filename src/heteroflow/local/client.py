@@ -44,7 +44,8 @@ class ClusterAuth(httpx.Auth):
         return state.cluster_token or state.admin_token
 
     def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
-        request.headers["Authorization"] = f"Bearer {self.token_for(str(request.url))}"
+        if "authorization" not in request.headers:  # a caller's own credential wins
+            request.headers["Authorization"] = f"Bearer {self.token_for(str(request.url))}"
         yield request
 
 
@@ -114,13 +115,11 @@ class ClusterClient:
             if not page.get("items") or len(found) >= int(page.get("total", 0)):
                 return found
 
-    def agent_heartbeat(self, node_id: str, body: dict[str, Any], *, agent_token: str) -> dict[str, Any]:
-        """``POST /api/v1/nodes/{node_id}/heartbeat`` with an agent token instead of the admin token."""
+    def agent_heartbeat(self, node_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /api/v1/nodes/{node_id}/heartbeat`` as an operator: the admin token may speak for any node,
+        while an agent token needs the node's own credential, which stays with the node's simulated agent."""
         found: dict[str, Any] = self._json(
-            "POST",
-            f"{self.state.server_url}/api/v1/nodes/{node_id}/heartbeat",
-            json=body,
-            headers={"Authorization": f"Bearer {agent_token}"},
+            "POST", f"{self.state.server_url}/api/v1/nodes/{node_id}/heartbeat", json=body
         )
         return found
 
