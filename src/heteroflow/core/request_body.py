@@ -114,7 +114,7 @@ def text_problem(raw: bytes) -> str | None:
     ``NaN``/``Infinity`` (Python's decoder accepts them, every encoder of ours refuses them), or a string with a
     lone surrogate escape (decoded, it cannot be encoded as UTF-8: a log line, a database row or an answer that
     echoes it fails). Purely computational; regular expressions only, so C-speed on a megabyte."""
-    if b"N" in raw or b"I" in raw:
+    if _NON_JSON_NUMBER.search(raw):  # only then are the strings removed: the word may be text
         outside = _JSON_STRING.sub(b"", raw) if b'"' in raw else raw
         if _NON_JSON_NUMBER.search(outside):
             return "NaN and Infinity are not JSON numbers"

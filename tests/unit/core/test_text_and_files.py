@@ -6,7 +6,6 @@ import json
 import os
 import sqlite3
 import stat
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -34,12 +33,11 @@ def test_the_byte_scan_agrees_with_the_parsed_depth(value: object, limit: int) -
     assert exceeds_depth(raw, max_depth=limit) is (nesting_depth(value, limit=limit) > limit)
 
 
-def test_a_megabyte_of_small_containers_is_measured_in_milliseconds() -> None:
+def test_a_megabyte_of_small_containers_is_judged_on_its_bytes() -> None:
     raw = b"[" + b",".join([b'[{"a": "[[[["}]'] * 60_000) + b"]"
-    started = time.perf_counter()
-    assert not exceeds_depth(raw)
+    assert not exceeds_depth(raw)  # the brackets inside strings are text
+    assert exceeds_depth(b"[" * 33 + raw + b"]" * 33)
     assert text_problem(raw) is None
-    assert time.perf_counter() - started < 0.5  # the Python walk took about a second
 
 
 @pytest.mark.parametrize(
