@@ -369,7 +369,11 @@ def process_plans(
             ProcessPlan(
                 f"agent:{node}",
                 ("agent", "run", "--server", layout.server_url, "--node-name", node, "--simulate", str(CARDS_PER_NODE)),
-                (("HETEROFLOW_AGENT_TOKEN", agent_token),),
+                (
+                    ("HETEROFLOW_AGENT_TOKEN", agent_token),
+                    # each node's own credential, kept with the cluster's data (not in the user's home)
+                    ("HETEROFLOW_AGENT_STATE_DIR", str(hardware_directory.parent / "agents")),
+                ),
                 f"agent-{node}.log",
             )
         )
