@@ -683,3 +683,19 @@ def test_a_content_length_that_is_no_length_is_4xx(length: bytes, status: int, m
             assert h.upstreams.total_received() == 0
 
     run(scenario)
+
+
+def test_a_lone_surrogate_model_name_is_a_4xx_that_can_be_written_back() -> None:
+    """``"model": "\\ud800"`` made the unknown-model answer fail to encode: a 500."""
+
+    async def scenario() -> None:
+        async with harness(engines=1) as h:
+            await h.publish((0,))
+            for path in ("/v1/completions", "/v1/chat/completions"):
+                raw = b'{"model": "\\ud800", "prompt": "x", "messages": [{"role": "user", "content": "x"}]}'
+                response = await h.client.post(path, headers={**KEY, "content-type": "application/json"}, content=raw)
+                assert 400 <= response.status_code < 500, response.text
+                json.loads(response.content)["error"]["message"].encode("utf-8")
+            assert h.upstreams.total_received() == 0
+
+    run(scenario)
