@@ -118,7 +118,10 @@ class HttpPlatformClient:
         credential_path: Path | None = None,
     ) -> None:
         self._credential_path = credential_path
-        self._credential = _read_credential(credential_path)
+        self._kept = _read_credential(credential_path)
+        """The credential kept on disk by an earlier run (for this server and hostname)."""
+        self._by_host: dict[str, str] = {}
+        self._by_node: dict[NodeId, str] = {}
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers={"Authorization": f"Bearer {token}"},
@@ -126,8 +129,8 @@ class HttpPlatformClient:
             transport=transport,
         )
 
-    def _post(self, path: str, body: Mapping[str, Any]) -> httpx.Response:
-        headers = {NODE_CREDENTIAL_HEADER: self._credential} if self._credential else None
+    def _post(self, path: str, body: Mapping[str, Any], *, credential: str | None) -> httpx.Response:
+        headers = {NODE_CREDENTIAL_HEADER: credential} if credential else None
         try:
             response = self._http.post(path, json=dict(body), headers=headers)
         except httpx.HTTPError as exc:
@@ -141,6 +144,7 @@ class HttpPlatformClient:
         return response
 
     def register(self, registration: Registration) -> Registered:
+        credential = self._by_host.get(registration.hostname) or self._kept
         response = self._post(
             "/api/v1/nodes/register",
             {
@@ -150,6 +154,7 @@ class HttpPlatformClient:
                 "gpu_count": registration.gpu_count,
                 "source": registration.source,
             },
+            credential=credential,
         )
         if response.status_code != 200:
             raise PermanentError(f"registration refused ({response.status_code}): {_detail(response)}")
@@ -165,12 +170,16 @@ class HttpPlatformClient:
         except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ServerUnavailableError(f"unreadable registration answer: {response.text[:200]}") from exc
         if registered.node_credential is not None:
-            self._credential = registered.node_credential
-            _write_credential(self._credential_path, registered.node_credential)
+            credential = registered.node_credential
+            _write_credential(self._credential_path, credential)
+        if credential is not None:
+            self._by_host[registration.hostname] = self._by_node[registered.node_id] = credential
         return registered
 
     def heartbeat(self, node_id: NodeId, body: Mapping[str, Any]) -> BeatResult:
-        response = self._post(f"/api/v1/nodes/{node_id}/heartbeat", body)
+        response = self._post(
+            f"/api/v1/nodes/{node_id}/heartbeat", body, credential=self._by_node.get(node_id) or self._kept
+        )
         if response.status_code == 404:
             raise NodeGoneError(f"node {node_id} is unknown to the server")
         if response.status_code != 200:

@@ -16,17 +16,23 @@ from pathlib import Path
 SQLITE_SIDE_FILES = ("-wal", "-shm", "-journal")
 
 
-def private_dir(path: Path) -> Path:
-    """``path`` (and missing parents) as a folder only its owner may enter (0700)."""
+def private_dir(path: Path, *, tighten: bool = False) -> Path:
+    """``path`` (and missing parents) created as a folder only its owner may enter (0700, whatever the umask).
+    An existing folder keeps its mode unless ``tighten`` (a folder that is ours alone, such as a data folder):
+    a database put in the current folder must not close that folder to everyone else."""
+    created = not path.exists()
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with contextlib.suppress(OSError):  # a folder we do not own (a mounted volume's root) keeps its mode
-        os.chmod(path, 0o700)
+    if created or tighten:
+        with contextlib.suppress(OSError):  # a folder we do not own (a mounted volume's root) keeps its mode
+            os.chmod(path, 0o700)
     return path
 
 
-def private_file(path: Path) -> Path:
-    """``path`` as a file only its owner may read or write (0600), created empty when missing."""
-    private_dir(path.parent)
+def private_file(path: Path, *, create_folder: bool = True) -> Path:
+    """``path`` as a file only its owner may read or write (0600), created empty when missing; its folder is
+    created (0700) when missing unless ``create_folder`` is false (then a missing folder is an OSError)."""
+    if create_folder:
+        private_dir(path.parent)
     fd = os.open(path, os.O_WRONLY | os.O_CREAT, 0o600)
     try:
         os.fchmod(fd, 0o600)
@@ -35,9 +41,9 @@ def private_file(path: Path) -> Path:
     return path
 
 
-def private_sqlite(path: Path) -> Path:
+def private_sqlite(path: Path, *, create_folder: bool = True) -> Path:
     """A SQLite database file, and any side files it has, owner-only before SQLite opens it."""
-    private_file(path)
+    private_file(path, create_folder=create_folder)
     for suffix in SQLITE_SIDE_FILES:
         side = path.with_name(path.name + suffix)
         with contextlib.suppress(FileNotFoundError):

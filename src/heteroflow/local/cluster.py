@@ -194,8 +194,8 @@ class LocalCluster:
         log_dir = data_dir / "logs"
         # every tenant's data, the token hashes, the runtime, logs and specs: owner-only, whatever the umask
         # (every process is started with umask 077, see processes.py)
-        private_dir(data_dir)
-        private_dir(log_dir)
+        private_dir(data_dir, tighten=True)
+        private_dir(log_dir, tighten=True)
         user_config = _read_yaml(opts.controller_config) if opts.controller_config is not None else {}
 
         split_ranks(opts.dp_size, opts.pods)  # refuse impossible layouts before anything is created

@@ -137,8 +137,9 @@ class SqliteFtRuntimeStore:
 
     def _run(self, operation: Callable[[sqlite3.Connection], T]) -> T:
         try:
-            if not self._schema_ready and str(self.path) != ":memory:":
-                private_sqlite(Path(self.path))  # the runtime at rest: 0600 in a 0700 folder, whatever the umask
+            if not self._schema_ready and str(self.path) != ":memory:" and Path(self.path).parent.is_dir():
+                # the runtime at rest: 0600 whatever the umask (a missing folder stays an error, never created)
+                private_sqlite(Path(self.path), create_folder=False)
             # The lock wait gets most of the deadline, not all: it then ends inside the thread (nothing written,
             # outcome known) before the asyncio deadline gives up on the thread.
             conn = sqlite3.connect(self.path, timeout=self.timeout_sec * 0.75, isolation_level=None)
