@@ -100,10 +100,15 @@ class Connection:
         self.writer.close()
 
 
+CREDENTIALS: dict[str, str] = {}
+"""Node id → the node credential its registration issued (sent with each of its beats)."""
+
+
 def request_bytes(port: int, token: str, node: str, body: bytes) -> bytes:
     head = (
         f"POST /api/v1/nodes/{node}/heartbeat HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-        f"Authorization: Bearer {token}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        f"Authorization: Bearer {token}\r\nX-HeteroFlow-Node-Credential: {CREDENTIALS.get(node, '')}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
 
@@ -296,6 +301,7 @@ async def run(
                 )
             )
             node_ids.extend(r.raise_for_status().json()["node_id"] for r in batch)
+            CREDENTIALS.update((r.json()["node_id"], r.json()["node_credential"]) for r in batch)
         bench = Bench(port=port, token=agent_token, admin=admin, node_ids=node_ids, agents=agents, server_pid=pid)
         await bench.prime()
         baseline = await bench.measure(

@@ -75,6 +75,7 @@ class SimulatedNode:
     def __init__(self, hostname: str, *, cards: int, clock: SystemClock, started_at: datetime) -> None:
         self.hostname = hostname
         self.node_id: NodeId | None = None
+        self.credential = ""
         self.collector = SimulatedCollector(clock=clock, count=cards, seed=hostname, started_at=started_at)
         self._clock = clock
         self._health: HealthCollection | None = None
@@ -180,7 +181,8 @@ def beat_request(port: int, authorization: str, node: SimulatedNode) -> bytes:
     body = node.body()
     head = (
         f"POST /api/v1/nodes/{node.node_id}/heartbeat HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
-        f"Authorization: {authorization}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+        f"Authorization: {authorization}\r\nX-HeteroFlow-Node-Credential: {node.credential}\r\n"
+        f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
     )
     return head.encode() + body
 
@@ -257,6 +259,7 @@ class Fleet:
             for node, answer in zip(batch, answers, strict=True):
                 answer.raise_for_status()
                 node.node_id = NodeId(answer.json()["node_id"])
+                node.credential = answer.json()["node_credential"]
 
     async def ingest_status(self) -> dict[str, Any]:
         body: dict[str, Any] = (await self.admin.get("/api/v1/server/status")).json()
@@ -301,7 +304,9 @@ class Fleet:
     async def _post_httpx(self, node: SimulatedNode, gate: asyncio.Semaphore, lane: int) -> tuple[int, str | None]:
         async with gate, asyncio.timeout(AGENT_TIMEOUT_S):
             answer = await self.agents[lane % len(self.agents)].post(
-                f"/api/v1/nodes/{node.node_id}/heartbeat", content=node.body()
+                f"/api/v1/nodes/{node.node_id}/heartbeat",
+                content=node.body(),
+                headers={"X-HeteroFlow-Node-Credential": node.credential},
             )
         return answer.status_code, answer.headers.get("retry-after")
 

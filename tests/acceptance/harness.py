@@ -27,7 +27,7 @@ import pytest
 import yaml
 
 from heteroflow.local import ClusterOptions, ClusterState, LocalCluster
-from heteroflow.local.client import ClusterClient, ClusterUnreachableError
+from heteroflow.local.client import ClusterAuth, ClusterClient, ClusterUnreachableError
 from heteroflow.local.processes import CLUSTER_ID_ENV, marked_processes, start_process
 from heteroflow.local.state import InstanceState
 from heteroflow.serving.node_manager.spec import endpoint_url
@@ -186,10 +186,8 @@ class ClusterUnderTest:
         return ClusterClient(self.state, timeout_sec=timeout_sec)
 
     def http(self, *, timeout_sec: float = 10.0) -> httpx.Client:
-        """A plain client with the admin (= cluster) token, for the routes :class:`ClusterClient` lacks."""
-        return httpx.Client(
-            headers={"Authorization": f"Bearer {self.state.admin_token}"}, timeout=timeout_sec, trust_env=False
-        )
+        """A plain client with each destination's credential, for the routes :class:`ClusterClient` lacks."""
+        return httpx.Client(auth=ClusterAuth(self.state), timeout=timeout_sec, trust_env=False)
 
     # -- the controller's view ------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any] | None:

@@ -32,7 +32,7 @@ import pytest
 import yaml
 
 from heteroflow.local import ClusterOptions, ClusterState, LocalCluster, netns, read_state
-from heteroflow.local.client import ClusterClient, ClusterUnreachableError
+from heteroflow.local.client import ClusterAuth, ClusterClient, ClusterUnreachableError
 from heteroflow.local.cluster import NETWORK_RECORD
 from heteroflow.local.processes import kill_marked, marked_processes, session_members
 
@@ -160,7 +160,7 @@ def test_local_cluster_scales_down_twice_under_traffic_and_stops_clean(tmp_path:
         ]
         assert all(e.device_infos and e.device_infos[0].device_id.startswith("GPU-") for e in inst.endpoints)
         cluster.wait_ready(timeout_sec=180)
-        with httpx.Client(headers={"Authorization": f"Bearer {state.admin_token}"}, timeout=10) as http:
+        with httpx.Client(auth=ClusterAuth(state), timeout=10) as http:
             effective = http.get(f"{state.controller_url}/controller/config").json()["fault_tolerance_config"]
         assert effective["enable_dp_scale_down"] is True  # generated
         assert effective["poll_interval_sec"] == 0.5  # the operator's file wins

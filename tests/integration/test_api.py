@@ -42,6 +42,7 @@ def test_every_route_refuses_a_missing_or_unknown_token(harness: Harness) -> Non
         ("GET", "/api/v1/serving/rounds/x"),
         ("GET", "/metrics"),
         ("GET", "/healthz"),
+        ("GET", "/api/v1/auth/whoami"),
         ("GET", "/openapi.json"),
     ]
     schema_paths = set(harness.client.app.openapi()["paths"])
@@ -142,17 +143,113 @@ def test_registration_is_idempotent_by_hostname_and_never_switches_source(harnes
     )
     assert conflict.status_code == 409
     assert "never switches source" in conflict.json()["detail"]
-    other_tenant = harness.token("agent", tenant="t")
-    assert (
-        harness.client.post(
-            "/api/v1/nodes/register",
-            json={"hostname": "gpu-7", "vendor": "nvidia", "gpu_count": 4},
-            headers=harness.auth(other_tenant),
-        ).status_code
-        == 409
-    )
     reader = harness.token("nodes:read")
     assert harness.get(reader, f"/api/v1/nodes/{first}").json()["gpu_count"] == 4
+
+
+def test_a_hostname_is_unique_per_tenant_without_telling_another_tenant_it_exists(harness: Harness) -> None:
+    """another tenant's hostname answered 409 "registered in another scope" (an oracle), and
+    registering it first locked the real agent out. Now each tenant has its own node of that name."""
+    mine = harness.register(harness.token("agent"), "gpu-7")
+    other_tenant = harness.token("agent", tenant="t")
+    theirs = harness.client.post(
+        "/api/v1/nodes/register",
+        json={"hostname": "gpu-7", "vendor": "nvidia", "gpu_count": 4},
+        headers=harness.auth(other_tenant),
+    )
+    assert theirs.status_code == 200, theirs.text
+    assert theirs.json()["created"] is True
+    assert theirs.json()["node_id"] != mine
+    reader = harness.token("nodes:read")
+    assert harness.get(reader, f"/api/v1/nodes/{mine}").json()["gpu_count"] == 8  # untouched
+
+
+def test_an_agent_token_cannot_take_over_or_beat_for_a_node_registered_by_another_agent(harness: Harness) -> None:
+    """any agent token registered an existing hostname, got the node's id back, overwrote its
+    inventory and beat (with XID events) for it. Now the node's own credential is needed for each."""
+    fleet = harness.token("agent")
+    node = harness.register(fleet, "gpu-real", gpu_count=8)
+    forged = {"hostname": "gpu-real", "vendor": "evil", "gpu_count": 256}
+    taken = harness.client.post("/api/v1/nodes/register", json=forged, headers=harness.auth(fleet))
+    assert taken.status_code == 409, taken.text
+    assert "node credential" in taken.json()["detail"]
+    assert node not in taken.text
+    wrong = {**harness.auth(fleet), "X-HeteroFlow-Node-Credential": "hf_not-the-credential"}
+    assert harness.client.post("/api/v1/nodes/register", json=forged, headers=wrong).status_code == 409
+    xid = {
+        "gpu_stats": [],
+        "xid_events": [{"gpu_index": 0, "uuid": "GPU-forged", "xid": 79, "at": "2026-01-01T00:00:00Z"}],
+    }
+    for headers in (harness.auth(fleet), wrong):
+        beat = harness.client.post(f"/api/v1/nodes/{node}/heartbeat", json=xid, headers=headers)
+        missing = harness.client.post(
+            "/api/v1/nodes/00000000-0000-4000-8000-000000000000/heartbeat", json=xid, headers=headers
+        )
+        assert beat.status_code == missing.status_code == 404
+        assert beat.json() == {**missing.json(), "detail": beat.json()["detail"]}
+    reader = harness.token("nodes:read")
+    assert harness.get(reader, f"/api/v1/nodes/{node}").json()["vendor"] == "nvidia"  # inventory untouched
+    # the real agent, with its credential, carries on
+    assert harness.beat(fleet, node, []).status_code == 200
+    assert harness.register(fleet, "gpu-real", gpu_count=8) == node
+    # an operator re-issues the credential of an agent that lost it; the old one stops working
+    admin = harness.token("admin")
+    reissued = harness.client.post(
+        "/api/v1/nodes/register",
+        json={"hostname": "gpu-real", "vendor": "nvidia", "gpu_count": 8},
+        headers=harness.auth(admin),
+    )
+    assert reissued.status_code == 200
+    assert reissued.json()["node_credential"]
+    assert harness.beat(fleet, node, []).status_code == 404
+    headers = {**harness.auth(fleet), "X-HeteroFlow-Node-Credential": reissued.json()["node_credential"]}
+    assert (
+        harness.client.post(f"/api/v1/nodes/{node}/heartbeat", json={"gpu_stats": []}, headers=headers).status_code
+        == 200
+    )
+
+
+def test_the_creating_token_reclaims_a_node_only_after_it_has_been_offline_a_while(harness: Harness) -> None:
+    """An agent that lost its credential (a new pod) comes back without an operator, but never while its node
+    is alive, and never with another token."""
+    fleet = harness.token("agent")
+    node = harness.register(fleet, "gpu-lost", gpu_count=8)
+    assert harness.beat(fleet, node, []).status_code == 200
+    harness.maintain()  # the beat reaches the database
+    lost = {"hostname": "gpu-lost", "vendor": "nvidia", "gpu_count": 8}
+    assert harness.client.post("/api/v1/nodes/register", json=lost, headers=harness.auth(fleet)).status_code == 409
+    offline = harness.ctx.settings.offline_after_seconds
+    harness.clock.advance(2 * offline + 1)
+    other = harness.token("agent")
+    assert harness.client.post("/api/v1/nodes/register", json=lost, headers=harness.auth(other)).status_code == 409
+    back = harness.client.post("/api/v1/nodes/register", json=lost, headers=harness.auth(fleet))
+    assert back.status_code == 200, back.text
+    assert back.json()["node_id"] == node
+    assert back.json()["node_credential"]
+
+
+def test_a_token_registers_at_most_its_quota_of_nodes_and_cards(harness: Harness) -> None:
+    """one agent token created 100 nodes x 256 cards in 4 s. Now its quotas answer 429."""
+    harness.ctx.settings = harness.ctx.settings.model_copy(update={"max_nodes_per_token": 3, "max_cards_per_token": 20})
+    token = harness.token("agent")
+    for n in range(2):
+        harness.register(token, f"q-{n}", gpu_count=8)
+    too_many_cards = harness.client.post(
+        "/api/v1/nodes/register",
+        json={"hostname": "q-2", "vendor": "nvidia", "gpu_count": 8},
+        headers=harness.auth(token),
+    )
+    assert too_many_cards.status_code == 429, too_many_cards.text
+    harness.register(token, "q-2", gpu_count=4)
+    too_many_nodes = harness.client.post(
+        "/api/v1/nodes/register",
+        json={"hostname": "q-3", "vendor": "nvidia", "gpu_count": 0},
+        headers=harness.auth(token),
+    )
+    assert too_many_nodes.status_code == 429
+    assert "quota of 3 nodes" in too_many_nodes.json()["detail"]
+    # another token has its own quota
+    harness.register(harness.token("agent"), "q-other", gpu_count=8)
 
 
 @pytest.mark.parametrize(

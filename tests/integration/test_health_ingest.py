@@ -107,7 +107,7 @@ def test_every_unknown_form_is_stored_as_null_and_never_fails_the_beat(
     response = harness.client.post(
         f"/api/v1/nodes/{node}/heartbeat",
         content=_json_with_infinity(body),
-        headers={**harness.auth(token), "content-type": "application/json"},
+        headers={**harness.node_auth(token, node), "content-type": "application/json"},
     )
     assert response.status_code == 200, response.text
     harness.drain()

@@ -27,8 +27,10 @@ def store(request: pytest.FixtureRequest) -> Iterator[tuple[HealthSampleStore, N
         return
     engine = create_db_engine(new_database(request.param, request))
     upgrade_database(engine)
-    node, _ = SqlNodeStore(engine).register(
-        name="h1", vendor="nvidia", model="m", gpu_count=8, source="real", tenant_id=None, now=T0
+    node = (
+        SqlNodeStore(engine)
+        .register(name="h1", vendor="nvidia", model="m", gpu_count=8, source="real", tenant_id=None, now=T0)
+        .node
     )
     yield SqlHealthSampleStore(engine), node.id
     engine.dispose()

@@ -32,6 +32,7 @@ from heteroflow.agent.runner import registration_for
 from heteroflow.agent.simulated import SimulatedCollector
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.testing import free_port
+from heteroflow.platform.nodes import NODE_CREDENTIAL_HEADER
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -129,6 +130,7 @@ class Node:
         self.collector = SimulatedCollector(clock=clock, count=CARDS, seed=hostname)
         self.hostname = hostname
         self.node_id = ""
+        self.credential = ""
 
     def registration(self) -> dict[str, Any]:
         reg = registration_for(
@@ -160,7 +162,11 @@ async def beat(client: httpx.AsyncClient, node: Node, tally: Tally, gate: asynci
         async with gate:
             try:
                 async with asyncio.timeout(DEADLINE_S):
-                    answer = await client.post(f"/api/v1/nodes/{node.node_id}/heartbeat", content=node.body())
+                    answer = await client.post(
+                        f"/api/v1/nodes/{node.node_id}/heartbeat",
+                        content=node.body(),
+                        headers={NODE_CREDENTIAL_HEADER: node.credential},
+                    )
             except (httpx.HTTPError, TimeoutError) as exc:
                 tally.answers[type(exc).__name__] += 1
                 return
@@ -215,6 +221,7 @@ def test_three_thousand_nodes_beat_and_the_server_answers_every_one(server: Serv
                     answer = await agents.post("/api/v1/nodes/register", json=node.registration())
                 assert answer.status_code == 200, answer.text
                 node.node_id = answer.json()["node_id"]
+                node.credential = answer.json()["node_credential"]
 
             began = time.monotonic()
             await asyncio.gather(*(register(node) for node in nodes))

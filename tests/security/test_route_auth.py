@@ -38,7 +38,8 @@ OPEN_ROUTES: dict[tuple[str, str], str] = {
 it or serves it behind its token."""
 
 ANY_VALID_TOKEN: dict[str, str] = {
-    "GET /healthz": "says only 'ok': the check that a token is valid (the Coordinator verifies API keys with it)",
+    "GET /healthz": "says only 'ok': the check that a token is valid",
+    "GET /api/v1/auth/whoami": "describes the caller's own token (the Coordinator verifies API keys with it)",
     "GET /openapi.json": "the API description, which docs/api.md publishes anyway",
 }
 """Platform routes that any valid token may call, whatever its scopes."""

@@ -17,6 +17,7 @@ from heteroflow.health.metrics_settings import GpuMetricsSettings
 from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform.auth import parse_scopes
+from heteroflow.platform.nodes import NODE_CREDENTIAL_HEADER
 from heteroflow.server.alert_delivery import AlertDeliverySettings
 from heteroflow.server.app import build_context, create_app
 from heteroflow.server.context import ServerContext
@@ -24,12 +25,17 @@ from heteroflow.server.maintenance import maintain
 from heteroflow.server.settings import ServerSettings
 from heteroflow.storage.token_store import SqlTokenStore
 
+_CREDENTIALS: dict[str, str] = {}
+
 
 class Harness:
     def __init__(self, client: TestClient, ctx: ServerContext, clock: FakeClock) -> None:
         self.client = client
         self.ctx = ctx
         self.clock = clock
+        self.credentials = _CREDENTIALS
+        """Node id or (token, hostname) → the node credential its registration issued. Shared by every harness:
+        an agent keeps its credential whichever server (of several on one database) it talks to."""
 
     def token(self, scopes: str, *, tenant: str | None = None) -> str:
         store = SqlTokenStore(self.ctx.engine)
@@ -42,17 +48,32 @@ class Harness:
         return {"Authorization": f"Bearer {token}"}
 
     def register(self, token: str, hostname: str, **fields: Any) -> str:
+        """Register as an agent does: the node's credential kept from its first registration, sent again."""
         body = {"hostname": hostname, "vendor": "nvidia", "model": "H100", "gpu_count": 8, **fields}
-        response = self.client.post("/api/v1/nodes/register", json=body, headers=self.auth(token))
+        headers = self.auth(token)
+        known = self.credentials.get(f"{token}|{hostname}")
+        if known is not None:
+            headers[NODE_CREDENTIAL_HEADER] = known
+        response = self.client.post("/api/v1/nodes/register", json=body, headers=headers)
         assert response.status_code == 200, response.text
         node_id: str = response.json()["node_id"]
+        issued = response.json().get("node_credential")
+        if issued:
+            self.credentials[f"{token}|{hostname}"] = self.credentials[node_id] = issued
         return node_id
+
+    def node_auth(self, token: str, node_id: str) -> dict[str, str]:
+        """The headers of a heartbeat for ``node_id``: the agent token and the node's credential."""
+        headers = self.auth(token)
+        if node_id in self.credentials:
+            headers[NODE_CREDENTIAL_HEADER] = self.credentials[node_id]
+        return headers
 
     def beat(self, token: str, node_id: str, stats: list[dict[str, Any]], **extra: Any) -> httpx.Response:
         return self.client.post(
             f"/api/v1/nodes/{node_id}/heartbeat",
             json={"gpu_stats": stats, **extra},
-            headers=self.auth(token),
+            headers=self.node_auth(token, node_id),
         )
 
     def drain(self) -> None:

@@ -193,9 +193,9 @@ def seeded_server(tmp: Path) -> Iterator[Seeded]:
         return tokens.create_token(name="web-test", scopes=parse_scopes(scopes), tenant_id=tenant, now=now)[1]
 
     def node(name: str, vendor: str, model: str, gpus: int, source: Source, tenant: TenantId) -> str:
-        record, _ = ctx.nodes.register(
+        record = ctx.nodes.register(
             name=name, vendor=vendor, model=model, gpu_count=gpus, source=source, tenant_id=tenant, now=now
-        )
+        ).node
         return record.id
 
     nodes = {

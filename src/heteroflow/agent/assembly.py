@@ -6,8 +6,10 @@ vendor tools, NVML and the server.
 
 from __future__ import annotations
 
+import hashlib
 import socket
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from heteroflow.agent.client import HttpPlatformClient, PlatformClient
@@ -178,7 +180,10 @@ def build_agent(
         kernel_xids=None if simulated else kernel_xid_reader(selection, clock, kernel_log),
         client=client
         or HttpPlatformClient(
-            base_url=settings.server_url, token=settings.token, timeout_s=settings.request_timeout_seconds
+            base_url=settings.server_url,
+            token=settings.token,
+            timeout_s=settings.request_timeout_seconds,
+            credential_path=credential_path(settings.state_dir, server_url=settings.server_url, hostname=hostname),
         ),
         collection=collection,
         xid_queue=XidQueue(settings.xid_queue_capacity),
@@ -191,3 +196,10 @@ def build_agent(
         xid_watcher=watcher,
         xid_unwatched=unwatched_xid_status(selection.collector.name),
     )
+
+
+def credential_path(state_dir: str, *, server_url: str, hostname: str) -> Path:
+    """Where the credential of ``hostname`` on the server at ``server_url`` is kept: one file per pair, so that
+    agents of several nodes (or servers) on one machine never read each other's. Purely computational."""
+    digest = hashlib.sha256(f"{server_url.rstrip('/')}|{hostname}".encode()).hexdigest()[:16]
+    return Path(state_dir).expanduser() / f"node-{digest}.credential"

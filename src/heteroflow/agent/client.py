@@ -7,12 +7,19 @@ Errors (one tree, foreign errors translated here with ``raise … from``)::
     │                            the server's Retry-After (an overloaded server answers 503 + Retry-After)
     ├── NodeGoneError            404 on heartbeat: the node was deleted, register again
     └── PermanentError           401/403/409/422: retrying the same request cannot help
+
+The node's credential: its first registration issues one (shown once); the client sends it on every later
+registration and heartbeat (``X-HeteroFlow-Node-Credential``), and keeps it in ``credential_path`` (0600) when
+given one, so that a restarted agent can still speak for its node — without it, the hostname is refused 409.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
@@ -50,11 +57,16 @@ class Registration:
     source: Source
 
 
+NODE_CREDENTIAL_HEADER = "X-HeteroFlow-Node-Credential"
+
+
 @dataclass(frozen=True, slots=True)
 class Registered:
     node_id: NodeId
     created: bool
     heartbeat_interval_seconds: float
+    node_credential: str | None = None
+    """Issued by this registration (shown once), or ``None`` when the node's credential did not change."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,7 +115,13 @@ class HttpPlatformClient:
         token: str,
         timeout_s: float = 5.0,
         transport: httpx.BaseTransport | None = None,
+        credential_path: Path | None = None,
     ) -> None:
+        self._credential_path = credential_path
+        self._kept = _read_credential(credential_path)
+        """The credential kept on disk by an earlier run (for this server and hostname)."""
+        self._by_host: dict[str, str] = {}
+        self._by_node: dict[NodeId, str] = {}
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers={"Authorization": f"Bearer {token}"},
@@ -111,9 +129,10 @@ class HttpPlatformClient:
             transport=transport,
         )
 
-    def _post(self, path: str, body: Mapping[str, Any]) -> httpx.Response:
+    def _post(self, path: str, body: Mapping[str, Any], *, credential: str | None) -> httpx.Response:
+        headers = {NODE_CREDENTIAL_HEADER: credential} if credential else None
         try:
-            response = self._http.post(path, json=dict(body))
+            response = self._http.post(path, json=dict(body), headers=headers)
         except httpx.HTTPError as exc:
             raise ServerUnavailableError(f"{type(exc).__name__}: {exc}") from exc
         if response.status_code >= 500 or response.status_code == 429:
@@ -125,6 +144,7 @@ class HttpPlatformClient:
         return response
 
     def register(self, registration: Registration) -> Registered:
+        credential = self._by_host.get(registration.hostname) or self._kept
         response = self._post(
             "/api/v1/nodes/register",
             {
@@ -134,21 +154,32 @@ class HttpPlatformClient:
                 "gpu_count": registration.gpu_count,
                 "source": registration.source,
             },
+            credential=credential,
         )
         if response.status_code != 200:
             raise PermanentError(f"registration refused ({response.status_code}): {_detail(response)}")
         try:
             body = response.json()
-            return Registered(
+            credential = body.get("node_credential")
+            registered = Registered(
                 node_id=NodeId(str(body["node_id"])),
                 created=bool(body.get("created", False)),
                 heartbeat_interval_seconds=float(body.get("heartbeat_interval_seconds", 5.0)),
+                node_credential=str(credential) if credential else None,
             )
-        except (ValueError, KeyError, TypeError) as exc:
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
             raise ServerUnavailableError(f"unreadable registration answer: {response.text[:200]}") from exc
+        if registered.node_credential is not None:
+            credential = registered.node_credential
+            _write_credential(self._credential_path, credential)
+        if credential is not None:
+            self._by_host[registration.hostname] = self._by_node[registered.node_id] = credential
+        return registered
 
     def heartbeat(self, node_id: NodeId, body: Mapping[str, Any]) -> BeatResult:
-        response = self._post(f"/api/v1/nodes/{node_id}/heartbeat", body)
+        response = self._post(
+            f"/api/v1/nodes/{node_id}/heartbeat", body, credential=self._by_node.get(node_id) or self._kept
+        )
         if response.status_code == 404:
             raise NodeGoneError(f"node {node_id} is unknown to the server")
         if response.status_code != 200:
@@ -166,3 +197,28 @@ class HttpPlatformClient:
 
     def close(self) -> None:
         self._http.close()
+
+
+def _read_credential(path: Path | None) -> str | None:
+    if path is None:
+        return None
+    try:
+        text = path.read_text(encoding="utf-8").strip()
+    except (OSError, UnicodeDecodeError):
+        return None
+    return text or None
+
+
+def _write_credential(path: Path | None, credential: str) -> None:
+    """Keep the node's credential for a restarted agent: owner-only (0700 folder, 0600 file), replaced
+    atomically. A failure to write only costs the restart (the credential stays in memory)."""
+    if path is None:
+        return
+    with contextlib.suppress(OSError):
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        partial = path.with_name(path.name + ".partial")
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as sink:
+            sink.write(credential + "\n")
+        os.chmod(partial, 0o600)
+        os.replace(partial, path)

@@ -23,6 +23,16 @@ class AgentSettings(LenientSettings):
         validation_alias=env_names("agent_token"),
         description="Bearer token with scope 'agent'. Never logged.",
     )
+    state_dir: str = Field(
+        default="~/.local/state/heteroflow/agent",
+        min_length=1,
+        validation_alias=env_names("agent_state_dir"),
+        description=(
+            "Folder (created 0700) where the agent keeps its node's credential (0600), issued by the node's "
+            "first registration; a restarted agent needs it to speak for its node again (default "
+            "~/.local/state/heteroflow/agent; on Kubernetes a hostPath, see docs/deploy.md)."
+        ),
+    )
     node_name: str = Field(
         default="",
         pattern=r"^$|^[A-Za-z0-9][A-Za-z0-9._-]*$",

@@ -59,6 +59,7 @@ def controller(
 async def run_controller(cfg: Any) -> int:
     import uvicorn
 
+    from heteroflow.cli.http_server import server_config
     from heteroflow.serving.controller.app import create_app
     from heteroflow.serving.controller.clients import CoordinatorClient, NodeManagerClient
     from heteroflow.serving.controller.monitor import ResourceMonitorSettings, build_monitor, hosting_nodes
@@ -103,9 +104,7 @@ async def run_controller(cfg: Any) -> int:
         monitor=monitor,
         leadership=election,
     )
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False, lifespan="off")
-    )
+    server = uvicorn.Server(server_config(app, host=settings.host, port=settings.port, lifespan="off"))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, lambda: setattr(server, "should_exit", True))

@@ -37,8 +37,7 @@ def coordinator(
     Secrets come from the environment only (argv is visible in ps): HETEROFLOW_CLUSTER_TOKEN and
     HETEROFLOW_COORDINATOR_API_KEY_HASHES.
     """
-    import uvicorn
-
+    from heteroflow.cli.http_server import serve
     from heteroflow.serving.coordinator.app import Coordinator, create_app
 
     overrides: dict[str, Any] = {
@@ -54,12 +53,10 @@ def coordinator(
         _log.warning("coordinator.no_api_key", detail="no API key source is configured: every OpenAI request gets 401")
     service = Coordinator(settings=settings)
     _log.info("coordinator.starting", host=settings.host, port=settings.port)
-    uvicorn.run(
+    serve(
         create_app(service),
         host=settings.host,
         port=settings.port,
-        log_config=None,
-        access_log=False,
         lifespan="on",
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SEC,
     )

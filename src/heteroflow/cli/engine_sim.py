@@ -131,6 +131,8 @@ async def run_engine(*, topology: Topology, settings: EngineSimSettings, port: i
     """Start the worker, serve HTTP until the engine decides to exit; the process exit code."""
     import uvicorn
 
+    from heteroflow.cli.http_server import server_config
+
     loop = asyncio.get_running_loop()
     launch = WorkerLaunch(
         rank=topology.dp_rank,
@@ -190,9 +192,7 @@ async def run_engine(*, topology: Topology, settings: EngineSimSettings, port: i
         cluster_token=settings.cluster_token,
         max_tokens_limit=settings.max_tokens_limit,
     )
-    server = uvicorn.Server(
-        uvicorn.Config(app, host=settings.host, port=port, log_config=None, access_log=False, lifespan="off")
-    )
+    server = uvicorn.Server(server_config(app, host=settings.host, port=port, lifespan="off"))
     loop.add_signal_handler(signal.SIGUSR1, core.inject, FaultKind.KILL_WORKER)
     loop.add_signal_handler(signal.SIGUSR2, core.inject, FaultKind.TRANSIENT)
 

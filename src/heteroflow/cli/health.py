@@ -187,7 +187,7 @@ def _replay(trace: _Trace, settings: PredictionSettings, *, tick: timedelta) -> 
         nodes = SqlNodeStore(engine)
         ids: dict[str, NodeId] = {}
         for name in sorted({name for name, _ in trace.readings}):
-            node_record, _ = nodes.register(
+            node_record = nodes.register(
                 name=f"bt-{len(ids):05d}",
                 vendor="trace",
                 model=name[:200],
@@ -195,7 +195,7 @@ def _replay(trace: _Trace, settings: PredictionSettings, *, tick: timedelta) -> 
                 source="real",
                 tenant_id=None,
                 now=first,
-            )
+            ).node
             ids[name] = node_record.id
         rows = [
             dataclasses.replace(r, key=CardKey(node_id=ids[name], gpu_index=r.key.gpu_index, source="real"))

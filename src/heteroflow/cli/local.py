@@ -123,6 +123,7 @@ def _announce(state: ClusterState, state_path: Path) -> None:
         ("controller", state.controller_url),
         ("coordinator (OpenAI)", state.coordinator_url),
         ("admin token", state.admin_token),
+        ("API key", state.api_key or state.admin_token),
         ("state file", str(state_path)),
         ("logs", state.log_dir),
     ]
@@ -142,7 +143,8 @@ def _serving_hint(state: ClusterState, state_path: Path) -> str:
     body = json.dumps({"model": inst.model, "prompt": "hello", "max_tokens": 8})
     return (
         "serving. try:\n"
-        f"  curl -s {state.coordinator_url}/v1/completions -H 'Authorization: Bearer {state.admin_token}' \\\n"
+        f"  curl -s {state.coordinator_url}/v1/completions "
+        f"-H 'Authorization: Bearer {state.api_key or state.admin_token}' \\\n"
         f"       -H 'content-type: application/json' -d '{body}'\n"
         f"  heteroflow fault kill --state-file {state_path} --instance {inst.instance_id} --rank 2\n"
         f"  heteroflow status --state-file {state_path}"

@@ -49,8 +49,7 @@ def server(
     ] = None,
 ) -> None:
     """Run the platform server (migrates the database first)."""
-    import uvicorn
-
+    from heteroflow.cli.http_server import serve
     from heteroflow.server.app import build_context, create_app
 
     overrides = {
@@ -61,14 +60,7 @@ def server(
     settings = ServerSettings.load(**overrides)
     configure_logging(level=settings.log_level)
     ctx = build_context(settings=settings, health_settings=HealthStorageSettings.load())
-    uvicorn.run(
-        create_app(ctx),
-        host=settings.host,
-        port=settings.port,
-        log_config=None,
-        access_log=False,
-        lifespan="on",
-    )
+    serve(create_app(ctx), host=settings.host, port=settings.port, lifespan="on")
 
 
 if __name__ == "__main__":  # pragma: no cover

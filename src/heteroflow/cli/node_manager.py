@@ -93,6 +93,8 @@ async def run_node_manager(
     """Serve until SIGTERM/SIGINT (exit 0) or the engine-death suicide handling fires (exit 1)."""
     import uvicorn
 
+    from heteroflow.cli.http_server import server_config
+
     class _Server(uvicorn.Server):
         """uvicorn re-raises a captured SIGTERM when it stops, which would kill us before the engines are
         stopped; the NodeManager handles SIGTERM/SIGINT itself and stops its engines first."""
@@ -130,9 +132,7 @@ async def run_node_manager(
         clock=SystemClock(),
     )
     app = create_app(nm, cluster_token=settings.cluster_token, allow_no_token=settings.allow_no_token)
-    server = _Server(
-        uvicorn.Config(app, host=settings.host, port=settings.port, log_config=None, access_log=False, lifespan="off")
-    )
+    server = _Server(server_config(app, host=settings.host, port=settings.port, lifespan="off"))
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, server.request_exit)

@@ -40,7 +40,7 @@ def generate(
     written = 0
     for first in range(0, cards, GPUS_PER_NODE):
         count = min(GPUS_PER_NODE, cards - first)
-        node, _ = nodes.register(
+        node = nodes.register(
             name=f"sim-{chosen}-{first // GPUS_PER_NODE:03d}",
             vendor="nvidia",
             model="simulated",
@@ -48,7 +48,7 @@ def generate(
             source="simulated",
             tenant_id=None,
             now=now,
-        )
+        ).node
         batch: list[HealthReading] = []
         for index in range(count):
             key = CardKey(node_id=NodeId(node.id), gpu_index=index, source="simulated")

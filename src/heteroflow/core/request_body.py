@@ -13,16 +13,26 @@ Errors::
 
     BodyError (ValueError)
     ├── BodyTooLargeError      413  more than ``max_bytes`` (declared by Content-Length, or received)
-    └── InvalidJsonBodyError   400  nested deeper than ``max_depth``; declared JSON but not UTF-8 (or -16, -32)
+    ├── BodyTimeoutError       408  the body did not arrive within ``read_timeout_s`` (a slow sender is cut off)
+    └── InvalidJsonBodyError   400  nested deeper than ``max_depth``; declared JSON but not UTF-8 (or -16, -32);
+                                    NaN or Infinity (not JSON, and not writable back as JSON); a string with a
+                                    lone surrogate escape (``"\\ud800"``: text no encoder can write)
 
 Why a depth limit at all: CPython's decoder recurses once per level and gives up with ``RecursionError``
 somewhere below a thousand levels, and every later consumer (pydantic, our own walkers, an engine) recurses
 again. No request of ours nests more than a handful of levels, so anything deeper is refused at the door.
+
+How the depth is measured: never by parsing and walking the value in Python (a megabyte of small containers
+costs about a second of event loop that way). :func:`exceeds_depth` removes the JSON strings with one regular
+expression, keeps only the brackets, and deletes innermost pairs ``max_depth`` times with ``bytes.replace`` —
+every step runs in C, and a megabyte costs milliseconds.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, ClassVar, Final
 
@@ -31,6 +41,10 @@ MAX_BODY_BYTES: Final = 1 << 20
 
 MAX_JSON_DEPTH: Final = 32
 """Deepest nesting of arrays and objects accepted (``{}`` is 1, ``{"a": []}`` is 2)."""
+
+BODY_READ_TIMEOUT_S: Final = 10.0
+"""Longest time a request body may take to arrive, seconds: a client that sends a heartbeat one byte at a time
+holds a connection (and, once authenticated, an admission slot) for no longer than this."""
 
 Message = MutableMapping[str, Any]
 Scope = MutableMapping[str, Any]
@@ -51,15 +65,85 @@ class BodyTooLargeError(BodyError):
     code = "body_too_large"
 
 
+class BodyTimeoutError(BodyError):
+    status = 408
+    code = "body_timeout"
+
+
 class InvalidJsonBodyError(BodyError):
     status = 400
     code = "invalid_body"
 
 
+_JSON_STRING = re.compile(rb'"[^"\\]*(?:\\.[^"\\]*)*"', re.DOTALL)
+_ALL_BYTES = bytes(range(256))
+_NOT_BRACKETS = bytes(b for b in _ALL_BYTES if b not in b"[]{}")
+_SQUARE = bytes.maketrans(b"{}", b"[]")
+
+
+def exceeds_depth(raw: bytes, *, max_depth: int = MAX_JSON_DEPTH) -> bool:
+    """Whether the JSON text ``raw`` (UTF-8) nests arrays and objects deeper than ``max_depth``, or has more
+    brackets than that which do not balance. Purely computational, without parsing: C-speed on a megabyte.
+
+    Strings are removed first (their brackets are text); then only the brackets are kept, as ``[]``; each
+    ``replace`` of ``[]`` by nothing removes exactly one level (the pairs it removes are the innermost ones, and
+    a pair that removal makes adjacent waits for the next pass).
+    """
+    if raw.count(b"[") + raw.count(b"{") <= max_depth:
+        return False  # too few brackets to nest that deep: the common small body costs two byte counts
+    text = _JSON_STRING.sub(b"", raw) if b'"' in raw else raw
+    brackets = text.translate(_SQUARE, delete=_NOT_BRACKETS)
+    for _ in range(max_depth):
+        shorter = brackets.replace(b"[]", b"")
+        if not shorter:
+            return False
+        if len(shorter) == len(brackets):
+            return True  # no pair left to remove: the brackets do not balance
+        brackets = shorter
+    return bool(brackets)
+
+
+_ESCAPED_BACKSLASH = re.compile(rb"\\\\")
+_SURROGATE_PAIR = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}")
+_SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
+_NON_JSON_NUMBER = re.compile(rb"NaN|Infinity")
+
+
+def text_problem(raw: bytes) -> str | None:
+    """Why the JSON text ``raw`` (UTF-8) holds something no JSON writer can write back, or ``None``: a bare
+    ``NaN``/``Infinity`` (Python's decoder accepts them, every encoder of ours refuses them), or a string with a
+    lone surrogate escape (decoded, it cannot be encoded as UTF-8: a log line, a database row or an answer that
+    echoes it fails). Purely computational; regular expressions only, so C-speed on a megabyte."""
+    if _NON_JSON_NUMBER.search(raw):  # only then are the strings removed: the word may be text
+        outside = _JSON_STRING.sub(b"", raw) if b'"' in raw else raw
+        if _NON_JSON_NUMBER.search(outside):
+            return "NaN and Infinity are not JSON numbers"
+    if b"\\u" in raw:
+        escapes = _SURROGATE_PAIR.sub(b"", _ESCAPED_BACKSLASH.sub(b"", raw))
+        if _SURROGATE.search(escapes):
+            return "a string holds a lone UTF-16 surrogate (\\ud800-\\udfff), which is not text"
+    return None
+
+
+def _as_utf8(raw: bytes) -> bytes | None:
+    """``raw`` as UTF-8: itself, or decoded from the UTF-16/32 that JSON allows; ``None`` when not decodable."""
+    try:
+        raw.decode("utf-8")
+    except UnicodeDecodeError:
+        pass
+    else:
+        return raw
+    try:
+        return raw.decode(json.detect_encoding(raw)).encode("utf-8", "surrogatepass")
+    except (UnicodeDecodeError, LookupError):
+        return None
+
+
 def nesting_depth(value: object, *, limit: int = MAX_JSON_DEPTH) -> int:
     """Nesting depth of a parsed JSON value (0 for a scalar), or ``limit + 1`` as soon as it is deeper.
 
-    Iterative, so a value too deep for recursion is measured without recursing.
+    Iterative, so a value too deep for recursion is measured without recursing. A Python walk: for a value
+    already parsed and small; a request body's depth is checked on its bytes by :func:`exceeds_depth`.
     """
     deepest = 0
     stack: list[tuple[object, int]] = [(value, 1)]
@@ -86,56 +170,45 @@ def check_size(length: int, *, max_bytes: int = MAX_BODY_BYTES) -> None:
 def parse_json(raw: bytes, *, max_bytes: int = MAX_BODY_BYTES, max_depth: int = MAX_JSON_DEPTH) -> object:
     """The JSON value of ``raw``; :class:`BodyTooLargeError` or :class:`InvalidJsonBodyError` otherwise."""
     check_size(len(raw), max_bytes=max_bytes)
+    text = _as_utf8(raw)
+    if text is None:
+        raise InvalidJsonBodyError("the request body is not JSON: not UTF-8 (or -16, -32) encoded")
+    if exceeds_depth(text, max_depth=max_depth):
+        raise InvalidJsonBodyError(f"the request body is nested deeper than {max_depth} levels")
+    problem = text_problem(text)
+    if problem is not None:
+        raise InvalidJsonBodyError(f"the request body is not JSON: {problem}")
     try:
-        value = json.loads(raw)
+        return json.loads(text)
     except RecursionError as exc:
         raise InvalidJsonBodyError(f"the request body is nested deeper than {max_depth} levels") from exc
     except ValueError as exc:  # JSONDecodeError and UnicodeDecodeError alike
         raise InvalidJsonBodyError(f"the request body is not JSON: {exc}") from exc
-    _check_depth(raw, value, max_depth=max_depth)
-    return value
-
-
-def _check_depth(raw: bytes, value: object, *, max_depth: int) -> None:
-    # fewer brackets than the limit cannot nest deeper than it: the common small body costs two byte counts
-    if raw.count(b"[") + raw.count(b"{") > max_depth and nesting_depth(value, limit=max_depth) > max_depth:
-        raise InvalidJsonBodyError(f"the request body is nested deeper than {max_depth} levels")
 
 
 def check_body(
-    raw: bytes, *, max_bytes: int = MAX_BODY_BYTES, max_depth: int = MAX_JSON_DEPTH, declared_json: bool = False
+    raw: bytes,
+    *,
+    max_bytes: int = MAX_BODY_BYTES,
+    max_depth: int = MAX_JSON_DEPTH,
+    declared_json: bool = False,
+    strict_text: bool = True,
 ) -> None:
-    """Refuse a body that is too large, JSON nested too deeply, or declared JSON but not text in a JSON encoding;
-    any other body passes (its route judges it, malformed JSON included)."""
+    """Refuse a body that is too large, JSON nested too deeply, or declared JSON but not text in a JSON encoding
+    or (``strict_text``) holding what no JSON writer can write back (:func:`text_problem`); any other body
+    passes (its route judges it, malformed JSON included). Nothing is parsed here."""
     check_size(len(raw), max_bytes=max_bytes)
-    if declared_json and not _decodable(raw):
-        raise InvalidJsonBodyError("the request body is not UTF-8 encoded JSON")
-    if raw.count(b"[") + raw.count(b"{") <= max_depth:
-        return
-    try:
-        value = json.loads(raw)
-    except RecursionError as exc:
-        raise InvalidJsonBodyError(f"the request body is nested deeper than {max_depth} levels") from exc
-    except ValueError:
-        return  # not JSON: the route's own parsing answers that, in its own words
-    _check_depth(raw, value, max_depth=max_depth)
-
-
-def _decodable(raw: bytes) -> bool:
-    """Whether ``json.loads`` can decode ``raw`` to text (it may still not be JSON)."""
-    try:
-        raw.decode("utf-8")
-    except UnicodeDecodeError:
-        pass
-    else:
-        return True
-    try:
-        json.loads(raw)  # UTF-16 and UTF-32, which JSON allows, are detected and decoded by json itself
-    except UnicodeDecodeError:
-        return False
-    except (ValueError, RecursionError):
-        return True
-    return True
+    text = _as_utf8(raw)
+    if text is None:
+        if declared_json:
+            raise InvalidJsonBodyError("the request body is not UTF-8 encoded JSON")
+        return  # not text: not JSON either, so its depth means nothing; the route judges it
+    if exceeds_depth(text, max_depth=max_depth):
+        raise InvalidJsonBodyError(f"the request body is nested deeper than {max_depth} levels")
+    if declared_json and strict_text:
+        problem = text_problem(text)
+        if problem is not None:
+            raise InvalidJsonBodyError(f"the request body is not JSON: {problem}")
 
 
 Render = Callable[[str, BodyError], dict[str, object]]
@@ -146,7 +219,8 @@ class BodyLimit:
     """ASGI middleware: every HTTP request body is read here first and refused when :func:`check_body` says so.
 
     A Content-Length over the limit is answered at once, without reading; a body sent without one is cut off
-    as soon as it passes the limit. An accepted body is handed to the application unchanged, in one message.
+    as soon as it passes the limit; a body still arriving after ``read_timeout_s`` is answered 408 (the slow
+    sender's connection is closed). An accepted body is handed to the application unchanged, in one message.
     """
 
     def __init__(
@@ -156,21 +230,42 @@ class BodyLimit:
         render: Render,
         max_bytes: int = MAX_BODY_BYTES,
         max_depth: int = MAX_JSON_DEPTH,
+        read_timeout_s: float = BODY_READ_TIMEOUT_S,
+        too_large_status: int = BodyTooLargeError.status,
+        strict_text: Callable[[Scope], bool] | None = None,
     ) -> None:
         self.app = app
         self.render = render
         self.max_bytes = max_bytes
         self.max_depth = max_depth
+        self.read_timeout_s = read_timeout_s
+        self.too_large_status = too_large_status
+        """413, or 400 where a service's contract answers every refused body 400 (the controller's)."""
+        self.strict_text = strict_text
+        """Which requests have their text checked (:func:`text_problem`; default every one). A route that
+        refuses bad values one by one (a heartbeat: a bad reading must not cost the beat) opts out."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         try:
-            body = await self._read(scope, receive)
+            try:
+                async with asyncio.timeout(self.read_timeout_s):
+                    body = await self._read(scope, receive)
+            except TimeoutError as exc:
+                raise BodyTimeoutError(
+                    f"the request body did not arrive within {self.read_timeout_s:g} s; send it at once"
+                ) from exc
             if body is None:
                 return  # the client went away before its body ended: there is no one to answer
-            check_body(body, max_bytes=self.max_bytes, max_depth=self.max_depth, declared_json=_declares_json(scope))
+            check_body(
+                body,
+                max_bytes=self.max_bytes,
+                max_depth=self.max_depth,
+                declared_json=_declares_json(scope),
+                strict_text=self.strict_text is None or self.strict_text(scope),
+            )
         except BodyError as exc:
             await self._refuse(scope, send, exc)
             return
@@ -205,9 +300,10 @@ class BodyLimit:
     async def _refuse(self, scope: Scope, send: Send, exc: BodyError) -> None:
         payload = json.dumps(self.render(str(scope.get("path", "")), exc)).encode()
         headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
-        if isinstance(exc, BodyTooLargeError):
+        if isinstance(exc, BodyTooLargeError | BodyTimeoutError):
             headers.append((b"connection", b"close"))  # the rest of the body is never read
-        await send({"type": "http.response.start", "status": exc.status, "headers": headers})
+        status = self.too_large_status if isinstance(exc, BodyTooLargeError) else exc.status
+        await send({"type": "http.response.start", "status": status, "headers": headers})
         await send({"type": "http.response.body", "body": payload, "more_body": False})
 
 

@@ -185,7 +185,9 @@ def create_app(
     cluster_token: str | None,
     max_tokens_limit: int,
 ) -> FastAPI:
-    app = FastAPI(title="HeteroFlow engine simulator", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="HeteroFlow engine simulator", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False
+    )
     ft_paths = frozenset({status_path(ft_path_prefix), apply_path(ft_path_prefix)})
 
     def refused_body(path: str, exc: BodyError) -> dict[str, object]:

@@ -1,12 +1,14 @@
 """HTTP calls to a running local cluster, by what they are for (the CLI, the live view and tests use them).
 
-Every call carries the admin token: in a local cluster it is also the cluster token of the internal routes
+Every call carries the credential of where it goes (:class:`ClusterAuth`): the admin token to the platform
+server, the API key to the Coordinator's OpenAI routes, the cluster token to every internal route
 (``docs/local-cluster.md``, tokens). Transport failures are translated into :class:`ClusterUnreachableError`
 here, so callers handle one error type.
 """
 
 from __future__ import annotations
 
+from collections.abc import Generator
 from typing import Any
 
 import httpx
@@ -26,12 +28,31 @@ class ClusterUnreachableError(Exception):
     """A component of the cluster did not answer, or answered with an error status."""
 
 
+class ClusterAuth(httpx.Auth):
+    """The bearer credential of a request by its destination: three secrets, none of which opens the others'
+    doors (an older state file has no cluster token or API key: the admin token was both then)."""
+
+    def __init__(self, state: ClusterState) -> None:
+        self.state = state
+
+    def token_for(self, url: str) -> str:
+        state = self.state
+        if url.startswith(state.server_url.rstrip("/") + "/"):
+            return state.admin_token
+        if url.startswith(state.coordinator_url.rstrip("/") + "/v1/"):
+            return state.api_key or state.admin_token
+        return state.cluster_token or state.admin_token
+
+    def auth_flow(self, request: httpx.Request) -> Generator[httpx.Request, httpx.Response, None]:
+        if "authorization" not in request.headers:  # a caller's own credential wins
+            request.headers["Authorization"] = f"Bearer {self.token_for(str(request.url))}"
+        yield request
+
+
 class ClusterClient:
     def __init__(self, state: ClusterState, *, timeout_sec: float = 5.0) -> None:
         self.state = state
-        self._http = httpx.Client(
-            headers={"Authorization": f"Bearer {state.admin_token}"}, timeout=timeout_sec, trust_env=False
-        )
+        self._http = httpx.Client(auth=ClusterAuth(state), timeout=timeout_sec, trust_env=False)
 
     def close(self) -> None:
         self._http.close()
@@ -94,13 +115,11 @@ class ClusterClient:
             if not page.get("items") or len(found) >= int(page.get("total", 0)):
                 return found
 
-    def agent_heartbeat(self, node_id: str, body: dict[str, Any], *, agent_token: str) -> dict[str, Any]:
-        """``POST /api/v1/nodes/{node_id}/heartbeat`` with an agent token instead of the admin token."""
+    def agent_heartbeat(self, node_id: str, body: dict[str, Any]) -> dict[str, Any]:
+        """``POST /api/v1/nodes/{node_id}/heartbeat`` as an operator: the admin token may speak for any node,
+        while an agent token needs the node's own credential, which stays with the node's simulated agent."""
         found: dict[str, Any] = self._json(
-            "POST",
-            f"{self.state.server_url}/api/v1/nodes/{node_id}/heartbeat",
-            json=body,
-            headers={"Authorization": f"Bearer {agent_token}"},
+            "POST", f"{self.state.server_url}/api/v1/nodes/{node_id}/heartbeat", json=body
         )
         return found
 

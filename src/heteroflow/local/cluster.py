@@ -38,6 +38,7 @@ import structlog
 import yaml
 
 from heteroflow.core.clock import SystemClock
+from heteroflow.core.files import private_dir
 from heteroflow.local import netns
 from heteroflow.local.client import ClusterClient, ClusterUnreachableError
 from heteroflow.local.plan import (
@@ -73,7 +74,7 @@ from heteroflow.local.state import (
     ProcessState,
     write_state,
 )
-from heteroflow.platform.auth import Scope
+from heteroflow.platform.auth import Scope, generate_token
 from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.token_store import SqlTokenStore
 
@@ -191,8 +192,10 @@ class LocalCluster:
                 raise ClusterError(f"cannot give pods network namespaces: {reason}")
         data_dir = opts.data_dir.resolve()
         log_dir = data_dir / "logs"
-        data_dir.mkdir(parents=True, exist_ok=True)
-        log_dir.mkdir(parents=True, exist_ok=True)
+        # every tenant's data, the token hashes, the runtime, logs and specs: owner-only, whatever the umask
+        # (every process is started with umask 077, see processes.py)
+        private_dir(data_dir, tighten=True)
+        private_dir(log_dir, tighten=True)
         user_config = _read_yaml(opts.controller_config) if opts.controller_config is not None else {}
 
         split_ranks(opts.dp_size, opts.pods)  # refuse impossible layouts before anything is created
@@ -282,7 +285,8 @@ class LocalCluster:
             pod_networks=network.pods if network is not None else (),
         )
         database_url = f"sqlite:///{data_dir / 'heteroflow.db'}"
-        admin_token, agent_token, monitor_token = _create_tokens(database_url)
+        admin_token, agent_token, monitor_token, api_key = _create_tokens(database_url)
+        cluster_token = generate_token()  # the internal routes' own secret, new every run (rotated by `up`)
         hardware_directory = data_dir / "mindcluster"
         hardware_directory.mkdir(exist_ok=True)
         # A runtime stored by an earlier `up` describes engines that no longer exist; restoring it (F-32)
@@ -334,6 +338,7 @@ class LocalCluster:
                 spec_paths=spec_paths,
                 engine_log_dir=log_dir,
                 admin_token=admin_token,
+                cluster_token=cluster_token,
                 agent_token=agent_token,
                 monitor_token=monitor_token,
                 hardware_directory=hardware_directory,
@@ -360,6 +365,8 @@ class LocalCluster:
             controller_url=layout.controller_url,
             coordinator_url=layout.coordinator_url,
             admin_token=admin_token,
+            cluster_token=cluster_token,
+            api_key=api_key,
             agent_token=agent_token,
             hardware_directory=str(hardware_directory),
             database_url=database_url,
@@ -485,9 +492,9 @@ def _model_of(config: Mapping[str, Any], plan: InstancePlan) -> str:
     return model if isinstance(model, str) and model else plan.model
 
 
-def _create_tokens(database_url: str) -> tuple[str, str, str]:
-    """Fresh admin, agent and controller-monitor (``nodes:read``) tokens in the platform database (migrated
-    first)."""
+def _create_tokens(database_url: str) -> tuple[str, str, str, str]:
+    """Fresh admin, agent, controller-monitor (``nodes:read``) and Coordinator API key (``inference``) tokens in
+    the platform database (migrated first)."""
     engine = create_db_engine(database_url)
     try:
         upgrade_database(engine)
@@ -498,9 +505,12 @@ def _create_tokens(database_url: str) -> tuple[str, str, str]:
         _, monitor = tokens.create_token(
             name="local-controller-monitor", scopes=frozenset({Scope.NODES_READ}), tenant_id=None, now=now
         )
+        _, api_key = tokens.create_token(
+            name="local-inference", scopes=frozenset({Scope.INFERENCE}), tenant_id=None, now=now
+        )
     finally:
         engine.dispose()
-    return admin, agent, monitor
+    return admin, agent, monitor, api_key
 
 
 def _instance_state(plan: InstancePlan) -> InstanceState:

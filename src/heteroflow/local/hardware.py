@@ -6,7 +6,7 @@
 - ``mindcluster`` — the node's ``mindx-dl-deviceinfo-<node>`` ConfigMap document, as MindCluster's device plugin
   writes it, in the folder the controller's directory source follows; the card is named ``Ascend910-<index>``
   (the format that source reads; the index is the rank's card on its node). ``--cleared`` removes the entry.
-- ``gpu-health`` — an XID event in a heartbeat of the node's simulated agent (with the agents' token), which the
+- ``gpu-health`` — an XID event in a heartbeat of the node's simulated agent (sent with the admin token), which the
   platform stores and serves on ``GET /api/v1/hardware-events``, where the controller's GPU-health source reads
   it. The level follows from the XID; such a fault clears by itself once it stops being reported.
 
@@ -233,15 +233,14 @@ def _xid(code: str) -> int:
 
 def _send_xid(client: ClusterClient, target: Card, xid: int) -> str:
     """One XID event in a heartbeat of ``target.node``'s simulated agent; the node's platform id."""
-    state = client.state
-    if not state.agent_token:
+    if not client.state.agent_token:  # a state file from before the gpu-health source
         raise HardwareFaultError("the state file holds no agent token (the cluster predates it: restart `up`)")
     nodes = client.platform_nodes()
     node_id = next((n["id"] for n in nodes if n.get("name") == target.node and n.get("source") == "simulated"), None)
     if node_id is None:
         raise HardwareFaultError(f"the platform knows no simulated node {target.node!r} (has its agent registered?)")
     event = {"index": target.index, "uuid": target.uuid, "xid": xid, "occurred_at": datetime.now(UTC).isoformat()}
-    answer = client.agent_heartbeat(str(node_id), {"xid_events": [event]}, agent_token=state.agent_token)
+    answer = client.agent_heartbeat(str(node_id), {"xid_events": [event]})
     result = answer.get("xid_events", {})
     if result.get("stored") != 1:
         raise HardwareFaultError(f"the platform did not store the XID event: {result}")

@@ -23,7 +23,6 @@ master is its first pod's IP. ``host`` is then the bridge's address, where the r
 from __future__ import annotations
 
 import copy
-import hashlib
 import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -295,6 +294,7 @@ def process_plans(
     spec_paths: Mapping[str, Path],
     engine_log_dir: Path,
     admin_token: str,
+    cluster_token: str,
     agent_token: str,
     monitor_token: str,
     hardware_directory: Path,
@@ -308,7 +308,7 @@ def process_plans(
     The controller's ResourceMonitor follows both hardware sources: MindCluster ConfigMap documents in
     ``hardware_directory`` and the platform's hardware-event feed for the simulated cards (read with
     ``monitor_token``, scope ``nodes:read``), each polled every second."""
-    cluster = (("HETEROFLOW_CLUSTER_TOKEN", admin_token),)
+    cluster = (("HETEROFLOW_CLUSTER_TOKEN", cluster_token),)  # its own secret: the admin token opens no route here
     monitor = (
         ("HETEROFLOW_MONITOR_DIRECTORY", str(hardware_directory)),
         ("HETEROFLOW_MONITOR_DIRECTORY_POLL_SEC", str(MONITOR_POLL_SEC)),
@@ -343,11 +343,7 @@ def process_plans(
                 "coordinator", "--host", host, "--port", str(layout.coordinator_port),
                 "--platform-url", layout.server_url,
             ),
-            (
-                *cluster,
-                # the admin token needs no platform round trip; every other platform token is checked there
-                ("HETEROFLOW_COORDINATOR_API_KEY_HASHES", hashlib.sha256(admin_token.encode()).hexdigest()),
-            ),
+            cluster,  # API keys: the platform's tokens with the inference scope, checked there (revocable)
             "coordinator.log",
         ),
     ]  # fmt: skip
@@ -374,7 +370,11 @@ def process_plans(
             ProcessPlan(
                 f"agent:{node}",
                 ("agent", "run", "--server", layout.server_url, "--node-name", node, "--simulate", str(CARDS_PER_NODE)),
-                (("HETEROFLOW_AGENT_TOKEN", agent_token),),
+                (
+                    ("HETEROFLOW_AGENT_TOKEN", agent_token),
+                    # each node's own credential, kept with the cluster's data (not in the user's home)
+                    ("HETEROFLOW_AGENT_STATE_DIR", str(hardware_directory.parent / "agents")),
+                ),
                 f"agent-{node}.log",
             )
         )

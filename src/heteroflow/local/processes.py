@@ -20,6 +20,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from heteroflow.core.files import private_file
+
 CLUSTER_ID_ENV = "HETEROFLOW_LOCAL_CLUSTER_ID"
 _PR_SET_PDEATHSIG = 1
 
@@ -63,8 +65,9 @@ class ManagedProcess:
 def start_process(
     name: str, argv: Sequence[str], *, env: Mapping[str, str], log: Path, cwd: Path | None = None
 ) -> ManagedProcess:
-    """Start ``argv`` in its own session with ``env`` (complete), output appended to ``log``."""
-    log.parent.mkdir(parents=True, exist_ok=True)
+    """Start ``argv`` in its own session with ``env`` (complete), output appended to ``log`` (0600), with umask
+    077: whatever it writes (a database, a runtime store, engine logs) is readable by its owner only."""
+    private_file(log)
     with log.open("ab") as out:  # the child keeps its own descriptor
         out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {name}: starting\n".encode())
         out.flush()
@@ -76,6 +79,7 @@ def start_process(
             env=dict(env),
             cwd=cwd,
             start_new_session=True,
+            umask=0o077,
             preexec_fn=_die_with_parent,  # only a prctl call: nothing that takes a lock
         )
     return ManagedProcess(name=name, popen=popen, log=log, argv=tuple(argv))

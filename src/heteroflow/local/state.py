@@ -106,6 +106,17 @@ class ClusterState(_Model):
     controller_url: str
     coordinator_url: str
     admin_token: str
+    cluster_token: str | None = Field(
+        default=None,
+        description=(
+            "The internal routes' secret (controller, NodeManagers, engines, the Coordinator's management), its "
+            "own random value per run: revoking the admin token leaves no way in. Absent in older state files "
+            "(the admin token was the cluster token then)."
+        ),
+    )
+    api_key: str | None = Field(
+        default=None, description="A platform token with the inference scope: the Coordinator's OpenAI API key."
+    )
     agent_token: str | None = Field(
         default=None, description="The simulated agents' token: `heteroflow fault hardware --via gpu-health` uses it."
     )

@@ -26,6 +26,8 @@ class Scope(StrEnum):
     METRICS_READ = "metrics:read"
     SERVING_READ = "serving:read"
     """Watch serving fault tolerance (the platform server's read-only proxy to the controller); cluster-wide."""
+    INFERENCE = "inference"
+    """An API key of the Coordinator's OpenAI routes (and nothing else on the platform)."""
     ADMIN = "admin"
 
 

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
-from heteroflow.core.ids import NodeId, Source, TenantId
+from heteroflow.core.ids import NodeId, Source, TenantId, TokenId
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,10 +22,43 @@ class NodeRecord:
     tenant_id: TenantId | None
     registered_at: datetime
     last_heartbeat_at: datetime | None
+    credential_hash: str | None = None
+    """SHA-256 of the node's own credential; ``None`` for a node registered before credentials existed."""
+    registered_by: TokenId | None = None
+    """The token that created the node (the per-token quotas count by it)."""
+
+
+NODE_CREDENTIAL_HEADER = "X-HeteroFlow-Node-Credential"
+"""The header an agent sends its node's credential in, on re-registration and on every heartbeat."""
 
 
 class NodeConflictError(Exception):
-    """A registration that contradicts an existing node (another scope, or another source)."""
+    """A registration that contradicts an existing node (its source, or its credential)."""
+
+
+class NodeCredentialError(NodeConflictError):
+    """The hostname is registered in the caller's tenant, and the request does not carry that node's credential."""
+
+
+@dataclass(frozen=True, slots=True)
+class Quota:
+    """Per-token limits on registration: nodes a token may create, and cards (``gpu_count``) across them."""
+
+    max_nodes: int
+    max_cards: int
+
+
+class NodeQuotaError(Exception):
+    """The token has registered as many nodes, or cards, as its quota allows."""
+
+
+def speaks_for(node: NodeRecord, credential_hash: str | None) -> bool:
+    """Whether a request carrying ``credential_hash`` may speak for ``node`` (beat, report its XID events).
+    A node without a credential (registered before credentials existed) accepts any caller of its tenant
+    until its next registration claims one. Purely computational; constant-time compare."""
+    if node.credential_hash is None:
+        return True
+    return credential_hash is not None and hmac.compare_digest(node.credential_hash, credential_hash)
 
 
 def is_online(last_heartbeat_at: datetime | None, *, now: datetime, offline_after: timedelta) -> bool:

@@ -16,6 +16,7 @@ from sqlalchemy.engine import Engine
 
 import heteroflow
 from heteroflow.core.admission import AdmissionGate, AdmissionLimit, Scope, watch_loop_lag
+from heteroflow.core.authentication import AuthenticateFirst, Denial
 from heteroflow.core.clock import Clock, SystemClock
 from heteroflow.core.request_body import BodyLimit
 from heteroflow.core.ttl_cache import TtlCache
@@ -27,7 +28,7 @@ from heteroflow.health.xid_collection import XidCollectionBook
 from heteroflow.platform.auth import Principal
 from heteroflow.platform.liveness import LivenessTracker
 from heteroflow.server.alert_delivery import AlertDeliverySettings, AlertNotifier
-from heteroflow.server.auth import authenticate, invalid_request
+from heteroflow.server.auth import authenticate, check_before_work, invalid_request
 from heteroflow.server.context import ServerContext
 from heteroflow.server.errors import install_error_handlers, overloaded, refused_body
 from heteroflow.server.gpu_metrics import GpuMetricsRecorder
@@ -160,6 +161,9 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
         openapi_url=None,
         docs_url=None,
         redoc_url=None,
+        # no "/nodes/" → "/nodes" redirect: Starlette builds its Location from the Host header, which any
+        # client sets (an open redirect to another site)
+        redirect_slashes=False,
     )
     app.state.context = ctx
     install_error_handlers(app)
@@ -168,8 +172,11 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
     async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         return await invalid_request(request, exc)
 
-    app.add_middleware(BodyLimit, render=refused_body)  # size and depth, before FastAPI parses a body
-    # added last, so it runs first: a refused heartbeat costs no body read at all
+    # the last added runs first: token check → heartbeat admission → body size, time and depth → FastAPI
+    # size, read time, depth and unwritable text, before FastAPI parses a body; a heartbeat's bad values are
+    # refused one by one by its route (a bad reading never costs the beat)
+    app.add_middleware(BodyLimit, render=refused_body, strict_text=lambda scope: not _is_heartbeat(scope))
+    # a refused heartbeat costs no body read at all; only authenticated heartbeats count
     app.add_middleware(
         AdmissionLimit,
         gate=ctx.heartbeat_admission,
@@ -177,6 +184,16 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
         retry_after_s=max(1, math.ceil(ctx.settings.heartbeat_interval_seconds)),
         render=overloaded,
         on_refused=lambda _, why: ctx.metrics.heartbeats_refused.labels(reason=why).inc(),
+    )
+
+    async def check(scope: Scope) -> Denial | None:
+        return await check_before_work(ctx, scope)
+
+    app.add_middleware(
+        AuthenticateFirst,
+        check=check,
+        render=lambda _, denial: {"error": denial.code, "detail": denial.message},
+        on_denied=lambda _, denial: ctx.metrics.requests_denied.labels(status=str(denial.status)).inc(),
     )
     for routes in (
         node_routes,

@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from collections.abc import Awaitable, Callable
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
+from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import request_validation_exception_handler
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from heteroflow.core.authentication import Denial, bearer_of
+from heteroflow.core.authentication import Scope as AsgiScope
 from heteroflow.core.errors import StoreUnavailableError
 from heteroflow.core.ids import NodeId
 from heteroflow.platform.auth import Principal, Scope, hash_token
@@ -38,25 +42,49 @@ async def authenticate(
     """The caller, from the bearer token; verified tokens are trusted from memory for a short while."""
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
         raise Unauthorized("a bearer token is required (Authorization: Bearer <token>)")
-    ctx = server_context(request)
-    token_hash = hash_token(credentials.credentials)
+    return await principal_of(server_context(request), credentials.credentials)
+
+
+async def principal_of(ctx: ServerContext, token: str) -> Principal:
+    """The principal of ``token``: from the cache, else one lookup (a known-unknown token costs none for a
+    while, and at most a few lookups run at once, so random tokens cannot queue up the thread pool)."""
+    token_hash = hash_token(token)
     now = ctx.clock.monotonic()
     principal = ctx.token_cache.get(token_hash, now=now)
     if principal is not None:
         return principal
-    try:
-        principal = await asyncio.to_thread(ctx.tokens.principal, token_hash)
-    except StoreUnavailableError:
-        # the database is down: a token verified earlier stays good; an unknown one cannot be checked
-        stale = ctx.token_cache.get_stale(token_hash)
-        if stale is None:
-            raise
-        return stale
+    if ctx.unknown_tokens.get(token_hash, now=now) is not None:
+        raise Unauthorized("unknown or revoked token")
+    async with ctx.token_lookups:
+        try:
+            principal = await asyncio.to_thread(ctx.tokens.principal, token_hash)
+        except StoreUnavailableError:
+            # the database is down: a token verified earlier stays good; an unknown one cannot be checked
+            stale = ctx.token_cache.get_stale(token_hash)
+            if stale is None:
+                raise
+            return stale
     if principal is None:
         ctx.token_cache.discard(token_hash)
+        ctx.unknown_tokens.put(token_hash, True, now=now)
         raise Unauthorized("unknown or revoked token")
     ctx.token_cache.put(token_hash, principal, now=now)
     return principal
+
+
+async def check_before_work(ctx: ServerContext, scope: AsgiScope) -> Denial | None:
+    """The credential check that runs before admission, body read and parse (:mod:`heteroflow.core.authentication`):
+    a missing, unknown or revoked bearer token is refused there; scopes and tenants are the routes' business."""
+    token = bearer_of(scope)
+    if token is None:
+        return Denial(401, "unauthorized", "a bearer token is required (Authorization: Bearer <token>)")
+    try:
+        await principal_of(ctx, token)
+    except Unauthorized as exc:
+        return Denial(401, exc.code, exc.message)
+    except StoreUnavailableError:
+        return Denial(503, "unavailable", "the database is unavailable; retry later")
+    return None
 
 
 async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -73,7 +101,25 @@ async def invalid_request(request: Request, exc: RequestValidationError) -> JSON
             return error_response(refused)
         except StoreUnavailableError:
             return error_response(ServiceUnavailable("the database is unavailable; retry later"))
-    return await request_validation_exception_handler(request, exc)
+    errors = [_serialisable(error) for error in exc.errors()]
+    return await request_validation_exception_handler(request, RequestValidationError(errors, body=None))
+
+
+def _serialisable(error: Any) -> Any:
+    """A validation error as it can be written back: its ``input`` (and ``ctx``) dropped when they are not JSON
+    (NaN, a lone surrogate, bytes) — the 422 must never fail on the very input it describes."""
+    if not isinstance(error, dict):
+        return error
+    kept = dict(error)
+    for key in ("input", "ctx"):
+        if key in kept:
+            try:
+                json.dumps(jsonable_encoder(kept[key]), allow_nan=False).encode("utf-8")
+            except (TypeError, ValueError, UnicodeEncodeError):
+                kept[key] = repr(kept[key]).encode("ascii", "backslashreplace").decode("ascii")[:200]
+    if isinstance(kept.get("msg"), str):
+        kept["msg"] = kept["msg"].encode("utf-8", "backslashreplace").decode("utf-8")
+    return kept
 
 
 def require(scope: Scope) -> Callable[..., Awaitable[Principal]]:
@@ -109,6 +155,10 @@ async def visible_node(ctx: ServerContext, principal: Principal, node_id: str, *
     now = ctx.clock.monotonic()
     if cached:
         node = ctx.node_cache.get(NodeId(node_id), now=now)
+        # a missing id answered from memory too: "missing" costs what "not yours" costs (no timing oracle, and
+        # no statement per beat for an id that names nothing)
+        if node is None and ctx.missing_nodes.get(node_id, now=now):
+            raise NotFound(f"node {node_id!r} not found")
     if node is None:
         try:
             node = await asyncio.to_thread(ctx.nodes.get, NodeId(node_id))
@@ -119,6 +169,7 @@ async def visible_node(ctx: ServerContext, principal: Principal, node_id: str, *
         else:
             if node is None:
                 ctx.node_cache.discard(NodeId(node_id))
+                ctx.missing_nodes.put(node_id, True, now=now)
             else:
                 ctx.node_cache.put(node.id, node, now=now)
     if node is None or not principal.sees_node(node.tenant_id):

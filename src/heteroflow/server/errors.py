@@ -5,7 +5,8 @@
     ├── Forbidden (403)      a valid token without the route's scope
     ├── NotFound (404)       absent, or outside the caller's tenant scope (identical on purpose)
     ├── BadRequest (400)     a parameter out of range, with the reason
-    ├── Conflict (409)       a registration contradicting an existing node
+    ├── Conflict (409)       a registration contradicting an existing node (its source, or its credential)
+    ├── TooManyRequests (429)  a per-token quota of nodes or cards used up
     └── ServiceUnavailable (503)  the database is unreachable; retry later
 
     BodyError (heteroflow.core.request_body), answered before any route runs:
@@ -69,6 +70,11 @@ class Conflict(ApiError):
     code = "conflict"
 
 
+class TooManyRequests(ApiError):
+    status_code = 429
+    code = "quota_exceeded"
+
+
 class ServiceUnavailable(ApiError):
     status_code = 503
     code = "unavailable"
@@ -80,6 +86,7 @@ _DESCRIPTIONS: dict[int, str] = {
     403: "A valid token without the route's scope (forbidden).",
     404: "Absent, or outside the caller's tenant (not_found).",
     409: "Contradicts the current state (conflict).",
+    429: "A per-token quota is used up (quota_exceeded).",
     413: "The body is larger than 1 MiB (body_too_large).",
     503: "The database or the controller is unavailable; retry later (unavailable).",
 }

@@ -13,6 +13,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
+from heteroflow.core.text import printable
 from heteroflow.health.counters import HEALTH_KEYS, Counters
 from heteroflow.health.gpu_metrics import GpuMetrics
 from heteroflow.health.ingest import IngestStatus
@@ -50,6 +51,18 @@ class ServerMetrics:
         self.db_statements = Counter(
             "heteroflow_db_statements",
             "SQL statements this server sent to the database (all paths).",
+            registry=self.registry,
+        )
+        self.requests_denied = Counter(
+            "heteroflow_requests_denied",
+            "Requests refused before any work (no body read, no admission slot) because their bearer token is "
+            "missing, unknown or revoked (401), or could not be checked (503).",
+            ["status"],
+            registry=self.registry,
+        )
+        self.heartbeats_foreign = Counter(
+            "heteroflow_heartbeats_foreign",
+            "Heartbeats for an existing node without that node's credential (answered 404, as a missing node).",
             registry=self.registry,
         )
         self.heartbeats_refused = Counter(
@@ -135,7 +148,8 @@ class _GpuCollector(Collector):
 
 
 def _labels(card: GpuValues) -> list[str]:
-    return [card.node_name, str(card.gpu_index), card.uuid or ""]
+    # an agent's card uuid is untrusted text: NUL, controls and bidi overrides reach a label escaped
+    return [printable(card.node_name), str(card.gpu_index), printable(card.uuid or "")]
 
 
 class _StatusCollector(Collector):

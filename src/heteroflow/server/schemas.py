@@ -5,10 +5,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema, field_validator
 
 from heteroflow.core.clock import utc
 from heteroflow.core.ids import Source
+from heteroflow.core.text import text_problem
 
 
 def _utc_instant(value: datetime) -> datetime:
@@ -34,11 +35,26 @@ class NodeRegistration(BaseModel):
     gpu_count: int = Field(ge=0, le=1024)
     source: Source = "real"
 
+    @field_validator("vendor", "model")
+    @classmethod
+    def _printable(cls, value: str) -> str:
+        problem = text_problem(value)
+        if problem is not None:
+            raise ValueError(f"must be printable text: {problem}")
+        return value
+
 
 class NodeRegistered(BaseModel):
     node_id: str
     created: bool
     heartbeat_interval_seconds: float
+    node_credential: str | None = Field(
+        default=None,
+        description=(
+            "The node's own credential, shown once when it is issued (a new node, or a node that had none): "
+            "send it as X-HeteroFlow-Node-Credential on every heartbeat and re-registration of this node."
+        ),
+    )
 
 
 class GpuStat(BaseModel):

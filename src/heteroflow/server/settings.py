@@ -56,6 +56,21 @@ class ServerSettings(LenientSettings):
             "statement for all nodes, and cached tokens are re-confirmed in one more (default 5 s)."
         ),
     )
+    max_nodes_per_token: int = Field(
+        default=5_000,
+        ge=1,
+        validation_alias=env_names("max_nodes_per_token"),
+        description=(
+            "Nodes one agent token may create (default 5000); registering one more answers 429. A stolen token "
+            "cannot fill the node list, the metrics or the database with invented nodes."
+        ),
+    )
+    max_cards_per_token: int = Field(
+        default=40_000,
+        ge=1,
+        validation_alias=env_names("max_cards_per_token"),
+        description="Cards (gpu_count summed) across the nodes one agent token created (default 40000); beyond: 429.",
+    )
     auth_cache_seconds: float = Field(
         default=60.0,
         ge=0,

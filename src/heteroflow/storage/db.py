@@ -13,6 +13,7 @@ from alembic.config import Config
 from sqlalchemy.engine import Engine
 
 from heteroflow.core.errors import StoreUnavailableError
+from heteroflow.core.files import private_sqlite
 
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 _PG_MIGRATION_LOCK = 0x6865_7465  # advisory lock id: one server migrates at a time
@@ -53,7 +54,7 @@ def create_db_engine(url: str, *, connect_timeout_seconds: int = 5) -> Engine:
     if parsed.get_backend_name() == "sqlite":
         database = parsed.database
         if database and database != ":memory:" and not database.startswith("file:"):
-            Path(database).expanduser().parent.mkdir(parents=True, exist_ok=True)
+            private_sqlite(Path(database).expanduser())  # 0600 in a 0700 folder, side files included
         engine = sa.create_engine(
             parsed,
             connect_args={"check_same_thread": False, "timeout": 30},
@@ -101,6 +102,18 @@ def upgrade_database(engine: Engine) -> None:
                 conn.execute(sa.text("SELECT pg_advisory_unlock(:id)"), {"id": _PG_MIGRATION_LOCK})
                 conn.commit()
         return
-    with engine.begin() as conn:
-        config.attributes["connection"] = conn
-        command.upgrade(config, "head")
+    with engine.connect() as conn:
+        # SQLite recreates a table to change its constraints; with foreign keys on, dropping the old copy would
+        # cascade into every table that references it. The pragma is ignored inside a transaction: set it first.
+        conn.exec_driver_sql("PRAGMA foreign_keys=OFF")
+        conn.commit()
+        try:
+            with conn.begin():
+                config.attributes["connection"] = conn
+                command.upgrade(config, "head")
+                violations = conn.exec_driver_sql("PRAGMA foreign_key_check").fetchall()
+                if violations:
+                    raise RuntimeError(f"the migration left rows without their parent: {violations[:5]}")
+        finally:
+            conn.exec_driver_sql("PRAGMA foreign_keys=ON")
+            conn.commit()

@@ -55,6 +55,11 @@ class CardHardwareEvent:
     """The counter's value before the increase (``None`` for an XID)."""
     at: datetime
     """When it happened: the XID's time, or the sample that showed the increase."""
+    tenant_id: str | None = None
+    """The node's tenant (``None``: a node without one)."""
+    card_known: bool = True
+    """Whether the node reported this card (its uuid) in a health reading before: an XID naming a uuid the node
+    never reported is no evidence about any card the serving plane runs on."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -329,13 +334,28 @@ class SqlHealthSampleStore:
         for the next page, so rows committed during the call are never skipped by the cursor.
         """
         with unavailable_as_store_error(), self._engine.connect() as conn:
-            xid_ceiling = int(conn.scalar(sa.select(sa.func.max(xid_t.c.id))) or 0)
-            sample_ceiling = int(conn.scalar(sa.select(sa.func.max(samples_t.c.id))) or 0)
+            # the ends of the caller's own rows: another tenant's activity never moves a tenant's cursor
+            xid_ceiling = int(
+                conn.scalar(sa.select(sa.func.max(xid_t.c.id)).where(*in_scope(xid_t.c.node_id, scope))) or 0
+            )
+            sample_ceiling = int(
+                conn.scalar(sa.select(sa.func.max(samples_t.c.id)).where(*in_scope(samples_t.c.node_id, scope))) or 0
+            )
             if after is None and since is None:
                 return HardwareEventPage(events=[], xid_cursor=xid_ceiling, sample_cursor=sample_ceiling, more=False)
             xid_start = xid_t.c.id > after[0] if after is not None else xid_t.c.received_at >= since
+            seen = samples_t.alias("seen")
+            card_known = sa.or_(
+                xid_t.c.uuid.is_(None),
+                sa.exists().where(seen.c.node_id == xid_t.c.node_id, seen.c.uuid == xid_t.c.uuid, seen.c.ue_changed),
+            )  # every card's first row is ue_changed: one indexed probe per event
             xid_query = (
-                sa.select(xid_t, nodes_t.c.name.label("node_name"))
+                sa.select(
+                    xid_t,
+                    nodes_t.c.name.label("node_name"),
+                    nodes_t.c.tenant_id.label("tenant_id"),
+                    card_known.label("card_known"),
+                )
                 .join(nodes_t, nodes_t.c.id == xid_t.c.node_id)
                 .where(
                     xid_t.c.source == source,
@@ -372,6 +392,7 @@ class SqlHealthSampleStore:
                     samples_t.c.id,
                     samples_t.c.node_id,
                     nodes_t.c.name.label("node_name"),
+                    nodes_t.c.tenant_id.label("tenant_id"),
                     samples_t.c.gpu_index,
                     samples_t.c.uuid,
                     samples_t.c.sampled_at,
@@ -405,6 +426,8 @@ class SqlHealthSampleStore:
                 value=r.xid,
                 previous=None,
                 at=r.occurred_at,
+                tenant_id=r.tenant_id,
+                card_known=bool(r.card_known),
             )
             for r in xid_rows
         ]
@@ -428,6 +451,7 @@ class SqlHealthSampleStore:
                             value=value,
                             previous=before,
                             at=r.sampled_at,
+                            tenant_id=r.tenant_id,
                         )
                     )
         events.sort(key=lambda e: e.at)

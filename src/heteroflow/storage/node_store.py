@@ -5,15 +5,16 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
-from heteroflow.core.ids import NodeId, Source, TenantId
+from heteroflow.core.ids import NodeId, Source, TenantId, TokenId
 from heteroflow.platform.auth import NodeScope
-from heteroflow.platform.nodes import NodeConflictError, NodeRecord
+from heteroflow.platform.nodes import NodeConflictError, NodeCredentialError, NodeQuotaError, NodeRecord, Quota
 from heteroflow.storage.db import unavailable_as_store_error
 from heteroflow.storage.schema import nodes as nodes_t
 
@@ -29,7 +30,17 @@ def _record(row: Any) -> NodeRecord:
         tenant_id=TenantId(row.tenant_id) if row.tenant_id is not None else None,
         registered_at=row.registered_at,
         last_heartbeat_at=row.last_heartbeat_at,
+        credential_hash=row.credential_hash,
+        registered_by=TokenId(row.registered_by) if row.registered_by is not None else None,
     )
+
+
+@dataclass(frozen=True, slots=True)
+class RegisterResult:
+    node: NodeRecord
+    created: bool
+    issued: bool
+    """Whether the node's credential was (re)issued by this registration: the caller shows it once."""
 
 
 class SqlNodeStore:
@@ -46,40 +57,93 @@ class SqlNodeStore:
         source: Source,
         tenant_id: TenantId | None,
         now: datetime,
-    ) -> tuple[NodeRecord, bool]:
-        """Register a node by hostname; the same hostname again updates it. Returns (node, created)."""
+        token_id: TokenId | None = None,
+        presented_hash: str | None = None,
+        new_credential_hash: str | None = None,
+        reissue: bool = False,
+        quota: Quota | None = None,
+        reclaim_before: datetime | None = None,
+    ) -> RegisterResult:
+        """Register a node by hostname within its tenant; the same hostname again updates it.
+
+        A new node is created with ``new_credential_hash``. An existing one is updated only when the request
+        carries its credential (``presented_hash``), when it has none yet (claimed now), or when ``reissue``
+        (an administrator rotates it), or when ``token_id`` created the node and the node has not beaten since
+        ``reclaim_before`` (an agent that lost its credential, after its node has been offline a while: never
+        while the node is alive); otherwise :class:`NodeCredentialError`. ``quota`` bounds what ``token_id``
+        may create (:class:`NodeQuotaError`).
+        """
+        tenant_key = tenant_id or ""
         with unavailable_as_store_error(), self._engine.begin() as conn:
-            row = conn.execute(sa.select(nodes_t).where(nodes_t.c.name == name)).first()
+            row = conn.execute(
+                sa.select(nodes_t).where(nodes_t.c.tenant_key == tenant_key, nodes_t.c.name == name)
+            ).first()
             if row is not None:
-                if row.tenant_id != tenant_id:
-                    raise NodeConflictError(f"hostname {name!r} is registered in another scope")
                 if row.source != source:
                     raise NodeConflictError(
                         f"hostname {name!r} is registered as {row.source}; a node never switches source"
                     )
-                conn.execute(
-                    sa.update(nodes_t)
-                    .where(nodes_t.c.id == row.id)
-                    .values(vendor=vendor, model=model, gpu_count=gpu_count)
+                reclaimable = (
+                    reclaim_before is not None
+                    and token_id is not None
+                    and row.registered_by == token_id
+                    and (row.last_heartbeat_at or row.registered_at) < reclaim_before
                 )
+                issue = reissue or reclaimable or row.credential_hash is None
+                if not issue and (presented_hash is None or presented_hash != row.credential_hash):
+                    raise NodeCredentialError(
+                        f"hostname {name!r} is registered: re-registering it needs its node credential "
+                        "(an operator may delete the node to register it afresh)"
+                    )
+                if quota is not None and row.registered_by is not None:
+                    self._check_cards(conn, row.registered_by, quota, extra=gpu_count - row.gpu_count)
+                values: dict[str, Any] = {"vendor": vendor, "model": model, "gpu_count": gpu_count}
+                if issue and new_credential_hash is not None:
+                    values["credential_hash"] = new_credential_hash
+                conn.execute(sa.update(nodes_t).where(nodes_t.c.id == row.id).values(**values))
                 updated = conn.execute(sa.select(nodes_t).where(nodes_t.c.id == row.id)).one()
-                return _record(updated), False
-            node_id = str(uuid.uuid4())
-            conn.execute(
-                sa.insert(nodes_t).values(
-                    id=node_id,
-                    name=name,
-                    vendor=vendor,
-                    model=model,
-                    gpu_count=gpu_count,
-                    source=source,
-                    tenant_id=tenant_id,
-                    registered_at=now,
-                    last_heartbeat_at=None,
+                return RegisterResult(_record(updated), created=False, issued=issue and new_credential_hash is not None)
+            if quota is not None and token_id is not None:
+                created_by = int(
+                    conn.execute(
+                        sa.select(sa.func.count()).select_from(nodes_t).where(nodes_t.c.registered_by == token_id)
+                    ).scalar_one()
                 )
-            )
+                if created_by >= quota.max_nodes:
+                    raise NodeQuotaError(f"this token has registered its quota of {quota.max_nodes} nodes")
+                self._check_cards(conn, token_id, quota, extra=gpu_count)
+            node_id = str(uuid.uuid4())
+            try:
+                conn.execute(
+                    sa.insert(nodes_t).values(
+                        id=node_id,
+                        name=name,
+                        vendor=vendor,
+                        model=model,
+                        gpu_count=gpu_count,
+                        source=source,
+                        tenant_id=tenant_id,
+                        tenant_key=tenant_key,
+                        registered_at=now,
+                        last_heartbeat_at=None,
+                        credential_hash=new_credential_hash,
+                        registered_by=token_id,
+                    )
+                )
+            except sa.exc.IntegrityError as exc:  # registered by a concurrent request a moment ago
+                raise NodeCredentialError(f"hostname {name!r} was registered meanwhile; register again") from exc
             created = conn.execute(sa.select(nodes_t).where(nodes_t.c.id == node_id)).one()
-            return _record(created), True
+            return RegisterResult(_record(created), created=True, issued=new_credential_hash is not None)
+
+    @staticmethod
+    def _check_cards(conn: sa.Connection, token_id: str, quota: Quota, *, extra: int) -> None:
+        if extra <= 0:
+            return
+        cards = conn.execute(
+            sa.select(sa.func.coalesce(sa.func.sum(nodes_t.c.gpu_count), 0)).where(nodes_t.c.registered_by == token_id)
+        ).scalar_one()
+        if int(cards) + extra > quota.max_cards:
+            raise NodeQuotaError(f"this token's nodes would have more than its quota of {quota.max_cards} cards")
 
     def get(self, node_id: NodeId) -> NodeRecord | None:
         with unavailable_as_store_error(), self._engine.connect() as conn:

@@ -72,7 +72,7 @@ nodes = sa.Table(
     "nodes",
     metadata,
     sa.Column("id", sa.String(36), primary_key=True),
-    sa.Column("name", sa.String(253), nullable=False, unique=True),
+    sa.Column("name", sa.String(253), nullable=False),
     sa.Column("vendor", sa.String(64), nullable=False),
     sa.Column("model", sa.String(200), nullable=False),
     sa.Column("gpu_count", sa.Integer(), nullable=False),
@@ -80,8 +80,17 @@ nodes = sa.Table(
     sa.Column("tenant_id", sa.String(36), sa.ForeignKey("tenants.id", ondelete="RESTRICT"), nullable=True),
     sa.Column("registered_at", UtcDateTime(), nullable=False),
     sa.Column("last_heartbeat_at", UtcDateTime(), nullable=True),
+    # the SHA-256 of the node's own credential, issued at its first registration (null: a node registered
+    # before credentials existed, claimed by its next registration)
+    sa.Column("credential_hash", sa.String(64), nullable=True),
+    sa.Column("registered_by", sa.String(36), nullable=True),  # the token that created it (quotas)
+    # tenant_id, or '' for the tenant-less nodes: a hostname is unique within a tenant (SQL's unique constraints
+    # count NULLs as distinct), so that no tenant can squat on, or learn of, another tenant's hostname
+    sa.Column("tenant_key", sa.String(36), nullable=False, server_default=""),
     sa.CheckConstraint(SOURCE_CHECK, name="source"),
+    sa.UniqueConstraint("tenant_key", "name"),
     sa.Index(None, "tenant_id"),
+    sa.Index(None, "registered_by"),
 )
 
 gpu_health_samples = sa.Table(

@@ -276,6 +276,10 @@ def test_gpu_health_xid_from_the_platform_drives_a_matched_scale_down(tmp_path: 
         with running_server(engine) as platform:
             agent = platform.token("agent")
             node_b = platform.register(agent, GPU_NODES["b"])
+            # the node reports its cards first: an XID for a card it never reported is no evidence
+            cards = [{"index": i, "uuid": GPU_UUIDS[2 + i], "ecc_uncorrected_total": 0} for i in range(2)]
+            assert platform.beat(agent, node_b, cards).status_code == 200
+            platform.drain()
             monitor_token = platform.token("nodes:read")
 
             async def scenario(plane: Plane) -> None:

@@ -1,6 +1,9 @@
 from __future__ import annotations
 
 import json
+import os
+import stat
+from pathlib import Path
 
 import httpx
 import pytest
@@ -105,3 +108,39 @@ def test_connection_errors_are_unavailable() -> None:
     with pytest.raises(ServerUnavailableError):
         client.register(REG)
     client.close()
+
+
+def test_the_node_credential_is_sent_on_every_later_call_and_kept_owner_only(tmp_path: Path) -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.url.path.endswith("/register"):
+            body = {"node_id": "abc", "created": True, "heartbeat_interval_seconds": 5}
+            if len(seen) == 1:
+                body["node_credential"] = "hf_node-credential"
+            return httpx.Response(200, json=body)
+        return httpx.Response(200, json={"status": "ok", "xid_events": {}})
+
+    path = tmp_path / "state" / "node.credential"
+    old = os.umask(0o022)
+    try:
+        client = HttpPlatformClient(
+            base_url="http://server", token="secret", transport=httpx.MockTransport(handler), credential_path=path
+        )
+        assert client.register(REG).node_credential == "hf_node-credential"
+        client.heartbeat(NodeId("abc"), {})
+        client.register(REG)
+    finally:
+        os.umask(old)
+    assert "x-heteroflow-node-credential" not in seen[0].headers
+    assert [r.headers["X-HeteroFlow-Node-Credential"] for r in seen[1:]] == ["hf_node-credential"] * 2
+    assert path.read_text().strip() == "hf_node-credential"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    # a restarted agent reads it back and speaks for its node at once
+    restarted = HttpPlatformClient(
+        base_url="http://server", token="secret", transport=httpx.MockTransport(handler), credential_path=path
+    )
+    restarted.register(REG)
+    assert seen[-1].headers["X-HeteroFlow-Node-Credential"] == "hf_node-credential"

@@ -101,6 +101,8 @@ def test_bodies_too_deep_too_large_or_not_text_are_a_4xx_in_each_routes_error_sh
             (deep, 400, "nested deeper"),
             (big, 413, "larger than"),
             (undecodable, 400, "UTF-8"),
+            (b'{"model": "\\ud800", "prompt": "x"}', 400, "surrogate"),  # was a 500: the answer echoed it
+            (b'{"model": "m", "prompt": "x", "max_tokens": NaN}', 400, "NaN"),
         ]:
             ft = await client.post("/v1/fault_tolerance/apply", content=raw, headers=json_body)
             assert ft.status_code == status, ft.text

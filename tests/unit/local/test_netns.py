@@ -153,6 +153,7 @@ def processes(lay: Layout, tmp_path: Path) -> list[tuple[str, list[str]]]:
         spec_paths={p.pod_id: tmp_path / f"{p.pod_id}.json" for inst in lay.instances for p in inst.pods},
         engine_log_dir=tmp_path,
         admin_token="hf_admin",
+        cluster_token="hf_cluster",
         agent_token="hf_agent",
         monitor_token="hf_monitor",
         hardware_directory=tmp_path / "mindcluster",

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from heteroflow.agent.simulated import CARD_FAULT_PROFILES, SimulatedCollector
 from heteroflow.core.clock import SystemClock
 from heteroflow.local import hardware
-from heteroflow.local.client import ClusterClient
+from heteroflow.local.client import ClusterAuth, ClusterClient
 from heteroflow.local.faults import FaultError
 from heteroflow.local.hardware import HardwareFaultError, HardwareVia, write_configmap
 from heteroflow.local.plan import (
@@ -71,6 +71,7 @@ def test_the_controller_follows_both_hardware_sources_with_secrets_in_the_enviro
         spec_paths={p.pod_id: tmp_path / f"{p.pod_id}.json" for p in layout.instances[0].pods},
         engine_log_dir=tmp_path,
         admin_token="hf_admin",
+        cluster_token="hf_cluster",
         agent_token="hf_agent",
         monitor_token="hf_monitor",
         hardware_directory=tmp_path / "mindcluster",
@@ -82,6 +83,28 @@ def test_the_controller_follows_both_hardware_sources_with_secrets_in_the_enviro
     assert env["HETEROFLOW_MONITOR_PLATFORM_TOKEN"] == "hf_monitor"
     assert env["HETEROFLOW_MONITOR_PLATFORM_SOURCE"] == "simulated"
     assert not any("hf_" in arg for p in plans for arg in p.args)
+    # the internal routes have their own secret: the admin token opens none of them
+    internal = [dict(p.env) for p in plans if p.name == "controller" or p.name.startswith(("node-manager", "coord"))]
+    assert internal
+    assert {e.get("HETEROFLOW_CLUSTER_TOKEN") for e in internal} == {"hf_cluster"}
+    assert not any("hf_admin" in value for p in plans for _, value in p.env)
+
+
+def test_each_destination_gets_its_own_credential(tmp_path: Path) -> None:
+    found = state(tmp_path).model_copy(
+        update={
+            "server_url": "http://127.0.0.1:1",
+            "controller_url": "http://127.0.0.1:2",
+            "coordinator_url": "http://127.0.0.1:3",
+            "cluster_token": "hf_cluster",
+            "api_key": "hf_key",
+        }
+    )
+    auth = ClusterAuth(found)
+    assert auth.token_for("http://127.0.0.1:1/api/v1/nodes") == "hf_admin"
+    assert auth.token_for("http://127.0.0.1:2/controller/config") == "hf_cluster"
+    assert auth.token_for("http://127.0.0.1:3/coordinator/instances") == "hf_cluster"
+    assert auth.token_for("http://127.0.0.1:3/v1/completions") == "hf_key"
 
 
 def test_the_server_reaches_the_controller_for_the_serving_dashboard(tmp_path: Path) -> None:

@@ -39,6 +39,14 @@ class HardwareEventOut(BaseModel):
     value: int = Field(description="The XID code, or the counter's new value.")
     previous: int | None = Field(description="The counter's value before the increase; null for an XID.")
     at: datetime
+    tenant_id: str | None = Field(default=None, description="The node's tenant; null for a node without one.")
+    card_known: bool = Field(
+        default=True,
+        description=(
+            "False for an XID naming a card uuid the node never reported in a health reading: no evidence about "
+            "a card the serving plane runs on (the controller's source skips it)."
+        ),
+    )
 
 
 class HardwareEventsOut(BaseModel):
@@ -92,6 +100,8 @@ async def hardware_events(
                 value=e.value,
                 previous=e.previous,
                 at=e.at,
+                tenant_id=e.tenant_id,
+                card_known=e.card_known,
             )
             for e in page.events
         ],

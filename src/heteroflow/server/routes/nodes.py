@@ -10,18 +10,28 @@ from datetime import datetime, timedelta
 from typing import Annotated
 
 import structlog
-from fastapi import APIRouter, Depends, Query, Response
+from fastapi import APIRouter, Depends, Header, Query, Response
 
 from heteroflow.core.ids import NodeId
+from heteroflow.core.text import text_problem
 from heteroflow.health.gpu_metrics import metric_readings_from_stats
 from heteroflow.health.heartbeat import XID_TOO_OLD, readings_from_stats, xid_events_from_wire
 from heteroflow.health.sample_times import SampleTimeWindow, TimeFix
 from heteroflow.health.xid_collection import XidCollectionReport, parse_xid_collection
-from heteroflow.platform.auth import NodeScope, Principal, Scope
-from heteroflow.platform.nodes import NodeConflictError, NodeRecord, is_online, newest
+from heteroflow.platform.auth import NodeScope, Principal, Scope, generate_token, hash_token
+from heteroflow.platform.nodes import (
+    NODE_CREDENTIAL_HEADER,
+    NodeConflictError,
+    NodeQuotaError,
+    NodeRecord,
+    Quota,
+    is_online,
+    newest,
+    speaks_for,
+)
 from heteroflow.server.auth import context, require, visible_node
 from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import Conflict, error_responses
+from heteroflow.server.errors import Conflict, NotFound, TooManyRequests, error_responses
 from heteroflow.server.schemas import (
     Heartbeat,
     HeartbeatAccepted,
@@ -38,6 +48,14 @@ router = APIRouter(prefix="/api/v1/nodes", tags=["nodes"], responses=error_respo
 _log = structlog.get_logger(__name__)
 
 Ctx = Annotated[ServerContext, Depends(context)]
+NodeCredential = Annotated[
+    str | None,
+    Header(
+        alias=NODE_CREDENTIAL_HEADER,
+        max_length=200,
+        description="The node's own credential, as the node's first registration issued it.",
+    ),
+]
 
 
 def node_out(ctx: ServerContext, node: NodeRecord) -> NodeOut:
@@ -76,14 +94,21 @@ def xid_collection_out(report: XidCollectionReport | None) -> XidCollectionOut |
     "/register",
     response_model=NodeRegistered,
     summary="Register a node (agents)",
-    responses=error_responses(400, 409, 413),
+    responses=error_responses(400, 409, 413, 429),
 )
 async def register(
-    body: NodeRegistration, ctx: Ctx, principal: Annotated[Principal, Depends(require(Scope.AGENT))]
+    body: NodeRegistration,
+    ctx: Ctx,
+    principal: Annotated[Principal, Depends(require(Scope.AGENT))],
+    credential: NodeCredential = None,
 ) -> NodeRegistered:
-    """Register by hostname. The same hostname again returns the same node id (agents restart)."""
+    """Register by hostname, unique within the caller's tenant. A new node gets its own credential, shown once;
+    the same hostname again returns the same node id to a caller that presents it (agents restart). An
+    administrator's token re-issues it; so does the token that created the node, once the node has been
+    offline for twice ``offline_after_seconds`` (an agent that lost its credential)."""
+    issued = generate_token()
     try:
-        node, created = await asyncio.to_thread(
+        result = await asyncio.to_thread(
             ctx.nodes.register,
             name=body.hostname,
             vendor=body.vendor,
@@ -92,13 +117,35 @@ async def register(
             source=body.source,
             tenant_id=principal.tenant_id,
             now=ctx.clock.now(),
+            token_id=principal.token_id,
+            presented_hash=hash_token(credential) if credential else None,
+            new_credential_hash=hash_token(issued),
+            reissue=principal.has(Scope.ADMIN) and not credential,
+            # the token that created the node may claim it again once it has been offline for twice the offline
+            # time: an agent that lost its credential (a new pod, a wiped disk) comes back without an operator
+            reclaim_before=ctx.clock.now() - 2 * timedelta(seconds=ctx.settings.offline_after_seconds),
+            quota=Quota(max_nodes=ctx.settings.max_nodes_per_token, max_cards=ctx.settings.max_cards_per_token),
         )
+    except NodeQuotaError as exc:
+        raise TooManyRequests(str(exc)) from exc
     except NodeConflictError as exc:
         raise Conflict(str(exc)) from exc
+    node = result.node
     ctx.node_cache.put(node.id, node, now=ctx.clock.monotonic())
-    _log.info("node.registered", node_id=node.id, hostname=node.name, created=created, source=node.source)
+    ctx.missing_nodes.discard(node.id)
+    _log.info(
+        "node.registered",
+        node_id=node.id,
+        hostname=node.name,
+        created=result.created,
+        credential_issued=result.issued,
+        source=node.source,
+    )
     return NodeRegistered(
-        node_id=node.id, created=created, heartbeat_interval_seconds=ctx.settings.heartbeat_interval_seconds
+        node_id=node.id,
+        created=result.created,
+        heartbeat_interval_seconds=ctx.settings.heartbeat_interval_seconds,
+        node_credential=issued if result.issued else None,
     )
 
 
@@ -113,28 +160,38 @@ async def heartbeat(
     body: Heartbeat,
     ctx: Ctx,
     principal: Annotated[Principal, Depends(require(Scope.AGENT))],
+    credential: NodeCredential = None,
 ) -> HeartbeatAccepted:
     """Record liveness and offer the GPU health readings to the side path.
 
     In steady state this makes no database statement: the token and the node come from short-lived
     caches, liveness is flushed in batches, and unchanged health readings are skipped by the dedup cache.
     A health write that fails never fails the beat. XID events are stored before answering; when that
-    fails, ``xid_events.retry`` tells the agent to keep them and send them again.
+    fails, ``xid_events.retry`` tells the agent to keep them and send them again. A beat without the node's
+    credential is the same 404 as a missing node: one agent cannot beat, or report XID events, for another.
     """
     started = time.perf_counter()
     node = await visible_node(ctx, principal, node_id, cached=True)
+    # an administrator's token may speak for any node (it may delete and re-register any node anyway)
+    if Scope.ADMIN not in principal.scopes and not speaks_for(node, hash_token(credential) if credential else None):
+        ctx.metrics.heartbeats_foreign.inc()
+        raise NotFound(f"node {node_id!r} not found")
     received_at = ctx.clock.now()
     ctx.liveness.beat(node.id, received_at)
-    # every agent-claimed time is checked against this server's clock, per value (sample_times.py)
+    # every agent-claimed time is checked against this server's clock, per value (sample_times.py); one card's
+    # unwritable text (a lone surrogate, NUL, a bidi override) costs that card's reading, never the beat or the
+    # batch the writer puts it in
     window = ctx.health_settings.sample_time_window()
+    stats = [stat for stat in body.gpu_stats if _bad_text(stat) is None]
     readings, invalid = readings_from_stats(
-        body.gpu_stats, node_id=node.id, source=node.source, received_at=received_at, window=window
+        stats, node_id=node.id, source=node.source, received_at=received_at, window=window
     )
+    invalid += len(body.gpu_stats) - len(stats)
     if invalid:
         ctx.metrics.health_stats_invalid.inc(invalid)
     ctx.ingestor.offer(readings)
     metric_readings = metric_readings_from_stats(
-        body.gpu_stats, node_id=node.id, source=node.source, received_at=received_at, window=window
+        stats, node_id=node.id, source=node.source, received_at=received_at, window=window
     )
     _count_time_fixes(ctx, "health", (r.time_fix for r in readings))
     _count_time_fixes(ctx, "telemetry", (r.time_fix for r in metric_readings))
@@ -151,12 +208,30 @@ def _count_time_fixes(ctx: ServerContext, kind: str, fixes: Iterable[TimeFix | N
         ctx.metrics.sample_times_corrected.labels(kind=kind, reason=fix.value).inc(count)
 
 
+def _bad_text(value: object) -> str | None:
+    """The first text problem (:func:`heteroflow.core.text.text_problem`) in a wire object's strings."""
+    if isinstance(value, str):
+        return text_problem(value)
+    if isinstance(value, dict):
+        value = [*value.keys(), *value.values()]
+    if isinstance(value, list):
+        for item in value:
+            problem = _bad_text(item)
+            if problem is not None:
+                return problem
+    return None
+
+
 async def _store_xid_events(
     ctx: ServerContext, node: NodeRecord, body: Heartbeat, *, received_at: datetime, window: SampleTimeWindow
 ) -> XidEventsResult:
     if not body.xid_events:
         return XidEventsResult(received=0, stored=0, rejected=[], retry=False)
-    events, rejected = xid_events_from_wire(body.xid_events, received_at=received_at, window=window)
+    # an event no database can store is rejected for good (retry false): kept, it would poison every beat
+    poisoned = [f"event {n}: {problem}" for n, e in enumerate(body.xid_events) if (problem := _bad_text(e))]
+    clean = [e for e in body.xid_events if _bad_text(e) is None]
+    events, rejected = xid_events_from_wire(clean, received_at=received_at, window=window)
+    rejected = [*poisoned, *rejected]
     _count_time_fixes(ctx, "xid", (event.time_fix for event in events))
     too_old = sum(1 for reason in rejected if reason.endswith(XID_TOO_OLD))
     if too_old:

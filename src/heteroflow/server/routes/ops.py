@@ -34,6 +34,20 @@ async def healthz(_: Annotated[Principal, Depends(authenticate)]) -> dict[str, s
     return {"status": "ok"}
 
 
+@router.get(
+    "/api/v1/auth/whoami",
+    summary="The caller's token: its label, scopes and tenant's name (any valid token; never the token itself)",
+    responses=error_responses(),
+)
+async def whoami(principal: Annotated[Principal, Depends(authenticate)]) -> dict[str, Any]:
+    """What the Coordinator asks about an API key: whether it has the ``inference`` scope, and its tenant."""
+    return {
+        "token_name": principal.token_name,
+        "scopes": sorted(scope.value for scope in principal.scopes),
+        "tenant_name": principal.tenant_name,
+    }
+
+
 @router.get("/metrics", summary="Prometheus metrics", response_class=Response, responses=error_responses(403))
 async def metrics(ctx: Ctx, _: Annotated[Principal, Depends(require_cluster_wide(Scope.METRICS_READ))]) -> Response:
     snapshot: FleetSnapshot | None

@@ -13,6 +13,7 @@ from typing import Final, Literal
 from fastapi import APIRouter
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 
+from heteroflow.core.text import text_problem
 from heteroflow.server.errors import NotFound
 
 WEB_ROOT: Final = Path(__file__).resolve().parent.parent / "web"
@@ -78,7 +79,10 @@ async def serving_page() -> HTMLResponse:
 
 @router.get(STATIC_PREFIX + "/{path:path}")
 async def asset(path: str) -> Response:
-    """A file under ``web/ui``; anything else (another suffix, a path escaping the folder) is 404."""
+    """A file under ``web/ui``; anything else (another suffix, a path escaping the folder, a NUL or other
+    control character, which no file name of ours has and ``resolve`` would raise on) is 404."""
+    if text_problem(path) is not None:
+        raise NotFound("no such asset")
     root = (WEB_ROOT / "ui").resolve()
     target = (root / path).resolve()
     media_type = _MEDIA_TYPES.get(target.suffix)

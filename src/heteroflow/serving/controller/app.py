@@ -23,7 +23,6 @@ a NodeManager given several controller URLs moves on to the next one.
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -33,6 +32,7 @@ from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel, ValidationError
 
 from heteroflow.core.openapi import json_request_body
+from heteroflow.core.request_body import BodyError, BodyLimit, parse_json
 from heteroflow.platform.auth import bearer_matches
 from heteroflow.serving.controller.leadership import LeaderElection
 from heteroflow.serving.controller.monitor import ResourceMonitor
@@ -86,33 +86,13 @@ def _error(status: int, code: str, detail: str) -> JSONResponse:
     return JSONResponse({"error": code, "detail": detail}, status_code=status, headers=headers)
 
 
-def _depth(value: object, limit: int) -> int:
-    stack: list[tuple[object, int]] = [(value, 1)]
-    deepest = 0
-    while stack:
-        item, depth = stack.pop()
-        deepest = max(deepest, depth)
-        if deepest > limit:
-            return deepest
-        if isinstance(item, dict):
-            stack.extend((child, depth + 1) for child in item.values())
-        elif isinstance(item, list):
-            stack.extend((child, depth + 1) for child in item)
-    return deepest
-
-
 async def _body(request: Request, model: type[_M]) -> _M:
-    raw_bytes = await request.body()
-    if len(raw_bytes) > MAX_BODY_BYTES:
-        raise _BadBody(f"the body is larger than {MAX_BODY_BYTES} bytes")
-    try:
-        raw = json.loads(raw_bytes)
-    except (ValueError, RecursionError) as exc:
-        raise _BadBody(f"the body is not JSON: {exc}") from exc
+    try:  # size and read time were bounded by BodyLimit; the depth is checked on the bytes, before parsing
+        raw = parse_json(await request.body(), max_bytes=MAX_BODY_BYTES, max_depth=MAX_JSON_DEPTH)
+    except BodyError as exc:
+        raise _BadBody(str(exc).replace("the request body", "the body")) from exc
     if not isinstance(raw, dict):
         raise _BadBody("the body must be a JSON object")
-    if _depth(raw, MAX_JSON_DEPTH) > MAX_JSON_DEPTH:
-        raise _BadBody(f"the body is nested deeper than {MAX_JSON_DEPTH} levels")
     try:
         return model.model_validate(raw)
     except ValidationError as exc:
@@ -129,12 +109,20 @@ def create_app(
     monitor: ResourceMonitor | None = None,
     leadership: LeaderElection | None = None,
 ) -> FastAPI:
-    app = FastAPI(title="HeteroFlow controller", docs_url=None, redoc_url=None)
+    app = FastAPI(title="HeteroFlow controller", docs_url=None, redoc_url=None, redirect_slashes=False)
 
     def leadership_status() -> dict[str, object]:
         if leadership is None:
             return {"role": "single", "leader_id": None, "leader_url": None}
         return leadership.status()
+
+    # added before the token check, so that the token check runs first: an anonymous body is never read
+    app.add_middleware(
+        BodyLimit,
+        render=lambda _, exc: {"error": "invalid_body", "detail": str(exc).replace("the request body", "the body")},
+        max_bytes=MAX_BODY_BYTES,
+        too_large_status=400,
+    )
 
     @app.middleware("http")
     async def _authenticate(request: Request, call_next: Callable[[Request], Awaitable[Response]]) -> Response:

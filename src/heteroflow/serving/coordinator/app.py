@@ -36,6 +36,7 @@ from heteroflow.core.openapi import json_request_body
 from heteroflow.serving.coordinator.auth import (
     ApiKeyVerifier,
     KeyChecker,
+    KeyFirst,
     PlatformKeyChecker,
     cluster_token_matches,
 )
@@ -344,7 +345,14 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         finally:
             await coordinator.aclose()
 
-    app = FastAPI(title="HeteroFlow Coordinator", docs_url=None, redoc_url=None, openapi_url=None, lifespan=lifespan)
+    app = FastAPI(
+        title="HeteroFlow Coordinator",
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+        lifespan=lifespan,
+        redirect_slashes=False,
+    )
     app.add_middleware(
         AdmissionLimit,
         gate=coordinator.admission,
@@ -355,6 +363,9 @@ def create_app(coordinator: Coordinator) -> FastAPI:
             route=_INFERENCE_ROUTES[scope["path"]], outcome=OverloadedError.outcome
         ).inc(),
     )
+    # added last, so it runs first: a key is verified before it takes an admission slot or sends its body
+    keyed = {**_INFERENCE_ROUTES, "/v1/models": "models"}
+    app.add_middleware(KeyFirst, verifier=coordinator.keys, routes=keyed, registry=coordinator.metrics.registry)
 
     @app.exception_handler(ManagementError)
     async def _management_error(_: Request, exc: ManagementError) -> JSONResponse:

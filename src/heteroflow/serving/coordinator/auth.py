@@ -6,33 +6,70 @@
   sha256 is one of ``api_key_hashes`` or when the HeteroFlow platform accepts it. No key source configured →
   every request refused (401): a Coordinator never serves anonymously by accident.
 
-The platform has no "who am I" route; its cheapest authenticated GET is ``/healthz`` (any valid token, 200),
-so a key is valid when ``GET {platform_url}/healthz`` answers 200 with it, invalid on 401/403, and anything
-else (unreachable, timeout, 5xx) means "cannot tell" → 503 for that request. Accepted keys are remembered by
-their sha256 for ``platform_token_cache_sec``; refusals are not remembered, so a token created a second ago
-works at once (the platform, not the Coordinator, throttles guessing).
+A platform token is an API key only when it has the ``inference`` scope: the Coordinator asks
+``GET {platform_url}/api/v1/auth/whoami`` with it; 200 with ``inference`` among the scopes is valid (and names
+the key's tenant), 200 without it, 401 and 403 are invalid, and anything else (unreachable, timeout, 5xx)
+means "cannot tell" → 503 for that request. An agent's or a reader's token is never an API key. Accepted keys
+are remembered by their sha256 for ``platform_token_cache_sec``; refused ones for
+:data:`REFUSED_CACHE_SEC`, and at most :data:`PLATFORM_CHECKS_AT_ONCE` checks run at once, so that random keys
+cannot amplify into platform queries (a token is 256 random bits: none is created that was refused before).
+
+Before any work. :class:`KeyFirst` is a plain ASGI middleware in front of the Coordinator's admission gate: an
+OpenAI request's key is checked before it takes a slot or sends a byte of its body, and each key holds at most
+:data:`MAX_IN_FLIGHT_PER_KEY` requests at once (beyond: 503 with Retry-After), so that one key's slow uploads
+cannot take the pool from every other key. Every answered OpenAI request is logged (``coordinator.access``)
+and counted (``heteroflow_coordinator_key_requests``) with its key's tenant and key id (a digest prefix).
 
 Keys and tokens are never logged nor kept in clear: the cache is keyed by digest.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import hmac
-from typing import Protocol
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 import httpx
 import structlog
+from prometheus_client import CollectorRegistry, Counter
 
 from heteroflow.core.clock import Clock
 from heteroflow.core.ttl_cache import TtlCache
 from heteroflow.platform.auth import bearer_matches, bearer_value
-from heteroflow.serving.coordinator.errors import AuthBackendUnavailableError, AuthenticationError
+from heteroflow.serving.coordinator.errors import (
+    AuthBackendUnavailableError,
+    AuthenticationError,
+    CoordinatorError,
+    OverloadedError,
+    openai_error_response,
+)
 
 _log = structlog.get_logger(__name__)
 
-PLATFORM_CHECK_PATH = "/healthz"
-"""Authenticated route of the platform server that answers 200 to any valid token (``server/routes/ops.py``)."""
+PLATFORM_CHECK_PATH = "/api/v1/auth/whoami"
+"""The platform's route that describes the caller's token: scopes and tenant (``server/routes/ops.py``)."""
+
+INFERENCE_SCOPE = "inference"
+REFUSED_CACHE_SEC = 10.0
+"""How long a refused key is refused from memory, seconds."""
+PLATFORM_CHECKS_AT_ONCE = 8
+"""Platform checks of uncached keys running at once; the others wait."""
+MAX_IN_FLIGHT_PER_KEY = 64
+"""OpenAI requests one key may have in flight at once (the Coordinator's pool is shared by every key)."""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyIdentity:
+    """Who a valid key belongs to, as the access log and the metrics name it (never the key)."""
+
+    key_id: str
+    """The first 12 hex digits of the key's sha256."""
+    tenant: str | None
+    """The platform tenant's name; ``None`` for a configured key or a key without a tenant."""
 
 
 cluster_token_matches = bearer_matches
@@ -58,21 +95,33 @@ class KeyChecker(Protocol):
 
 
 class PlatformKeyChecker:
-    """Asks the platform server whether a bearer token is one of its API tokens."""
+    """Asks the platform server whether a bearer token is one of its tokens with the ``inference`` scope."""
 
     def __init__(self, *, base_url: str, timeout_sec: float, transport: httpx.AsyncBaseTransport | None = None):
         self._client = httpx.AsyncClient(base_url=base_url, timeout=timeout_sec, transport=transport)
 
     async def accepts(self, key: str) -> bool:
+        return await self.identify(key) is not None
+
+    async def identify(self, key: str) -> KeyIdentity | None:
+        """The key's identity when it is an inference key, ``None`` when it is not (unknown, revoked, or a token
+        without the scope); :class:`PlatformUnavailableError` when the platform cannot tell."""
         try:
             response = await self._client.get(PLATFORM_CHECK_PATH, headers={"Authorization": f"Bearer {key}"})
         except httpx.HTTPError as exc:
             raise PlatformUnavailableError(f"the platform could not be reached: {type(exc).__name__}") from exc
-        if response.status_code == 200:
-            return True
         if response.status_code in (401, 403):
-            return False
-        raise PlatformUnavailableError(f"the platform answered HTTP {response.status_code}")
+            return None
+        if response.status_code != 200:
+            raise PlatformUnavailableError(f"the platform answered HTTP {response.status_code}")
+        try:
+            body = response.json()
+            scopes, tenant = body["scopes"], body.get("tenant_name")
+        except (ValueError, KeyError, TypeError) as exc:
+            raise PlatformUnavailableError("the platform answered something that is not a token description") from exc
+        if not isinstance(scopes, list) or INFERENCE_SCOPE not in scopes:
+            return None
+        return KeyIdentity(key_id=key_digest(key)[:12], tenant=tenant if isinstance(tenant, str) else None)
 
     async def aclose(self) -> None:
         await self._client.aclose()
@@ -89,19 +138,26 @@ class ApiKeyVerifier:
         clock: Clock,
         cache_sec: float,
         max_cached: int = 10_000,
+        max_in_flight_per_key: int = MAX_IN_FLIGHT_PER_KEY,
     ) -> None:
         self._digests = tuple(sorted(digests))
         self._platform = platform
         self._clock = clock
-        self._cache: TtlCache[str, bool] = TtlCache(ttl_seconds=cache_sec, max_entries=max_cached)
+        self._cache: TtlCache[str, KeyIdentity] = TtlCache(ttl_seconds=cache_sec, max_entries=max_cached)
+        self._refused: TtlCache[str, bool] = TtlCache(ttl_seconds=REFUSED_CACHE_SEC, max_entries=max_cached)
+        self._checks = asyncio.Semaphore(PLATFORM_CHECKS_AT_ONCE)
         self._cache_sec = cache_sec
+        self.max_in_flight_per_key = max_in_flight_per_key
+        self._in_flight: dict[str, int] = {}
+        self.platform_checks = 0
+        """Keys asked of the platform since start (each one request to it)."""
 
     @property
     def configured(self) -> bool:
         return bool(self._digests) or self._platform is not None
 
-    async def verify(self, authorization: str | None) -> None:
-        """Return when the key is valid; raise :class:`AuthenticationError` or a 503 otherwise."""
+    async def verify(self, authorization: str | None) -> KeyIdentity:
+        """The key's identity when it is valid; raise :class:`AuthenticationError` or a 503 otherwise."""
         if not self.configured:
             raise AuthenticationError(
                 "no API key is configured on this Coordinator (HETEROFLOW_COORDINATOR_API_KEY_HASHES or "
@@ -112,10 +168,27 @@ class ApiKeyVerifier:
             raise AuthenticationError("an API key is required (Authorization: Bearer <key>)")
         digest = key_digest(key)
         if self._listed(digest):
-            return
-        if self._platform is not None and await self._platform_accepts(self._platform, key, digest):
-            return
+            return KeyIdentity(key_id=digest[:12], tenant=None)
+        if self._platform is not None:
+            identity = await self._platform_identity(self._platform, key, digest)
+            if identity is not None:
+                return identity
         raise AuthenticationError("invalid API key")
+
+    def enter(self, identity: KeyIdentity) -> bool:
+        """Take one of the key's in-flight slots (False: it has :attr:`max_in_flight_per_key` already)."""
+        held = self._in_flight.get(identity.key_id, 0)
+        if held >= self.max_in_flight_per_key:
+            return False
+        self._in_flight[identity.key_id] = held + 1
+        return True
+
+    def leave(self, identity: KeyIdentity) -> None:
+        held = self._in_flight.get(identity.key_id, 0) - 1
+        if held > 0:
+            self._in_flight[identity.key_id] = held
+        else:
+            self._in_flight.pop(identity.key_id, None)
 
     def _listed(self, digest: str) -> bool:
         found = False
@@ -123,23 +196,135 @@ class ApiKeyVerifier:
             found |= hmac.compare_digest(digest, known)
         return found
 
-    async def _platform_accepts(self, platform: KeyChecker, key: str, digest: str) -> bool:
+    async def _platform_identity(self, platform: KeyChecker, key: str, digest: str) -> KeyIdentity | None:
         now = self._clock.monotonic()
-        if self._cache_sec > 0 and self._cache.get(digest, now=now):
-            return True
-        try:
-            accepted = await platform.accepts(key)
-        except PlatformUnavailableError as exc:
-            _log.warning("coordinator.platform_auth_unavailable", detail=str(exc))
-            raise AuthBackendUnavailableError(
-                f"the API key could not be checked: {exc}; try again shortly", retry_after=1
-            ) from exc
-        if accepted:
-            self._cache.put(digest, True, now=now)
+        if self._cache_sec > 0:
+            cached = self._cache.get(digest, now=now)
+            if cached is not None:
+                return cached
+        if self._refused.get(digest, now=now):
+            return None
+        async with self._checks:
+            self.platform_checks += 1
+            try:
+                identify = getattr(platform, "identify", None)
+                if identify is not None:
+                    identity: KeyIdentity | None = await identify(key)
+                else:
+                    identity = KeyIdentity(key_id=digest[:12], tenant=None) if await platform.accepts(key) else None
+            except PlatformUnavailableError as exc:
+                _log.warning("coordinator.platform_auth_unavailable", detail=str(exc))
+                raise AuthBackendUnavailableError(
+                    f"the API key could not be checked: {exc}; try again shortly", retry_after=1
+                ) from exc
+        if identity is not None:
+            self._cache.put(digest, identity, now=now)
         else:
             self._cache.discard(digest)
-        return accepted
+            self._refused.put(digest, True, now=now)
+        return identity
 
     async def aclose(self) -> None:
         if self._platform is not None:
             await self._platform.aclose()
+
+
+Message = MutableMapping[str, Any]
+AsgiScope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[AsgiScope, Receive, Send], Awaitable[None]]
+
+
+class KeyFirst:
+    """ASGI middleware: an OpenAI request's key is verified before anything else runs (admission, body read),
+    and holds one of its key's in-flight slots until its answer ends. ``routes`` maps the OpenAI paths to their
+    metric label; answered requests are counted by tenant in ``registry``."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        verifier: ApiKeyVerifier,
+        routes: dict[str, str],
+        registry: CollectorRegistry | None = None,
+        retry_after_s: int = 1,
+    ) -> None:
+        self.app = app
+        self.verifier = verifier
+        self.routes = routes
+        self.retry_after_s = retry_after_s
+        self.requests = (
+            Counter(
+                "heteroflow_coordinator_key_requests",
+                "Answered OpenAI requests by the key's tenant ('-': none, or no valid key), route and HTTP status.",
+                ["tenant", "route", "status"],
+                registry=registry,
+            )
+            if registry is not None
+            else None
+        )
+
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        route = self.routes.get(str(scope.get("path", ""))) if scope["type"] == "http" else None
+        if route is None:
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        authorization = next(
+            (value.decode("latin-1") for name, value in scope.get("headers", ()) if name.lower() == b"authorization"),
+            None,
+        )
+        try:
+            identity = await self.verifier.verify(authorization)
+        except CoordinatorError as exc:
+            await self._refuse(scope, receive, send, exc, None, route, started)
+            return
+        if not self.verifier.enter(identity):
+            busy = OverloadedError(
+                f"this API key has {self.verifier.max_in_flight_per_key} requests in flight; retry later",
+                retry_after=self.retry_after_s,
+            )
+            await self._refuse(scope, receive, send, busy, identity, route, started)
+            return
+        status = 500
+
+        async def observed(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, observed)
+        finally:
+            self.verifier.leave(identity)
+            self._answered(identity, route, status, started)
+
+    async def _refuse(
+        self,
+        scope: AsgiScope,
+        receive: Receive,
+        send: Send,
+        exc: CoordinatorError,
+        identity: KeyIdentity | None,
+        route: str,
+        started: float,
+    ) -> None:
+        response = openai_error_response(exc)
+        response.headers["connection"] = "close"  # the body the client may still be sending is never read
+        await response(scope, receive, send)
+        self._answered(identity, route, exc.status_code, started)
+
+    def _answered(self, identity: KeyIdentity | None, route: str, status: int, started: float) -> None:
+        if self.requests is not None:
+            tenant = identity.tenant if identity is not None and identity.tenant else "-"
+            self.requests.labels(tenant=tenant, route=route, status=str(status)).inc()
+        _log.info(
+            "coordinator.access",
+            route=route,
+            status=status,
+            tenant=identity.tenant if identity is not None else None,
+            key_id=identity.key_id if identity is not None else None,
+            seconds=round(time.perf_counter() - started, 4),
+        )

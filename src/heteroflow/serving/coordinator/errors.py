@@ -125,7 +125,9 @@ def openai_error_response(exc: CoordinatorError) -> JSONResponse:
         headers["WWW-Authenticate"] = "Bearer"
     if exc.retry_after is not None:
         headers["Retry-After"] = str(exc.retry_after)
-    body = openai_error_body(status_code=exc.status_code, kind=exc.kind, message=exc.message)
+    # a message may quote the request ("model `\ud800`"): lone surrogates escaped, so the answer can be written
+    message = exc.message.encode("utf-8", "backslashreplace").decode("utf-8")
+    body = openai_error_body(status_code=exc.status_code, kind=exc.kind, message=message)
     return JSONResponse(body, status_code=exc.status_code, headers=headers)
 
 

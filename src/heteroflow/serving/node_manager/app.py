@@ -117,7 +117,9 @@ _OPEN_PATHS = frozenset({"/health"})
 
 
 def create_app(nm: NodeManager, *, cluster_token: str | None, allow_no_token: bool = False) -> FastAPI:
-    app = FastAPI(title="HeteroFlow NodeManager", docs_url=None, redoc_url=None, openapi_url=None)
+    app = FastAPI(
+        title="HeteroFlow NodeManager", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False
+    )
     # added before the token check, so that the token check runs first (the last middleware added is outermost)
     app.add_middleware(BodyLimit, render=_refused_body)
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import itertools
 import json
 import os
 import threading
@@ -957,3 +958,52 @@ def test_a_restarted_directory_source_rereads_and_still_clears_files_deleted_mea
     asyncio.run(main())
     assert [(e.node_name, e.cleared) for e in edges[2:]] == [("a", True)]
     assert detector.standing() == ("80E18402|Ascend910-2|b",)
+
+
+def test_gpu_health_source_trusts_only_its_tenant_and_cards_the_node_reported() -> None:
+    """Another tenant's node of the same name, and a card uuid the node never reported, raise nothing."""
+    platform, clock = FakePlatform(), FakeClock()
+    own = gpu_event("xid", 79)
+    foreign = {**gpu_event("xid", 95), "tenant_id": "other-tenant"}
+    invented = {**gpu_event("xid", 79, uuid="GPU-deadbeef-0000-0000-0000-000000000000"), "card_known": False}
+    platform.pages = [page([foreign, invented, own], "1.0")]
+    source = GpuHealthSource(base_url="http://p", token=None, poll_sec=1.0, hold_sec=60.0, clock=clock)
+    updates, emit = collect()
+
+    async def poll() -> None:
+        async with httpx.AsyncClient(base_url="http://p", transport=httpx.MockTransport(platform.handler)) as http:
+            await source.poll_once(http, emit)
+
+    asyncio.run(poll())
+    (snapshot,) = [u for u in updates if isinstance(u, Snapshot)]
+    assert [(f.fault_code, f.card[:12]) for f in snapshot.faults] == [("XID79", "GPU-11111111")]
+    assert source.skipped == {"foreign_tenant": 1, "unknown_card": 1}
+
+
+def test_a_storm_of_new_card_faults_is_raised_at_most_once_per_interval() -> None:
+    platform, clock = FakePlatform(), FakeClock()
+    source = GpuHealthSource(
+        base_url="http://p", token=None, poll_sec=1.0, hold_sec=600.0, clock=clock, new_fault_interval_sec=10.0
+    )
+    updates, emit = collect()
+
+    def card(n: int) -> dict[str, Any]:
+        return gpu_event("xid", 79, gpu_index=n % 8, uuid=f"GPU-{n:08d}-0000-0000-0000-000000000000")
+
+    async def poll(events: list[dict[str, Any]]) -> tuple[str, ...]:
+        platform.pages = [page(events, "1.1")]
+        async with httpx.AsyncClient(base_url="http://p", transport=httpx.MockTransport(platform.handler)) as http:
+            await source.poll_once(http, emit)
+        last = [u for u in updates if isinstance(u, Snapshot)][-1]
+        return tuple(sorted(f.card for f in last.faults))
+
+    first = asyncio.run(poll([card(0), card(1)]))
+    assert len(first) == 2  # the new faults of one poll are raised together
+    raised = [first]
+    for n in range(2, 40):  # a new invented card every second
+        clock.advance(1)
+        raised.append(asyncio.run(poll([card(n)])))
+    changes = sum(1 for before, after in itertools.pairwise(raised) if before != after)
+    assert changes == 3  # at 10 s, 20 s and 30 s: held faults are raised together, never one by one
+    assert source.deferred > 0
+    assert any(isinstance(u, Problem) and "held" in u.detail for u in updates)

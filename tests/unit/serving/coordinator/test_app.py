@@ -212,7 +212,9 @@ def test_beyond_max_concurrent_requests_a_request_gets_503_with_retry_after_at_o
             engine.hold = asyncio.Event()
             held = [asyncio.create_task(h.complete(stream=stream)) for stream in (False, True)]
             await eventually(lambda: len(engine.received) == 2, what="two requests held by the engine")
-            refused = await h.client.post("/v1/chat/completions", headers={}, content=b"not even read")
+            anonymous = await h.client.post("/v1/chat/completions", headers={}, content=b"not even read")
+            assert anonymous.status_code == 401  # the key is checked before the gate: no slot for it
+            refused = await h.client.post("/v1/chat/completions", headers=KEY, content=b"not even read")
             assert refused.status_code == 503
             assert refused.headers["retry-after"] == "3"
             assert refused.json()["error"]["type"] == "ServiceUnavailableError"
@@ -678,6 +680,22 @@ def test_a_content_length_that_is_no_length_is_4xx(length: bytes, status: int, m
             found = body["error"]["message"] if path.startswith("/v1/") else body["detail"]
             assert response.status_code == (status if path.startswith("/v1/") else 400), found
             assert message in found
+            assert h.upstreams.total_received() == 0
+
+    run(scenario)
+
+
+def test_a_lone_surrogate_model_name_is_a_4xx_that_can_be_written_back() -> None:
+    """``"model": "\\ud800"`` made the unknown-model answer fail to encode: a 500."""
+
+    async def scenario() -> None:
+        async with harness(engines=1) as h:
+            await h.publish((0,))
+            for path in ("/v1/completions", "/v1/chat/completions"):
+                raw = b'{"model": "\\ud800", "prompt": "x", "messages": [{"role": "user", "content": "x"}]}'
+                response = await h.client.post(path, headers={**KEY, "content-type": "application/json"}, content=raw)
+                assert 400 <= response.status_code < 500, response.text
+                json.loads(response.content)["error"]["message"].encode("utf-8")
             assert h.upstreams.total_received() == 0
 
     run(scenario)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from typing import Any
 
 import httpx
 import pytest
@@ -11,7 +12,9 @@ import pytest
 from heteroflow.core.testing import FakeClock
 from heteroflow.serving.coordinator.auth import (
     PLATFORM_CHECK_PATH,
+    REFUSED_CACHE_SEC,
     ApiKeyVerifier,
+    KeyIdentity,
     PlatformKeyChecker,
     PlatformUnavailableError,
     bearer_value,
@@ -95,15 +98,20 @@ def test_a_platform_key_is_cached_until_the_time_to_live_passes() -> None:
     asyncio.run(scenario())
 
 
-def test_refusals_are_not_cached() -> None:
+def test_refusals_are_remembered_briefly_so_random_keys_cannot_amplify_into_platform_queries() -> None:
+    clock = FakeClock()
     platform = FakePlatform()
-    keys = verifier(platform=platform)
+    keys = verifier(platform=platform, clock=clock)
 
     async def scenario() -> None:
-        with pytest.raises(AuthenticationError):
-            await keys.verify("Bearer hf_new")
-        platform.valid.add("hf_new")  # just created on the platform: works at once
-        await keys.verify("Bearer hf_new")
+        for _ in range(50):
+            with pytest.raises(AuthenticationError):
+                await keys.verify("Bearer hf_wrong")
+        assert platform.calls == 1
+        platform.valid.add("hf_wrong")
+        clock.advance(REFUSED_CACHE_SEC + 1)  # the refusal expires: a key created since then works
+        await keys.verify("Bearer hf_wrong")
+        assert platform.calls == 2
 
     asyncio.run(scenario())
 
@@ -122,22 +130,53 @@ def platform_checker(answer: Callable[[httpx.Request], httpx.Response]) -> Platf
     return PlatformKeyChecker(base_url="http://platform", timeout_sec=1.0, transport=httpx.MockTransport(answer))
 
 
-@pytest.mark.parametrize(("status", "accepted"), [(200, True), (401, False), (403, False)])
-def test_the_platform_checker_reads_the_healthz_answer(status: int, accepted: bool) -> None:
+@pytest.mark.parametrize(
+    ("status", "body", "identity"),
+    [
+        (200, {"scopes": ["inference"], "tenant_name": "team-a"}, KeyIdentity(key_id="", tenant="team-a")),
+        (200, {"scopes": ["inference"], "tenant_name": None}, KeyIdentity(key_id="", tenant=None)),
+        (200, {"scopes": ["agent"], "tenant_name": None}, None),  # an agent's token is no API key
+        (200, {"scopes": ["metrics:read", "nodes:read"]}, None),
+        (200, {"scopes": ["admin"]}, None),  # nor is an operator's
+        (401, {}, None),
+        (403, {}, None),
+    ],
+)
+def test_only_a_platform_token_with_the_inference_scope_is_an_api_key(
+    status: int, body: dict[str, Any], identity: KeyIdentity | None
+) -> None:
     seen: list[httpx.Request] = []
 
     def answer(request: httpx.Request) -> httpx.Response:
         seen.append(request)
-        return httpx.Response(status, json={})
+        return httpx.Response(status, json=body)
 
     async def scenario() -> None:
         checker = platform_checker(answer)
-        assert await checker.accepts("hf_x") is accepted
+        found = await checker.identify("hf_x")
+        assert (found.tenant if found else None, found is None) == (
+            identity.tenant if identity else None,
+            identity is None,
+        )
+        assert await checker.accepts("hf_x") is (identity is not None)
         await checker.aclose()
 
     asyncio.run(scenario())
     assert seen[0].url.path == PLATFORM_CHECK_PATH
     assert seen[0].headers["authorization"] == "Bearer hf_x"
+
+
+def test_one_key_holds_at_most_its_share_of_requests_in_flight() -> None:
+    keys = verifier(digests=frozenset({TEST_API_KEY_SHA256}))
+    keys.max_in_flight_per_key = 2
+    mine = asyncio.run(keys.verify(f"Bearer {TEST_API_KEY}"))
+    other = KeyIdentity(key_id="another", tenant=None)
+    assert keys.enter(mine)
+    assert keys.enter(mine)
+    assert not keys.enter(mine)
+    assert keys.enter(other)  # another key is not affected
+    keys.leave(mine)
+    assert keys.enter(mine)
 
 
 @pytest.mark.parametrize("failure", ["status", "connect"])

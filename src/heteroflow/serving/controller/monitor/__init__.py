@@ -79,6 +79,8 @@ def build_monitor(
                 hold_sec=settings.platform_fault_hold_sec,
                 lookback_sec=settings.platform_lookback_sec,
                 platform_source=settings.platform_source,
+                trusted_tenant=settings.platform_tenant_id,
+                new_fault_interval_sec=settings.platform_new_fault_interval_sec,
                 clock=clock,
             )
         )

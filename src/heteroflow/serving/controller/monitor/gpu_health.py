@@ -26,6 +26,14 @@ any other XID           —      informational (13, 31, 43, 45, 63, 92, …): ap
 
 Cards are named by uuid (``GPU-…``), which the controller's core matches against the endpoints' device infos;
 an event whose uuid the agent could not read names the card by its index on the node instead.
+
+Evidence by origin. An event counts only when it comes from a node of the trusted tenant (``trusted_tenant``;
+unset: the nodes without a tenant) and, for an XID, names a card the node reported before (``card_known``): an
+agent of another tenant that registers a hostname of ours, or an agent inventing card uuids, raises nothing.
+Skipped events are counted (:attr:`GpuHealthSource.skipped`). New faults are raised at most once per
+``new_fault_interval_sec``: the new faults of one poll together, later ones held (counted in
+:attr:`GpuHealthSource.deferred`, and reported as a problem) until the interval has passed, so that a storm of
+events causes at most one reconfiguration per interval.
 """
 
 from __future__ import annotations
@@ -126,6 +134,8 @@ class GpuHealthSource:
         timeout_sec: float = 10.0,
         transport: httpx.AsyncBaseTransport | None = None,
         name: str = "gpu-health",
+        trusted_tenant: str | None = None,
+        new_fault_interval_sec: float = 0.0,
     ) -> None:
         self.name = name
         self._base_url = base_url.rstrip("/")
@@ -142,6 +152,15 @@ class GpuHealthSource:
         self._cursor: str | None = None
         self._active: dict[str, tuple[HardwareFaultReport, float]] = {}
         """Fault key → (report, monotonic seconds of its last event)."""
+        self._trusted_tenant = trusted_tenant
+        self._interval = new_fault_interval_sec
+        self._held: dict[str, tuple[HardwareFaultReport, float]] = {}
+        """New faults not raised yet (the interval since the last raise has not passed)."""
+        self._last_raise: float | None = None
+        self.skipped: dict[str, int] = {"foreign_tenant": 0, "unknown_card": 0}
+        """Events not taken as evidence, by reason."""
+        self.deferred = 0
+        """Polls whose new faults were held by the interval."""
 
     async def run(self, emit: Emit) -> None:
         headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
@@ -163,7 +182,35 @@ class GpuHealthSource:
                 break
         now = self._clock.monotonic()
         self._active = {k: (r, seen) for k, (r, seen) in self._active.items() if now - seen < self._hold_sec}
+        self._held = {k: (r, seen) for k, (r, seen) in self._held.items() if now - seen < self._hold_sec}
+        if self._held:
+            if self._last_raise is None or now - self._last_raise >= self._interval:
+                self._active.update(self._held)  # every new fault of this poll (and any held) raised together
+                self._held = {}
+                self._last_raise = now
+            else:
+                self.deferred += 1
+                wait = self._interval - (now - self._last_raise)
+                emit(
+                    Problem(
+                        scope="platform",
+                        detail=f"{len(self._held)} new card fault(s) held {wait:.1f} s: at most one raise per "
+                        f"{self._interval:g} s",
+                    )
+                )
         emit(Snapshot(scope="platform", faults=tuple(r for r, _ in self._active.values())))
+
+    def _trusted(self, event: object) -> bool:
+        """Whether an event is evidence for this controller: its node's tenant, and a card its node reported."""
+        if not isinstance(event, dict):
+            return True  # map_event reports it as a problem
+        if event.get("tenant_id") != self._trusted_tenant:
+            self.skipped["foreign_tenant"] += 1
+            return False
+        if event.get("card_known") is False:
+            self.skipped["unknown_card"] += 1
+            return False
+        return True
 
     async def _page(self, http: httpx.AsyncClient, emit: Emit) -> tuple[str | None, bool]:
         params: dict[str, Any] = {"limit": self._page_limit, "source": self._platform_source}
@@ -188,10 +235,13 @@ class GpuHealthSource:
             return f"{EVENTS_PATH} answered without events / next_cursor / more", False
         now = self._clock.monotonic()
         for event in events:
+            if not self._trusted(event):
+                continue
             mapped = map_event(event, source=self.name)
             if mapped.problem is not None:
                 emit(Problem(scope="platform", detail=mapped.problem))
             if mapped.report is not None:
-                self._active[fault_key(mapped.report)] = (mapped.report, now)
+                key = fault_key(mapped.report)
+                (self._active if key in self._active else self._held)[key] = (mapped.report, now)
         self._cursor = cursor  # only after the page was taken: a failed page is asked for again
         return None, more

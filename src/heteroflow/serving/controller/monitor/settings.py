@@ -117,3 +117,23 @@ class ResourceMonitorSettings(LenientSettings):
         validation_alias=env_names("monitor_platform_source"),
         description="Which cards of the platform to follow: real (default) or simulated.",
     )
+    platform_tenant_id: str | None = Field(
+        default=None,
+        validation_alias=env_names("monitor_platform_tenant_id"),
+        description=(
+            "The tenant whose nodes' events are evidence for this controller's instances (default unset: only "
+            "nodes without a tenant). Events of any other tenant's nodes are skipped and counted, whatever the "
+            "monitor's token may read: another tenant's agent never moves these instances."
+        ),
+    )
+    platform_new_fault_interval_sec: float = Field(
+        default=10.0,
+        ge=0,
+        le=3600,
+        validation_alias=env_names("monitor_platform_new_fault_interval_sec"),
+        description=(
+            "Shortest time between two polls that raise new card faults (default 10 s): new faults of one poll "
+            "are raised together, later ones wait (counted, reported as a problem) until the interval has "
+            "passed, so that a storm of events causes at most one reconfiguration per interval. 0: no limit."
+        ),
+    )

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import TypeVar
 
 from heteroflow.core.errors import StoreUnavailableError
+from heteroflow.core.files import private_sqlite
 from heteroflow.serving.controller.core.ranks import InstanceId
 from heteroflow.serving.controller.core.runtime import PersistedRuntime
 
@@ -136,10 +137,13 @@ class SqliteFtRuntimeStore:
 
     def _run(self, operation: Callable[[sqlite3.Connection], T]) -> T:
         try:
+            if not self._schema_ready and str(self.path) != ":memory:" and Path(self.path).parent.is_dir():
+                # the runtime at rest: 0600 whatever the umask (a missing folder stays an error, never created)
+                private_sqlite(Path(self.path), create_folder=False)
             # The lock wait gets most of the deadline, not all: it then ends inside the thread (nothing written,
             # outcome known) before the asyncio deadline gives up on the thread.
             conn = sqlite3.connect(self.path, timeout=self.timeout_sec * 0.75, isolation_level=None)
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, OSError) as exc:
             raise StoreUnavailableError(f"{self!r} cannot be opened: {exc}") from exc
         try:
             if not self._schema_ready:

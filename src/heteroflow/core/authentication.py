@@ -1,0 +1,115 @@
+"""Authenticate before work: the credential of a request is checked before anything else spends on it.
+
+An unauthenticated client must not be able to take an admission slot, make a service read (or wait for) a
+body, or parse one: otherwise 256 anonymous sockets trickling a heartbeat body a byte at a time fill the
+heartbeat gate, and a handful of anonymous megabyte bodies keep the event loop busy, and the real agents'
+beats are shed. :class:`AuthenticateFirst` is the outermost middleware of a service: it runs a service's
+``check`` (a cached token lookup: no body, no parse) and answers a refusal at once, with ``Connection: close``
+so that the body the client may still be sending is never read.
+
+Which requests are checked is the service's choice (``exempt``); by default every request that may carry a
+body (any method but GET, HEAD and OPTIONS, and any request that declares a body), so that the public pages
+and probes a service serves to callers without a token keep their own answers. Plain ASGI, no web framework.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import Any
+
+Message = MutableMapping[str, Any]
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+_BODILESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+
+@dataclass(frozen=True, slots=True)
+class Denial:
+    """Why a request is refused before any work: ``status`` (401, or 503 when the check could not be made)."""
+
+    status: int
+    code: str
+    message: str
+
+
+Check = Callable[[Scope], Awaitable[Denial | None]]
+"""A service's credential check: ``None`` lets the request in."""
+
+Render = Callable[[Scope, Denial], dict[str, object]]
+"""A service's error body for a denial: ``(scope, denial) → JSON object``."""
+
+
+def header(scope: Scope, name: bytes) -> bytes | None:
+    """The first value of header ``name`` (lower case), or ``None``."""
+    for key, value in scope.get("headers", ()):
+        if key.lower() == name:
+            return bytes(value)
+    return None
+
+
+def bearer_of(scope: Scope) -> str | None:
+    """The credential of ``Authorization: Bearer <value>``, or ``None`` when there is none."""
+    raw = header(scope, b"authorization")
+    if raw is None:
+        return None
+    scheme, _, value = raw.decode("latin-1").partition(" ")
+    value = value.strip()
+    return value if scheme.lower() == "bearer" and value else None
+
+
+def declares_body(scope: Scope) -> bool:
+    """Whether the request says it sends a body (a non-zero Content-Length, or Transfer-Encoding)."""
+    if header(scope, b"transfer-encoding") is not None:
+        return True
+    length = header(scope, b"content-length")
+    return length is not None and length.strip() not in (b"", b"0")
+
+
+def may_carry_body(scope: Scope) -> bool:
+    """Every request but a GET, HEAD or OPTIONS without a declared body."""
+    return scope.get("method", "GET") not in _BODILESS_METHODS or declares_body(scope)
+
+
+class AuthenticateFirst:
+    """ASGI middleware: requests for which ``applies(scope)`` is true pass only when ``check`` lets them in."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        check: Check,
+        render: Render,
+        applies: Callable[[Scope], bool] = may_carry_body,
+        on_denied: Callable[[Scope, Denial], None] | None = None,
+    ) -> None:
+        self.app = app
+        self.check = check
+        self.render = render
+        self.applies = applies
+        self.on_denied = on_denied
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not self.applies(scope):
+            await self.app(scope, receive, send)
+            return
+        denial = await self.check(scope)
+        if denial is None:
+            await self.app(scope, receive, send)
+            return
+        if self.on_denied is not None:
+            self.on_denied(scope, denial)
+        payload = json.dumps(self.render(scope, denial)).encode()
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(payload)).encode()),
+            (b"connection", b"close"),  # the body the client may still be sending is never read
+        ]
+        if denial.status == 401:
+            headers.append((b"www-authenticate", b"Bearer"))
+        await send({"type": "http.response.start", "status": denial.status, "headers": headers})
+        await send({"type": "http.response.body", "body": payload, "more_body": False})
