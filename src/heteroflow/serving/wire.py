@@ -24,7 +24,7 @@ from typing import Literal, NewType
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
-from heteroflow.engine_sim.protocol import EngineStatusEntry, Instruction
+from heteroflow.contracts.engine_protocol import EngineStatusEntry, Instruction
 
 EndpointId = NewType("EndpointId", int)
 """An endpoint's id: the original global DP rank of the engine behind it."""

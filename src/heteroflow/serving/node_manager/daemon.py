@@ -22,8 +22,8 @@ from typing import Literal
 
 import structlog
 
+from heteroflow.contracts.engine_protocol import ApplyParams, ApplyRequest
 from heteroflow.core.clock import Clock
-from heteroflow.engine_sim.protocol import ApplyParams, ApplyRequest
 from heteroflow.serving.node_manager import service
 from heteroflow.serving.node_manager.client import ControllerClient, ControllerError, ControllerRejectedError
 from heteroflow.serving.node_manager.engines import EngineClient, EngineProtocolError, EngineUnreachableError

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import httpx
 
-from heteroflow.engine_sim.protocol import (
+from heteroflow.contracts.engine_protocol import (
     ApplyRequest,
     EngineStatusEntry,
     ProtocolError,

@@ -18,7 +18,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, model_validator
 
-from heteroflow.engine_sim.protocol import DEFAULT_FT_PATH_PREFIX, normalize_prefix
+from heteroflow.contracts.engine_protocol import DEFAULT_FT_PATH_PREFIX, normalize_prefix
 from heteroflow.serving.wire import DeviceInfo, EndpointInfo, FtCapability
 
 Backend = Literal["sim", "vllm"]
