@@ -166,7 +166,7 @@ class HttpEngineClient:
             if response.status_code != 200:
                 continue
             try:
-                select_engine(parse_status_response(response.json()), endpoint_id=endpoint_id)
+                parse_status_response(response.json())  # the shape names the route; a wrong id is the poll's
             except (ValueError, ProtocolError):
                 continue
             found = candidate
