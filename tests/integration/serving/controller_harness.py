@@ -28,6 +28,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from heteroflow.contracts.engine_protocol import ProfileName
 from heteroflow.core.clock import SystemClock
 from heteroflow.engine_sim import conformance
 from heteroflow.engine_sim.testing import FakeEngineCluster
@@ -45,7 +46,6 @@ from heteroflow.serving.node_manager.client import HttpControllerClient
 from heteroflow.serving.node_manager.daemon import NodeManager, PodIdentity
 from heteroflow.serving.node_manager.engines import HttpEngineClient
 from heteroflow.serving.node_manager.settings import NodeManagerSettings
-from heteroflow.contracts.engine_protocol import ProfileName
 from heteroflow.serving.node_manager.spec import InstanceSpec
 from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN, FakeLauncher, fake_cluster_launcher
 from heteroflow.serving.wire import (
