@@ -106,3 +106,24 @@ def test_ft_routes_stay_open_while_openai_routes_need_the_key() -> None:
         assert (await conformance.released_status(h, 0))["status"] == "healthy"
 
     run(scenario)
+
+
+def test_at_the_recovery_timeout_health_answers_503_before_the_process_goes() -> None:
+    async def scenario(h: FakeReleased) -> None:
+        cluster = h.cluster
+        await h.kill_worker(1)
+
+        async def exiting() -> bool:
+            return cluster.cores[1].exiting
+
+        await cluster.eventually(exiting, within=30, what="rank 1 decides to exit at its recovery timeout")
+        assert not cluster.is_gone(1)
+        assert (await h.client(1).get("/health")).status_code == 503
+        assert (await conformance.released_status(h, 1))["status"] == "dead"  # the stale entry still answers
+
+        async def gone() -> bool:
+            return cluster.is_gone(1)
+
+        await cluster.eventually(gone, within=10, what="rank 1's process exits after the linger")
+
+    run(scenario, engine_recovery_timeout_sec=10.0, exit_linger_sec=2.0)
