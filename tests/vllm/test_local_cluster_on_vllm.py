@@ -3,7 +3,7 @@ restored, serving instance with no manual step.
 
 Released vLLM cannot scale down: the gate refuses with ENGINE_SCALE_DOWN_UNSUPPORTED (shown in the
 controller's status with the discovered capability), the frozen fallback restarts both real ranks, and the
-instance serves completions through the Coordinator again. Figures go to ``$HETEROFLOW_BENCH_OUT``.
+instance serves completions through the Coordinator again. Figures go to ``$VLLM_TIER_FIGURES``.
 """
 
 from __future__ import annotations
@@ -83,12 +83,14 @@ def test_a_killed_real_rank_is_restored_by_the_whole_instance_fallback(
         collective_timeout_sec=15.0,
     )
     cluster = LocalCluster(options)
+    clients: list[ClusterClient] = []
     started = time.monotonic()
     state = cluster.start()
     try:
         cluster.wait_ready(timeout_sec=600)
         ready_sec = time.monotonic() - started
         client = cluster.client(timeout_sec=90)
+        clients.append(client)
 
         def served() -> bool:
             """One completion through the Coordinator that really generated (an abort is HTTP 200 too)."""
@@ -145,12 +147,14 @@ def test_a_killed_real_rank_is_restored_by_the_whole_instance_fallback(
         assert final is not None
         assert final["can_serve"]
         assert sorted(final["published_endpoints"]) == [0, 1]
-        out = os.environ.get("HETEROFLOW_BENCH_OUT")
+        out = os.environ.get("VLLM_TIER_FIGURES")
         if out:
             with Path(out).open("a", encoding="utf-8") as fh:
                 figures = {"ready_sec": ready_sec, "kill_to_gate_refused_sec": refused_sec}
                 fh.write(json.dumps({"tier": "vllm-local-cluster", **figures, "kill_to_serving_sec": serving_sec}))
                 fh.write("\n")
     finally:
+        for opened in clients:
+            opened.close()
         report = cluster.stop()
         assert not report.left, report.left

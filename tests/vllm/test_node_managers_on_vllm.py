@@ -4,7 +4,7 @@ The NodeManagers are told no profile: they discover ``vllm-released`` and regist
 conformance checks (the same the simulator passes, ``tests/unit/engine_sim/test_released_profile.py``) run
 against the real ranks; a killed worker is reported DEAD (time measured), the survivor UNHEALTHY after a
 request, and a ``retry`` sent through the NodeManager fails on CPU — recognised from ``ft_error`` by the
-round's own id within seconds. Figures go to ``$HETEROFLOW_BENCH_OUT`` when set (docs/benchmarks.md).
+round's own id within seconds. Figures go to ``$VLLM_TIER_FIGURES`` when set (docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ class RealRanks:
 
 
 def record(figures: dict[str, float]) -> None:
-    out = os.environ.get("HETEROFLOW_BENCH_OUT")
+    out = os.environ.get("VLLM_TIER_FIGURES")
     if out:
         with Path(out).open("a", encoding="utf-8") as fh:
             fh.write(json.dumps({"tier": "vllm-node-managers", **figures}) + "\n")
