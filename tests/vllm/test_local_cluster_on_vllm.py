@@ -20,7 +20,7 @@ import httpx
 import pytest
 import yaml
 
-from heteroflow.local.client import ClusterUnreachableError
+from heteroflow.local.client import ClusterClient, ClusterUnreachableError
 from heteroflow.local.cluster import ClusterOptions, LocalCluster
 from heteroflow.serving.node_manager.supervisor import descendants_of
 
