@@ -55,6 +55,7 @@ from heteroflow.serving.wire import (
     FaultEvidence,
     FinalizeRequest,
     FinalizeResponse,
+    FtCapability,
     FtFlags,
     FtStatusRequest,
     FtStatusResponse,
@@ -126,7 +127,7 @@ class NodeManager:
         self._commands: dict[int, commands.CommandTrack] = {}
         """The current round's command per endpoint, by the id the engine tracks it by."""
         self._discovery_errors: dict[int, str] = {}
-        self._registered_capability: object = None
+        self._registered_capability: FtCapability | None = None
         self._flushing = False
         self._reports_sent = 0
         self._heartbeats_sent = 0
