@@ -17,6 +17,7 @@ from typing import Annotated, Any
 import structlog
 import typer
 
+from heteroflow.contracts.engine_protocol import PROFILE_NAMES, PROFILES
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.logs import configure_logging
 from heteroflow.engine_sim.backend import FaultKind, WorkerStartError
@@ -70,7 +71,12 @@ def engine_sim(
     exit_linger_sec: Annotated[
         float | None, typer.Option(help="Seconds 'dead' stays visible after a terminal failure")
     ] = None,
-    ft_path_prefix: Annotated[str | None, typer.Option(help="Prefix of the FT routes (default /v1)")] = None,
+    ft_path_prefix: Annotated[
+        str | None, typer.Option(help="Prefix of the FT routes (default: the profile's, /v1 or none)")
+    ] = None,
+    ft_profile: Annotated[
+        str | None, typer.Option(help="FT protocol profile: scale-down (default) or vllm-released")
+    ] = None,
     cluster_token: Annotated[
         str | None, typer.Option(help="Token of the fault-injection route (env HETEROFLOW_CLUSTER_TOKEN)")
     ] = None,
@@ -88,6 +94,7 @@ def engine_sim(
             "startup_timeout_sec": startup_timeout_sec,
             "exit_linger_sec": exit_linger_sec,
             "ft_path_prefix": ft_path_prefix,
+            "ft_profile": ft_profile,
             "cluster_token": cluster_token,
             "seed": seed,
             "log_level": log_level,
@@ -108,6 +115,8 @@ def engine_sim(
     try:
         topology.validate()
         initial_state(rank=dp_rank, dp_size=dp_size, dead_ranks=topology.dead_ranks)
+        if ft_profile is not None and ft_profile not in PROFILE_NAMES:
+            raise ConfigurationError(f"--ft-profile must be one of {', '.join(PROFILE_NAMES)}; got {ft_profile!r}")
     except ConfigurationError as exc:
         raise typer.BadParameter(str(exc)) from exc
     configure_logging(level=settings.log_level)
@@ -162,7 +171,12 @@ async def run_engine(*, topology: Topology, settings: EngineSimSettings, port: i
         loop.call_later(0.2, die)
 
     core = EngineCore(
-        initial=initial_state(rank=topology.dp_rank, dp_size=topology.dp_size, dead_ranks=topology.dead_ranks),
+        initial=initial_state(
+            rank=topology.dp_rank,
+            dp_size=topology.dp_size,
+            dead_ranks=topology.dead_ranks,
+            profile_name=settings.ft_profile,
+        ),
         backend=backend,
         clock=SystemClock(),
         timeouts=EngineTimeouts(
@@ -188,7 +202,8 @@ async def run_engine(*, topology: Topology, settings: EngineSimSettings, port: i
     app = create_app(
         core,
         model_name=settings.model_name,
-        ft_path_prefix=settings.ft_path_prefix,
+        ft_path_prefix=settings.effective_ft_path_prefix,
+        profile=PROFILES[settings.ft_profile],
         cluster_token=settings.cluster_token,
         max_tokens_limit=settings.max_tokens_limit,
     )

@@ -19,6 +19,7 @@ from typing import Annotated
 
 import typer
 
+from heteroflow.contracts.engine_protocol import PROFILE_NAMES
 from heteroflow.core.logs import configure_logging
 from heteroflow.local.client import ClusterClient
 from heteroflow.local.cluster import ClusterError, ClusterOptions, LocalCluster
@@ -62,6 +63,15 @@ def up(
         ),
     ] = False,
     ready_timeout: Annotated[float, typer.Option(min=1, help="Seconds to wait for the instances to serve")] = 300.0,
+    engine: Annotated[
+        str, typer.Option(help="Engines: sim (the simulator) or vllm (real ranks from the cached vLLM venv)")
+    ] = "sim",
+    model: Annotated[
+        Path | None, typer.Option(help="With --engine vllm: the model directory [the generated tiny MoE model]")
+    ] = None,
+    ft_profile: Annotated[
+        str, typer.Option(help="FT protocol profile of the simulated engines: scale-down or vllm-released")
+    ] = "scale-down",
 ) -> None:
     """Run HeteroFlow locally: platform, controller, Coordinator, NodeManagers, simulated engines and GPU nodes."""
     configure_logging(level="warning", json=False)
@@ -72,7 +82,16 @@ def up(
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, request_stop)
+    if engine not in ("sim", "vllm"):
+        raise typer.BadParameter(f"--engine must be sim or vllm, not {engine!r}")
+    if ft_profile not in PROFILE_NAMES:
+        raise typer.BadParameter(f"--ft-profile must be one of {', '.join(PROFILE_NAMES)}, not {ft_profile!r}")
+    if engine == "vllm" and ready_timeout == 300.0:
+        ready_timeout = 900.0  # real ranks take 50-120 s each to start on a small CPU machine
     options = ClusterOptions(
+        engine="vllm" if engine == "vllm" else "sim",
+        vllm_model=model,
+        sim_ft_profile="vllm-released" if ft_profile == "vllm-released" else "scale-down",
         data_dir=data_dir,
         state_file=state_file,
         dp_size=dp,

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from heteroflow.contracts.engine_protocol import ApplyRequest, FtStatusResponse
 from heteroflow.core.clock import Clock
 from heteroflow.engine_sim import state as sm
 from heteroflow.engine_sim.backend import (
@@ -30,7 +31,6 @@ from heteroflow.engine_sim.backend import (
     WorkerEvent,
     WorkerExited,
 )
-from heteroflow.engine_sim.protocol import ApplyRequest, FtStatusResponse
 
 _log = structlog.get_logger(__name__)
 
@@ -124,6 +124,11 @@ class EngineCore:
     @property
     def exit_code(self) -> int:
         return self._exit_code
+
+    @property
+    def exiting(self) -> bool:
+        """The engine decided to exit (the process goes within ``exit_linger_sec``)."""
+        return self._exit_at is not None
 
     def status(self) -> EngineCoreStatus:
         return EngineCoreStatus(
@@ -275,7 +280,9 @@ class EngineCore:
                     self._backend.rebuild(plan)
                 case sm.ExitProcess(reason=reason, exit_code=code):
                     terminal = self._state.health == "dead" and self._state.ft_state == "failed"
-                    linger = self._timeouts.exit_linger_sec if terminal else 0.0
+                    # released vLLM: the engine core dies first, /health answers 503 for ~2 s, then the API
+                    # server exits
+                    linger = self._timeouts.exit_linger_sec if terminal or self._state.released else 0.0
                     self._exit_reason = reason
                     self._exit_code = code
                     self._exit_at = self._clock.monotonic() + linger

@@ -16,11 +16,19 @@ Error mapping, in one place:
   routes are open (vLLM without ``--api-key``; the server binds loopback by default) and the sim-only
   routes (``/sim/…``) answer 403; with one, the sim-only routes need it too, checked before their body.
 
+Profile ``vllm-released`` (``--ft-profile vllm-released``; ``engine-protocol.md``) answers as released vLLM
+does instead: FT routes without prefix and open even with a token, an apply body judged in vLLM's order with
+its messages and error body, the engine's own uuid in the 202, no ``mask`` or ``ft_state`` in the status;
+an in-flight request aborted at a fault ends HTTP 200 with ``finish_reason: "abort"`` and no text, a new
+request to a faulted engine hangs until the engine recovers or exits (no 503 anywhere), and ``/health``
+answers 503 in the seconds between the engine deciding to exit and the process exiting.
+
 Nothing maps to 500.
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 import uuid
@@ -33,20 +41,24 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from heteroflow.contracts.engine_protocol import (
+    SCALE_DOWN,
+    ApplyAccepted,
+    ApplyRequest,
+    EngineProfile,
+    ProtocolError,
+    apply_path,
+    parse_apply_request,
+    parse_released_apply,
+    status_path,
+    wire_entry,
+)
 from heteroflow.core.openapi import json_request_body
 from heteroflow.core.request_body import BodyError, BodyLimit, parse_json
 from heteroflow.engine_sim import vocab
 from heteroflow.engine_sim.backend import FaultKind
 from heteroflow.engine_sim.engine import EngineCore, EngineUnavailableError, RequestAbortedError
 from heteroflow.engine_sim.metrics import CONTENT_TYPE, EngineMetrics
-from heteroflow.engine_sim.protocol import (
-    ApplyAccepted,
-    ApplyRequest,
-    ProtocolError,
-    apply_path,
-    parse_apply_request,
-    status_path,
-)
 from heteroflow.platform.auth import bearer_matches
 
 SIM_PREFIX = "/sim"
@@ -73,15 +85,18 @@ class _TokenGate:
     """ASGI middleware: the cluster token on the OpenAI, FT and sim-only routes, before routing and body parsing
     (a fault injection with a malformed body and no token is a 401, not a 400 that describes the body)."""
 
-    def __init__(self, app: ASGIApp, *, token: str, ft_paths: frozenset[str]) -> None:
+    def __init__(self, app: ASGIApp, *, token: str, ft_paths: frozenset[str], ft_guarded: bool = True) -> None:
         self.app = app
         self.token = token
         self.ft_paths = ft_paths
+        self.ft_guarded = ft_guarded
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path = scope.get("path", "") if scope["type"] == "http" else ""
         sim_only = path.startswith(SIM_PREFIX + "/")
-        if path in self.ft_paths or sim_only or path.startswith("/v1/"):
+        if path in self.ft_paths and not self.ft_guarded:
+            pass  # released vLLM guards only /v1, /v2, /inference, /cohere: its FT routes stay open
+        elif path in self.ft_paths or sim_only or path.startswith("/v1/"):
             headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope.get("headers", [])}
             if not bearer_matches(headers.get("authorization"), self.token):
                 message = "a valid cluster token is required (Authorization: Bearer <token>)"
@@ -181,24 +196,32 @@ def create_app(
     core: EngineCore,
     *,
     model_name: str,
-    ft_path_prefix: str,
+    ft_path_prefix: str | None = None,
     cluster_token: str | None,
     max_tokens_limit: int,
+    profile: EngineProfile = SCALE_DOWN,
 ) -> FastAPI:
+    """``ft_path_prefix`` overrides the profile's route prefix (``None``: the profile's own)."""
     app = FastAPI(
         title="HeteroFlow engine simulator", docs_url=None, redoc_url=None, openapi_url=None, redirect_slashes=False
     )
-    ft_paths = frozenset({status_path(ft_path_prefix), apply_path(ft_path_prefix)})
+    prefix = profile.route_prefix if ft_path_prefix is None else ft_path_prefix
+    ft_paths = frozenset({status_path(prefix), apply_path(prefix)})
+    released = profile.name == "vllm-released"
 
     def refused_body(path: str, exc: BodyError) -> dict[str, object]:
         if path.startswith("/v1/") and path not in ft_paths:
             return _openai_error_body(exc.status, "BadRequestError", str(exc))
+        if path in ft_paths:
+            return profile.error_body_for(str(exc), status_code=exc.status)
         return {"error": str(exc)}
 
     # the token gate is added last, so it runs first: an anonymous body is never read
     app.add_middleware(BodyLimit, render=refused_body)
     if cluster_token:
-        app.add_middleware(_TokenGate, token=cluster_token, ft_paths=ft_paths)
+        app.add_middleware(
+            _TokenGate, token=cluster_token, ft_paths=ft_paths, ft_guarded=profile.ft_routes_authenticated
+        )
     created = int(time.time())
 
     @app.exception_handler(RequestValidationError)
@@ -224,7 +247,10 @@ def create_app(
     # -- liveness and models -------------------------------------------------------------------------
     @app.get("/health", response_class=Response)
     async def health() -> Response:
-        """Liveness only: 200 while the process serves HTTP, whatever the FT status."""
+        """Liveness only: 200 while the process serves HTTP, whatever the FT status (released vLLM: 503 once
+        the engine core is gone and the API server is about to exit)."""
+        if released and profile.dead_health_503 and core.exiting:
+            return Response(status_code=503)
         return Response(status_code=200)
 
     metrics = EngineMetrics(core.status)
@@ -277,21 +303,22 @@ def create_app(
             prompt = body.prompt
         tokens = vocab.encode(prompt)
         check_prompt(tokens)
-        stream = _start(core, tokens, body.max_tokens)
+        stream = await _start(core, tokens, body.max_tokens, released=released)
         rid = f"cmpl-{uuid.uuid4().hex}"
         if body.stream:
-            first = await _first_or_error(stream)
+            first = await _first_or_error(stream, released=released)
             return StreamingResponse(
-                _completion_chunks(rid, created, model_name, first, stream), media_type="text/event-stream"
+                _completion_chunks(rid, created, model_name, first, stream, released=released),
+                media_type="text/event-stream",
             )
-        out = await _collect(stream)
+        out, finish = await _collect(stream, released=released)
         return JSONResponse(
             {
                 "id": rid,
                 "object": "text_completion",
                 "created": int(time.time()),
                 "model": model_name,
-                "choices": [{"index": 0, "text": vocab.decode(out), "logprobs": None, "finish_reason": "length"}],
+                "choices": [{"index": 0, "text": vocab.decode(out), "logprobs": None, "finish_reason": finish}],
                 "usage": _usage(len(tokens), len(out)),
             }
         )
@@ -304,14 +331,14 @@ def create_app(
         messages: list[tuple[str, str]] = [(m.role, _text_of(m.content)) for m in body.messages]
         tokens = vocab.encode(vocab.render_chat(messages))
         check_prompt(tokens)
-        stream = _start(core, tokens, max_tokens)
+        stream = await _start(core, tokens, max_tokens, released=released)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         if body.stream:
-            first = await _first_or_error(stream)
+            first = await _first_or_error(stream, released=released)
             return StreamingResponse(
-                _chat_chunks(rid, created, model_name, first, stream), media_type="text/event-stream"
+                _chat_chunks(rid, created, model_name, first, stream, released=released), media_type="text/event-stream"
             )
-        out = await _collect(stream)
+        out, finish = await _collect(stream, released=released)
         return JSONResponse(
             {
                 "id": rid,
@@ -322,7 +349,7 @@ def create_app(
                     {
                         "index": 0,
                         "message": {"role": "assistant", "content": vocab.decode(out)},
-                        "finish_reason": "length",
+                        "finish_reason": finish,
                     }
                 ],
                 "usage": _usage(len(tokens), len(out)),
@@ -330,18 +357,21 @@ def create_app(
         )
 
     # -- fault tolerance -----------------------------------------------------------------------------
-    @app.get(status_path(ft_path_prefix), responses=_errors(PlainErrorOut, 401))
+    @app.get(status_path(prefix), responses=_errors(PlainErrorOut, 401))
     async def ft_status() -> dict[str, Any]:
-        return core.ft_status().wire()
+        answer = core.ft_status()
+        return {**answer.wire(), "engines": [wire_entry(e, profile) for e in answer.engines]}
 
     @app.post(
-        apply_path(ft_path_prefix),
+        apply_path(prefix),
         status_code=202,
         responses={202: {"model": ApplyAccepted}, **_errors(PlainErrorOut, 400, 401, 413)},
         openapi_extra=json_request_body(ApplyRequest),
     )
     async def ft_apply(request: Request) -> JSONResponse:
         raw = await request.body()
+        if released:
+            return released_apply(request, raw)
         try:
             body = parse_json(raw) if raw else None
         except BodyError as exc:
@@ -351,13 +381,35 @@ def create_app(
         except ProtocolError as exc:
             return JSONResponse({"error": str(exc)}, status_code=400)
         result = core.apply(command)
-        where = status_path(ft_path_prefix)
+        where = status_path(prefix)
         message = (
             f"{command.instruction} accepted; poll {where} for the outcome"
             if result.accepted
             else f"{command.instruction} rejected: {result.message}; see {where}"
         )
         return JSONResponse({"message": message, "request_id": command.request_id}, status_code=202)
+
+    def released_apply(request: Request, raw: bytes) -> JSONResponse:
+        """vLLM 0.32/0.33: media type, JSON, then the payload in its order; 202 with the engine's own uuid."""
+        media = request.headers.get("content-type", "").lower().split(";", maxsplit=1)[0].strip()
+        if media != "application/json":
+            return JSONResponse(
+                profile.error_body_for(
+                    "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed"
+                ),
+                status_code=400,
+            )
+        try:
+            body = json.loads(raw)
+        except (ValueError, RecursionError):
+            return JSONResponse(profile.error_body_for("Invalid JSON format"), status_code=400)
+        try:
+            instruction, params = parse_released_apply(body)
+        except ProtocolError as exc:
+            return JSONResponse(profile.error_body_for(str(exc)), status_code=400)
+        engine_id = str(uuid.uuid4())  # any request_id in the body is ignored
+        core.apply(ApplyRequest(instruction=instruction, request_id=engine_id, params=params))
+        return JSONResponse({"message": profile.accepted_message, "request_id": engine_id}, status_code=202)
 
     # -- sim-only, authenticated ---------------------------------------------------------------------
     def require_token(authorization: str | None) -> None:
@@ -403,38 +455,68 @@ def _usage(prompt: int, completion: int) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def _start(core: EngineCore, tokens: tuple[int, ...], max_tokens: int) -> AsyncIterator[int]:
+HANG_POLL_SEC = 0.05
+"""How often a request held by a faulted released-profile engine looks whether the engine serves again."""
+
+
+async def _start(
+    core: EngineCore, tokens: tuple[int, ...], max_tokens: int, *, released: bool = False
+) -> AsyncIterator[int]:
+    if released:
+        # released vLLM refuses nothing: a new request to a faulted engine waits until it serves again or exits
+        while not core.state.serving:  # noqa: ASYNC110 - serving changes in many transitions; a poll is plainer
+            await asyncio.sleep(HANG_POLL_SEC)
     if not core.state.serving:
         raise _OpenAiError(503, "ServiceUnavailableError", f"engine is {core.state.health}; retry elsewhere")
     return core.generate(prompt_tokens=tokens, max_tokens=max_tokens)
 
 
-async def _first_or_error(stream: AsyncIterator[int]) -> int:
-    """The first token, so that a stream that cannot start answers 503 instead of a broken stream."""
+async def _first_or_error(stream: AsyncIterator[int], *, released: bool = False) -> int | None:
+    """The first token, so that a stream that cannot start answers 503 instead of a broken stream
+    (released vLLM: ``None``, a stream that ends at once with ``finish_reason: "abort"``)."""
     try:
         return await anext(stream)
+    except StopAsyncIteration:
+        return None
     except (EngineUnavailableError, RequestAbortedError) as exc:
+        if released:
+            return None
         raise _OpenAiError(503, "ServiceUnavailableError", str(exc)) from exc
 
 
-async def _collect(stream: AsyncIterator[int]) -> list[int]:
+async def _collect(stream: AsyncIterator[int], *, released: bool = False) -> tuple[list[int], str]:
+    """The tokens and the finish reason; an abort is a 503, or (released vLLM) 200 ``abort`` with no text."""
+    out: list[int] = []
     try:
-        return [token async for token in stream]
+        async for token in stream:
+            out.append(token)
     except (EngineUnavailableError, RequestAbortedError) as exc:
+        if released:
+            return [], "abort"
         raise _OpenAiError(503, "ServiceUnavailableError", f"request aborted: {exc}") from exc
+    return out, "length"
 
 
 def _sse(payload: dict[str, Any]) -> str:
     return f"data: {json.dumps(payload)}\n\n"
 
 
-async def _tokens_then_error(first: int, stream: AsyncIterator[int]) -> AsyncIterator[int | str]:
+ABORTED = object()
+"""Marks a stream that a released-profile engine aborted: it ends with ``finish_reason: "abort"``."""
+
+
+async def _tokens_then_error(
+    first: int | None, stream: AsyncIterator[int], *, released: bool
+) -> AsyncIterator[int | str | object]:
+    if first is None:
+        yield ABORTED
+        return
     yield first
     try:
         async for token in stream:
             yield token
     except (EngineUnavailableError, RequestAbortedError) as exc:
-        yield f"request aborted: {exc}"
+        yield ABORTED if released else f"request aborted: {exc}"
 
 
 def _error_event(message: str) -> str:
@@ -442,7 +524,7 @@ def _error_event(message: str) -> str:
 
 
 async def _completion_chunks(
-    rid: str, created: int, model: str, first: int, stream: AsyncIterator[int]
+    rid: str, created: int, model: str, first: int | None, stream: AsyncIterator[int], *, released: bool = False
 ) -> AsyncIterator[str]:
     def chunk(text: str, finish: str | None) -> str:
         return _sse(
@@ -455,17 +537,22 @@ async def _completion_chunks(
             }
         )
 
-    async for item in _tokens_then_error(first, stream):
+    async for item in _tokens_then_error(first, stream, released=released):
+        if item is ABORTED:
+            yield chunk("", "abort")
+            yield "data: [DONE]\n\n"
+            return
         if isinstance(item, str):
             yield _error_event(item)  # the stream ends without [DONE]: the client sees a failed request
             return
+        assert isinstance(item, int)
         yield chunk(vocab.decode([item]), None)
     yield chunk("", "length")
     yield "data: [DONE]\n\n"
 
 
 async def _chat_chunks(
-    rid: str, created: int, model: str, first: int, stream: AsyncIterator[int]
+    rid: str, created: int, model: str, first: int | None, stream: AsyncIterator[int], *, released: bool = False
 ) -> AsyncIterator[str]:
     def chunk(delta: dict[str, str], finish: str | None) -> str:
         return _sse(
@@ -479,10 +566,15 @@ async def _chat_chunks(
         )
 
     yield chunk({"role": "assistant", "content": ""}, None)
-    async for item in _tokens_then_error(first, stream):
+    async for item in _tokens_then_error(first, stream, released=released):
+        if item is ABORTED:
+            yield chunk({}, "abort")
+            yield "data: [DONE]\n\n"
+            return
         if isinstance(item, str):
             yield _error_event(item)
             return
+        assert isinstance(item, int)
         yield chunk({"content": vocab.decode([item])}, None)
     yield chunk({}, "length")
     yield "data: [DONE]\n\n"

@@ -6,9 +6,9 @@ from dataclasses import dataclass
 
 from pydantic import Field, field_validator
 
+from heteroflow.contracts.engine_protocol import DEFAULT_PROFILE, PROFILES, ProfileName, normalize_prefix
 from heteroflow.core.settings import LenientSettings, env_names
 from heteroflow.engine_sim.placement import PlacementError, default_slots_per_rank, initial_placement
-from heteroflow.engine_sim.protocol import DEFAULT_FT_PATH_PREFIX, normalize_prefix
 from heteroflow.engine_sim.state import ConfigurationError
 
 
@@ -59,10 +59,18 @@ class EngineSimSettings(LenientSettings):
         validation_alias=env_names("engine_sim_host"),
         description="Address the API server, the gloo transport and a hosted TCP store bind (default loopback).",
     )
-    ft_path_prefix: str = Field(
-        default=DEFAULT_FT_PATH_PREFIX,
+    ft_profile: ProfileName = Field(
+        default=DEFAULT_PROFILE,
+        validation_alias=env_names("engine_ft_profile"),
+        description=(
+            "FT protocol profile the engine speaks: 'scale-down' (PR #46370, the default) or 'vllm-released' "
+            "(vLLM 0.32/0.33: no /v1 prefix, retry only, the engine's own request id; engine-protocol.md)."
+        ),
+    )
+    ft_path_prefix: str | None = Field(
+        default=None,
         validation_alias=env_names("engine_ft_path_prefix"),
-        description="Prefix of the FT routes: {prefix}/fault_tolerance/status|apply (default /v1).",
+        description="Prefix of the FT routes {prefix}/fault_tolerance/status|apply; unset: the profile's own.",
     )
     collective_timeout_sec: float = Field(
         default=10.0,
@@ -139,7 +147,12 @@ class EngineSimSettings(LenientSettings):
     )
     log_level: str = Field(default="info", validation_alias=env_names("engine_sim_log_level"), description="Log level.")
 
+    @property
+    def effective_ft_path_prefix(self) -> str:
+        """The prefix the FT routes get: the explicit one, else the profile's (``/v1`` or none)."""
+        return PROFILES[self.ft_profile].route_prefix if self.ft_path_prefix is None else self.ft_path_prefix
+
     @field_validator("ft_path_prefix")
     @classmethod
-    def _valid_prefix(cls, value: str) -> str:
-        return normalize_prefix(value)
+    def _valid_prefix(cls, value: str | None) -> str | None:
+        return None if value is None else normalize_prefix(value)

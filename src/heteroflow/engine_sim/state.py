@@ -13,6 +13,13 @@ States (``health`` plus an optional running command)::
 
 Only ``unhealthy`` (and no command running) accepts a command; every other command is rejected and the
 rejection is visible in the status (``last_ft_request_id`` + ``ft_error``).
+
+Profile ``vllm-released`` (``engine-protocol.md``) changes four things: a rejection reads
+``[FT] Rejecting retry on engine N: status is HEALTHY``; there is no command-running guard (a command during
+a running one is taken behind it and changes nothing visible); the recovery timer runs once from the fault
+(an accepted or failed retry does not restart it); and every status push (a change of health) replaces the
+entry, dropping ``last_ft_request_id`` and ``ft_error``. ``ft_state`` and ``mask`` are kept internally and
+left off the wire by the profile.
 """
 
 from __future__ import annotations
@@ -21,7 +28,15 @@ import hashlib
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from heteroflow.engine_sim.protocol import ApplyRequest, EngineHealth, EngineStatusEntry, FtState
+from heteroflow.contracts.engine_protocol import (
+    PROFILES,
+    ApplyRequest,
+    EngineHealth,
+    EngineProfile,
+    EngineStatusEntry,
+    FtState,
+    ProfileName,
+)
 
 
 class IllegalTransitionError(RuntimeError):
@@ -101,6 +116,15 @@ class EngineState:
     exiting: ExitProcess | None = None
     generation: int = 0
     """Incremented at every successful rebuild."""
+    profile_name: ProfileName = "scale-down"
+
+    @property
+    def profile(self) -> EngineProfile:
+        return PROFILES[self.profile_name]
+
+    @property
+    def released(self) -> bool:
+        return self.profile_name == "vllm-released"
 
     @property
     def members(self) -> tuple[int, ...]:
@@ -131,7 +155,9 @@ class Transition:
     message: str = ""
 
 
-def initial_state(*, rank: int, dp_size: int, dead_ranks: frozenset[int] = frozenset()) -> EngineState:
+def initial_state(
+    *, rank: int, dp_size: int, dead_ranks: frozenset[int] = frozenset(), profile_name: ProfileName = "scale-down"
+) -> EngineState:
     """A freshly launched engine; ``dead_ranks`` are ranks retired earlier (in-place relaunch)."""
     if dp_size < 1:
         raise ConfigurationError("dp_size must be ≥ 1")
@@ -143,7 +169,13 @@ def initial_state(*, rank: int, dp_size: int, dead_ranks: frozenset[int] = froze
     if rank in dead_ranks:
         raise ConfigurationError(f"dp_rank {rank} is itself among the dead ranks")
     alive = [r for r in range(dp_size) if r not in dead_ranks]
-    return EngineState(rank=rank, dp_size=dp_size, dead_ranks=frozenset(dead_ranks), store_master=min(alive))
+    return EngineState(
+        rank=rank,
+        dp_size=dp_size,
+        dead_ranks=frozenset(dead_ranks),
+        store_master=min(alive),
+        profile_name=profile_name,
+    )
 
 
 def on_collective_fault(
@@ -160,6 +192,7 @@ def on_collective_fault(
         # a new fault episode: the outcome of an earlier command no longer describes this engine
         ft_state=None,
         ft_error=None,
+        last_ft_request_id=None if state.released else state.last_ft_request_id,  # the push replaces the entry
         recovery_deadline=now + recovery_timeout,
     )
     return Transition(new, (AbortRequests(f"engine unhealthy: {fault_info}"),))
@@ -170,25 +203,33 @@ def on_worker_died(state: EngineState, *, reason: str, now: float, recovery_time
     if state.health == "dead":
         return Transition(state)
     failed_command = state.running is not None
+    deadline = state.recovery_deadline if state.exiting else now + recovery_timeout
+    if state.released and state.recovery_deadline is not None:
+        deadline = state.recovery_deadline  # one timer from the first fault
     new = replace(
         state,
         health="dead",
         running=None,
         ft_state="failed" if failed_command else state.ft_state,
         ft_error=f"worker died: {reason}" if failed_command else state.ft_error,
-        recovery_deadline=state.recovery_deadline if state.exiting else now + recovery_timeout,
+        recovery_deadline=deadline,
     )
+    if state.released:  # the push of the new status replaces the entry
+        new = replace(new, last_ft_request_id=None, ft_error=None)
     return Transition(new, (AbortRequests(f"engine dead: {reason}"),))
 
 
 def on_command(state: EngineState, request: ApplyRequest) -> Transition:
     """An apply; accepted only while ``unhealthy`` with no command running. Rejections are recorded."""
+    if state.released and state.running is not None and state.health == "unhealthy" and state.exiting is None:
+        # no command-running guard: the engine core takes the command after the running one; nothing shows
+        return Transition(state, message=f"{request.instruction} queued behind {state.running.request_id}")
     reason = _rejection(state, request)
     if reason is not None:
         rejected = replace(
             state,
             last_ft_request_id=request.request_id,
-            ft_error=reason,
+            ft_error=state.profile.rejection_text(instruction=request.instruction, engine_id=state.rank, reason=reason),
             # the round failed for this engine only if it was waiting for a command; a rejected command
             # never disturbs one that is running
             ft_state="failed" if state.health == "unhealthy" and state.running is None else state.ft_state,
@@ -198,10 +239,11 @@ def on_command(state: EngineState, request: ApplyRequest) -> Transition:
     new = replace(
         state,
         running=plan,
-        last_ft_request_id=request.request_id,
+        # released vLLM shows the id only with a failure's ft_error
+        last_ft_request_id=state.last_ft_request_id if state.released else request.request_id,
         ft_error=None,
         ft_state="recovering",
-        recovery_deadline=None,
+        recovery_deadline=state.recovery_deadline if state.released else None,
     )
     return Transition(new, (StartRebuild(plan),), message=f"{request.instruction} accepted")
 
@@ -232,6 +274,7 @@ def on_rebuild_finished(
             ft_state=None,
             recovery_deadline=None,
             generation=state.generation + 1,
+            last_ft_request_id=None if state.released else state.last_ft_request_id,
         )
         return Transition(new, message=f"{plan.instruction} succeeded")
     reason = error or f"{plan.instruction} failed"
@@ -242,7 +285,8 @@ def on_rebuild_finished(
             running=None,
             ft_state="failed",
             ft_error=reason,
-            recovery_deadline=now + recovery_timeout,
+            last_ft_request_id=plan.request_id,
+            recovery_deadline=state.recovery_deadline if state.released else now + recovery_timeout,
         )
         return Transition(new, message=reason)
     # a scale_down that failed after validation is terminal: report dead, then exit

@@ -25,12 +25,12 @@ from typing import Any, Protocol
 
 import httpx
 
+from heteroflow.contracts.engine_protocol import PROFILES, ProfileName
 from heteroflow.core.testing import FakeClock, free_port
 from heteroflow.engine_sim.backend import FaultKind
 from heteroflow.engine_sim.engine import EngineCore, EngineTimeouts
 from heteroflow.engine_sim.fake import FakeGroup, FakeWorkerBackend
 from heteroflow.engine_sim.placement import default_slots_per_rank
-from heteroflow.engine_sim.protocol import DEFAULT_FT_PATH_PREFIX
 from heteroflow.engine_sim.server import create_app
 from heteroflow.engine_sim.state import initial_state
 
@@ -43,6 +43,7 @@ class EngineClusterHarness(Protocol):
     dp_size: int
     prefix: str
     cluster_token: str
+    profile_name: ProfileName
 
     def client(self, rank: int) -> httpx.AsyncClient:
         """A client whose base URL is the rank's API server."""
@@ -94,12 +95,14 @@ class FakeEngineCluster:
         engine_recovery_timeout_sec: float = 120.0,
         rebuild_timeout_sec: float = 30.0,
         exit_linger_sec: float = 5.0,
-        prefix: str = DEFAULT_FT_PATH_PREFIX,
+        prefix: str | None = None,
         cluster_token: str = TEST_CLUSTER_TOKEN,
         clock: FakeClock | None = None,
+        profile_name: ProfileName = "scale-down",
     ) -> None:
         self.dp_size = dp_size
-        self.prefix = prefix
+        self.profile_name = profile_name
+        self.prefix = PROFILES[profile_name].route_prefix if prefix is None else prefix
         self.cluster_token = cluster_token
         self.clock = clock or FakeClock()
         slots = slots_per_rank or default_slots_per_rank(
@@ -127,7 +130,7 @@ class FakeEngineCluster:
             backend = FakeWorkerBackend(rank=rank, group=self.group)
             self.backends[rank] = backend
             self.cores[rank] = EngineCore(
-                initial=initial_state(rank=rank, dp_size=dp_size, dead_ranks=dead_ranks),
+                initial=initial_state(rank=rank, dp_size=dp_size, dead_ranks=dead_ranks, profile_name=profile_name),
                 backend=backend,
                 clock=self.clock,
                 timeouts=timeouts,
@@ -141,6 +144,7 @@ class FakeEngineCluster:
                 core,
                 model_name="heteroflow-sim-moe",
                 ft_path_prefix=self.prefix,
+                profile=PROFILES[self.profile_name],
                 cluster_token=self.cluster_token,
                 max_tokens_limit=256,
             )
@@ -224,15 +228,17 @@ class SimProcessCluster:
         engine_recovery_timeout_sec: float = 120.0,
         rebuild_timeout_sec: float = 15.0,
         exit_linger_sec: float = 3.0,
-        prefix: str = DEFAULT_FT_PATH_PREFIX,
+        prefix: str | None = None,
         cluster_token: str = TEST_CLUSTER_TOKEN,
         log_dir: Path | None = None,
         python: str = sys.executable,
         startup_timeout_sec: float = 90.0,
+        profile_name: ProfileName = "scale-down",
     ) -> None:
         self.dp_size = dp_size
         self.dead_ranks = dead_ranks
-        self.prefix = prefix
+        self.profile_name = profile_name
+        self.prefix = PROFILES[profile_name].route_prefix if prefix is None else prefix
         self.cluster_token = cluster_token
         self.collective_timeout_sec = collective_timeout_sec
         self.master_port = free_port()
@@ -252,7 +258,8 @@ class SimProcessCluster:
             "--engine-recovery-timeout-sec", str(engine_recovery_timeout_sec),
             "--rebuild-timeout-sec", str(rebuild_timeout_sec),
             "--exit-linger-sec", str(exit_linger_sec),
-            "--ft-path-prefix", prefix,
+            "--ft-path-prefix", self.prefix,
+            "--ft-profile", profile_name,
             "--startup-timeout-sec", str(startup_timeout_sec),
         ]  # fmt: skip
         if slots_per_rank is not None:

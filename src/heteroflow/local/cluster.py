@@ -32,14 +32,15 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 import yaml
 
+from heteroflow.contracts.engine_protocol import ProfileName
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.files import private_dir
-from heteroflow.local import netns
+from heteroflow.local import netns, vllm
 from heteroflow.local.client import ClusterClient, ClusterUnreachableError
 from heteroflow.local.plan import (
     NUM_REDUNDANT_EXPERTS,
@@ -119,6 +120,12 @@ class ClusterOptions:
     collective_timeout_sec: float = 10.0
     """The engines' collective timeout (``--cpu-distributed-timeout-seconds``, 10 s): how long a survivor waits on
     a peer that neither answers nor leaves, e.g. a hung worker."""
+    engine: Literal["sim", "vllm"] = "sim"
+    """``vllm``: real vLLM ranks from the cached vLLM venv (``scripts/vllm-venv``; ``heteroflow.local.vllm``)."""
+    vllm_model: Path | None = None
+    """The model real ranks serve; default the generated tiny MoE model (``~/.cache/heteroflow/tiny-moe``)."""
+    sim_ft_profile: ProfileName = "scale-down"
+    """The FT protocol profile the simulated engines speak (the RFC's flow needs ``scale-down``)."""
     network_namespaces: bool = False
     """Each pod in a network namespace of its own (``heteroflow up --netns``; Linux, root, iproute2's ``ip``):
     pods on distinct addresses of a private /24, the other services on the bridge's address instead of
@@ -272,7 +279,11 @@ class LocalCluster:
     ) -> ClusterState:
         opts = self.options
         host = opts.host if network is None else network.gateway
+        engine_args: dict[str, Any] = {"engine": opts.engine, "sim_ft_profile": opts.sim_ft_profile}
+        if opts.engine == "vllm":
+            engine_args |= _vllm_engine(opts)
         plans = plan_instances(
+            **engine_args,
             instances=opts.instances,
             dp_size=opts.dp_size,
             pods=opts.pods,
@@ -557,3 +568,13 @@ def _no_proxy(env: Mapping[str, str], addresses: list[str]) -> dict[str, str]:
 
 
 __all__ = ["ClusterError", "ClusterOptions", "LocalCluster", "StopReport"]
+
+
+def _vllm_engine(opts: ClusterOptions) -> dict[str, Any]:
+    """The plan's arguments for real vLLM ranks: the venv's interpreter, the model, the served name."""
+    try:
+        python = vllm.venv_python()
+        model = opts.vllm_model or vllm.build_tiny_model(python, vllm.default_model_dir())
+    except vllm.VllmUnavailableError as exc:
+        raise ClusterError(str(exc)) from exc
+    return {"vllm": vllm.vllm_options(python, model), "model": vllm.SERVED_MODEL}

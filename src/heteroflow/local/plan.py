@@ -27,9 +27,10 @@ import string
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from heteroflow.agent.simulated import CARD_FAULT_PROFILES, SimulatedCollector
+from heteroflow.contracts.engine_protocol import ProfileName
 from heteroflow.core.clock import SystemClock
 from heteroflow.local.netns import PodNetwork, exec_prefix
 from heteroflow.serving.node_manager.spec import InstanceSpec
@@ -147,6 +148,9 @@ def plan_instances(
     num_redundant_experts: int = NUM_REDUNDANT_EXPERTS,
     collective_timeout_sec: float = 10.0,
     pod_networks: Sequence[PodNetwork] = (),
+    engine: Literal["sim", "vllm"] = "sim",
+    vllm: Mapping[str, Any] | None = None,
+    sim_ft_profile: ProfileName = "scale-down",
 ) -> list[InstancePlan]:
     """Every instance of the cluster, its pods and their NodeManager specs.
 
@@ -154,7 +158,11 @@ def plan_instances(
     (``EXPERT_REDUNDANCY_REQUIRED``, acceptance row A15) while it still serves. ``collective_timeout_sec`` is
     the engines' ``--cpu-distributed-timeout-seconds``: how long a survivor waits on a silent peer.
     ``pod_networks``, when given, holds one namespace and address per pod of the cluster, in order; else every
-    pod is on ``host``."""
+    pod is on ``host``. ``engine`` ``vllm`` runs real vLLM ranks with the spec section ``vllm``
+    (:func:`heteroflow.local.vllm.vllm_options`), released vLLM knowing no EPLB; ``sim_ft_profile`` is the FT
+    profile the simulated engines speak. Either way the NodeManagers discover the profile."""
+    if engine == "vllm" and vllm is None:
+        raise PlanError("engine 'vllm' needs the spec's vllm section")
     if instances < 1:
         raise PlanError("a cluster runs at least one instance")
     if len(ports) != instances:
@@ -190,7 +198,7 @@ def plan_instances(
             spec = InstanceSpec.model_validate(
                 {
                     "instance_id": instance_id,
-                    "backend": "sim",
+                    "backend": engine,
                     "dp_size": dp_size,
                     "dp_master_ip": pod_ips[0],  # the first pod holds rank 0, the first master
                     "dp_rpc_port": chosen.rpc_port,
@@ -202,7 +210,8 @@ def plan_instances(
                     "endpoints": [
                         {"id": r.rank, "port": r.port, "device_infos": [r.device.model_dump()]} for r in ranks
                     ],
-                    "sim": {"python": python},
+                    "sim": {"python": python, "ft_profile": sim_ft_profile},
+                    **({"vllm": dict(vllm or {}), "enable_eplb": False} if engine == "vllm" else {}),
                 }
             )
             pod_plans.append(

@@ -24,7 +24,7 @@ from typing import Literal, NewType
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
-from heteroflow.engine_sim.protocol import EngineStatusEntry, Instruction
+from heteroflow.contracts.engine_protocol import EngineStatusEntry, Instruction, ProfileName
 
 EndpointId = NewType("EndpointId", int)
 """An endpoint's id: the original global DP rank of the engine behind it."""
@@ -97,6 +97,17 @@ class FtCapability(BaseModel):
     num_logical_experts: StrictInt = Field(ge=1)
     slots_per_rank: StrictInt = Field(ge=1)
     tp_size: StrictInt = Field(ge=1)
+    retry_supported: StrictBool = True
+    """The engine knows ``retry`` (both profiles do): fast recovery is possible."""
+    protocol_profile: ProfileName | Literal["mixed"] | None = None
+    """The FT protocol profile the engines speak: pinned in the spec or discovered at first readiness;
+    ``None`` until known (the configured flags are trusted meanwhile); ``mixed`` when an instance's pods
+    disagree (the gate refuses: CAPABILITY_MISMATCH)."""
+
+
+DISCOVERED_CAPABILITY_FIELDS = frozenset({"scale_down_supported", "retry_supported", "protocol_profile"})
+"""What a NodeManager learns from its engines and may correct by registering again (an engine's build can
+change under a restarted pod); every other field is configuration and fixed for the instance's life."""
 
 
 class RegisterRequest(BaseModel):

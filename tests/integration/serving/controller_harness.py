@@ -28,6 +28,7 @@ import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
+from heteroflow.contracts.engine_protocol import ProfileName
 from heteroflow.core.clock import SystemClock
 from heteroflow.engine_sim import conformance
 from heteroflow.engine_sim.testing import FakeEngineCluster
@@ -309,12 +310,15 @@ def run_plane(
     node_names: dict[str, str] | None = None,
     device_infos: dict[int, list[dict[str, Any]]] | None = None,
     node_manager_poll_sec: float = 0.05,
+    profile_name: ProfileName | None = None,
 ) -> None:
     """``node_names``: pod name (``a``, ``b``) → the Kubernetes node it registers; ``device_infos``: endpoint id
-    → its devices. Both default to none (pods without node names or devices: hardware faults are unmappable)."""
+    → its devices. Both default to none (pods without node names or devices: hardware faults are unmappable).
+    ``profile_name``: the engines speak it and the NodeManagers discover it (default: ``scale-down`` at a
+    known prefix)."""
 
     async def main() -> None:
-        cluster = FakeEngineCluster(dp_size=4, slots_per_rank=slots_per_rank)
+        cluster = FakeEngineCluster(dp_size=4, slots_per_rank=slots_per_rank, profile_name=profile_name or "scale-down")
         await cluster.start()
         coordinator = RecordingCoordinator()
         coordinator_app = coordinator.app()
@@ -388,7 +392,7 @@ def run_plane(
                         timeout_sec=2.0,
                         transport=httpx.ASGITransport(app=capp),
                     ),
-                    engines=HttpEngineClient(cluster.client, ft_path_prefix=cluster.prefix),
+                    engines=HttpEngineClient(cluster.client, ft_path_prefix=None if profile_name else cluster.prefix),
                     launcher=launcher,
                     clock=cluster.clock,
                 )

@@ -130,7 +130,14 @@ def test_node_manager_command_with_the_proxy_off(tmp_path: Path, controller: tup
             return all(e["ready"] for e in status["endpoints"])
 
         wait_until(both_ready, within=90, what="NodeManager up with both engines ready")
-        assert [r.pod_id for r in fake.registrations] == ["pod-0"]
+        # registered at start, and again once the engines' protocol profile was discovered
+        wait_until(
+            lambda: fake.registrations[-1].ft_capability.protocol_profile == "scale-down",
+            within=30,
+            what="the discovered profile registered",
+        )
+        assert {r.pod_id for r in fake.registrations} == {"pod-0"}
+        assert fake.registrations[0].ft_capability.protocol_profile is None
         beats = len(fake.heartbeats)
         wait_until(lambda: len(fake.heartbeats) >= beats + 2, within=5, what="heartbeats")
         assert all(b.complete and b.request.endpoint_ids == [0, 1] for b in fake.heartbeats[beats:])

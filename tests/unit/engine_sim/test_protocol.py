@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from heteroflow.engine_sim.protocol import (
+from heteroflow.contracts.engine_protocol import (
     ApplyRequest,
     EngineStatusEntry,
     FtStatusResponse,

@@ -9,7 +9,9 @@ from heteroflow.engine_sim.state import ConfigurationError
 def test_defaults() -> None:
     settings = EngineSimSettings.load()
     assert settings.host == "127.0.0.1"
-    assert settings.ft_path_prefix == "/v1"
+    assert settings.ft_profile == "scale-down"
+    assert settings.ft_path_prefix is None
+    assert settings.effective_ft_path_prefix == "/v1"
     assert settings.engine_recovery_timeout_sec == 120.0
 
 
@@ -19,7 +21,7 @@ def test_invalid_values_fall_back_to_defaults_with_a_warning(monkeypatch: pytest
     monkeypatch.setenv("HETEROFLOW_ENGINE_RECOVERY_TIMEOUT_SEC", "30")
     monkeypatch.setenv("HETEROFLOW_CLUSTER_TOKEN", "secret-token")
     settings = EngineSimSettings.load()
-    assert settings.ft_path_prefix == "/v1"
+    assert settings.effective_ft_path_prefix == "/v1"
     assert settings.collective_timeout_sec == 10.0
     assert settings.engine_recovery_timeout_sec == 30.0
     assert settings.cluster_token == "secret-token"
@@ -36,3 +38,8 @@ def test_topology_defaults_slots_from_experts() -> None:
     assert Topology(dp_size=4, dp_rank=0, master_addr="127.0.0.1", master_port=1).effective_slots_per_rank == 3
     with pytest.raises(ConfigurationError, match="cannot hold"):
         Topology(dp_size=4, dp_rank=0, master_addr="h", master_port=1, slots_per_rank=1).validate()
+
+
+def test_the_released_profile_has_no_route_prefix_unless_one_is_set() -> None:
+    assert EngineSimSettings.load(ft_profile="vllm-released").effective_ft_path_prefix == ""
+    assert EngineSimSettings.load(ft_profile="vllm-released", ft_path_prefix="/x").effective_ft_path_prefix == "/x"

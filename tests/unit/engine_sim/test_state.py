@@ -5,8 +5,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from heteroflow.contracts.engine_protocol import ApplyParams, ApplyRequest
 from heteroflow.engine_sim import state as sm
-from heteroflow.engine_sim.protocol import ApplyParams, ApplyRequest
 
 RECOVERY = 120.0
 

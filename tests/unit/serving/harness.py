@@ -15,6 +15,7 @@ from typing import Any
 
 import httpx
 
+from heteroflow.contracts.engine_protocol import ProfileName
 from heteroflow.engine_sim import conformance
 from heteroflow.engine_sim.testing import FakeEngineCluster
 from heteroflow.serving.node_manager.app import create_app
@@ -93,7 +94,9 @@ def make_node_manager(
     client_for: Callable[[int], httpx.AsyncClient] | None = None,
     settings: dict[str, Any] | None = None,
     spec_extra: dict[str, Any] | None = None,
+    discover: bool = False,
 ) -> tuple[NodeManager, FakeLauncher]:
+    """``discover``: the engine client knows no route prefix; the NodeManager finds the engines' profile."""
     launcher = launcher or fake_cluster_launcher(cluster)
     nm = NodeManager(
         spec=instance_spec(endpoint_ids, **(spec_extra or {})),
@@ -102,7 +105,7 @@ def make_node_manager(
         ),
         pod=PodIdentity(pod_id=f"pod-{name}", pod_ip="127.0.0.1", node_manager_url=f"http://nm-{name}"),
         controller=controller,
-        engines=HttpEngineClient(client_for or cluster.client, ft_path_prefix=cluster.prefix),
+        engines=HttpEngineClient(client_for or cluster.client, ft_path_prefix=None if discover else cluster.prefix),
         launcher=launcher,
         clock=cluster.clock,
     )
@@ -115,17 +118,23 @@ def run_instance(
     flags: FtFlags | None = None,
     settings: dict[str, Any] | None = None,
     register: bool = True,
+    profile_name: ProfileName | None = None,
 ) -> None:
-    """Start the fake instance and both NodeManagers, run ``scenario``, tear everything down."""
+    """Start the fake instance and both NodeManagers, run ``scenario``, tear everything down.
+
+    ``profile_name``: the engines speak it and the NodeManagers discover it (default: the scale-down
+    profile at a known prefix, no discovery)."""
 
     async def main() -> None:
-        cluster = FakeEngineCluster(dp_size=4)
+        cluster = FakeEngineCluster(dp_size=4, profile_name=profile_name or "scale-down")
         await cluster.start()
         controller = FakeController(flags=flags or FtFlags(enable_dp_scale_down_proxy=True))
         pods: dict[str, Pod] = {}
         try:
             for name, ids in PODS.items():
-                nm, launcher = make_node_manager(cluster, controller, ids, name=name, settings=settings)
+                nm, launcher = make_node_manager(
+                    cluster, controller, ids, name=name, settings=settings, discover=profile_name is not None
+                )
                 await nm.start(loops=False)
                 app = create_app(nm, cluster_token=TEST_CLUSTER_TOKEN)
                 http = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=f"http://nm-{name}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from hypothesis import given
 from hypothesis import strategies as st
 
-from heteroflow.engine_sim.protocol import EngineStatusEntry
+from heteroflow.contracts.engine_protocol import EngineStatusEntry
 from heteroflow.serving.node_manager.ft_manager import (
     Answered,
     Observation,

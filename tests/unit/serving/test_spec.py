@@ -57,6 +57,7 @@ def expected_vllm(rank: int, *, pod_ip: str, port: int) -> list[str]:
         "--tensor-parallel-size", "1",
         "--enable-expert-parallel",
         "--enable-fault-tolerance",
+        "--all2all-backend", "deepep_low_latency",
         "--enable-eplb",
         "--eplb-config.num_redundant_experts", "32",
         "--data-parallel-address", "10.0.0.1",
@@ -86,6 +87,60 @@ def test_vllm_command_lines_of_a_two_pod_two_rank_instance(pod: list[dict[str, o
     b = engine_command(pod_spec(POD_B), 3, pod_ip="10.0.0.2", cluster_token=None).argv
     differing = {i for i, (x, y) in enumerate(zip(a, b, strict=True)) if x != y}
     assert {a[i - 1] for i in differing} == {"--host", "--data-parallel-rank"}
+
+
+def test_released_vllm_line_through_the_module_entry_point_without_eplb() -> None:
+    spec = pod_spec(
+        POD_A,
+        engine_profile="vllm-released",
+        vllm={
+            "model": "/models/tiny",
+            "python": "/venv/bin/python",
+            "served_model_name": "tiny",
+            "expert_parallel": False,
+            "env": {"HF_HUB_OFFLINE": "1"},
+        },
+    )
+    argv = list(engine_command(spec, 1, pod_ip="127.0.0.1", cluster_token="tok").argv)
+    assert argv[:5] == ["/venv/bin/python", "-m", "vllm.entrypoints.openai.api_server", "--model", "/models/tiny"]
+
+    def value(flag: str) -> str:
+        return argv[argv.index(flag) + 1]
+
+    assert value("--served-model-name") == "tiny"
+    assert value("--api-server-count") == "1"
+    assert value("--data-parallel-rank") == "1"
+    assert value("--data-parallel-size-local") == "1"
+    assert value("--data-parallel-address") == "10.0.0.1"
+    # vLLM refuses fault tolerance without an FT-capable all2all backend
+    assert argv[argv.index("--all2all-backend") + 1] == "deepep_low_latency"
+    assert "--enable-fault-tolerance" in argv
+    assert json.loads(argv[argv.index("--fault-tolerance-config") + 1]) == {"engine_recovery_timeout_sec": 120}
+    # EPLB and redundant experts serve only scale_down, which released vLLM does not have
+    assert "--enable-eplb" not in argv
+    assert "--enable-expert-parallel" not in argv
+    assert dict(engine_command(spec, 1, pod_ip="127.0.0.1", cluster_token="tok").env) == {
+        "HF_HUB_OFFLINE": "1",
+        "VLLM_API_KEY": "tok",
+        "CUDA_VISIBLE_DEVICES": "1",
+    }
+
+
+def test_capability_follows_the_pinned_or_discovered_profile() -> None:
+    from heteroflow.contracts.engine_protocol import SCALE_DOWN, VLLM_RELEASED
+
+    auto = pod_spec(POD_A)
+    assert auto.capability().protocol_profile is None
+    assert auto.capability().scale_down_supported  # unknown yet: the configuration is trusted
+    released = auto.capability(VLLM_RELEASED)
+    assert (released.protocol_profile, released.scale_down_supported, released.retry_supported) == (
+        "vllm-released",
+        False,
+        True,
+    )
+    assert auto.capability(SCALE_DOWN).scale_down_supported
+    pinned = pod_spec(POD_A, engine_profile="vllm-released")
+    assert pinned.capability(SCALE_DOWN).protocol_profile == "vllm-released"  # configuration wins
 
 
 def test_operator_flags_are_appended_and_fractional_timeouts_kept() -> None:

@@ -56,6 +56,7 @@ from heteroflow.serving.controller.history import RoundHistory
 from heteroflow.serving.controller.metrics import ControllerMetrics
 from heteroflow.serving.controller.store import FtRuntimeStore, FtStoreError, NotLeaderError
 from heteroflow.serving.wire import (
+    DISCOVERED_CAPABILITY_FIELDS,
     FinalizeRequest,
     HardwareFaultReport,
     HeartbeatRequest,
@@ -401,8 +402,11 @@ class Controller:
                 f"instance {inst.instance_id!r} is assembled without pod {request.pod_id!r}; its endpoints are fixed"
             )
         ranks_and_devices = [(e.id, e.device_infos) for e in request.endpoints]
+        # what the engines were found to speak may change (discovery, a new build); the configuration may not
+        configured = set(DISCOVERED_CAPABILITY_FIELDS)
         if ranks_and_devices != [(e.id, e.device_infos) for e in known.endpoints] or (
-            request.ft_capability != inst.topology.capability
+            request.ft_capability.model_dump(exclude=configured)
+            != inst.topology.capability.model_dump(exclude=configured)
         ):
             raise RegistrationConflictError(
                 f"pod {request.pod_id!r} registered other endpoints or capability than when instance "
@@ -504,7 +508,11 @@ class Controller:
                 snapshot=inst.snapshot,
                 hardware=tuple(inst.hardware),
                 running=inst.running,
-                fast_recovery_applicable=self.ft.scale_down_enabled and self.ft.enable_fast_recovery,
+                fast_recovery_applicable=(
+                    self.ft.scale_down_enabled
+                    and self.ft.enable_fast_recovery
+                    and inst.topology.capability.retry_supported  # the engines know retry
+                ),
                 original_fallback=self.config.instance(inst.instance_id).fallback,
                 timings=self.ft.decision_timings(),
             ),

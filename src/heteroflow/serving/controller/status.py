@@ -26,6 +26,12 @@ def _assembled(ctrl: Controller, inst: Instance) -> dict[str, object]:
     entry = rt.status_entry(inst.runtime, engine_statuses=dict(inst.engine_statuses))
     gate = inst.runtime.gate
     entry["gate"] = {**entry["gate"], "warnings": list(gate.warnings) if gate else []}  # type: ignore[dict-item]
+    capability = inst.topology.capability
+    entry["engine_capability"] = {  # what the engines can do: why the gate may refuse a scale-down
+        "protocol_profile": capability.protocol_profile,
+        "scale_down_supported": capability.scale_down_supported,
+        "retry_supported": capability.retry_supported,
+    }
     entry["generation"] = inst.runtime.generation
     entry["running_strategy"] = inst.running
     entry["last_decision"] = inst.last_decision

@@ -22,11 +22,16 @@ from typing import Literal
 
 import structlog
 
+from heteroflow.contracts.engine_protocol import ApplyParams, ApplyRequest, EngineProfile
 from heteroflow.core.clock import Clock
-from heteroflow.engine_sim.protocol import ApplyParams, ApplyRequest
-from heteroflow.serving.node_manager import service
+from heteroflow.serving.node_manager import commands, service
 from heteroflow.serving.node_manager.client import ControllerClient, ControllerError, ControllerRejectedError
-from heteroflow.serving.node_manager.engines import EngineClient, EngineProtocolError, EngineUnreachableError
+from heteroflow.serving.node_manager.engines import (
+    EngineCallError,
+    EngineClient,
+    EngineProtocolError,
+    EngineUnreachableError,
+)
 from heteroflow.serving.node_manager.ft_manager import (
     Answered,
     Finding,
@@ -50,6 +55,7 @@ from heteroflow.serving.wire import (
     FaultEvidence,
     FinalizeRequest,
     FinalizeResponse,
+    FtCapability,
     FtFlags,
     FtStatusRequest,
     FtStatusResponse,
@@ -118,6 +124,10 @@ class NodeManager:
         self._polls: dict[int, PollState] = {eid: PollState() for eid in spec.endpoint_ids}
         self._dead_since: dict[int, float] = {}
         self._outbox: list[SoftwareFaultReport] = []
+        self._commands: dict[int, commands.CommandTrack] = {}
+        """The current round's command per endpoint, by the id the engine tracks it by."""
+        self._discovery_errors: dict[int, str] = {}
+        self._registered_capability: FtCapability | None = None
         self._flushing = False
         self._reports_sent = 0
         self._heartbeats_sent = 0
@@ -167,6 +177,7 @@ class NodeManager:
             )
             self.supervisor.launch(command)
             self._polls[endpoint_id] = PollState()
+            self._commands.pop(endpoint_id, None)  # a new engine knows no earlier command
             self._dead_since.pop(endpoint_id, None)
             started.append(endpoint_id)
         return started
@@ -224,6 +235,10 @@ class NodeManager:
             return Unreachable(str(exc))
         except EngineProtocolError as exc:
             return ProtocolFailure(str(exc))
+        # read for the current round: the engine's own command id becomes the round's, outcomes are kept
+        tracked, entry = commands.correlate(self._commands.get(endpoint_id), entry)
+        if tracked is not None:
+            self._commands[endpoint_id] = tracked
         return Answered(entry)
 
     async def poll_once(self, endpoint_id: int) -> Finding | None:
@@ -255,9 +270,29 @@ class NodeManager:
         if self.supervisor.ready(endpoint_id):
             return True
         if self.supervisor.running(endpoint_id) and await self._engines.ready(endpoint_id):
+            await self._discover(endpoint_id)
             self.supervisor.mark_ready(endpoint_id)
             return True
         return False
+
+    async def _discover(self, endpoint_id: int) -> None:
+        """At the engine's first readiness: which FT profile it speaks (once; pinned profiles need nothing)."""
+        if self._engines.profile_of(endpoint_id) is not None:
+            return
+        try:
+            found = await self._engines.discover(endpoint_id, timeout_sec=self.settings.engine_ft_status_timeout_sec)
+        except EngineCallError as exc:
+            self._discovery_errors[endpoint_id] = str(exc)
+            _log.warning("engine.profile_unknown", endpoint_id=endpoint_id, error=str(exc))
+            return
+        self._discovery_errors.pop(endpoint_id, None)
+        _log.info("engine.profile_discovered", endpoint_id=endpoint_id, profile=found.name)
+
+    def discovered_profile(self) -> EngineProfile | None:
+        """The profile every local engine speaks, when known; ``None`` while unknown (or when they differ,
+        which registration reports as the weakest: see :meth:`registration`)."""
+        profiles = {p.name: p for eid in self.spec.endpoint_ids if (p := self._engines.profile_of(eid)) is not None}
+        return next(iter(profiles.values())) if len(profiles) == 1 else None
 
     async def watch_retired_once(self, endpoint_id: int) -> FencingViolation | None:
         """F-53: a retired rank must stay dead or silent; one that answers is fenced and recorded."""
@@ -335,6 +370,12 @@ class NodeManager:
             self._outbox.pop(0)
 
     def registration(self) -> RegisterRequest:
+        capability = self.spec.capability(self.discovered_profile())
+        local = {p.name for eid in self.spec.endpoint_ids if (p := self._engines.profile_of(eid)) is not None}
+        if len(local) > 1:  # this pod's own engines differ: fail closed
+            capability = capability.model_copy(
+                update={"protocol_profile": "mixed", "scale_down_supported": False, "retry_supported": False}
+            )
         return RegisterRequest(
             pod_id=self.pod.pod_id,
             pod_ip=self.pod.pod_ip,
@@ -344,7 +385,7 @@ class NodeManager:
             role=self.spec.role,
             dp_size=self.spec.dp_size,
             endpoints=self.spec.endpoint_infos(self.pod.pod_ip),
-            ft_capability=self.spec.capability(),
+            ft_capability=capability,
         )
 
     def heartbeat(self) -> HeartbeatRequest:
@@ -363,15 +404,25 @@ class NodeManager:
 
     async def controller_once(self) -> None:
         try:
-            if not self._registered:
-                answer = await self._controller.register(self.registration())
+            request = self.registration()
+            # the engines' profile became known (or changed): the controller hears it by a registration,
+            # and this step's heartbeat still goes out
+            first = not self._registered
+            rediscovered = not first and request.ft_capability != self._registered_capability
+            if first or rediscovered:
+                answer = await self._controller.register(request)
+                self._registered_capability = request.ft_capability
                 self._flags = answer.flags
                 self._heartbeat_interval = answer.heartbeat_interval_sec
                 if answer.retired_endpoint_ids is not None:
                     self._state = service.replace_retired(self._state, answer.retired_endpoint_ids)
                 self._registered = True
-                _log.info("node_manager.registered", flags=answer.flags.model_dump())
-            else:
+                _log.info(
+                    "node_manager.registered",
+                    flags=answer.flags.model_dump(),
+                    profile=request.ft_capability.protocol_profile,
+                )
+            if not first:
                 beat = await self._controller.heartbeat(self.heartbeat())
                 self._heartbeats_sent += 1
                 if beat.flags is not None:
@@ -493,8 +544,15 @@ class NodeManager:
             answer = await self._engines.apply(
                 endpoint_id, body, timeout_sec=self.settings.engine_ft_status_timeout_sec
             )
-        except EngineUnreachableError as exc:
+        except (EngineUnreachableError, EngineProtocolError) as exc:
             return EngineApplyResult(endpoint_id=endpoint_id, http_status=None, detail=str(exc))
+        if answer.http_status == 202:
+            self._commands[endpoint_id] = commands.track(
+                round_id=body.request_id,
+                engine_id=answer.engine_request_id,
+                instruction=body.instruction,
+                profile=self._engines.profile_of(endpoint_id),
+            )
         return EngineApplyResult(endpoint_id=endpoint_id, http_status=answer.http_status, detail=answer.detail)
 
     async def _fence_unreachable(self, endpoint_ids: Iterable[int]) -> list[int]:
@@ -521,6 +579,7 @@ class NodeManager:
             now=self._clock.monotonic(),
         )
         fenced: list[int] = []
+        self._commands = {eid: c for eid, c in self._commands.items() if c.round_id != request.request_id}
         if request.commit:
             fenced = await self._fence_unreachable(self._state.retired & self.spec.endpoint_ids)
             self._outbox = [r for r in self._outbox if r.endpoint_id not in self._state.retired]

@@ -8,7 +8,12 @@ Errors (foreign ones translated here with ``raise … from``)::
                                  unexpected HTTP status): never healthy
 
 Every request carries ``Authorization: Bearer <cluster token>`` when one is configured: the engines guard
-their OpenAI and FT routes with it (vLLM's ``--api-key``).
+their OpenAI routes with it (vLLM's ``--api-key``; released vLLM leaves its FT routes open).
+
+Which protocol profile an engine speaks (routes, whose request id tracks a command) is kept per endpoint:
+pinned by configuration, or found by :meth:`HttpEngineClient.discover` at the engine's first readiness —
+which status route answers, then whether ``scale_down`` is an instruction it knows, asked with a body that
+every profile refuses with a 400 (no ``request_id``), so a healthy engine is never disturbed.
 """
 
 from __future__ import annotations
@@ -19,11 +24,15 @@ from typing import Protocol
 
 import httpx
 
-from heteroflow.engine_sim.protocol import (
+from heteroflow.contracts.engine_protocol import (
+    SCALE_DOWN,
+    VLLM_RELEASED,
     ApplyRequest,
+    EngineProfile,
     EngineStatusEntry,
     ProtocolError,
     apply_path,
+    discovery_order,
     parse_status_response,
     select_engine,
     status_path,
@@ -46,6 +55,8 @@ class EngineProtocolError(EngineCallError):
 class ApplyAnswer:
     http_status: int
     detail: str
+    engine_request_id: str | None = None
+    """The ``request_id`` of a 202 body: the engine's own uuid (released vLLM) or ours echoed."""
 
 
 class EngineClient(Protocol):
@@ -58,6 +69,14 @@ class EngineClient(Protocol):
         ...
 
     async def apply(self, endpoint_id: int, body: ApplyRequest, *, timeout_sec: float) -> ApplyAnswer: ...
+
+    def profile_of(self, endpoint_id: int) -> EngineProfile | None:
+        """The profile the endpoint's engine speaks, once pinned or discovered."""
+        ...
+
+    async def discover(self, endpoint_id: int, *, timeout_sec: float) -> EngineProfile:
+        """Find (and keep) the engine's profile; raises :class:`EngineCallError` when it speaks none."""
+        ...
 
     async def complete(self, endpoint_id: int, *, max_tokens: int, timeout_sec: float) -> str:
         """One short completion (probe, nudge); the generated text. Raises :class:`EngineCallError`."""
@@ -73,20 +92,29 @@ class HttpEngineClient:
         self,
         client_for: Callable[[int], httpx.AsyncClient],
         *,
-        ft_path_prefix: str,
+        ft_path_prefix: str | None = None,
+        profile: EngineProfile | None = None,
         model: str | None = None,
         owns_clients: bool = False,
     ) -> None:
+        """``profile`` pins every endpoint's profile; ``ft_path_prefix`` overrides the profiles' route prefix."""
         self._client_for = client_for
-        self._status_path = status_path(ft_path_prefix)
-        self._apply_path = apply_path(ft_path_prefix)
+        self._prefix = ft_path_prefix
+        self._pinned = profile
+        self._profiles: dict[int, EngineProfile] = {}
         self._model = model
         self._owned: dict[int, httpx.AsyncClient] = {}
         self._owns = owns_clients
 
     @classmethod
     def for_urls(
-        cls, urls: Mapping[int, str], *, cluster_token: str | None, ft_path_prefix: str, model: str | None = None
+        cls,
+        urls: Mapping[int, str],
+        *,
+        cluster_token: str | None,
+        ft_path_prefix: str | None = None,
+        profile: EngineProfile | None = None,
+        model: str | None = None,
     ) -> HttpEngineClient:
         headers = {"Authorization": f"Bearer {cluster_token}"} if cluster_token else {}
         clients: dict[int, httpx.AsyncClient] = {}
@@ -98,7 +126,7 @@ class HttpEngineClient:
                 clients[endpoint_id] = client
             return client
 
-        engine_client = cls(client_for, ft_path_prefix=ft_path_prefix, model=model, owns_clients=True)
+        engine_client = cls(client_for, ft_path_prefix=ft_path_prefix, profile=profile, model=model, owns_clients=True)
         engine_client._owned = clients
         return engine_client
 
@@ -109,9 +137,75 @@ class HttpEngineClient:
             return False
         return response.status_code == 200
 
-    async def status(self, endpoint_id: int, *, timeout_sec: float) -> EngineStatusEntry:
+    def profile_of(self, endpoint_id: int) -> EngineProfile | None:
+        return self._pinned or self._profiles.get(endpoint_id)
+
+    def _paths(self, endpoint_id: int) -> tuple[str, str]:
+        if self._prefix is not None:
+            return status_path(self._prefix), apply_path(self._prefix)
+        profile = self.profile_of(endpoint_id)
+        if profile is None:
+            raise EngineProtocolError(f"the protocol profile of engine {endpoint_id} is not known yet")
+        return profile.status_path, profile.apply_path
+
+    async def discover(self, endpoint_id: int, *, timeout_sec: float) -> EngineProfile:
+        known = self.profile_of(endpoint_id)
+        if known is not None:
+            return known
+        client = self._client_for(endpoint_id)
+        candidates = (
+            list(discovery_order()) if self._prefix is None else [VLLM_RELEASED]
+        )  # an overridden prefix: the instruction probe alone tells the profile
+        found: EngineProfile | None = None
+        for candidate in candidates:
+            path = status_path(self._prefix) if self._prefix is not None else candidate.status_path
+            try:
+                response = await client.get(path, timeout=timeout_sec)
+            except httpx.TransportError as exc:
+                raise EngineUnreachableError(f"discovery: {type(exc).__name__}: {exc}") from exc
+            if response.status_code != 200:
+                continue
+            try:
+                parse_status_response(response.json())  # the shape names the route; a wrong id is the poll's
+            except (ValueError, ProtocolError):
+                continue
+            found = candidate
+            break
+        if found is None:
+            raise EngineProtocolError(f"engine {endpoint_id} answers no known fault-tolerance status route")
+        knows_scale_down = await self._knows_scale_down(endpoint_id, found, timeout_sec=timeout_sec)
+        if self._prefix is not None:
+            found = SCALE_DOWN if knows_scale_down else VLLM_RELEASED
+        elif knows_scale_down != found.scale_down_supported:
+            raise EngineProtocolError(
+                f"engine {endpoint_id} answers {found.status_path} but "
+                f"{'knows' if knows_scale_down else 'does not know'} scale_down: no known profile"
+            )
+        self._profiles[endpoint_id] = found
+        return found
+
+    async def _knows_scale_down(self, endpoint_id: int, profile: EngineProfile, *, timeout_sec: float) -> bool:
+        """Ask with a body no profile accepts (no ``request_id``, ``params`` null): released vLLM's 400 names
+        the instruction invalid; an engine that knows ``scale_down`` refuses something else. Never a command."""
+        path = apply_path(self._prefix) if self._prefix is not None else profile.apply_path
         try:
-            response = await self._client_for(endpoint_id).get(self._status_path, timeout=timeout_sec)
+            response = await self._client_for(endpoint_id).post(
+                path, json={"instruction": "scale_down", "params": None}, timeout=timeout_sec
+            )
+        except httpx.TransportError as exc:
+            raise EngineUnreachableError(f"discovery: {type(exc).__name__}: {exc}") from exc
+        if response.status_code != 400:
+            raise EngineProtocolError(
+                f"the instruction probe must be refused with 400, got HTTP {response.status_code}: "
+                f"{response.text[:200]}"
+            )
+        text = response.text.lower()
+        return not ("invalid instruction" in text or "unknown instruction" in text)
+
+    async def status(self, endpoint_id: int, *, timeout_sec: float) -> EngineStatusEntry:
+        status_route, _ = self._paths(endpoint_id)
+        try:
+            response = await self._client_for(endpoint_id).get(status_route, timeout=timeout_sec)
         except httpx.TimeoutException as exc:
             raise EngineUnreachableError(f"status timed out after {timeout_sec:g} s") from exc
         except httpx.TransportError as exc:
@@ -124,15 +218,25 @@ class HttpEngineClient:
             raise EngineProtocolError(str(exc)) from exc
 
     async def apply(self, endpoint_id: int, body: ApplyRequest, *, timeout_sec: float) -> ApplyAnswer:
+        _, apply_route = self._paths(endpoint_id)
         try:
             response = await self._client_for(endpoint_id).post(
-                self._apply_path, json=body.model_dump(exclude_none=True), timeout=timeout_sec
+                apply_route, json=body.model_dump(exclude_none=True), timeout=timeout_sec
             )
         except httpx.TimeoutException as exc:
             raise EngineUnreachableError(f"apply timed out after {timeout_sec:g} s") from exc
         except httpx.TransportError as exc:
             raise EngineUnreachableError(f"apply unreachable: {type(exc).__name__}: {exc}") from exc
-        return ApplyAnswer(http_status=response.status_code, detail=response.text[:300])
+        engine_request_id: str | None = None
+        if response.status_code == 202:
+            try:
+                answered = response.json().get("request_id")
+            except (ValueError, AttributeError):
+                answered = None
+            engine_request_id = answered if isinstance(answered, str) and answered else None
+        return ApplyAnswer(
+            http_status=response.status_code, detail=response.text[:300], engine_request_id=engine_request_id
+        )
 
     async def complete(self, endpoint_id: int, *, max_tokens: int, timeout_sec: float) -> str:
         body: dict[str, object] = {"prompt": "ping", "max_tokens": max_tokens, "temperature": 0}

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from heteroflow.engine_sim.protocol import EngineStatusEntry
+from heteroflow.contracts.engine_protocol import EngineStatusEntry
 from heteroflow.serving.wire import FaultEvidence, ReportedStatus
 
 

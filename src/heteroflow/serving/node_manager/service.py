@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
-from heteroflow.engine_sim.protocol import Instruction
+from heteroflow.contracts.engine_protocol import Instruction
 from heteroflow.serving.wire import MAX_LEASE_SEC
 
 HISTORY_LIMIT = 64

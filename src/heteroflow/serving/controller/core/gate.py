@@ -77,7 +77,10 @@ def evaluate(
     if capability is not None:
         if not capability.engine_ft_enabled:
             reasons.append(GateReason.ENGINE_FT_REQUIRED)
+        if capability.protocol_profile == "mixed" and not capability_mismatch:
+            reasons.append(GateReason.CAPABILITY_MISMATCH)  # the pods' engines speak different profiles
         if not capability.scale_down_supported:
+            # a released vLLM (0.32/0.33) knows only retry: DP scale-down needs a PR #46370 build
             reasons.append(GateReason.ENGINE_SCALE_DOWN_UNSUPPORTED)
         if not capability.external_lb:
             reasons.append(GateReason.EXTERNAL_LB_REQUIRED)

@@ -10,6 +10,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from heteroflow.serving.wire import (
+    DISCOVERED_CAPABILITY_FIELDS,
     MAX_LEASE_SEC,
     ApplyInstructionParams,
     EndpointInfo,
@@ -79,7 +80,7 @@ def resolve_instance(registrations: Iterable[RegisterRequest]) -> InstanceTopolo
             raise TopologyError(f"pods of instances {first.instance_id!r} and {reg.instance_id!r} mixed")
         if reg.dp_size != first.dp_size or reg.role != first.role:
             raise TopologyError(f"pod {reg.pod_id!r} disagrees on dp_size or role with pod {first.pod_id!r}")
-        if reg.ft_capability != first.ft_capability:
+        if _configured(reg.ft_capability) != _configured(first.ft_capability):
             raise CapabilityMismatchError(
                 f"pod {reg.pod_id!r} registered FT capability {reg.ft_capability.model_dump()} but pod "
                 f"{first.pod_id!r} registered {first.ft_capability.model_dump()}"
@@ -110,8 +111,32 @@ def resolve_instance(registrations: Iterable[RegisterRequest]) -> InstanceTopolo
         instance_id=InstanceId(first.instance_id),
         dp_size=first.dp_size,
         pods=pods,
-        capability=first.ft_capability,
+        capability=agreed_capability([reg.ft_capability for reg in regs]),
         role=first.role,
+    )
+
+
+def _configured(capability: FtCapability) -> dict[str, object]:
+    return capability.model_dump(exclude=set(DISCOVERED_CAPABILITY_FIELDS))
+
+
+def agreed_capability(capabilities: Iterable[FtCapability]) -> FtCapability:
+    """The instance's capability from its pods' (configured fields equal). Purely computational.
+
+    What the engines were found to speak may differ between pods (an image rolled out halfway, one pod not
+    yet discovered): the instance supports only what every pod supports, and two known, different profiles
+    make it ``mixed``, which the gate refuses (CAPABILITY_MISMATCH): mixed capabilities fail closed (RFC §6).
+    A pod not yet discovered (``None``) adds its configured flags, not a profile."""
+    caps = list(capabilities)
+    first = caps[0]
+    known = {c.protocol_profile for c in caps if c.protocol_profile is not None}
+    profile = None if not known else known.pop() if len(known) == 1 else "mixed"
+    return first.model_copy(
+        update={
+            "scale_down_supported": all(c.scale_down_supported for c in caps),
+            "retry_supported": all(c.retry_supported for c in caps),
+            "protocol_profile": profile,
+        }
     )
 
 

