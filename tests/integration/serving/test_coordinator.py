@@ -416,7 +416,7 @@ def test_no_new_request_reaches_a_withdrawn_endpoint_under_concurrent_load(coord
     assert all(engine.count > 0 for engine in engines)
 
 
-def test_retry_once_on_connection_refused(coordinator: str, fleet: Fleet) -> None:
+def test_a_refused_connection_is_sent_elsewhere(coordinator: str, fleet: Fleet) -> None:
     doomed, alive = fleet.start("refused-0"), fleet.start("refused-1")
     publish(coordinator, "refused", "model-refused", [doomed.endpoint(0), alive.endpoint(1)])
     fleet.stop(doomed)  # the process is gone: its port refuses connections
@@ -425,26 +425,31 @@ def test_retry_once_on_connection_refused(coordinator: str, fleet: Fleet) -> Non
         response = complete(coordinator, "model-refused")
         assert response.status_code == 200, response.text
         assert response.json()["choices"][0]["text"] == "refused-1"
-    assert metric(coordinator, 'heteroflow_coordinator_retries_total{reason="connect"}') >= before + 2
+    # after its fault answer the endpoint is skipped for the fault pause: at least one request met it
+    assert metric(coordinator, 'heteroflow_coordinator_retries_total{reason="connect"}') >= before + 1
 
 
-def test_retry_once_on_503_and_a_clear_503_when_the_retry_fails_too(coordinator: str, fleet: Fleet) -> None:
+def test_a_503_is_sent_elsewhere_and_a_clear_503_comes_past_the_client_deadline(coordinator: str, fleet: Fleet) -> None:
     busy, alive = fleet.start("busy-0"), fleet.start("busy-1")
     busy.mode = "unavailable"
     publish(coordinator, "busy", "model-busy", [busy.endpoint(0), alive.endpoint(1)])
     for _ in range(6):
         assert complete(coordinator, "model-busy").json()["choices"][0]["text"] == "busy-1"
-    assert busy.count >= 2
+    assert busy.count >= 1
     alive.mode = "unavailable"
     before = (busy.count, alive.count)
+    started = time.monotonic()
     response = complete(coordinator, "model-busy")
+    assert time.monotonic() - started >= UNAVAILABLE_WAIT_SEC  # held until the client deadline
     assert response.status_code == 503
     assert response.headers["retry-after"]
     assert "answered 503" in response.json()["error"]["message"]
-    assert (busy.count - before[0], alive.count - before[1]) == (1, 1)  # once each, never twice the same
+    # the fault pause (1 s) outlasts the deadline: each endpoint at most once, the one not paused once
+    assert alive.count - before[1] == 1
+    assert busy.count - before[0] in (0, 1)
 
 
-def test_retry_once_when_the_connection_closes_before_the_headers(coordinator: str, fleet: Fleet) -> None:
+def test_a_connection_closed_before_the_headers_is_sent_elsewhere(coordinator: str, fleet: Fleet) -> None:
     closer = BrokenEngine(mid_stream=False)
     alive = fleet.start("closer-1")
     try:
@@ -481,7 +486,7 @@ def test_streaming_pass_through_and_a_mid_stream_failure(coordinator: str, fleet
         assert time.monotonic() - started < 5  # ends, never hangs
         events = [line.removeprefix("data: ") for line in response.text.split("\n\n") if line]
         assert json.loads(events[0])["choices"][0]["text"] == "partial"
-        assert "incomplete" in json.loads(events[1])["error"]["message"]
+        assert "could not be resumed" in json.loads(events[1])["error"]["message"]  # no survivor to resume on
         assert events[2:] == ["[DONE]"]
         assert broken.count == 1
     finally:

@@ -70,7 +70,7 @@ async def run_fallback(ctrl: Controller, inst: Instance, fallback: rt.FallbackSt
             strategy=fallback.value,
             phase=inst.runtime.phase.value,
         )
-        await ctrl.refresh_view(inst)
+        await ctrl.refresh_view(inst, by_strategy=True)
         return
 
 

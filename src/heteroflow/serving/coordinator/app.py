@@ -93,9 +93,8 @@ _OPENAI_ERRORS: dict[int, str] = {
     401: "No valid API key, or none configured.",
     404: "No instance was ever published for the model.",
     413: "The body is larger than max_body_bytes.",
-    502: "The engines could not be reached or failed before answering (retry included).",
-    503: "No published endpoint after the unavailable wait, the engines are recovering, or the API key could not "
-    "be checked; see Retry-After.",
+    503: "No engine answered without a fault within the client deadline (held and re-routed until then), or the "
+    "API key could not be checked; see Retry-After.",
 }
 _INFERENCE_BODY: dict[str, Any] = {
     "requestBody": {
@@ -130,7 +129,7 @@ _INFERENCE_ANSWERS: dict[int | str, dict[str, Any]] = {
         "own 4xx is passed through unchanged too.",
         "content": {"application/json": {}, "text/event-stream": {}},
     },
-    **_openai_errors(400, 404, 413, 502, 503),
+    **_openai_errors(400, 404, 413, 503),
 }
 
 
@@ -189,7 +188,9 @@ class Coordinator:
             views=self.views,
             client=self._client,
             timeouts=timeouts,
-            unavailable_wait_sec=settings.unavailable_wait_sec,
+            client_deadline_sec=settings.client_deadline_sec,
+            faulted_first_byte_sec=settings.faulted_first_byte_sec,
+            fault_pause_sec=settings.fault_pause_sec,
             retry_after_sec=settings.retry_after_sec,
             upstream_token=settings.cluster_token,
             metrics=self.metrics,
@@ -206,7 +207,12 @@ class Coordinator:
 
     # -- management (F-40) ---------------------------------------------------------------------------------
     async def delete(self, request: ViewDelRequest) -> ViewChange:
-        return await self._applied("DEL", request.instance_id, request.request_id, self.views.delete(request))
+        change = self.views.delete(request)
+        if request.faulted:
+            shortened = self.forwarder.faulted(request.instance_id, request.endpoint_ids)
+            if shortened:
+                _log.info("coordinator.faulted_attempts_bounded", instance=request.instance_id, attempts=shortened)
+        return await self._applied("DEL", request.instance_id, request.request_id, change, request.generation)
 
     async def add(self, request: ViewAddRequest) -> ViewChange:
         try:
