@@ -31,8 +31,11 @@ def test_a2_idle_survivors_never_start_a_round_and_the_collection_times_out(tmp_
         assert status["last_error"] == "COLLECTION_TIMEOUT"
         assert status["fallback_strategy"] == "InstanceReconfiguration"
         assert status["rounds"] == []  # no scale-down round ever started
-        dels = [op for op in plane.coordinator.ops[ops_before:] if op[0] == "DEL"]
-        assert dels in ([], [("DEL", [0, 1, 2, 3])])  # only the fallback's withdrawal, never a round's
+        dels = [ids for op, ids in plane.coordinator.ops[ops_before:] if op == "DEL"]
+        # the dead rank withdrawn at its first report, then only the fallback's withdrawal, never a round's
+        assert dels[0] == [1]
+        assert plane.coordinator.faulted[-1][0] == [1]
+        assert dels[1:] in ([], [[0, 2, 3]])
         for nm in plane.node_managers.values():
             assert nm.service_state.owner is None  # never guarded
 
