@@ -26,13 +26,20 @@ COLLECT_SPACING_SEC = 0.25
 def collect_missing(ctrl: Controller, inst: Instance) -> None:
     """An incomplete snapshot: ask the NodeManagers at once for the FT status of the ranks nobody reported
     on yet, instead of waiting up to a poll period for their own pollers (the same status route a round
-    polls; the controller still never talks to an engine). What they answer is folded in as evidence."""
+    polls; the controller still never talks to an engine), and again every ``COLLECT_SPACING_SEC`` while the
+    snapshot stays incomplete. What they answer is folded in as evidence."""
     now = ctrl.clock.monotonic()
-    if inst.collecting or now - inst.collected_at < COLLECT_SPACING_SEC or not ctrl.ft.scale_down_enabled:
-        return
+    if inst.collecting or not ctrl.ft.scale_down_enabled:
+        return  # a collection in flight wakes the strategy center when it ends
     snapshot = normalizer.classify(inst.snapshot, inst.runtime.active_dp_ranks)
     unheard = inst.runtime.active_dp_ranks - snapshot.dead - snapshot.unhealthy
     if not unheard or not (snapshot.dead or snapshot.unhealthy):
+        return
+    again = inst.collected_at + COLLECT_SPACING_SEC
+    if now < again:
+        # still incomplete: ask again as soon as the spacing allows, never only at the next periodic scan
+        # (the decision's own wait, the collection timeout, bounds how long this goes on)
+        inst.wake_at = again if inst.wake_at is None else min(inst.wake_at, again)
         return
     inst.collecting = True
 
@@ -67,6 +74,7 @@ def collect_missing(ctrl: Controller, inst: Instance) -> None:
         finally:
             inst.collecting = False
             inst.collected_at = ctrl.clock.monotonic()
+            ctrl.wake()  # decide again: complete now, or collect again after the spacing
 
     ctrl.spawn(collect(), name=f"collect-{inst.instance_id}")
 

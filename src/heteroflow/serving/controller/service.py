@@ -596,6 +596,10 @@ class Controller:
             evidence.nudge_idle(self, inst)
         return decision
 
+    def wake(self) -> None:
+        """Have the strategy center decide again now (every report, collection and finished strategy does)."""
+        self._wake.set()
+
     def spawn(self, work: Coroutine[object, object, None], *, name: str) -> None:
         """A side task the controller cancels on close; finished ones are dropped as new ones start."""
         self._tasks = [task for task in self._tasks if not task.done()]
