@@ -11,6 +11,7 @@ import structlog
 
 from heteroflow.serving.controller.clients import PeerError
 from heteroflow.serving.controller.core import normalizer
+from heteroflow.serving.controller.core.ranks import DpRank
 from heteroflow.serving.controller.core.topology import PodTopology
 from heteroflow.serving.wire import FaultEvidence, ProbeRequest, SoftwareFaultReport
 
@@ -105,3 +106,49 @@ def nudge_idle(ctrl: Controller, inst: Instance) -> None:
                 _log.warning("controller.nudge_failed", pod_id=pod.pod_id, error=str(exc))
 
     ctrl.spawn(nudge(), name=f"nudge-{inst.instance_id}")
+
+
+def recheck_unreachable(ctrl: Controller, inst: Instance) -> None:
+    """Unreachable is not dead by itself: a rank whose only DEAD evidence is a status timeout
+    (``FT_UNREACHABLE``) is asked about again through its NodeManager every ``COLLECT_SPACING_SEC`` while no
+    round has started. If the same engine (the identity the report carried) answers healthy, the evidence is
+    withdrawn (:meth:`Controller.withdraw_evidence`), ending the COLLECTING wait for it. The supervisor's word
+    wins: ``not_running`` or another identity keeps the DEAD; a supervisor's ``ENGINE_DEAD`` never reverts."""
+    ranks = {
+        rank: inst.unreachable.get(rank)
+        for rank, entry in inst.snapshot.entries.items()
+        if entry.status == "dead" and entry.evidence == FaultEvidence.FT_UNREACHABLE and rank in inst.unreachable
+    }
+    if not ranks or inst.rechecking or inst.running is not None:
+        return
+    now = ctrl.clock.monotonic()
+    again = inst.rechecked_at + COLLECT_SPACING_SEC
+    if now < again:
+        inst.wake_at = again if inst.wake_at is None else min(inst.wake_at, again)
+        return
+    inst.rechecking = True
+
+    async def query(pod: PodTopology) -> None:
+        ids = sorted(pod.dp_ranks & set(ranks))
+        if not ids:
+            return
+        try:
+            answer = await ctrl.nm.status(pod.node_manager_url, ids)
+        except PeerError:
+            return
+        for entry in answer.entries:
+            rank = DpRank(entry.endpoint_id)
+            known = ranks.get(rank)
+            same = known is None or entry.identity == known
+            if entry.status is not None and entry.status.status == "healthy" and same and entry.identity is not None:
+                ctrl.withdraw_evidence(inst, rank, why="the same engine answered healthy again")
+
+    async def recheck() -> None:
+        try:
+            await asyncio.gather(*(query(pod) for pod in inst.topology.pods))
+        finally:
+            inst.rechecking = False
+            inst.rechecked_at = ctrl.clock.monotonic()
+            ctrl.wake()
+
+    ctrl.spawn(recheck(), name=f"recheck-{inst.instance_id}")

@@ -56,6 +56,8 @@ from heteroflow.serving.controller.history import RoundHistory
 from heteroflow.serving.controller.metrics import ControllerMetrics
 from heteroflow.serving.controller.store import FtRuntimeStore, FtStoreError, NotLeaderError
 from heteroflow.serving.wire import (
+    EngineIdentity,
+    FaultEvidence,
     FinalizeRequest,
     HardwareFaultReport,
     HeartbeatRequest,
@@ -136,6 +138,11 @@ class Instance:
     held_generation: int | None = None
     """The newest generation a DEL carried: the Coordinator holds those ranks back from ADD/SET of no newer
     generation, so the next publication must carry a newer one."""
+    unreachable: dict[DpRank, EngineIdentity | None] = field(default_factory=dict)
+    """Ranks reported DEAD by a status timeout (``FT_UNREACHABLE``), with the identity the report named: that
+    evidence is withdrawn if the same engine answers again before a round starts (``evidence.py``)."""
+    rechecking: bool = False
+    rechecked_at: float = float("-inf")
     pending_abort: RequestId | None = None
     pending_fallback: rt.FallbackStrategy | None = None
     fallback_attempts: int = 0
@@ -282,6 +289,8 @@ class Controller:
             inst.engine_statuses[report.endpoint_id] = report.status
         if inst.snapshot is not before and report.status in ("unhealthy", "dead"):
             self.withdraw_faulted(inst, DpRank(report.endpoint_id))
+            if report.evidence == FaultEvidence.FT_UNREACHABLE:
+                inst.unreachable[DpRank(report.endpoint_id)] = report.identity
         self.history.add(
             inst.runtime.request_id if inst.running else None,
             "evidence",
@@ -336,6 +345,20 @@ class Controller:
             )
 
         self.spawn(send(), name=f"withdraw-{inst.instance_id}-{rank}")
+
+    def withdraw_evidence(self, inst: Instance, rank: DpRank, *, why: str) -> None:
+        """Forget ``rank``'s DEAD-by-unreachability before any round started, and publish it again."""
+        if inst.running is not None or inst.runtime.phase in ROUND_PHASES:
+            return
+        inst.snapshot = normalizer.forget(inst.snapshot, rank)
+        inst.unreachable.pop(rank, None)
+        inst.engine_statuses.pop(rank, None)
+        self.history.add(None, "evidence_withdrawn", endpoint_id=rank, reason=why)
+        _log.info("controller.evidence_withdrawn", instance_id=inst.instance_id, endpoint_id=rank, reason=why)
+        if rank in inst.fault_withdrawn:
+            inst.fault_withdrawn = inst.fault_withdrawn - {rank}
+            self.spawn(self.refresh_view(inst), name=f"republish-{inst.instance_id}-{rank}")
+        self._wake.set()
 
     def hardware_fault(self, report: HardwareFaultReport) -> dict[str, HardwareMapping]:
         """F-3 / F-12: map one hardware fault onto every assembled instance and keep it where it matters."""
@@ -520,6 +543,7 @@ class Controller:
         inst.hardware_seen.clear()
         inst.nudged = False
         inst.fault_withdrawn = frozenset()
+        inst.unreachable.clear()
 
     # == strategy center (F-10…F-13) =========================================================================
     async def _strategy_center(self) -> None:
@@ -593,6 +617,7 @@ class Controller:
             DecisionReason.CORRELATION_WINDOW,  # a hardware-first window waits for the same evidence (F-12)
         ):
             evidence.collect_missing(self, inst)
+            evidence.recheck_unreachable(self, inst)
             evidence.nudge_idle(self, inst)
         return decision
 
