@@ -28,11 +28,9 @@ import sys
 import tempfile
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import openai
 import yaml
@@ -41,21 +39,11 @@ from heteroflow.local import ClusterOptions, ClusterState, LocalCluster
 from heteroflow.local.client import ClusterClient, ClusterUnreachableError
 from heteroflow.local.faults import KillMode, hang, kill
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the shared load lives with the tests
+
+from tests.support.openai_load import Tally, lanes
+
 T = TypeVar("T")
-
-
-@dataclass
-class Tally:
-    outcomes: Counter[str] = field(default_factory=Counter)
-    failures: list[tuple[float, str, str]] = field(default_factory=list)
-    """(seconds since the start, outcome, detail) of every request that did not end ``ok``."""
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    def add(self, outcome: str, detail: str, at: float) -> None:
-        with self.lock:
-            self.outcomes[outcome] += 1
-            if outcome != "ok":
-                self.failures.append((at, outcome, detail[:200]))
 
 
 def until(check: Callable[[], T | None], *, within: float, what: str, period: float = 0.1) -> T:
@@ -67,52 +55,6 @@ def until(check: Callable[[], T | None], *, within: float, what: str, period: fl
         if time.monotonic() > deadline:
             raise TimeoutError(f"not within {within} s: {what}")
         time.sleep(period)  # the polling period of this wait
-
-
-def one_request(client: openai.OpenAI, model: str, *, stream: bool, max_tokens: int) -> tuple[str, str]:
-    """``(outcome, detail)`` of one completion as the client saw it."""
-    try:
-        if stream:
-            text, finish = [], None
-            for chunk in client.completions.create(
-                model=model, prompt="the survivors keep serving", max_tokens=max_tokens, stream=True
-            ):
-                for choice in chunk.choices:
-                    text.append(choice.text or "")
-                    finish = choice.finish_reason or finish
-            if finish == "abort":
-                return "abort", "stream finished with abort"
-            if finish is None:
-                return "error:no_finish_reason", "stream ended without a finish_reason"
-            return ("ok", "") if "".join(text) else ("empty", f"finish_reason {finish}, no text")
-        answer = client.completions.create(model=model, prompt="the survivors keep serving", max_tokens=max_tokens)
-        choice = answer.choices[0]
-        if choice.finish_reason == "abort":
-            return "abort", "finish_reason abort"
-        return ("ok", "") if choice.text else ("empty", f"finish_reason {choice.finish_reason}, no text")
-    except openai.APIStatusError as exc:
-        return f"error:http_{exc.status_code}", str(exc)
-    except openai.APIError as exc:
-        return f"error:{type(exc).__name__}", str(exc)
-
-
-def lanes(state: ClusterState, tally: Tally, stop: threading.Event, *, threads: int, max_tokens: int) -> list[Any]:
-    began = time.monotonic()
-    model = state.instances[0].model
-
-    def lane(index: int) -> None:
-        client = openai.OpenAI(
-            base_url=state.coordinator_url + "/v1", api_key=state.admin_token, max_retries=0, timeout=120
-        )
-        with client:
-            while not stop.is_set():
-                outcome, detail = one_request(client, model, stream=index % 2 == 1, max_tokens=max_tokens)
-                tally.add(outcome, detail, time.monotonic() - began)
-
-    started = [threading.Thread(target=lane, args=(i,), daemon=True) for i in range(threads)]
-    for thread in started:
-        thread.start()
-    return started
 
 
 def published(state: ClusterState, instance_id: str) -> list[int] | None:
