@@ -164,6 +164,8 @@ class FakeUpstreams(httpx.AsyncBaseTransport):
             else:
                 chunks.append(sse({**final, "choices": [{"index": 0, "text": "", "finish_reason": "length"}]}))
             chunks.append(sse("[DONE]"))
+            if request.url.path.endswith("/chat/completions"):
+                chunks = [_as_chat(chunk) for chunk in chunks]
             fail_after = 1 if engine.mode is EngineMode.FAIL_MID_STREAM else None
             if engine.chunk_size is not None:
                 data = b"".join(chunks)
@@ -191,6 +193,28 @@ class FakeUpstreams(httpx.AsyncBaseTransport):
                 ],
             },
         )
+
+
+def _as_chat(chunk: bytes) -> bytes:
+    """A completions stream event as a chat one (``delta.content``); the first content event gets the role event
+    a chat stream opens with before it."""
+    payload = chunk.decode().removeprefix("data: ").strip()
+    if payload == "[DONE]" or '"error"' in payload:
+        return chunk
+    event = json.loads(payload)
+    event["object"] = "chat.completion.chunk"
+    event["choices"] = [
+        {"index": c["index"], "delta": {"content": c["text"]} if c["text"] else {}, "finish_reason": c["finish_reason"]}
+        for c in event["choices"]
+    ]
+    opening = ""
+    if event["choices"][0]["delta"].get("content", "").endswith("#0"):
+        role = {
+            **event,
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+        }
+        opening = f"data: {json.dumps(role)}\n\n"
+    return (opening + f"data: {json.dumps(event)}\n\n").encode()
 
 
 def _error(code: int, kind: str, message: str) -> dict[str, Any]:

@@ -100,6 +100,15 @@ async def harness(engines: int = 3, **settings: Any) -> AsyncIterator[Harness]:
         await coordinator.aclose()
 
 
+class _Body(httpx.AsyncByteStream):
+    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
+        self._chunks = chunks
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._chunks:
+            yield chunk
+
+
 def run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(scenario())
 
@@ -411,6 +420,62 @@ def test_a_stream_cut_midway_is_resumed_on_a_survivor_and_spliced(mode: EngineMo
             assert h.metric('heteroflow_coordinator_stream_continuations_total{outcome="resumed"}') == 1
             assert h.metric('heteroflow_coordinator_requests_total{outcome="resumed",route="completions"}') == 1
             assert h.coordinator.status().in_flight == {}
+
+    run(scenario)
+
+
+def test_a_cut_chat_stream_continues_the_partial_assistant_message_with_one_role_event() -> None:
+    async def scenario() -> None:
+        async with harness(engines=2) as h:
+            await h.publish((0, 1))
+            h.engine(0).mode = EngineMode.ERROR_MID_STREAM
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 5}
+            response = await h.client.post("/v1/chat/completions", headers=KEY, json=body)
+            got = events(response.text)
+            assert got[-1] == "[DONE]"
+            payloads = [json.loads(e) for e in got[:-1]]
+            assert {p["id"] for p in payloads} == {"cmpl-e0"}
+            deltas = [p["choices"][0]["delta"] for p in payloads]
+            assert sum(1 for d in deltas if "role" in d) == 1  # the continuation's role event is dropped
+            assert "".join(d.get("content", "") for d in deltas) == "e0#0e1#0e1#1e1#2"
+            sent = h.engine(1).received[0].body
+            assert sent["messages"][-1] == {"role": "assistant", "content": "e0#0"}
+            assert sent["continue_final_message"] is True
+            assert sent["add_generation_prompt"] is False
+            assert sent["max_tokens"] == 4
+
+    run(scenario)
+
+
+def test_a_stream_stalled_on_an_endpoint_reported_faulted_is_resumed_after_the_bound() -> None:
+    async def scenario() -> None:
+        async with harness(engines=2, faulted_first_byte_sec=0.1) as h:
+            await h.publish((0, 1))
+            gate = asyncio.Event()
+            h.engine(0).events = 3
+            original = h.upstreams.handle_async_request
+
+            async def stalling(request: httpx.Request) -> httpx.Response:
+                response = await original(request)
+                if request.url.host != "10.0.0.1":
+                    return response
+                chunks = [chunk async for chunk in response.aiter_raw()]
+
+                async def body() -> AsyncIterator[bytes]:
+                    yield chunks[0]
+                    await gate.wait()  # the engine stops sending: a released vLLM's faulted engine
+
+                return httpx.Response(200, headers=response.headers, stream=_Body(body()))
+
+            h.upstreams.handle_async_request = stalling  # type: ignore[method-assign]
+            pending = asyncio.create_task(h.complete(stream=True))
+            await eventually(lambda: bool(h.engine(0).received), what="the stream started on e0")
+            await h.manage(COORDINATOR_DEL_PATH, {"instance_id": "i1", "endpoint_ids": [0], "faulted": True})
+            response = await asyncio.wait_for(pending, 5)
+            texts = [json.loads(e)["choices"][0]["text"] for e in events(response.text)[:-1]]
+            assert texts[:2] == ["e0#0", "e1#0"]
+            assert all("error" not in e for e in events(response.text)[:-1])
+            gate.set()
 
     run(scenario)
 
