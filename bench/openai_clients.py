@@ -58,10 +58,12 @@ def until(check: Callable[[], T | None], *, within: float, what: str, period: fl
 
 
 def published(state: ClusterState, instance_id: str) -> list[int] | None:
+    """The survivors the Coordinator serves once a round committed (``None`` while a round runs)."""
     with ClusterClient(state, timeout_sec=5) as client, contextlib.suppress(ClusterUnreachableError):
         entry = client.instance_status(instance_id)
         if entry is not None and entry.get("can_serve") and not entry.get("running_strategy"):
-            return list(entry.get("published_endpoints") or [])
+            alive = list(entry.get("alive_dp_ranks") or [])
+            return alive if list(entry.get("published_endpoints") or []) == alive else None
     return None
 
 

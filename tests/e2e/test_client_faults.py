@@ -91,7 +91,8 @@ def settled(local: LocalCluster, ranks: list[int]) -> dict[str, Any] | None:
     entry = status(local)
     if entry is None or entry.get("running_strategy") or not entry.get("can_serve"):
         return None
-    return entry if entry.get("published_endpoints") == ranks else None
+    # the round committed (the survivors are the alive ranks), not only the first report's withdrawal
+    return entry if entry.get("published_endpoints") == entry.get("alive_dp_ranks") == ranks else None
 
 
 def engine_pid(local: LocalCluster, rank: int) -> int:
