@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Annotated, Any
 
 import structlog
@@ -39,7 +40,7 @@ def coordinator(
     """
     import uvicorn
 
-    from heteroflow.serving.coordinator.app import Coordinator, create_app
+    from heteroflow.serving.coordinator.app import Coordinator, create_app, create_management_app
 
     overrides: dict[str, Any] = {
         key: value
@@ -53,7 +54,21 @@ def coordinator(
     if not settings.api_key_digests and settings.platform_url is None:
         _log.warning("coordinator.no_api_key", detail="no API key source is configured: every OpenAI request gets 401")
     service = Coordinator(settings=settings)
-    _log.info("coordinator.starting", host=settings.host, port=settings.port)
+    _log.info("coordinator.starting", host=settings.host, port=settings.port, management_port=settings.management_port)
+    if settings.management_port is not None:
+        management = uvicorn.Server(
+            uvicorn.Config(
+                create_management_app(service),
+                host=settings.host,
+                port=settings.management_port,
+                log_config=None,
+                access_log=False,
+                lifespan="off",
+            )
+        )
+        # a thread and event loop of its own: a DEL takes effect however busy the OpenAI loop is; uvicorn
+        # installs no signal handlers outside the main thread, and the thread dies with the process
+        threading.Thread(target=management.run, name="coordinator-management", daemon=True).start()
     uvicorn.run(
         create_app(service),
         host=settings.host,

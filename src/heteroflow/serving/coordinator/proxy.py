@@ -237,6 +237,9 @@ class Forwarder:
         self._pause = fault_pause_sec
         self._sending: dict[Lease, asyncio.Event] = {}
         self._watches: dict[tuple[str, int], set[_Watch]] = {}
+        self._faulted_at: dict[tuple[str, int], float] = {}
+        """When each endpoint was last reported faulted: a read that starts later, while the endpoint is still
+        withdrawn, gets the bound from that moment (a report between two reads is never lost)."""
 
     async def wait_sent(self, leases: Sequence[Lease], *, within: float) -> bool:
         """Wait until these leases have written their request headers (or given up); False on timeout."""
@@ -253,9 +256,11 @@ class Forwarder:
         """These endpoints were reported faulted: every attempt on them still waiting for its engine gets at
         most the faulted first-byte bound from now. Returns how many attempts were shortened."""
         loop = asyncio.get_running_loop()
-        bound = loop.time() + self._faulted_bound
+        now = loop.time()
+        bound = now + self._faulted_bound
         shortened = 0
         for endpoint_id in endpoint_ids:
+            self._faulted_at[(instance_id, endpoint_id)] = now
             for watch in self._watches.get((instance_id, endpoint_id), ()):
                 when = watch.scope.when()
                 if when is None or when > bound:
@@ -467,6 +472,16 @@ class Forwarder:
 
     def _watch(self, key: EndpointKey, scope: asyncio.Timeout) -> _Watch:
         watch = _Watch(scope)
+        faulted_at = self._faulted_at.get((key.instance_id, key.endpoint_id))
+        if faulted_at is not None:
+            if self._views.is_published(key):  # published again since: the report is over
+                del self._faulted_at[(key.instance_id, key.endpoint_id)]
+            else:
+                bound = faulted_at + self._faulted_bound
+                when = scope.when()
+                if when is None or when > bound:
+                    scope.reschedule(bound)
+                    watch.stalled = True
         self._watches.setdefault((key.instance_id, key.endpoint_id), set()).add(watch)
         return watch
 

@@ -51,6 +51,18 @@ class CoordinatorSettings(LenientSettings):
         validation_alias=env_names("coordinator_port"),
         description="TCP port of the Coordinator (default 8400).",
     )
+    management_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        validation_alias=env_names("coordinator_management_port"),
+        description=(
+            "A second TCP port (on the same host) that serves only the management routes (DEL/ADD/SET, "
+            "/coordinator/instances) from a thread and event loop of their own, so that a withdrawal takes "
+            "effect within milliseconds however loaded the OpenAI listener is (default unset: the management "
+            "routes are on the main port only; they stay there too when this is set)."
+        ),
+    )
     cluster_token: str | None = Field(
         default=None,
         validation_alias=env_names("cluster_token"),

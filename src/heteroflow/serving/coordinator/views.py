@@ -318,6 +318,11 @@ class ServingViews:
                 lease.state = LeaseState.SENT
                 self._forget_sending(lease)
 
+    def still_sending(self, leases: Iterable[Lease]) -> bool:
+        """Whether any of these leases is still writing its request headers (for a waiter on another loop)."""
+        with self._lock:
+            return any(lease.state is LeaseState.SENDING for lease in leases)
+
     def release(self, lease: Lease) -> None:
         """The upstream request is over (answered, failed or abandoned); idempotent."""
         with self._lock:

@@ -834,3 +834,49 @@ def test_a_content_length_that_is_no_length_is_4xx(length: bytes, status: int, m
             assert h.upstreams.total_received() == 0
 
     run(scenario)
+
+
+# -- the management listener (a loop of its own) ----------------------------------------------------------------
+def test_management_calls_from_another_loop_wake_held_requests_and_bound_faulted_ones() -> None:
+    from heteroflow.serving.coordinator.app import create_management_app
+
+    async def scenario() -> None:
+        async with harness(engines=2, faulted_first_byte_sec=0.1, unavailable_wait_sec=10.0) as h:
+            h.coordinator.main_loop = asyncio.get_running_loop()
+            management = create_management_app(h.coordinator)
+
+            def call(path: str, body: dict[str, Any]) -> int:
+                async def post() -> int:
+                    transport = httpx.ASGITransport(app=management)
+                    async with httpx.AsyncClient(transport=transport, base_url="http://manage") as client:
+                        return (await client.post(path, headers=MANAGE, json=body)).status_code
+
+                return asyncio.run(post())  # the management listener's own loop, in another thread
+
+            endpoint = {"id": 0, "ip": "10.0.0.1", "port": 8000}
+            h.engine(0).mode = EngineMode.HANG
+            await h.publish(())  # known model, nothing published: requests are held
+            pending = asyncio.create_task(h.complete())
+            await eventually(lambda: h.coordinator.publications.waiting == 1, what="the request held")
+            body = {"instance_id": "i1", "model": "m", "generation": 1, "endpoints": [endpoint]}
+            assert await asyncio.to_thread(call, COORDINATOR_SET_PATH, body) == 200
+            await eventually(lambda: bool(h.engine(0).received), what="the held request sent once published")
+            other = {"id": 1, "ip": "10.0.0.2", "port": 8000}
+            body = {"instance_id": "i1", "model": "m", "generation": 2, "endpoints": [endpoint, other]}
+            assert await asyncio.to_thread(call, COORDINATOR_SET_PATH, body) == 200
+            fault = {"instance_id": "i1", "endpoint_ids": [0], "faulted": True, "generation": 2}
+            assert await asyncio.to_thread(call, COORDINATOR_DEL_PATH, fault) == 200
+            response = await asyncio.wait_for(pending, 5)
+            assert response.json()["choices"][0]["text"] == "answer from e1"
+            anonymous = {"instance_id": "i1", "endpoint_ids": [1]}
+            assert await asyncio.to_thread(call_unauthenticated, management, anonymous) == 401
+
+    run(scenario)
+
+
+def call_unauthenticated(app: Any, body: dict[str, Any]) -> int:
+    async def post() -> int:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://manage") as client:
+            return (await client.post(COORDINATOR_DEL_PATH, json=body)).status_code
+
+    return asyncio.run(post())
