@@ -143,6 +143,12 @@ class Instance:
     evidence is withdrawn if the same engine answers again before a round starts (``evidence.py``)."""
     rechecking: bool = False
     rechecked_at: float = float("-inf")
+    fallback_times: list[float] = field(default_factory=list)
+    """Monotonic start times of the whole-instance relaunches within ``fallback_attempt_window_sec``."""
+    intervention_required: str | None = None
+    """Why the controller stopped relaunching the instance (``fallback_max_attempts`` used up), or ``None``."""
+    measured_start_sec: float | None = None
+    """How long the last relaunch took from the restart request to every engine ready."""
     pending_abort: RequestId | None = None
     pending_fallback: rt.FallbackStrategy | None = None
     fallback_attempts: int = 0
