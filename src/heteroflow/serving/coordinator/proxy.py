@@ -112,10 +112,13 @@ class _WithdrawnBeforeSendError(Exception):
 
 
 class _AttemptFailedError(Exception):
-    def __init__(self, reason: FailureReason, detail: str) -> None:
+    def __init__(self, reason: FailureReason, detail: str, *, suspect: bool = True) -> None:
         super().__init__(detail)
         self.reason = reason
         self.detail = detail
+        self.suspect = suspect
+        """Skip the endpoint for every request for the fault pause. Not for a timeout: an engine slow to accept
+        or answer under load is busy, not faulted, and pausing it for everyone would only make the rest busier."""
 
 
 def _reason_of(exc: httpx.HTTPError) -> FailureReason:
@@ -331,7 +334,8 @@ class Forwarder:
                 failures.append((lease.key, exc))
                 epoch = self._views.epoch(lease.key)
                 avoid[lease.key] = (now + self._pause, epoch)
-                self._views.suspect(lease.key, until=now + self._pause)
+                if exc.suspect:
+                    self._views.suspect(lease.key, until=now + self._pause)
                 self._metrics.retries.labels(reason=exc.reason).inc()
                 attempt_log.warning(
                     "coordinator.upstream_failed",
@@ -426,7 +430,9 @@ class Forwarder:
                         return segment
                     body = await response.aread()
             except httpx.HTTPError as exc:
-                raise _AttemptFailedError(_reason_of(exc), f"failed ({_describe(exc)})") from exc
+                raise _AttemptFailedError(
+                    _reason_of(exc), f"failed ({_describe(exc)})", suspect=not isinstance(exc, httpx.TimeoutException)
+                ) from exc
             except TimeoutError as exc:
                 raise self._timed_out(watch) from exc
             finally:
@@ -497,7 +503,9 @@ class Forwarder:
             return _AttemptFailedError(
                 "faulted_stall", f"was reported faulted and sent nothing within {self._faulted_bound:g} s"
             )
-        return _AttemptFailedError("timeout", f"did not answer within the total {self._timeouts.total:g} s")
+        return _AttemptFailedError(
+            "timeout", f"did not answer within the total {self._timeouts.total:g} s", suspect=False
+        )
 
     async def _error_detail(self, response: httpx.Response) -> str:
         with contextlib.suppress(httpx.HTTPError, ValueError):
