@@ -244,6 +244,8 @@ class Layout:
     coordinator_port: int
     instances: tuple[InstancePlan, ...]
     sim_nodes: int
+    coordinator_management_port: int | None = None
+    """The Coordinator's management listener (DEL/ADD/SET on a loop of its own), where the controller sends them."""
 
     @property
     def server_url(self) -> str:
@@ -346,6 +348,11 @@ def process_plans(
                 *cluster,
                 # the admin token needs no platform round trip; every other platform token is checked there
                 ("HETEROFLOW_COORDINATOR_API_KEY_HASHES", hashlib.sha256(admin_token.encode()).hexdigest()),
+                *(
+                    (("HETEROFLOW_COORDINATOR_MANAGEMENT_PORT", str(layout.coordinator_management_port)),)
+                    if layout.coordinator_management_port is not None
+                    else ()
+                ),
             ),
             "coordinator.log",
         ),
