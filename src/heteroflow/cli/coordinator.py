@@ -76,5 +76,6 @@ def coordinator(
         log_config=None,
         access_log=False,
         lifespan="on",
+        timeout_keep_alive=settings.keep_alive_timeout_sec,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SEC,
     )

@@ -194,6 +194,17 @@ class CoordinatorSettings(LenientSettings):
             "a request would only wait for a connection, up to the first-byte timeout."
         ),
     )
+    keep_alive_timeout_sec: int = Field(
+        default=65,
+        ge=1,
+        le=3600,
+        validation_alias=env_names("coordinator_keep_alive_timeout_sec"),
+        description=(
+            "How long an idle client connection is kept open (default 65 s). Longer than the clients' own idle "
+            "expiry (httpx and the openai client: 5 s), so that a client never sends a request on a connection "
+            "the Coordinator is closing at that moment (it would see a reset instead of an answer)."
+        ),
+    )
     log_level: str = Field(
         default="info",
         pattern=r"^(?i:debug|info|warning|error|critical)$",
