@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Annotated, Any
 
 import structlog
@@ -13,6 +14,8 @@ from heteroflow.serving.coordinator.settings import CoordinatorSettings
 
 _log = structlog.get_logger(__name__)
 
+MANAGEMENT_START_SEC = 10.0
+"""How long the management listener may take to bind before the Coordinator gives up starting."""
 GRACEFUL_SHUTDOWN_SEC = 30
 """On SIGTERM, requests in flight get this long to finish; a stream longer than that is cut so that a rolling
 restart never waits for the 600 s total timeout."""
@@ -68,7 +71,14 @@ def coordinator(
         )
         # a thread and event loop of its own: a DEL takes effect however busy the OpenAI loop is; uvicorn
         # installs no signal handlers outside the main thread, and the thread dies with the process
-        threading.Thread(target=management.run, name="coordinator-management", daemon=True).start()
+        thread = threading.Thread(target=management.run, name="coordinator-management", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + MANAGEMENT_START_SEC
+        while not management.started:
+            if not thread.is_alive() or time.monotonic() > deadline:  # e.g. the port is taken: say so, stop
+                _log.error("coordinator.management_listener_failed", port=settings.management_port)
+                raise typer.Exit(code=1)
+            time.sleep(0.02)  # polling the listener's start with a deadline
     uvicorn.run(
         create_app(service),
         host=settings.host,

@@ -553,3 +553,45 @@ def test_oversized_deep_and_malformed_bodies_are_4xx(coordinator: str, fleet: Fl
         assert response.status_code == status, (content[:40], response.text)
         assert response.json()["error"]["message"]
     assert engine.count == 0
+
+
+def test_the_management_listener_serves_the_views_and_a_taken_port_stops_the_start(fleet: Fleet) -> None:
+    port, management = free_port(), free_port()
+    env = {name: value for name, value in os.environ.items() if not name.startswith("HETEROFLOW_")}
+    env.update(
+        {
+            "HETEROFLOW_CLUSTER_TOKEN": TEST_CLUSTER_TOKEN,
+            "HETEROFLOW_COORDINATOR_API_KEY_HASHES": TEST_API_KEY_SHA256,
+            "HETEROFLOW_COORDINATOR_MANAGEMENT_PORT": str(management),
+            "HETEROFLOW_COORDINATOR_LOG_LEVEL": "warning",
+        }
+    )
+    command = [sys.executable, "-m", "heteroflow.cli.main", "coordinator", "--port", str(port)]
+    process = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
+    url, manage_url = f"http://127.0.0.1:{port}", f"http://127.0.0.1:{management}"
+    try:
+
+        def up() -> bool:
+            assert process.poll() is None
+            with contextlib.suppress(httpx.HTTPError):
+                return all(httpx.get(f"{u}/health", timeout=1).status_code == 200 for u in (url, manage_url))
+            return False
+
+        wait_until(up, within=30, what="both listeners up")
+        engine = fleet.start("managed-0")
+        publish(manage_url, "managed", "model-managed", [engine.endpoint(0)])
+        assert complete(url, "model-managed").json()["choices"][0]["text"] == "managed-0"
+        assert httpx.get(f"{manage_url}/metrics", headers=MANAGE, timeout=5).status_code == 404  # views only
+        assert httpx.post(f"{manage_url}{COORDINATOR_SET_PATH}", json={}, timeout=5).status_code == 401
+        # a second Coordinator whose management port is taken says so and exits instead of running without it
+        taken = subprocess.run(
+            [sys.executable, "-m", "heteroflow.cli.main", "coordinator", "--port", str(free_port())],
+            env=env,
+            capture_output=True,
+            timeout=60,
+        )
+        assert taken.returncode == 1
+        assert b"coordinator.management_listener_failed" in taken.stdout + taken.stderr
+    finally:
+        process.send_signal(signal.SIGTERM)
+        process.wait(timeout=30)
