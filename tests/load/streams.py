@@ -124,13 +124,15 @@ class Stack:
         self.cluster = SimProcessCluster(dp_size=dp_size, log_dir=workdir / "engines")
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
+        self.management_port = free_port()
+        """The Coordinator's management listener (a thread and loop of its own): DEL/ADD/SET go there."""
         self.log_path = workdir / "coordinator.log"
         self._coordinator_env = coordinator_env or {}
         self.coordinator: subprocess.Popen[bytes] | None = None
         self.published = list(self.cluster.ports)
-        self.manage = httpx.AsyncClient(
-            base_url=self.url, headers={"Authorization": f"Bearer {self.cluster.cluster_token}"}, timeout=30
-        )
+        auth = {"Authorization": f"Bearer {self.cluster.cluster_token}"}
+        self.manage = httpx.AsyncClient(base_url=f"http://127.0.0.1:{self.management_port}", headers=auth, timeout=30)
+        self.scrape = httpx.AsyncClient(base_url=self.url, headers=auth, timeout=30)
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HETEROFLOW_")}
@@ -142,6 +144,7 @@ class Stack:
                 "HETEROFLOW_CLUSTER_TOKEN": self.cluster.cluster_token,
                 "HETEROFLOW_COORDINATOR_API_KEY_HASHES": TEST_API_KEY_SHA256,
                 "HETEROFLOW_COORDINATOR_LOG_LEVEL": "info",
+                "HETEROFLOW_COORDINATOR_MANAGEMENT_PORT": str(self.management_port),
                 **self._coordinator_env,
             },
             stdout=subprocess.DEVNULL,
@@ -152,7 +155,10 @@ class Stack:
         deadline = time.monotonic() + 60
         while True:
             try:
-                if httpx.get(f"{self.url}/health", timeout=2).status_code == 200:
+                if all(
+                    httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+                    for port in (self.port, self.management_port)
+                ):
                     return
             except httpx.TransportError:
                 pass
@@ -177,7 +183,7 @@ class Stack:
 
     async def coordinator_status(self) -> dict[str, Any]:
         """Outcomes and requests in progress, read from /metrics (the Coordinator's status surface over HTTP)."""
-        text = (await self.manage.get("/metrics")).text
+        text = (await self.scrape.get("/metrics")).text
         outcomes: Counter[str] = Counter()
         status: dict[str, Any] = {"outcomes": outcomes}
         for line in text.splitlines():
@@ -251,6 +257,7 @@ class Stack:
 
     async def aclose(self) -> None:
         await self.manage.aclose()
+        await self.scrape.aclose()
         await self.cluster.aclose_clients()
 
     def close(self) -> None:

@@ -101,11 +101,13 @@ def test_streams_through_a_scale_down_never_reach_a_withdrawn_endpoint(tmp_path:
             assert verdict.routed_after_withdrawal == []
             unclear = Counter(r.outcome for r in load.records if not clean(r.outcome))
             assert unclear == Counter(), unclear
-            # a stream, a stream ended by an error event, or the Coordinator's own error answer: nothing else
-            assert {r.outcome for r in load.records} <= {"done", "error_event", "http_502", "http_503"}
-            # the dying rank was serving part of the load, and every one of those requests ended cleanly
+            # every request within the concurrency bound is served: held through the round, resumed if cut
+            assert {r.outcome for r in load.records if not r.overloaded} == {"done"}, Counter(
+                (r.outcome, r.error[:80]) for r in load.records if r.outcome != "done" and not r.overloaded
+            )
+            # the dying rank was serving part of the load, and every one of those requests was done elsewhere
             assert sum(verdict.on_dying_rank.values()) > 0
-            assert set(verdict.on_dying_rank) <= {"done", "error_event", "http_502", "http_503"}
+            assert set(verdict.on_dying_rank) == {"done"}
             # beyond the bound: 503 with Retry-After at once, the rest served
             assert any(r.overloaded for r in burst), Counter(r.outcome for r in burst)
             refused = [r for r in load.records if r.overloaded]

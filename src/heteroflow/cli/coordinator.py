@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from typing import Annotated, Any
 
 import structlog
@@ -12,6 +14,8 @@ from heteroflow.serving.coordinator.settings import CoordinatorSettings
 
 _log = structlog.get_logger(__name__)
 
+MANAGEMENT_START_SEC = 10.0
+"""How long the management listener may take to bind before the Coordinator gives up starting."""
 GRACEFUL_SHUTDOWN_SEC = 30
 """On SIGTERM, requests in flight get this long to finish; a stream longer than that is cut so that a rolling
 restart never waits for the 600 s total timeout."""
@@ -37,8 +41,10 @@ def coordinator(
     Secrets come from the environment only (argv is visible in ps): HETEROFLOW_CLUSTER_TOKEN and
     HETEROFLOW_COORDINATOR_API_KEY_HASHES.
     """
-    from heteroflow.cli.http_server import serve
-    from heteroflow.serving.coordinator.app import Coordinator, create_app
+    import uvicorn
+
+    from heteroflow.cli.http_server import serve, server_config
+    from heteroflow.serving.coordinator.app import Coordinator, create_app, create_management_app
 
     overrides: dict[str, Any] = {
         key: value
@@ -52,11 +58,28 @@ def coordinator(
     if not settings.api_key_digests and settings.platform_url is None:
         _log.warning("coordinator.no_api_key", detail="no API key source is configured: every OpenAI request gets 401")
     service = Coordinator(settings=settings)
-    _log.info("coordinator.starting", host=settings.host, port=settings.port)
+    _log.info("coordinator.starting", host=settings.host, port=settings.port, management_port=settings.management_port)
+    if settings.management_port is not None:
+        management = uvicorn.Server(
+            server_config(
+                create_management_app(service), host=settings.host, port=settings.management_port, lifespan="off"
+            )
+        )
+        # a thread and event loop of its own: a DEL takes effect however busy the OpenAI loop is; uvicorn
+        # installs no signal handlers outside the main thread, and the thread dies with the process
+        thread = threading.Thread(target=management.run, name="coordinator-management", daemon=True)
+        thread.start()
+        deadline = time.monotonic() + MANAGEMENT_START_SEC
+        while not management.started:
+            if not thread.is_alive() or time.monotonic() > deadline:  # e.g. the port is taken: say so, stop
+                _log.error("coordinator.management_listener_failed", port=settings.management_port)
+                raise typer.Exit(code=1)
+            time.sleep(0.02)  # polling the listener's start with a deadline
     serve(
         create_app(service),
         host=settings.host,
         port=settings.port,
         lifespan="on",
+        timeout_keep_alive=settings.keep_alive_timeout_sec,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SEC,
     )

@@ -214,6 +214,7 @@ class LocalCluster:
             file_port if isinstance(file_port, int) else opts.controller_port, default=DEFAULT_CONTROLLER_PORT
         )
         coordinator_port = ports.take(opts.coordinator_port, default=DEFAULT_COORDINATOR_PORT)
+        management_port = ports.take()  # the Coordinator's management listener, where the controller sends DEL/ADD/SET
         instance_ports = [
             InstancePorts(
                 node_managers=tuple(ports.take() for _ in range(opts.pods)),
@@ -235,6 +236,7 @@ class LocalCluster:
                 server_port=server_port,
                 controller_port=controller_port,
                 coordinator_port=coordinator_port,
+                management_port=management_port,
                 instance_ports=instance_ports,
                 network=network,
             )
@@ -274,6 +276,7 @@ class LocalCluster:
         server_port: int,
         controller_port: int,
         coordinator_port: int,
+        management_port: int,
         instance_ports: list[InstancePorts],
         network: netns.NetworkPlan | None,
     ) -> ClusterState:
@@ -306,7 +309,7 @@ class LocalCluster:
         for suffix in ("", "-wal", "-shm", "-journal"):
             store_path.with_name(store_path.name + suffix).unlink(missing_ok=True)
         store_path.parent.mkdir(parents=True, exist_ok=True)
-        coordinator_url = url_of(host, coordinator_port)
+        coordinator_url = url_of(host, management_port)  # the controller's: the management listener
         config = merge_config(
             controller_config(
                 host=host,
@@ -324,6 +327,7 @@ class LocalCluster:
             coordinator_port=coordinator_port,
             instances=tuple(replace(plan, model=_model_of(config, plan)) for plan in plans),
             sim_nodes=opts.sim_nodes,
+            coordinator_management_port=management_port,
         )
         self.plans = list(layout.instances)
         config_path = data_dir / "controller.yaml"

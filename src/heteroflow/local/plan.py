@@ -252,6 +252,8 @@ class Layout:
     coordinator_port: int
     instances: tuple[InstancePlan, ...]
     sim_nodes: int
+    coordinator_management_port: int | None = None
+    """The Coordinator's management listener (DEL/ADD/SET on a loop of its own), where the controller sends them."""
 
     @property
     def server_url(self) -> str:
@@ -352,7 +354,14 @@ def process_plans(
                 "coordinator", "--host", host, "--port", str(layout.coordinator_port),
                 "--platform-url", layout.server_url,
             ),
-            cluster,  # API keys: the platform's tokens with the inference scope, checked there (revocable)
+            (
+                *cluster,  # API keys: the platform's tokens with the inference scope, checked there (revocable)
+                *(
+                    (("HETEROFLOW_COORDINATOR_MANAGEMENT_PORT", str(layout.coordinator_management_port)),)
+                    if layout.coordinator_management_port is not None
+                    else ()
+                ),
+            ),
             "coordinator.log",
         ),
     ]  # fmt: skip

@@ -461,6 +461,12 @@ class ViewDelRequest(BaseModel):
     endpoint_ids: list[StrictInt]
     request_id: str | None = None
     """The round that withdraws them (for the Coordinator's log)."""
+    generation: StrictInt | None = Field(default=None, ge=0)
+    """The runtime generation the withdrawal was decided at: an ADD or SET of no newer generation (one sent
+    before the DEL and delivered after it) cannot publish these endpoints again. ``None``: no such guard."""
+    faulted: StrictBool = False
+    """The endpoints were reported unhealthy or dead: requests still waiting for their first byte from them are
+    abandoned after the Coordinator's faulted first-byte bound and sent elsewhere."""
 
     @field_validator("endpoint_ids")
     @classmethod

@@ -121,6 +121,8 @@ class RecordingCoordinator:
     """The Coordinator's management side, recording every operation (the real one has its own tests)."""
 
     ops: list[tuple[str, list[int]]] = field(default_factory=list)
+    faulted: list[tuple[list[int], int | None]] = field(default_factory=list)
+    """The DELs that named faulted ranks (the controller's first-report withdrawals), with their generation."""
     views: dict[str, PublishedInstance] = field(default_factory=dict)
     down: bool = False
 
@@ -136,6 +138,8 @@ class RecordingCoordinator:
                 return JSONResponse({"detail": "down"}, status_code=503)
             body = ViewDelRequest.model_validate_json(await request.body())
             self.ops.append(("DEL", body.endpoint_ids))
+            if body.faulted:
+                self.faulted.append((body.endpoint_ids, body.generation))
             view = self.views.get(body.instance_id)
             if view is not None:
                 kept = [e for e in view.endpoints if e.id not in body.endpoint_ids]

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +14,7 @@ import httpx
 from heteroflow.engine_sim import conformance
 from heteroflow.engine_sim.backend import FaultKind
 from heteroflow.serving.wire import (
+    NM_ENGINES_RESTART_PATH,
     NM_FT_APPLY_PATH,
     NM_FT_FINALIZE_PATH,
     NM_FT_GUARD_PATH,
@@ -31,8 +33,11 @@ def test_a2_idle_survivors_never_start_a_round_and_the_collection_times_out(tmp_
         assert status["last_error"] == "COLLECTION_TIMEOUT"
         assert status["fallback_strategy"] == "InstanceReconfiguration"
         assert status["rounds"] == []  # no scale-down round ever started
-        dels = [op for op in plane.coordinator.ops[ops_before:] if op[0] == "DEL"]
-        assert dels in ([], [("DEL", [0, 1, 2, 3])])  # only the fallback's withdrawal, never a round's
+        dels = [ids for op, ids in plane.coordinator.ops[ops_before:] if op == "DEL"]
+        # the dead rank withdrawn at its first report, then only the fallback's withdrawal, never a round's
+        assert dels[0] == [1]
+        assert plane.coordinator.faulted[-1][0] == [1]
+        assert dels[1:] in ([], [[0, 2, 3]])
         for nm in plane.node_managers.values():
             assert nm.service_state.owner is None  # never guarded
 
@@ -265,4 +270,47 @@ def test_f58_a_refused_lease_renewal_fails_the_round_before_commit(tmp_path: Pat
         scenario,
         tmp_path,
         ft={"execution_deadline_sec": 1.0, "request_timeout_sec": 2.0, "poll_interval_sec": 0.1},
+    )
+
+
+def test_fallbacks_converge_bounded_attempts_then_intervention_required(tmp_path: Path) -> None:
+    async def scenario(plane: Plane) -> None:
+        restarts: list[float] = []
+
+        async def refuse(pod: str, request: httpx.Request) -> httpx.Response | None:
+            if request.url.path == NM_FT_APPLY_PATH:
+                return httpx.Response(502, json={"error": "apply_rejected", "detail": "injected"})
+            if request.url.path == NM_ENGINES_RESTART_PATH:
+                restarts.append(time.monotonic())
+                return httpx.Response(503, json={"error": "unavailable", "detail": "injected: the card is gone"})
+            return None
+
+        plane.hooks.append(refuse)
+        plane.cluster.backends[3].inject(FaultKind.TRANSIENT)
+        await conformance.traffic(plane.cluster, [0, 1, 2, 3])
+        status = await plane.until(
+            lambda s: bool(s.get("intervention_required")), within=30, what="INTERVENTION_REQUIRED"
+        )
+        assert status["phase"] == "RECONFIGURING"
+        assert status["intervention_required"].startswith("INTERVENTION_REQUIRED: 2 whole-instance relaunches")
+        assert status["last_error"] == status["intervention_required"]
+        attempts = len(restarts)
+        assert attempts >= 2  # one restart call per pod and attempt, two attempts
+        metrics = plane.controller.metrics.render().decode()
+        assert 'heteroflow_controller_intervention_required{instance_id="inst-1"} 1.0' in metrics
+        # it stays there: no further relaunch is attempted
+        deadline = time.monotonic() + 2.5
+        while time.monotonic() < deadline:
+            assert len(restarts) == attempts
+            await asyncio.sleep(0.1)  # watching for a relaunch that must not come
+
+    run_plane(
+        scenario,
+        tmp_path,
+        ft={
+            "enable_fast_recovery": True,
+            "fast_recovery_stability_sec": 0.3,
+            "fallback_max_attempts": 2,
+            "fallback_attempt_window_sec": 600,
+        },
     )

@@ -52,7 +52,13 @@ def test_a1_one_dead_rank_is_removed_and_survivors_serve(tmp_path: Path) -> None
         assert status["gate"]["allowed"] is True
         assert plane.coordinator.published() == [0, 2, 3]
         ops = plane.coordinator.ops[ops_before:]
-        assert ops.index(("DEL", [0, 1, 2, 3])) < ops.index(("ADD", [0, 2, 3]))
+        # the dead rank is withdrawn at its first report, before the round; the round withdraws the rest
+        assert ops[0][0] == "DEL"  # a first fault report (the dead rank's, or a survivor's unhealthy one)
+        assert [1] in [ids for ids, _ in plane.coordinator.faulted]
+        dels = [i for i, (op, _) in enumerate(ops) if op == "DEL"]
+        withdrawn = {rank for i in dels for rank in ops[i][1]}
+        assert withdrawn == {0, 1, 2, 3}
+        assert max(dels) < ops.index(("ADD", [0, 2, 3]))
         timeline = await plane.round(status["request_id"])
         assert timeline["outcome"] == "committed"
         applies = events(timeline, "apply")
@@ -95,7 +101,9 @@ def test_a3_a4_master_moves_and_rounds_accumulate(tmp_path: Path) -> None:
         await survivors_answer(plane, [2, 3])
         # the second DEL withdraws only what was published; no later operation brings 0 or 1 back
         ops = plane.coordinator.ops[ops_before:]
-        assert ops[ops.index(("DEL", [1, 2, 3]))] == ("DEL", [1, 2, 3])
+        assert [1] in [ids for ids, _ in plane.coordinator.faulted]  # withdrawn at its first report
+        withdrawn = [rank for op, ids in ops[: ops.index(("ADD", [2, 3]))] if op == "DEL" for rank in ids]
+        assert sorted(withdrawn) == [1, 2, 3]  # each published rank once; 0 was no longer published
         after_add = ops[ops.index(("ADD", [2, 3])) :]
         assert all(not ({0, 1} & set(ids)) for _, ids in after_add)
         await plane.until(lambda s: len(plane.coordinator.ops) > ops_before + 3, within=5, what="a periodic SET")

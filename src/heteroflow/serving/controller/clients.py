@@ -217,8 +217,22 @@ class CoordinatorClient:
         self.base_url = base_url.rstrip("/")
         self._http = _Http(cluster_token=cluster_token, timeout_sec=timeout_sec, transport_for=transport_for)
 
-    async def withdraw(self, instance_id: str, endpoint_ids: list[int], *, request_id: str | None) -> ViewResponse:
-        body = ViewDelRequest(instance_id=instance_id, endpoint_ids=endpoint_ids, request_id=request_id)
+    async def withdraw(
+        self,
+        instance_id: str,
+        endpoint_ids: list[int],
+        *,
+        request_id: str | None,
+        generation: int | None = None,
+        faulted: bool = False,
+    ) -> ViewResponse:
+        body = ViewDelRequest(
+            instance_id=instance_id,
+            endpoint_ids=endpoint_ids,
+            request_id=request_id,
+            generation=generation,
+            faulted=faulted,
+        )
         return await self._http.post(self.base_url, COORDINATOR_DEL_PATH, body, ViewResponse)
 
     async def add(

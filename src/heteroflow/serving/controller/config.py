@@ -267,6 +267,33 @@ class FaultToleranceConfig(LenientSettings):
         validation_alias=env_names("ft_commit_attempts"),
         description="finalize(commit) attempts per NodeManager before it is declared lost (F-57; 5).",
     )
+    fallback_max_attempts: int = Field(
+        default=3,
+        ge=1,
+        le=100,
+        validation_alias=env_names("ft_fallback_max_attempts"),
+        description=(
+            "Whole-instance relaunch attempts allowed within fallback_attempt_window_sec; one more and the "
+            "instance is left as INTERVENTION_REQUIRED (3, as llm-d's 3 per 30 min)."
+        ),
+    )
+    fallback_attempt_window_sec: float = Field(
+        default=1800.0,
+        gt=0,
+        le=7 * 86400,
+        validation_alias=env_names("ft_fallback_attempt_window_sec"),
+        description="The window fallback_max_attempts counts in (1800 s).",
+    )
+    fallback_ready_timeout_sec: float = Field(
+        default=300.0,
+        gt=0,
+        le=7200,
+        validation_alias=env_names("ft_fallback_ready_timeout_sec"),
+        description=(
+            "Longest wait for relaunched engines to be ready (300 s). Once an instance's engines have been "
+            "relaunched, the wait is three times their measured start time (at least 30 s), within this bound."
+        ),
+    )
 
     @property
     def scale_down_enabled(self) -> bool:

@@ -11,6 +11,7 @@ import structlog
 
 from heteroflow.serving.controller.clients import PeerError
 from heteroflow.serving.controller.core import normalizer
+from heteroflow.serving.controller.core.ranks import DpRank
 from heteroflow.serving.controller.core.topology import PodTopology
 from heteroflow.serving.wire import FaultEvidence, ProbeRequest, SoftwareFaultReport
 
@@ -26,13 +27,20 @@ COLLECT_SPACING_SEC = 0.25
 def collect_missing(ctrl: Controller, inst: Instance) -> None:
     """An incomplete snapshot: ask the NodeManagers at once for the FT status of the ranks nobody reported
     on yet, instead of waiting up to a poll period for their own pollers (the same status route a round
-    polls; the controller still never talks to an engine). What they answer is folded in as evidence."""
+    polls; the controller still never talks to an engine), and again every ``COLLECT_SPACING_SEC`` while the
+    snapshot stays incomplete. What they answer is folded in as evidence."""
     now = ctrl.clock.monotonic()
-    if inst.collecting or now - inst.collected_at < COLLECT_SPACING_SEC or not ctrl.ft.scale_down_enabled:
-        return
+    if inst.collecting or not ctrl.ft.scale_down_enabled:
+        return  # a collection in flight wakes the strategy center when it ends
     snapshot = normalizer.classify(inst.snapshot, inst.runtime.active_dp_ranks)
     unheard = inst.runtime.active_dp_ranks - snapshot.dead - snapshot.unhealthy
     if not unheard or not (snapshot.dead or snapshot.unhealthy):
+        return
+    again = inst.collected_at + COLLECT_SPACING_SEC
+    if now < again:
+        # still incomplete: ask again as soon as the spacing allows, never only at the next periodic scan
+        # (the decision's own wait, the collection timeout, bounds how long this goes on)
+        inst.wake_at = again if inst.wake_at is None else min(inst.wake_at, again)
         return
     inst.collecting = True
 
@@ -67,6 +75,7 @@ def collect_missing(ctrl: Controller, inst: Instance) -> None:
         finally:
             inst.collecting = False
             inst.collected_at = ctrl.clock.monotonic()
+            ctrl.wake()  # decide again: complete now, or collect again after the spacing
 
     ctrl.spawn(collect(), name=f"collect-{inst.instance_id}")
 
@@ -97,3 +106,49 @@ def nudge_idle(ctrl: Controller, inst: Instance) -> None:
                 _log.warning("controller.nudge_failed", pod_id=pod.pod_id, error=str(exc))
 
     ctrl.spawn(nudge(), name=f"nudge-{inst.instance_id}")
+
+
+def recheck_unreachable(ctrl: Controller, inst: Instance) -> None:
+    """Unreachable is not dead by itself: a rank whose only DEAD evidence is a status timeout
+    (``FT_UNREACHABLE``) is asked about again through its NodeManager every ``COLLECT_SPACING_SEC`` while no
+    round has started. If the same engine (the identity the report carried) answers healthy, the evidence is
+    withdrawn (:meth:`Controller.withdraw_evidence`), ending the COLLECTING wait for it. The supervisor's word
+    wins: ``not_running`` or another identity keeps the DEAD; a supervisor's ``ENGINE_DEAD`` never reverts."""
+    ranks = {
+        rank: inst.unreachable.get(rank)
+        for rank, entry in inst.snapshot.entries.items()
+        if entry.status == "dead" and entry.evidence == FaultEvidence.FT_UNREACHABLE and rank in inst.unreachable
+    }
+    if not ranks or inst.rechecking or inst.running is not None:
+        return
+    now = ctrl.clock.monotonic()
+    again = inst.rechecked_at + COLLECT_SPACING_SEC
+    if now < again:
+        inst.wake_at = again if inst.wake_at is None else min(inst.wake_at, again)
+        return
+    inst.rechecking = True
+
+    async def query(pod: PodTopology) -> None:
+        ids = sorted(pod.dp_ranks & set(ranks))
+        if not ids:
+            return
+        try:
+            answer = await ctrl.nm.status(pod.node_manager_url, ids)
+        except PeerError:
+            return
+        for entry in answer.entries:
+            rank = DpRank(entry.endpoint_id)
+            known = ranks.get(rank)
+            same = known is None or entry.identity == known
+            if entry.status is not None and entry.status.status == "healthy" and same and entry.identity is not None:
+                ctrl.withdraw_evidence(inst, rank, why="the same engine answered healthy again")
+
+    async def recheck() -> None:
+        try:
+            await asyncio.gather(*(query(pod) for pod in inst.topology.pods))
+        finally:
+            inst.rechecking = False
+            inst.rechecked_at = ctrl.clock.monotonic()
+            ctrl.wake()
+
+    ctrl.spawn(recheck(), name=f"recheck-{inst.instance_id}")

@@ -11,6 +11,13 @@
 Every fallback first *replaces* each NodeManager's retired set with ``retired_set_for_fallback()`` (through
 ``EnginesStartRequest.retired_endpoint_ids``), then waits until every relaunched engine is ready again. A
 failed attempt leaves the instance in RECONFIGURING with ``last_error`` and is tried again after a back-off.
+
+Fallbacks converge: the view is SET as the fallback's last step (no wait for the periodic SET); the wait for
+ready engines is derived (three times the instance's last measured start, at least 30 s, within
+``fallback_ready_timeout_sec``); and at most ``fallback_max_attempts`` relaunches run within
+``fallback_attempt_window_sec``, after which the instance stays RECONFIGURING with ``INTERVENTION_REQUIRED``
+(status ``intervention_required``, the ``heteroflow_controller_intervention_required`` series, an error log)
+until an operator acts (a restart of the controller starts counting again).
 """
 
 from __future__ import annotations
@@ -33,9 +40,38 @@ if TYPE_CHECKING:
 
 _log = structlog.get_logger(__name__)
 
-READY_TIMEOUT_SEC = 300.0
-"""How long relaunched engines may take to be ready (model loading on real hardware takes minutes)."""
 RETRY_BACKOFF_SEC = (1.0, 5.0, 15.0, 60.0)
+MIN_READY_TIMEOUT_SEC = 30.0
+READY_TIMEOUT_FACTOR = 3.0
+INTERVENTION_REQUIRED = "INTERVENTION_REQUIRED"
+
+
+def ready_timeout(ctrl: Controller, inst: Instance) -> float:
+    """How long relaunched engines may take: three times the last measured start, within the configured bound."""
+    bound = ctrl.ft.fallback_ready_timeout_sec
+    if inst.measured_start_sec is None:
+        return bound
+    return min(bound, max(MIN_READY_TIMEOUT_SEC, READY_TIMEOUT_FACTOR * inst.measured_start_sec))
+
+
+def _attempt_allowed(ctrl: Controller, inst: Instance, request_id: str) -> bool:
+    """Count one whole-instance attempt in the window; ``False`` (and INTERVENTION_REQUIRED) past the bound."""
+    now = ctrl.clock.monotonic()
+    window = ctrl.ft.fallback_attempt_window_sec
+    inst.fallback_times = [t for t in inst.fallback_times if now - t < window]
+    if len(inst.fallback_times) < ctrl.ft.fallback_max_attempts:
+        inst.fallback_times.append(now)
+        return True
+    reason = (
+        f"{INTERVENTION_REQUIRED}: {len(inst.fallback_times)} whole-instance relaunches within "
+        f"{window:g} s did not bring the instance back; the controller stopped retrying"
+    )
+    inst.intervention_required = reason
+    ctrl.metrics.intervention_required.labels(instance_id=inst.instance_id).set(1)
+    ctrl.set_runtime(inst, replace(inst.runtime, last_error=reason))
+    ctrl.history.add(request_id, "intervention_required", attempts=len(inst.fallback_times), window_sec=window)
+    _log.error("controller.intervention_required", instance_id=inst.instance_id, detail=reason)
+    return False
 
 
 async def run_fallback(ctrl: Controller, inst: Instance, fallback: rt.FallbackStrategy) -> None:
@@ -45,6 +81,11 @@ async def run_fallback(ctrl: Controller, inst: Instance, fallback: rt.FallbackSt
     ctrl.history.add(request_id, "fallback", strategy=fallback.value, reason=inst.runtime.last_error)
     attempt = 0
     while inst.runtime.phase == FtPhase.RECONFIGURING:
+        if not _attempt_allowed(ctrl, inst, request_id):
+            ctrl.history.finish(request_id, "intervention_required")
+            ctrl.metrics.rounds.labels(kind="fallback", outcome="intervention_required").inc()
+            await ctrl.persist(inst, required=False)
+            return
         try:
             await _relaunch(ctrl, inst, request_id)
         except (PeerError, TimeoutError) as exc:
@@ -56,6 +97,8 @@ async def run_fallback(ctrl: Controller, inst: Instance, fallback: rt.FallbackSt
             _log.warning("controller.fallback_failed", instance_id=inst.instance_id, error=str(exc), attempt=attempt)
             await asyncio.sleep(delay)  # back-off between attempts
             continue
+        inst.intervention_required = None
+        ctrl.metrics.intervention_required.labels(instance_id=inst.instance_id).set(0)
         ctrl.set_runtime(inst, rt.fallback_succeeded(inst.runtime))
         ctrl.reset_evidence(inst)
         if not inst.runtime.dead_committed:
@@ -70,7 +113,7 @@ async def run_fallback(ctrl: Controller, inst: Instance, fallback: rt.FallbackSt
             strategy=fallback.value,
             phase=inst.runtime.phase.value,
         )
-        await ctrl.refresh_view(inst)
+        await ctrl.refresh_view(inst, by_strategy=True)
         return
 
 
@@ -80,6 +123,7 @@ async def _relaunch(ctrl: Controller, inst: Instance, request_id: str) -> None:
     alive = runtime.original_dp_ranks - retired
     master_ip = inst.topology.endpoint(min(alive)).ip
     body = EnginesStartRequest(retired_endpoint_ids=sorted(retired), dp_master_ip=master_ip)
+    started = ctrl.clock.monotonic()
     if inst.published and ctrl.coordinator is not None:
         await ctrl.view(inst, overlay.withdraw(inst.published), request_id=request_id)
     for pod in inst.topology.pods:
@@ -93,10 +137,12 @@ async def _relaunch(ctrl: Controller, inst: Instance, request_id: str) -> None:
             started=answer.started_endpoint_ids,
         )
     await _until_ready(ctrl, inst, alive, request_id)
+    inst.measured_start_sec = ctrl.clock.monotonic() - started
 
 
 async def _until_ready(ctrl: Controller, inst: Instance, alive: frozenset[int], request_id: str) -> None:
-    deadline = ctrl.clock.monotonic() + READY_TIMEOUT_SEC
+    timeout = ready_timeout(ctrl, inst)
+    deadline = ctrl.clock.monotonic() + timeout
     poll = max(0.05, min(ctrl.ft.poll_interval_sec, 1.0))
     while True:
         ready: set[int] = set()
@@ -112,5 +158,5 @@ async def _until_ready(ctrl: Controller, inst: Instance, alive: frozenset[int], 
             ctrl.history.add(request_id, "engines_ready", ranks=sorted(alive))
             return
         if ctrl.clock.monotonic() > deadline:
-            raise TimeoutError(f"engines {sorted(alive - ready)} not ready within {READY_TIMEOUT_SEC:.0f} s")
+            raise TimeoutError(f"engines {sorted(alive - ready)} not ready within {timeout:.0f} s")
         await asyncio.sleep(poll)  # the readiness poll period

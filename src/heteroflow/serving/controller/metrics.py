@@ -52,6 +52,13 @@ class ControllerMetrics:
             ["source", "mapping"],
             registry=self.registry,
         )
+        self.intervention_required = Gauge(
+            "heteroflow_controller_intervention_required",
+            "1 while an instance's whole-instance relaunches used up fallback_max_attempts within "
+            "fallback_attempt_window_sec and the controller stopped retrying (INTERVENTION_REQUIRED).",
+            ["instance_id"],
+            registry=self.registry,
+        )
         self.acting = Gauge(
             "heteroflow_controller_acting",
             "1 while this controller acts (the leader in active/standby mode, or a started single controller).",

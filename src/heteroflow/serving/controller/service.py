@@ -57,6 +57,8 @@ from heteroflow.serving.controller.metrics import ControllerMetrics
 from heteroflow.serving.controller.store import FtRuntimeStore, FtStoreError, NotLeaderError
 from heteroflow.serving.wire import (
     DISCOVERED_CAPABILITY_FIELDS,
+    EngineIdentity,
+    FaultEvidence,
     FinalizeRequest,
     HardwareFaultReport,
     HeartbeatRequest,
@@ -131,6 +133,23 @@ class Instance:
     the evidence is reset."""
     persist_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     """One write at a time per instance, so that two writers never race on the same CAS revision."""
+    fault_withdrawn: frozenset[DpRank] = frozenset()
+    """Ranks withdrawn from the Coordinator at their first fault report (before any round): the periodic SET
+    leaves them out until the evidence is reset (a round committed, a rebuild, a fast recovery)."""
+    held_generation: int | None = None
+    """The newest generation a DEL carried: the Coordinator holds those ranks back from ADD/SET of no newer
+    generation, so the next publication must carry a newer one."""
+    unreachable: dict[DpRank, EngineIdentity | None] = field(default_factory=dict)
+    """Ranks reported DEAD by a status timeout (``FT_UNREACHABLE``), with the identity the report named: that
+    evidence is withdrawn if the same engine answers again before a round starts (``evidence.py``)."""
+    rechecking: bool = False
+    rechecked_at: float = float("-inf")
+    fallback_times: list[float] = field(default_factory=list)
+    """Monotonic start times of the whole-instance relaunches within ``fallback_attempt_window_sec``."""
+    intervention_required: str | None = None
+    """Why the controller stopped relaunching the instance (``fallback_max_attempts`` used up), or ``None``."""
+    measured_start_sec: float | None = None
+    """How long the last relaunch took from the restart request to every engine ready."""
     pending_abort: RequestId | None = None
     pending_fallback: rt.FallbackStrategy | None = None
     fallback_attempts: int = 0
@@ -275,6 +294,10 @@ class Controller:
         inst.snapshot = normalizer.observe(inst.snapshot, report, now=now, dead_committed=inst.runtime.dead_committed)
         if report.endpoint_id not in inst.runtime.dead_committed:
             inst.engine_statuses[report.endpoint_id] = report.status
+        if inst.snapshot is not before and report.status in ("unhealthy", "dead"):
+            self.withdraw_faulted(inst, DpRank(report.endpoint_id))
+            if report.evidence == FaultEvidence.FT_UNREACHABLE:
+                inst.unreachable[DpRank(report.endpoint_id)] = report.identity
         self.history.add(
             inst.runtime.request_id if inst.running else None,
             "evidence",
@@ -293,6 +316,56 @@ class Controller:
         )
         self._wake.set()
         return True
+
+    def withdraw_faulted(self, inst: Instance, rank: DpRank) -> None:
+        """Stop the Coordinator sending to ``rank`` at once, at its first fault report (not when a round's DEL
+        comes): a DEL of that rank with the current generation and ``faulted`` (requests waiting on it go
+        elsewhere within the Coordinator's faulted bound)."""
+        if inst.runtime.phase == FtPhase.DISABLED or rank in inst.fault_withdrawn:
+            return
+        inst.fault_withdrawn = inst.fault_withdrawn | {rank}
+        if rank not in inst.published:
+            return
+        generation = inst.runtime.generation
+        inst.held_generation = max(inst.held_generation or 0, generation)
+        self.history.add(
+            inst.runtime.request_id if inst.running else None, "coordinator_del_faulted", endpoint_ids=[rank]
+        )
+        if self.coordinator is None:
+            inst.published = inst.published - {rank}
+            return
+        coordinator = self.coordinator
+
+        async def send() -> None:
+            try:
+                await coordinator.withdraw(
+                    inst.instance_id, [rank], request_id=None, generation=generation, faulted=True
+                )
+            except PeerError as exc:  # the periodic SET leaves the rank out: it is the retry
+                _log.warning(
+                    "controller.faulted_withdrawal_failed", instance_id=inst.instance_id, rank=rank, error=str(exc)
+                )
+                return
+            inst.published = inst.published - {rank}
+            _log.info(
+                "controller.faulted_rank_withdrawn", instance_id=inst.instance_id, rank=rank, generation=generation
+            )
+
+        self.spawn(send(), name=f"withdraw-{inst.instance_id}-{rank}")
+
+    def withdraw_evidence(self, inst: Instance, rank: DpRank, *, why: str) -> None:
+        """Forget ``rank``'s DEAD-by-unreachability before any round started, and publish it again."""
+        if inst.running is not None or inst.runtime.phase in ROUND_PHASES:
+            return
+        inst.snapshot = normalizer.forget(inst.snapshot, rank)
+        inst.unreachable.pop(rank, None)
+        inst.engine_statuses.pop(rank, None)
+        self.history.add(None, "evidence_withdrawn", endpoint_id=rank, reason=why)
+        _log.info("controller.evidence_withdrawn", instance_id=inst.instance_id, endpoint_id=rank, reason=why)
+        if rank in inst.fault_withdrawn:
+            inst.fault_withdrawn = inst.fault_withdrawn - {rank}
+            self.spawn(self.refresh_view(inst), name=f"republish-{inst.instance_id}-{rank}")
+        self._wake.set()
 
     def hardware_fault(self, report: HardwareFaultReport) -> dict[str, HardwareMapping]:
         """F-3 / F-12: map one hardware fault onto every assembled instance and keep it where it matters."""
@@ -479,6 +552,8 @@ class Controller:
         inst.engine_statuses.clear()
         inst.hardware_seen.clear()
         inst.nudged = False
+        inst.fault_withdrawn = frozenset()
+        inst.unreachable.clear()
 
     # == strategy center (F-10…F-13) =========================================================================
     async def _strategy_center(self) -> None:
@@ -556,8 +631,13 @@ class Controller:
             DecisionReason.CORRELATION_WINDOW,  # a hardware-first window waits for the same evidence (F-12)
         ):
             evidence.collect_missing(self, inst)
+            evidence.recheck_unreachable(self, inst)
             evidence.nudge_idle(self, inst)
         return decision
+
+    def wake(self) -> None:
+        """Have the strategy center decide again now (every report, collection and finished strategy does)."""
+        self._wake.set()
 
     def spawn(self, work: Coroutine[object, object, None], *, name: str) -> None:
         """A side task the controller cancels on close; finished ones are dropped as new ones start."""
@@ -631,9 +711,16 @@ class Controller:
         if self.coordinator is None:
             inst.published = op.endpoint_ids if op.op != "DEL" else inst.published - op.endpoint_ids
             return
+        if op.op != "DEL" and inst.held_generation is not None and inst.runtime.generation <= inst.held_generation:
+            # the Coordinator holds back what a DEL withdrew from every ADD/SET of no newer generation
+            self.set_runtime(inst, replace(inst.runtime, generation=inst.held_generation + 1))
+            self.spawn(self.persist(inst, required=False), name=f"persist-{inst.instance_id}")
         instance_id, generation = inst.instance_id, inst.runtime.generation
         if op.op == "DEL":
-            await self.coordinator.withdraw(instance_id, sorted(op.endpoint_ids), request_id=request_id)
+            await self.coordinator.withdraw(
+                instance_id, sorted(op.endpoint_ids), request_id=request_id, generation=generation
+            )
+            inst.held_generation = max(inst.held_generation or 0, generation)
             inst.published = inst.published - op.endpoint_ids
         elif op.op == "ADD":
             endpoints = self.serving_endpoints(inst, op.endpoint_ids)
@@ -646,9 +733,11 @@ class Controller:
             await self.coordinator.set(instance_id, self.model_of(inst), endpoints, generation=generation)
             inst.published = op.endpoint_ids
 
-    async def refresh_view(self, inst: Instance) -> None:
-        """The READY / RESUME / periodic SET, through the projection (F-40); ``serving_published`` follows."""
-        if inst.running is not None or inst.runtime.phase not in (
+    async def refresh_view(self, inst: Instance, *, by_strategy: bool = False) -> None:
+        """The READY / RESUME / periodic SET, through the projection (F-40); ``serving_published`` follows.
+        ``by_strategy``: called by the running strategy itself as its last step (a rebuild publishes at once,
+        not at the next periodic SET)."""
+        if (inst.running is not None and not by_strategy) or inst.runtime.phase not in (
             FtPhase.NORMAL,
             FtPhase.SCALED_DOWN_RUNNING,
             FtPhase.DISABLED,
@@ -656,8 +745,11 @@ class Controller:
             return
         if not self.pods_ready(inst):
             return
+        op = overlay.refresh(inst.runtime)
+        if inst.fault_withdrawn:
+            op = overlay.CoordinatorOp("SET", op.endpoint_ids - inst.fault_withdrawn)
         try:
-            await self.view(inst, overlay.refresh(inst.runtime))
+            await self.view(inst, op)
         except PeerError as exc:
             self.set_runtime(inst, rt.publish_result(inst.runtime, ok=False, error=f"SET failed: {exc}"))
             return

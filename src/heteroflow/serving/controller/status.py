@@ -18,6 +18,7 @@ def instance_statuses(ctrl: Controller) -> list[dict[str, object]]:
         entry = rt.status_entry(restored.runtime)
         entry["running_strategy"] = None
         entry["last_decision"] = "waiting for every NodeManager to register"
+        entry["intervention_required"] = None
         entries.append(entry)
     return entries
 
@@ -33,6 +34,7 @@ def _assembled(ctrl: Controller, inst: Instance) -> dict[str, object]:
         "retry_supported": capability.retry_supported,
     }
     entry["generation"] = inst.runtime.generation
+    entry["intervention_required"] = inst.intervention_required
     entry["running_strategy"] = inst.running
     entry["last_decision"] = inst.last_decision
     entry["published_endpoints"] = sorted(inst.published)

@@ -538,6 +538,7 @@ class FastRecovery:
         ctrl.metrics.rounds.labels(kind="fast_recovery", outcome="succeeded" if ok else "failed").inc()
         if ok:
             ctrl.reset_evidence(inst)
+            await ctrl.refresh_view(inst, by_strategy=True)  # what the first fault report withdrew comes back now
             return
         decision = after_fast_recovery(succeeded=False)
         fallback = getattr(decision, "fallback", rt.FallbackStrategy.INSTANCE_RECONFIGURATION)

@@ -7,7 +7,9 @@ Routes and who may call them:
   Coordinator read a megabyte.
 - ``POST /coordinator/manage/{del,add,set}``, ``GET /coordinator/instances`` — the cluster token; every
   answer is a ``wire.ViewResponse`` (the views after the operation), with the operation's outcome in the
-  ``X-HeteroFlow-View-Outcome`` header (``applied``, ``stale_generation``, ``unknown_instance``).
+  ``X-HeteroFlow-View-Outcome`` header (``applied``, ``stale_generation``, ``unknown_instance``). With
+  ``management_port`` they are also served by :func:`create_management_app` on a listener with an event loop
+  of its own (:meth:`Coordinator.main_loop` runs everything that belongs to the OpenAI side).
 - ``GET /metrics`` — the cluster token, as the platform server guards its own /metrics with a scope: the
   series name every instance and its size. ``GET /health`` — open, liveness only (a probe carries no secret,
   and the answer says nothing but "the process serves HTTP").
@@ -17,9 +19,11 @@ Errors map to statuses in :mod:`.errors`; nothing maps to 500.
 
 from __future__ import annotations
 
+import asyncio
 import re
+import time
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -61,6 +65,7 @@ from heteroflow.serving.coordinator.proxy import Forwarder, PublicationSignal, U
 from heteroflow.serving.coordinator.settings import CoordinatorSettings
 from heteroflow.serving.coordinator.views import (
     InstanceView,
+    Lease,
     ModelMismatchError,
     ServingViews,
     ViewChange,
@@ -94,9 +99,8 @@ _OPENAI_ERRORS: dict[int, str] = {
     401: "No valid API key, or none configured.",
     404: "No instance was ever published for the model.",
     413: "The body is larger than max_body_bytes.",
-    502: "The engines could not be reached or failed before answering (retry included).",
-    503: "No published endpoint after the unavailable wait, the engines are recovering, or the API key could not "
-    "be checked; see Retry-After.",
+    503: "No engine answered without a fault within the client deadline (held and re-routed until then), or the "
+    "API key could not be checked; see Retry-After.",
 }
 _INFERENCE_BODY: dict[str, Any] = {
     "requestBody": {
@@ -131,7 +135,7 @@ _INFERENCE_ANSWERS: dict[int | str, dict[str, Any]] = {
         "own 4xx is passed through unchanged too.",
         "content": {"application/json": {}, "text/event-stream": {}},
     },
-    **_openai_errors(400, 404, 413, 502, 503),
+    **_openai_errors(400, 404, 413, 503),
 }
 
 
@@ -190,7 +194,9 @@ class Coordinator:
             views=self.views,
             client=self._client,
             timeouts=timeouts,
-            unavailable_wait_sec=settings.unavailable_wait_sec,
+            client_deadline_sec=settings.client_deadline_sec,
+            faulted_first_byte_sec=settings.faulted_first_byte_sec,
+            fault_pause_sec=settings.fault_pause_sec,
             retry_after_sec=settings.retry_after_sec,
             upstream_token=settings.cluster_token,
             metrics=self.metrics,
@@ -205,9 +211,34 @@ class Coordinator:
             cache_sec=settings.platform_token_cache_sec,
         )
 
+        self.main_loop: asyncio.AbstractEventLoop | None = None
+        """The OpenAI listener's loop (set when its app starts): a management call from the management listener's
+        loop hands it what touches requests (wake-ups, faulted bounds)."""
+
+    def _on_main(self, work: Callable[[], object]) -> None:
+        """Run ``work`` on the OpenAI listener's loop: now when this is it, else as soon as that loop runs."""
+        main = self.main_loop
+        try:
+            current: asyncio.AbstractEventLoop | None = asyncio.get_running_loop()
+        except RuntimeError:
+            current = None
+        if main is None or main is current or main.is_closed():
+            work()
+        else:
+            main.call_soon_threadsafe(work)
+
     # -- management (F-40) ---------------------------------------------------------------------------------
     async def delete(self, request: ViewDelRequest) -> ViewChange:
-        return await self._applied("DEL", request.instance_id, request.request_id, self.views.delete(request))
+        change = self.views.delete(request)
+        if request.faulted:
+
+            def bound() -> None:
+                shortened = self.forwarder.faulted(request.instance_id, request.endpoint_ids)
+                if shortened:
+                    _log.info("coordinator.faulted_attempts_bounded", instance=request.instance_id, attempts=shortened)
+
+            self._on_main(bound)
+        return await self._applied("DEL", request.instance_id, request.request_id, change, request.generation)
 
     async def add(self, request: ViewAddRequest) -> ViewChange:
         try:
@@ -226,11 +257,11 @@ class Coordinator:
         self, op: str, instance_id: str, request_id: str | None, change: ViewChange, generation: int | None = None
     ) -> ViewChange:
         if change.published:
-            self.publications.notify()
+            self._on_main(self.publications.notify)
         if change.sending:
             # a request that passed the last check just before the swap is writing its headers now: the
             # operation returns only once they are out, so "returned" really means "nothing new goes there"
-            sent = await self.forwarder.wait_sent(change.sending, within=self.settings.upstream_connect_timeout_sec)
+            sent = await self._sent(change.sending)
             if not sent:
                 _log.warning("coordinator.withdraw_drain_timeout", op=op, instance=instance_id)
         self.metrics.view_operations.labels(op=op, outcome=change.outcome.value).inc()
@@ -246,6 +277,19 @@ class Coordinator:
             detail=change.detail or None,
         )
         return change
+
+    async def _sent(self, leases: tuple[Lease, ...]) -> bool:
+        within = self.settings.upstream_connect_timeout_sec
+        main = self.main_loop
+        if main is None or main is asyncio.get_running_loop():
+            return await self.forwarder.wait_sent(leases, within=within)
+        # another loop: the leases' events belong to the OpenAI loop, so watch their state instead
+        deadline = time.monotonic() + within
+        while self.views.still_sending(leases):
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(0.0005)  # a header write lasts microseconds
+        return True
 
     # -- status and lifecycle ------------------------------------------------------------------------------
     def status(self) -> CoordinatorStatus:
@@ -340,6 +384,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        coordinator.main_loop = asyncio.get_running_loop()
         try:
             yield
         finally:
@@ -376,13 +421,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         return openai_error_response(exc)
 
     def require_cluster_token(request: Request) -> None:
-        token = settings.cluster_token
-        if token is None:
-            raise ManagementAuthError(
-                "no cluster token is configured (HETEROFLOW_CLUSTER_TOKEN); management routes and /metrics are closed"
-            )
-        if not cluster_token_matches(request.headers.get("authorization"), token):
-            raise ManagementAuthError("a valid cluster token is required (Authorization: Bearer <token>)")
+        _require_cluster_token(settings.cluster_token, request)
 
     # -- operations ---------------------------------------------------------------------------------------
     @app.get("/health")
@@ -394,44 +433,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         require_cluster_token(request)
         return Response(coordinator.metrics.render(), media_type=CONTENT_TYPE)
 
-    # -- management (F-40) --------------------------------------------------------------------------------
-    @app.post(
-        COORDINATOR_DEL_PATH,
-        responses={200: {"model": ViewResponse}, **_management_errors(400)},
-        openapi_extra=json_request_body(ViewDelRequest),
-    )
-    async def view_del(request: Request) -> JSONResponse:
-        require_cluster_token(request)
-        body = await _management_body(request, ViewDelRequest, max_bytes=settings.max_body_bytes)
-        change = await coordinator.delete(body)
-        return _view_response(change, change.instances)
-
-    @app.post(
-        COORDINATOR_ADD_PATH,
-        responses={200: {"model": ViewResponse}, **_management_errors(400, 409)},
-        openapi_extra=json_request_body(ViewAddRequest),
-    )
-    async def view_add(request: Request) -> JSONResponse:
-        require_cluster_token(request)
-        body = _routable(await _management_body(request, ViewAddRequest, max_bytes=settings.max_body_bytes))
-        change = await coordinator.add(body)
-        return _view_response(change, change.instances)
-
-    @app.post(
-        COORDINATOR_SET_PATH,
-        responses={200: {"model": ViewResponse}, **_management_errors(400)},
-        openapi_extra=json_request_body(ViewSetRequest),
-    )
-    async def view_set(request: Request) -> JSONResponse:
-        require_cluster_token(request)
-        body = _routable(await _management_body(request, ViewSetRequest, max_bytes=settings.max_body_bytes))
-        change = await coordinator.replace(body)
-        return _view_response(change, change.instances)
-
-    @app.get(COORDINATOR_INSTANCES_PATH, responses={200: {"model": ViewResponse}, **_management_errors()})
-    async def instances(request: Request) -> JSONResponse:
-        require_cluster_token(request)
-        return _view_response(None, coordinator.views.snapshot())
+    _add_management_routes(app, coordinator, require_cluster_token)
 
     # -- OpenAI (F-41) ------------------------------------------------------------------------------------
     @app.get("/v1/models", responses=_openai_errors(503))
@@ -475,3 +477,78 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         return await inference(request, route="chat_completions", path="/v1/chat/completions")
 
     return app
+
+
+def _add_management_routes(
+    app: FastAPI, coordinator: Coordinator, require_cluster_token: Callable[[Request], None]
+) -> None:
+    """DEL, ADD, SET and the views (F-40), on the main app and on the management listener's."""
+    settings = coordinator.settings
+
+    @app.post(
+        COORDINATOR_DEL_PATH,
+        responses={200: {"model": ViewResponse}, **_management_errors(400)},
+        openapi_extra=json_request_body(ViewDelRequest),
+    )
+    async def view_del(request: Request) -> JSONResponse:
+        require_cluster_token(request)
+        body = await _management_body(request, ViewDelRequest, max_bytes=settings.max_body_bytes)
+        change = await coordinator.delete(body)
+        return _view_response(change, change.instances)
+
+    @app.post(
+        COORDINATOR_ADD_PATH,
+        responses={200: {"model": ViewResponse}, **_management_errors(400, 409)},
+        openapi_extra=json_request_body(ViewAddRequest),
+    )
+    async def view_add(request: Request) -> JSONResponse:
+        require_cluster_token(request)
+        body = _routable(await _management_body(request, ViewAddRequest, max_bytes=settings.max_body_bytes))
+        change = await coordinator.add(body)
+        return _view_response(change, change.instances)
+
+    @app.post(
+        COORDINATOR_SET_PATH,
+        responses={200: {"model": ViewResponse}, **_management_errors(400)},
+        openapi_extra=json_request_body(ViewSetRequest),
+    )
+    async def view_set(request: Request) -> JSONResponse:
+        require_cluster_token(request)
+        body = _routable(await _management_body(request, ViewSetRequest, max_bytes=settings.max_body_bytes))
+        change = await coordinator.replace(body)
+        return _view_response(change, change.instances)
+
+    @app.get(COORDINATOR_INSTANCES_PATH, responses={200: {"model": ViewResponse}, **_management_errors()})
+    async def instances(request: Request) -> JSONResponse:
+        require_cluster_token(request)
+        return _view_response(None, coordinator.views.snapshot())
+
+
+def create_management_app(coordinator: Coordinator) -> FastAPI:
+    """The management routes alone, for the listener of ``management_port`` (a thread and loop of its own):
+    a withdrawal never waits behind the OpenAI traffic in the main loop."""
+    settings = coordinator.settings
+    app = FastAPI(title="HeteroFlow Coordinator management", docs_url=None, redoc_url=None, openapi_url=None)
+
+    @app.exception_handler(ManagementError)
+    async def _management_error(_: Request, exc: ManagementError) -> JSONResponse:
+        return management_error_response(exc)
+
+    @app.get("/health")
+    async def health() -> dict[str, str]:
+        return {"status": "ok"}
+
+    def require_cluster_token(request: Request) -> None:
+        _require_cluster_token(settings.cluster_token, request)
+
+    _add_management_routes(app, coordinator, require_cluster_token)
+    return app
+
+
+def _require_cluster_token(token: str | None, request: Request) -> None:
+    if token is None:
+        raise ManagementAuthError(
+            "no cluster token is configured (HETEROFLOW_CLUSTER_TOKEN); management routes and /metrics are closed"
+        )
+    if not cluster_token_matches(request.headers.get("authorization"), token):
+        raise ManagementAuthError("a valid cluster token is required (Authorization: Bearer <token>)")

@@ -34,7 +34,7 @@ class CoordinatorMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "heteroflow_coordinator_requests",
-            "OpenAI requests by route and outcome (ok, upstream_4xx, upstream_5xx, stream_error, bad_request, "
+            "OpenAI requests by route and outcome (ok, resumed, upstream_4xx, upstream_5xx, stream_error, bad_request, "
             "unauthorized, unknown_model, no_endpoint, upstream_unavailable, upstream_failed, auth_unavailable, "
             "overloaded).",
             ["route", "outcome"],
@@ -42,9 +42,17 @@ class CoordinatorMetrics:
         )
         self.retries = Counter(
             "heteroflow_coordinator_retries",
-            "Requests retried on another endpoint, by the first endpoint's failure "
-            "(connect, timeout, disconnect, upstream_503).",
+            "Fault answers after which a request was sent elsewhere or held, by the fault (connect, timeout, "
+            "disconnect, upstream_503, abort, error_event, faulted_stall).",
             ["reason"],
+            registry=self.registry,
+        )
+        self.continuations = Counter(
+            "heteroflow_coordinator_stream_continuations",
+            "Streams cut after they sent output, by what followed (resumed: continued on another engine; "
+            "completed: max_tokens was used up, the end added; not_continuable; failed: no engine within the "
+            "client deadline).",
+            ["outcome"],
             registry=self.registry,
         )
         self.upstream_latency = Histogram(
@@ -105,7 +113,7 @@ class _ViewsCollector(Collector):
         yield in_flight
         yield GaugeMetricFamily(
             "heteroflow_coordinator_waiting_requests",
-            "Requests waiting for a publication of their model (at most unavailable_wait_sec each).",
+            "Requests waiting for a publication of their model (at most client_deadline_sec each).",
             value=float(self._waiting()),
         )
 

@@ -12,7 +12,7 @@ import re
 from typing import Self
 
 import structlog
-from pydantic import Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from heteroflow.core.settings import LenientSettings, env_names
 
@@ -50,6 +50,18 @@ class CoordinatorSettings(LenientSettings):
         le=65535,
         validation_alias=env_names("coordinator_port"),
         description="TCP port of the Coordinator (default 8400).",
+    )
+    management_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        validation_alias=env_names("coordinator_management_port"),
+        description=(
+            "A second TCP port (on the same host) that serves only the management routes (DEL/ADD/SET, "
+            "/coordinator/instances) from a thread and event loop of their own, so that a withdrawal takes "
+            "effect within milliseconds however loaded the OpenAI listener is (default unset: the management "
+            "routes are on the main port only; they stay there too when this is set)."
+        ),
     )
     cluster_token: str | None = Field(
         default=None,
@@ -89,14 +101,41 @@ class CoordinatorSettings(LenientSettings):
         validation_alias=env_names("coordinator_platform_timeout_sec"),
         description="Timeout of one key check against the platform (default 5 s); beyond it the request gets 503.",
     )
-    unavailable_wait_sec: float = Field(
-        default=5.0,
+    client_deadline_sec: float = Field(
+        default=30.0,
         ge=0,
-        le=120,
-        validation_alias=env_names("coordinator_unavailable_wait_sec"),
+        le=600,
+        validation_alias=AliasChoices(
+            "HETEROFLOW_COORDINATOR_CLIENT_DEADLINE_SEC",
+            "HETEROFLOW_COORDINATOR_UNAVAILABLE_WAIT_SEC",
+            "client_deadline_sec",
+            "unavailable_wait_sec",
+        ),
         description=(
-            "How long a request for a known model with no published endpoint waits for a publication before "
-            "503 (default 5 s: a scale-down round withdraws the view for a few seconds)."
+            "How long a request that has sent nothing to its client yet may be held and re-routed while its "
+            "engines are faulted, withdrawn or rebuilding (default 30 s); past it: 503 with Retry-After. The "
+            "same bound applies to resuming a cut stream. HETEROFLOW_COORDINATOR_UNAVAILABLE_WAIT_SEC is read "
+            "as its older name."
+        ),
+    )
+    faulted_first_byte_sec: float = Field(
+        default=1.0,
+        gt=0,
+        le=60,
+        validation_alias=env_names("coordinator_faulted_first_byte_sec"),
+        description=(
+            "Once an endpoint is reported faulted (a DEL with faulted), how long a request already sent to it "
+            "may still wait for its answer (a stream: its next event) before it is sent elsewhere (default 1 s)."
+        ),
+    )
+    fault_pause_sec: float = Field(
+        default=1.0,
+        gt=0,
+        le=60,
+        validation_alias=env_names("coordinator_fault_pause_sec"),
+        description=(
+            "How long an endpoint that answered with a fault is skipped by every request, unless it is "
+            "published again sooner (default 1 s)."
         ),
     )
     retry_after_sec: int = Field(
@@ -153,6 +192,17 @@ class CoordinatorSettings(LenientSettings):
             "OpenAI requests handled at once, a stream until its last byte (default 1000, the upstream pool's "
             "size); one more is answered 503 with Retry-After before its key or body is read. Beyond the pool "
             "a request would only wait for a connection, up to the first-byte timeout."
+        ),
+    )
+    keep_alive_timeout_sec: int = Field(
+        default=65,
+        ge=1,
+        le=3600,
+        validation_alias=env_names("coordinator_keep_alive_timeout_sec"),
+        description=(
+            "How long an idle client connection is kept open (default 65 s). Longer than the clients' own idle "
+            "expiry (httpx and the openai client: 5 s), so that a client never sends a request on a connection "
+            "the Coordinator is closing at that moment (it would see a reset instead of an answer)."
         ),
     )
     log_level: str = Field(

@@ -40,6 +40,15 @@ class EngineMode(StrEnum):
     """A streamed answer sends one event, then the connection breaks."""
     REJECT = "reject"
     """HTTP 400 with an OpenAI error body (must be passed through, never retried)."""
+    ABORT = "abort"
+    """A released vLLM's answer to a request its fault aborted: 200 with ``finish_reason: "abort"`` and no
+    text (a stream: one such event, then ``[DONE]``)."""
+    ABORT_MID_STREAM = "abort_mid_stream"
+    """A streamed answer sends one event with text, then ``finish_reason: "abort"`` and ``[DONE]``."""
+    ERROR_MID_STREAM = "error_mid_stream"
+    """A streamed answer sends one event with text, then an error event (the simulator's aborted stream)."""
+    HANG = "hang"
+    """The request is received and never answered (a released vLLM's new requests while it is faulted)."""
 
 
 @dataclass
@@ -126,6 +135,8 @@ class FakeUpstreams(httpx.AsyncBaseTransport):
         engine.received.append(ReceivedRequest(request.url.path, dict(request.headers), body))
         if engine.hold is not None:
             await engine.hold.wait()
+        if engine.mode is EngineMode.HANG:
+            await asyncio.Event().wait()
         if engine.mode is EngineMode.DISCONNECT:
             raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
         if engine.mode is EngineMode.UNAVAILABLE:
@@ -134,10 +145,27 @@ class FakeUpstreams(httpx.AsyncBaseTransport):
             return _json(400, _error(400, "BadRequestError", f"rejected by {engine.name}"))
         if body.get("stream"):
             chunks = [
-                sse({"object": "text_completion", "choices": [{"index": 0, "text": f"{engine.name}#{i}"}]})
+                sse(
+                    {
+                        "id": f"cmpl-{engine.name}",
+                        "object": "text_completion",
+                        "choices": [{"index": 0, "text": f"{engine.name}#{i}", "finish_reason": None}],
+                    }
+                )
                 for i in range(engine.events)
             ]
+            final = {"id": f"cmpl-{engine.name}", "object": "text_completion"}
+            if engine.mode is EngineMode.ABORT:
+                chunks = [sse({**final, "choices": [{"index": 0, "text": "", "finish_reason": "abort"}]})]
+            elif engine.mode is EngineMode.ABORT_MID_STREAM:
+                chunks = [chunks[0], sse({**final, "choices": [{"index": 0, "text": "", "finish_reason": "abort"}]})]
+            elif engine.mode is EngineMode.ERROR_MID_STREAM:
+                chunks = [chunks[0], sse(_error(503, "ServiceUnavailableError", "request aborted: engine unhealthy"))]
+            else:
+                chunks.append(sse({**final, "choices": [{"index": 0, "text": "", "finish_reason": "length"}]}))
             chunks.append(sse("[DONE]"))
+            if request.url.path.endswith("/chat/completions"):
+                chunks = [_as_chat(chunk) for chunk in chunks]
             fail_after = 1 if engine.mode is EngineMode.FAIL_MID_STREAM else None
             if engine.chunk_size is not None:
                 data = b"".join(chunks)
@@ -149,15 +177,44 @@ class FakeUpstreams(httpx.AsyncBaseTransport):
             return httpx.Response(
                 200, headers={"content-type": "text/event-stream"}, stream=_Stream(chunks, fail_after=fail_after)
             )
+        aborted = engine.mode is EngineMode.ABORT
         return _json(
             200,
             {
                 "id": "cmpl-fake",
                 "object": "text_completion",
                 "model": body.get("model"),
-                "choices": [{"index": 0, "text": engine.answer_text(), "finish_reason": "length"}],
+                "choices": [
+                    {
+                        "index": 0,
+                        "text": "" if aborted else engine.answer_text(),
+                        "finish_reason": "abort" if aborted else "length",
+                    }
+                ],
             },
         )
+
+
+def _as_chat(chunk: bytes) -> bytes:
+    """A completions stream event as a chat one (``delta.content``); the first content event gets the role event
+    a chat stream opens with before it."""
+    payload = chunk.decode().removeprefix("data: ").strip()
+    if payload == "[DONE]" or '"error"' in payload:
+        return chunk
+    event = json.loads(payload)
+    event["object"] = "chat.completion.chunk"
+    event["choices"] = [
+        {"index": c["index"], "delta": {"content": c["text"]} if c["text"] else {}, "finish_reason": c["finish_reason"]}
+        for c in event["choices"]
+    ]
+    opening = ""
+    if event["choices"][0]["delta"].get("content", "").endswith("#0"):
+        role = {
+            **event,
+            "choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}, "finish_reason": None}],
+        }
+        opening = f"data: {json.dumps(role)}\n\n"
+    return (opening + f"data: {json.dumps(event)}\n\n").encode()
 
 
 def _error(code: int, kind: str, message: str) -> dict[str, Any]:

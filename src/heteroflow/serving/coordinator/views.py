@@ -12,13 +12,19 @@ before it reports the withdrawal as done. A lease withdrawn while still ``SELECT
 
 Operations (the controller sends them, ``wire.py``):
 
-- DEL withdraws endpoint ids from an instance's view. Always applied: it carries no generation, because a
-  withdrawal must never be refused; ids that are not published are ignored (idempotent, safe to repeat).
+- DEL withdraws endpoint ids from an instance's view. Always applied: a withdrawal is never refused; ids that
+  are not published are ignored (idempotent, safe to repeat). A DEL may carry a ``generation``: the ids it
+  names are then *held back* from every later ADD or SET of no newer generation (one sent before the DEL and
+  delivered after it cannot publish them again); an ADD or SET of a newer generation lifts the hold.
 - ADD merges endpoints into the view (an id already there takes the new address).
 - SET replaces the instance's whole view (model and endpoints).
 - ADD and SET carry a ``generation``; one older than the last applied for the instance is ignored and reported
   (:attr:`ViewOutcome.STALE_GENERATION`), so a late periodic refresh never undoes a newer view. Equal
   generations apply (the default generation is 0 everywhere).
+
+Fault answers (:meth:`ServingViews.suspect`): an endpoint whose engine just answered with a fault is skipped by
+every selection for a short while, or until it is published again, whichever comes first; each key counts its
+publications (:meth:`ServingViews.epoch`) so that "published again" is a comparison, not a timer.
 """
 
 from __future__ import annotations
@@ -137,14 +143,26 @@ class ViewsStatus:
     sending: Mapping[EndpointKey, int] = field(default_factory=dict)
     """Leases writing their request headers right now (normally empty: that lasts microseconds)."""
     generation_refusals: int = 0
+    held_back: Mapping[str, Mapping[int, int]] = field(default_factory=dict)
+    """Per instance: endpoint ids a generation-carrying DEL withdrew, and that generation."""
 
 
-def choose(candidates: Sequence[EndpointKey], in_flight: Mapping[EndpointKey, int], turn: int) -> EndpointKey | None:
+def choose(
+    candidates: Sequence[EndpointKey],
+    in_flight: Mapping[EndpointKey, int],
+    turn: int,
+    *,
+    avoid_instances: frozenset[str] = frozenset(),
+) -> EndpointKey | None:
     """The candidate with the fewest requests in flight; ties are taken in turn (``turn`` counts selections).
 
     Purely computational. Least-in-flight keeps a slow or half-recovered engine from piling up requests; the
-    round-robin tie-break spreads sequential traffic evenly instead of always hitting the lowest id.
+    round-robin tie-break spreads sequential traffic evenly instead of always hitting the lowest id. A request
+    that already met a fault prefers the instances it has not met one on (``avoid_instances``): the ranks of an
+    instance fail together, another instance's do not.
     """
+    preferred = [key for key in candidates if key.instance_id not in avoid_instances]
+    candidates = preferred or list(candidates)
     if not candidates:
         return None
     fewest = min(in_flight.get(key, 0) for key in candidates)
@@ -164,6 +182,9 @@ class ServingViews:
         self._sending: dict[EndpointKey, set[Lease]] = {}
         self._turns: Counter[str] = Counter()
         self._refusals = 0
+        self._held: dict[str, dict[int, int]] = {}
+        self._epochs: Counter[EndpointKey] = Counter()
+        self._suspects: dict[EndpointKey, tuple[float, int]] = {}
 
     # -- management -------------------------------------------------------------------------------------
     def delete(self, request: ViewDelRequest) -> ViewChange:
@@ -176,6 +197,10 @@ class ServingViews:
                     detail=f"instance {request.instance_id!r} publishes nothing",
                 )
             ids = set(request.endpoint_ids)
+            if request.generation is not None:
+                held = self._held.setdefault(request.instance_id, {})
+                for eid in ids:
+                    held[eid] = max(held.get(eid, 0), request.generation)
             kept = tuple(e for e in current.endpoints if e.id not in ids)
             absent = sorted(ids - {e.id for e in current.endpoints})
             detail = f"not published (ignored): {absent}" if absent else ""
@@ -194,10 +219,12 @@ class ServingViews:
                     f"instance {request.instance_id!r} serves {current.model!r}, the ADD names {request.model!r}; "
                     "change an instance's model with SET"
                 )
+            given, detail = self._lift_or_hold(request)
             merged = {e.id: e for e in (current.endpoints if current is not None else ())}
-            merged.update({e.id: e for e in request.endpoints})
+            merged.update({e.id: e for e in given})
             endpoints = tuple(merged[eid] for eid in sorted(merged))
-            return self._install(InstanceView(request.instance_id, request.model, endpoints, request.generation))
+            view = InstanceView(request.instance_id, request.model, endpoints, request.generation)
+            return self._install(view, detail=detail)
 
     def replace(self, request: ViewAddRequest) -> ViewChange:
         """SET: the instance's whole view becomes ``request`` (model included)."""
@@ -205,8 +232,10 @@ class ServingViews:
             current = self._instances.get(request.instance_id)
             if current is not None and request.generation < current.generation:
                 return self._stale(current, request)
-            endpoints = tuple(sorted(request.endpoints, key=lambda e: e.id))
-            return self._install(InstanceView(request.instance_id, request.model, endpoints, request.generation))
+            given, detail = self._lift_or_hold(request)
+            endpoints = tuple(sorted(given, key=lambda e: e.id))
+            view = InstanceView(request.instance_id, request.model, endpoints, request.generation)
+            return self._install(view, detail=detail)
 
     # -- routing ----------------------------------------------------------------------------------------
     def models(self) -> list[str]:
@@ -218,22 +247,56 @@ class ServingViews:
         with self._lock:
             return model in self._by_model
 
-    def acquire(self, model: str, *, exclude: Iterable[EndpointKey] = ()) -> Lease | None:
+    def acquire(
+        self,
+        model: str,
+        *,
+        exclude: Iterable[EndpointKey] = (),
+        avoid_instances: frozenset[str] = frozenset(),
+        now: float | None = None,
+    ) -> Lease | None:
         """A lease on the best published endpoint serving ``model`` (see :func:`choose`), or ``None``.
 
-        Only first choices (nothing excluded) take a turn: if retries took turns too, a dead endpoint would
-        be every request's first choice (its failure and the retry elsewhere would always use two turns).
+        Endpoints suspected at ``now`` (:meth:`suspect`) are skipped. Only first choices (nothing excluded)
+        take a turn: if retries took turns too, a dead endpoint would be every request's first choice (its
+        failure and the retry elsewhere would always use two turns).
         """
         excluded = frozenset(exclude)
         with self._lock:
-            candidates = [key for key in self._by_model.get(model, ()) if key not in excluded]
-            key = choose(candidates, self._in_flight, self._turns[model])
+            candidates = [
+                key
+                for key in self._by_model.get(model, ())
+                if key not in excluded and (now is None or not self._suspected(key, now))
+            ]
+            key = choose(candidates, self._in_flight, self._turns[model], avoid_instances=avoid_instances)
             if key is None:
                 return None
             if not excluded:
                 self._turns[model] += 1
             self._in_flight[key] += 1
             return Lease(key=key, model=model)
+
+    def epoch(self, key: EndpointKey) -> int:
+        """How many times ``key`` has become published (a withdrawn and re-published endpoint counts anew)."""
+        with self._lock:
+            return self._epochs[key]
+
+    def suspect(self, key: EndpointKey, *, until: float) -> None:
+        """Skip ``key`` in every selection until ``until`` (the caller's clock), or until it is published again."""
+        with self._lock:
+            self._suspects[key] = (until, self._epochs[key])
+
+    def next_suspect_expiry(self, model: str, now: float) -> float | None:
+        """The earliest time a suspected endpoint of ``model`` becomes a candidate again (``None``: none)."""
+        with self._lock:
+            times = [
+                until
+                for key in self._by_model.get(model, ())
+                if (found := self._suspects.get(key)) is not None
+                and (until := found[0]) > now
+                and found[1] == self._epochs[key]
+            ]
+            return min(times, default=None)
 
     def is_published(self, key: EndpointKey) -> bool:
         with self._lock:
@@ -255,6 +318,11 @@ class ServingViews:
                 lease.state = LeaseState.SENT
                 self._forget_sending(lease)
 
+    def still_sending(self, leases: Iterable[Lease]) -> bool:
+        """Whether any of these leases is still writing its request headers (for a waiter on another loop)."""
+        with self._lock:
+            return any(lease.state is LeaseState.SENDING for lease in leases)
+
     def release(self, lease: Lease) -> None:
         """The upstream request is over (answered, failed or abandoned); idempotent."""
         with self._lock:
@@ -270,7 +338,8 @@ class ServingViews:
     def status(self) -> ViewsStatus:
         with self._lock:
             sending = {key: len(leases) for key, leases in self._sending.items()}
-            return ViewsStatus(self._sorted(), dict(self._in_flight), sending, self._refusals)
+            held = {iid: dict(ids) for iid, ids in self._held.items() if ids}
+            return ViewsStatus(self._sorted(), dict(self._in_flight), sending, self._refusals, held)
 
     def snapshot(self) -> tuple[InstanceView, ...]:
         with self._lock:
@@ -279,6 +348,40 @@ class ServingViews:
     # -- internals (lock held) --------------------------------------------------------------------------
     def _sorted(self) -> tuple[InstanceView, ...]:
         return tuple(self._instances[iid] for iid in sorted(self._instances))
+
+    def _suspected(self, key: EndpointKey, now: float) -> bool:
+        found = self._suspects.get(key)
+        if found is None:
+            return False
+        until, epoch = found
+        if until <= now or epoch != self._epochs[key]:
+            del self._suspects[key]
+            return False
+        return True
+
+    def _lift_or_hold(self, request: ViewAddRequest) -> tuple[list[ServingEndpoint], str]:
+        """The endpoints of an ADD/SET that may be published: a newer generation lifts a DEL's hold, an older
+        or equal one leaves the held ids out."""
+        held = self._held.get(request.instance_id)
+        if not held:
+            return list(request.endpoints), ""
+        kept, withheld = [], []
+        for endpoint in request.endpoints:
+            since = held.get(endpoint.id)
+            if since is None:
+                kept.append(endpoint)
+            elif request.generation > since:
+                del held[endpoint.id]
+                kept.append(endpoint)
+            else:
+                withheld.append(endpoint.id)
+        if not withheld:
+            return kept, ""
+        generations = sorted({held[eid] for eid in withheld})
+        return kept, (
+            f"endpoints {sorted(withheld)} left out: withdrawn by a DEL at generation {generations[-1]}, "
+            f"not newer than this one's {request.generation}"
+        )
 
     def _stale(self, current: InstanceView, request: ViewAddRequest) -> ViewChange:
         self._refusals += 1
@@ -300,6 +403,8 @@ class ServingViews:
             by_model.setdefault(v.model, []).extend(v.endpoint_keys())
         self._by_model = {model: tuple(sorted(keys)) for model, keys in by_model.items()}
         withdrawn = before - self._published
+        for key in self._published - before:
+            self._epochs[key] += 1
         sending = tuple(lease for key in sorted(withdrawn) for lease in self._sending.get(key, ()))
         return ViewChange(
             ViewOutcome.APPLIED,

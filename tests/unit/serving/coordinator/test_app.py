@@ -100,6 +100,15 @@ async def harness(engines: int = 3, **settings: Any) -> AsyncIterator[Harness]:
         await coordinator.aclose()
 
 
+class _Body(httpx.AsyncByteStream):
+    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
+        self._chunks = chunks
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        async for chunk in self._chunks:
+            yield chunk
+
+
 def run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(scenario())
 
@@ -230,66 +239,126 @@ def test_beyond_max_concurrent_requests_a_request_gets_503_with_retry_after_at_o
     run(scenario)
 
 
-# -- retry once (F-41) ---------------------------------------------------------------------------------------
+# -- fault answers: re-route and hold (F-41) --------------------------------------------------------------------
 @pytest.mark.parametrize(
     ("mode", "reason"),
-    [(EngineMode.UNAVAILABLE, "upstream_503"), (EngineMode.REFUSE, "connect"), (EngineMode.DISCONNECT, "disconnect")],
+    [
+        (EngineMode.UNAVAILABLE, "upstream_503"),
+        (EngineMode.REFUSE, "connect"),
+        (EngineMode.DISCONNECT, "disconnect"),
+        (EngineMode.ABORT, "abort"),
+    ],
 )
-def test_a_failure_before_the_first_byte_is_retried_once_elsewhere(mode: EngineMode, reason: str) -> None:
+@pytest.mark.parametrize("stream", [False, True])
+def test_a_fault_answer_before_the_first_byte_is_sent_elsewhere(mode: EngineMode, reason: str, stream: bool) -> None:
     async def scenario() -> None:
         async with harness(engines=2) as h:
             await h.publish((0, 1))
             h.engine(0).mode = mode
             for _ in range(4):
-                response = await h.complete()
+                response = await h.complete(stream=stream)
                 assert response.status_code == 200, response.text
-                assert response.json()["choices"][0]["text"] == "answer from e1"
-            # the failing endpoint is the first choice of every other request, not of every request
-            assert h.metric(f'heteroflow_coordinator_retries_total{{reason="{reason}"}}') == 2
+                assert (
+                    ("e1#0" in response.text) if stream else response.json()["choices"][0]["text"] == "answer from e1"
+                )
+                assert "abort" not in response.text
+            # after its fault answer the endpoint is skipped by every request for the fault pause
+            assert len(h.engine(0).received) <= 1
+            assert h.metric(f'heteroflow_coordinator_retries_total{{reason="{reason}"}}') == 1
 
     run(scenario)
 
 
-def test_a_failed_retry_is_a_clear_503_and_never_goes_back_to_the_same_endpoint() -> None:
+def test_faults_everywhere_hold_until_the_client_deadline_then_503_with_retry_after() -> None:
     async def scenario() -> None:
-        async with harness(engines=3) as h:
+        async with harness(engines=3, unavailable_wait_sec=0.3, fault_pause_sec=0.05) as h:
             await h.publish((0, 1, 2))
             for i in range(3):
                 h.engine(i).mode = EngineMode.UNAVAILABLE
+            started = time.monotonic()
             response = await h.complete()
+            assert time.monotonic() - started >= 0.3
             assert response.status_code == 503
             assert response.headers["retry-after"] == "2"
             message = response.json()["error"]["message"]
+            assert "client deadline of 0.3 s" in message
             assert "answered 503" in message
-            assert "retry" in message
-            assert sorted(len(h.engine(i).received) for i in range(3)) == [0, 1, 1]  # two attempts, two endpoints
+            assert all(h.engine(i).received for i in range(3))  # every endpoint was tried, again after its pause
+            assert (
+                h.metric('heteroflow_coordinator_requests_total{outcome="upstream_unavailable",route="completions"}')
+                == 1
+            )
 
     run(scenario)
 
 
-def test_a_transport_failure_on_the_retry_is_a_502() -> None:
+def test_a_request_held_through_a_fault_is_served_once_the_survivors_are_published() -> None:
+    async def scenario() -> None:
+        async with harness(engines=3, unavailable_wait_sec=10.0) as h:
+            await h.publish((0, 1), generation=1)
+            h.engine(0).mode = EngineMode.UNAVAILABLE
+            h.engine(1).mode = EngineMode.DISCONNECT
+            pending = asyncio.create_task(h.complete())
+            await eventually(lambda: bool(h.engine(0).received and h.engine(1).received), what="both tried")
+            assert not pending.done()  # held, not answered with an error
+            await h.publish((2,), generation=2)  # the survivors (here: another engine) are published
+            response = await asyncio.wait_for(pending, 5)
+            assert response.status_code == 200
+            assert response.json()["choices"][0]["text"] == "answer from e2"
+
+    run(scenario)
+
+
+def test_a_retry_prefers_another_instance_of_the_model() -> None:
+    async def scenario() -> None:
+        async with harness(engines=4) as h:
+            await h.publish((0, 1))
+            await h.publish((2, 3), instance="i2")
+            h.engine(0).mode = EngineMode.UNAVAILABLE
+            h.engine(1).mode = EngineMode.UNAVAILABLE
+            response = await h.complete()  # the first choice is e0 (round-robin from the lowest key)
+            assert response.status_code == 200
+            assert response.json()["choices"][0]["text"] in ("answer from e2", "answer from e3")
+            assert (len(h.engine(0).received), len(h.engine(1).received)) == (1, 0)
+
+    run(scenario)
+
+
+def test_a_request_on_an_endpoint_reported_faulted_goes_elsewhere_after_the_bound() -> None:
+    async def scenario() -> None:
+        async with harness(engines=2, faulted_first_byte_sec=0.1) as h:
+            await h.publish((0,))
+            h.engine(0).mode = EngineMode.HANG  # a released vLLM's new requests hang while it is faulted
+            pending = asyncio.create_task(h.complete())
+            await eventually(lambda: bool(h.engine(0).received), what="the request reached e0")
+            await h.publish((0, 1), generation=1)
+            response = await h.manage(
+                COORDINATOR_DEL_PATH, {"instance_id": "i1", "endpoint_ids": [0], "faulted": True, "generation": 1}
+            )
+            assert response.status_code == 200
+            started = time.monotonic()
+            answer = await asyncio.wait_for(pending, 5)
+            assert time.monotonic() - started < 2
+            assert answer.status_code == 200
+            assert answer.json()["choices"][0]["text"] == "answer from e1"
+            assert h.metric('heteroflow_coordinator_retries_total{reason="faulted_stall"}') == 1
+
+    run(scenario)
+
+
+def test_a_del_with_a_generation_holds_its_endpoints_back_from_older_or_equal_sets() -> None:
     async def scenario() -> None:
         async with harness(engines=2) as h:
-            await h.publish((0, 1))
-            h.engine(0).mode = EngineMode.REFUSE
-            h.engine(1).mode = EngineMode.REFUSE
-            response = await h.complete()
-            assert response.status_code == 502
-            assert "Connection refused" in response.json()["error"]["message"]
-            assert h.metric('heteroflow_coordinator_requests_total{outcome="upstream_failed",route="completions"}') == 1
-
-    run(scenario)
-
-
-def test_no_other_endpoint_to_retry_on_is_a_503_naming_the_failure() -> None:
-    async def scenario() -> None:
-        async with harness(engines=1) as h:
-            await h.publish((0,))
-            h.engine(0).mode = EngineMode.DISCONNECT
-            response = await h.complete()
-            assert response.status_code == 503
-            assert "no other published endpoint" in response.json()["error"]["message"]
-            assert len(h.engine(0).received) == 1
+            await h.publish((0, 1), generation=4)
+            response = await h.manage(COORDINATOR_DEL_PATH, {"instance_id": "i1", "endpoint_ids": [1], "generation": 5})
+            assert response.status_code == 200
+            await h.publish((0, 1), generation=5)  # sent before the DEL, delivered after it
+            views = (await h.client.get(COORDINATOR_INSTANCES_PATH, headers=MANAGE)).json()["instances"]
+            assert [e["id"] for e in views[0]["endpoints"]] == [0]
+            assert h.coordinator.status().instances[0].generation == 5
+            await h.publish((0, 1), generation=6)
+            views = (await h.client.get(COORDINATOR_INSTANCES_PATH, headers=MANAGE)).json()["instances"]
+            assert [e["id"] for e in views[0]["endpoints"]] == [0, 1]
 
     run(scenario)
 
@@ -323,24 +392,108 @@ def test_a_stream_is_passed_through_event_by_event() -> None:
             assert response.headers["content-type"].startswith("text/event-stream")
             got = events(response.text)
             assert got[-1] == "[DONE]"
-            assert [json.loads(e)["choices"][0]["text"] for e in got[:-1]] == ["e0#0", "e0#1", "e0#2"]
+            assert [json.loads(e)["choices"][0]["text"] for e in got[:-1]] == ["e0#0", "e0#1", "e0#2", ""]
 
     run(scenario)
 
 
-def test_a_stream_that_breaks_midway_ends_with_an_error_event_and_done() -> None:
+@pytest.mark.parametrize("mode", [EngineMode.FAIL_MID_STREAM, EngineMode.ERROR_MID_STREAM, EngineMode.ABORT_MID_STREAM])
+def test_a_stream_cut_midway_is_resumed_on_a_survivor_and_spliced(mode: EngineMode) -> None:
+    async def scenario() -> None:
+        async with harness(engines=2) as h:
+            await h.publish((0, 1))
+            h.engine(0).mode = mode
+            response = await h.complete(stream=True, max_tokens=8, temperature=0)
+            assert response.status_code == 200
+            got = events(response.text)
+            assert got[-1] == "[DONE]"
+            payloads = [json.loads(e) for e in got[:-1]]
+            assert all("error" not in p for p in payloads)
+            assert {p["id"] for p in payloads} == {"cmpl-e0"}  # one stream, one id
+            texts = [p["choices"][0]["text"] for p in payloads]
+            assert texts[:2] == ["e0#0", "e1#0"]
+            finishes = [p["choices"][0]["finish_reason"] for p in payloads if p["choices"][0]["finish_reason"]]
+            assert finishes == ["length"]
+            continuation = h.engine(1).received[0].body
+            assert continuation["prompt"] == "hello" + "e0#0"
+            assert continuation["max_tokens"] == 7
+            assert continuation["temperature"] == 0
+            assert continuation["stream"] is True
+            assert h.metric('heteroflow_coordinator_stream_continuations_total{outcome="resumed"}') == 1
+            assert h.metric('heteroflow_coordinator_requests_total{outcome="resumed",route="completions"}') == 1
+            assert h.coordinator.status().in_flight == {}
+
+    run(scenario)
+
+
+def test_a_cut_chat_stream_continues_the_partial_assistant_message_with_one_role_event() -> None:
+    async def scenario() -> None:
+        async with harness(engines=2) as h:
+            await h.publish((0, 1))
+            h.engine(0).mode = EngineMode.ERROR_MID_STREAM
+            body = {"model": "m", "messages": [{"role": "user", "content": "hi"}], "stream": True, "max_tokens": 5}
+            response = await h.client.post("/v1/chat/completions", headers=KEY, json=body)
+            got = events(response.text)
+            assert got[-1] == "[DONE]"
+            payloads = [json.loads(e) for e in got[:-1]]
+            assert {p["id"] for p in payloads} == {"cmpl-e0"}
+            deltas = [p["choices"][0]["delta"] for p in payloads]
+            assert sum(1 for d in deltas if "role" in d) == 1  # the continuation's role event is dropped
+            assert "".join(d.get("content", "") for d in deltas) == "e0#0e1#0e1#1e1#2"
+            sent = h.engine(1).received[0].body
+            assert sent["messages"][-1] == {"role": "assistant", "content": "e0#0"}
+            assert sent["continue_final_message"] is True
+            assert sent["add_generation_prompt"] is False
+            assert sent["max_tokens"] == 4
+
+    run(scenario)
+
+
+def test_a_stream_stalled_on_an_endpoint_reported_faulted_is_resumed_after_the_bound() -> None:
+    async def scenario() -> None:
+        async with harness(engines=2, faulted_first_byte_sec=0.1) as h:
+            await h.publish((0, 1))
+            gate = asyncio.Event()
+            h.engine(0).events = 3
+            original = h.upstreams.handle_async_request
+
+            async def stalling(request: httpx.Request) -> httpx.Response:
+                response = await original(request)
+                if request.url.host != "10.0.0.1":
+                    return response
+                chunks = [chunk async for chunk in response.aiter_raw()]
+
+                async def body() -> AsyncIterator[bytes]:
+                    yield chunks[0]
+                    await gate.wait()  # the engine stops sending: a released vLLM's faulted engine
+
+                return httpx.Response(200, headers=response.headers, stream=_Body(body()))
+
+            h.upstreams.handle_async_request = stalling  # type: ignore[method-assign]
+            pending = asyncio.create_task(h.complete(stream=True))
+            await eventually(lambda: bool(h.engine(0).received), what="the stream started on e0")
+            await h.manage(COORDINATOR_DEL_PATH, {"instance_id": "i1", "endpoint_ids": [0], "faulted": True})
+            response = await asyncio.wait_for(pending, 5)
+            texts = [json.loads(e)["choices"][0]["text"] for e in events(response.text)[:-1]]
+            assert texts[:2] == ["e0#0", "e1#0"]
+            assert all("error" not in e for e in events(response.text)[:-1])
+            gate.set()
+
+    run(scenario)
+
+
+def test_a_cut_stream_that_cannot_be_continued_ends_with_an_error_event_and_done() -> None:
     async def scenario() -> None:
         async with harness(engines=2) as h:
             await h.publish((0, 1))
             h.engine(0).mode = EngineMode.FAIL_MID_STREAM
-            h.engine(1).mode = EngineMode.FAIL_MID_STREAM
-            response = await h.complete(stream=True)
-            assert response.status_code == 200
+            response = await h.complete(stream=True, logprobs=2)
             got = events(response.text)
-            assert json.loads(got[0])["choices"][0]["text"].endswith("#0")
-            assert "error" in json.loads(got[1])
+            assert json.loads(got[0])["choices"][0]["text"] == "e0#0"
+            error = json.loads(got[1])["error"]["message"]
+            assert "cannot be resumed elsewhere because it asks for logprobs" in error
             assert got[2:] == ["[DONE]"]
-            assert h.upstreams.total_received() == 1  # bytes reached the client: no retry
+            assert h.upstreams.total_received() == 1
             assert h.metric('heteroflow_coordinator_requests_total{outcome="stream_error",route="completions"}') == 1
             assert h.coordinator.status().in_flight == {}
 
@@ -355,7 +508,7 @@ def test_events_straddling_chunks_are_relayed_whole(chunk_size: int) -> None:
             h.engine(0).chunk_size = chunk_size
             response = await h.complete(stream=True)
             got = events(response.text)
-            assert [json.loads(e)["choices"][0]["text"] for e in got[:-1]] == ["e0#0", "e0#1", "e0#2"]
+            assert [json.loads(e)["choices"][0]["text"] for e in got[:-1]] == ["e0#0", "e0#1", "e0#2", ""]
             assert got[-1] == "[DONE]"
 
     run(scenario)
@@ -363,7 +516,7 @@ def test_events_straddling_chunks_are_relayed_whole(chunk_size: int) -> None:
 
 def test_an_event_cut_by_the_failure_is_dropped_never_delivered_half() -> None:
     async def scenario() -> None:
-        async with harness(engines=1) as h:
+        async with harness(engines=1) as h:  # no survivor: the continuation gives up at the client deadline
             await h.publish((0,))
             h.engine(0).mode = EngineMode.FAIL_MID_STREAM
             h.engine(0).chunk_size = 7
@@ -371,7 +524,7 @@ def test_an_event_cut_by_the_failure_is_dropped_never_delivered_half() -> None:
             got = events(response.text)
             assert len(got) == 3
             assert json.loads(got[0])["choices"][0]["text"] == "e0#0"
-            assert "error" in json.loads(got[1])
+            assert "could not be resumed" in json.loads(got[1])["error"]["message"]
             assert got[2] == "[DONE]"
 
     run(scenario)
@@ -699,3 +852,49 @@ def test_a_lone_surrogate_model_name_is_a_4xx_that_can_be_written_back() -> None
             assert h.upstreams.total_received() == 0
 
     run(scenario)
+
+
+# -- the management listener (a loop of its own) ----------------------------------------------------------------
+def test_management_calls_from_another_loop_wake_held_requests_and_bound_faulted_ones() -> None:
+    from heteroflow.serving.coordinator.app import create_management_app
+
+    async def scenario() -> None:
+        async with harness(engines=2, faulted_first_byte_sec=0.1, unavailable_wait_sec=10.0) as h:
+            h.coordinator.main_loop = asyncio.get_running_loop()
+            management = create_management_app(h.coordinator)
+
+            def call(path: str, body: dict[str, Any]) -> int:
+                async def post() -> int:
+                    transport = httpx.ASGITransport(app=management)
+                    async with httpx.AsyncClient(transport=transport, base_url="http://manage") as client:
+                        return (await client.post(path, headers=MANAGE, json=body)).status_code
+
+                return asyncio.run(post())  # the management listener's own loop, in another thread
+
+            endpoint = {"id": 0, "ip": "10.0.0.1", "port": 8000}
+            h.engine(0).mode = EngineMode.HANG
+            await h.publish(())  # known model, nothing published: requests are held
+            pending = asyncio.create_task(h.complete())
+            await eventually(lambda: h.coordinator.publications.waiting == 1, what="the request held")
+            body = {"instance_id": "i1", "model": "m", "generation": 1, "endpoints": [endpoint]}
+            assert await asyncio.to_thread(call, COORDINATOR_SET_PATH, body) == 200
+            await eventually(lambda: bool(h.engine(0).received), what="the held request sent once published")
+            other = {"id": 1, "ip": "10.0.0.2", "port": 8000}
+            body = {"instance_id": "i1", "model": "m", "generation": 2, "endpoints": [endpoint, other]}
+            assert await asyncio.to_thread(call, COORDINATOR_SET_PATH, body) == 200
+            fault = {"instance_id": "i1", "endpoint_ids": [0], "faulted": True, "generation": 2}
+            assert await asyncio.to_thread(call, COORDINATOR_DEL_PATH, fault) == 200
+            response = await asyncio.wait_for(pending, 5)
+            assert response.json()["choices"][0]["text"] == "answer from e1"
+            anonymous = {"instance_id": "i1", "endpoint_ids": [1]}
+            assert await asyncio.to_thread(call_unauthenticated, management, anonymous) == 401
+
+    run(scenario)
+
+
+def call_unauthenticated(app: Any, body: dict[str, Any]) -> int:
+    async def post() -> int:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://manage") as client:
+            return (await client.post(COORDINATOR_DEL_PATH, json=body)).status_code
+
+    return asyncio.run(post())

@@ -23,7 +23,8 @@ def test_defaults_are_secure_and_on_loopback() -> None:
     assert settings.cluster_token is None
     assert settings.api_key_digests == frozenset()
     assert settings.platform_url is None
-    assert settings.unavailable_wait_sec == 5.0
+    assert settings.client_deadline_sec == 30.0
+    assert (settings.faulted_first_byte_sec, settings.fault_pause_sec) == (1.0, 1.0)
     assert settings.max_body_bytes == 1024 * 1024
     assert (settings.upstream_connect_timeout_sec, settings.upstream_first_byte_timeout_sec) == (2.0, 60.0)
     assert settings.upstream_total_timeout_sec == 600.0
@@ -47,7 +48,9 @@ def test_the_environment_is_read(monkeypatch: pytest.MonkeyPatch) -> None:
     ("name", "value", "field", "default"),
     [
         ("HETEROFLOW_COORDINATOR_PORT", "0", "port", 8400),
-        ("HETEROFLOW_COORDINATOR_UNAVAILABLE_WAIT_SEC", "-1", "unavailable_wait_sec", 5.0),
+        ("HETEROFLOW_COORDINATOR_CLIENT_DEADLINE_SEC", "-1", "client_deadline_sec", 30.0),
+        ("HETEROFLOW_COORDINATOR_UNAVAILABLE_WAIT_SEC", "-1", "client_deadline_sec", 30.0),
+        ("HETEROFLOW_COORDINATOR_FAULTED_FIRST_BYTE_SEC", "0", "faulted_first_byte_sec", 1.0),
         ("HETEROFLOW_COORDINATOR_MAX_BODY_BYTES", "lots", "max_body_bytes", 1024 * 1024),
         ("HETEROFLOW_COORDINATOR_UPSTREAM_CONNECT_TIMEOUT_SEC", "0", "upstream_connect_timeout_sec", 2.0),
         ("HETEROFLOW_COORDINATOR_PLATFORM_URL", "platform:8080", "platform_url", None),

@@ -76,6 +76,15 @@ def observe(
     return FtSnapshot(entries=MappingProxyType(entries))
 
 
+def forget(snapshot: FtSnapshot, rank: int) -> FtSnapshot:
+    """The snapshot without ``rank``'s evidence: DEAD by unreachability withdrawn because the same engine
+    answered again before a round started (the shell checks that; DEAD from any other source never reverts)."""
+    if DpRank(rank) not in snapshot.entries:
+        return snapshot
+    entries = {r: e for r, e in snapshot.entries.items() if r != rank}
+    return FtSnapshot(entries=MappingProxyType(entries))
+
+
 def reset() -> FtSnapshot:
     """Forget every observation: a round ended or the instance was rebuilt (F-13)."""
     return FtSnapshot()
