@@ -92,7 +92,10 @@ def lanes(
 
     def lane(index: int) -> None:
         client = openai.OpenAI(
-            base_url=state.coordinator_url + "/v1", api_key=state.admin_token, max_retries=0, timeout=120
+            base_url=state.coordinator_url + "/v1",
+            api_key=state.api_key or state.admin_token,
+            max_retries=0,
+            timeout=120,
         )
         with client:
             while not stop.is_set():
