@@ -66,11 +66,15 @@ def test_token_register_heartbeat_and_read_back_over_http(server: tuple[str, str
     headers = {"Authorization": f"Bearer {token}"}
     with httpx.Client(base_url=url, headers=headers, timeout=10) as client:
         assert httpx.get(f"{url}/api/v1/nodes").status_code == 401
-        node = client.post(
+        registered = client.post(
             "/api/v1/nodes/register", json={"hostname": "gpu-a", "vendor": "nvidia", "gpu_count": 1}
-        ).json()["node_id"]
+        ).json()
+        node = registered["node_id"]
         beat = {"gpu_stats": [{"index": 0, "uuid": "GPU-1", "ecc_corrected_total": 3, "retired_pages": "[N/A]"}]}
-        assert client.post(f"/api/v1/nodes/{node}/heartbeat", json=beat).status_code == 200
+        # an agent token speaks for a node only with the credential that node's registration issued
+        assert client.post(f"/api/v1/nodes/{node}/heartbeat", json=beat).status_code == 404
+        credential = {"X-HeteroFlow-Node-Credential": registered["node_credential"]}
+        assert client.post(f"/api/v1/nodes/{node}/heartbeat", json=beat, headers=credential).status_code == 200
         deadline = time.monotonic() + 15
         while True:
             body = client.get("/api/v1/gpu-health/samples", params={"node_id": node, "gpu_index": 0}).json()
