@@ -198,7 +198,7 @@ class Traffic:
         stream, chat = n % 2 == 1, n % 4 >= 2
         route = "/v1/chat/completions" if chat else "/v1/completions"
         model = self.state.instances[0].model
-        headers = {"Authorization": f"Bearer {self.state.admin_token}"}
+        headers = {"Authorization": f"Bearer {self.state.api_key or self.state.admin_token}"}
         with httpx.Client(base_url=self.state.coordinator_url, headers=headers, timeout=120, trust_env=False) as http:
             for i in itertools.count():
                 if self.stop.is_set():

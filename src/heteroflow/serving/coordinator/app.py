@@ -256,15 +256,8 @@ class Coordinator:
     async def _applied(
         self, op: str, instance_id: str, request_id: str | None, change: ViewChange, generation: int | None = None
     ) -> ViewChange:
-        if change.published:
-            self._on_main(self.publications.notify)
-        if change.sending:
-            # a request that passed the last check just before the swap is writing its headers now: the
-            # operation returns only once they are out, so "returned" really means "nothing new goes there"
-            sent = await self._sent(change.sending)
-            if not sent:
-                _log.warning("coordinator.withdraw_drain_timeout", op=op, instance=instance_id)
-        self.metrics.view_operations.labels(op=op, outcome=change.outcome.value).inc()
+        # logged before held requests are woken: the change took effect at the swap, and a woken request's
+        # "forwarded" line must never precede the publication that let it go (the soak's invariant 2 reads both)
         _log.info(
             "coordinator.view_changed",
             op=op,
@@ -276,6 +269,15 @@ class Coordinator:
             request_id=request_id,
             detail=change.detail or None,
         )
+        if change.published:
+            self._on_main(self.publications.notify)
+        if change.sending:
+            # a request that passed the last check just before the swap is writing its headers now: the
+            # operation returns only once they are out, so "returned" really means "nothing new goes there"
+            sent = await self._sent(change.sending)
+            if not sent:
+                _log.warning("coordinator.withdraw_drain_timeout", op=op, instance=instance_id)
+        self.metrics.view_operations.labels(op=op, outcome=change.outcome.value).inc()
         return change
 
     async def _sent(self, leases: tuple[Lease, ...]) -> bool:
