@@ -83,13 +83,14 @@ def address(url: str) -> str:
 
 def jobs_of(state: ClusterState, token: str) -> list[ScrapeJob]:
     """The four kinds of service, each with the credential its /metrics takes (the cluster token for the
-    serving plane: in the local cluster it is the admin token)."""
+    serving plane: the local cluster's own secret, not the admin token)."""
     node_managers = tuple(address(pod.node_manager_url) for inst in state.instances for pod in inst.pods)
+    cluster = state.cluster_token or state.admin_token
     return [
         ScrapeJob("heteroflow-server", (address(state.server_url),), token),
-        ScrapeJob("heteroflow-controller", (address(state.controller_url),), state.admin_token),
-        ScrapeJob("heteroflow-coordinator", (address(state.coordinator_url),), state.admin_token),
-        ScrapeJob("heteroflow-node-manager", node_managers, state.admin_token),
+        ScrapeJob("heteroflow-controller", (address(state.controller_url),), cluster),
+        ScrapeJob("heteroflow-coordinator", (address(state.coordinator_url),), cluster),
+        ScrapeJob("heteroflow-node-manager", node_managers, cluster),
     ]
 
 
