@@ -97,7 +97,7 @@ def test_a_killed_real_rank_is_restored_by_the_whole_instance_fallback(
             answer = httpx.post(
                 f"{state.coordinator_url}/v1/completions",
                 json={"model": state.instances[0].model, "prompt": "hello world", "max_tokens": 4},
-                headers={"Authorization": f"Bearer {state.admin_token}"},
+                headers={"Authorization": f"Bearer {state.api_key or state.admin_token}"},
                 timeout=90,
             )
             return answer.status_code == 200 and answer.json()["choices"][0]["finish_reason"] in {"length", "stop"}

@@ -78,7 +78,7 @@ def serving_reader(state: ClusterState) -> str:
 
 
 def controller_status(state: ClusterState) -> dict[str, Any]:
-    headers = {"Authorization": f"Bearer {state.admin_token}"}
+    headers = {"Authorization": f"Bearer {state.cluster_token or state.admin_token}"}
     [entry] = httpx.get(f"{state.controller_url}/controller/fault_tolerance/status", headers=headers).json()
     return dict(entry)
 
