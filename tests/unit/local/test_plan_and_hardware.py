@@ -117,6 +117,7 @@ def test_the_server_reaches_the_controller_for_the_serving_dashboard(tmp_path: P
         spec_paths={p.pod_id: tmp_path / f"{p.pod_id}.json" for p in layout.instances[0].pods},
         engine_log_dir=tmp_path,
         admin_token="hf_admin",
+        cluster_token="hf_cluster",
         agent_token="hf_agent",
         monitor_token="hf_monitor",
         hardware_directory=tmp_path / "mindcluster",
@@ -125,8 +126,8 @@ def test_the_server_reaches_the_controller_for_the_serving_dashboard(tmp_path: P
     [controller] = [p for p in plans if p.name == "controller"]
     env = dict(server.env)
     assert env["HETEROFLOW_SERVER_CONTROLLER_URL"] == layout.controller_url
-    # the token the controller requires, so that the proxy is not refused
-    assert env["HETEROFLOW_CLUSTER_TOKEN"] == dict(controller.env)["HETEROFLOW_CLUSTER_TOKEN"] == "hf_admin"
+    # the token the controller requires, so that the proxy is not refused (the cluster's own, not the admin's)
+    assert env["HETEROFLOW_CLUSTER_TOKEN"] == dict(controller.env)["HETEROFLOW_CLUSTER_TOKEN"] == "hf_cluster"
     assert f"--port {layout.controller_port}" in " ".join(controller.args)
 
 
