@@ -97,8 +97,9 @@ class World:
             text = text.replace(raw, alias)
         try:
             value = json.loads(text)
-        except ValueError:
-            return text
+        except ValueError:  # CSV: rows come in id order too, so compare them as a sorted list under the header
+            header, _, rows = text.partition("\n")
+            return [header, *sorted(rows.splitlines())]
         return _masked(value)
 
 

@@ -212,9 +212,12 @@ def test_an_authenticated_slow_body_is_cut_off_with_408(platform: Platform) -> N
                 sock.send(b" ")
             with contextlib.suppress(TimeoutError):
                 answer = sock.recv(65536)
+        elapsed = time.monotonic() - started
+        sock.settimeout(5)
+        answer += _answer(sock)  # the head and the body may come in separate segments
     assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
     assert b"did not arrive within" in answer
-    assert 9 < time.monotonic() - started < 20
+    assert 9 < elapsed < 20
 
 
 def test_a_megabyte_flood_of_anonymous_bodies_leaves_real_heartbeats_at_200(platform: Platform) -> None:
