@@ -309,10 +309,13 @@ async def run(
             lambda r: bench.closed_loop(r, seconds=args.seconds, concurrency=args.concurrency, changing=True),
         )
         await bench.prime()  # counters settle back: the stored rows are steady again
+        profiler = start_profiler(args.profile, pid, args.seconds) if args.profile else None
         dedup = await bench.measure(
             PhaseResult("dedup: steady counters"),
             lambda r: bench.closed_loop(r, seconds=args.seconds, concurrency=args.concurrency, changing=False),
         )
+        if profiler is not None:
+            profiler.wait(60)
         target = await bench.measure(
             PhaseResult(f"target {args.rate:.0f}/s (open loop)"),
             lambda r: bench.open_loop(r, seconds=args.seconds, rate=args.rate, connections=args.concurrency * 4),
@@ -329,6 +332,12 @@ async def run_floor(
         PhaseResult("floor: decode + validate"),
         lambda r: bench.closed_loop(r, seconds=args.seconds, concurrency=args.concurrency, changing=False),
     )
+
+
+def start_profiler(path: str, pid: int, seconds: float) -> subprocess.Popen[bytes]:
+    """py-spy sampling the server for ``seconds``, written as folded stacks (one ``frames count`` line each)."""
+    command = ["py-spy", "record", "--pid", str(pid), "--duration", str(int(seconds)), "--format", "raw"]
+    return subprocess.Popen([*command, "--output", path, "--nonblocking"], stdout=subprocess.DEVNULL)
 
 
 def wait_answering(url: str, token: str, *, what: str, status: int | None = 200) -> None:
@@ -383,6 +392,11 @@ def main() -> None:
     parser.add_argument("--postgres", action="store_true", help="start a private PostgreSQL server and use it")
     parser.add_argument("--cache-entries", type=int, default=0, help="dedup cache size (default nodes x 8)")
     parser.add_argument("--no-floor", action="store_true", help="skip the floor phase")
+    parser.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="record the server's stacks with py-spy (on PATH) during the dedup phase into FILE (folded stacks)",
+    )
     args = parser.parse_args()
     cache_entries = args.cache_entries or args.nodes * 8
 

@@ -169,27 +169,32 @@ def minute_of(at: datetime) -> datetime:
 @dataclass(slots=True)
 class _Bucket:
     samples: int = 0
-    sums: dict[str, float] = field(default_factory=dict)
-    counts: dict[str, int] = field(default_factory=dict)
-    mins: dict[str, float] = field(default_factory=dict)
-    maxs: dict[str, float] = field(default_factory=dict)
+    stats: dict[str, list[float]] = field(default_factory=dict)
+    """Metric name → [sum, count, min, max] of the readings that knew it (one lookup per value on the hot path)."""
 
     def add(self, metrics: GpuMetrics) -> None:
         self.samples += 1
         for name in METRIC_KEYS:
-            value = metrics.value(name)
+            value: float | None = getattr(metrics, name)
             if value is None:
                 continue  # unknown stays out of the aggregate, never counted as 0
-            self.sums[name] = self.sums.get(name, 0.0) + value
-            self.counts[name] = self.counts.get(name, 0) + 1
-            self.mins[name] = min(self.mins.get(name, value), value)
-            self.maxs[name] = max(self.maxs.get(name, value), value)
+            kept = self.stats.get(name)
+            if kept is None:
+                self.stats[name] = [value, 1.0, value, value]
+                continue
+            kept[0] += value
+            kept[1] += 1.0
+            if value < kept[2]:
+                kept[2] = value
+            elif value > kept[3]:
+                kept[3] = value
 
     def aggregate(self, name: str) -> Aggregate | None:
-        count = self.counts.get(name, 0)
-        if not count:
+        kept = self.stats.get(name)
+        if kept is None:
             return None
-        return Aggregate(min=self.mins[name], avg=self.sums[name] / count, max=self.maxs[name], count=count)
+        total, count, low, high = kept
+        return Aggregate(min=low, avg=total / count, max=high, count=int(count))
 
 
 class MinuteAggregator:

@@ -24,6 +24,8 @@ from heteroflow.server.context import ServerContext
 from heteroflow.server.errors import Forbidden, NotFound, ServiceUnavailable, Unauthorized, error_response
 
 _bearer = HTTPBearer(auto_error=False, description="An API token: Authorization: Bearer hf_…")
+_CHECKED = "heteroflow.checked_principal"
+"""Request state key: (token, principal) as verified before any work (:func:`check_before_work`)."""
 
 
 def server_context(request: Request) -> ServerContext:
@@ -42,7 +44,16 @@ async def authenticate(
     """The caller, from the bearer token; verified tokens are trusted from memory for a short while."""
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
         raise Unauthorized("a bearer token is required (Authorization: Bearer <token>)")
-    return await principal_of(server_context(request), credentials.credentials)
+    return await checked_principal(request, credentials.credentials)
+
+
+async def checked_principal(request: Request, token: str) -> Principal:
+    """The principal of ``token``: the one :func:`check_before_work` verified for this very request, else looked up."""
+    checked = request.scope.get("state", {}).get(_CHECKED)
+    if checked is not None and checked[0] == token:
+        principal: Principal = checked[1]
+        return principal
+    return await principal_of(server_context(request), token)
 
 
 async def principal_of(ctx: ServerContext, token: str) -> Principal:
@@ -79,11 +90,13 @@ async def check_before_work(ctx: ServerContext, scope: AsgiScope) -> Denial | No
     if token is None:
         return Denial(401, "unauthorized", "a bearer token is required (Authorization: Bearer <token>)")
     try:
-        await principal_of(ctx, token)
+        principal = await principal_of(ctx, token)
     except Unauthorized as exc:
         return Denial(401, exc.code, exc.message)
     except StoreUnavailableError:
         return Denial(503, "unavailable", "the database is unavailable; retry later")
+    # the route's dependency takes the principal from here: one hash and cache lookup per request, not two
+    scope.setdefault("state", {})[_CHECKED] = (token, principal)
     return None
 
 
@@ -126,12 +139,36 @@ def require(scope: Scope) -> Callable[..., Awaitable[Principal]]:
     """A dependency that authenticates and demands ``scope`` (``admin`` grants every scope)."""
 
     async def dependency(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
-        if not principal.has(scope):
-            raise Forbidden(f"this route needs the {scope.value!r} scope")
-        return principal
+        return demand(principal, scope)
 
     dependency.__name__ = f"require_{scope.value.replace(':', '_')}"
     return dependency
+
+
+def demand(principal: Principal, scope: Scope) -> Principal:
+    """``principal`` if it holds ``scope`` (``admin`` grants every scope), else 403."""
+    if not principal.has(scope):
+        raise Forbidden(f"this route needs the {scope.value!r} scope")
+    return principal
+
+
+def require_lean(scope: Scope) -> Callable[..., Awaitable[Principal]]:
+    """What :func:`require` resolves, as one dependency instead of three: for the hottest route (a route using
+    it declares ``BEARER_SECURITY`` so that its OpenAPI description still names the token). As a dependency it
+    still refuses (401/403) before the body is validated (422)."""
+
+    async def dependency(request: Request) -> Principal:
+        token = bearer_of(request.scope)
+        if token is None:
+            raise Unauthorized("a bearer token is required (Authorization: Bearer <token>)")
+        return demand(await checked_principal(request, token), scope)
+
+    dependency.__name__ = f"require_lean_{scope.value.replace(':', '_')}"
+    return dependency
+
+
+BEARER_SECURITY: dict[str, Any] = {"security": [{"HTTPBearer": []}]}
+"""``openapi_extra`` of a route that authenticates through :func:`require_lean`."""
 
 
 def require_cluster_wide(scope: Scope) -> Callable[..., Awaitable[Principal]]:
