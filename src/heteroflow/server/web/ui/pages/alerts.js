@@ -1,4 +1,5 @@
-// /alerts: open and resolved alerts, one alert's audit trail, and a manual resolve with a reason.
+// /alerts: open and resolved alerts, one alert's audit trail, and a manual resolve with a reason. The URL carries
+// the filter and the selected alert (?filter=resolved&alert=<id>), so an alert can be linked and reloaded.
 import { ApiError, api } from "../api.js";
 import { h, replace } from "../dom.js";
 import { fmtTime } from "../format.js";
@@ -8,9 +9,29 @@ import { activatable, blockStatus, errorText, idle, loading, table } from "./com
 const LIMIT = 500;
 const FILTERS = ["open", "resolved", "all"];
 
+/** ``?filter=`` and ``?alert=`` of the URL; anything unknown is the default (open alerts, none selected). */
+export function parseAlertsView(search) {
+  const p = new URLSearchParams(search);
+  const alert = (p.get("alert") ?? "").trim();
+  return {
+    filter: FILTERS.includes(p.get("filter")) ? p.get("filter") : "open",
+    alert: alert && alert.length <= 128 ? alert : null,
+  };
+}
+
+/** The query string of an alerts view: only what differs from the defaults. */
+export function writeAlertsView(view) {
+  const p = new URLSearchParams();
+  if (view.filter !== "open") p.set("filter", view.filter);
+  if (view.alert) p.set("alert", view.alert);
+  const text = p.toString();
+  return text ? `?${text}` : "";
+}
+
 export function createAlertsPage(main) {
+  const view = parseAlertsView(location.search);
   const state = {
-    filter: "open",
+    filter: view.filter,
     list: loading(),
     detail: idle(),
     selectedId: null,
@@ -28,8 +49,14 @@ export function createAlertsPage(main) {
     "aria-labelledby": "alert-detail-title",
   });
 
+  function writeUrl() {
+    const query = writeAlertsView({ filter: state.filter, alert: state.selectedId });
+    history.replaceState(null, "", `${location.pathname}${query}${location.hash}`);
+  }
+
   function fetchList() {
     const gen = ++state.gen;
+    writeUrl();
     state.list = loading();
     render();
     const params = { limit: LIMIT };
@@ -42,6 +69,7 @@ export function createAlertsPage(main) {
 
   function fetchDetail(id) {
     state.selectedId = id;
+    writeUrl();
     const gen = ++state.detailGen;
     state.detail = loading();
     render();
@@ -234,6 +262,7 @@ export function createAlertsPage(main) {
             state.detail = idle();
             state.selectedId = null;
             state.message = null;
+            writeUrl();
             render();
           },
         },
@@ -251,6 +280,7 @@ export function createAlertsPage(main) {
     start() {
       replace(main, listBox, detailBox);
       fetchList();
+      if (view.alert) fetchDetail(view.alert); // a linked alert: shown even when the filter hides its row
     },
     render,
     stop() {
