@@ -59,3 +59,14 @@ def test_the_matrix_controls_in_chinese(open_page: Open, seeded: Seeded) -> None
     expect(page.locator("#caps-sort option[value='stalled_first']")).to_have_text("最久未上报优先")
     expect(page.locator("#caps-empty")).to_have_text("没有符合这些筛选条件的卡。")
     expect(page.locator("#caps-pager")).to_have_text("共 0 张卡")
+
+
+def test_the_serving_dashboards_card_link_shows_that_card(open_page: Open, seeded: Seeded) -> None:
+    """``?node=<name>&gpu=<index>`` (a rank's link on /serving): that node's cards, and that card in the chart."""
+    from playwright.sync_api import expect
+
+    node = seeded.nodes["gpu-a"]
+    page = loaded(open_page("/nodes/gpu-health?node=gpu-a&gpu=1"))
+    expect(page.locator("#ecc-card")).to_have_value(f"{node}|1")
+    expect(page.locator("#pred-search")).to_have_value("gpu-a")
+    assert f"card={node}%3A1" in page.url or f"card={node}:1" in page.url

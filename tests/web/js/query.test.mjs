@@ -7,6 +7,7 @@ import {
   TYPES,
   capabilityParams,
   parseCard,
+  parseNodeLink,
   parseView,
   predictionParams,
   writeView,
@@ -53,6 +54,11 @@ test("unknown or hostile values fall back to the defaults, never an error", () =
 test("the serving dashboard's node link searches that node's cards", () => {
   assert.equal(parseView("?node=sim-local-01").q, "sim-local-01");
   assert.equal(parseView("?node=a&q=b").q, "b");
+  assert.deepEqual(parseNodeLink("?node=sim-local-01&gpu=3"), { node: "sim-local-01", gpu: 3 });
+  assert.equal(parseNodeLink("?node=sim-local-01"), null);
+  assert.equal(parseNodeLink("?node=a&gpu=-1"), null);
+  assert.equal(parseNodeLink("?node=a&gpu=x"), null);
+  assert.equal(parseNodeLink("?gpu=1"), null);
 });
 
 test("API parameters carry only what is chosen; the page becomes an offset", () => {

@@ -70,6 +70,18 @@ function pageOf(text) {
   return Number.isInteger(page) && page >= 1 && page <= MAX_PAGE ? page : 1;
 }
 
+/**
+ * The serving dashboard's link to one card, ``?node=<name>&gpu=<index>``: {node: name, gpu: index}, else null (the
+ * page then shows that card once it knows the node's id; the URL then carries it as ``card=``).
+ */
+export function parseNodeLink(search) {
+  const p = new URLSearchParams(search);
+  const node = (p.get("node") ?? "").trim();
+  const gpu = Number(p.get("gpu") ?? "");
+  if (!node || p.get("gpu") === null || !Number.isInteger(gpu) || gpu < 0 || gpu > 4095) return null;
+  return { node, gpu };
+}
+
 /** "<node id>:<index>" → {node_id, gpu_index}; anything else → null. */
 export function parseCard(text) {
   if (typeof text !== "string") return null;

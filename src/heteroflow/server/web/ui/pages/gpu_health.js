@@ -8,7 +8,16 @@ import { fmtNumber, fmtPercent, fmtTime } from "../format.js";
 import { LANGUAGES, t } from "../i18n.js";
 import { recogniseTypes } from "../logic/labels.js";
 import { DEFAULT_RANGE, RANGES } from "../logic/axis.js";
-import { SORTS, STATUSES, TYPES, capabilityParams, parseView, predictionParams, writeView } from "../logic/query.js";
+import {
+  SORTS,
+  STATUSES,
+  TYPES,
+  capabilityParams,
+  parseNodeLink,
+  parseView,
+  predictionParams,
+  writeView,
+} from "../logic/query.js";
 import { statsCardState } from "../logic/stats.js";
 import { eccChart } from "./ecc_chart.js";
 import { PAGE_SIZE, renderCapabilityMatrix } from "./capability_matrix.js";
@@ -36,6 +45,7 @@ function apiText(body, field) {
 
 export function createGpuHealthPage(main) {
   const view = parseView(location.search);
+  let linkedCard = view.card === null ? parseNodeLink(location.search) : null; // from the serving dashboard
   const state = {
     source: view.source,
     // Bumped on every source switch: a response for an older generation is discarded when it arrives.
@@ -132,6 +142,9 @@ export function createGpuHealthPage(main) {
       apply(([caps, nodes]) => {
         state.nodes = { status: "ok", data: new Map(nodes.map((n) => [n.id, n])) };
         state.caps = { status: "ok", data: caps };
+        const linked = linkedCard ? nodes.find((n) => n.name === linkedCard.node && n.source === source) : null;
+        if (linked) selectCard({ node_id: linked.id, gpu_index: linkedCard.gpu }, { scroll: false, remember: true });
+        linkedCard = null; // once: a refresh or a source switch never jumps back to it
         if (!state.selected) {
           const first = orderedCards().find(
             (c) => c.metrics.ecc_corrected_total === "collectable" || c.metrics.ecc_uncorrected_total === "collectable",
