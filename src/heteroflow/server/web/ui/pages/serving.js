@@ -19,6 +19,7 @@ import {
   pastRounds,
   phaseInfo,
   rankCells,
+  rankPlaces,
   roundDuration,
   roundToShow,
   shapeTimeline,
@@ -211,6 +212,17 @@ export function createServingPage(main) {
 
   function renderRanks(entry) {
     const cells = rankCells(entry);
+    const places = rankPlaces(entry);
+    const placeLink = (rank) => {
+      const place = places.get(rank);
+      if (!place?.node) return null;
+      const card = place.gpuIndex === null ? place.node : `${place.node} #${place.gpuIndex}`;
+      return h(
+        "a",
+        { class: "rank-node", href: nodeLink(place.node, place.gpuIndex), title: t("serving.rank_node_link", { rank, card }) },
+        card,
+      );
+    };
     const counts = stateCounts(cells);
     const summary = RANK_STATES.filter((s) => counts[s] > 0)
       .map((s) => t("serving.count", { count: counts[s], state: t(`serving.state.${s}`) }))
@@ -242,6 +254,7 @@ export function createServingPage(main) {
                   { class: cell.published ? "rank-pub" : "rank-pub off" },
                   cell.published ? t("serving.rank_published") : t("serving.rank_unpublished"),
                 ),
+            placeLink(cell.rank),
           ),
         ),
       ),
