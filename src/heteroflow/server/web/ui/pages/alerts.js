@@ -39,7 +39,9 @@ export function createAlertsPage(main) {
     detailGen: 0,
     message: null,
     drafts: new Map(), // alert id -> the reason typed so far: never lost to a refused or failed resolve
-    cannotResolve: false, // after a 403 the form is not offered again to this token
+    // the token's scopes (GET /api/v1/auth/whoami) say whether it may resolve; a 403 says so too. Until whoami
+    // answers, the form is offered (the server decides; a refused reason is kept).
+    cannotResolve: false,
   };
   const listBox = h("section", { class: "block", "aria-labelledby": "alerts-title" });
   const detailBox = h("section", {
@@ -279,6 +281,16 @@ export function createAlertsPage(main) {
   return {
     start() {
       replace(main, listBox, detailBox);
+      api("/api/v1/auth/whoami").then(
+        (me) => {
+          const scopes = Array.isArray(me?.scopes) ? me.scopes : [];
+          if (!scopes.includes("alerts:write") && !scopes.includes("admin")) {
+            state.cannotResolve = true;
+            render();
+          }
+        },
+        () => {}, // unknown: offered, and the server's answer decides
+      );
       fetchList();
       if (view.alert) fetchDetail(view.alert); // a linked alert: shown even when the filter hides its row
     },
