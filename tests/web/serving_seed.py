@@ -37,6 +37,8 @@ from heteroflow.storage.token_store import SqlTokenStore
 from tests.integration.serving.controller_harness import Plane, run_plane
 from tests.web.seed import build_app, serve
 
+RANK_CARDS = {0: [{"device_id": "GPU-rank-0", "index": 0}], 1: [{"device_id": "GPU-rank-1", "index": 1}]}
+
 
 @dataclass(frozen=True)
 class ServingSeeded:
@@ -92,7 +94,9 @@ def scaled_down_controller(tmp: Path) -> Iterator[tuple[str, str]]:
 
     def run() -> None:
         try:
-            run_plane(scenario, tmp)
+            # pod a on a named node with one card behind each rank (the dashboard links those ranks to the card);
+            # pod b registers neither (its ranks link nowhere: unknown, never a guess)
+            run_plane(scenario, tmp, node_names={"a": "gpu-node-a"}, device_infos=RANK_CARDS)
         except BaseException as exc:  # surfaced in the test thread
             box["error"] = exc
         finally:

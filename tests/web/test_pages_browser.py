@@ -644,8 +644,16 @@ def test_alerts_resolve_with_a_reason_and_audit_trail(open_page: Open, seeded: S
     from playwright.sync_api import expect
 
     alert_id = seeded.resolvable_alert
-    # A token without alerts:write is refused, and the alert stays open.
-    readonly = open_page("/alerts", token=seeded.readonly)
+    # A token without alerts:write is not offered the resolve form: its scopes (whoami) say it may not resolve.
+    told = open_page("/alerts", token=seeded.readonly)
+    told.locator(f'#alerts-table tr[data-id="{alert_id}"]').click()
+    expect(told.locator("#resolve-unavailable")).to_be_visible()
+    expect(told.locator("#resolve-submit")).to_have_count(0)
+    expect(told.locator("#resolve-reason")).to_have_attribute("readonly", "")
+    # When whoami fails (unknown scopes), the form is offered: the server refuses, and the alert stays open.
+    readonly = open_page("", token=seeded.readonly)
+    readonly.route("**/api/v1/auth/whoami", lambda route: route.abort())
+    readonly.goto(seeded.base_url + "/alerts")
     readonly.locator(f'#alerts-table tr[data-id="{alert_id}"]').click()
     readonly.fill("#resolve-reason", "card replaced")
     readonly.click("#resolve-submit")

@@ -208,6 +208,32 @@ def test_a_read_only_serving_token_watches_pods_nodes_and_decisions(open_page: O
     expect(row.locator(".duration")).to_have_text(f"{total:.3f} s")
 
 
+def test_each_rank_links_to_its_node_and_card(open_page: Open, serving: ServingSeeded) -> None:
+    from playwright.sync_api import expect
+
+    page = open_page(serving.base_url + "/serving", token=serving.serving_reader)
+    instance = page.locator(INSTANCE)
+    for rank in (0, 1):  # pod a: a named node, one card behind each rank
+        link = instance.locator(f'.rank-grid li[data-rank="{rank}"] a.rank-node')
+        expect(link).to_have_text(f"gpu-node-a #{rank}")
+        expect(link).to_have_attribute("href", f"/nodes/gpu-health?node=gpu-node-a&gpu={rank}")
+    for rank in (2, 3):  # pod b registered no node name
+        expect(instance.locator(f'.rank-grid li[data-rank="{rank}"] a.rank-node')).to_have_count(0)
+
+
+def test_an_instance_link_highlights_that_instance(open_page: Open, serving: ServingSeeded) -> None:
+    from playwright.sync_api import expect
+
+    page = open_page(serving.base_url + "/serving", token=serving.serving_reader)
+    link = page.locator(INSTANCE).locator("a.instance-link")
+    expect(link).to_have_attribute("href", "/serving?instance=inst-1")
+    expect(page.locator(INSTANCE)).not_to_have_attribute("aria-current", "true")
+    link.click()
+    expect(page.locator(INSTANCE)).to_have_attribute("aria-current", "true")
+    assert page.url.endswith("/serving?instance=inst-1")
+    expect(page.locator(".instance.linked")).to_have_count(1)
+
+
 @pytest.mark.parametrize("width", [800, 1024, 1280])
 def test_every_fact_stays_under_its_own_label(open_page: Open, serving: ServingSeeded, width: int) -> None:
     from playwright.sync_api import expect

@@ -216,6 +216,10 @@ class CapabilitiesOut(BaseModel):
     since: datetime
     stall_threshold_minutes: int
     cards: list[CardCapabilityOut]
+    total: int = Field(default=0, description="Cards matching the filters, before paging.")
+    offset: int = 0
+    limit: int | None = Field(default=None, description="The page size asked for; null: every matching card.")
+    sort: str = "node"
     note: str
     note_code: str = Field(
         default="capabilities.observed",

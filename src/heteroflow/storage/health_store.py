@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
-from datetime import datetime
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
 from typing import Any, Literal
 
 import sqlalchemy as sa
@@ -17,9 +17,11 @@ from heteroflow.health.heartbeat import ParsedXid
 from heteroflow.health.samples import CardKey, HealthReading, StoredSample
 from heteroflow.platform.auth import NodeScope
 from heteroflow.storage.db import unavailable_as_store_error
+from heteroflow.storage.health_buckets import CapabilityQuery, add_to_buckets, capability_query, cut_buckets
 from heteroflow.storage.schema import gpu_health_samples as samples_t
 from heteroflow.storage.schema import gpu_xid_events as xid_t
 from heteroflow.storage.schema import nodes as nodes_t
+from heteroflow.storage.scope import in_scope
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +36,13 @@ class CardCapability:
     last_sample_at: datetime
     sample_count: int
     semantics_unconfirmed: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class CapabilityPage:
+    cards: list[CardCapability]
+    total: int
+    """Cards matching the filters, before paging."""
 
 
 HardwareEventKind = Literal["xid", "ecc_uncorrected", "remap_failure"]
@@ -100,17 +109,6 @@ def _latest(conn: Connection, key: CardKey, *, not_after: datetime | None = None
     return _row_to_sample(row) if row is not None else None
 
 
-def in_scope(column: sa.ColumnElement[str], scope: NodeScope) -> list[sa.ColumnElement[bool]]:
-    """The condition that keeps ``column`` (a node id) inside a tenant's nodes; nothing for an unscoped caller.
-
-    No condition at all rather than ``IN (all nodes)``: the extra term costs nothing in meaning but can turn a
-    planner away from the best index.
-    """
-    if scope.tenant_id is None:
-        return []
-    return [column.in_(sa.select(nodes_t.c.id).where(nodes_t.c.tenant_id == scope.tenant_id))]
-
-
 class SqlHealthSampleStore:
     """Implements :class:`heteroflow.health.store.HealthSampleStore` and the read side of the API."""
 
@@ -175,7 +173,9 @@ class SqlHealthSampleStore:
             if not rows:
                 return []
             result = conn.execute(sa.insert(samples_t).returning(*samples_t.c), rows)
-            return [_row_to_sample(row) for row in result]
+            stored = [_row_to_sample(row) for row in result]
+            add_to_buckets(conn, rows)
+            return stored
 
     def delete_older_than(self, cutoff: datetime, *, timeout_seconds: float) -> int:
         """Delete the rows older than ``cutoff``; first flag the row that becomes each slot's oldest.
@@ -219,6 +219,7 @@ class SqlHealthSampleStore:
                 conn.execute(sa.text(f"SET LOCAL statement_timeout = {int(timeout_seconds * 1000)}"))
             conn.execute(reflag)
             result = conn.execute(sa.delete(samples_t).where(samples_t.c.sampled_at < cutoff))
+            cut_buckets(conn, cutoff)
             return int(result.rowcount or 0)
 
     # -- XID events -----------------------------------------------------------------------------------------
@@ -272,48 +273,35 @@ class SqlHealthSampleStore:
     def capabilities(
         self, *, scope: NodeScope, source: Source, since: datetime, until: datetime | None = None
     ) -> list[CardCapability]:
-        """Per card, which counters had a non-NULL value in the period, computed in SQL.
+        """Per card, which counters had a non-NULL value in the period (all cards, by node and index)."""
+        far = until if until is not None else datetime.max.replace(tzinfo=UTC)
+        return self.capability_page(CapabilityQuery(scope=scope, source=source, since=since, until=far)).cards
+
+    def capability_page(self, query: CapabilityQuery) -> CapabilityPage:
+        """The capability matrix's cards: filtered, ordered and paged in SQL, from the hour and day buckets.
 
         ``until`` leaves out rows stamped later (a row further ahead of the server than any agent clock is
         believed would hide a stalled card behind a last sample in the future).
         """
-        bound = [] if until is None else [samples_t.c.sampled_at <= until]
-        columns = [sa.func.count(samples_t.c[name]).label(name) for name in HEALTH_KEYS]
-        query = (
-            sa.select(
-                samples_t.c.node_id,
-                samples_t.c.gpu_index,
-                samples_t.c.uuid,
-                sa.func.min(samples_t.c.sampled_at).label("first_sample_at"),
-                sa.func.max(samples_t.c.sampled_at).label("last_sample_at"),
-                sa.func.count().label("sample_count"),
-                sa.func.max(samples_t.c.semantics_unconfirmed).label("semantics_unconfirmed"),
-                *columns,
-            )
-            .where(
-                samples_t.c.source == source,
-                samples_t.c.sampled_at >= since,
-                *bound,
-                *in_scope(samples_t.c.node_id, scope),
-            )
-            .group_by(samples_t.c.node_id, samples_t.c.gpu_index, samples_t.c.uuid)
-            .order_by(samples_t.c.node_id, samples_t.c.gpu_index, sa.func.max(samples_t.c.sampled_at))
-        )
         with unavailable_as_store_error(), self._engine.connect() as conn:
-            rows = conn.execute(query).all()
-        return [
+            rows = conn.execute(capability_query(query)).all()
+            if not rows and query.offset > 0:  # past the end: the total from the first row
+                first = conn.execute(capability_query(replace(query, offset=0, limit=1))).first()
+                return CapabilityPage(cards=[], total=int(first.total) if first is not None else 0)
+        cards = [
             CardCapability(
                 node_id=NodeId(row.node_id),
                 gpu_index=row.gpu_index,
-                uuid=row.uuid,
-                collectable={name: getattr(row, name) > 0 for name in HEALTH_KEYS},
+                uuid=row.uuid_key or None,
+                collectable={name: int(getattr(row, name)) > 0 for name in HEALTH_KEYS},
                 first_sample_at=row.first_sample_at,
                 last_sample_at=row.last_sample_at,
-                sample_count=row.sample_count,
+                sample_count=int(row.sample_count),
                 semantics_unconfirmed=split_keys(row.semantics_unconfirmed),
             )
             for row in rows
         ]
+        return CapabilityPage(cards=cards, total=int(rows[0].total) if rows else 0)
 
     def hardware_events(
         self,

@@ -25,11 +25,11 @@ from heteroflow.health.samples import Card, CardKey, StoredSample
 from heteroflow.health.statistics import BandCounts, Exposure, FailureEvent, PredictionWindow, predicted_cards
 from heteroflow.platform.auth import NodeScope
 from heteroflow.storage.db import unavailable_as_store_error
-from heteroflow.storage.health_store import in_scope
 from heteroflow.storage.schema import gpu_health_samples as samples_t
 from heteroflow.storage.schema import gpu_xid_events as xid_t
 from heteroflow.storage.schema import nodes as nodes_t
 from heteroflow.storage.schema import predictions as predictions_t
+from heteroflow.storage.scope import in_scope
 
 
 @dataclass(frozen=True, slots=True)

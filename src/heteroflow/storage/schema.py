@@ -151,6 +151,40 @@ gpu_health_samples = sa.Table(
     ),
 )
 
+# Per card and hour, and per card and UTC day: how many samples, when, and how many carried each counter. Written
+# with the samples (and rebuilt where retention cuts a bucket), so the capability matrix reads about one row per
+# card and day instead of every sample of the retention period.
+BUCKET_COUNTERS = (
+    "ecc_uncorrected_total",
+    "ecc_corrected_total",
+    "retired_pages",
+    "remapped_rows_pending",
+    "remapped_rows_failure",
+    "remapped_rows_correctable",
+    "remapped_rows_uncorrectable",
+    "ecc_sram_uncorrected_total",
+    "ecc_sram_corrected_total",
+)
+
+gpu_health_card_buckets = sa.Table(
+    "gpu_health_card_buckets",
+    metadata,
+    sa.Column("span_seconds", sa.Integer(), primary_key=True),  # 3600 or 86400
+    sa.Column("source", sa.String(16), primary_key=True),
+    sa.Column("node_id", sa.String(36), sa.ForeignKey("nodes.id", ondelete="CASCADE"), primary_key=True),
+    sa.Column("gpu_index", sa.Integer(), primary_key=True),
+    sa.Column("uuid_key", sa.String(128), primary_key=True),  # the card's uuid; '' for an unknown uuid
+    sa.Column("bucket_start", UtcDateTime(), primary_key=True),
+    sa.Column("first_sample_at", UtcDateTime(), nullable=False),
+    sa.Column("last_sample_at", UtcDateTime(), nullable=False),
+    sa.Column("sample_count", sa.BigInteger(), nullable=False),
+    sa.Column("semantics_unconfirmed", sa.String(200), nullable=True),  # the greatest value in the bucket
+    *(sa.Column(name, sa.BigInteger(), nullable=False) for name in BUCKET_COUNTERS),  # non-NULL values
+    sa.CheckConstraint(SOURCE_CHECK, name="source"),
+    # the capability matrix: one span, one source, a range of buckets
+    sa.Index(None, "span_seconds", "source", "bucket_start"),
+)
+
 gpu_xid_events = sa.Table(
     "gpu_xid_events",
     metadata,

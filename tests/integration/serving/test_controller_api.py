@@ -221,6 +221,30 @@ def test_registration_assembles_the_instance_and_the_status_has_the_rfc_keys(tmp
     with_api(tmp_path, scenario)
 
 
+def test_each_pod_in_the_status_names_its_ranks_and_their_cards(tmp_path: Path) -> None:
+    """Where the dashboard links a rank to: its pod's node, and the card behind it when the pod registered one."""
+
+    async def scenario(client: httpx.AsyncClient, _: Controller) -> None:
+        endpoints = [
+            {"id": 1, "ip": "127.0.0.1", "port": 8101, "device_infos": [{"device_id": "GPU-b", "index": 3}]},
+            {"id": 0, "ip": "127.0.0.1", "port": 8100, "device_infos": [{"device_id": "GPU-a", "index": 2}]},
+        ]
+        await client.post(
+            "/controller/node_manager/register", json=registration("a", [0, 1], endpoints=endpoints, node_name="k-1")
+        )
+        await client.post("/controller/node_manager/register", json=registration("b", [2, 3]))
+        [entry] = (await client.get("/controller/fault_tolerance/status")).json()
+        pods = {pod["pod_id"]: pod for pod in entry["pods"]}
+        assert pods["a"]["node_name"] == "k-1"
+        assert pods["a"]["ranks"] == [
+            {"rank": 0, "devices": [{"device_id": "GPU-a", "index": 2}]},
+            {"rank": 1, "devices": [{"device_id": "GPU-b", "index": 3}]},
+        ]
+        assert pods["b"]["ranks"] == [{"rank": 2, "devices": []}, {"rank": 3, "devices": []}]
+
+    with_api(tmp_path, scenario)
+
+
 def test_disagreeing_capabilities_fail_closed(tmp_path: Path) -> None:
     async def scenario(client: httpx.AsyncClient, _: Controller) -> None:
         await client.post("/controller/node_manager/register", json=registration("a", [0, 1]))

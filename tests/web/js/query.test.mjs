@@ -1,10 +1,13 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
 import {
+  CAPS_SORTS,
   DEFAULT_VIEW,
   SORTS,
   TYPES,
+  capabilityParams,
   parseCard,
+  parseNodeLink,
   parseView,
   predictionParams,
   writeView,
@@ -28,12 +31,18 @@ test("a view survives the round trip through its URL", () => {
     refresh: true,
     range: 30,
     stalled: true,
+    cq: "GPU-ab",
+    cnode: "6f1c-node",
+    csort: "stalled_first",
+    cpage: 4,
   };
   assert.deepEqual(parseView(writeView(view)), view);
 });
 
 test("unknown or hostile values fall back to the defaults, never an error", () => {
-  const view = parseView("?status=dead&type=weak&sort=random&page=-2&card=nocolon&refresh=yes&source=all&range=2");
+  const view = parseView(
+    "?status=dead&type=weak&sort=random&page=-2&card=nocolon&refresh=yes&source=all&range=2&csort=size&cpage=0",
+  );
   assert.deepEqual(view, { ...DEFAULT_VIEW });
   assert.equal(parseView("?page=99999999").page, 1);
   assert.equal(parseView(`?q=${"x".repeat(300)}`).q.length, 128);
@@ -45,6 +54,11 @@ test("unknown or hostile values fall back to the defaults, never an error", () =
 test("the serving dashboard's node link searches that node's cards", () => {
   assert.equal(parseView("?node=sim-local-01").q, "sim-local-01");
   assert.equal(parseView("?node=a&q=b").q, "b");
+  assert.deepEqual(parseNodeLink("?node=sim-local-01&gpu=3"), { node: "sim-local-01", gpu: 3 });
+  assert.equal(parseNodeLink("?node=sim-local-01"), null);
+  assert.equal(parseNodeLink("?node=a&gpu=-1"), null);
+  assert.equal(parseNodeLink("?node=a&gpu=x"), null);
+  assert.equal(parseNodeLink("?gpu=1"), null);
 });
 
 test("API parameters carry only what is chosen; the page becomes an offset", () => {
@@ -65,5 +79,24 @@ test("every type and sort has its words in both languages", () => {
   for (const lang of ["en", "zh"]) {
     for (const type of TYPES) assert.ok(LANGUAGES[lang][`pred.type.${type}`], `${lang} type ${type}`);
     for (const sort of SORTS) assert.ok(LANGUAGES[lang][`pred.sort.${sort}`], `${lang} sort ${sort}`);
+  }
+});
+
+test("the capability matrix's parameters: stalled only, node, search, order and page", () => {
+  assert.deepEqual(capabilityParams(DEFAULT_VIEW, 50), { source: "real", limit: 50, offset: 0 });
+  const view = { ...DEFAULT_VIEW, stalled: true, cnode: "n-1", cq: "GPU", csort: "stalled_first", cpage: 3 };
+  assert.deepEqual(capabilityParams(view, 50), {
+    source: "real",
+    limit: 50,
+    offset: 100,
+    status: "stalled",
+    node_id: "n-1",
+    q: "GPU",
+    sort: "stalled_first",
+  });
+  assert.deepEqual(CAPS_SORTS, ["node", "stalled_first", "recent_first"]);
+  for (const sort of CAPS_SORTS) {
+    assert.ok(LANGUAGES.en[`caps.sort.${sort}`], sort);
+    assert.ok(LANGUAGES.zh[`caps.sort.${sort}`], sort);
   }
 });

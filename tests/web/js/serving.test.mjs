@@ -19,6 +19,7 @@ import {
   pastRounds,
   phaseInfo,
   rankCells,
+  rankPlaces,
   relTime,
   roundDuration,
   roundToShow,
@@ -409,4 +410,31 @@ test("the evidence document holds the round verbatim, the instance status and a 
   assert.deepEqual(parsed.round.events, record.events);
   assert.equal(parsed.instance_status.instance_id, "inst-1");
   assert.equal(parsed.exported_at, "2026-01-01T00:00:00Z");
+});
+
+test("each rank's place: its pod's node, and its card when it registered exactly one with an index", () => {
+  const places = rankPlaces(
+    entry({
+      pods: [
+        {
+          pod_id: "a",
+          node_name: "node-1",
+          ranks: [
+            { rank: 0, devices: [{ device_id: "GPU-a", index: 2 }] },
+            { rank: 1, devices: [{ device_id: "GPU-b", index: 3 }, { device_id: "GPU-c", index: 4 }] },
+          ],
+        },
+        { pod_id: "b", node_name: "", ranks: [{ rank: 2, devices: [{ device_id: "npu-0", index: null }] }] },
+        { pod_id: "c", state: "unknown" }, // a pod the controller knows nothing more of
+        { pod_id: "d", node_name: "node-4", ranks: [{ rank: "3" }, null] },
+      ],
+    }),
+  );
+  assert.deepEqual([...places.keys()], [0, 1, 2]);
+  assert.deepEqual(places.get(0), { pod: "a", node: "node-1", gpuIndex: 2 });
+  assert.deepEqual(places.get(1), { pod: "a", node: "node-1", gpuIndex: null }); // two cards: no single one
+  assert.deepEqual(places.get(2), { pod: "b", node: null, gpuIndex: null });
+  assert.equal(rankPlaces({}).size, 0);
+  assert.equal(nodeLink("node-1", 2), "/nodes/gpu-health?node=node-1&gpu=2");
+  assert.equal(nodeLink("node-1", null), "/nodes/gpu-health?node=node-1");
 });

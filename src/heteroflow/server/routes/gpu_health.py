@@ -17,6 +17,8 @@ from heteroflow.server.auth import context, require, visible_node
 from heteroflow.server.context import ServerContext
 from heteroflow.server.errors import BadRequest, error_responses
 from heteroflow.server.schemas import CapabilitiesOut, CardCapabilityOut, SampleOut, SamplesOut, UtcTime
+from heteroflow.storage.health_buckets import CAPABILITY_SORTS, CapabilityQuery, CapabilitySort
+from heteroflow.storage.health_store import CardCapability
 
 router = APIRouter(prefix="/api/v1/gpu-health", tags=["gpu-health"], responses=error_responses(400, 403))
 
@@ -87,64 +89,100 @@ async def samples(
     )
 
 
+CapabilityStatus = Literal["all", "collecting", "stalled"]
+CAPABILITY_STATUSES: tuple[CapabilityStatus, ...] = ("all", "collecting", "stalled")
+
+
+def _capability_status(status: str, stalled: bool | None) -> bool | None:
+    """``status`` (all, collecting, stalled) or the older ``stalled`` flag, as "stalled or not" (None: both)."""
+    if status not in CAPABILITY_STATUSES:
+        raise BadRequest(f"status must be one of {', '.join(CAPABILITY_STATUSES)}")
+    if status != "all":
+        if stalled is not None and stalled != (status == "stalled"):
+            raise BadRequest("status and stalled contradict each other")
+        return status == "stalled"
+    return stalled
+
+
+def _capability_sort(sort: str) -> CapabilitySort:
+    for known in CAPABILITY_SORTS:
+        if sort == known:
+            return known
+    raise BadRequest(f"sort must be one of {', '.join(CAPABILITY_SORTS)}")
+
+
 @router.get("/capabilities", response_model=CapabilitiesOut, summary="What each card can report")
 async def capabilities(
     ctx: Ctx,
     principal: Reader,
     source: SourceParam = "real",
     since: UtcTime | None = None,
+    status: Annotated[str, Query(description="all (default), collecting or stalled")] = "all",
     stalled: Annotated[bool | None, Query(description="true: only cards whose collection stalled; false: none")] = None,
     node_id: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
     q: Annotated[
         str | None, Query(min_length=1, max_length=128, description="part of the card's uuid or its node's name")
     ] = None,
+    sort: Annotated[str, Query(description="node (default: node name, index), stalled_first or recent_first")] = "node",
+    limit: Annotated[int | None, Query(description="1..1000; absent: every matching card")] = None,
+    offset: int = 0,
 ) -> CapabilitiesOut:
     """One row per card (node, index, uuid) with samples in the period (default: the retention period).
-    ``stalled``, ``node_id`` and ``q`` keep only the matching cards (the footer note stays)."""
+    ``status`` (or ``stalled``), ``node_id`` and ``q`` keep only the matching cards, ``sort`` orders them and
+    ``limit``/``offset`` page them, all in SQL; ``total`` counts the matching cards (the footer note stays)."""
     chosen = parse_source(source)
+    if limit is not None and not 1 <= limit <= 1000:
+        raise BadRequest("limit must be between 1 and 1000")
+    if not 0 <= offset <= 10_000_000:
+        raise BadRequest("offset must be between 0 and 10000000")
     now = ctx.clock.now()
-    start = _since(since, default=now - timedelta(days=ctx.health_settings.retention_days))
     stall = timedelta(minutes=ctx.health_settings.stall_threshold_minutes)
-    until = now + timedelta(seconds=ctx.health_settings.clock_skew_seconds)
-    cards = await asyncio.to_thread(
-        ctx.samples.capabilities, scope=NodeScope.of(principal), source=chosen, since=start, until=until
+    query = CapabilityQuery(
+        scope=NodeScope.of(principal),
+        source=chosen,
+        since=_since(since, default=now - timedelta(days=ctx.health_settings.retention_days)),
+        until=now + timedelta(seconds=ctx.health_settings.clock_skew_seconds),
+        stalled_before=now - stall,
+        stalled=_capability_status(status, stalled),
+        node_id=node_id,
+        q=q.strip() or None if q else None,
+        sort=_capability_sort(sort),
+        limit=limit,
+        offset=offset,
     )
-    if stalled is not None:
-        cards = [card for card in cards if (now - card.last_sample_at > stall) == stalled]
-    if node_id is not None:
-        cards = [card for card in cards if card.node_id == node_id]
-    needle = q.strip().lower() if q else ""
-    if needle:
-        names = await asyncio.to_thread(ctx.nodes.names, {card.node_id for card in cards})
-        cards = [
-            card
-            for card in cards
-            if needle in (card.uuid or "").lower() or needle in names.get(card.node_id, "").lower()
-        ]
+    page = await asyncio.to_thread(ctx.samples.capability_page, query)
     monotonic = ctx.clock.monotonic()
-    xid_reports = {card.node_id: ctx.xid_collection.get(card.node_id, now=monotonic) for card in cards}
+    xid_reports = {card.node_id: ctx.xid_collection.get(card.node_id, now=monotonic) for card in page.cards}
     return CapabilitiesOut(
         source=chosen,
-        since=start,
+        since=query.since,
         stall_threshold_minutes=ctx.health_settings.stall_threshold_minutes,
         note=CAPABILITIES_NOTE,
+        total=page.total,
+        offset=offset,
+        limit=limit,
+        sort=query.sort,
         cards=[
-            CardCapabilityOut(
-                node_id=card.node_id,
-                gpu_index=card.gpu_index,
-                uuid=card.uuid,
-                metrics={key: "collectable" if card.collectable[key] else "unknown" for key in HEALTH_KEYS},
-                first_sample_at=card.first_sample_at,
-                last_sample_at=card.last_sample_at,
-                sample_count=card.sample_count,
-                collection_stalled=now - card.last_sample_at > stall,
-                trend_prediction_possible=card.collectable["ecc_corrected_total"],
-                semantics_unconfirmed=list(card.semantics_unconfirmed),
-                xid_events=_card_xids(xid_reports[card.node_id], card.gpu_index)[0],
-                xid_events_reason=_card_xids(xid_reports[card.node_id], card.gpu_index)[1],
-            )
-            for card in cards
+            _capability_out(card, now - card.last_sample_at > stall, xid_reports[card.node_id]) for card in page.cards
         ],
+    )
+
+
+def _capability_out(card: CardCapability, stalled: bool, xids: XidCollectionReport | None) -> CardCapabilityOut:
+    xid_state, xid_reason = _card_xids(xids, card.gpu_index)
+    return CardCapabilityOut(
+        node_id=card.node_id,
+        gpu_index=card.gpu_index,
+        uuid=card.uuid,
+        metrics={key: "collectable" if card.collectable[key] else "unknown" for key in HEALTH_KEYS},
+        first_sample_at=card.first_sample_at,
+        last_sample_at=card.last_sample_at,
+        sample_count=card.sample_count,
+        collection_stalled=stalled,
+        trend_prediction_possible=card.collectable["ecc_corrected_total"],
+        semantics_unconfirmed=list(card.semantics_unconfirmed),
+        xid_events=xid_state,
+        xid_events_reason=xid_reason,
     )
 
 

@@ -3,12 +3,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from heteroflow.serving.controller.core import runtime as rt
 
 if TYPE_CHECKING:
     from heteroflow.serving.controller.service import Controller, Instance
+    from heteroflow.serving.wire import EndpointInfo
 
 
 def instance_statuses(ctrl: Controller) -> list[dict[str, object]]:
@@ -41,10 +43,18 @@ def _assembled(ctrl: Controller, inst: Instance) -> dict[str, object]:
     pending = {e.fault.key for e in inst.hardware}
     entry["hardware_faults"] = [{**seen, "pending": key in pending} for key, seen in inst.hardware_seen.items()]
     entry["rounds"] = list(inst.runtime.history)
-    entry["pods"] = [_pod(ctrl, pod.pod_id) for pod in inst.topology.pods]
+    entry["pods"] = [{**_pod(ctrl, pod.pod_id), "ranks": _ranks(pod.endpoints)} for pod in inst.topology.pods]
     entry["persist_pending"] = inst.persist_pending
     entry["store_error"] = ctrl.store_error
     return entry
+
+
+def _ranks(endpoints: Sequence[EndpointInfo]) -> list[dict[str, object]]:
+    """The pod's DP ranks and the cards behind each (as registered): where the dashboard links a rank to."""
+    return [
+        {"rank": e.id, "devices": [{"device_id": d.device_id, "index": d.index} for d in e.device_infos]}
+        for e in sorted(endpoints, key=lambda e: e.id)
+    ]
 
 
 def _pod(ctrl: Controller, pod_id: str) -> dict[str, object]:

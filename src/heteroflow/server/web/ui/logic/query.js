@@ -15,6 +15,7 @@ export const TYPES = Object.freeze([
   "retired_pages_growth",
 ]);
 export const SORTS = Object.freeze(["newest", "strong_first", "window_end"]);
+export const CAPS_SORTS = Object.freeze(["node", "stalled_first", "recent_first"]);
 export const DEFAULT_VIEW = Object.freeze({
   source: "real",
   status: "all",
@@ -26,6 +27,11 @@ export const DEFAULT_VIEW = Object.freeze({
   refresh: false,
   range: 7,
   stalled: false,
+  // the capability matrix's own filters, order and page
+  cq: "",
+  cnode: "",
+  csort: "node",
+  cpage: 1,
 });
 const RANGES = [1, 7, 30];
 
@@ -39,7 +45,6 @@ const MAX_PAGE = 200_000; // offset 10,000,000 at 50 a page: the API's bound
 export function parseView(search) {
   const p = new URLSearchParams(search);
   const pick = (name, allowed) => (allowed.includes(p.get(name)) ? p.get(name) : DEFAULT_VIEW[name]);
-  const page = Number.parseInt(p.get("page") ?? "", 10);
   // ?node=<name> (the serving dashboard's link from a pod to its node) searches for that node's cards
   const q = (p.get("q") ?? p.get("node") ?? "").trim().slice(0, 128);
   return {
@@ -48,12 +53,33 @@ export function parseView(search) {
     type: pick("type", TYPES),
     sort: pick("sort", SORTS),
     q,
-    page: Number.isInteger(page) && page >= 1 && page <= MAX_PAGE ? page : 1,
+    page: pageOf(p.get("page")),
     card: parseCard(p.get("card")),
     refresh: p.get("refresh") === "1",
     range: RANGES.includes(Number(p.get("range"))) ? Number(p.get("range")) : DEFAULT_VIEW.range,
     stalled: p.get("stalled") === "1",
+    cq: (p.get("cq") ?? "").trim().slice(0, 128),
+    cnode: (p.get("cnode") ?? "").trim().slice(0, 64),
+    csort: CAPS_SORTS.includes(p.get("csort")) ? p.get("csort") : DEFAULT_VIEW.csort,
+    cpage: pageOf(p.get("cpage")),
   };
+}
+
+function pageOf(text) {
+  const page = Number.parseInt(text ?? "", 10);
+  return Number.isInteger(page) && page >= 1 && page <= MAX_PAGE ? page : 1;
+}
+
+/**
+ * The serving dashboard's link to one card, ``?node=<name>&gpu=<index>``: {node: name, gpu: index}, else null (the
+ * page then shows that card once it knows the node's id; the URL then carries it as ``card=``).
+ */
+export function parseNodeLink(search) {
+  const p = new URLSearchParams(search);
+  const node = (p.get("node") ?? "").trim();
+  const gpu = Number(p.get("gpu") ?? "");
+  if (!node || p.get("gpu") === null || !Number.isInteger(gpu) || gpu < 0 || gpu > 4095) return null;
+  return { node, gpu };
 }
 
 /** "<node id>:<index>" → {node_id, gpu_index}; anything else → null. */
@@ -77,6 +103,10 @@ export function writeView(view) {
   if (view.refresh) p.set("refresh", "1");
   if (view.range !== DEFAULT_VIEW.range) p.set("range", String(view.range));
   if (view.stalled) p.set("stalled", "1");
+  if (view.cq) p.set("cq", view.cq);
+  if (view.cnode) p.set("cnode", view.cnode);
+  if (view.csort && view.csort !== DEFAULT_VIEW.csort) p.set("csort", view.csort);
+  if (view.cpage > 1) p.set("cpage", String(view.cpage));
   const text = p.toString();
   return text ? `?${text}` : "";
 }
@@ -88,5 +118,15 @@ export function predictionParams(view, pageSize) {
   if (view.type !== "all") params.type = view.type;
   if (view.sort !== "newest") params.sort = view.sort;
   if (view.q) params.q = view.q;
+  return params;
+}
+
+/** The capability matrix's API parameters for a view: its filters, order and page (page size ``pageSize``). */
+export function capabilityParams(view, pageSize) {
+  const params = { source: view.source, limit: pageSize, offset: ((view.cpage ?? 1) - 1) * pageSize };
+  if (view.stalled) params.status = "stalled";
+  if (view.cnode) params.node_id = view.cnode;
+  if (view.cq) params.q = view.cq;
+  if (view.csort && view.csort !== "node") params.sort = view.csort;
   return params;
 }

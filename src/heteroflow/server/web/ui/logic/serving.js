@@ -242,9 +242,34 @@ export function hardwareFaults(entry) {
     });
 }
 
-/** The GPU health page of one node, where its cards can be inspected (a deep link). */
-export function nodeLink(nodeName) {
-  return `/nodes/gpu-health?node=${encodeURIComponent(String(nodeName))}`;
+/**
+ * The GPU health page of one node, where its cards can be inspected (a deep link); with ``gpuIndex``, that card
+ * is the one shown in the ECC chart.
+ */
+export function nodeLink(nodeName, gpuIndex = null) {
+  const card = Number.isInteger(gpuIndex) && gpuIndex >= 0 ? `&gpu=${gpuIndex}` : "";
+  return `/nodes/gpu-health?node=${encodeURIComponent(String(nodeName))}${card}`;
+}
+
+/**
+ * Where each DP rank runs, from the status's pods (``pods[].ranks``): rank → {pod, node (null: not reported),
+ * gpuIndex (the card's index when the rank registered exactly one card with an index, else null)}.
+ * @returns {Map<number, {pod: string, node: string|null, gpuIndex: number|null}>}
+ */
+export function rankPlaces(entry) {
+  const places = new Map();
+  const pods = Array.isArray(entry?.pods) ? entry.pods : [];
+  for (const pod of pods) {
+    if (!pod || typeof pod !== "object" || !Array.isArray(pod.ranks)) continue;
+    const node = typeof pod.node_name === "string" && pod.node_name ? pod.node_name : null;
+    for (const r of pod.ranks) {
+      if (!r || !Number.isInteger(r.rank)) continue;
+      const devices = Array.isArray(r.devices) ? r.devices : [];
+      const index = devices.length === 1 && Number.isInteger(devices[0]?.index) ? devices[0].index : null;
+      places.set(r.rank, { pod: String(pod.pod_id ?? ""), node, gpuIndex: index });
+    }
+  }
+  return places;
 }
 
 /** A round is running in a round phase, or while the controller reports a running strategy. */

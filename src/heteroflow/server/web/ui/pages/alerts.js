@@ -1,4 +1,5 @@
-// /alerts: open and resolved alerts, one alert's audit trail, and a manual resolve with a reason.
+// /alerts: open and resolved alerts, one alert's audit trail, and a manual resolve with a reason. The URL carries
+// the filter and the selected alert (?filter=resolved&alert=<id>), so an alert can be linked and reloaded.
 import { ApiError, api } from "../api.js";
 import { h, replace } from "../dom.js";
 import { fmtTime } from "../format.js";
@@ -8,9 +9,29 @@ import { activatable, blockStatus, errorText, idle, loading, table } from "./com
 const LIMIT = 500;
 const FILTERS = ["open", "resolved", "all"];
 
+/** ``?filter=`` and ``?alert=`` of the URL; anything unknown is the default (open alerts, none selected). */
+export function parseAlertsView(search) {
+  const p = new URLSearchParams(search);
+  const alert = (p.get("alert") ?? "").trim();
+  return {
+    filter: FILTERS.includes(p.get("filter")) ? p.get("filter") : "open",
+    alert: alert && alert.length <= 128 ? alert : null,
+  };
+}
+
+/** The query string of an alerts view: only what differs from the defaults. */
+export function writeAlertsView(view) {
+  const p = new URLSearchParams();
+  if (view.filter !== "open") p.set("filter", view.filter);
+  if (view.alert) p.set("alert", view.alert);
+  const text = p.toString();
+  return text ? `?${text}` : "";
+}
+
 export function createAlertsPage(main) {
+  const view = parseAlertsView(location.search);
   const state = {
-    filter: "open",
+    filter: view.filter,
     list: loading(),
     detail: idle(),
     selectedId: null,
@@ -18,7 +39,9 @@ export function createAlertsPage(main) {
     detailGen: 0,
     message: null,
     drafts: new Map(), // alert id -> the reason typed so far: never lost to a refused or failed resolve
-    cannotResolve: false, // after a 403 the form is not offered again to this token
+    // the token's scopes (GET /api/v1/auth/whoami) say whether it may resolve; a 403 says so too. Until whoami
+    // answers, the form is offered (the server decides; a refused reason is kept).
+    cannotResolve: false,
   };
   const listBox = h("section", { class: "block", "aria-labelledby": "alerts-title" });
   const detailBox = h("section", {
@@ -28,8 +51,14 @@ export function createAlertsPage(main) {
     "aria-labelledby": "alert-detail-title",
   });
 
+  function writeUrl() {
+    const query = writeAlertsView({ filter: state.filter, alert: state.selectedId });
+    history.replaceState(null, "", `${location.pathname}${query}${location.hash}`);
+  }
+
   function fetchList() {
     const gen = ++state.gen;
+    writeUrl();
     state.list = loading();
     render();
     const params = { limit: LIMIT };
@@ -42,6 +71,7 @@ export function createAlertsPage(main) {
 
   function fetchDetail(id) {
     state.selectedId = id;
+    writeUrl();
     const gen = ++state.detailGen;
     state.detail = loading();
     render();
@@ -234,6 +264,7 @@ export function createAlertsPage(main) {
             state.detail = idle();
             state.selectedId = null;
             state.message = null;
+            writeUrl();
             render();
           },
         },
@@ -250,7 +281,18 @@ export function createAlertsPage(main) {
   return {
     start() {
       replace(main, listBox, detailBox);
+      api("/api/v1/auth/whoami").then(
+        (me) => {
+          const scopes = Array.isArray(me?.scopes) ? me.scopes : [];
+          if (!scopes.includes("alerts:write") && !scopes.includes("admin")) {
+            state.cannotResolve = true;
+            render();
+          }
+        },
+        () => {}, // unknown: offered, and the server's answer decides
+      );
       fetchList();
+      if (view.alert) fetchDetail(view.alert); // a linked alert: shown even when the filter hides its row
     },
     render,
     stop() {

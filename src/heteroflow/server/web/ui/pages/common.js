@@ -57,3 +57,56 @@ export function activatable(row, onActivate) {
   });
   return row;
 }
+
+/** A labelled select: ``values`` are {value, label}; ``onPick`` gets the chosen value. */
+export function choice(id, values, currentValue, labelKey, onPick) {
+  return h(
+    "div",
+    { class: "control" },
+    h("label", { for: id }, t(labelKey)),
+    h(
+      "select",
+      { id, onchange: (event) => onPick(event.target.value) },
+      values.map((v) => h("option", { value: v.value, selected: v.value === currentValue }, v.label)),
+    ),
+  );
+}
+
+/**
+ * A list's pager: "N rows" when one page holds them all, else previous / "Page p of n · N rows" / next. ``prefix``
+ * names its ids (``<prefix>-pager``, ``-prev``, ``-page``, ``-next``) and its texts (``<prefix>.total``, ``.page``,
+ * ``.prev``, ``.next``, ``.title``); ``onTurn(delta)`` turns the page by ±1.
+ */
+export function pager(prefix, body, pageSize, onTurn) {
+  if (body.total <= pageSize) return h("p", { class: "pager", id: `${prefix}-pager` }, t(`${prefix}.total`, { total: body.total }));
+  const pages = Math.ceil(body.total / pageSize);
+  const page = Math.floor(body.offset / pageSize) + 1;
+  return h(
+    "nav",
+    { class: "pager", id: `${prefix}-pager`, "aria-label": t(`${prefix}.title`) },
+    h("button", { type: "button", id: `${prefix}-prev`, disabled: page <= 1, onclick: () => onTurn(-1) }, t(`${prefix}.prev`)),
+    h("span", { id: `${prefix}-page` }, t(`${prefix}.page`, { page, pages, total: body.total })),
+    h("button", { type: "button", id: `${prefix}-next`, disabled: page >= pages, onclick: () => onTurn(1) }, t(`${prefix}.next`)),
+  );
+}
+
+/**
+ * A card search form: ``prefix`` names its input (``<prefix>-search``), button (``<prefix>-search-go``) and texts
+ * (``<prefix>.search``, ``.search_hint``, ``.search_go``); ``onSearch`` gets the trimmed text (at most 128 chars).
+ */
+export function searchForm(prefix, value, onSearch) {
+  return h(
+    "form",
+    {
+      class: "control search",
+      role: "search",
+      onsubmit: (event) => {
+        event.preventDefault();
+        onSearch(event.target.elements.namedItem("q").value.trim().slice(0, 128));
+      },
+    },
+    h("label", { for: `${prefix}-search` }, t(`${prefix}.search`)),
+    h("input", { type: "search", id: `${prefix}-search`, name: "q", value, maxlength: 128, placeholder: t(`${prefix}.search_hint`) }),
+    h("button", { type: "submit", id: `${prefix}-search-go` }, t(`${prefix}.search_go`)),
+  );
+}

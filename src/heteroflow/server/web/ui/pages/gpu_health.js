@@ -1,27 +1,29 @@
 // /nodes/gpu-health: statistics, predictions, ECC rate, capability matrix — top to bottom, as the page table of
 // docs/design/gpu-health-design.md describes. Data is fetched on load and on interaction; an auto-refresh every minute is opt-in (a checkbox,
-// ?refresh=1). The URL carries the view (source, prediction filters, sort, search, page, selected card).
+// ?refresh=1). The URL carries the view (source, prediction filters, sort, search, page, selected card, and the
+// capability matrix's own filters, order and page).
 import { api, download } from "../api.js";
 import { h, replace } from "../dom.js";
 import { fmtNumber, fmtPercent, fmtTime } from "../format.js";
 import { LANGUAGES, t } from "../i18n.js";
 import { recogniseTypes } from "../logic/labels.js";
 import { DEFAULT_RANGE, RANGES } from "../logic/axis.js";
-import { SORTS, STATUSES, TYPES, parseView, predictionParams, writeView } from "../logic/query.js";
+import {
+  SORTS,
+  STATUSES,
+  TYPES,
+  capabilityParams,
+  parseNodeLink,
+  parseView,
+  predictionParams,
+  writeView,
+} from "../logic/query.js";
 import { statsCardState } from "../logic/stats.js";
 import { eccChart } from "./ecc_chart.js";
-import { activatable, allNodes, blockStatus, idle, loading, table } from "./common.js";
+import { PAGE_SIZE, renderCapabilityMatrix } from "./capability_matrix.js";
+import { activatable, allNodes, blockStatus, choice, idle, loading, pager, searchForm, table } from "./common.js";
 
-export const PAGE_SIZE = 50;
 export const SAMPLE_LIMIT = 20000;
-const METRICS = [
-  "ecc_corrected_total",
-  "ecc_uncorrected_total",
-  "retired_pages",
-  "remapped_rows_pending",
-  "remapped_rows_failure",
-  "remapped_rows_uncorrectable",
-];
 const DEFAULT_STALL_MINUTES = 60;
 export const AUTO_REFRESH_MS = 60_000;
 
@@ -43,6 +45,7 @@ function apiText(body, field) {
 
 export function createGpuHealthPage(main) {
   const view = parseView(location.search);
+  let linkedCard = view.card === null ? parseNodeLink(location.search) : null; // from the serving dashboard
   const state = {
     source: view.source,
     // Bumped on every source switch: a response for an older generation is discarded when it arrives.
@@ -59,7 +62,13 @@ export function createGpuHealthPage(main) {
     refresh: view.refresh,
     range: view.range,
     stalledOnly: view.stalled,
-    stalledCaps: idle(), // the matrix's own call with stalled=true, while "stalled only" is on
+    // the capability matrix's own filters, order and page; its rows come from their own paged call
+    capsQ: view.cq,
+    capsNode: view.cnode,
+    capsSort: view.csort,
+    capsOffset: (view.cpage - 1) * PAGE_SIZE,
+    matrix: loading(),
+    matrixGen: 0,
     refreshTimer: null,
     asOf: null, // when the data on screen was read (the newest answer of the API)
     stats: loading(),
@@ -96,6 +105,10 @@ export function createGpuHealthPage(main) {
       refresh: state.refresh,
       range: state.range,
       stalled: state.stalledOnly,
+      cq: state.capsQ,
+      cnode: state.capsNode,
+      csort: state.capsSort,
+      cpage: Math.floor(state.capsOffset / PAGE_SIZE) + 1,
     };
   }
 
@@ -124,11 +137,14 @@ export function createGpuHealthPage(main) {
       apply((error) => setBlock("stats", { status: "error", error })),
     );
     fetchPredictions({ quiet });
-    if (state.stalledOnly) fetchStalled();
+    fetchMatrix({ quiet });
     Promise.all([api("/api/v1/gpu-health/capabilities", { params: { source } }), allNodes()]).then(
       apply(([caps, nodes]) => {
         state.nodes = { status: "ok", data: new Map(nodes.map((n) => [n.id, n])) };
         state.caps = { status: "ok", data: caps };
+        const linked = linkedCard ? nodes.find((n) => n.name === linkedCard.node && n.source === source) : null;
+        if (linked) selectCard({ node_id: linked.id, gpu_index: linkedCard.gpu }, { scroll: false, remember: true });
+        linkedCard = null; // once: a refresh or a source switch never jumps back to it
         if (!state.selected) {
           const first = orderedCards().find(
             (c) => c.metrics.ecc_corrected_total === "collectable" || c.metrics.ecc_uncorrected_total === "collectable",
@@ -168,13 +184,26 @@ export function createGpuHealthPage(main) {
     );
   }
 
-  function fetchStalled() {
+  /** The matrix's page: filtered (stalled only, node, search), ordered and paged by the API. */
+  function fetchMatrix({ quiet = false } = {}) {
     const gen = state.gen;
-    state.stalledCaps = loading();
-    api("/api/v1/gpu-health/capabilities", { params: { source: state.source, stalled: "true" } }).then(
-      (data) => gen === state.gen && setBlock("stalledCaps", { status: "ok", data }),
-      (error) => gen === state.gen && setBlock("stalledCaps", { status: "error", error }),
+    const matrixGen = ++state.matrixGen;
+    writeUrl();
+    if (!quiet || state.matrix.status !== "ok") {
+      state.matrix = loading();
+      renderCapabilities();
+    }
+    const current = () => gen === state.gen && matrixGen === state.matrixGen;
+    api("/api/v1/gpu-health/capabilities", { params: capabilityParams(currentView(), PAGE_SIZE) }).then(
+      (data) => current() && setBlock("matrix", { status: "ok", data }),
+      (error) => current() && setBlock("matrix", { status: "error", error }),
     );
+  }
+
+  function refilterMatrix(change) {
+    change();
+    state.capsOffset = 0; // a new filter or order starts on the first page
+    fetchMatrix();
   }
 
   function selectCard(card, { scroll = true, remember = true, quiet = false } = {}) {
@@ -206,6 +235,9 @@ export function createGpuHealthPage(main) {
     state.source = source;
     state.gen += 1;
     state.offset = 0;
+    state.capsOffset = 0;
+    state.capsNode = ""; // a node of the other source
+    state.matrix = loading();
     state.selected = null;
     state.cardInUrl = false;
     state.stats = loading();
@@ -346,19 +378,6 @@ export function createGpuHealthPage(main) {
     );
   }
 
-  function choice(id, values, currentValue, labelKey, onPick) {
-    return h(
-      "div",
-      { class: "control" },
-      h("label", { for: id }, t(labelKey)),
-      h(
-        "select",
-        { id, onchange: (event) => onPick(event.target.value) },
-        values.map((v) => h("option", { value: v.value, selected: v.value === currentValue }, v.label)),
-      ),
-    );
-  }
-
   function refilter(change) {
     change();
     state.offset = 0; // a new filter or sort always starts on the first page
@@ -379,23 +398,7 @@ export function createGpuHealthPage(main) {
   }
 
   function renderPredictions() {
-    const search = h(
-      "form",
-      {
-        class: "control search",
-        role: "search",
-        onsubmit: (event) => {
-          event.preventDefault();
-          const value = event.target.elements.namedItem("q").value.trim().slice(0, 128);
-          refilter(() => {
-            state.q = value;
-          });
-        },
-      },
-      h("label", { for: "pred-search" }, t("pred.search")),
-      h("input", { type: "search", id: "pred-search", name: "q", value: state.q, maxlength: 128, placeholder: t("pred.search_hint") }),
-      h("button", { type: "submit", id: "pred-search-go" }, t("pred.search_go")),
-    );
+    const search = searchForm("pred", state.q, (value) => refilter(() => (state.q = value)));
     const head = h(
       "div",
       { class: "block-head" },
@@ -448,7 +451,7 @@ export function createGpuHealthPage(main) {
           " ",
           h("a", { href: "#capabilities" }, t("pred.empty_link")),
         ),
-        pager(body),
+        predsPager(body),
       );
     }
     // A re-render (e.g. when the capability matrix arrives) must not take keyboard focus away from a row.
@@ -472,7 +475,7 @@ export function createGpuHealthPage(main) {
         rows,
         { id: "pred-table" },
       ),
-      pager(body),
+      predsPager(body),
     );
     if (focusedId) rows.find((row) => row.dataset.id === focusedId)?.focus({ preventScroll: true });
   }
@@ -518,21 +521,11 @@ export function createGpuHealthPage(main) {
     return activatable(row, () => selectCard({ node_id: p.node_id, gpu_index: p.gpu_index }));
   }
 
-  function pager(body) {
-    if (body.total <= PAGE_SIZE) return h("p", { class: "pager", id: "pred-pager" }, t("pred.total", { total: body.total }));
-    const pages = Math.ceil(body.total / PAGE_SIZE);
-    const page = Math.floor(body.offset / PAGE_SIZE) + 1;
-    const go = (delta) => () => {
+  function predsPager(body) {
+    return pager("pred", body, PAGE_SIZE, (delta) => {
       state.offset = Math.max(0, state.offset + delta * PAGE_SIZE);
       fetchPredictions();
-    };
-    return h(
-      "nav",
-      { class: "pager", id: "pred-pager", "aria-label": t("pred.title") },
-      h("button", { type: "button", id: "pred-prev", disabled: page <= 1, onclick: go(-1) }, t("pred.prev")),
-      h("span", { id: "pred-page" }, t("pred.page", { page, pages, total: body.total })),
-      h("button", { type: "button", id: "pred-next", disabled: page >= pages, onclick: go(1) }, t("pred.next")),
-    );
+    });
   }
 
   /** The capability rows grouped by node (insertion order), the order the selector and the matrix use. */
@@ -629,142 +622,18 @@ export function createGpuHealthPage(main) {
   }
 
   function renderCapabilities() {
-    const toggle = h(
-      "label",
-      { class: "control small" },
-      h("input", {
-        type: "checkbox",
-        id: "caps-stalled",
-        checked: state.stalledOnly,
-        onchange: (event) => {
-          state.stalledOnly = event.target.checked;
-          writeUrl();
-          if (state.stalledOnly) fetchStalled();
-          else renderCapabilities();
-        },
-      }),
-      " ",
-      t("caps.stalled_only"),
-    );
-    const title = h("div", { class: "block-head" }, h("h2", { id: "caps-title" }, t("caps.title"), simBadge()), toggle);
-    const status = blockStatus(state.caps) ?? (state.stalledOnly ? blockStatus(state.stalledCaps) : null);
-    if (status) return replace(capsBox, title, status);
-    const caps = state.stalledOnly && state.stalledCaps.status === "ok" ? state.stalledCaps.data : state.caps.data;
-    const groups = new Map();
-    // one row per card (node, index, uuid): a swapped card is a row of its own, stalled or not
-    const rowKey = (c) => `${cardKey(c.node_id, c.gpu_index)}|${c.uuid ?? ""}`;
-    const shown = state.stalledOnly ? new Set(caps.cards.map(rowKey)) : null;
-    for (const card of orderedCards()) {
-      if (shown && !shown.has(rowKey(card))) continue;
-      if (!groups.has(card.node_id)) groups.set(card.node_id, []);
-      groups.get(card.node_id).push(card);
-    }
-    // Nodes of this source without any health sample still count: all their GPUs are unknown (not "stalled":
-    // they never reported, so the stalled-only view leaves them out).
-    const unsampled = state.stalledOnly
-      ? []
-      : [...state.nodes.data.values()]
-          .filter((node) => node.source === state.source && !groups.has(node.id))
-          .sort((a, b) => a.name.localeCompare(b.name));
-    for (const node of unsampled) groups.set(node.id, []);
-    const rows = [];
-    for (const [nodeId, cards] of groups) {
-      const node = state.nodes.data.get(nodeId);
-      const sampledSlots = new Set(cards.map((c) => c.gpu_index)).size;
-      const missing = node && !state.stalledOnly ? Math.max(0, node.gpu_count - sampledSlots) : 0;
-      const span = cards.length + (missing > 0 ? 1 : 0);
-      // Vendor and model are node facts: shown once per node, never matched to a single card.
-      const vendorCell = h(
-        "td",
-        { rowspan: span, class: "vendor" },
-        node ? `${node.vendor} / ${node.model || t("unknown")}` : t("unknown"),
-        node ? h("br") : null,
-        node ? h("span", { class: "muted small" }, t("caps.node_gpus", { gpus: node.gpu_count })) : null,
-      );
-      cards.forEach((card, i) => rows.push(capabilityRow(card, i === 0 ? vendorCell : null, caps)));
-      if (missing > 0) {
-        rows.push(
-          h(
-            "tr",
-            { class: "more-cards", dataset: { node: nodeId, count: missing } },
-            h("td", {}, h("span", { class: "card-name" }, nodeName(nodeId))),
-            cards.length === 0 ? vendorCell : null,
-            h("td", { colspan: METRICS.length + 2 }, t("caps.more_cards", { count: missing })),
-          ),
-        );
-      }
-    }
-    replace(
-      capsBox,
-      title,
-      rows.length === 0
-        ? h("p", { class: "empty", id: "caps-empty" }, t(state.stalledOnly ? "caps.none_stalled" : "caps.empty"))
-        : null,
-      rows.length === 0
-        ? null
-        : table(
-            t("caps.title"),
-            [
-              t("caps.col.card"),
-              t("caps.col.vendor"),
-              ...METRICS.map((m) => t(`caps.metric.${m}`)),
-              t("caps.col.trend"),
-              t("caps.col.last"),
-            ],
-            rows,
-            { id: "caps-table" },
-          ),
-      h("p", { class: "footer-note", id: "caps-note", dataset: { code: caps.note_code ?? "" } }, apiText(caps, "note")),
-    );
-  }
-
-  function capabilityRow(card, vendorCell, caps) {
-    return h(
-      "tr",
-      { dataset: { node: card.node_id, index: card.gpu_index, stalled: card.collection_stalled ? "true" : "false" } },
-      h(
-        "td",
-        {},
-        h("span", { class: "card-name" }, `${nodeName(card.node_id)} #${card.gpu_index}`),
-        card.collection_stalled
-          ? h(
-              "span",
-              { class: "badge stalled", title: t("caps.stalled_title", { minutes: caps.stall_threshold_minutes }) },
-              t("caps.stalled"),
-            )
-          : null,
-        card.xid_events === "not_collected" || card.xid_events === "lost"
-          ? h(
-              "span",
-              { class: "badge xid", dataset: { xid: card.xid_events }, title: card.xid_events_reason ?? "" },
-              t(`caps.xid.${card.xid_events}`),
-            )
-          : null,
-        (card.semantics_unconfirmed ?? []).length > 0
-          ? h(
-              "span",
-              { class: "badge", title: t("caps.unconfirmed_title", { keys: card.semantics_unconfirmed.join(", ") }) },
-              t("caps.unconfirmed"),
-            )
-          : null,
-        h("br"),
-        h("code", { class: "uuid" }, card.uuid ?? t("unknown")),
-      ),
-      vendorCell,
-      METRICS.map((m) =>
-        card.metrics[m] === "collectable"
-          ? h("td", { class: "metric yes", dataset: { metric: m } }, t("caps.collectable"))
-          : h("td", { class: "metric unknown", dataset: { metric: m } }, t("unknown")),
-      ),
-      h("td", {}, card.trend_prediction_possible ? t("caps.trend_yes") : t("caps.trend_no")),
-      h(
-        "td",
-        { class: "nowrap" },
-        fmtTime(card.last_sample_at),
-        h("br"),
-        h("span", { class: "muted small" }, t("caps.samples", { count: fmtNumber(card.sample_count) })),
-      ),
-    );
+    renderCapabilityMatrix(capsBox, {
+      state,
+      title: h("h2", { id: "caps-title" }, t("caps.title"), simBadge()),
+      nodeName,
+      orderedCards: orderedCards(),
+      noteText: (caps) => apiText(caps, "note"),
+      refilter: refilterMatrix,
+      turnPage: (delta) => {
+        state.capsOffset = Math.max(0, state.capsOffset + delta * PAGE_SIZE);
+        fetchMatrix();
+      },
+    });
   }
 
   function renderAll() {

@@ -19,6 +19,7 @@ import {
   pastRounds,
   phaseInfo,
   rankCells,
+  rankPlaces,
   roundDuration,
   roundToShow,
   shapeTimeline,
@@ -57,8 +58,16 @@ function errorMessage(error) {
   return t("serving.error.other", { detail });
 }
 
+/** ``?instance=<id>``: the instance a link points at (null: none). */
+export function linkedInstance(search) {
+  const id = (new URLSearchParams(search).get("instance") ?? "").trim();
+  return id && id.length <= 253 ? id : null;
+}
+
 export function createServingPage(main) {
   const state = {
+    linked: linkedInstance(location.search), // highlighted, and scrolled to once it is first shown
+    scrolledToLinked: false,
     status: null, // the last good status list
     updatedAt: null,
     error: null, // the last refresh's error (the last good data stays on screen, marked stale)
@@ -211,6 +220,17 @@ export function createServingPage(main) {
 
   function renderRanks(entry) {
     const cells = rankCells(entry);
+    const places = rankPlaces(entry);
+    const placeLink = (rank) => {
+      const place = places.get(rank);
+      if (!place?.node) return null;
+      const card = place.gpuIndex === null ? place.node : `${place.node} #${place.gpuIndex}`;
+      return h(
+        "a",
+        { class: "rank-node", href: nodeLink(place.node, place.gpuIndex), title: t("serving.rank_node_link", { rank, card }) },
+        card,
+      );
+    };
     const counts = stateCounts(cells);
     const summary = RANK_STATES.filter((s) => counts[s] > 0)
       .map((s) => t("serving.count", { count: counts[s], state: t(`serving.state.${s}`) }))
@@ -242,6 +262,7 @@ export function createServingPage(main) {
                   { class: cell.published ? "rank-pub" : "rank-pub off" },
                   cell.published ? t("serving.rank_published") : t("serving.rank_unpublished"),
                 ),
+            placeLink(cell.rank),
           ),
         ),
       ),
@@ -652,11 +673,24 @@ export function createServingPage(main) {
     const serving = entry.can_serve === true;
     return h(
       "section",
-      { class: "block instance", dataset: { instance: entry.instance_id, phase: String(entry.phase) } },
+      {
+        class: entry.instance_id === state.linked ? "block instance linked" : "block instance",
+        "aria-current": entry.instance_id === state.linked ? "true" : null,
+        dataset: { instance: entry.instance_id, phase: String(entry.phase) },
+      },
       h(
         "div",
         { class: "block-head" },
         h("h2", {}, t("serving.instance", { id: entry.instance_id })),
+        h(
+          "a",
+          {
+            class: "instance-link small",
+            href: `/serving?instance=${encodeURIComponent(entry.instance_id)}`,
+            title: t("serving.instance_link_title", { id: entry.instance_id }),
+          },
+          t("serving.instance_link"),
+        ),
         h(
           "div",
           { class: "badges" },
@@ -701,6 +735,13 @@ export function createServingPage(main) {
       return replace(listBox, h("p", { class: "block empty", id: "serving-empty" }, t("serving.empty")));
     }
     replace(listBox, state.status.map(renderInstance));
+    if (state.linked && !state.scrolledToLinked) {
+      const linked = [...listBox.querySelectorAll("section.instance")].find((el) => el.dataset.instance === state.linked);
+      if (linked) {
+        state.scrolledToLinked = true; // once: later refreshes never move the reader
+        linked.scrollIntoView({ block: "start" });
+      }
+    }
   }
 
   function render() {
