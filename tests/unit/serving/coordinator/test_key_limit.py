@@ -10,7 +10,8 @@ import httpx
 import pytest
 
 from heteroflow.serving.coordinator.testing import TEST_API_KEY_SHA256
-from tests.unit.serving.coordinator.test_app import KEY, eventually, harness, run
+from tests.support.polling import IN_PROCESS_S, eventually
+from tests.unit.serving.coordinator.test_app import KEY, harness, run
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -27,7 +28,12 @@ def test_held_requests_take_their_key_s_share_and_leave_the_other_keys_theirs() 
             await h.publish((0, 1))
             await h.withdraw((0, 1))
             held = [asyncio.create_task(h.complete()) for _ in range(2)]
-            await eventually(lambda: h.coordinator.status().waiting_for_publication == 2, what="two requests held")
+            await eventually(
+                lambda: h.coordinator.status().waiting_for_publication == 2,
+                within=5,
+                period=IN_PROCESS_S,
+                what="two requests held",
+            )
 
             busy = await h.client.post("/v1/completions", headers=KEY, content=b"not even read")
             assert busy.status_code == 503
@@ -39,7 +45,12 @@ def test_held_requests_take_their_key_s_share_and_leave_the_other_keys_theirs() 
             other = asyncio.create_task(
                 h.client.post("/v1/completions", headers=OTHER, json={"model": "m", "prompt": "hello"})
             )
-            await eventually(lambda: h.coordinator.status().waiting_for_publication == 3, what="the other key held")
+            await eventually(
+                lambda: h.coordinator.status().waiting_for_publication == 3,
+                within=5,
+                period=IN_PROCESS_S,
+                what="the other key held",
+            )
             await h.publish((0, 1))
             answers: list[httpx.Response] = await asyncio.gather(*held, other)
             assert [a.status_code for a in answers] == [200, 200, 200]
@@ -54,7 +65,12 @@ def test_a_share_as_large_as_the_pool_is_no_share_and_the_full_coordinator_answe
             await h.publish((0,))
             await h.withdraw((0,))
             held = [asyncio.create_task(h.complete()) for _ in range(2)]
-            await eventually(lambda: h.coordinator.status().waiting_for_publication == 2, what="two requests held")
+            await eventually(
+                lambda: h.coordinator.status().waiting_for_publication == 2,
+                within=5,
+                period=IN_PROCESS_S,
+                what="two requests held",
+            )
             full = await h.client.post("/v1/completions", headers=KEY, content=b"not even read")
             assert full.status_code == 503
             assert "as many requests as it is configured for" in full.json()["error"]["message"]
