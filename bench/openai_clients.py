@@ -28,9 +28,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
 
 import openai
 import yaml
@@ -42,19 +40,7 @@ from heteroflow.local.faults import KillMode, hang, kill
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the shared load lives with the tests
 
 from tests.support.openai_load import Tally, lanes
-
-T = TypeVar("T")
-
-
-def until(check: Callable[[], T | None], *, within: float, what: str, period: float = 0.1) -> T:
-    deadline = time.monotonic() + within
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not within {within} s: {what}")
-        time.sleep(period)  # the polling period of this wait
+from tests.support.polling import until
 
 
 def published(state: ClusterState, instance_id: str) -> list[int] | None:

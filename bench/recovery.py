@@ -51,11 +51,11 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import yaml
 
@@ -63,7 +63,13 @@ from heteroflow.local import ClusterOptions, ClusterState, LocalCluster
 from heteroflow.local.client import ClusterClient, ClusterUnreachableError
 from heteroflow.local.faults import KillMode, kill
 
-T = TypeVar("T")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the polling helper lives with the tests
+
+from tests.support.polling import until
+
+POLL_S = 0.05
+"""The polling period of the waits that time a step: the figures are exact to it."""
+
 INSTANCE = "inst-1"
 STAGES = ("detect", "collect", "ready", "apply", "rebuild", "commit", "total", "engine", "control")
 KILL_ORDER = (2, 1, 3, 0)
@@ -120,15 +126,6 @@ class Results:
 
 
 # == helpers ======================================================================================================
-def until(check: Callable[[], T | None], *, within: float, what: str, period: float = 0.05) -> T:
-    deadline = time.monotonic() + within
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not within {within} s: {what}")
-        time.sleep(period)  # the polling period of this wait
 
 
 def ts(text: str) -> float:
@@ -167,7 +164,7 @@ def serving(state: ClusterState, ranks: list[int], *, within: float = 240) -> No
             except ClusterUnreachableError:
                 return False
 
-    until(check, within=within, what=f"serving {ranks}", period=0.05)
+    until(check, within=within, what=f"serving {ranks}", period=POLL_S)
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -289,7 +286,7 @@ def one_round(cluster: LocalCluster, setting: Setting, rank: int, dead: list[int
                 return None
             return entry if entry["can_serve"] else None
 
-        entry = until(done, within=120, what=f"rank {rank} removed")
+        entry = until(done, within=120, what=f"rank {rank} removed", period=POLL_S)
         timeline = client.round(str(entry["request_id"]))
     request_id = str(timeline["request_id"])
     at = {e["kind"]: ts(e["at"]) for e in reversed(timeline["events"])}  # first occurrence of each kind
@@ -341,12 +338,18 @@ def reconfigure(cluster: LocalCluster, setting: Setting) -> Reconfiguration:
         client.report_hardware_fault(
             {"node_name": node, "card": "slot 4 / left", "fault_code": "XID79", "level": 5, "source": "bench"}
         )
-    until(lambda: (e := status(state)) is not None and e["phase"] == "RECONFIGURING", within=60, what="reconfiguring")
+    until(
+        lambda: (e := status(state)) is not None and e["phase"] == "RECONFIGURING",
+        within=60,
+        what="reconfiguring",
+        period=POLL_S,
+    )
     to_reconfiguring = time.monotonic() - reported
     until(
         lambda: (e := status(state)) is not None and e["phase"] == "NORMAL" and e["dead_committed"] == [],
         within=300,
         what="relaunched",
+        period=POLL_S,
     )
     to_relaunched = time.monotonic() - reported
     serving(state, [0, 1, 2, 3])

@@ -97,7 +97,8 @@ from bench.soak_report import (
     machine,
     summary,
 )
-from tests.acceptance.harness import COLLECTIVE_TIMEOUT_SEC, TIMINGS, timestamp, until
+from tests.acceptance.harness import COLLECTIVE_TIMEOUT_SEC, TIMINGS, timestamp
+from tests.support.polling import until
 
 from heteroflow.local import ClusterOptions, ClusterState, LocalCluster
 from heteroflow.local.client import ClusterClient, ClusterUnreachableError

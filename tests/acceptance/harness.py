@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import pytest
@@ -31,8 +31,7 @@ from heteroflow.local.client import ClusterAuth, ClusterClient, ClusterUnreachab
 from heteroflow.local.processes import CLUSTER_ID_ENV, marked_processes, start_process
 from heteroflow.local.state import InstanceState
 from heteroflow.serving.node_manager.spec import endpoint_url
-
-T = TypeVar("T")
+from tests.support.polling import until
 
 INSTANCE = "inst-1"
 PROMPTS = ("the quick brown fox", "hello world")
@@ -51,19 +50,6 @@ COLLECTIVE_TIMEOUT_SEC = 3.0
 integration tests' simulated clusters use), below the 5 s correlation window and collection timeout of these
 rows. A survivor that only notices a lost peer by that timeout still reports within the window; no row injects
 a hang, the one fault that waits for it on purpose."""
-
-
-def until(check: Callable[[], T | None], *, within: float, what: str, period: float = 0.1) -> T:
-    """Poll ``check`` until it returns something truthy and return it; ``TimeoutError`` naming ``what``."""
-    deadline = time.monotonic() + within
-    last: T | None = None
-    while True:
-        last = check()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not within {within} s: {what} (last: {last!r})")
-        time.sleep(period)  # the polling period, bounded by the deadline above
 
 
 def describe(entry: dict[str, Any] | None) -> str:

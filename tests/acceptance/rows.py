@@ -10,7 +10,8 @@ import time
 from typing import Any
 
 from heteroflow.local.faults import KillMode, kill
-from tests.acceptance.harness import ClusterUnderTest, events, timestamp, traffic, until
+from tests.acceptance.harness import ClusterUnderTest, events, timestamp, traffic
+from tests.support.polling import until
 
 WINDOW_SEC = 5.0
 """``hardware_ft_correlation_window_sec``, default."""

@@ -18,9 +18,9 @@ import os
 import signal
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
 import yaml
@@ -30,25 +30,14 @@ from heteroflow.local.client import ClusterClient, ClusterUnreachableError
 from heteroflow.local.faults import KillMode, kill
 from heteroflow.local.processes import marked_processes
 from tests.support.openai_load import Tally, lanes
+from tests.support.polling import until
 
 pytest.importorskip("torch")
 pytest.importorskip("openai")
 pytestmark = pytest.mark.timeout(900)
 
-T = TypeVar("T")
 STALL_SEC = 7.0
 """How long the engine stays stopped: past the status timeout, short of the collective timeout (10 s)."""
-
-
-def until(check: Callable[[], T | None], *, within: float, what: str) -> T:
-    deadline = time.monotonic() + within
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not within {within} s: {what}")
-        time.sleep(0.1)  # the polling period of this wait
 
 
 @pytest.fixture(scope="module")

@@ -35,25 +35,13 @@ from heteroflow.local import ClusterOptions, ClusterState, LocalCluster, netns, 
 from heteroflow.local.client import ClusterAuth, ClusterClient, ClusterUnreachableError
 from heteroflow.local.cluster import NETWORK_RECORD
 from heteroflow.local.processes import kill_marked, marked_processes, session_members
+from tests.support.polling import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(300)]
 
 PROMPTS = ["the quick brown fox", "hello world"]
 T = TypeVar("T")
 NETNS_UNAVAILABLE = netns.unavailable_reason(euid=os.geteuid(), ip=netns.find_ip())
-
-
-def until(check: Callable[[], T | None], *, within: float, what: str, period: float = 0.1) -> T:
-    """Poll ``check`` until it returns something truthy; that value. ``TimeoutError`` naming ``what``."""
-    deadline = time.monotonic() + within
-    last: T | None = None
-    while True:
-        last = check()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not within {within} s: {what} (last: {last!r})")
-        time.sleep(period)  # the polling period, with a deadline
 
 
 def heteroflow(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:

@@ -3,8 +3,6 @@ worker skips its ticks while it cannot check its lease, says so in its status, a
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
 from datetime import UTC, datetime
 
 import pytest
@@ -15,18 +13,11 @@ from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.schema import gpu_health_samples
 from heteroflow.storage.testing import PostgresServer
 from tests.support.harness import running_server
+from tests.support.polling import until
 
 pytestmark = pytest.mark.postgres
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
-
-
-def wait_until(condition: Callable[[], bool], *, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 @pytest.mark.timeout(120)
@@ -58,13 +49,13 @@ def test_heartbeats_survive_a_database_outage_and_samples_resume(pg_server: Post
             xid = h.beat(agent, node, [], xid_events=[{"index": 0, "xid": 48, "occurred_at": T0.isoformat()}])
             assert xid.status_code == 200
             assert xid.json()["xid_events"]["retry"] is True  # the agent keeps the event
-            wait_until(lambda: h.ctx.ingestor.status().write_failures_total >= 1, timeout=30, what="a failure")
+            until(lambda: h.ctx.ingestor.status().write_failures_total >= 1, within=30, what="a failure")
             h.maintain()
             assert h.ctx.liveness.status().flush_failures_total == 1
             assert h.get(reader, "/api/v1/gpu-health/samples", node_id=node, gpu_index=0).status_code == 503
 
             pg_server.start()
-            wait_until(lambda: h.ctx.ingestor.status().pending_readings == 0, timeout=60, what="the backlog")
+            until(lambda: h.ctx.ingestor.status().pending_readings == 0, within=60, what="the backlog")
             h.drain()
             assert corrected_values() == [1, 2, 3]
             h.maintain()
@@ -93,15 +84,15 @@ def test_the_prediction_worker_skips_its_ticks_during_a_database_outage_says_so_
             admin, agent = h.token("admin"), h.token("agent")
             node = h.register(agent, "gpu-worker")
             worker = h.ctx.worker
-            wait_until(lambda: worker.status().ticks_total >= 2, timeout=30, what="the worker ticking")
+            until(lambda: worker.status().ticks_total >= 2, within=30, what="the worker ticking")
             assert h.get(admin, "/api/v1/server/status").status_code == 200  # the admin token is now cached
 
             pg_server.stop()
             beat = h.beat(agent, node, [{"index": 0, "uuid": "G", "ecc_corrected_total": 1}])
             assert beat.status_code == 200, beat.text  # the main path does not depend on the worker
-            wait_until(lambda: worker.status().ticks_skipped_total >= 1, timeout=30, what="a skipped tick")
+            until(lambda: worker.status().ticks_skipped_total >= 1, within=30, what="a skipped tick")
             ticks_at_first_skip = worker.status().ticks_total
-            wait_until(lambda: worker.status().ticks_skipped_total >= 3, timeout=30, what="more skipped ticks")
+            until(lambda: worker.status().ticks_skipped_total >= 3, within=30, what="more skipped ticks")
             during = worker.status()
             assert during.ticks_total == ticks_at_first_skip  # skipped, not run
             assert not during.leader
@@ -112,15 +103,15 @@ def test_the_prediction_worker_skips_its_ticks_during_a_database_outage_says_so_
             assert shown["last_skip"]["reason"].startswith("the lease could not be checked")
 
             pg_server.start()
-            wait_until(
+            until(
                 lambda: worker.status().leader and worker.status().ticks_total > ticks_at_first_skip,
-                timeout=60,
+                within=60,
                 what="ticks after the database returned",
             )
             after = worker.status()
             assert after.last_error is None
             skipped = after.ticks_skipped_total
-            wait_until(lambda: worker.status().ticks_total >= after.ticks_total + 2, timeout=30, what="steady ticks")
+            until(lambda: worker.status().ticks_total >= after.ticks_total + 2, within=30, what="steady ticks")
             assert worker.status().ticks_skipped_total == skipped  # no skip is reported once it ticks again
     finally:
         if not pg_server.running:

@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -43,6 +43,7 @@ from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.schema import gpu_health_samples, leases
 from heteroflow.storage.testing import PostgresServer
 from heteroflow.storage.token_store import SqlTokenStore
+from tests.support.polling import until
 from tests.support.round_robin import RoundRobinProxy
 
 pytestmark = [pytest.mark.postgres, pytest.mark.e2e, pytest.mark.timeout(90)]
@@ -64,14 +65,6 @@ ROUNDS = 20
 CHANGED = (0, 3)
 """(node number, card index) whose corrected-ECC counter steps from 0 to 5 after the steady rounds."""
 _SETTINGS_PREFIXES = ("HETEROFLOW_", "GPU_")
-
-
-def wait_until(condition: Callable[[], bool], *, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(0.05)
 
 
 @dataclass
@@ -220,7 +213,7 @@ def cluster(pg_server: PostgresServer, tmp_path_factory: pytest.TempPathFactory)
         stack.callback(engine.dispose)
         backends = [stack.enter_context(server_process(database_url, logs / f"server-{i}.log")) for i in (0, 1)]
         for backend in backends:
-            wait_until(partial(backend.started, admin), timeout=60, what="start")
+            until(partial(backend.started, admin), within=60, what="start")
             assert backend.process.poll() is None, backend.log.read_text()
         proxy = stack.enter_context(RoundRobinProxy([b.url for b in backends], port=free_port()).running())
         agent = HttpPlatformClient(base_url=proxy.url, token=agent_token)
@@ -237,12 +230,12 @@ def cluster(pg_server: PostgresServer, tmp_path_factory: pytest.TempPathFactory)
         # agent's beats do, 5 s apart)
         changed_node = nodes[CHANGED[0]]
         agent.heartbeat(changed_node, beat_body(CHANGED[0], corrected=5))
-        wait_until(lambda: 5 in rows_by_card(engine).get((changed_node, CHANGED[1]), []), timeout=10, what="change")
+        until(lambda: 5 in rows_by_card(engine).get((changed_node, CHANGED[1]), []), within=10, what="change")
         for _ in range(ROUNDS // 2):
             cluster.beat_round(corrected=5)
         cluster.solo = agent.register(replace(registration, hostname="gpu-solo")).node_id
         agent.heartbeat(cluster.solo, beat_body(NODES, corrected=0))
-        wait_until(lambda: all(settled(b.status(admin)) for b in backends), timeout=20, what="the writers")
+        until(lambda: all(settled(b.status(admin)) for b in backends), within=20, what="the writers")
         yield cluster
 
 
@@ -276,9 +269,9 @@ def test_a_change_is_recorded_once(cluster: Cluster) -> None:
 
 
 def test_both_servers_answer_the_same_liveness(cluster: Cluster) -> None:
-    wait_until(
+    until(
         lambda: all(b.status(cluster.admin)["liveness"]["unflushed_nodes"] == 0 for b in cluster.backends),
-        timeout=10,
+        within=10,
         what="both servers' liveness flushes",
     )
     views = [
@@ -297,7 +290,7 @@ def test_one_server_runs_the_worker_and_the_other_takes_over_when_it_dies(cluste
     def workers() -> list[dict[str, Any]]:
         return [b.status(cluster.admin)["prediction_worker"] for b in cluster.backends]
 
-    wait_until(lambda: any(w["leader"] and w["ticks_total"] >= 2 for w in workers()), timeout=10, what="ticks")
+    until(lambda: any(w["leader"] and w["ticks_total"] >= 2 for w in workers()), within=10, what="ticks")
     now = workers()
     leader = next(i for i, w in enumerate(now) if w["leader"])
     follower = 1 - leader
@@ -323,7 +316,7 @@ def test_one_server_runs_the_worker_and_the_other_takes_over_when_it_dies(cluste
     takeover = time.monotonic() - killed_at
     # the lease expires at most one TTL after its last renewal; the survivor tries every third of it
     assert takeover <= LEASE_SECONDS + LEASE_SECONDS / 3 + TAKEOVER_SLACK_SECONDS, takeover
-    wait_until(lambda: survivor()["ticks_total"] >= 1, timeout=10, what="the new leader's first tick")
+    until(lambda: survivor()["ticks_total"] >= 1, within=10, what="the new leader's first tick")
     worker = survivor()
     assert lease_holder(cluster.engine) == worker["holder"]
     served_after = cluster.proxy.counts()

@@ -40,6 +40,7 @@ import httpx
 from heteroflow.core.testing import free_port
 from heteroflow.engine_sim import conformance
 from heteroflow.engine_sim.testing import SimProcessCluster, rss_kib
+from heteroflow.serving.coordinator.settings import CoordinatorSettings
 from heteroflow.serving.coordinator.testing import TEST_API_KEY, TEST_API_KEY_SHA256
 from heteroflow.serving.wire import COORDINATOR_ADD_PATH, COORDINATOR_DEL_PATH, COORDINATOR_SET_PATH
 
@@ -136,6 +137,10 @@ class Stack:
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HETEROFLOW_")}
+        pool = self._coordinator_env.get(
+            "HETEROFLOW_COORDINATOR_MAX_CONCURRENT_REQUESTS",
+            str(CoordinatorSettings.model_fields["max_concurrent_requests"].default),
+        )
         log = self.log_path.open("ab")
         self.coordinator = subprocess.Popen(  # the engines start meanwhile: both take seconds on two cores
             [sys.executable, "-m", "heteroflow", "coordinator", "--port", str(self.port)],
@@ -145,6 +150,9 @@ class Stack:
                 "HETEROFLOW_COORDINATOR_API_KEY_HASHES": TEST_API_KEY_SHA256,
                 "HETEROFLOW_COORDINATOR_LOG_LEVEL": "info",
                 "HETEROFLOW_COORDINATOR_MANAGEMENT_PORT": str(self.management_port),
+                # the whole load comes through one key, so that key's share is the whole pool: the bound that
+                # is measured and asserted is the Coordinator's, not one tenant's (docs/coordinator.md)
+                "HETEROFLOW_COORDINATOR_MAX_IN_FLIGHT_PER_KEY": pool,
                 **self._coordinator_env,
             },
             stdout=subprocess.DEVNULL,

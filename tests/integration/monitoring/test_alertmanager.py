@@ -5,8 +5,7 @@ v2 API. SQLite and PostgreSQL."""
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -21,6 +20,7 @@ from heteroflow.health.simulation import series
 from heteroflow.storage.health_store import SqlHealthSampleStore
 from tests.support.harness import Harness, running_server
 from tests.support.monitoring import Alertmanager, alertmanager
+from tests.support.polling import until
 
 NOW = datetime(2026, 5, 20, 12, 0, tzinfo=UTC)
 DAY = timedelta(days=1)
@@ -30,17 +30,6 @@ DAY = timedelta(days=1)
 def manager(tmp_path: Path) -> Iterator[Alertmanager]:
     with alertmanager(tmp_path / "alertmanager") as am:
         yield am
-
-
-def until(check: Callable[[], Any], *, within: float, what: str) -> Any:
-    deadline = time.monotonic() + within
-    while True:
-        found = check()
-        if found:
-            return found
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not within {within} s: {what}")
-        time.sleep(0.1)  # the poll period, with a deadline
 
 
 def alert_named(am: Alertmanager, name: str, node: str) -> list[dict[str, Any]]:

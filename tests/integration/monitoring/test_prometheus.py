@@ -13,8 +13,7 @@ from __future__ import annotations
 import json
 import os
 import re
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -29,20 +28,9 @@ from heteroflow.platform.auth import parse_scopes
 from heteroflow.storage.db import create_db_engine
 from heteroflow.storage.token_store import SqlTokenStore
 from tests.support.monitoring import DASHBOARD, RULES, Prometheus, ScrapeJob, binary, prometheus, promtool
+from tests.support.polling import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
-
-
-def until(check: Callable[[], Any], *, within: float, what: str) -> Any:
-    deadline = time.monotonic() + within
-    last: Any = None
-    while True:
-        last = check()
-        if last:
-            return last
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not within {within} s: {what} (last: {last!r})")
-        time.sleep(0.25)  # the poll period, with a deadline
 
 
 @pytest.fixture(scope="module")

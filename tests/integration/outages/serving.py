@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 import uvicorn
@@ -31,25 +31,11 @@ from heteroflow.serving.controller.store import SqliteFtRuntimeStore
 from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN
 from heteroflow.serving.wire import NM_FT_APPLY_PATH, REGISTER_PATH, RegisterRequest
 from tests.integration.serving.controller_harness import FAST_FT
-
-T = TypeVar("T")
+from tests.support.polling import eventually
 
 AfterHook = Callable[[httpx.Request, httpx.Response], Awaitable[None]]
 """Called with each request the controller sent to a NodeManager and its complete answer, before the controller
 sees it."""
-
-
-async def eventually(check: Callable[[], Awaitable[T | None]], *, within: float, what: str) -> T:
-    """Await ``check`` until it returns something truthy; that value. ``TimeoutError`` naming ``what``."""
-    start = time.monotonic()
-    last: T | None = None
-    while True:
-        last = await check()
-        if last:
-            return last
-        if time.monotonic() - start > within:
-            raise TimeoutError(f"not within {within} s: {what} (last: {last!r})")
-        await asyncio.sleep(0.05)  # polling with a deadline
 
 
 async def pump_fake_clock(cluster: FakeEngineCluster) -> None:

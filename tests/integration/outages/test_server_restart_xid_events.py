@@ -20,13 +20,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 import sqlalchemy as sa
 
 from tests.integration.agent.conftest import ServerProcess, start_server
+from tests.support.polling import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
@@ -42,14 +42,6 @@ PER_PHASE = 10
 def identity(seq: int) -> tuple[int, int]:
     """Event ``seq``'s (card index, XID): unique per event."""
     return seq % CARDS, XIDS[seq // CARDS]
-
-
-def wait_for(check: Callable[[], bool], *, within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not within {within} s: {what}")
-        time.sleep(0.05)  # polling with a deadline
 
 
 class Producer:
@@ -135,18 +127,18 @@ def test_a_server_killed_and_restarted_under_a_stream_of_xid_events_stores_each_
         return sum(copies for *_, copies in stored_events(engine))
 
     try:
-        wait_for(xid_socket.exists, within=30, what="the agent's NVML is loaded")
-        wait_for(lambda: "agent.registered" in agent_log(), within=30, what="the agent registered")
+        until(xid_socket.exists, within=30, what="the agent's NVML is loaded")
+        until(lambda: "agent.registered" in agent_log(), within=30, what="the agent registered")
         producer.start()
 
         # the server is up: events flow into the database
-        wait_for(lambda: stored_total() >= PER_PHASE, within=30, what="events stored before the outage")
+        until(lambda: stored_total() >= PER_PHASE, within=30, what="events stored before the outage")
         server.stop()  # SIGKILL, in the middle of the stream
         at_kill = producer.produced
         unreachable_before = agent_log().count("agent.server_unreachable")
 
         # the server is down: the agent takes every new event into its queue and keeps retrying
-        wait_for(
+        until(
             lambda: (
                 taken_by_agent() >= at_kill + PER_PHASE
                 and agent_log().count("agent.server_unreachable") >= unreachable_before + 2
@@ -161,9 +153,9 @@ def test_a_server_killed_and_restarted_under_a_stream_of_xid_events_stores_each_
         assert at_restart - at_kill >= PER_PHASE
 
         # the server is back: the backlog drains, new events keep arriving
-        wait_for(lambda: producer.produced >= at_restart + PER_PHASE, within=30, what="events after the restart")
+        until(lambda: producer.produced >= at_restart + PER_PHASE, within=30, what="events after the restart")
         produced = producer.stop()
-        wait_for(lambda: stored_total() >= produced, within=30, what="every event stored")
+        until(lambda: stored_total() >= produced, within=30, what="every event stored")
         drained = time.monotonic() - restarted
 
         rows = stored_events(engine)

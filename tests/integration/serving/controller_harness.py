@@ -57,6 +57,7 @@ from heteroflow.serving.wire import (
     ViewDelRequest,
     ViewResponse,
 )
+from tests.support.polling import eventually
 
 PODS = {"a": (0, 1), "b": (2, 3)}
 POD_IPS = {"a": "127.0.0.1", "b": "127.0.0.2"}
@@ -252,14 +253,11 @@ class Plane:
         return dict(response.json())
 
     async def until(self, check: Callable[[dict[str, Any]], bool], *, within: float, what: str) -> dict[str, Any]:
-        start = time.monotonic()
-        while True:
+        async def probe() -> dict[str, Any] | None:
             status = await self.status()
-            if check(status):
-                return status
-            if time.monotonic() - start > within:
-                raise TimeoutError(f"not within {within} s: {what}; last status {status}")
-            await asyncio.sleep(0.02)
+            return status if check(status) else None
+
+        return await eventually(probe, within=within, what=what, period=0.02)
 
     async def kill_and_traffic(self, *victims: int) -> None:
         """The A1 injection: the victims' workers die; one request per survivor meets the broken collective."""
@@ -502,15 +500,11 @@ class ProcessPlane:
     async def until(
         self, check: Callable[[dict[str, Any]], bool], *, within: float, what: str, index: int = 0
     ) -> dict[str, Any]:
-        start = time.monotonic()
-        last: dict[str, Any] | None = None
-        while True:
-            last = await self.status(index)
-            if last is not None and check(last):
-                return last
-            if time.monotonic() - start > within:
-                raise TimeoutError(f"not within {within} s: {what}; last status {last}")
-            await asyncio.sleep(0.05)
+        async def probe() -> dict[str, Any] | None:
+            status = await self.status(index)
+            return status if status is not None and check(status) else None
+
+        return await eventually(probe, within=within, what=what, period=0.05)
 
     async def exited(self, *, within: float, index: int = 0) -> int:
         process = self.processes[index]

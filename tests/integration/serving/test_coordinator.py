@@ -25,7 +25,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import Future
 from typing import Any
 
@@ -43,20 +43,13 @@ from heteroflow.serving.wire import (
     COORDINATOR_INSTANCES_PATH,
     COORDINATOR_SET_PATH,
 )
+from tests.support.polling import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]
 
 MANAGE = {"Authorization": f"Bearer {TEST_CLUSTER_TOKEN}"}
 KEY = {"Authorization": f"Bearer {TEST_API_KEY}"}
 UNAVAILABLE_WAIT_SEC = 0.5
-
-
-def wait_until(check: Callable[[], bool], *, within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not within {within} s: {what}")
-        time.sleep(0.02)  # polling with a deadline
 
 
 # == engines ===================================================================================================
@@ -144,7 +137,7 @@ class Fleet:
         server = uvicorn.Server(config)
         future = asyncio.run_coroutine_threadsafe(server.serve(), self._loop)
         self._servers[name] = (server, future)
-        wait_until(lambda: server.started or future.done(), within=10, what=f"engine {name} up")
+        until(lambda: server.started or future.done(), within=10, what=f"engine {name} up")
         assert server.started, f"engine {name} did not start"
         return engine
 
@@ -258,7 +251,7 @@ def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         return False
 
     try:
-        wait_until(healthy, within=30, what="coordinator up")
+        until(healthy, within=60, what="coordinator up")  # 20 s and more on two busy shared cores
         yield url
     finally:
         process.send_signal(signal.SIGTERM)
@@ -315,7 +308,7 @@ def test_routing_and_balancing_across_published_endpoints(coordinator: str, flee
     assert {i["instance_id"] for i in listed["instances"]} >= {"bal", "bal-2"}
 
 
-@pytest.mark.skip(reason="broken where the key checks met the hold/re-route path: to fix")
+@pytest.mark.timeout(120)  # about 30 s of load, after the Coordinator's start when this test runs first
 def test_no_new_request_reaches_a_withdrawn_endpoint_under_concurrent_load(coordinator: str, fleet: Fleet) -> None:
     engines = [fleet.start(f"load-{i}") for i in range(3)]
     for engine in engines:
@@ -507,7 +500,7 @@ def test_a_client_that_leaves_mid_stream_frees_its_endpoint(coordinator: str, fl
         assert first.startswith("data: ")
     # the client hung up after one event of fifty: the relay ends and the endpoint is no longer busy
     in_flight = 'heteroflow_coordinator_in_flight_requests{instance="leave"}'
-    wait_until(lambda: metric(coordinator, gone) == before + 1, within=10, what="the relay noticed the client left")
+    until(lambda: metric(coordinator, gone) == before + 1, within=10, what="the relay noticed the client left")
     assert metric(coordinator, in_flight) == 0
 
 
@@ -578,7 +571,7 @@ def test_the_management_listener_serves_the_views_and_a_taken_port_stops_the_sta
                 return all(httpx.get(f"{u}/health", timeout=1).status_code == 200 for u in (url, manage_url))
             return False
 
-        wait_until(up, within=30, what="both listeners up")
+        until(up, within=30, what="both listeners up")
         engine = fleet.start("managed-0")
         publish(manage_url, "managed", "model-managed", [engine.endpoint(0)])
         assert complete(url, "model-managed").json()["choices"][0]["text"] == "managed-0"

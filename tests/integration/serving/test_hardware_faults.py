@@ -36,6 +36,7 @@ from heteroflow.serving.controller.monitor import (
 from heteroflow.storage.db import create_db_engine, upgrade_database
 from tests.integration.serving.controller_harness import Plane, run_plane
 from tests.support.harness import Harness, running_server
+from tests.support.polling import eventually
 
 NODES = {"a": "node-a", "b": "node-b"}
 NPU_DEVICES = {rank: [{"device_id": f"Ascend910-{rank % 2}", "index": rank % 2}] for rank in range(4)}
@@ -64,14 +65,6 @@ def original_fallback(plane: Plane, fallback: FallbackStrategy) -> None:
 
 def events(timeline: dict[str, Any], kind: str) -> list[dict[str, Any]]:
     return [e for e in timeline["events"] if e["kind"] == kind]
-
-
-async def eventually(check: Callable[[], bool], *, within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not within {within} s: {what}")
-        await asyncio.sleep(0.02)
 
 
 def hardware(plane: Plane) -> list[tuple[str, frozenset[int], str]]:

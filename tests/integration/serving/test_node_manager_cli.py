@@ -14,8 +14,7 @@ import signal
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -33,18 +32,11 @@ from heteroflow.serving.wire import (
     NM_STATUS_PATH,
     FtFlags,
 )
+from tests.support.polling import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 
 AUTH = {"Authorization": f"Bearer {TEST_CLUSTER_TOKEN}"}
-
-
-def wait_until(check: Callable[[], bool], *, within: float, what: str) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not within {within} s: {what}")
-        time.sleep(0.05)  # polling with a deadline
 
 
 @pytest.fixture
@@ -63,7 +55,7 @@ def controller() -> Iterator[tuple[FakeController, str]]:
     )
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    wait_until(lambda: server.started, within=10, what="fake controller up")
+    until(lambda: server.started, within=10, what="fake controller up")
     try:
         yield fake, f"http://127.0.0.1:{port}"
     finally:
@@ -129,9 +121,9 @@ def test_node_manager_command_with_the_proxy_off(tmp_path: Path, controller: tup
             engine_pids[:] = [e["pid"] for e in status["endpoints"] if e["pid"]]
             return all(e["ready"] for e in status["endpoints"])
 
-        wait_until(both_ready, within=90, what="NodeManager up with both engines ready")
+        until(both_ready, within=90, what="NodeManager up with both engines ready")
         # registered at start, and again once the engines' protocol profile was discovered
-        wait_until(
+        until(
             lambda: fake.registrations[-1].ft_capability.protocol_profile == "scale-down",
             within=30,
             what="the discovered profile registered",
@@ -139,7 +131,7 @@ def test_node_manager_command_with_the_proxy_off(tmp_path: Path, controller: tup
         assert {r.pod_id for r in fake.registrations} == {"pod-0"}
         assert fake.registrations[0].ft_capability.protocol_profile is None
         beats = len(fake.heartbeats)
-        wait_until(lambda: len(fake.heartbeats) >= beats + 2, within=5, what="heartbeats")
+        until(lambda: len(fake.heartbeats) >= beats + 2, within=5, what="heartbeats")
         assert all(b.complete and b.request.endpoint_ids == [0, 1] for b in fake.heartbeats[beats:])
         for path in (NM_FT_STATUS_PATH, NM_FT_APPLY_PATH, NM_FT_GUARD_PATH, NM_FT_FINALIZE_PATH):
             response = httpx.post(base + path, json={"request_id": "r", "lease_sec": 5}, headers=AUTH, timeout=5)
@@ -163,4 +155,4 @@ def test_node_manager_command_with_the_proxy_off(tmp_path: Path, controller: tup
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(pid, signal.SIGKILL)
         log.close()
-    wait_until(lambda: not session_processes([proc.pid, *engine_pids]), within=10, what="every process gone")
+    until(lambda: not session_processes([proc.pid, *engine_pids]), within=10, what="every process gone")

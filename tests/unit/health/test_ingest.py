@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -15,6 +15,7 @@ from heteroflow.health.ingest import HealthIngestor
 from heteroflow.health.samples import CardKey, HealthReading, StoredSample
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.health.testing import InMemoryHealthSampleStore
+from tests.support.polling import IN_PROCESS_S, eventually
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -26,13 +27,6 @@ def reading(clock: FakeClock, value: int | None, *, index: int = 0, node: str = 
         sampled_at=clock.now(),
         counters=Counters(ecc_corrected_total=value, retired_pages=0),
     )
-
-
-async def wait_for(condition: Callable[[], bool], limit: float = 5.0) -> None:
-    """Poll a condition owned by another task or thread, with a deadline."""
-    async with asyncio.timeout(limit):
-        while not condition():  # noqa: ASYNC110 - the condition has no event to await
-            await asyncio.sleep(0.005)
 
 
 class GatedStore(InMemoryHealthSampleStore):
@@ -62,7 +56,7 @@ def test_a_reading_offered_while_its_card_is_in_flight_is_not_skipped_by_a_stale
         store.inserting.clear()
         clock.advance(5)
         ingestor.offer([reading(clock, None)])  # a change, held in flight at the gate
-        await wait_for(store.inserting.is_set)
+        await eventually(store.inserting.is_set, within=5, period=IN_PROCESS_S, what="a batch being inserted")
         clock.advance(5)
         ingestor.offer([reading(clock, 1)])  # equal to the cached row, but not to the one in flight
         store.gate.set()
@@ -83,7 +77,9 @@ def test_an_unavailable_store_costs_no_reading_and_the_backlog_is_written_in_ord
         for value in (1, 2, 2, 3):
             ingestor.offer([reading(clock, value)])
             clock.advance(5)
-        await wait_for(lambda: ingestor.status().write_failures_total >= 2)
+        await eventually(
+            lambda: ingestor.status().write_failures_total >= 2, within=5, period=IN_PROCESS_S, what="two failed writes"
+        )
         assert ingestor.status().writer_backing_off
         assert ingestor.status().pending_readings == 3  # the repeated 2 waits once
         store.available = True

@@ -209,6 +209,13 @@ class Coordinator:
             platform=key_checker,
             clock=self.clock,
             cache_sec=settings.platform_token_cache_sec,
+            # a share as large as the pool is no share: when one key has the whole pool, the Coordinator is full
+            # and its answer is the admission gate's ("overloaded"), not "this key is busy"
+            max_in_flight_per_key=(
+                settings.max_in_flight_per_key
+                if settings.max_in_flight_per_key < settings.max_concurrent_requests
+                else None
+            ),
         )
 
         self.main_loop: asyncio.AbstractEventLoop | None = None
@@ -412,7 +419,14 @@ def create_app(coordinator: Coordinator) -> FastAPI:
     )
     # added last, so it runs first: a key is verified before it takes an admission slot or sends its body
     keyed = {**_INFERENCE_ROUTES, "/v1/models": "models"}
-    app.add_middleware(KeyFirst, verifier=coordinator.keys, routes=keyed, registry=coordinator.metrics.registry)
+    app.add_middleware(
+        KeyFirst,
+        verifier=coordinator.keys,
+        routes=keyed,
+        registry=coordinator.metrics.registry,
+        retry_after_s=settings.retry_after_sec,
+        on_refused=lambda route, exc: coordinator.metrics.requests.labels(route=route, outcome=exc.outcome).inc(),
+    )
 
     @app.exception_handler(ManagementError)
     async def _management_error(_: Request, exc: ManagementError) -> JSONResponse:

@@ -16,8 +16,11 @@ cannot amplify into platform queries (a token is 256 random bits: none is create
 
 Before any work. :class:`KeyFirst` is a plain ASGI middleware in front of the Coordinator's admission gate: an
 OpenAI request's key is checked before it takes a slot or sends a byte of its body, and each key holds at most
-:data:`MAX_IN_FLIGHT_PER_KEY` requests at once (beyond: 503 with Retry-After), so that one key's slow uploads
-cannot take the pool from every other key. Every answered OpenAI request is logged (``coordinator.access``)
+:data:`MAX_IN_FLIGHT_PER_KEY` requests at once (``max_in_flight_per_key``; beyond: 503 with Retry-After,
+outcome ``key_busy``), so that one key's slow uploads cannot take the pool from every other key. A request counts
+from its arrival until its last byte, held ones included (a round is when the pool fills up: a key whose held
+requests did not count could take it all then). The refusals are counted (``on_refused``) like every other
+OpenAI outcome. Every answered OpenAI request is logged (``coordinator.access``)
 and counted (``heteroflow_coordinator_key_requests``) with its key's tenant and key id (a digest prefix).
 
 Keys and tokens are never logged nor kept in clear: the cache is keyed by digest.
@@ -44,7 +47,7 @@ from heteroflow.serving.coordinator.errors import (
     AuthBackendUnavailableError,
     AuthenticationError,
     CoordinatorError,
-    OverloadedError,
+    KeyBusyError,
     openai_error_response,
 )
 
@@ -59,7 +62,8 @@ REFUSED_CACHE_SEC = 10.0
 PLATFORM_CHECKS_AT_ONCE = 8
 """Platform checks of uncached keys running at once; the others wait."""
 MAX_IN_FLIGHT_PER_KEY = 64
-"""OpenAI requests one key may have in flight at once (the Coordinator's pool is shared by every key)."""
+"""OpenAI requests one key may have in flight at once by default (``max_in_flight_per_key``; the Coordinator's
+pool is shared by every key). A request held during a round counts: it holds its place in the pool as well."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +142,7 @@ class ApiKeyVerifier:
         clock: Clock,
         cache_sec: float,
         max_cached: int = 10_000,
-        max_in_flight_per_key: int = MAX_IN_FLIGHT_PER_KEY,
+        max_in_flight_per_key: int | None = MAX_IN_FLIGHT_PER_KEY,
     ) -> None:
         self._digests = tuple(sorted(digests))
         self._platform = platform
@@ -148,6 +152,7 @@ class ApiKeyVerifier:
         self._checks = asyncio.Semaphore(PLATFORM_CHECKS_AT_ONCE)
         self._cache_sec = cache_sec
         self.max_in_flight_per_key = max_in_flight_per_key
+        """``None``: no share per key (it would be the whole pool: the admission gate's bound answers instead)."""
         self._in_flight: dict[str, int] = {}
         self.platform_checks = 0
         """Keys asked of the platform since start (each one request to it)."""
@@ -178,7 +183,7 @@ class ApiKeyVerifier:
     def enter(self, identity: KeyIdentity) -> bool:
         """Take one of the key's in-flight slots (False: it has :attr:`max_in_flight_per_key` already)."""
         held = self._in_flight.get(identity.key_id, 0)
-        if held >= self.max_in_flight_per_key:
+        if self.max_in_flight_per_key is not None and held >= self.max_in_flight_per_key:
             return False
         self._in_flight[identity.key_id] = held + 1
         return True
@@ -239,7 +244,8 @@ ASGIApp = Callable[[AsgiScope, Receive, Send], Awaitable[None]]
 class KeyFirst:
     """ASGI middleware: an OpenAI request's key is verified before anything else runs (admission, body read),
     and holds one of its key's in-flight slots until its answer ends. ``routes`` maps the OpenAI paths to their
-    metric label; answered requests are counted by tenant in ``registry``."""
+    metric label; answered requests are counted by tenant in ``registry``, and each refusal is passed to
+    ``on_refused`` (route label, error)."""
 
     def __init__(
         self,
@@ -249,11 +255,13 @@ class KeyFirst:
         routes: dict[str, str],
         registry: CollectorRegistry | None = None,
         retry_after_s: int = 1,
+        on_refused: Callable[[str, CoordinatorError], None] | None = None,
     ) -> None:
         self.app = app
         self.verifier = verifier
         self.routes = routes
         self.retry_after_s = retry_after_s
+        self.on_refused = on_refused
         self.requests = (
             Counter(
                 "heteroflow_coordinator_key_requests",
@@ -281,7 +289,7 @@ class KeyFirst:
             await self._refuse(scope, receive, send, exc, None, route, started)
             return
         if not self.verifier.enter(identity):
-            busy = OverloadedError(
+            busy = KeyBusyError(
                 f"this API key has {self.verifier.max_in_flight_per_key} requests in flight; retry later",
                 retry_after=self.retry_after_s,
             )
@@ -314,6 +322,8 @@ class KeyFirst:
         response = openai_error_response(exc)
         response.headers["connection"] = "close"  # the body the client may still be sending is never read
         await response(scope, receive, send)
+        if self.on_refused is not None:
+            self.on_refused(route, exc)
         self._answered(identity, route, exc.status_code, started)
 
     def _answered(self, identity: KeyIdentity | None, route: str, status: int, started: float) -> None:

@@ -11,8 +11,10 @@
     ├── UpstreamUnavailableError 503 + Retry-After: the engines answered 503 (recovering), retry included
     ├── UpstreamFailedError      502 connection refused/reset or timeout before the first byte, retry included
     ├── AuthBackendUnavailableError 503: the platform could not be asked whether a key is valid
+    ├── KeyBusyError             503 + Retry-After: the key has max_in_flight_per_key requests in flight
+    │                            (held ones included); answered by KeyFirst before the body is read
     └── OverloadedError          503 + Retry-After: max_concurrent_requests are in flight; answered by the
-                                 admission middleware (heteroflow.core.admission) before the key or body is read
+                                 admission middleware (heteroflow.core.admission) before the body is read
 
     ManagementError                  management routes: wire.ErrorBody {"error": code, "detail"}
     ├── ManagementAuthError      401 no or wrong cluster token, or none configured
@@ -92,6 +94,14 @@ class AuthBackendUnavailableError(CoordinatorError):
     status_code = 503
     kind = "ServiceUnavailableError"
     outcome = "auth_unavailable"
+
+
+class KeyBusyError(CoordinatorError):
+    """One key's share of the pool is taken (``auth.KeyFirst``): that key should slow down, the others are served."""
+
+    status_code = 503
+    kind = "ServiceUnavailableError"
+    outcome = "key_busy"
 
 
 class OverloadedError(CoordinatorError):

@@ -36,7 +36,7 @@ class CoordinatorMetrics:
             "heteroflow_coordinator_requests",
             "OpenAI requests by route and outcome (ok, resumed, upstream_4xx, upstream_5xx, stream_error, bad_request, "
             "unauthorized, unknown_model, no_endpoint, upstream_unavailable, upstream_failed, auth_unavailable, "
-            "overloaded).",
+            "key_busy, overloaded).",
             ["route", "outcome"],
             registry=self.registry,
         )

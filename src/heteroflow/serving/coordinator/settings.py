@@ -15,6 +15,7 @@ import structlog
 from pydantic import AliasChoices, Field, field_validator, model_validator
 
 from heteroflow.core.settings import LenientSettings, env_names
+from heteroflow.serving.coordinator.auth import MAX_IN_FLIGHT_PER_KEY
 
 _log = structlog.get_logger(__name__)
 
@@ -192,6 +193,18 @@ class CoordinatorSettings(LenientSettings):
             "OpenAI requests handled at once, a stream until its last byte (default 1000, the upstream pool's "
             "size); one more is answered 503 with Retry-After before its key or body is read. Beyond the pool "
             "a request would only wait for a connection, up to the first-byte timeout."
+        ),
+    )
+    max_in_flight_per_key: int = Field(
+        default=MAX_IN_FLIGHT_PER_KEY,
+        ge=1,
+        le=100000,
+        validation_alias=env_names("coordinator_max_in_flight_per_key"),
+        description=(
+            "OpenAI requests one API key may have handled at once, counted like max_concurrent_requests: from "
+            "its arrival until its last byte, a request held during a round included (default 64); one more of "
+            "that key is answered 503 with Retry-After (outcome key_busy). At max_concurrent_requests or above "
+            "there is no share per key (set it so where all traffic comes through one key)."
         ),
     )
     keep_alive_timeout_sec: int = Field(

@@ -13,7 +13,6 @@ import itertools
 import json
 import os
 import threading
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, ClassVar
@@ -44,6 +43,7 @@ from heteroflow.serving.controller.monitor.mindcluster import (
 )
 from heteroflow.serving.controller.monitor.testing import FakeKubeApi
 from heteroflow.serving.wire import HardwareFaultReport
+from tests.support.polling import IN_PROCESS_S, eventually
 
 from .helpers import topology
 
@@ -495,14 +495,6 @@ class ScriptedSource:
         await asyncio.Event().wait()
 
 
-async def until(check: Callable[[], bool], what: str, within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(what)
-        await asyncio.sleep(0.005)
-
-
 def test_a_crashing_source_is_restarted_and_never_blocks_the_others() -> None:
     got: list[HardwareFaultReport] = []
     crashing = ScriptedSource("bad", [RuntimeError("boom"), [Snapshot("x", (report("c", 6, node="n2"),))]])
@@ -514,7 +506,7 @@ def test_a_crashing_source_is_restarted_and_never_blocks_the_others() -> None:
         )
         await monitor.start()
         try:
-            await until(lambda: len(got) == 2, "both faults delivered")
+            await eventually(lambda: len(got) == 2, within=5, period=IN_PROCESS_S, what="both faults delivered")
             status = monitor.status()
             assert status.source("bad").crashes == 1
             assert status.source("bad").last_problem == "crashed: RuntimeError: boom (run again in 0.01 s)"
@@ -683,21 +675,21 @@ def test_kubernetes_source_lists_watches_reconnects_and_relists() -> None:
         monitor = ResourceMonitor(sources=[source], sink=got.append, clock=FakeClock())
         await monitor.start()
         try:
-            await until(lambda: len(got) == 1, "the listed fault")
+            await eventually(lambda: len(got) == 1, within=5, period=IN_PROCESS_S, what="the listed fault")
             assert monitor.status().source("mindcluster-kube").problems >= 2  # the failed lists, logged
             api.put("nodes", node_doc("n1", "False"), event="MODIFIED")
-            await until(lambda: len(got) == 2, "the NotReady node")
+            await eventually(lambda: len(got) == 2, within=5, period=IN_PROCESS_S, what="the NotReady node")
             assert (got[1].card, got[1].fault_code) == ("", "NodeNotReady")
             api.put("configmaps", configmap("n1", faults=[fault_entry("Ascend910-1", "RestartNPU")]), event="MODIFIED")
             api.push_raw("configmaps", {"type": "SURPRISE"})
             api.put("configmaps", configmap("n1"), event="MODIFIED")
-            await until(lambda: len(got) == 3, "the card fault cleared")
+            await eventually(lambda: len(got) == 3, within=5, period=IN_PROCESS_S, what="the card fault cleared")
             assert got[2].cleared
             assert got[2].card == "Ascend910-1"
             lists = api.lists["configmaps"]
             api.put("configmaps", configmap("n3", faults=[fault_entry("Ascend910-0", "SeparateNPU")]))  # missed
             api.expire_watch("configmaps")
-            await until(lambda: len(got) == 4, "the relist after 410 Gone")
+            await eventually(lambda: len(got) == 4, within=5, period=IN_PROCESS_S, what="the relist after 410 Gone")
             assert api.lists["configmaps"] == lists + 1
             assert (got[3].node_name, got[3].level) == ("n3", 6)
         finally:
@@ -818,7 +810,7 @@ def test_gpu_health_source_lookback_starts_in_the_past() -> None:
 
     async def main() -> None:
         task = asyncio.create_task(source.run(emit))
-        await until(lambda: bool(updates), "one poll")
+        await eventually(lambda: bool(updates), within=5, period=IN_PROCESS_S, what="one poll")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -944,13 +936,15 @@ def test_a_restarted_directory_source_rereads_and_still_clears_files_deleted_mea
 
     async def main() -> None:
         first = asyncio.create_task(source.run(emit))
-        await until(lambda: len(edges) == 2, "both faults")
+        await eventually(lambda: len(edges) == 2, within=5, period=IN_PROCESS_S, what="both faults")
         first.cancel()
         with pytest.raises(asyncio.CancelledError):
             await first
         (tmp_path / "a.json").unlink()  # while the source is down
         again = asyncio.create_task(source.run(emit))
-        await until(lambda: len(edges) == 3, "the deleted file's fault cleared")
+        await eventually(
+            lambda: len(edges) == 3, within=5, period=IN_PROCESS_S, what="the deleted file's fault cleared"
+        )
         again.cancel()
         with pytest.raises(asyncio.CancelledError):
             await again

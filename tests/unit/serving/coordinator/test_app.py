@@ -29,6 +29,7 @@ from heteroflow.serving.wire import (
     COORDINATOR_INSTANCES_PATH,
     COORDINATOR_SET_PATH,
 )
+from tests.support.polling import IN_PROCESS_S, eventually
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -113,14 +114,6 @@ def run(scenario: Callable[[], Coroutine[Any, Any, None]]) -> None:
     asyncio.run(scenario())
 
 
-async def eventually(check: Callable[[], bool], *, what: str, within: float = 5.0) -> None:
-    deadline = time.monotonic() + within
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not within {within} s: {what}")
-        await asyncio.sleep(0.005)  # polling with a deadline
-
-
 # -- routing -------------------------------------------------------------------------------------------------
 def test_requests_are_routed_by_model_and_spread_over_published_endpoints() -> None:
     async def scenario() -> None:
@@ -190,7 +183,7 @@ def test_the_least_loaded_endpoint_gets_new_requests() -> None:
             slow = h.engine(0)
             slow.hold = asyncio.Event()
             first = asyncio.create_task(h.complete())  # round robin sends the first one to e0, which holds it
-            await eventually(lambda: len(slow.received) == 1, what="e0 holds a request")
+            await eventually(lambda: len(slow.received) == 1, within=5, period=IN_PROCESS_S, what="e0 holds a request")
             for _ in range(4):
                 assert (await h.complete()).json()["choices"][0]["text"] == "answer from e1"
             slow.release()
@@ -220,7 +213,9 @@ def test_beyond_max_concurrent_requests_a_request_gets_503_with_retry_after_at_o
             engine = h.engine(0)
             engine.hold = asyncio.Event()
             held = [asyncio.create_task(h.complete(stream=stream)) for stream in (False, True)]
-            await eventually(lambda: len(engine.received) == 2, what="two requests held by the engine")
+            await eventually(
+                lambda: len(engine.received) == 2, within=5, period=IN_PROCESS_S, what="two requests held by the engine"
+            )
             anonymous = await h.client.post("/v1/chat/completions", headers={}, content=b"not even read")
             assert anonymous.status_code == 401  # the key is checked before the gate: no slot for it
             refused = await h.client.post("/v1/chat/completions", headers=KEY, content=b"not even read")
@@ -299,7 +294,12 @@ def test_a_request_held_through_a_fault_is_served_once_the_survivors_are_publish
             h.engine(0).mode = EngineMode.UNAVAILABLE
             h.engine(1).mode = EngineMode.DISCONNECT
             pending = asyncio.create_task(h.complete())
-            await eventually(lambda: bool(h.engine(0).received and h.engine(1).received), what="both tried")
+            await eventually(
+                lambda: bool(h.engine(0).received and h.engine(1).received),
+                within=5,
+                period=IN_PROCESS_S,
+                what="both tried",
+            )
             assert not pending.done()  # held, not answered with an error
             await h.publish((2,), generation=2)  # the survivors (here: another engine) are published
             response = await asyncio.wait_for(pending, 5)
@@ -330,7 +330,9 @@ def test_a_request_on_an_endpoint_reported_faulted_goes_elsewhere_after_the_boun
             await h.publish((0,))
             h.engine(0).mode = EngineMode.HANG  # a released vLLM's new requests hang while it is faulted
             pending = asyncio.create_task(h.complete())
-            await eventually(lambda: bool(h.engine(0).received), what="the request reached e0")
+            await eventually(
+                lambda: bool(h.engine(0).received), within=5, period=IN_PROCESS_S, what="the request reached e0"
+            )
             await h.publish((0, 1), generation=1)
             response = await h.manage(
                 COORDINATOR_DEL_PATH, {"instance_id": "i1", "endpoint_ids": [0], "faulted": True, "generation": 1}
@@ -471,7 +473,9 @@ def test_a_stream_stalled_on_an_endpoint_reported_faulted_is_resumed_after_the_b
 
             h.upstreams.handle_async_request = stalling  # type: ignore[method-assign]
             pending = asyncio.create_task(h.complete(stream=True))
-            await eventually(lambda: bool(h.engine(0).received), what="the stream started on e0")
+            await eventually(
+                lambda: bool(h.engine(0).received), within=5, period=IN_PROCESS_S, what="the stream started on e0"
+            )
             await h.manage(COORDINATOR_DEL_PATH, {"instance_id": "i1", "endpoint_ids": [0], "faulted": True})
             response = await asyncio.wait_for(pending, 5)
             texts = [json.loads(e)["choices"][0]["text"] for e in events(response.text)[:-1]]
@@ -565,7 +569,12 @@ def test_a_request_waiting_for_a_publication_is_served_when_it_comes() -> None:
             await h.publish((0, 1))
             await h.withdraw((0, 1))
             waiting = asyncio.create_task(h.complete())
-            await eventually(lambda: h.coordinator.status().waiting_for_publication == 1, what="request waits")
+            await eventually(
+                lambda: h.coordinator.status().waiting_for_publication == 1,
+                within=5,
+                period=IN_PROCESS_S,
+                what="request waits",
+            )
             add = await h.manage(
                 COORDINATOR_ADD_PATH,
                 {"instance_id": "i1", "model": "m", "endpoints": [{"id": 1, "ip": "10.0.0.2", "port": 8000}]},
@@ -607,7 +616,12 @@ def test_a_withdrawal_returns_only_after_headers_being_written_are_out() -> None
             engine = h.engine(0)
             engine.headers_gate = asyncio.Event()
             request = asyncio.create_task(h.complete())
-            await eventually(lambda: bool(h.coordinator.views.status().sending), what="headers being written")
+            await eventually(
+                lambda: bool(h.coordinator.views.status().sending),
+                within=5,
+                period=IN_PROCESS_S,
+                what="headers being written",
+            )
             withdrawal = asyncio.create_task(h.withdraw((0,)))
             for _ in range(50):
                 await asyncio.sleep(0)
@@ -875,10 +889,17 @@ def test_management_calls_from_another_loop_wake_held_requests_and_bound_faulted
             h.engine(0).mode = EngineMode.HANG
             await h.publish(())  # known model, nothing published: requests are held
             pending = asyncio.create_task(h.complete())
-            await eventually(lambda: h.coordinator.publications.waiting == 1, what="the request held")
+            await eventually(
+                lambda: h.coordinator.publications.waiting == 1, within=5, period=IN_PROCESS_S, what="the request held"
+            )
             body = {"instance_id": "i1", "model": "m", "generation": 1, "endpoints": [endpoint]}
             assert await asyncio.to_thread(call, COORDINATOR_SET_PATH, body) == 200
-            await eventually(lambda: bool(h.engine(0).received), what="the held request sent once published")
+            await eventually(
+                lambda: bool(h.engine(0).received),
+                within=5,
+                period=IN_PROCESS_S,
+                what="the held request sent once published",
+            )
             other = {"id": 1, "ip": "10.0.0.2", "port": 8000}
             body = {"instance_id": "i1", "model": "m", "generation": 2, "endpoints": [endpoint, other]}
             assert await asyncio.to_thread(call, COORDINATOR_SET_PATH, body) == 200
