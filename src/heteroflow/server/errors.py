@@ -17,11 +17,15 @@
     beyond max_in_flight_heartbeats, or while the event loop lags more than heartbeat_shed_lag_seconds;
     the agent retries after Retry-After
 
+    Limited (429 + Retry-After, heteroflow.core.client_limits), answered before the body is read: a node's
+    heartbeat beyond max_in_flight_per_node, or an address's request beyond max_in_flight_per_peer
+
 Validation errors of request bodies keep FastAPI's 422 with the field locations. Nothing maps to 500.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -106,6 +110,18 @@ def overloaded(_: object, why: Refusal) -> dict[str, object]:
     """The error body of a heartbeat refused by the admission gate (503 + Retry-After)."""
     reason = "too many heartbeats in flight" if why == "busy" else "the server is behind on its work"
     return {"error": "overloaded", "detail": f"{reason}; retry after the Retry-After seconds"}
+
+
+def limited(what: str) -> Callable[[object, int], dict[str, object]]:
+    """The error body of a request refused by a per-client limit (429 + Retry-After): ``what`` names the client."""
+
+    def render(_: object, limit: int) -> dict[str, object]:
+        return {
+            "error": "too_many_requests",
+            "detail": f"{what} has {limit} requests in flight already; retry after the Retry-After seconds",
+        }
+
+    return render
 
 
 def error_response(exc: ApiError) -> JSONResponse:

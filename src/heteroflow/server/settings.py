@@ -103,6 +103,29 @@ class ServerSettings(LenientSettings):
             "stay fast. At about 3 ms of CPU per beat, 256 beats in flight are under a second of work."
         ),
     )
+    max_in_flight_per_node: int = Field(
+        default=4,
+        ge=1,
+        validation_alias=env_names("server_max_in_flight_per_node"),
+        description=(
+            "Heartbeats one node may have in flight at once (default 4; an agent beats one at a time, a retry "
+            "may overlap the beat it replaces). The node is the verified speaker: its credential is checked "
+            "before the slot is taken. One more is answered 429 with Retry-After before its body is read, so "
+            "one node's (or one stolen credential's) slow bodies never fill the heartbeat admission gate."
+        ),
+    )
+    max_in_flight_per_peer: int = Field(
+        default=128,
+        ge=1,
+        validation_alias=env_names("server_max_in_flight_per_peer"),
+        description=(
+            "Authenticated requests with a body (heartbeats, registrations, every POST/PUT/PATCH/DELETE) one peer "
+            "address may have in flight at once (default 128, half the heartbeat gate); one more is answered 429 "
+            "with Retry-After before its body is read. Generous on purpose: agents behind one NAT, or every "
+            "request through an ingress, share an address; raise it there (a fleet of N nodes beating every 5 s "
+            "at a few ms a beat keeps about N/1000 in flight)."
+        ),
+    )
     heartbeat_shed_lag_seconds: float = Field(
         default=2.0,
         gt=0,

@@ -27,11 +27,10 @@ from heteroflow.platform.nodes import (
     Quota,
     is_online,
     newest,
-    speaks_for,
 )
-from heteroflow.server.auth import context, require, visible_node
+from heteroflow.server.auth import context, require, speaking_node, visible_node
 from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import Conflict, NotFound, TooManyRequests, error_responses
+from heteroflow.server.errors import Conflict, TooManyRequests, error_responses
 from heteroflow.server.schemas import (
     Heartbeat,
     HeartbeatAccepted,
@@ -171,11 +170,8 @@ async def heartbeat(
     credential is the same 404 as a missing node: one agent cannot beat, or report XID events, for another.
     """
     started = time.perf_counter()
-    node = await visible_node(ctx, principal, node_id, cached=True)
-    # an administrator's token may speak for any node (it may delete and re-register any node anyway)
-    if Scope.ADMIN not in principal.scopes and not speaks_for(node, hash_token(credential) if credential else None):
-        ctx.metrics.heartbeats_foreign.inc()
-        raise NotFound(f"node {node_id!r} not found")
+    # checked before the body was read too (server/auth.py: check_before_work); from the caches again here
+    node = await speaking_node(ctx, principal, node_id, credential)
     received_at = ctx.clock.now()
     ctx.liveness.beat(node.id, received_at)
     # every agent-claimed time is checked against this server's clock, per value (sample_times.py); one card's
