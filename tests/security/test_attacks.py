@@ -196,6 +196,69 @@ def test_a_slow_body_flood_of_anonymous_sockets_leaves_real_heartbeats_at_200(pl
     assert platform.node_online("real-agent")
 
 
+def test_a_slow_body_flood_with_a_valid_agent_token_leaves_real_heartbeats_at_200(platform: Platform) -> None:
+    """256 slow heartbeats with one valid agent token (and a node of its own, its credential in hand) still filled
+    the heartbeat gate for up to 10 s each. Now one node holds at most 4 beats in flight (429 + Retry-After for the
+    rest, at once, unread), and a beat for another node without its credential, or for no node, is 404 on its head:
+    the real agent's beats (another node, its own credential) stay 200 and its node online."""
+    url, fleet = platform.server.url, platform.agent_token
+    own = httpx.post(
+        f"{url}/api/v1/nodes/register",
+        json={"hostname": "attacker-slow", "vendor": "x", "gpu_count": 0},
+        headers=auth(fleet),
+        timeout=10,
+    ).json()
+    nodes = httpx.get(f"{url}/api/v1/nodes", headers=auth(platform.admin), timeout=10).json()["items"]
+    real = next(node for node in nodes if node["name"] == "real-agent")
+
+    def head(node_id: str, credential: str | None) -> bytes:
+        extra = b"X-HeteroFlow-Node-Credential: %s\r\n" % credential.encode() if credential else b""
+        return (
+            b"POST /api/v1/nodes/%s/heartbeat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer %s\r\n%sContent-Length: 100000\r\n\r\n{"
+        ) % (node_id.encode(), fleet.encode(), extra)
+
+    floods = {
+        "own": [head(own["node_id"], own["node_credential"])] * 256,
+        "victim": [head(real["id"], None)] * 32,
+        "missing": [head(f"00000000-0000-4000-8000-{n:012d}", None) for n in range(32)],
+    }
+    answers: dict[str, list[bytes]] = {}
+    held: list[socket.socket] = []
+    started = time.monotonic()
+    with Probe(platform, "probe-token-flood").running() as probe:
+        for kind, heads in floods.items():
+            sockets = []
+            for raw in heads:
+                sock = _connect(platform.server.port)
+                sock.sendall(raw)
+                sockets.append(sock)
+            answers[kind] = []
+            for sock in sockets:
+                sock.settimeout(1.0)  # a refusal comes at once; a held body gets nothing until the read limit
+                answer = _answer(sock)
+                answers[kind].append(answer)
+                (held if not answer else []).append(sock)
+                if answer:
+                    sock.close()
+        flooded_s = time.monotonic() - started
+        deadline = time.monotonic() + 3
+        while len(probe.answers) < 6 + 2 * flooded_s:  # the probe beats on while the held bodies hold
+            assert time.monotonic() < deadline + flooded_s, probe.answers
+            time.sleep(0.1)
+        for sock in held:
+            sock.close()
+    statuses = {kind: sorted({a[:12].decode() for a in got}) for kind, got in answers.items()}
+    assert sum(not a for a in answers["own"]) == 4, statuses  # the node's 4 places, then the read limit
+    assert sum(a.startswith(b"HTTP/1.1 429") for a in answers["own"]) == 252, statuses
+    assert all(b"retry-after:" in a.lower() for a in answers["own"] if a), answers["own"][-1][:300]
+    assert all(a.startswith(b"HTTP/1.1 404") for a in answers["victim"] + answers["missing"]), statuses
+    probe.assert_all_ok(at_least=6)
+    assert platform.node_online("real-agent")
+    metrics = httpx.get(f"{url}/metrics", headers=auth(platform.admin), timeout=10).text
+    assert 'heteroflow_requests_limited_total{limit="node"} 252.0' in metrics
+
+
 def test_an_authenticated_slow_body_is_cut_off_with_408(platform: Platform) -> None:
     """A caller with a valid token who trickles a body holds its connection for at most the read time limit."""
     started = time.monotonic()
