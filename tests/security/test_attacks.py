@@ -70,6 +70,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(_SETTINGS_PREFIXES)}
     env |= {"PYTHONUNBUFFERED": "1", "HETEROFLOW_OFFLINE_AFTER_SECONDS": "3"}
+    env |= {"HETEROFLOW_NODE_RECLAIM_AFTER_SECONDS": "30"}  # longer than an agent process takes to restart
     server = start(
         "server", ["server", "--port", str(port), "--database-url", database_url], env=env, folder=folder, port=port
     )
@@ -421,3 +422,71 @@ def test_the_database_is_owner_only_with_its_side_files(platform: Platform) -> N
     for suffix in ("", "-wal", "-shm"):
         path = platform.folder / f"platform.db{suffix}"
         assert path.stat().st_mode & 0o077 == 0, f"{path.name} is readable by others"
+
+
+def test_an_agent_that_lost_its_credential_waits_and_reclaims_its_node_without_crash_looping(
+    platform: Platform,
+) -> None:
+    """An agent pod whose stored credential is gone exited 409 and crash-looped until it might reclaim its node.
+    Now it logs why and waits for the server's Retry-After: its own token reclaims the node (same id) once the
+    node has been offline long enough, and no other credential captures the node meanwhile."""
+    url, state = platform.server.url, platform.folder / "lost-state"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_SETTINGS_PREFIXES)}
+    env |= {"PYTHONUNBUFFERED": "1", "HETEROFLOW_AGENT_TOKEN": platform.agent_token}
+    env |= {"HETEROFLOW_AGENT_STATE_DIR": str(state)}
+    args = ["agent", "run", "--server", url, "--node-name", "lost-agent", "--simulate", "1"]
+    args += ["--heartbeat-interval", "0.5"]
+
+    def lost_agent() -> dict[str, object] | None:
+        nodes = httpx.get(f"{url}/api/v1/nodes", headers=auth(platform.admin), timeout=10).json()["items"]
+        return next((node for node in nodes if node["name"] == "lost-agent"), None)
+
+    first = start("agent-lost-1", args, env=env, folder=platform.folder, port=0)
+    try:
+        deadline = time.monotonic() + 30
+        while not ((node := lost_agent()) and node["online"]):
+            assert first.process.poll() is None, first.stop()[-3000:]
+            assert time.monotonic() < deadline, "the agent's node never came online"
+            time.sleep(0.2)
+    finally:
+        first.stop()
+    deadline = time.monotonic() + 15
+    while (gone := lost_agent()) and gone["online"]:  # the pod is gone: its node goes offline
+        assert time.monotonic() < deadline, "the stopped agent's node stayed online"
+        time.sleep(0.2)
+    kept = list(state.glob("node-*.credential"))
+    assert kept, "the agent kept no credential"
+    for path in kept:
+        path.unlink()  # the pod's state folder is lost
+    other = _token(platform, "agent")  # another credential of the same (tenantless) scope
+    intruder = _token(platform, "agent", tenant="takers")
+    second = start("agent-lost-2", args, env=env, folder=platform.folder, port=0)
+    try:
+        deadline = time.monotonic() + 45
+        while not ((back := lost_agent()) and back["online"]):
+            assert second.process.poll() is None, second.stop()[-3000:]  # waits, never exits
+            assert time.monotonic() < deadline, "the agent never reclaimed its node"
+            forged = httpx.post(
+                f"{url}/api/v1/nodes/register",
+                json={"hostname": "lost-agent", "vendor": "x", "gpu_count": 1},
+                headers=auth(other),
+                timeout=10,
+            )
+            assert forged.status_code == 409, forged.text  # only the node's own token may reclaim it
+            assert str(node["id"]) not in forged.text
+            time.sleep(0.5)
+        assert back["id"] == node["id"]  # the same node, its history kept
+        theirs = httpx.post(
+            f"{url}/api/v1/nodes/register",
+            json={"hostname": "lost-agent", "vendor": "x", "gpu_count": 1},
+            headers=auth(intruder),
+            timeout=10,
+        )
+        assert theirs.status_code == 200  # their own node of that name, not ours
+        assert theirs.json()["node_id"] != node["id"]
+    finally:
+        output = second.stop()
+    waits = output.count("agent.node_credential_missing")
+    assert 1 <= waits <= 4, output[-3000:]  # it waited for the server's Retry-After, no tight loop
+    assert "Retry" in output or "reclaim" in output
+    assert list(state.glob("node-*.credential")), "the reclaimed credential was not kept"

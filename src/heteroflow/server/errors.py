@@ -5,7 +5,8 @@
     ├── Forbidden (403)      a valid token without the route's scope
     ├── NotFound (404)       absent, or outside the caller's tenant scope (identical on purpose)
     ├── BadRequest (400)     a parameter out of range, with the reason
-    ├── Conflict (409)       a registration contradicting an existing node (its source, or its credential)
+    ├── Conflict (409)       a registration contradicting an existing node (its source, or its credential:
+    │                        node_credential_required, with Retry-After when the caller may reclaim it later)
     ├── TooManyRequests (429)  a per-token quota of nodes or cards used up
     └── ServiceUnavailable (503)  the database is unreachable; retry later
 
@@ -74,6 +75,17 @@ class Conflict(ApiError):
     code = "conflict"
 
 
+class NodeCredentialRequired(Conflict):
+    """A registration of a hostname registered in the caller's tenant without that node's credential; with
+    ``Retry-After`` when the caller's token may reclaim the node once it has been offline long enough."""
+
+    code = "node_credential_required"
+
+    def __init__(self, message: str, *, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class TooManyRequests(ApiError):
     status_code = 429
     code = "quota_exceeded"
@@ -126,6 +138,8 @@ def limited(what: str) -> Callable[[object, int], dict[str, object]]:
 
 def error_response(exc: ApiError) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+    if isinstance(exc, NodeCredentialRequired) and exc.retry_after_s is not None:
+        headers = {"Retry-After": str(exc.retry_after_s)}
     return JSONResponse({"error": exc.code, "detail": exc.message}, status_code=exc.status_code, headers=headers)
 
 

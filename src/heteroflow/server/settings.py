@@ -16,6 +16,11 @@ def default_database_url() -> str:
 class ServerSettings(LenientSettings):
     """Where the server listens, what it stores into, and how it paces liveness and auth caching."""
 
+    @property
+    def node_reclaim_after(self) -> float:
+        """Seconds a node must be offline before its creating token may reclaim it without its credential."""
+        return self.node_reclaim_after_seconds or 2 * self.offline_after_seconds
+
     host: str = Field(
         default="127.0.0.1",
         min_length=1,
@@ -54,6 +59,18 @@ class ServerSettings(LenientSettings):
         description=(
             "Every node's newest heartbeat is written to the database once per this interval, in one "
             "statement for all nodes, and cached tokens are re-confirmed in one more (default 5 s)."
+        ),
+    )
+    node_reclaim_after_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        validation_alias=env_names("node_reclaim_after_seconds"),
+        description=(
+            "How long a node must have been offline before the token that created it may register it again "
+            "without its credential and get a new one (an agent that lost its stored credential: a new pod, a "
+            "wiped disk). Default: twice offline_after_seconds (60 s). Never while the node beats; never for "
+            "another token. Until then such a registration answers 409 node_credential_required with "
+            "Retry-After, and the agent waits that long instead of exiting."
         ),
     )
     max_nodes_per_token: int = Field(
