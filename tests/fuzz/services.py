@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, AsyncExitStack, asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +83,9 @@ class Service:
     """What a legitimate caller sends on every route (the service's token or key)."""
     json_routes: tuple[str, ...]
     """Every route that takes a JSON body (all are POSTs), as path templates."""
+    path_values: dict[str, str] = field(default_factory=dict)
+    """Path parameters that must name something that exists for the route to read a body at all (a heartbeat
+    is refused on its head unless its node exists)."""
 
 
 Builder = Callable[[Path], AbstractAsyncContextManager[Service]]
@@ -157,7 +160,7 @@ async def platform_server(tmp: Path) -> AsyncIterator[Service]:
         stack.callback(engine.dispose)
         tokens = SqlTokenStore(engine)
         admin = tokens.create_token(name="fuzz", scopes=parse_scopes("admin"), tenant_id=None, now=ctx.clock.now())[1]
-        await _seed_platform(app, bearer(admin))
+        node_id = await _seed_platform(app, bearer(admin))
         yield Service(
             name="platform",
             app=app,
@@ -165,12 +168,14 @@ async def platform_server(tmp: Path) -> AsyncIterator[Service]:
             json_routes=(
                 "/api/v1/nodes/register",
                 "/api/v1/nodes/{node_id}/heartbeat",
+                "/api/v1/nodes/{node_id}/release",
                 "/api/v1/alerts/{alert_id}/resolve",
             ),
+            path_values={"node_id": node_id},
         )
 
 
-async def _seed_platform(app: FastAPI, headers: dict[str, str]) -> None:
+async def _seed_platform(app: FastAPI, headers: dict[str, str]) -> str:
     """One node with one beat, so that the list routes answer items and their response schemas are exercised."""
     async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://platform") as client:
         body = {"hostname": "fuzz-node", "vendor": "nvidia", "model": "H100", "gpu_count": 1}
@@ -180,6 +185,7 @@ async def _seed_platform(app: FastAPI, headers: dict[str, str]) -> None:
         stats = [{"index": 0, "uuid": "GPU-0", "ecc_uncorrected_total": 0, "temperature_c": 40}]
         response = await client.post(f"/api/v1/nodes/{node_id}/heartbeat", json={"gpu_stats": stats}, headers=headers)
         assert response.status_code == 200, response.text
+        return str(node_id)
 
 
 # == the NodeManager ========================================================================================

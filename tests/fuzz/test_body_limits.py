@@ -100,8 +100,8 @@ def assert_refused(answer: Raw, *, statuses: tuple[int, ...], mentions: str) -> 
     assert re.search(mentions, sentence, re.IGNORECASE), sentence
 
 
-def concrete(template: str) -> str:
-    return re.sub(r"\{[^}]+\}", "x", template)
+def concrete(template: str, values: dict[str, str] | None = None) -> str:
+    return re.sub(r"\{([^}]+)\}", lambda found: (values or {}).get(found.group(1), "x"), template)
 
 
 def padded(size: int) -> bytes:
@@ -138,6 +138,7 @@ ROUTES = [
         "platform": (
             "/api/v1/nodes/register",
             "/api/v1/nodes/{node_id}/heartbeat",
+            "/api/v1/nodes/{node_id}/release",
             "/api/v1/alerts/{alert_id}/resolve",
         ),
         "controller": (
@@ -184,7 +185,7 @@ def test_the_routes_below_are_every_post_route_of_the_service(name: str, tmp_pat
 @pytest.mark.parametrize(("name", "template"), ROUTES)
 def test_hostile_bodies_are_refused_with_a_4xx_and_a_reason(name: str, template: str, tmp_path: Path) -> None:
     async def scenario(service: Service) -> None:
-        path = concrete(template)
+        path = concrete(template, service.path_values)
         # over the limit, its length declared (refused before the body is read, but by the Coordinator's and the
         # controller's management routes, which read on and refuse with their 400)
         declared = await call(service, path, [padded(LIMIT + 1)])

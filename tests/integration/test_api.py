@@ -23,6 +23,7 @@ def test_every_route_refuses_a_missing_or_unknown_token(harness: Harness) -> Non
     routes = [
         ("GET", "/api/v1/nodes"),
         ("GET", "/api/v1/nodes/x"),
+        ("POST", "/api/v1/nodes/x/release"),
         ("GET", "/api/v1/nodes/x/gpu-metrics"),
         ("DELETE", "/api/v1/nodes/x"),
         ("POST", "/api/v1/nodes/register"),
@@ -273,7 +274,7 @@ def test_bad_registrations_get_422_with_a_message(harness: Harness, body: dict[s
 def test_malformed_heartbeat_bodies_get_4xx_never_5xx(harness: Harness) -> None:
     agent = harness.token("agent")
     node = harness.register(agent, "n1")
-    headers = {**harness.auth(agent), "content-type": "application/json"}
+    headers = {**harness.node_auth(agent, node), "content-type": "application/json"}
     for raw in (b"{", b"[]", b'{"gpu_stats": 5}', b'{"gpu_stats": [1, 2]}', b"\xff\xfe", b'{"xid_events": "x"}'):
         response = harness.client.post(f"/api/v1/nodes/{node}/heartbeat", content=raw, headers=headers)
         assert 400 <= response.status_code < 500, (raw, response.status_code)

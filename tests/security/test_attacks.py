@@ -70,6 +70,7 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
     port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith(_SETTINGS_PREFIXES)}
     env |= {"PYTHONUNBUFFERED": "1", "HETEROFLOW_OFFLINE_AFTER_SECONDS": "3"}
+    env |= {"HETEROFLOW_NODE_RECLAIM_AFTER_SECONDS": "30"}  # longer than an agent process takes to restart
     server = start(
         "server", ["server", "--port", str(port), "--database-url", database_url], env=env, folder=folder, port=port
     )
@@ -194,6 +195,69 @@ def test_a_slow_body_flood_of_anonymous_sockets_leaves_real_heartbeats_at_200(pl
     assert refused == 256, f"only {refused} of 256 slow anonymous bodies were refused at once"
     probe.assert_all_ok(at_least=4)
     assert platform.node_online("real-agent")
+
+
+def test_a_slow_body_flood_with_a_valid_agent_token_leaves_real_heartbeats_at_200(platform: Platform) -> None:
+    """256 slow heartbeats with one valid agent token (and a node of its own, its credential in hand) still filled
+    the heartbeat gate for up to 10 s each. Now one node holds at most 4 beats in flight (429 + Retry-After for the
+    rest, at once, unread), and a beat for another node without its credential, or for no node, is 404 on its head:
+    the real agent's beats (another node, its own credential) stay 200 and its node online."""
+    url, fleet = platform.server.url, platform.agent_token
+    own = httpx.post(
+        f"{url}/api/v1/nodes/register",
+        json={"hostname": "attacker-slow", "vendor": "x", "gpu_count": 0},
+        headers=auth(fleet),
+        timeout=10,
+    ).json()
+    nodes = httpx.get(f"{url}/api/v1/nodes", headers=auth(platform.admin), timeout=10).json()["items"]
+    real = next(node for node in nodes if node["name"] == "real-agent")
+
+    def head(node_id: str, credential: str | None) -> bytes:
+        extra = b"X-HeteroFlow-Node-Credential: %s\r\n" % credential.encode() if credential else b""
+        return (
+            b"POST /api/v1/nodes/%s/heartbeat HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Authorization: Bearer %s\r\n%sContent-Length: 100000\r\n\r\n{"
+        ) % (node_id.encode(), fleet.encode(), extra)
+
+    floods = {
+        "own": [head(own["node_id"], own["node_credential"])] * 256,
+        "victim": [head(real["id"], None)] * 32,
+        "missing": [head(f"00000000-0000-4000-8000-{n:012d}", None) for n in range(32)],
+    }
+    answers: dict[str, list[bytes]] = {}
+    held: list[socket.socket] = []
+    started = time.monotonic()
+    with Probe(platform, "probe-token-flood").running() as probe:
+        for kind, heads in floods.items():
+            sockets = []
+            for raw in heads:
+                sock = _connect(platform.server.port)
+                sock.sendall(raw)
+                sockets.append(sock)
+            answers[kind] = []
+            for sock in sockets:
+                sock.settimeout(1.0)  # a refusal comes at once; a held body gets nothing until the read limit
+                answer = _answer(sock)
+                answers[kind].append(answer)
+                (held if not answer else []).append(sock)
+                if answer:
+                    sock.close()
+        flooded_s = time.monotonic() - started
+        deadline = time.monotonic() + 3
+        while len(probe.answers) < 6 + 2 * flooded_s:  # the probe beats on while the held bodies hold
+            assert time.monotonic() < deadline + flooded_s, probe.answers
+            time.sleep(0.1)
+        for sock in held:
+            sock.close()
+    statuses = {kind: sorted({a[:12].decode() for a in got}) for kind, got in answers.items()}
+    assert sum(not a for a in answers["own"]) == 4, statuses  # the node's 4 places, then the read limit
+    assert sum(a.startswith(b"HTTP/1.1 429") for a in answers["own"]) == 252, statuses
+    assert all(b"retry-after:" in a.lower() for a in answers["own"] if a), answers["own"][-1][:300]
+    assert all(a.startswith(b"HTTP/1.1 404") for a in answers["victim"] + answers["missing"]), statuses
+    probe.assert_all_ok(at_least=6)
+    assert platform.node_online("real-agent")
+    metrics = httpx.get(f"{url}/metrics", headers=auth(platform.admin), timeout=10).text
+    assert 'heteroflow_requests_limited_total{limit="node"} 252.0' in metrics
 
 
 def test_an_authenticated_slow_body_is_cut_off_with_408(platform: Platform) -> None:
@@ -358,3 +422,71 @@ def test_the_database_is_owner_only_with_its_side_files(platform: Platform) -> N
     for suffix in ("", "-wal", "-shm"):
         path = platform.folder / f"platform.db{suffix}"
         assert path.stat().st_mode & 0o077 == 0, f"{path.name} is readable by others"
+
+
+def test_an_agent_that_lost_its_credential_waits_and_reclaims_its_node_without_crash_looping(
+    platform: Platform,
+) -> None:
+    """An agent pod whose stored credential is gone exited 409 and crash-looped until it might reclaim its node.
+    Now it logs why and waits for the server's Retry-After: its own token reclaims the node (same id) once the
+    node has been offline long enough, and no other credential captures the node meanwhile."""
+    url, state = platform.server.url, platform.folder / "lost-state"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_SETTINGS_PREFIXES)}
+    env |= {"PYTHONUNBUFFERED": "1", "HETEROFLOW_AGENT_TOKEN": platform.agent_token}
+    env |= {"HETEROFLOW_AGENT_STATE_DIR": str(state)}
+    args = ["agent", "run", "--server", url, "--node-name", "lost-agent", "--simulate", "1"]
+    args += ["--heartbeat-interval", "0.5"]
+
+    def lost_agent() -> dict[str, object] | None:
+        nodes = httpx.get(f"{url}/api/v1/nodes", headers=auth(platform.admin), timeout=10).json()["items"]
+        return next((node for node in nodes if node["name"] == "lost-agent"), None)
+
+    first = start("agent-lost-1", args, env=env, folder=platform.folder, port=0)
+    try:
+        deadline = time.monotonic() + 30
+        while not ((node := lost_agent()) and node["online"]):
+            assert first.process.poll() is None, first.stop()[-3000:]
+            assert time.monotonic() < deadline, "the agent's node never came online"
+            time.sleep(0.2)
+    finally:
+        first.stop()
+    deadline = time.monotonic() + 15
+    while (gone := lost_agent()) and gone["online"]:  # the pod is gone: its node goes offline
+        assert time.monotonic() < deadline, "the stopped agent's node stayed online"
+        time.sleep(0.2)
+    kept = list(state.glob("node-*.credential"))
+    assert kept, "the agent kept no credential"
+    for path in kept:
+        path.unlink()  # the pod's state folder is lost
+    other = _token(platform, "agent")  # another credential of the same (tenantless) scope
+    intruder = _token(platform, "agent", tenant="takers")
+    second = start("agent-lost-2", args, env=env, folder=platform.folder, port=0)
+    try:
+        deadline = time.monotonic() + 45
+        while not ((back := lost_agent()) and back["online"]):
+            assert second.process.poll() is None, second.stop()[-3000:]  # waits, never exits
+            assert time.monotonic() < deadline, "the agent never reclaimed its node"
+            forged = httpx.post(
+                f"{url}/api/v1/nodes/register",
+                json={"hostname": "lost-agent", "vendor": "x", "gpu_count": 1},
+                headers=auth(other),
+                timeout=10,
+            )
+            assert forged.status_code == 409, forged.text  # only the node's own token may reclaim it
+            assert str(node["id"]) not in forged.text
+            time.sleep(0.5)
+        assert back["id"] == node["id"]  # the same node, its history kept
+        theirs = httpx.post(
+            f"{url}/api/v1/nodes/register",
+            json={"hostname": "lost-agent", "vendor": "x", "gpu_count": 1},
+            headers=auth(intruder),
+            timeout=10,
+        )
+        assert theirs.status_code == 200  # their own node of that name, not ours
+        assert theirs.json()["node_id"] != node["id"]
+    finally:
+        output = second.stop()
+    waits = output.count("agent.node_credential_missing")
+    assert 1 <= waits <= 4, output[-3000:]  # it waited for the server's Retry-After, no tight loop
+    assert "Retry" in output or "reclaim" in output
+    assert list(state.glob("node-*.credential")), "the reclaimed credential was not kept"

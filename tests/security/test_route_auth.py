@@ -135,9 +135,11 @@ def test_the_platform_refuses_the_cluster_token_and_api_keys(platform: Service) 
 def test_a_body_that_is_not_json_is_refused_as_unauthenticated_before_it_is_judged(service: Service) -> None:
     admin = service.tokens.get("admin")
     for endpoint in guarded(service):
-        if endpoint.method not in ("POST", "PUT", "PATCH"):
-            continue
+        if endpoint.method not in ("POST", "PUT", "PATCH") or (service.name == "platform" and endpoint.body is None):
+            continue  # a platform route without a body model (a release) has no body to judge
         own = admin or service.tokens[required_credential(service, endpoint)]
+        # a heartbeat for a node that does not exist is refused on its head, before its body is judged
+        judged = (400, 422, 404) if endpoint.key.endswith("/heartbeat") and service.name == "platform" else (400, 422)
         for token, refused in ((None, True), (WRONG_TOKEN, True), (own, False)):
             response = service.client.request(
                 endpoint.method,
@@ -149,7 +151,7 @@ def test_a_body_that_is_not_json_is_refused_as_unauthenticated_before_it_is_judg
             if refused:
                 assert_refused(response, what)
             else:  # the holder of the right token is told what is wrong with the body
-                assert response.status_code in (400, 422), f"{what}: {response.status_code} {response.text[:300]}"
+                assert response.status_code in judged, f"{what}: {response.status_code} {response.text[:300]}"
 
 
 def test_every_platform_route_demands_one_scope_and_answers_403_to_the_others(platform: Service) -> None:

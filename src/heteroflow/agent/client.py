@@ -6,6 +6,10 @@ Errors (one tree, foreign errors translated here with ``raise … from``)::
     ├── ServerUnavailableError   connection refused/reset, timeout, 5xx, 429: retry with backoff, not before
     │                            the server's Retry-After (an overloaded server answers 503 + Retry-After)
     ├── NodeGoneError            404 on heartbeat: the node was deleted, register again
+    ├── CredentialRequiredError  409 node_credential_required on registration: the hostname is registered and
+    │                            this agent holds no credential for it (its state folder was lost); wait and
+    │                            retry: its token may reclaim the node once it has been offline long enough
+    │                            (the server's Retry-After says when), or an operator releases the credential
     └── PermanentError           401/403/409/422: retrying the same request cannot help
 
 The node's credential: its first registration issues one (shown once); the client sends it on every later
@@ -42,6 +46,15 @@ class ServerUnavailableError(PlatformError):
 
 class NodeGoneError(PlatformError):
     """The server does not know this node any more (deleted): register again."""
+
+
+class CredentialRequiredError(PlatformError):
+    """The hostname is registered and this agent cannot speak for it yet; the same registration may succeed later."""
+
+    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+        """When the server says this agent's token may reclaim the node, seconds; ``None``: it did not say."""
 
 
 class PermanentError(PlatformError):
@@ -105,6 +118,14 @@ def _detail(response: httpx.Response) -> str:
     return str(body)[:200]
 
 
+def _error_code(response: httpx.Response) -> str | None:
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    return str(body.get("error")) if isinstance(body, dict) else None
+
+
 class HttpPlatformClient:
     """Talks to ``heteroflow server`` over HTTP with a bearer token (scope ``agent``)."""
 
@@ -156,6 +177,10 @@ class HttpPlatformClient:
             },
             credential=credential,
         )
+        if response.status_code == 409 and _error_code(response) == "node_credential_required":
+            raise CredentialRequiredError(
+                _detail(response), retry_after_s=retry_after_seconds(response.headers.get("retry-after"))
+            )
         if response.status_code != 200:
             raise PermanentError(f"registration refused ({response.status_code}): {_detail(response)}")
         try:

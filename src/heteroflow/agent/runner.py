@@ -16,6 +16,7 @@ import structlog
 
 from heteroflow.agent.backoff import retry_delay
 from heteroflow.agent.client import (
+    CredentialRequiredError,
     NodeGoneError,
     PermanentError,
     PlatformClient,
@@ -173,12 +174,29 @@ class Agent:
             self._last_error = None
             self._last_beat_at = self._clock.now()
 
-    def _record_failure(self, exc: ServerUnavailableError) -> float:
+    def _record_failure(self, exc: ServerUnavailableError | CredentialRequiredError) -> float:
         with self._lock:
             self._failed += 1
             self._consecutive += 1
             self._last_error = f"{type(exc).__name__}: {exc}"
             failures = self._consecutive
+        if isinstance(exc, CredentialRequiredError):
+            # the server says when this token may reclaim the node: come back then, not sooner, not later
+            delay = (
+                min(exc.retry_after_s, self._backoff[1])
+                if exc.retry_after_s is not None
+                else retry_delay(failures, retry_after_s=None, initial_s=self._backoff[0], max_s=self._backoff[1])
+            )
+            _log.error(
+                "agent.node_credential_missing",
+                hostname=self._hostname,
+                detail=str(exc),
+                retry_in_s=delay,
+                hint="this agent has no stored credential for its registered node (its state folder was lost); "
+                "it retries until its token may reclaim the node (offline long enough) or an operator releases "
+                "the node's credential: POST /api/v1/nodes/<node id>/release",
+            )
+            return delay
         delay = retry_delay(
             failures, retry_after_s=exc.retry_after_s, initial_s=self._backoff[0], max_s=self._backoff[1]
         )
@@ -272,8 +290,8 @@ class Agent:
                     _log.error("agent.refused", error=str(exc))
                     code = 2
                     break
-                except ServerUnavailableError as exc:
-                    wait = self._record_failure(exc)
+                except (ServerUnavailableError, CredentialRequiredError) as exc:
+                    wait = self._record_failure(exc)  # a lost credential waits for its node, never exits
                 if self.stop_event.wait(wait):
                     break
         finally:

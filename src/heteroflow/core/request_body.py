@@ -233,8 +233,16 @@ class BodyLimit:
         read_timeout_s: float = BODY_READ_TIMEOUT_S,
         too_large_status: int = BodyTooLargeError.status,
         strict_text: Callable[[Scope], bool] | None = None,
+        applies: Callable[[Scope], bool] | None = None,
+        strict_length: bool = False,
     ) -> None:
         self.app = app
+        self.strict_length = strict_length
+        """Whether a Content-Length that is not a length is refused 400 (otherwise the bytes are counted): for a
+        service that forwards the body to another server, which might read the header differently."""
+        self.applies = applies
+        """Which requests have their body read here (default every one): a service whose other routes read no
+        body, or check their credential only in the route, leaves those to the route."""
         self.render = render
         self.max_bytes = max_bytes
         self.max_depth = max_depth
@@ -246,7 +254,7 @@ class BodyLimit:
         refuses bad values one by one (a heartbeat: a bad reading must not cost the beat) opts out."""
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != "http" or (self.applies is not None and not self.applies(scope)):
             await self.app(scope, receive, send)
             return
         try:
@@ -282,6 +290,8 @@ class BodyLimit:
 
     async def _read(self, scope: Scope, receive: Receive) -> bytes | None:
         declared = _content_length(scope)
+        if declared is None and self.strict_length and _has_header(scope, b"content-length"):
+            raise InvalidJsonBodyError("the Content-Length header is not a number")
         if declared is not None:
             check_size(declared, max_bytes=self.max_bytes)
         parts: list[bytes] = []
@@ -316,6 +326,10 @@ def _declares_json(scope: Scope) -> bool:
                 media_type.startswith("application/") and media_type.endswith("+json")
             )
     return False
+
+
+def _has_header(scope: Scope, name: bytes) -> bool:
+    return any(key.lower() == name for key, _ in scope.get("headers", ()))
 
 
 def _content_length(scope: Scope) -> int | None:

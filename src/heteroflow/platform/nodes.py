@@ -37,7 +37,15 @@ class NodeConflictError(Exception):
 
 
 class NodeCredentialError(NodeConflictError):
-    """The hostname is registered in the caller's tenant, and the request does not carry that node's credential."""
+    """The hostname is registered in the caller's tenant, and the request does not carry that node's credential.
+
+    The caller's token may reclaim the node once it has been offline long enough, if it created it (``last_seen``)."""
+
+    def __init__(self, message: str, *, last_seen: datetime | None = None) -> None:
+        super().__init__(message)
+        self.last_seen = last_seen
+        """When the node was last alive (its newest beat, or its registration), if the caller created it:
+        the caller may reclaim the node once that is old enough; ``None`` when the caller never may."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,10 +62,11 @@ class NodeQuotaError(Exception):
 
 def speaks_for(node: NodeRecord, credential_hash: str | None) -> bool:
     """Whether a request carrying ``credential_hash`` may speak for ``node`` (beat, report its XID events).
-    A node without a credential (registered before credentials existed) accepts any caller of its tenant
-    until its next registration claims one. Purely computational; constant-time compare."""
+    A node without a credential accepts any caller of its tenant when it was registered before credentials
+    existed (no ``registered_by``), and no one when an operator released its credential (its creating token
+    claims a new one at its next registration). Purely computational; constant-time compare."""
     if node.credential_hash is None:
-        return True
+        return node.registered_by is None
     return credential_hash is not None and hmac.compare_digest(node.credential_hash, credential_hash)
 
 

@@ -16,7 +16,8 @@ from sqlalchemy.engine import Engine
 
 import heteroflow
 from heteroflow.core.admission import AdmissionGate, AdmissionLimit, Scope, watch_loop_lag
-from heteroflow.core.authentication import AuthenticateFirst, Denial
+from heteroflow.core.authentication import AuthenticateFirst, Denial, may_carry_body
+from heteroflow.core.client_limits import ClientLimit, InFlightByKey, peer_address
 from heteroflow.core.clock import Clock, SystemClock
 from heteroflow.core.request_body import BodyLimit
 from heteroflow.core.ttl_cache import TtlCache
@@ -28,9 +29,9 @@ from heteroflow.health.xid_collection import XidCollectionBook
 from heteroflow.platform.auth import Principal
 from heteroflow.platform.liveness import LivenessTracker
 from heteroflow.server.alert_delivery import AlertDeliverySettings, AlertNotifier
-from heteroflow.server.auth import authenticate, check_before_work, invalid_request
+from heteroflow.server.auth import authenticate, check_before_work, heartbeat_node_id, invalid_request
 from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import install_error_handlers, overloaded, refused_body
+from heteroflow.server.errors import install_error_handlers, limited, overloaded, refused_body
 from heteroflow.server.gpu_metrics import GpuMetricsRecorder
 from heteroflow.server.maintenance import run_maintenance
 from heteroflow.server.metrics import ServerMetrics
@@ -119,13 +120,14 @@ def build_context(
         heartbeat_admission=AdmissionGate(
             max_in_flight=settings.max_in_flight_heartbeats, max_lag_s=settings.heartbeat_shed_lag_seconds
         ),
+        node_limit=InFlightByKey(max_per_client=settings.max_in_flight_per_node),
+        peer_limit=InFlightByKey(max_per_client=settings.max_in_flight_per_peer),
         xid_collection=XidCollectionBook(stale_seconds=settings.offline_after_seconds),
     )
 
 
 def _is_heartbeat(scope: Scope) -> bool:
-    path: str = scope["path"]
-    return scope["method"] == "POST" and path.startswith("/api/v1/nodes/") and path.endswith("/heartbeat")
+    return heartbeat_node_id(scope) is not None
 
 
 def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = True) -> FastAPI:
@@ -172,18 +174,37 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
     async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
         return await invalid_request(request, exc)
 
-    # the last added runs first: token check → heartbeat admission → body size, time and depth → FastAPI
-    # size, read time, depth and unwritable text, before FastAPI parses a body; a heartbeat's bad values are
-    # refused one by one by its route (a bad reading never costs the beat)
+    # the last added runs first: token check (and a heartbeat's node credential) → per-address limit → per-node
+    # limit → heartbeat admission → body size, read time, depth and unwritable text → FastAPI; a heartbeat's bad
+    # values are refused one by one by its route (a bad reading never costs the beat)
     app.add_middleware(BodyLimit, render=refused_body, strict_text=lambda scope: not _is_heartbeat(scope))
+    retry_after_s = max(1, math.ceil(ctx.settings.heartbeat_interval_seconds))
     # a refused heartbeat costs no body read at all; only authenticated heartbeats count
     app.add_middleware(
         AdmissionLimit,
         gate=ctx.heartbeat_admission,
         applies=_is_heartbeat,
-        retry_after_s=max(1, math.ceil(ctx.settings.heartbeat_interval_seconds)),
+        retry_after_s=retry_after_s,
         render=overloaded,
         on_refused=lambda _, why: ctx.metrics.heartbeats_refused.labels(reason=why).inc(),
+    )
+    # per client, inside the token check and before the gate: one node (its credential verified before this)
+    # or one address never holds more than its share of the slots, so the others' beats still get one
+    app.add_middleware(
+        ClientLimit,
+        limiter=ctx.node_limit,
+        key_of=heartbeat_node_id,
+        retry_after_s=retry_after_s,
+        render=limited("this node"),
+        on_refused=lambda _: ctx.metrics.requests_limited.labels(limit="node").inc(),
+    )
+    app.add_middleware(
+        ClientLimit,
+        limiter=ctx.peer_limit,
+        key_of=lambda scope: peer_address(scope) if may_carry_body(scope) else None,
+        retry_after_s=retry_after_s,
+        render=limited("this address"),
+        on_refused=lambda _: ctx.metrics.requests_limited.labels(limit="peer").inc(),
     )
 
     async def check(scope: Scope) -> Denial | None:

@@ -14,12 +14,12 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from heteroflow.core.authentication import Denial, bearer_of
+from heteroflow.core.authentication import Denial, bearer_of, header
 from heteroflow.core.authentication import Scope as AsgiScope
 from heteroflow.core.errors import StoreUnavailableError
 from heteroflow.core.ids import NodeId
 from heteroflow.platform.auth import Principal, Scope, hash_token
-from heteroflow.platform.nodes import NodeRecord
+from heteroflow.platform.nodes import NODE_CREDENTIAL_HEADER, NodeRecord, speaks_for
 from heteroflow.server.context import ServerContext
 from heteroflow.server.errors import Forbidden, NotFound, ServiceUnavailable, Unauthorized, error_response
 
@@ -83,21 +83,54 @@ async def principal_of(ctx: ServerContext, token: str) -> Principal:
     return principal
 
 
+_NODES_PREFIX = "/api/v1/nodes/"
+_HEARTBEAT_SUFFIX = "/heartbeat"
+_CREDENTIAL_HEADER = NODE_CREDENTIAL_HEADER.lower().encode()
+
+
+def heartbeat_node_id(scope: AsgiScope) -> str | None:
+    """The node id of a heartbeat request (``POST /api/v1/nodes/{id}/heartbeat``), or ``None``."""
+    path: str = scope.get("path", "")
+    if scope.get("method") != "POST" or not (path.startswith(_NODES_PREFIX) and path.endswith(_HEARTBEAT_SUFFIX)):
+        return None
+    node_id = path[len(_NODES_PREFIX) : -len(_HEARTBEAT_SUFFIX)]
+    return node_id if node_id and "/" not in node_id else None
+
+
 async def check_before_work(ctx: ServerContext, scope: AsgiScope) -> Denial | None:
     """The credential check that runs before admission, body read and parse (:mod:`heteroflow.core.authentication`):
-    a missing, unknown or revoked bearer token is refused there; scopes and tenants are the routes' business."""
+    a missing, unknown or revoked bearer token is refused there. A heartbeat's speaker is checked there too (the
+    agent scope, and the node's own credential: :func:`speaking_node`), so that what holds a heartbeat slot is a
+    verified node; other scopes and tenants are the routes' business."""
     token = bearer_of(scope)
     if token is None:
         return Denial(401, "unauthorized", "a bearer token is required (Authorization: Bearer <token>)")
     try:
         principal = await principal_of(ctx, token)
-    except Unauthorized as exc:
-        return Denial(401, exc.code, exc.message)
+        node_id = heartbeat_node_id(scope)
+        if node_id is not None:
+            if not principal.has(Scope.AGENT):
+                return Denial(403, "forbidden", f"this route needs the {Scope.AGENT.value!r} scope")
+            credential = header(scope, _CREDENTIAL_HEADER)
+            await speaking_node(ctx, principal, node_id, credential.decode("latin-1") if credential else None)
+    except (Unauthorized, NotFound) as exc:
+        return Denial(exc.status_code, exc.code, exc.message)
     except StoreUnavailableError:
         return Denial(503, "unavailable", "the database is unavailable; retry later")
     # the route's dependency takes the principal from here: one hash and cache lookup per request, not two
     scope.setdefault("state", {})[_CHECKED] = (token, principal)
     return None
+
+
+async def speaking_node(ctx: ServerContext, principal: Principal, node_id: str, credential: str | None) -> NodeRecord:
+    """The node a heartbeat speaks for, when the caller may: the node is visible to it and the request carries
+    the node's own credential (an administrator's token may speak for any node). Otherwise the same 404 as a
+    missing node: one agent cannot beat, or report XID events, for another."""
+    node = await visible_node(ctx, principal, node_id, cached=True)
+    if Scope.ADMIN not in principal.scopes and not speaks_for(node, hash_token(credential) if credential else None):
+        ctx.metrics.heartbeats_foreign.inc()
+        raise NotFound(f"node {node_id!r} not found")
+    return node
 
 
 async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:

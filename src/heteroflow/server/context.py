@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.engine import Engine
 
 from heteroflow.core.admission import AdmissionGate
+from heteroflow.core.client_limits import InFlightByKey
 from heteroflow.core.clock import Clock
 from heteroflow.core.ids import NodeId
 from heteroflow.core.ttl_cache import TtlCache
@@ -66,6 +67,10 @@ class ServerContext:
     node_cache: TtlCache[NodeId, NodeRecord]
     heartbeat_admission: AdmissionGate
     """Which heartbeats are worked on under overload (:mod:`heteroflow.core.admission`)."""
+    node_limit: InFlightByKey
+    """Heartbeats in flight per node, the verified speaker (:mod:`heteroflow.core.client_limits`)."""
+    peer_limit: InFlightByKey
+    """Authenticated requests with a body in flight per peer address."""
     xid_collection: XidCollectionBook
     """Each node's newest word on its XID source (:mod:`heteroflow.health.xid_collection`)."""
     unknown_tokens: TtlCache[str, bool] = field(

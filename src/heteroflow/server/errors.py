@@ -5,7 +5,8 @@
     ├── Forbidden (403)      a valid token without the route's scope
     ├── NotFound (404)       absent, or outside the caller's tenant scope (identical on purpose)
     ├── BadRequest (400)     a parameter out of range, with the reason
-    ├── Conflict (409)       a registration contradicting an existing node (its source, or its credential)
+    ├── Conflict (409)       a registration contradicting an existing node (its source, or its credential:
+    │                        node_credential_required, with Retry-After when the caller may reclaim it later)
     ├── TooManyRequests (429)  a per-token quota of nodes or cards used up
     └── ServiceUnavailable (503)  the database is unreachable; retry later
 
@@ -17,11 +18,15 @@
     beyond max_in_flight_heartbeats, or while the event loop lags more than heartbeat_shed_lag_seconds;
     the agent retries after Retry-After
 
+    Limited (429 + Retry-After, heteroflow.core.client_limits), answered before the body is read: a node's
+    heartbeat beyond max_in_flight_per_node, or an address's request beyond max_in_flight_per_peer
+
 Validation errors of request bodies keep FastAPI's 422 with the field locations. Nothing maps to 500.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -70,6 +75,17 @@ class Conflict(ApiError):
     code = "conflict"
 
 
+class NodeCredentialRequired(Conflict):
+    """A registration of a hostname registered in the caller's tenant without that node's credential; with
+    ``Retry-After`` when the caller's token may reclaim the node once it has been offline long enough."""
+
+    code = "node_credential_required"
+
+    def __init__(self, message: str, *, retry_after_s: int | None = None) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
 class TooManyRequests(ApiError):
     status_code = 429
     code = "quota_exceeded"
@@ -108,8 +124,22 @@ def overloaded(_: object, why: Refusal) -> dict[str, object]:
     return {"error": "overloaded", "detail": f"{reason}; retry after the Retry-After seconds"}
 
 
+def limited(what: str) -> Callable[[object, int], dict[str, object]]:
+    """The error body of a request refused by a per-client limit (429 + Retry-After): ``what`` names the client."""
+
+    def render(_: object, limit: int) -> dict[str, object]:
+        return {
+            "error": "too_many_requests",
+            "detail": f"{what} has {limit} requests in flight already; retry after the Retry-After seconds",
+        }
+
+    return render
+
+
 def error_response(exc: ApiError) -> JSONResponse:
     headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+    if isinstance(exc, NodeCredentialRequired) and exc.retry_after_s is not None:
+        headers = {"Retry-After": str(exc.retry_after_s)}
     return JSONResponse({"error": exc.code, "detail": exc.message}, status_code=exc.status_code, headers=headers)
 
 

@@ -72,6 +72,14 @@ class ServerMetrics:
             ["reason"],
             registry=self.registry,
         )
+        self.requests_limited = Counter(
+            "heteroflow_requests_limited",
+            "Authenticated requests answered 429 + Retry-After by a per-client limit before their body was read, by "
+            "limit: node (max_in_flight_per_node heartbeats of one node) or peer (max_in_flight_per_peer requests "
+            "from one address).",
+            ["limit"],
+            registry=self.registry,
+        )
         self.xid_event_failures = Counter(
             "heteroflow_xid_event_write_failures",
             "Heartbeats whose XID events could not be stored (the agent keeps and re-sends them).",

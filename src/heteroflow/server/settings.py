@@ -16,6 +16,11 @@ def default_database_url() -> str:
 class ServerSettings(LenientSettings):
     """Where the server listens, what it stores into, and how it paces liveness and auth caching."""
 
+    @property
+    def node_reclaim_after(self) -> float:
+        """Seconds a node must be offline before its creating token may reclaim it without its credential."""
+        return self.node_reclaim_after_seconds or 2 * self.offline_after_seconds
+
     host: str = Field(
         default="127.0.0.1",
         min_length=1,
@@ -54,6 +59,18 @@ class ServerSettings(LenientSettings):
         description=(
             "Every node's newest heartbeat is written to the database once per this interval, in one "
             "statement for all nodes, and cached tokens are re-confirmed in one more (default 5 s)."
+        ),
+    )
+    node_reclaim_after_seconds: float | None = Field(
+        default=None,
+        gt=0,
+        validation_alias=env_names("node_reclaim_after_seconds"),
+        description=(
+            "How long a node must have been offline before the token that created it may register it again "
+            "without its credential and get a new one (an agent that lost its stored credential: a new pod, a "
+            "wiped disk). Default: twice offline_after_seconds (60 s). Never while the node beats; never for "
+            "another token. Until then such a registration answers 409 node_credential_required with "
+            "Retry-After, and the agent waits that long instead of exiting."
         ),
     )
     max_nodes_per_token: int = Field(
@@ -101,6 +118,29 @@ class ServerSettings(LenientSettings):
             "(the heartbeat interval) before its body is read. Without a bound an overloaded server answers "
             "every beat after the agents' 5 s timeout, so all its work is wasted; with it the admitted beats "
             "stay fast. At about 3 ms of CPU per beat, 256 beats in flight are under a second of work."
+        ),
+    )
+    max_in_flight_per_node: int = Field(
+        default=4,
+        ge=1,
+        validation_alias=env_names("server_max_in_flight_per_node"),
+        description=(
+            "Heartbeats one node may have in flight at once (default 4; an agent beats one at a time, a retry "
+            "may overlap the beat it replaces). The node is the verified speaker: its credential is checked "
+            "before the slot is taken. One more is answered 429 with Retry-After before its body is read, so "
+            "one node's (or one stolen credential's) slow bodies never fill the heartbeat admission gate."
+        ),
+    )
+    max_in_flight_per_peer: int = Field(
+        default=128,
+        ge=1,
+        validation_alias=env_names("server_max_in_flight_per_peer"),
+        description=(
+            "Authenticated requests with a body (heartbeats, registrations, every POST/PUT/PATCH/DELETE) one peer "
+            "address may have in flight at once (default 128, half the heartbeat gate); one more is answered 429 "
+            "with Retry-After before its body is read. Generous on purpose: agents behind one NAT, or every "
+            "request through an ingress, share an address; raise it there (a fleet of N nodes beating every 5 s "
+            "at a few ms a beat keeps about N/1000 in flight)."
         ),
     )
     heartbeat_shed_lag_seconds: float = Field(

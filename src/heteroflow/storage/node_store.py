@@ -83,17 +83,19 @@ class SqlNodeStore:
                     raise NodeConflictError(
                         f"hostname {name!r} is registered as {row.source}; a node never switches source"
                     )
-                reclaimable = (
-                    reclaim_before is not None
-                    and token_id is not None
-                    and row.registered_by == token_id
-                    and (row.last_heartbeat_at or row.registered_at) < reclaim_before
-                )
-                issue = reissue or reclaimable or row.credential_hash is None
+                creator = token_id is not None and row.registered_by == token_id
+                last_seen = row.last_heartbeat_at or row.registered_at
+                reclaimable = reclaim_before is not None and creator and last_seen < reclaim_before
+                # no credential: registered before credentials existed (anyone of the tenant claims it), or
+                # released by an operator (only the token that created it does)
+                unclaimed = row.credential_hash is None and (row.registered_by is None or creator)
+                issue = reissue or reclaimable or unclaimed
                 if not issue and (presented_hash is None or presented_hash != row.credential_hash):
                     raise NodeCredentialError(
                         f"hostname {name!r} is registered: re-registering it needs its node credential "
-                        "(an operator may delete the node to register it afresh)"
+                        "(an operator may release the node's credential, or delete the node to register it "
+                        "afresh)",
+                        last_seen=last_seen if creator else None,
                     )
                 if quota is not None and row.registered_by is not None:
                     self._check_cards(conn, row.registered_by, quota, extra=gpu_count - row.gpu_count)
@@ -144,6 +146,15 @@ class SqlNodeStore:
         ).scalar_one()
         if int(cards) + extra > quota.max_cards:
             raise NodeQuotaError(f"this token's nodes would have more than its quota of {quota.max_cards} cards")
+
+    def release_credential(self, node_id: NodeId) -> NodeRecord | None:
+        """Drop the node's credential: no one speaks for it until the token that created it registers it again
+        and claims a new one (an agent that lost its credential, without waiting for the node to be offline).
+        ``None`` when the node does not exist."""
+        with unavailable_as_store_error(), self._engine.begin() as conn:
+            conn.execute(sa.update(nodes_t).where(nodes_t.c.id == node_id).values(credential_hash=None))
+            row = conn.execute(sa.select(nodes_t).where(nodes_t.c.id == node_id)).first()
+        return _record(row) if row is not None else None
 
     def get(self, node_id: NodeId) -> NodeRecord | None:
         with unavailable_as_store_error(), self._engine.connect() as conn:

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from heteroflow.agent.client import (
+    CredentialRequiredError,
     HttpPlatformClient,
     NodeGoneError,
     PermanentError,
@@ -98,6 +99,18 @@ def test_a_conflict_on_register_is_permanent() -> None:
     client = client_for(httpx.MockTransport(lambda _: httpx.Response(409, json={"detail": "other source"})))
     with pytest.raises(PermanentError, match="other source"):
         client.register(REG)
+
+
+def test_a_missing_node_credential_is_a_wait_with_the_servers_retry_after_not_a_refusal() -> None:
+    answer = httpx.Response(
+        409,
+        json={"error": "node_credential_required", "detail": "this token may reclaim the node in 42 s"},
+        headers={"Retry-After": "42"},
+    )
+    client = client_for(httpx.MockTransport(lambda _: answer))
+    with pytest.raises(CredentialRequiredError, match="reclaim the node in 42 s") as caught:
+        client.register(REG)
+    assert caught.value.retry_after_s == 42
 
 
 def test_connection_errors_are_unavailable() -> None:

@@ -4,7 +4,7 @@ import threading
 
 import pytest
 
-from heteroflow.agent.client import PermanentError, ServerUnavailableError
+from heteroflow.agent.client import CredentialRequiredError, PermanentError, ServerUnavailableError
 from heteroflow.agent.collectors import Selection
 from heteroflow.agent.readings import GpuHealth, GpuTelemetry, HealthCollection, TelemetryCollection, XidEvent
 from heteroflow.agent.runner import Agent, registration_for
@@ -148,6 +148,32 @@ def test_run_stops_with_exit_2_when_refused(clock: FakeClock) -> None:
     agent, _, _ = make_agent(clock, client, interval_s=0.01)
     assert agent.run() == 2
     assert "another source" in (agent.status().stopped_reason or "")
+
+
+def test_run_waits_for_its_node_when_its_credential_is_missing_and_never_exits(clock: FakeClock) -> None:
+    client = FakePlatformClient()
+    client.fail_with = CredentialRequiredError("this token may reclaim the node in 1 s", retry_after_s=0.01)
+    agent, _, _ = make_agent(clock, client, interval_s=0.01, backoff_s=(5.0, 5.0))
+    thread = threading.Thread(target=agent.run)
+    thread.start()
+    try:
+        deadline = 250  # polled, 20 ms each: the server's Retry-After (10 ms) paces it, not the 5 s backoff
+        while agent.status().beats_failed < 3 and deadline:
+            agent.stop_event.wait(0.02)
+            deadline -= 1
+        assert agent.status().beats_failed >= 3, agent.status()
+        assert thread.is_alive()  # no exit: a lost credential is waited out
+        assert agent.status().stopped_reason is None
+        assert "reclaim the node" in (agent.status().last_error or "")
+        client.fail_with = None  # the node may be reclaimed now
+        while agent.status().beats_sent < 1 and deadline:
+            agent.stop_event.wait(0.02)
+            deadline -= 1
+        assert agent.status().beats_sent >= 1
+    finally:
+        agent.stop_event.set()
+        thread.join(5)
+    assert not thread.is_alive()
 
 
 def test_registration_of_a_node_with_nothing_collected(clock: FakeClock) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 from collections import Counter
 from collections.abc import Iterable
@@ -23,16 +24,24 @@ from heteroflow.platform.auth import NodeScope, Principal, Scope, generate_token
 from heteroflow.platform.nodes import (
     NODE_CREDENTIAL_HEADER,
     NodeConflictError,
+    NodeCredentialError,
     NodeQuotaError,
     NodeRecord,
     Quota,
     is_online,
     newest,
-    speaks_for,
 )
-from heteroflow.server.auth import BEARER_SECURITY, context, require, require_lean, server_context, visible_node
+from heteroflow.server.auth import (
+    BEARER_SECURITY,
+    context,
+    require,
+    require_lean,
+    server_context,
+    speaking_node,
+    visible_node,
+)
 from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import Conflict, NotFound, TooManyRequests, error_responses
+from heteroflow.server.errors import Conflict, NodeCredentialRequired, NotFound, TooManyRequests, error_responses
 from heteroflow.server.schemas import (
     Heartbeat,
     HeartbeatAccepted,
@@ -106,8 +115,10 @@ async def register(
     """Register by hostname, unique within the caller's tenant. A new node gets its own credential, shown once;
     the same hostname again returns the same node id to a caller that presents it (agents restart). An
     administrator's token re-issues it; so does the token that created the node, once the node has been
-    offline for twice ``offline_after_seconds`` (an agent that lost its credential)."""
+    offline for ``node_reclaim_after_seconds`` (an agent that lost its credential: until then 409
+    ``node_credential_required`` with Retry-After), or at once after an operator released the credential."""
     issued = generate_token()
+    reclaim_after = timedelta(seconds=ctx.settings.node_reclaim_after)
     try:
         result = await asyncio.to_thread(
             ctx.nodes.register,
@@ -122,13 +133,15 @@ async def register(
             presented_hash=hash_token(credential) if credential else None,
             new_credential_hash=hash_token(issued),
             reissue=principal.has(Scope.ADMIN) and not credential,
-            # the token that created the node may claim it again once it has been offline for twice the offline
-            # time: an agent that lost its credential (a new pod, a wiped disk) comes back without an operator
-            reclaim_before=ctx.clock.now() - 2 * timedelta(seconds=ctx.settings.offline_after_seconds),
+            # the token that created the node may claim it again once it has been offline for node_reclaim_after:
+            # an agent that lost its credential (a new pod, a wiped disk) comes back without an operator
+            reclaim_before=ctx.clock.now() - reclaim_after,
             quota=Quota(max_nodes=ctx.settings.max_nodes_per_token, max_cards=ctx.settings.max_cards_per_token),
         )
     except NodeQuotaError as exc:
         raise TooManyRequests(str(exc)) from exc
+    except NodeCredentialError as exc:
+        raise _credential_required(ctx, exc, reclaim_after=reclaim_after) from exc
     except NodeConflictError as exc:
         raise Conflict(str(exc)) from exc
     node = result.node
@@ -148,6 +161,39 @@ async def register(
         heartbeat_interval_seconds=ctx.settings.heartbeat_interval_seconds,
         node_credential=issued if result.issued else None,
     )
+
+
+def _credential_required(ctx: ServerContext, exc: NodeCredentialError, *, reclaim_after: timedelta) -> Conflict:
+    """The 409 of a registration without the node's credential: when the caller's token created the node, it
+    says when the node may be reclaimed (Retry-After, and in words), so that the agent waits instead of exiting."""
+    if exc.last_seen is None:
+        return NodeCredentialRequired(str(exc))
+    wait_s = max(1, math.ceil((exc.last_seen + reclaim_after - ctx.clock.now()).total_seconds()))
+    return NodeCredentialRequired(
+        f"this token may reclaim the node in {wait_s} s (once offline for {reclaim_after.total_seconds():g} s); {exc}",
+        retry_after_s=wait_s,
+    )
+
+
+@router.post(
+    "/{node_id}/release",
+    response_model=NodeOut,
+    summary="Release a node's credential (operators)",
+    responses=error_responses(404),
+)
+async def release_node(
+    node_id: str, ctx: Ctx, principal: Annotated[Principal, Depends(require(Scope.NODES_WRITE))]
+) -> NodeOut:
+    """For an agent that lost its stored credential: the node keeps its id and history, no one speaks for it
+    (its beats are 404), and the token that created it claims a new credential at its next registration — at
+    once, without waiting for the node to be offline. Another token, of this tenant or another, cannot."""
+    node = await visible_node(ctx, principal, node_id, cached=False)
+    released = await asyncio.to_thread(ctx.nodes.release_credential, node.id)
+    if released is None:
+        raise NotFound(f"node {node_id!r} not found")
+    ctx.node_cache.put(released.id, released, now=ctx.clock.monotonic())
+    _log.info("node.credential_released", node_id=node.id, hostname=node.name)
+    return node_out(ctx, released)
 
 
 _agent = require_lean(Scope.AGENT)
@@ -179,11 +225,8 @@ async def heartbeat(
     # the fleet's hottest route resolves its caller and context by hand: FastAPI's dependency resolution was
     # a fifth of a beat's CPU; the answer is rendered once, not validated again against the response model
     ctx = server_context(request)
-    node = await visible_node(ctx, principal, node_id, cached=True)
-    # an administrator's token may speak for any node (it may delete and re-register any node anyway)
-    if Scope.ADMIN not in principal.scopes and not speaks_for(node, hash_token(credential) if credential else None):
-        ctx.metrics.heartbeats_foreign.inc()
-        raise NotFound(f"node {node_id!r} not found")
+    # checked before the body was read too (server/auth.py: check_before_work); from the caches again here
+    node = await speaking_node(ctx, principal, node_id, credential)
     received_at = ctx.clock.now()
     ctx.liveness.beat(node.id, received_at)
     # every agent-claimed time is checked against this server's clock, per value (sample_times.py); one card's

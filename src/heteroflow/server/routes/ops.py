@@ -67,6 +67,7 @@ async def status(ctx: Ctx, _: Annotated[Principal, Depends(require_cluster_wide(
     return {
         "health_ingest": asdict(ctx.ingestor.status()),
         "heartbeat_admission": asdict(ctx.heartbeat_admission.status()),
+        "client_limits": {"node": asdict(ctx.node_limit.status()), "peer": asdict(ctx.peer_limit.status())},
         "liveness": asdict(ctx.liveness.status()),
         "prediction_worker": asdict(ctx.worker.status()),
         "alert_delivery": asdict(ctx.notifier.status()),

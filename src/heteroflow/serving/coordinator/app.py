@@ -35,6 +35,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
 from heteroflow.core.admission import AdmissionGate, AdmissionLimit, AdmissionStatus, Refusal, Scope
+from heteroflow.core.client_limits import ClientLimit, InFlightByKey, peer_address
 from heteroflow.core.clock import Clock, SystemClock
 from heteroflow.core.openapi import json_request_body
 from heteroflow.serving.coordinator.auth import (
@@ -42,12 +43,9 @@ from heteroflow.serving.coordinator.auth import (
     KeyChecker,
     KeyFirst,
     PlatformKeyChecker,
-    cluster_token_matches,
 )
-from heteroflow.serving.coordinator.body import check_size, parse_inference_body
+from heteroflow.serving.coordinator.body import parse_inference_body
 from heteroflow.serving.coordinator.errors import (
-    BadRequestError,
-    BodyTooLargeError,
     CoordinatorError,
     InvalidViewRequestError,
     ManagementAuthError,
@@ -61,6 +59,13 @@ from heteroflow.serving.coordinator.errors import (
     openai_error_response,
 )
 from heteroflow.serving.coordinator.metrics import CONTENT_TYPE, CoordinatorMetrics
+from heteroflow.serving.coordinator.middleware import (
+    INFERENCE_ROUTES,
+    bound_bodies,
+    cluster_token_problem,
+    is_inference,
+    limited,
+)
 from heteroflow.serving.coordinator.proxy import Forwarder, PublicationSignal, UpstreamTimeouts
 from heteroflow.serving.coordinator.settings import CoordinatorSettings
 from heteroflow.serving.coordinator.views import (
@@ -217,6 +222,8 @@ class Coordinator:
                 else None
             ),
         )
+        self.peer_limit = InFlightByKey(max_per_client=settings.max_in_flight_per_peer)
+        """OpenAI requests with a verified key in flight per peer address (:mod:`heteroflow.core.client_limits`)."""
 
         self.main_loop: asyncio.AbstractEventLoop | None = None
         """The OpenAI listener's loop (set when its app starts): a management call from the management listener's
@@ -329,31 +336,11 @@ def _view_response(change: ViewChange | None, views: tuple[InstanceView, ...]) -
     return JSONResponse(body, headers=headers)
 
 
-async def _read_body(request: Request, *, max_bytes: int) -> bytes:
-    declared = request.headers.get("content-length")
-    if declared is not None:
-        declared = declared.strip()
-        # isascii: str.isdigit() also accepts digits such as '²' that int() refuses
-        if not (declared.isascii() and declared.isdigit()):
-            raise BadRequestError("the Content-Length header is not a number")
-        # int() refuses strings of thousands of digits; past 18 digits the body is too large anyway
-        check_size(int(declared) if len(declared) <= 18 else max_bytes + 1, max_bytes=max_bytes)
-    parts: list[bytes] = []
-    size = 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        check_size(size, max_bytes=max_bytes)  # a chunked body is cut off as soon as it is too large
-        parts.append(chunk)
-    return b"".join(parts)
-
-
-async def _management_body(request: Request, model: type[_M], *, max_bytes: int) -> _M:
+async def _management_body(request: Request, model: type[_M]) -> _M:
+    """The wire model of a management body: its size, read time and depth were bounded by :class:`BodyLimit`,
+    after the cluster token was checked (:func:`_bound_bodies`)."""
     try:
-        raw = await _read_body(request, max_bytes=max_bytes)
-    except (BadRequestError, BodyTooLargeError) as exc:
-        raise InvalidViewRequestError(exc.message) from exc
-    try:
-        return model.model_validate_json(raw)
+        return model.model_validate_json(await request.body())
     except ValidationError as exc:
         err = exc.errors()[0]
         where = ".".join(str(part) for part in err["loc"]) or "body"
@@ -370,13 +357,6 @@ def _routable(body: ViewAddRequest) -> ViewAddRequest:
 def _request_id(request: Request) -> str:
     given = request.headers.get("x-request-id", "")
     return given if _REQUEST_ID.fullmatch(given) else uuid.uuid4().hex
-
-
-_INFERENCE_ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "chat_completions"}
-
-
-def _is_inference(scope: Scope) -> bool:
-    return scope["method"] == "POST" and scope["path"] in _INFERENCE_ROUTES
 
 
 def _overloaded(_: Scope, __: Refusal) -> dict[str, object]:
@@ -407,18 +387,31 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         lifespan=lifespan,
         redirect_slashes=False,
     )
+    # the last added runs first: key (and its per-key bound) → per-address limit → admission gate → body size,
+    # read time and depth → FastAPI. A key is verified before it takes a slot or sends a byte of its body.
+    bound_bodies(app, coordinator.settings, coordinator.metrics)
     app.add_middleware(
         AdmissionLimit,
         gate=coordinator.admission,
-        applies=_is_inference,
+        applies=is_inference,
         retry_after_s=settings.retry_after_sec,
         render=_overloaded,
         on_refused=lambda scope, _: coordinator.metrics.requests.labels(
-            route=_INFERENCE_ROUTES[scope["path"]], outcome=OverloadedError.outcome
+            route=INFERENCE_ROUTES[scope["path"]], outcome=OverloadedError.outcome
+        ).inc(),
+    )
+    app.add_middleware(
+        ClientLimit,
+        limiter=coordinator.peer_limit,
+        key_of=lambda scope: peer_address(scope) if is_inference(scope) else None,
+        retry_after_s=settings.retry_after_sec,
+        render=limited,
+        on_refused=lambda scope: coordinator.metrics.requests.labels(
+            route=INFERENCE_ROUTES[scope["path"]], outcome="limited"
         ).inc(),
     )
     # added last, so it runs first: a key is verified before it takes an admission slot or sends its body
-    keyed = {**_INFERENCE_ROUTES, "/v1/models": "models"}
+    keyed = {**INFERENCE_ROUTES, "/v1/models": "models"}
     app.add_middleware(
         KeyFirst,
         verifier=coordinator.keys,
@@ -470,9 +463,8 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         request_id = _request_id(request)
         try:
             await coordinator.keys.verify(request.headers.get("authorization"))
-            body = parse_inference_body(
-                await _read_body(request, max_bytes=settings.max_body_bytes), max_bytes=settings.max_body_bytes
-            )
+            # size, read time and depth were bounded by BodyLimit, after the key (create_app's middleware)
+            body = parse_inference_body(await request.body(), max_bytes=settings.max_body_bytes)
             if not coordinator.views.is_known(body.model):
                 raise ModelNotFoundError(f"The model `{body.model}` does not exist.")
             response = await coordinator.forwarder.forward(
@@ -499,7 +491,6 @@ def _add_management_routes(
     app: FastAPI, coordinator: Coordinator, require_cluster_token: Callable[[Request], None]
 ) -> None:
     """DEL, ADD, SET and the views (F-40), on the main app and on the management listener's."""
-    settings = coordinator.settings
 
     @app.post(
         COORDINATOR_DEL_PATH,
@@ -508,7 +499,7 @@ def _add_management_routes(
     )
     async def view_del(request: Request) -> JSONResponse:
         require_cluster_token(request)
-        body = await _management_body(request, ViewDelRequest, max_bytes=settings.max_body_bytes)
+        body = await _management_body(request, ViewDelRequest)
         change = await coordinator.delete(body)
         return _view_response(change, change.instances)
 
@@ -519,7 +510,7 @@ def _add_management_routes(
     )
     async def view_add(request: Request) -> JSONResponse:
         require_cluster_token(request)
-        body = _routable(await _management_body(request, ViewAddRequest, max_bytes=settings.max_body_bytes))
+        body = _routable(await _management_body(request, ViewAddRequest))
         change = await coordinator.add(body)
         return _view_response(change, change.instances)
 
@@ -530,7 +521,7 @@ def _add_management_routes(
     )
     async def view_set(request: Request) -> JSONResponse:
         require_cluster_token(request)
-        body = _routable(await _management_body(request, ViewSetRequest, max_bytes=settings.max_body_bytes))
+        body = _routable(await _management_body(request, ViewSetRequest))
         change = await coordinator.replace(body)
         return _view_response(change, change.instances)
 
@@ -545,6 +536,8 @@ def create_management_app(coordinator: Coordinator) -> FastAPI:
     a withdrawal never waits behind the OpenAI traffic in the main loop."""
     settings = coordinator.settings
     app = FastAPI(title="HeteroFlow Coordinator management", docs_url=None, redoc_url=None, openapi_url=None)
+
+    bound_bodies(app, coordinator.settings, coordinator.metrics)
 
     @app.exception_handler(ManagementError)
     async def _management_error(_: Request, exc: ManagementError) -> JSONResponse:
@@ -562,9 +555,6 @@ def create_management_app(coordinator: Coordinator) -> FastAPI:
 
 
 def _require_cluster_token(token: str | None, request: Request) -> None:
-    if token is None:
-        raise ManagementAuthError(
-            "no cluster token is configured (HETEROFLOW_CLUSTER_TOKEN); management routes and /metrics are closed"
-        )
-    if not cluster_token_matches(request.headers.get("authorization"), token):
-        raise ManagementAuthError("a valid cluster token is required (Authorization: Bearer <token>)")
+    problem = cluster_token_problem(token, request.headers.get("authorization"))
+    if problem is not None:
+        raise ManagementAuthError(problem)

@@ -153,6 +153,27 @@ class CoordinatorSettings(LenientSettings):
         validation_alias=env_names("coordinator_max_body_bytes"),
         description="Largest request body accepted on the OpenAI routes (default 1 MiB); larger → 413.",
     )
+    body_read_timeout_sec: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        validation_alias=env_names("coordinator_body_read_timeout_sec"),
+        description=(
+            "Longest time a request body may take to arrive once its key is verified (default 10 s); a slower "
+            "sender is answered 408 and its connection closed, before any engine sees the request."
+        ),
+    )
+    max_in_flight_per_peer: int = Field(
+        default=500,
+        ge=1,
+        le=100000,
+        validation_alias=env_names("coordinator_max_in_flight_per_peer"),
+        description=(
+            "OpenAI requests with a verified key that one peer address may have in flight at once (default 500, "
+            "half the default pool); one more is answered 429 with Retry-After before its body is read. Generous "
+            "on purpose: the clients behind one NAT or gateway share an address; raise it there."
+        ),
+    )
     upstream_connect_timeout_sec: float = Field(
         default=2.0,
         gt=0,

@@ -1,0 +1,147 @@
+"""A node's own credential through the real routes: an agent that lost it is told when its token may reclaim the
+node (409 + Retry-After) and reclaims it then, or at once after an operator releases it; no other token ever
+does. And the per-client limits before the heartbeat gate: one node, one address, each its share (429)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from sqlalchemy.engine import Engine
+
+from tests.support.harness import Harness, running_server
+
+REGISTRATION = {"hostname": "gpu-lost", "vendor": "nvidia", "model": "H100", "gpu_count": 8}
+
+
+@pytest.fixture
+def harness(engine: Engine) -> Iterator[Harness]:
+    with running_server(engine) as h:  # reclaim after twice offline_after: 60 s
+        yield h
+
+
+def _register(harness: Harness, token: str, credential: str | None = None) -> Any:
+    headers = harness.auth(token) | ({"X-HeteroFlow-Node-Credential": credential} if credential else {})
+    return harness.client.post("/api/v1/nodes/register", json=REGISTRATION, headers=headers)
+
+
+def test_a_lost_credential_is_told_when_its_token_may_reclaim_the_node_and_no_other_token_ever_may(
+    harness: Harness,
+) -> None:
+    fleet, other = harness.token("agent"), harness.token("agent")
+    first = _register(harness, fleet).json()
+    lost = _register(harness, fleet)  # the agent's state folder is gone: no credential
+    assert lost.status_code == 409
+    assert lost.json()["error"] == "node_credential_required"
+    assert lost.headers["retry-after"] == "60"
+    assert "may reclaim the node in 60 s" in lost.json()["detail"]
+    assert first["node_id"] not in lost.text
+    refused = _register(harness, other)
+    assert (refused.status_code, refused.json()["error"]) == (409, "node_credential_required")
+    assert "retry-after" not in refused.headers  # another token never may: nothing to wait for
+    harness.clock.advance(61)
+    assert _register(harness, other).status_code == 409
+    reclaimed = _register(harness, fleet)
+    assert reclaimed.status_code == 200, reclaimed.text
+    assert reclaimed.json()["node_id"] == first["node_id"]
+    assert reclaimed.json()["node_credential"] not in (None, first["node_credential"])
+    node = first["node_id"]
+    old = harness.auth(fleet) | {"X-HeteroFlow-Node-Credential": first["node_credential"]}
+    assert harness.client.post(f"/api/v1/nodes/{node}/heartbeat", json={}, headers=old).status_code == 404
+
+
+def test_an_operator_releases_a_credential_and_only_the_creating_token_claims_a_new_one_at_once(
+    harness: Harness,
+) -> None:
+    fleet, other, operator = harness.token("agent"), harness.token("agent"), harness.token("nodes:write,nodes:read")
+    first = _register(harness, fleet).json()
+    node, old = first["node_id"], {"X-HeteroFlow-Node-Credential": first["node_credential"]}
+    beat = harness.client.post(f"/api/v1/nodes/{node}/heartbeat", json={}, headers=harness.auth(fleet) | old)
+    assert beat.status_code == 200
+    assert harness.client.post(f"/api/v1/nodes/{node}/release", headers=harness.auth(fleet)).status_code == 403
+    released = harness.client.post(f"/api/v1/nodes/{node}/release", headers=harness.auth(operator))
+    assert released.status_code == 200, released.text
+    assert released.json()["id"] == node
+    # no one speaks for it now, the old credential included, until the creating token registers it again
+    beat = harness.client.post(f"/api/v1/nodes/{node}/heartbeat", json={}, headers=harness.auth(fleet) | old)
+    assert beat.status_code == 404
+    assert _register(harness, other).status_code == 409
+    claimed = _register(harness, fleet)
+    assert claimed.status_code == 200, claimed.text
+    assert claimed.json()["node_id"] == node
+    new = {"X-HeteroFlow-Node-Credential": claimed.json()["node_credential"]}
+    beat = harness.client.post(f"/api/v1/nodes/{node}/heartbeat", json={}, headers=harness.auth(fleet) | new)
+    assert beat.status_code == 200
+    missing = "00000000-0000-4000-8000-000000000000"
+    assert harness.client.post(f"/api/v1/nodes/{missing}/release", headers=harness.auth(operator)).status_code == 404
+
+
+@pytest.fixture
+def limited(engine: Engine) -> Iterator[Harness]:
+    settings = {"max_in_flight_per_node": 1, "max_in_flight_per_peer": 2, "heartbeat_interval_seconds": 2.5}
+    with running_server(engine, server=settings) as h:
+        yield h
+
+
+def _holding(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> tuple[threading.Event, threading.Event]:
+    """Make the next beat with XID events wait in its XID write until released (a beat held in flight)."""
+    storing, release = threading.Event(), threading.Event()
+    store = harness.ctx.samples.insert_xid_events
+
+    def slow_store(*args: Any, **kwargs: Any) -> int:
+        storing.set()
+        assert release.wait(30), "the held beat was never released"
+        return store(*args, **kwargs)
+
+    monkeypatch.setattr(harness.ctx.samples, "insert_xid_events", slow_store)
+    return storing, release
+
+
+def _in_thread(call: Callable[[], Any]) -> tuple[threading.Thread, list[Any]]:
+    out: list[Any] = []
+    thread = threading.Thread(target=lambda: out.append(call()))
+    thread.start()
+    return thread, out
+
+
+XID = {"index": 0, "uuid": "GPU-1", "xid": 79, "occurred_at": "2026-03-01T12:00:00+00:00"}
+
+
+def test_one_node_and_one_address_each_hold_their_share_and_the_excess_is_429_unread(
+    limited: Harness, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    token = limited.token("agent")
+    node_a, node_b = limited.register(token, "gpu-a"), limited.register(token, "gpu-b")
+    storing, release = _holding(limited, monkeypatch)
+    holder, held = _in_thread(lambda: limited.beat(token, node_a, [], xid_events=[XID]))
+    try:
+        assert storing.wait(30), "the first beat never reached its XID write"
+        again = limited.beat(token, node_a, [])
+        assert again.status_code == 429
+        assert again.headers["retry-after"] == "3"
+        assert again.json()["error"] == "too_many_requests"
+        assert "this node has 1 requests in flight" in again.json()["detail"]
+        assert limited.beat(token, node_b, []).status_code == 200  # another node beats on
+        # the address holds one beat; a second one in flight would be its limit of 2, a third is refused
+        second, other = _in_thread(lambda: limited.beat(token, node_b, [], xid_events=[XID]))
+        deadline = time.monotonic() + 30
+        while limited.ctx.heartbeat_admission.status().in_flight < 2:  # polled with a deadline
+            assert second.is_alive(), other
+            assert time.monotonic() < deadline, "the second beat never took its place"
+            time.sleep(0.01)
+        refused = limited.client.post("/api/v1/nodes/register", json=REGISTRATION, headers=limited.auth(token))
+        assert refused.status_code == 429
+        assert "this address has 2 requests in flight" in refused.json()["detail"]
+        assert limited.get(token, "/healthz").status_code == 200  # what has no body is never limited
+    finally:
+        release.set()
+        holder.join(30)
+    second.join(30)
+    assert [r.status_code for r in held + other] == [200, 200]
+    assert limited.beat(token, node_a, []).status_code == 200  # the places came back
+    metrics = limited.ctx.metrics.render().decode()
+    assert 'heteroflow_requests_limited_total{limit="node"} 1.0' in metrics
+    assert 'heteroflow_requests_limited_total{limit="peer"} 1.0' in metrics
