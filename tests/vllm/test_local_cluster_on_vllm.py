@@ -6,10 +6,11 @@ controller's status with the discovered capability), the frozen fallback restart
 instance serves completions through the Coordinator again. Figures go to ``$VLLM_TIER_FIGURES``.
 
 All along, two official ``openai`` clients (``max_retries=0``; one streaming) send one completion after the
-other through the Coordinator, from before the kill until the restarted ranks serve them: not one hangs past
-the Coordinator's bound (the client deadline plus the faulted first-byte bound, docs/coordinator.md), and each
-ends with real text or a clear error (503 with ``Retry-After``; a stream cut after output, an error event
-saying it cannot be resumed) — never an aborted answer reported as success.
+other through the Coordinator, from before the kill until the restarted ranks serve them. Each ends with real
+text or a clear error (503 with ``Retry-After``; a stream cut after output: an error event saying it could not
+be resumed) — never an aborted answer reported as success — and no error comes later than the Coordinator's
+bound (the client deadline plus the faulted first-byte bound, docs/coordinator.md); a request held until the
+restored ranks were published is answered by them within one completion's time after that bound.
 """
 
 from __future__ import annotations
@@ -40,6 +41,11 @@ T = TypeVar("T")
 
 SLACK_SEC = 5.0
 """What the Coordinator's bound may take beyond its settings on two loaded cores (its event loop, the reply)."""
+ANSWER_SEC = 30.0
+"""One completion on a rank just restarted on two loaded cores (2-14 s measured): a request held until the
+restored ranks were published may still take this long after the hold."""
+CLIENT_TIMEOUT_SEC = 120.0
+"""The openai clients' own timeout: far past every bound, so that the Coordinator, not the client, ends a wait."""
 
 
 def until(check: Callable[[], T | None], *, within: float, what: str) -> T:
@@ -75,10 +81,11 @@ def client_bound_sec() -> float:
 
 
 def clear_error(request: Timed) -> bool:
-    """503 with Retry-After, or a stream cut after output that says it cannot be resumed (no engine left)."""
+    """503 with Retry-After, or a stream cut after output whose error event says so (it could not be resumed:
+    no engine answered within the client deadline)."""
     if request.outcome == "error:http_503":
         return request.detail.startswith("[Retry-After: ")
-    return request.outcome == "error:APIError" and "cannot be resumed" in request.detail
+    return request.outcome == "error:APIError" and request.detail.startswith("the engine failed while streaming")
 
 
 def client_figures(requests: list[Timed], *, killed_sec: float, serving_sec: float) -> dict[str, float]:
@@ -86,6 +93,7 @@ def client_figures(requests: list[Timed], *, killed_sec: float, serving_sec: flo
     during = [r for r in requests if r.started_sec + r.latency_sec >= killed_sec and r.started_sec <= serving_sec]
     ok = [r.latency_sec for r in requests if r.outcome == "ok"]
     refused = [r.latency_sec for r in requests if r.outcome == "error:http_503"]
+    errors = [r.latency_sec for r in requests if r.outcome != "ok"]
     return {
         "client_requests": len(requests),
         "client_ok": len(ok),
@@ -94,6 +102,8 @@ def client_figures(requests: list[Timed], *, killed_sec: float, serving_sec: flo
         "client_ok_p50_sec": statistics.median(ok),
         "client_503_min_sec": min(refused, default=0.0),
         "client_503_max_sec": max(refused, default=0.0),
+        "client_error_max_sec": max(errors, default=0.0),
+        "client_ok_max_sec": max(ok),
         "client_max_during_fault_sec": max(r.latency_sec for r in during),
     }
 
@@ -165,7 +175,7 @@ def test_a_killed_real_rank_is_restored_by_the_whole_instance_fallback(
         # two official openai clients from here to the end: one plain, one streaming
         lanes_began = time.monotonic()
         threads = lanes(
-            state, tally, stop, threads=2, max_tokens=8, timeout_sec=2 * bound_sec, extra_body={"ignore_eos": True}
+            state, tally, stop, threads=2, max_tokens=8, timeout_sec=CLIENT_TIMEOUT_SEC, extra_body={"ignore_eos": True}
         )
 
         def oks() -> int:
@@ -216,15 +226,18 @@ def test_a_killed_real_rank_is_restored_by_the_whole_instance_fallback(
         until(lambda: oks() >= served_again + 2, within=120, what="the openai clients are served again")
         stop.set()
         for thread in threads:
-            thread.join(timeout=2 * bound_sec)
+            thread.join(timeout=CLIENT_TIMEOUT_SEC)
         assert not any(t.is_alive() for t in threads), "an openai client still waits for its answer"
         requests = tally.snapshot()
         killed_sec = killed_at - lanes_began
         sent_during = [r for r in requests if killed_sec <= r.started_sec <= killed_sec + serving_sec]
         assert sent_during, "no client request was sent while the instance was being restored"
         for request in requests:
-            assert request.latency_sec <= bound_sec, f"past the Coordinator's bound of {bound_sec:g} s: {request}"
-            assert request.outcome == "ok" or clear_error(request), f"neither text nor a clear error: {request}"
+            if request.outcome == "ok":  # held at most until the bound, then answered by a restored rank
+                assert request.latency_sec <= bound_sec + ANSWER_SEC, f"served past the bound: {request}"
+            else:
+                assert clear_error(request), f"neither text nor a clear error: {request}"
+                assert request.latency_sec <= bound_sec, f"past the Coordinator's bound of {bound_sec:g} s: {request}"
         seen = client_figures(requests, killed_sec=killed_sec, serving_sec=killed_sec + serving_sec)
         retries = coordinator_retries(state.coordinator_url, state.cluster_token or "")
         final = client.instance_status("inst-1")
