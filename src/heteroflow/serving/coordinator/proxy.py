@@ -621,6 +621,9 @@ class Forwarder:
         """``(bytes for the client, why the stream was cut)`` per event of one segment; a cut ends it."""
         first = context.segments == 1
         for event in segment.buffered:
+            if event.done and not context.finished:
+                yield None, "the engine ended the stream without a finish_reason"
+                return
             yield self._relayed(event, context, first=first), None
             if event.done:
                 return
@@ -652,6 +655,9 @@ class Forwarder:
                 return
             if event.aborted:
                 yield None, "finish_reason 'abort'"
+                return
+            if event.done and not context.finished:  # an incomplete answer, never relayed as complete
+                yield None, "the engine ended the stream without a finish_reason"
                 return
             yield self._relayed(event, context, first=first), None
             if event.done:

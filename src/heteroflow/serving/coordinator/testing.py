@@ -46,6 +46,8 @@ class EngineMode(StrEnum):
     ABORT_MID_STREAM = "abort_mid_stream"
     """A streamed answer sends one event with text, then ``finish_reason: "abort"`` and ``[DONE]``; an answer
     that is not streamed is 200 with the text made so far and ``finish_reason: "abort"`` (real vLLM 0.32)."""
+    DONE_MID_STREAM = "done_mid_stream"
+    """A streamed answer sends one event with text, then ``[DONE]`` without any ``finish_reason``."""
     ERROR_MID_STREAM = "error_mid_stream"
     """A streamed answer sends one event with text, then an error event (the simulator's aborted stream)."""
     HANG = "hang"
@@ -160,6 +162,8 @@ class FakeUpstreams(httpx.AsyncBaseTransport):
                 chunks = [sse({**final, "choices": [{"index": 0, "text": "", "finish_reason": "abort"}]})]
             elif engine.mode is EngineMode.ABORT_MID_STREAM:
                 chunks = [chunks[0], sse({**final, "choices": [{"index": 0, "text": "", "finish_reason": "abort"}]})]
+            elif engine.mode is EngineMode.DONE_MID_STREAM:
+                chunks = [chunks[0]]
             elif engine.mode is EngineMode.ERROR_MID_STREAM:
                 chunks = [chunks[0], sse(_error(503, "ServiceUnavailableError", "request aborted: engine unhealthy"))]
             else:

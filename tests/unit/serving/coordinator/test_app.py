@@ -416,7 +416,10 @@ def test_a_stream_is_passed_through_event_by_event() -> None:
     run(scenario)
 
 
-@pytest.mark.parametrize("mode", [EngineMode.FAIL_MID_STREAM, EngineMode.ERROR_MID_STREAM, EngineMode.ABORT_MID_STREAM])
+@pytest.mark.parametrize(
+    "mode",
+    [EngineMode.FAIL_MID_STREAM, EngineMode.ERROR_MID_STREAM, EngineMode.ABORT_MID_STREAM, EngineMode.DONE_MID_STREAM],
+)
 def test_a_stream_cut_midway_is_resumed_on_a_survivor_and_spliced(mode: EngineMode) -> None:
     async def scenario() -> None:
         async with harness(engines=2) as h:
