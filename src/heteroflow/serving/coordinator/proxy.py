@@ -11,10 +11,11 @@ withdrawn or rebuilding, as long as its client deadline (``client_deadline_sec``
    (httpx's ``trace`` request extension, :meth:`Forwarder._tracer`): an endpoint withdrawn since it was chosen
    is never sent anything, and the request chooses again (not a failure).
 3. Fault answers send the request elsewhere (step 1 again, the failed endpoint excluded until it is published
-   again or its fault pause passed): HTTP 503; a 200 whose every choice ended ``finish_reason: "abort"`` with no
-   output (a released vLLM's aborted request); a transport failure (refused, reset, closed, timed out); a stream
-   that ends, errs or aborts before its first output; and no answer within ``faulted_first_byte_sec`` once the
-   endpoint was reported faulted (a DEL with ``faulted``: :meth:`Forwarder.faulted`).
+   again or its fault pause passed): HTTP 503; a non-streaming 200 with a choice that ended
+   ``finish_reason: "abort"`` (a released vLLM's aborted request, with or without the text it had made); a
+   transport failure (refused, reset, closed, timed out); a stream that ends, errs or aborts before its first
+   output; and no answer within ``faulted_first_byte_sec`` once the endpoint was reported faulted (a DEL with
+   ``faulted``: :meth:`Forwarder.faulted`).
 4. Other upstream answers are passed through unchanged: a 4xx is the client's problem.
 5. Non-streaming answers are buffered, so "sent nothing" lasts until the whole answer is in. A stream is held
    back until its first event with output, then relayed event by event. If it is cut after that (transport
@@ -438,7 +439,7 @@ class Forwarder:
             finally:
                 self._unwatch(lease.key, watch)
             if response.status_code == 200 and is_abort_answer(body):
-                raise _AttemptFailedError("abort", "answered 200 with finish_reason 'abort' and no output")
+                raise _AttemptFailedError("abort", "answered 200 with finish_reason 'abort' (an incomplete answer)")
             self._metrics.requests.labels(route=route, outcome=_outcome_of(response.status_code)).inc()
             log.debug("coordinator.forwarded", status=response.status_code)
             return Response(
@@ -620,6 +621,9 @@ class Forwarder:
         """``(bytes for the client, why the stream was cut)`` per event of one segment; a cut ends it."""
         first = context.segments == 1
         for event in segment.buffered:
+            if event.done and not context.finished:
+                yield None, "the engine ended the stream without a finish_reason"
+                return
             yield self._relayed(event, context, first=first), None
             if event.done:
                 return
@@ -651,6 +655,9 @@ class Forwarder:
                 return
             if event.aborted:
                 yield None, "finish_reason 'abort'"
+                return
+            if event.done and not context.finished:  # an incomplete answer, never relayed as complete
+                yield None, "the engine ended the stream without a finish_reason"
                 return
             yield self._relayed(event, context, first=first), None
             if event.done:

@@ -3,8 +3,9 @@ computational.
 
 - :func:`split_event` and :class:`Event`: one SSE event at a time, its JSON payload read once (the text it
   carries, its ``finish_reason`` values, whether it is an error event or ``[DONE]``).
-- :func:`is_abort_answer`: a non-streaming 200 whose every choice ended with ``finish_reason: "abort"`` and
-  no output (what a released vLLM answers for a request its fault aborted) is a fault, not a success.
+- :func:`is_abort_answer`: a non-streaming 200 with a choice that ended with ``finish_reason: "abort"`` (what a
+  released vLLM answers for a request its fault aborted, with the text it had produced by then) is a fault, not a
+  success: the client has been sent nothing of a buffered answer, so the whole request goes elsewhere.
 - :class:`StreamContext`: what the client has been sent of one stream (its id, the text, the events that
   carried text), and :meth:`StreamContext.continuation`, the body that resumes it on another engine: the
   prompt plus the text already sent (chat: the partial assistant message, continued), the remaining
@@ -97,23 +98,17 @@ class Event:
 
 
 def is_abort_answer(body: bytes) -> bool:
-    """A 200 answer whose every choice ended with ``abort`` and produced no output (released vLLM's answer to a
-    request its fault aborted): a fault, to be sent elsewhere."""
+    """A 200 answer with a choice that ended with ``abort`` (released vLLM's answer to a request its fault
+    aborted): a fault, to be sent elsewhere. Its text, when it has some, is what the engine had generated before
+    the fault (observed on real vLLM 0.32 ranks): an incomplete answer, never a success."""
     try:
         answer = json.loads(body)
     except ValueError:
         return False
     choices = answer.get("choices") if isinstance(answer, dict) else None
-    if not isinstance(choices, list) or not choices:
+    if not isinstance(choices, list):
         return False
-    for choice in choices:
-        if not isinstance(choice, dict) or choice.get("finish_reason") != "abort":
-            return False
-        message = choice.get("message")
-        output = message.get("content") if isinstance(message, dict) else choice.get("text")
-        if output:
-            return False
-    return True
+    return any(isinstance(choice, dict) and choice.get("finish_reason") == "abort" for choice in choices)
 
 
 def _not_continuable(route: str, body: dict[str, Any]) -> str | None:

@@ -44,7 +44,10 @@ class EngineMode(StrEnum):
     """A released vLLM's answer to a request its fault aborted: 200 with ``finish_reason: "abort"`` and no
     text (a stream: one such event, then ``[DONE]``)."""
     ABORT_MID_STREAM = "abort_mid_stream"
-    """A streamed answer sends one event with text, then ``finish_reason: "abort"`` and ``[DONE]``."""
+    """A streamed answer sends one event with text, then ``finish_reason: "abort"`` and ``[DONE]``; an answer
+    that is not streamed is 200 with the text made so far and ``finish_reason: "abort"`` (real vLLM 0.32)."""
+    DONE_MID_STREAM = "done_mid_stream"
+    """A streamed answer sends one event with text, then ``[DONE]`` without any ``finish_reason``."""
     ERROR_MID_STREAM = "error_mid_stream"
     """A streamed answer sends one event with text, then an error event (the simulator's aborted stream)."""
     HANG = "hang"
@@ -159,6 +162,8 @@ class FakeUpstreams(httpx.AsyncBaseTransport):
                 chunks = [sse({**final, "choices": [{"index": 0, "text": "", "finish_reason": "abort"}]})]
             elif engine.mode is EngineMode.ABORT_MID_STREAM:
                 chunks = [chunks[0], sse({**final, "choices": [{"index": 0, "text": "", "finish_reason": "abort"}]})]
+            elif engine.mode is EngineMode.DONE_MID_STREAM:
+                chunks = [chunks[0]]
             elif engine.mode is EngineMode.ERROR_MID_STREAM:
                 chunks = [chunks[0], sse(_error(503, "ServiceUnavailableError", "request aborted: engine unhealthy"))]
             else:
@@ -177,7 +182,8 @@ class FakeUpstreams(httpx.AsyncBaseTransport):
             return httpx.Response(
                 200, headers={"content-type": "text/event-stream"}, stream=_Stream(chunks, fail_after=fail_after)
             )
-        aborted = engine.mode is EngineMode.ABORT
+        aborted = engine.mode in (EngineMode.ABORT, EngineMode.ABORT_MID_STREAM)
+        partial = engine.answer_text() if engine.mode is EngineMode.ABORT_MID_STREAM else ""
         return _json(
             200,
             {
@@ -187,7 +193,7 @@ class FakeUpstreams(httpx.AsyncBaseTransport):
                 "choices": [
                     {
                         "index": 0,
-                        "text": "" if aborted else engine.answer_text(),
+                        "text": partial if aborted else engine.answer_text(),
                         "finish_reason": "abort" if aborted else "length",
                     }
                 ],

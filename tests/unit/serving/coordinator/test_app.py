@@ -264,6 +264,25 @@ def test_a_fault_answer_before_the_first_byte_is_sent_elsewhere(mode: EngineMode
     run(scenario)
 
 
+def test_an_aborted_answer_with_partial_text_is_a_fault_and_sent_elsewhere() -> None:
+    """Real vLLM 0.32: a request its fault aborted after a few tokens answers 200 with that text and
+    ``finish_reason: "abort"``; nothing of it reached the client, so it is sent elsewhere, never passed on."""
+
+    async def scenario() -> None:
+        async with harness(engines=2) as h:
+            await h.publish((0, 1))
+            h.engine(0).mode = EngineMode.ABORT_MID_STREAM
+            for _ in range(3):
+                response = await h.complete()
+                assert response.status_code == 200, response.text
+                choice = response.json()["choices"][0]
+                assert (choice["text"], choice["finish_reason"]) == ("answer from e1", "length")
+            assert len(h.engine(0).received) == 1  # then skipped for the fault pause
+            assert h.metric('heteroflow_coordinator_retries_total{reason="abort"}') == 1
+
+    run(scenario)
+
+
 def test_faults_everywhere_hold_until_the_client_deadline_then_503_with_retry_after() -> None:
     async def scenario() -> None:
         async with harness(engines=3, unavailable_wait_sec=0.3, fault_pause_sec=0.05) as h:
@@ -399,7 +418,10 @@ def test_a_stream_is_passed_through_event_by_event() -> None:
     run(scenario)
 
 
-@pytest.mark.parametrize("mode", [EngineMode.FAIL_MID_STREAM, EngineMode.ERROR_MID_STREAM, EngineMode.ABORT_MID_STREAM])
+@pytest.mark.parametrize(
+    "mode",
+    [EngineMode.FAIL_MID_STREAM, EngineMode.ERROR_MID_STREAM, EngineMode.ABORT_MID_STREAM, EngineMode.DONE_MID_STREAM],
+)
 def test_a_stream_cut_midway_is_resumed_on_a_survivor_and_spliced(mode: EngineMode) -> None:
     async def scenario() -> None:
         async with harness(engines=2) as h:

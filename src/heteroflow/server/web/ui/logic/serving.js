@@ -98,15 +98,46 @@ export function phaseInfo(phase) {
   return { name: `serving.phase.${phase}`, explain: `serving.phase.${phase}.explain`, tone, known: true };
 }
 
-/** The gate's reason codes with the dictionary key that explains each (null for a code the page does not know). */
+/** Gate reason codes about what the engines can do: each also has a sentence saying why and what happens instead. */
+export const GATE_ENGINE_REASONS = Object.freeze(["ENGINE_SCALE_DOWN_UNSUPPORTED", "CAPABILITY_MISMATCH"]);
+
+/**
+ * The gate's reason codes with the dictionary key that names each (null for a code the page does not know) and,
+ * for the engine's own refusals, the key of the sentence that explains it (else null).
+ */
 export function gateReasons(entry) {
   const gate = entry.gate && typeof entry.gate === "object" ? entry.gate : {};
   const codes = Array.isArray(gate.reason_codes) ? gate.reason_codes.map(String) : [];
   return {
     allowed: gate.allowed === undefined ? null : Boolean(gate.allowed),
-    reasons: codes.map((code) => ({ code, key: GATE_REASONS.includes(code) ? `serving.gate.reason.${code}` : null })),
+    reasons: codes.map((code) => ({
+      code,
+      key: GATE_REASONS.includes(code) ? `serving.gate.reason.${code}` : null,
+      explain: GATE_ENGINE_REASONS.includes(code) ? `serving.gate.explain.${code}` : null,
+    })),
     warnings: Array.isArray(gate.warnings) ? gate.warnings.map(String) : [],
   };
+}
+
+/** Fault-tolerance protocol profiles the dictionary explains (``engine-protocol.md``; ``mixed``: pods disagree). */
+export const PROTOCOL_PROFILES = Object.freeze(["vllm-released", "scale-down", "mixed"]);
+
+/**
+ * What the instance's engines can do (``engine_capability`` of the status entry): the protocol profile the
+ * NodeManagers discovered (or that is pinned), with its dictionary key (``serving.engine.profile.none`` while
+ * none is known, null for a profile the page does not know), and whether they can scale down and retry.
+ * A flag the controller did not send stays unknown (null); no ``engine_capability`` at all gives null.
+ * @returns {{profile: string|null, profileKey: string|null, scaleDown: boolean|null, retry: boolean|null}|null}
+ */
+export function engineCapability(entry) {
+  const cap = entry?.engine_capability;
+  if (!cap || typeof cap !== "object") return null;
+  const profile = typeof cap.protocol_profile === "string" && cap.protocol_profile ? cap.protocol_profile : null;
+  const flag = (v) => (typeof v === "boolean" ? v : null);
+  let profileKey = null;
+  if (profile === null) profileKey = "serving.engine.profile.none";
+  else if (PROTOCOL_PROFILES.includes(profile)) profileKey = `serving.engine.profile.${profile}`;
+  return { profile, profileKey, scaleDown: flag(cap.scale_down_supported), retry: flag(cap.retry_supported) };
 }
 
 /**

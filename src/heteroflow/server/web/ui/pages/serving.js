@@ -1,7 +1,8 @@
 // /serving: every serving instance the controller knows, through the platform server's proxy
 // (/api/v1/serving/…; the browser never holds the cluster token). Per instance: its DP ranks coloured by state,
-// the phase in plain words, can_serve and the published view, the gate, the last error, the pods, the running
-// (or last) round's evidence timeline and the past rounds, each downloadable as JSON evidence.
+// the phase in plain words, can_serve and the published view, the engines' capability and the gate
+// (serving_gate.js), the last error, the pods, the running (or last) round's evidence timeline and the past
+// rounds, each downloadable as JSON evidence.
 //
 // Unlike the other pages this one refreshes by itself: every 2 s while the tab is visible (a round lasts seconds),
 // one request chain at a time, paused while the tab is hidden.
@@ -13,7 +14,6 @@ import {
   decisionInfo,
   evidenceDocument,
   fallbackKey,
-  gateReasons,
   hardwareFaults,
   nodeLink,
   pastRounds,
@@ -26,6 +26,7 @@ import {
   stateCounts,
 } from "../logic/serving.js";
 import { table } from "./common.js";
+import { renderGate } from "./serving_gate.js";
 
 export const REFRESH_MS = 2000;
 
@@ -359,38 +360,6 @@ export function createServingPage(main) {
         ),
         { class: "hardware" },
       ),
-    ];
-  }
-
-  function renderGate(entry) {
-    const gate = gateReasons(entry);
-    const verdict =
-      gate.allowed === null
-        ? h("span", { class: "badge tone-unknown" }, t("unknown"))
-        : h(
-            "span",
-            { class: `badge ${gate.allowed ? "tone-ok" : "tone-bad"}` },
-            gate.allowed ? t("serving.gate.allowed") : t("serving.gate.refused"),
-          );
-    return [
-      h("p", { class: "gate", dataset: { allowed: String(gate.allowed) } }, h("strong", {}, t("serving.gate")), " ", verdict),
-      gate.reasons.length
-        ? h(
-            "ul",
-            { class: "gate-reasons" },
-            gate.reasons.map((r) =>
-              h("li", { dataset: { code: r.code } }, h("code", {}, r.code), r.key ? ` — ${t(r.key)}` : null),
-            ),
-          )
-        : null,
-      gate.warnings.length
-        ? h(
-            "div",
-            { class: "warning gate-warnings" },
-            h("strong", {}, t("serving.gate.warnings")),
-            h("ul", {}, gate.warnings.map((w) => h("li", {}, w))),
-          )
-        : null,
     ];
   }
 
