@@ -21,8 +21,8 @@
     ├── InvalidViewRequestError  400 the body is not the wire model
     └── ViewConflictError        409 ADD for an instance that serves another model
 
-Upstream 4xx (and 5xx other than 503) are not errors here: they are passed through unchanged. Nothing maps
-to 500.
+Upstream 4xx are not errors here: they are passed through unchanged. An upstream 5xx is a fault answer
+(re-routed, held, then UpstreamUnavailableError), never passed through. Nothing maps to 500.
 """
 
 from __future__ import annotations

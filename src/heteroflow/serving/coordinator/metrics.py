@@ -34,7 +34,7 @@ class CoordinatorMetrics:
         self.registry = CollectorRegistry(auto_describe=True)
         self.requests = Counter(
             "heteroflow_coordinator_requests",
-            "OpenAI requests by route and outcome (ok, resumed, upstream_4xx, upstream_5xx, stream_error, bad_request, "
+            "OpenAI requests by route and outcome (ok, resumed, upstream_4xx, stream_error, bad_request, "
             "unauthorized, unknown_model, no_endpoint, upstream_unavailable, upstream_failed, auth_unavailable, "
             "key_busy: its key's share of the pool in flight, overloaded, limited: max_in_flight_per_peer from one "
             "address, body_timeout: the body did not arrive within body_read_timeout_sec).",
@@ -44,7 +44,7 @@ class CoordinatorMetrics:
         self.retries = Counter(
             "heteroflow_coordinator_retries",
             "Fault answers after which a request was sent elsewhere or held, by the fault (connect, timeout, "
-            "disconnect, upstream_503, abort, error_event, faulted_stall).",
+            "disconnect, upstream_503, upstream_5xx, abort, error_event, faulted_stall).",
             ["reason"],
             registry=self.registry,
         )

@@ -11,12 +11,14 @@ withdrawn or rebuilding, as long as its client deadline (``client_deadline_sec``
    (httpx's ``trace`` request extension, :meth:`Forwarder._tracer`): an endpoint withdrawn since it was chosen
    is never sent anything, and the request chooses again (not a failure).
 3. Fault answers send the request elsewhere (step 1 again, the failed endpoint excluded until it is published
-   again or its fault pause passed): HTTP 503; a non-streaming 200 with a choice that ended
+   again or its fault pause passed): HTTP 503, and any other 5xx (vLLM answers 500 when its engine core died
+   or failed a request: the engine's fault, never the client's); a non-streaming 200 with a choice that ended
    ``finish_reason: "abort"`` (a released vLLM's aborted request, with or without the text it had made); a
    transport failure (refused, reset, closed, timed out); a stream that ends, errs or aborts before its first
    output; and no answer within ``faulted_first_byte_sec`` once the endpoint was reported faulted (a DEL with
    ``faulted``: :meth:`Forwarder.faulted`).
-4. Other upstream answers are passed through unchanged: a 4xx is the client's problem.
+4. Other upstream answers (2xx, 4xx) are passed through unchanged: a 4xx is the client's problem. No engine
+   5xx ever reaches the client: past the client deadline the answer is 503 with ``Retry-After``.
 5. Non-streaming answers are buffered, so "sent nothing" lasts until the whole answer is in. A stream is held
    back until its first event with output, then relayed event by event. If it is cut after that (transport
    failure, an error event, ``abort``, a stall after a fault report), it is *resumed* on a survivor by a
@@ -53,7 +55,9 @@ from heteroflow.serving.coordinator.views import EndpointKey, Lease, ServingView
 
 _log = structlog.get_logger(__name__)
 
-FailureReason = Literal["connect", "timeout", "disconnect", "upstream_503", "abort", "error_event", "faulted_stall"]
+FailureReason = Literal[
+    "connect", "timeout", "disconnect", "upstream_503", "upstream_5xx", "abort", "error_event", "faulted_stall"
+]
 
 
 _HOP_BY_HOP = frozenset(
@@ -425,6 +429,11 @@ class Forwarder:
                     if response.status_code == 503:
                         detail = await self._error_detail(response)
                         raise _AttemptFailedError("upstream_503", f"answered 503 (engine unavailable: {detail})")
+                    if response.status_code >= 500:
+                        detail = await self._error_detail(response)
+                        raise _AttemptFailedError(
+                            "upstream_5xx", f"answered {response.status_code} (engine error: {detail})"
+                        )
                     if stream and response.status_code == 200:
                         segment = await self._open(lease, response)
                         handed_over = True
@@ -695,9 +704,8 @@ def _address(key: EndpointKey) -> str:
 
 
 def _outcome_of(status: int) -> str:
-    if status < 400:
-        return "ok"
-    return "upstream_4xx" if status < 500 else "upstream_5xx"
+    """A passed-through answer: a 2xx or a 4xx (an engine 5xx is a fault answer, never passed through)."""
+    return "ok" if status < 400 else "upstream_4xx"
 
 
 class _RelayResponse(StreamingResponse):

@@ -32,6 +32,8 @@ class EngineMode(StrEnum):
     OK = "ok"
     UNAVAILABLE = "unavailable"
     """HTTP 503, as an engine answers while it recovers."""
+    INTERNAL_ERROR = "internal_error"
+    """HTTP 500 with an OpenAI error body, as vLLM answers when its engine core died under the request."""
     REFUSE = "refuse"
     """Connection refused: the process is gone."""
     DISCONNECT = "disconnect"
@@ -144,6 +146,8 @@ class FakeUpstreams(httpx.AsyncBaseTransport):
             raise httpx.RemoteProtocolError("Server disconnected without sending a response.", request=request)
         if engine.mode is EngineMode.UNAVAILABLE:
             return _json(503, _error(503, "ServiceUnavailableError", "engine is unhealthy; retry elsewhere"))
+        if engine.mode is EngineMode.INTERNAL_ERROR:
+            return _json(500, _error(500, "EngineDeadError", "EngineCore encountered an issue"))
         if engine.mode is EngineMode.REJECT:
             return _json(400, _error(400, "BadRequestError", f"rejected by {engine.name}"))
         if body.get("stream"):

@@ -239,6 +239,7 @@ def test_beyond_max_concurrent_requests_a_request_gets_503_with_retry_after_at_o
     ("mode", "reason"),
     [
         (EngineMode.UNAVAILABLE, "upstream_503"),
+        (EngineMode.INTERNAL_ERROR, "upstream_5xx"),
         (EngineMode.REFUSE, "connect"),
         (EngineMode.DISCONNECT, "disconnect"),
         (EngineMode.ABORT, "abort"),
@@ -380,6 +381,47 @@ def test_a_del_with_a_generation_holds_its_endpoints_back_from_older_or_equal_se
             await h.publish((0, 1), generation=6)
             views = (await h.client.get(COORDINATOR_INSTANCES_PATH, headers=MANAGE)).json()["instances"]
             assert [e["id"] for e in views[0]["endpoints"]] == [0, 1]
+
+    run(scenario)
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_an_engine_that_answers_500_once_is_tried_again_and_the_client_never_sees_the_500(stream: bool) -> None:
+    """The only engine answers 500 (vLLM's dead engine core) to the first attempt: the request is held for the
+    fault pause and sent again; the client gets the answer, never the 500."""
+
+    async def scenario() -> None:
+        async with harness(engines=1, fault_pause_sec=0.05) as h:
+            await h.publish((0,))
+            engine = h.engine(0)
+            engine.mode = EngineMode.INTERNAL_ERROR
+
+            async def recovered_after_the_first() -> None:
+                if engine.received:  # the first attempt was answered 500: the next one is served
+                    engine.mode = EngineMode.OK
+
+            engine.before_headers = recovered_after_the_first
+            response = await h.complete(stream=stream)
+            assert response.status_code == 200, response.text
+            assert ("e0#0" in response.text) if stream else response.json()["choices"][0]["text"] == "answer from e0"
+            assert len(engine.received) == 2
+            assert h.metric('heteroflow_coordinator_retries_total{reason="upstream_5xx"}') == 1
+            assert h.metric('heteroflow_coordinator_requests_total{outcome="upstream_5xx",route="completions"}') == 0
+
+    run(scenario)
+
+
+def test_engines_that_keep_answering_500_end_in_503_with_retry_after_never_500() -> None:
+    async def scenario() -> None:
+        async with harness(engines=2, unavailable_wait_sec=0.3, fault_pause_sec=0.05) as h:
+            await h.publish((0, 1))
+            for i in range(2):
+                h.engine(i).mode = EngineMode.INTERNAL_ERROR
+            response = await h.complete(stream=True)
+            assert response.status_code == 503, response.text
+            assert response.headers["retry-after"] == "2"
+            assert "answered 500 (engine error: EngineCore encountered an issue)" in response.json()["error"]["message"]
+            assert all(h.engine(i).received for i in range(2))
 
     run(scenario)
 
