@@ -20,6 +20,7 @@ measured in the same run. Usage::
 
     .venv/bin/python bench/ingest.py [--nodes 3000] [--seconds 15] [--concurrency 16] [--rate 600]
                                      [--postgres | --database-url postgresql://…] [--no-floor]
+                                     [--profile FILE]   # py-spy (on PATH) over the dedup phase
 """
 
 from __future__ import annotations
