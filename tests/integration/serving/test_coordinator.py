@@ -109,7 +109,7 @@ def engine_app(engine: Engine) -> FastAPI:
                 for i in range(engine.events):
                     if i and engine.stream_gap:
                         await asyncio.sleep(engine.stream_gap)  # token time
-                    yield f"data: {json.dumps({'choices': [{'index': 0, 'text': f'{engine.name}#{i}'}]})}\n\n"
+                    yield f"data: {json.dumps({'choices': [_choice(engine, i)]})}\n\n"
                 yield "data: [DONE]\n\n"
 
             return StreamingResponse(events(), media_type="text/event-stream")
@@ -118,6 +118,15 @@ def engine_app(engine: Engine) -> FastAPI:
     app.post("/v1/completions")(answer)
     app.post("/v1/chat/completions")(answer)
     return app
+
+
+def _choice(engine: Engine, i: int) -> dict[str, Any]:
+    """Event ``i`` of a stream's one choice; the last carries its finish_reason, as OpenAI's API and vLLM send
+    it (a stream that ends without one was cut: the Coordinator resumes it)."""
+    choice: dict[str, Any] = {"index": 0, "text": f"{engine.name}#{i}"}
+    if i == engine.events - 1:
+        choice["finish_reason"] = "stop"
+    return choice
 
 
 class Fleet:
@@ -472,7 +481,7 @@ def test_streaming_pass_through_and_a_mid_stream_failure(coordinator: str, fleet
             assert response.headers["content-type"].startswith("text/event-stream")
             lines = [line for line in response.iter_lines() if line]
         assert lines == [
-            *(f"data: {json.dumps({'choices': [{'index': 0, 'text': f'stream-0#{i}'}]})}" for i in range(3)),
+            *(f"data: {json.dumps({'choices': [_choice(streamer, i)]})}" for i in range(3)),
             "data: [DONE]",
         ]
         started = time.monotonic()
