@@ -41,8 +41,15 @@ def floor_to(at: datetime, span: int) -> datetime:
 
 
 def ceil_to(at: datetime, span: int) -> datetime:
+    """The first bucket start at or after ``at``; in the calendar's last bucket, the calendar's end (no whole
+    bucket lies after it: the caller reads raw samples there)."""
     floor = floor_to(at, span)
-    return floor if floor == at else floor + timedelta(seconds=span)
+    if floor == at:
+        return floor
+    try:
+        return floor + timedelta(seconds=span)
+    except OverflowError:
+        return datetime.max.replace(tzinfo=UTC)
 
 
 def bucket_rows(samples: Iterable[Mapping[str, Any]]) -> list[dict[str, Any]]:
