@@ -20,7 +20,7 @@ from heteroflow.storage.db import alembic_config, upgrade_database
 from heteroflow.storage.health_buckets import CapabilityQuery
 from heteroflow.storage.health_store import CardCapability, SqlHealthSampleStore
 from heteroflow.storage.node_store import SqlNodeStore
-from heteroflow.storage.schema import BUCKET_COUNTERS, gpu_health_card_buckets
+from heteroflow.storage.schema import gpu_health_card_buckets
 
 T0 = datetime(2026, 3, 1, 22, 17, 5, 250000, tzinfo=UTC)
 ALL = NodeScope(tenant_id=None)
@@ -211,7 +211,3 @@ def test_filters_sort_and_pages_are_applied_in_sql(engine: Engine) -> None:
     assert [c.uuid for c in by_uuid.cards] == ["GPU-swapped"]
     wildcard = fleet.store.capability_page(CapabilityQuery(scope=ALL, source="real", since=since, until=until, q="%"))
     assert wildcard.total == 0  # a LIKE wildcard is a literal character
-
-
-def test_bucket_counter_columns_are_the_health_keys() -> None:
-    assert BUCKET_COUNTERS == HEALTH_KEYS

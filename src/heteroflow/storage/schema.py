@@ -8,6 +8,8 @@ from typing import Any
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
 
+from heteroflow.health.counters import HEALTH_KEYS
+
 metadata = sa.MetaData(
     naming_convention={
         "ix": "ix_%(table_name)s_%(column_0_N_name)s",
@@ -154,18 +156,6 @@ gpu_health_samples = sa.Table(
 # Per card and hour, and per card and UTC day: how many samples, when, and how many carried each counter. Written
 # with the samples (and rebuilt where retention cuts a bucket), so the capability matrix reads about one row per
 # card and day instead of every sample of the retention period.
-BUCKET_COUNTERS = (
-    "ecc_uncorrected_total",
-    "ecc_corrected_total",
-    "retired_pages",
-    "remapped_rows_pending",
-    "remapped_rows_failure",
-    "remapped_rows_correctable",
-    "remapped_rows_uncorrectable",
-    "ecc_sram_uncorrected_total",
-    "ecc_sram_corrected_total",
-)
-
 gpu_health_card_buckets = sa.Table(
     "gpu_health_card_buckets",
     metadata,
@@ -179,7 +169,7 @@ gpu_health_card_buckets = sa.Table(
     sa.Column("last_sample_at", UtcDateTime(), nullable=False),
     sa.Column("sample_count", sa.BigInteger(), nullable=False),
     sa.Column("semantics_unconfirmed", sa.String(200), nullable=True),  # the greatest value in the bucket
-    *(sa.Column(name, sa.BigInteger(), nullable=False) for name in BUCKET_COUNTERS),  # non-NULL values
+    *(sa.Column(name, sa.BigInteger(), nullable=False) for name in HEALTH_KEYS),  # non-NULL values; 0008 pins them
     sa.CheckConstraint(SOURCE_CHECK, name="source"),
     # the capability matrix: one span, one source, a range of buckets
     sa.Index(None, "span_seconds", "source", "bucket_start"),

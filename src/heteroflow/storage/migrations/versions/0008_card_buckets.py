@@ -25,7 +25,19 @@ down_revision = "0007"
 branch_labels = None
 depends_on = None
 
-COUNTERS = heteroflow.storage.schema.BUCKET_COUNTERS
+# The columns this revision created, pinned: the table must not move with the domain's counter list without a new
+# migration (tests/unit/storage/test_bucket_columns.py checks this list against the live schema's).
+COUNTERS = (
+    "ecc_uncorrected_total",
+    "ecc_corrected_total",
+    "retired_pages",
+    "remapped_rows_pending",
+    "remapped_rows_failure",
+    "remapped_rows_correctable",
+    "remapped_rows_uncorrectable",
+    "ecc_sram_uncorrected_total",
+    "ecc_sram_corrected_total",
+)
 
 
 def upgrade() -> None:
