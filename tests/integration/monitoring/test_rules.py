@@ -16,7 +16,8 @@ from tests.support.monitoring import RULE_TESTS, RULES, promtool
 def test_the_rules_parse() -> None:
     checked = promtool("check", "rules", str(RULES))
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 9 rules found" in checked.stdout
+    shipped = sum(len(group["rules"]) for group in yaml.safe_load(RULES.read_text())["groups"])
+    assert f"SUCCESS: {shipped} rules found" in checked.stdout
 
 
 def test_the_rules_unit_tests_pass() -> None:
@@ -41,4 +42,4 @@ def test_a_broken_threshold_fails_the_unit_tests(tmp_path: Path) -> None:
     (tmp_path / RULES.name).write_text(broken)
     tested = promtool("test", "rules", RULE_TESTS.name, cwd=tmp_path)
     assert tested.returncode != 0
-    assert "HeteroflowServingInterventionRequired" in tested.stdout + tested.stderr
+    assert "HeteroflowServingStuckReconfiguring" in tested.stdout + tested.stderr

@@ -17,6 +17,7 @@ import {
   fallbackKey,
   gateReasons,
   hardwareFaults,
+  interventionReason,
   isRunning,
   nodeLink,
   pastRounds,
@@ -218,6 +219,14 @@ test("the running round is shown while it runs; afterwards the newest one", () =
   assert.equal(roundToShow(entry(), now, "sd-now").running, true);
   assert.equal(isRunning(entry({ phase: "RECONFIGURING", running_strategy: "fallback" })), true);
   assert.equal(isRunning(entry({ phase: "RECONFIGURING" })), false);
+});
+
+test("INTERVENTION_REQUIRED shows only while the controller reports a reason", () => {
+  const reason = "INTERVENTION_REQUIRED: 3 whole-instance relaunches within 1800 s did not bring the instance back";
+  assert.equal(interventionReason(entry({ phase: "RECONFIGURING", intervention_required: reason })), reason);
+  assert.equal(interventionReason(entry({ phase: "RECONFIGURING", intervention_required: null })), null);
+  assert.equal(interventionReason(entry({ phase: "RECONFIGURING", intervention_required: "  " })), null);
+  assert.equal(interventionReason(entry({ phase: "NORMAL" })), null);
 });
 
 test("after a failed round the fallback is the current round, not the failed one the entry still names", () => {

@@ -68,6 +68,8 @@ class ControllerMetrics:
     def set_phase(self, instance_id: str, phase: FtPhase) -> None:
         for candidate in FtPhase:
             self.phase.labels(instance_id=instance_id, phase=candidate.value).set(1 if candidate == phase else 0)
+        # present (0) from the instance's first phase on, so that its absence never reads as "no intervention"
+        self.intervention_required.labels(instance_id=instance_id)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -386,6 +386,9 @@ const EN = {
   "serving.no_error": "none",
   "serving.store_error": "Store error: {detail}",
   "serving.persist_pending": "A store write is pending and being retried.",
+  "serving.intervention.title": "Intervention required.",
+  "serving.intervention.explain":
+    "The controller stopped relaunching this instance: its whole-instance attempts within the window are spent. Fix the cause, then restart the controller to retry (a restart counts the attempts afresh).",
   "serving.pods": "Pods",
   "serving.pod.col.id": "Pod",
   "serving.pod.col.state": "State",
@@ -869,6 +872,9 @@ const ZH = {
   "serving.no_error": "无",
   "serving.store_error": "存储错误：{detail}",
   "serving.persist_pending": "有一次存储写入待完成，正在重试。",
+  "serving.intervention.title": "需要人工介入。",
+  "serving.intervention.explain":
+    "控制器已停止重新拉起此实例：时间窗口内的整实例重建次数已用完。请排除原因，然后重启控制器以重试（重启后尝试次数重新计算）。",
   "serving.pods": "Pod",
   "serving.pod.col.id": "Pod",
   "serving.pod.col.state": "状态",

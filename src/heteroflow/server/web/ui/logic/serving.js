@@ -303,6 +303,15 @@ export function rankPlaces(entry) {
   return places;
 }
 
+/**
+ * The controller's INTERVENTION_REQUIRED: its whole-instance relaunch attempts are spent and it stopped retrying.
+ * @returns {string|null} the controller's reason, or null while it still acts by itself
+ */
+export function interventionReason(entry) {
+  const reason = entry.intervention_required;
+  return typeof reason === "string" && reason.trim() !== "" ? reason : null;
+}
+
 /** A round is running in a round phase, or while the controller reports a running strategy. */
 export function isRunning(entry) {
   return ROUND_PHASES.includes(entry.phase) || Boolean(entry.running_strategy);

@@ -15,6 +15,7 @@ import {
   evidenceDocument,
   fallbackKey,
   hardwareFaults,
+  interventionReason,
   nodeLink,
   pastRounds,
   phaseInfo,
@@ -364,7 +365,19 @@ export function createServingPage(main) {
   }
 
   function renderErrors(entry) {
+    const intervention = interventionReason(entry);
     return [
+      intervention
+        ? h(
+            "p",
+            { class: "intervention error", role: "alert" },
+            h("strong", {}, t("serving.intervention.title")),
+            " ",
+            t("serving.intervention.explain"),
+            " ",
+            h("code", {}, intervention),
+          )
+        : null,
       h(
         "p",
         { class: "last-error" },
