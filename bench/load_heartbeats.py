@@ -33,6 +33,11 @@ load generator's own CPU. Ratios are against the baseline phase of the same run.
     .venv/bin/python bench/load_heartbeats.py [--nodes 3000] [--seconds 60] [--baseline-nodes 300]
         [--baseline-seconds 20] [--concurrency 64] [--client raw|httpx] [--overload-concurrency 1024]
         [--overload-seconds 15] [--max-in-flight N] [--shed-lag S] [--postgres | --database-url postgresql://…]
+        [--workers N]
+
+With ``--workers N`` the server runs N worker processes on its port (PostgreSQL only); CPU and RSS are then the
+sums over the supervisor and its workers, and the status-derived columns (rows per beat, peak in flight, lag)
+are those of the worker that answered the status request.
 """
 
 from __future__ import annotations
@@ -187,20 +192,42 @@ def beat_request(port: int, authorization: str, node: SimulatedNode) -> bytes:
     return head.encode() + body
 
 
+def process_tree(pid: int) -> list[int]:
+    """``pid`` and its descendants now (``--workers``: the supervisor and its worker processes), from /proc."""
+    pids, pending = [], [pid]
+    while pending:
+        current = pending.pop()
+        pids.append(current)
+        try:
+            with open(f"/proc/{current}/task/{current}/children") as children:
+                pending.extend(int(child) for child in children.read().split())
+        except FileNotFoundError:
+            continue
+    return pids
+
+
 def proc_status_kib(pid: int, key: str) -> int:
-    """A ``/proc/<pid>/status`` size in KiB (``VmRSS``, ``VmHWM``)."""
-    with open(f"/proc/{pid}/status") as status:
-        for line in status:
-            if line.startswith(f"{key}:"):
-                return int(line.split()[1])
-    raise RuntimeError(f"{key} missing from /proc/{pid}/status")
+    """A ``/proc/<pid>/status`` size in KiB (``VmRSS``, ``VmHWM``), summed over the process and its children."""
+    total = 0
+    for member in process_tree(pid):
+        with open(f"/proc/{member}/status") as status:
+            for line in status:
+                if line.startswith(f"{key}:"):
+                    total += int(line.split()[1])
+                    break
+            else:
+                raise RuntimeError(f"{key} missing from /proc/{member}/status")
+    return total
 
 
 def cpu_seconds(pid: int) -> float:
-    """User + system CPU time of a process, from /proc (Linux)."""
-    with open(f"/proc/{pid}/stat") as stat:
-        fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """User + system CPU time of a process and its living children, from /proc (Linux)."""
+    total = 0
+    for member in process_tree(pid):
+        with open(f"/proc/{member}/stat") as stat:
+            fields = stat.read().rsplit(")", 1)[1].split()
+        total += int(fields[11]) + int(fields[12])
+    return total / os.sysconf("SC_CLK_TCK")
 
 
 def heteroflow(*args: str, env: dict[str, str]) -> str:
@@ -485,6 +512,7 @@ async def run(args: argparse.Namespace, url: str, agent_token: str, admin_token:
 def report(phases: list[Phase], args: argparse.Namespace, backend: str) -> None:
     print(
         f"heartbeats at the agent's cadence ({args.interval:g} s), 8 simulated cards per node, {backend}, "
+        f"{args.workers} server worker process(es), "
         f"{args.client} client, concurrency {args.concurrency} (overload {args.overload_concurrency}), agent timeout "
         f"{AGENT_TIMEOUT_S:g} s, {os.cpu_count()} CPUs shared by the load generator and the server; "
         f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
@@ -538,6 +566,7 @@ def main() -> None:
     parser.add_argument("--shed-lag", type=float, default=None, help="the server's event-loop lag bound, seconds")
     parser.add_argument("--database-url", default=None, help="default: a fresh SQLite file")
     parser.add_argument("--postgres", action="store_true", help="start a private PostgreSQL server and use it")
+    parser.add_argument("--workers", type=int, default=1, help="server worker processes (>1 needs PostgreSQL)")
     args = parser.parse_args()
 
     workdir = tempfile.mkdtemp(prefix="hf-load-")
@@ -560,7 +589,10 @@ def main() -> None:
     if args.shed_lag is not None:
         server_env["HETEROFLOW_SERVER_HEARTBEAT_SHED_LAG_SECONDS"] = str(args.shed_lag)
     server = subprocess.Popen(
-        [sys.executable, "-m", "heteroflow", "server", "--port", str(port), "--database-url", database_url],
+        [
+            *(sys.executable, "-m", "heteroflow", "server", "--port", str(port), "--database-url", database_url),
+            *("--workers", str(args.workers)),
+        ],
         env=server_env,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,

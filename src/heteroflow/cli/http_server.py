@@ -80,3 +80,13 @@ def server_config(app: Any, *, host: str, port: int, **options: Any) -> uvicorn.
 def serve(app: Any, *, host: str, port: int, **options: Any) -> None:
     """Run ``app`` until the process is told to stop (what ``uvicorn.run`` does, with :func:`server_config`)."""
     uvicorn.Server(server_config(app, host=host, port=port, **options)).run()
+
+
+def serve_workers(app: str, *, host: str, port: int, workers: int, **options: Any) -> None:
+    """Run ``workers`` processes of the uvicorn factory ``app`` (``module:function``) on one listening socket,
+    under uvicorn's supervisor: it restarts a worker that dies and stops them all on SIGTERM or SIGINT."""
+    from uvicorn.supervisors import Multiprocess
+
+    config = server_config(app, host=host, port=port, workers=workers, factory=True, **options)
+    sock = config.bind_socket()
+    Multiprocess(config, sockets=[sock]).run()

@@ -144,9 +144,13 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
         ]
         if ctx.prediction_settings.enabled and run_worker:
             tasks.append(asyncio.create_task(ctx.worker.run(), name="prediction-worker"))
+        if ctx.siblings is not None:
+            await ctx.siblings.start()
         try:
             yield
         finally:
+            if ctx.siblings is not None:
+                await ctx.siblings.stop()
             for task in tasks:
                 task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):

@@ -25,6 +25,7 @@ from heteroflow.server.gpu_metrics import GpuMetricsRecorder
 from heteroflow.server.metrics import ServerMetrics
 from heteroflow.server.prediction_worker import PredictionWorker
 from heteroflow.server.settings import ServerSettings
+from heteroflow.server.workers import SiblingMetrics
 from heteroflow.storage.alert_store import SqlAlertStore
 from heteroflow.storage.health_store import SqlHealthSampleStore
 from heteroflow.storage.metrics_store import SqlGpuMetricsStore
@@ -85,6 +86,8 @@ class ServerContext:
     token_lookups: asyncio.Semaphore = field(default_factory=lambda: asyncio.Semaphore(TOKEN_LOOKUPS_AT_ONCE))
     """Token lookups running at once (each is a thread and a statement)."""
     tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    siblings: SiblingMetrics | None = None
+    """The other worker processes of this host (``--workers``): /metrics answers for all of them."""
 
     def forget_node(self, node_id: NodeId) -> None:
         """Drop every in-memory trace of a deleted node."""

@@ -28,6 +28,17 @@ class ServerSettings(LenientSettings):
         description="Address to bind (default loopback; set 0.0.0.0 explicitly to serve other hosts).",
     )
     port: int = Field(default=8080, ge=1, le=65535, validation_alias=env_names("server_port"), description="TCP port.")
+    workers: int = Field(
+        default=1,
+        ge=1,
+        le=64,
+        validation_alias=env_names("server_workers"),
+        description=(
+            "Server processes on this host sharing the port (default 1; at most 64). Each is a replica with its "
+            "own in-memory state, as separate servers are; /metrics answers for all of them. More than one "
+            "needs PostgreSQL: SQLite takes one writer at a time."
+        ),
+    )
     database_url: str = Field(
         default_factory=default_database_url,
         min_length=1,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 from dataclasses import asdict
 from typing import Annotated, Any
 
@@ -55,7 +56,8 @@ async def metrics(ctx: Ctx, _: Annotated[Principal, Depends(require_cluster_wide
         snapshot = await asyncio.to_thread(SqlFleetStore(ctx.engine).snapshot)
     except StoreUnavailableError:  # the in-memory series still answer; the fleet ones say they are missing
         snapshot = None
-    return Response(ctx.metrics.render() + render_fleet(snapshot), media_type=CONTENT_TYPE_LATEST)
+    own = ctx.metrics.render() if ctx.siblings is None else await ctx.siblings.render()
+    return Response(own + render_fleet(snapshot), media_type=CONTENT_TYPE_LATEST)
 
 
 @router.get(
@@ -72,6 +74,11 @@ async def status(ctx: Ctx, _: Annotated[Principal, Depends(require_cluster_wide(
         "prediction_worker": asdict(ctx.worker.status()),
         "alert_delivery": asdict(ctx.notifier.status()),
         "gpu_metrics": asdict(ctx.metrics_recorder.status()),
+        "worker": {
+            "pid": os.getpid(),
+            "workers": ctx.settings.workers,
+            "siblings_now": None if ctx.siblings is None else len(ctx.siblings.siblings()),
+        },
         "config_warnings": [
             *ctx.settings.config_warnings,
             *ctx.health_settings.config_warnings,
