@@ -41,6 +41,9 @@ ANY_VALID_TOKEN: dict[str, str] = {
     "GET /healthz": "says only 'ok': the check that a token is valid",
     "GET /api/v1/auth/whoami": "describes the caller's own token (the Coordinator verifies API keys with it)",
     "GET /openapi.json": "the API description, which docs/api.md publishes anyway",
+    "POST /api/v1/auth/session": "signs a browser in with exactly the token's scopes and tenant, nothing more",
+    "GET /api/v1/auth/session": "describes the caller's own browser session (404 to a bearer token: it has none)",
+    "DELETE /api/v1/auth/session": "ends the caller's own browser session (sign-out)",
 }
 """Platform routes that any valid token may call, whatever its scopes."""
 
