@@ -236,3 +236,16 @@ def test_signing_in_again_ends_the_previous_session_of_that_browser(harness: Har
     harness.client.cookies.clear()
     assert response.status_code == 201
     assert first.request("GET", "/api/v1/nodes").status_code == 401
+
+
+def test_a_session_lookup_without_the_database_is_503(harness: Harness, monkeypatch: pytest.MonkeyPatch) -> None:
+    from heteroflow.core.errors import StoreUnavailableError
+
+    browser = Browser(harness, harness.token("nodes:read,alerts:write"))
+
+    def unavailable(*_: object, **__: object) -> None:
+        raise StoreUnavailableError("database down")
+
+    monkeypatch.setattr(harness.ctx.sessions, "principal", unavailable)
+    assert browser.request("GET", "/api/v1/nodes").status_code == 503
+    assert browser.request("POST", "/api/v1/alerts/x/resolve", json={"reason": "r"}).status_code == 503

@@ -81,13 +81,15 @@ def take(out: Path) -> list[Path]:
         expect(page.locator("#alert-history tbody tr")).to_have_count(2)
         shot(page, "alerts-resolved")
 
-        context = browser.new_context(viewport={"width": 1280, "height": 700})
-        page = context.new_page()
-        page.goto(f"{seeded.base_url}/nodes/gpu-health")
-        page.fill("#token", "not-a-token")
-        page.click("#signin-submit")
-        expect(page.locator("#signin-message")).to_contain_text("401")
-        shot(page, "sign-in-failed", full=False)
+        for lang, name in (("en", "sign-in-failed"), ("zh", "sign-in-zh")):
+            context = browser.new_context(viewport={"width": 1280, "height": 700})
+            context.add_init_script(f"localStorage.setItem('heteroflow.lang', {json.dumps(lang)});")
+            page = context.new_page()
+            page.goto(f"{seeded.base_url}/nodes/gpu-health")
+            page.fill("#token", "not-a-token")
+            page.click("#signin-submit")
+            expect(page.locator("#signin-message")).to_contain_text("401")
+            shot(page, name, full=False)
         browser.close()
     return shots
 

@@ -32,6 +32,16 @@ function translateShell() {
   document.title = `${t(`nav.${pageName.replace("-", "_")}`)} · ${t("app.title")}`;
 }
 
+/** Text with its scope names and options (serving:read, --tenant) as unbreakable code. */
+function terms(text) {
+  return text.split(/(--[a-z]+|\b[a-z]+:[a-z]+\b)/).map((part, i) => (i % 2 ? h("code", { class: "term" }, part) : part));
+}
+
+/** A command line that wraps between its words only, never at a hyphen of --scopes. */
+function words(command) {
+  return command.split(" ").flatMap((word, i) => [i ? " " : "", h("span", { class: "term" }, word)]);
+}
+
 function renderSignOutError() {
   const el = document.getElementById("signout-message");
   el.hidden = signOutError === null;
@@ -50,8 +60,8 @@ function renderSignIn() {
     { class: "block signin", id: "signin", "aria-labelledby": "signin-title" },
     h("h1", { id: "signin-title" }, t("signin.title")),
     h("p", {}, t("signin.explain")),
-    h("p", { id: "signin-where" }, t("signin.where"), " ", h("code", {}, CREATE_TOKEN)),
-    h("p", {}, t("signin.where_scopes")),
+    h("p", { id: "signin-where" }, t("signin.where"), h("code", { class: "command" }, words(CREATE_TOKEN))),
+    h("p", {}, terms(t("signin.where_scopes"))),
     h("label", { for: "token" }, t("signin.token")),
     h("div", { class: "row" }, input, button),
     message,
