@@ -3,6 +3,7 @@ tenant, CSRF and Origin checks on its writes, sign-out, revocation and expiry, o
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -41,6 +42,12 @@ class Browser:
         self.secret = self.set_cookie.split(";", 1)[0].removeprefix(f"{SESSION_COOKIE}=")
         self.body: dict[str, Any] = response.json()
         self.csrf = self.body["csrf_token"]
+
+    def on(self, harness: Harness) -> Browser:
+        """The same browser (its cookie and CSRF token) talking to another server."""
+        moved = copy.copy(self)
+        moved.harness = harness
+        return moved
 
     def headers(self, *, write: bool = False, **extra: str) -> dict[str, str]:
         headers = {"Cookie": f"{SESSION_COOKIE}={self.secret}"}
@@ -201,13 +208,13 @@ def test_the_session_expires(harness: Harness) -> None:
     ],
 )
 def test_a_bad_or_oversized_cookie_is_401_never_500(harness: Harness, cookie: str) -> None:
-    headers: dict[str, str | bytes]
+    headers: dict[bytes, bytes]
     for method, path in (
         ("GET", "/api/v1/nodes"),
         ("POST", "/api/v1/alerts/x/resolve"),
         ("GET", "/api/v1/auth/session"),
     ):
-        headers = {"Cookie": cookie.encode(), "Origin": ORIGIN, "X-CSRF-Token": "x"}  # UTF-8 bytes as sent
+        headers = {b"cookie": cookie.encode(), b"origin": ORIGIN.encode(), b"x-csrf-token": b"x"}  # UTF-8 bytes as sent
         response = harness.client.request(
             method, path, headers=headers, json={"reason": "r"} if method == "POST" else None
         )
@@ -249,3 +256,14 @@ def test_a_session_lookup_without_the_database_is_503(harness: Harness, monkeypa
     monkeypatch.setattr(harness.ctx.sessions, "principal", unavailable)
     assert browser.request("GET", "/api/v1/nodes").status_code == 503
     assert browser.request("POST", "/api/v1/alerts/x/resolve", json={"reason": "r"}).status_code == 503
+
+
+def test_two_server_processes_on_one_database_share_the_session(harness: Harness, engine: Engine) -> None:
+    """Another server (its own process state: caches, memory) accepts the session at once, and a sign-out on
+    it ends the session on the first one at the next request."""
+    browser = Browser(harness, harness.token("nodes:read,alerts:write"))
+    with running_server(engine, start=T0, server={"web_session_seconds": LIFETIME_S}) as other:
+        elsewhere = browser.on(other)
+        assert elsewhere.request("GET", "/api/v1/nodes").status_code == 200
+        assert elsewhere.request("DELETE", "/api/v1/auth/session").status_code == 204
+    assert browser.request("GET", "/api/v1/nodes").status_code == 401
