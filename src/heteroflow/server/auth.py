@@ -133,14 +133,14 @@ async def _check_session(ctx: ServerContext, scope: AsgiScope) -> Denial | None:
     CSRF token (403 otherwise); a heartbeat never takes a session."""
     if cookie_value(scope) is None:
         return Denial(401, "unauthorized", "a bearer token is required (Authorization: Bearer <token>)")
+    if heartbeat_node_id(scope) is not None:  # refused before any lookup: the hot path spends nothing on it
+        return Denial(401, "unauthorized", BEARER_ONLY)
     try:
         await session_of(ctx, scope)
     except (Unauthorized, Forbidden) as exc:
         return Denial(exc.status_code, exc.code, exc.message)
     except StoreUnavailableError:
         return Denial(503, "unavailable", "the database is unavailable; retry later")
-    if heartbeat_node_id(scope) is not None:
-        return Denial(401, "unauthorized", BEARER_ONLY)
     return None
 
 
