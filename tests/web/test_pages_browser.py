@@ -798,6 +798,29 @@ def test_narrow_window_and_dark_scheme(open_page: Open, seeded: Seeded) -> None:
     expect(page.locator(".skip")).to_be_focused()
 
 
+def test_a_tab_follows_a_sign_in_made_again_in_another_tab(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    first = open_page("/alerts", token=seeded.reader)
+    expect(first.locator("#alert-filter")).to_be_visible()
+    second = first.context.new_page()
+    second.goto(seeded.base_url + "/alerts")
+    second.click("#signout")
+    second.fill("#token", seeded.reader)
+    second.click("#signin-submit")
+    expect(second.locator("#alert-filter")).to_be_visible()
+    # the first tab still holds the old session's CSRF token: its write is refused once, then retried with the
+    # new session's (no such alert: 404, past every check)
+    status = first.evaluate(
+        """async () => {
+          const { api } = await import("/ui/api.js");
+          try { await api("/api/v1/alerts/no-such-alert/resolve", { body: { reason: "checked" } }); return 200; }
+          catch (err) { return err.status; }
+        }"""
+    )
+    assert status == 404
+
+
 def test_an_ended_session_returns_to_sign_in(open_page: Open, seeded: Seeded) -> None:
     from playwright.sync_api import expect
 

@@ -29,9 +29,10 @@ export function whenUnauthorized(callback) {
  * rejects with ApiError. With `bearer` (the sign-in form only) the token goes in the Authorization header and a
  * 401 is the caller's to explain; `quiet` leaves a 401 to the caller too.
  * @param {string} path e.g. "/api/v1/nodes"
- * @param {{params?: object, body?: object, method?: string, bearer?: string, quiet?: boolean}} [opts]
+ * A write refused 403 is retried once when the session's CSRF token has changed (another tab signed in again).
+ * @param {{params?: object, body?: object, method?: string, bearer?: string, quiet?: boolean, retried?: boolean}} [opts]
  */
-export async function api(path, { params = {}, body, method, bearer, quiet = false } = {}) {
+export async function api(path, { params = {}, body, method, bearer, quiet = false, retried = false } = {}) {
   const query = new URLSearchParams();
   for (const [k, v] of Object.entries(params)) if (v !== null && v !== undefined && v !== "") query.set(k, String(v));
   const search = query.toString();
@@ -56,6 +57,15 @@ export async function api(path, { params = {}, body, method, bearer, quiet = fal
     payload = await response.json();
   } catch {
     payload = null;
+  }
+  const sent = headers["X-CSRF-Token"];
+  if (response.status === 403 && sent !== undefined && !retried) {
+    // another tab signed in again meanwhile (the cookie is a new session): take its CSRF token, retry once
+    const info = await api(SESSION_PATH, { quiet: true }).catch(() => null);
+    if (info && info.csrf_token !== sent) {
+      setSession(info);
+      return api(path, { params, body, method, quiet, retried: true });
+    }
   }
   if (!response.ok) {
     const detail = payload && typeof payload.detail === "string" ? payload.detail : `HTTP ${response.status}`;
