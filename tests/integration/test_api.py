@@ -44,6 +44,9 @@ def test_every_route_refuses_a_missing_or_unknown_token(harness: Harness) -> Non
         ("GET", "/metrics"),
         ("GET", "/healthz"),
         ("GET", "/api/v1/auth/whoami"),
+        ("POST", "/api/v1/auth/session"),
+        ("GET", "/api/v1/auth/session"),
+        ("DELETE", "/api/v1/auth/session"),
         ("GET", "/openapi.json"),
     ]
     schema_paths = set(harness.client.app.openapi()["paths"])

@@ -41,6 +41,9 @@ ANY_VALID_TOKEN: dict[str, str] = {
     "GET /healthz": "says only 'ok': the check that a token is valid",
     "GET /api/v1/auth/whoami": "describes the caller's own token (the Coordinator verifies API keys with it)",
     "GET /openapi.json": "the API description, which docs/api.md publishes anyway",
+    "POST /api/v1/auth/session": "signs a browser in with exactly the token's scopes and tenant, nothing more",
+    "GET /api/v1/auth/session": "describes the caller's own browser session (404 to a bearer token: it has none)",
+    "DELETE /api/v1/auth/session": "ends the caller's own browser session (sign-out)",
 }
 """Platform routes that any valid token may call, whatever its scopes."""
 
@@ -106,6 +109,19 @@ def test_every_guarded_route_refuses_a_missing_malformed_or_unknown_token(servic
             assert_refused(response, f"{service.name} {endpoint.key} with the token in the query string")
 
 
+def platform_session(platform: Service) -> dict[str, str]:
+    """The headers of a write made with a live browser session of the platform's admin token (cookie, CSRF
+    token, the platform's Origin), checked to work on the platform itself."""
+    signed_in = platform.client.post("/api/v1/auth/session", headers=auth(platform.tokens["admin"]))
+    assert signed_in.status_code == 201, signed_in.text
+    platform.client.cookies.clear()
+    cookie = signed_in.headers["set-cookie"].split(";", 1)[0]
+    origin = str(platform.client.base_url).rstrip("/")
+    headers = {"Cookie": cookie, "Origin": origin, "X-CSRF-Token": signed_in.json()["csrf_token"]}
+    assert platform.client.get("/api/v1/server/status", headers=headers).status_code == 200
+    return headers
+
+
 @pytest.mark.parametrize("name", ["controller", "node_manager", "coordinator", "engine_sim"])
 def test_internal_routes_take_their_own_credential_and_nothing_else(
     name: str, platform: Service, request: pytest.FixtureRequest
@@ -116,11 +132,14 @@ def test_internal_routes_take_their_own_credential_and_nothing_else(
         "the cluster token": CLUSTER_TOKEN,
         "a Coordinator API key": API_KEY,
     }
+    session = platform_session(platform)
     for endpoint in guarded(service):
         own = service.tokens[required_credential(service, endpoint)]
         for what, token in credentials.items():
             if token != own:
                 assert_refused(send(service, endpoint, headers=auth(token)), f"{name} {endpoint.key} with {what}")
+        what = "the platform admin's browser session"
+        assert_refused(send(service, endpoint, headers=session), f"{name} {endpoint.key} with {what}")
         response = send(service, endpoint, headers=auth(own))
         assert reached(response), f"{name} {endpoint.key} refuses its own credential: {response.status_code}"
         assert response.status_code != 500, f"{name} {endpoint.key}: {response.text[:300]}"

@@ -33,12 +33,15 @@ class Kind(StrEnum):
     COLLECTION = "a read without ids: what the tenant would see if it were alone"
     OWN_TENANT = "creates a node, in the caller's own tenant"
     CLUSTER_WIDE = "data of the whole cluster: refused to every tenant token (403)"
+    OWN_SESSION = "starts or ends the caller's own browser session: no other tenant's data"
 
 
 BY_HAND: dict[str, Kind] = {
     "POST /api/v1/nodes/register": Kind.OWN_TENANT,
     "GET /ui/{path:path}": Kind.COLLECTION,  # a static asset of the web shell: the same for everyone
     "GET /api/v1/serving/rounds/{request_id}": Kind.CLUSTER_WIDE,  # serving instances belong to no tenant
+    "POST /api/v1/auth/session": Kind.OWN_SESSION,  # the session has exactly the token's tenant (test_web_sessions)
+    "DELETE /api/v1/auth/session": Kind.OWN_SESSION,
 }
 """Routes whose tenancy their shape does not tell: anything but a read without path parameters."""
 

@@ -13,16 +13,15 @@ from playwright.sync_api import expect, sync_playwright
 
 from tests.web.conftest import CHROMIUM, CHROMIUM_ARGS
 from tests.web.seed import Seeded, seeded_server
+from tests.web.session import sign_in
 
 DEFAULT_OUT = Path(__file__).resolve().parents[2] / "docs" / "screenshots"
 
 
 def _page(browser: Any, seeded: Seeded, *, width: int = 1280, scheme: str = "light", lang: str = "en") -> Any:
     context = browser.new_context(viewport={"width": width, "height": 900}, color_scheme=scheme)
-    context.add_init_script(
-        f"sessionStorage.setItem('heteroflow.token', {json.dumps(seeded.reader)});"
-        f"localStorage.setItem('heteroflow.lang', {json.dumps(lang)});"
-    )
+    sign_in(context, seeded.base_url, seeded.reader)
+    context.add_init_script(f"localStorage.setItem('heteroflow.lang', {json.dumps(lang)});")
     return context.new_page()
 
 
@@ -82,13 +81,15 @@ def take(out: Path) -> list[Path]:
         expect(page.locator("#alert-history tbody tr")).to_have_count(2)
         shot(page, "alerts-resolved")
 
-        context = browser.new_context(viewport={"width": 1280, "height": 700})
-        page = context.new_page()
-        page.goto(f"{seeded.base_url}/nodes/gpu-health")
-        page.fill("#token", "not-a-token")
-        page.click("#signin-submit")
-        expect(page.locator("#signin-message")).to_contain_text("401")
-        shot(page, "sign-in-failed", full=False)
+        for lang, name in (("en", "sign-in-failed"), ("zh", "sign-in-zh")):
+            context = browser.new_context(viewport={"width": 1280, "height": 700})
+            context.add_init_script(f"localStorage.setItem('heteroflow.lang', {json.dumps(lang)});")
+            page = context.new_page()
+            page.goto(f"{seeded.base_url}/nodes/gpu-health")
+            page.fill("#token", "not-a-token")
+            page.click("#signin-submit")
+            expect(page.locator("#signin-message")).to_contain_text("401")
+            shot(page, name, full=False)
         browser.close()
     return shots
 

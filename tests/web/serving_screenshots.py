@@ -14,6 +14,7 @@ from playwright.sync_api import expect, sync_playwright
 from tests.web.conftest import CHROMIUM, CHROMIUM_ARGS
 from tests.web.screenshots import DEFAULT_OUT
 from tests.web.serving_seed import serving_server
+from tests.web.session import sign_in
 
 
 def take(out: Path) -> list[Path]:
@@ -23,10 +24,8 @@ def take(out: Path) -> list[Path]:
         browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
         for lang, width, name in (("en", 1280, "serving-en"), ("zh", 1280, "serving-zh"), ("en", 800, "serving-800")):
             context = browser.new_context(viewport={"width": width, "height": 900})
-            context.add_init_script(
-                f"sessionStorage.setItem('heteroflow.token', {json.dumps(seeded.admin)});"
-                f"localStorage.setItem('heteroflow.lang', {json.dumps(lang)});"
-            )
+            sign_in(context, seeded.base_url, seeded.admin)
+            context.add_init_script(f"localStorage.setItem('heteroflow.lang', {json.dumps(lang)});")
             page = context.new_page()
             page.goto(f"{seeded.base_url}/serving")
             expect(page.locator(".instance ol.timeline")).to_be_visible(timeout=20_000)

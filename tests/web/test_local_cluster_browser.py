@@ -10,7 +10,6 @@ Nothing sleeps for synchronisation: Playwright's expectations and :func:`until` 
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Iterator
@@ -28,6 +27,7 @@ from heteroflow.platform.auth import parse_scopes
 from heteroflow.storage.db import create_db_engine
 from heteroflow.storage.token_store import SqlTokenStore
 from tests.acceptance.harness import COLLECTIVE_TIMEOUT_SEC, TIMINGS, traffic, until
+from tests.web.session import sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.timeout(420)]
 
@@ -93,9 +93,9 @@ def test_the_dashboard_follows_a_real_round_on_the_local_cluster(
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     errors: list[str] = []
     try:
+        sign_in(context, state.server_url, token)
         context.add_init_script(
             "if (!sessionStorage.getItem('seeded')) {"
-            f" sessionStorage.setItem('heteroflow.token', {json.dumps(token)});"
             " localStorage.setItem('heteroflow.lang', 'en'); sessionStorage.setItem('seeded', '1'); }"
         )
         page = context.new_page()

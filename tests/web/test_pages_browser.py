@@ -18,6 +18,7 @@ import pytest
 from heteroflow.core.ids import NodeId
 from heteroflow.health.samples import CardKey
 from tests.web.seed import Seeded
+from tests.web.session import sign_in
 
 pytestmark = pytest.mark.browser
 
@@ -35,7 +36,7 @@ def _expect_timeout(browser: Any) -> None:
 
 @pytest.fixture
 def open_page(browser: Any, seeded: Seeded) -> Iterator[Open]:
-    """Open a page in a fresh browser context (own sessionStorage), signed in with ``token`` unless None."""
+    """Open a page in a fresh browser context (own cookies and storage), signed in with ``token`` unless None."""
     contexts: list[Any] = []
     errors: list[str] = []
 
@@ -51,14 +52,13 @@ def open_page(browser: Any, seeded: Seeded) -> Iterator[Open]:
             viewport={"width": width, "height": 900}, color_scheme=color_scheme, accept_downloads=True
         )
         contexts.append(context)
-        script = ""
         if token is not None:
-            script += f"sessionStorage.setItem('heteroflow.token', {json.dumps(token)});"
+            sign_in(context, seeded.base_url, token)
         if lang is not None:
-            script += f"localStorage.setItem('heteroflow.lang', {json.dumps(lang)});"
-        if script:
             context.add_init_script(
-                f"if (!sessionStorage.getItem('seeded')) {{ {script} sessionStorage.setItem('seeded', '1'); }}"
+                "if (!sessionStorage.getItem('seeded')) {"
+                f" localStorage.setItem('heteroflow.lang', {json.dumps(lang)});"
+                " sessionStorage.setItem('seeded', '1'); }"
             )
         page = context.new_page()
         page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -126,18 +126,60 @@ def test_sign_in_failure_then_success(open_page: Open, seeded: Seeded) -> None:
     from playwright.sync_api import expect
 
     page = open_page("/nodes/gpu-health", token=None)
+    # the form says where tokens come from, and nothing of sessionStorage
+    expect(page.locator("#signin-where code")).to_have_text(
+        "heteroflow admin create-token --scopes nodes:read --name <your-name>"
+    )
+    expect(page.locator("#signin")).not_to_contain_text("sessionStorage")
     page.fill("#token", "hf_not-a-real-token")
     page.click("#signin-submit")
     expect(page.locator("#signin-message")).to_contain_text("401")
     expect(page.locator("#stats")).to_have_count(0)
-    assert page.evaluate("sessionStorage.getItem('heteroflow.token')") is None
     page.fill("#token", seeded.reader)
     page.keyboard.press("Enter")
     loaded(page)
-    assert page.evaluate("sessionStorage.getItem('heteroflow.token')") == seeded.reader
+    assert_token_unreadable(page, seeded.reader)
     page.click("#signout")
     expect(page.locator("#signin")).to_be_visible()
-    assert page.evaluate("sessionStorage.getItem('heteroflow.token')") is None
+    assert not [c for c in page.context.cookies() if c["name"] == "heteroflow_session"]
+    page.reload()  # the server ended the session: the form again, not the page
+    expect(page.locator("#signin")).to_be_visible()
+
+
+def assert_token_unreadable(page: Any, token: str) -> None:
+    """Neither the token nor the session secret is readable by the page's scripts."""
+    (cookie,) = [c for c in page.context.cookies() if c["name"] == "heteroflow_session"]
+    assert cookie["httpOnly"] is True
+    assert cookie["sameSite"] == "Strict"
+    assert cookie["path"] == "/"
+    readable = page.evaluate(
+        "JSON.stringify([document.cookie, Object.entries(sessionStorage), Object.entries(localStorage)])"
+    )
+    assert cookie["value"] not in readable
+    assert token not in readable
+    assert "heteroflow_session" not in readable
+
+
+def test_one_sign_in_serves_every_tab_and_sign_out_ends_it_for_all(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    first = open_page("/nodes/gpu-health", token=None)
+    first.fill("#token", seeded.reader)
+    first.click("#signin-submit")
+    loaded(first)
+    assert_token_unreadable(first, seeded.reader)
+    # a second tab of the same browser: signed in, no form
+    second = first.context.new_page()
+    second.goto(seeded.base_url + "/alerts")
+    expect(second.locator("#alerts-title")).to_be_visible()
+    expect(second.locator("#signin")).to_have_count(0)
+    assert_token_unreadable(second, seeded.reader)
+    # signing out in the second tab ends the session on the server: the first tab's next call is refused
+    second.click("#signout")
+    expect(second.locator("#signin")).to_be_visible()
+    first.goto(seeded.base_url + "/alerts")
+    expect(first.locator("#signin")).to_be_visible()
+    expect(first.locator("#signin-title")).to_have_text("Sign in")
 
 
 # ---- 数据来源切换 ---------------------------------------------------------------------------------------------
@@ -756,14 +798,44 @@ def test_narrow_window_and_dark_scheme(open_page: Open, seeded: Seeded) -> None:
     expect(page.locator(".skip")).to_be_focused()
 
 
-def test_a_rejected_token_returns_to_sign_in(open_page: Open, seeded: Seeded) -> None:
+def test_a_tab_follows_a_sign_in_made_again_in_another_tab(open_page: Open, seeded: Seeded) -> None:
     from playwright.sync_api import expect
 
-    page = open_page("/alerts", token="hf_revoked-or-made-up")
-    expect(page.locator("#signin-message")).to_have_text("Your token was rejected (401); please sign in again.")
-    assert page.evaluate("sessionStorage.getItem('heteroflow.token')") is None
+    first = open_page("/alerts", token=seeded.reader)
+    expect(first.locator("#alert-filter")).to_be_visible()
+    second = first.context.new_page()
+    second.goto(seeded.base_url + "/alerts")
+    second.click("#signout")
+    second.fill("#token", seeded.reader)
+    second.click("#signin-submit")
+    expect(second.locator("#alert-filter")).to_be_visible()
+    # the first tab still holds the old session's CSRF token: its write is refused once, then retried with the
+    # new session's (no such alert: 404, past every check)
+    status = first.evaluate(
+        """async () => {
+          const { api } = await import("/ui/api.js");
+          try { await api("/api/v1/alerts/no-such-alert/resolve", { body: { reason: "checked" } }); return 200; }
+          catch (err) { return err.status; }
+        }"""
+    )
+    assert status == 404
+
+
+def test_an_ended_session_returns_to_sign_in(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    page = open_page("/alerts", token=seeded.reader)
+    expect(page.locator("#alert-filter")).to_be_visible()
+    page.context.clear_cookies()  # the session is gone (expired, or signed out in another browser)
+    page.select_option("#alert-filter", index=1)  # the page's next call is refused
+    expect(page.locator("#signin-message")).to_have_text(
+        "Your session has ended (401): signed out, expired, or its token revoked. Please sign in again."
+    )
     page.select_option("#lang", "zh")
-    expect(page.locator("#signin-message")).to_have_text("令牌被拒绝（401），请重新登录。")
+    expect(page.locator("#signin-message")).to_have_text(
+        "会话已结束（401）：已退出、已过期或其令牌已被吊销。请重新登录。"
+    )
+    expect(page.locator("#signin-where")).to_contain_text("还没有令牌？")
 
 
 def test_nodes_page_draws_per_gpu_sparklines_with_gaps_for_unknown_minutes(open_page: Open, seeded: Seeded) -> None:

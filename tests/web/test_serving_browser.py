@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import pytest
@@ -30,6 +31,7 @@ from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.token_store import SqlTokenStore
 from tests.web.seed import build_app, serve
 from tests.web.serving_seed import ServingSeeded, serving_server
+from tests.web.session import sign_in
 
 pytestmark = pytest.mark.browser
 
@@ -58,24 +60,31 @@ def released(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator
 
 @pytest.fixture
 def open_page(browser: Any) -> Iterator[Open]:
-    """Open ``url`` (None: not yet) in a fresh browser context (own sessionStorage), signed in with ``token``
-    unless None; ``clock``: the page's timers are Playwright's fake clock."""
+    """Open ``url`` (None: not yet) in a fresh browser context (own cookies and storage), signed in with
+    ``token`` unless None (on ``base_url``, else on ``url``'s origin); ``clock``: the page's timers are
+    Playwright's fake clock."""
     contexts: list[Any] = []
     errors: list[str] = []
 
     def opener(
-        url: str | None, *, token: str | None, lang: str | None = None, width: int = 1280, clock: bool = False
+        url: str | None,
+        *,
+        token: str | None,
+        lang: str | None = None,
+        width: int = 1280,
+        clock: bool = False,
+        base_url: str | None = None,
     ) -> Any:
         context = browser.new_context(viewport={"width": width, "height": 900}, accept_downloads=True)
         contexts.append(context)
-        script = ""
         if token is not None:
-            script += f"sessionStorage.setItem('heteroflow.token', {json.dumps(token)});"
+            origin = base_url or "{0.scheme}://{0.netloc}".format(urlsplit(url or ""))
+            sign_in(context, origin, token)
         if lang is not None:
-            script += f"localStorage.setItem('heteroflow.lang', {json.dumps(lang)});"
-        if script:
             context.add_init_script(
-                f"if (!sessionStorage.getItem('seeded')) {{ {script} sessionStorage.setItem('seeded', '1'); }}"
+                "if (!sessionStorage.getItem('seeded')) {"
+                f" localStorage.setItem('heteroflow.lang', {json.dumps(lang)});"
+                " sessionStorage.setItem('seeded', '1'); }"
             )
         page = context.new_page()
         page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -316,7 +325,7 @@ def test_refreshes_every_2_s_while_visible_and_pauses_while_hidden(open_page: Op
     from playwright.sync_api import expect
 
     requests: list[str] = []
-    page = open_page(None, token=serving.admin, clock=True)
+    page = open_page(None, token=serving.admin, clock=True, base_url=serving.base_url)
     page.on("request", lambda r: requests.append(r.url) if r.url.endswith("/api/v1/serving/status") else None)
     page.goto(serving.base_url + "/serving")
     expect(page.locator(INSTANCE)).to_be_visible()
@@ -350,7 +359,7 @@ def test_a_tenant_token_is_told_it_is_not_authorised(open_page: Open, serving: S
     from playwright.sync_api import expect
 
     requests: list[str] = []
-    page = open_page(None, token=serving.tenant_reader, clock=True)
+    page = open_page(None, token=serving.tenant_reader, clock=True, base_url=serving.base_url)
     page.on("request", lambda r: requests.append(r.url) if "/api/v1/serving/" in r.url else None)
     page.goto(serving.base_url + "/serving")
     error = page.locator("#serving-error")
@@ -361,7 +370,8 @@ def test_a_tenant_token_is_told_it_is_not_authorised(open_page: Open, serving: S
     page.clock.run_for(10_000)
     page.wait_for_timeout(300)
     assert len(requests) == 1  # a 403 does not change by itself: no polling
-    assert page.evaluate("sessionStorage.getItem('heteroflow.token')") == serving.tenant_reader  # still signed in
+    expect(page.locator("#signout")).to_be_visible()  # still signed in
+    expect(page.locator("#signin")).to_have_count(0)
     page.select_option("#lang", "zh")
     expect(error).to_contain_text("无权访问（403）")
 

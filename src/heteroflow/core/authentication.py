@@ -30,7 +30,8 @@ _BODILESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
 
 @dataclass(frozen=True, slots=True)
 class Denial:
-    """Why a request is refused before any work: ``status`` (401, or 503 when the check could not be made)."""
+    """Why a request is refused before any work: ``status`` (401; 403 for a refused browser-session write; 503
+    when the check could not be made)."""
 
     status: int
     code: str

@@ -44,6 +44,7 @@ from heteroflow.server.routes import nodes as node_routes
 from heteroflow.server.routes import ops as ops_routes
 from heteroflow.server.routes import predictions as prediction_routes
 from heteroflow.server.routes import serving as serving_routes
+from heteroflow.server.routes import session as session_routes
 from heteroflow.server.routes import web as web_routes
 from heteroflow.server.settings import ServerSettings
 from heteroflow.storage.alert_store import SqlAlertStore
@@ -53,6 +54,7 @@ from heteroflow.storage.lease_store import SqlLeaseStore
 from heteroflow.storage.metrics_store import SqlGpuMetricsStore
 from heteroflow.storage.node_store import SqlNodeStore
 from heteroflow.storage.prediction_store import SqlPredictionStore
+from heteroflow.storage.session_store import SqlSessionStore
 from heteroflow.storage.token_store import SqlTokenStore
 
 
@@ -102,6 +104,7 @@ def build_context(
         clock=clock,
         engine=engine,
         tokens=SqlTokenStore(engine),
+        sessions=SqlSessionStore(engine),
         nodes=nodes,
         samples=samples,
         ingestor=ingestor,
@@ -229,6 +232,7 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
         alert_routes,
         ops_routes,
         serving_routes,
+        session_routes,
         web_routes,
     ):
         app.include_router(routes.router)

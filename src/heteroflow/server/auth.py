@@ -22,6 +22,7 @@ from heteroflow.platform.auth import Principal, Scope, hash_token
 from heteroflow.platform.nodes import NODE_CREDENTIAL_HEADER, NodeRecord, speaks_for
 from heteroflow.server.context import ServerContext
 from heteroflow.server.errors import Forbidden, NotFound, ServiceUnavailable, Unauthorized, error_response
+from heteroflow.server.sessions import BEARER_ONLY, cookie_value, session_of
 
 _bearer = HTTPBearer(auto_error=False, description="An API token: Authorization: Bearer hf_…")
 _CHECKED = "heteroflow.checked_principal"
@@ -41,7 +42,12 @@ async def context(request: Request) -> ServerContext:
 async def authenticate(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> Principal:
-    """The caller, from the bearer token; verified tokens are trusted from memory for a short while."""
+    """The caller, from the bearer token (verified tokens are trusted from memory for a short while), else from
+    the web UI's session cookie (:mod:`heteroflow.server.sessions`)."""
+    if credentials is None:
+        session = await session_of(server_context(request), request.scope)
+        if session is not None:
+            return session.principal
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
         raise Unauthorized("a bearer token is required (Authorization: Bearer <token>)")
     return await checked_principal(request, credentials.credentials)
@@ -104,7 +110,7 @@ async def check_before_work(ctx: ServerContext, scope: AsgiScope) -> Denial | No
     verified node; other scopes and tenants are the routes' business."""
     token = bearer_of(scope)
     if token is None:
-        return Denial(401, "unauthorized", "a bearer token is required (Authorization: Bearer <token>)")
+        return await _check_session(ctx, scope)
     try:
         principal = await principal_of(ctx, token)
         node_id = heartbeat_node_id(scope)
@@ -120,6 +126,32 @@ async def check_before_work(ctx: ServerContext, scope: AsgiScope) -> Denial | No
     # the route's dependency takes the principal from here: one hash and cache lookup per request, not two
     scope.setdefault("state", {})[_CHECKED] = (token, principal)
     return None
+
+
+async def _check_session(ctx: ServerContext, scope: AsgiScope) -> Denial | None:
+    """The check of a request without a bearer token: a live browser session, and for a write its Origin and
+    CSRF token (403 otherwise); a heartbeat never takes a session."""
+    if cookie_value(scope) is None:
+        return Denial(401, "unauthorized", "a bearer token is required (Authorization: Bearer <token>)")
+    if heartbeat_node_id(scope) is not None:  # refused before any lookup: the hot path spends nothing on it
+        return Denial(401, "unauthorized", BEARER_ONLY)
+    try:
+        await session_of(ctx, scope)
+    except (Unauthorized, Forbidden) as exc:
+        return Denial(exc.status_code, exc.code, exc.message)
+    except StoreUnavailableError:
+        return Denial(503, "unavailable", "the database is unavailable; retry later")
+    return None
+
+
+_BEARER_ONLY_SCOPES = frozenset({Scope.AGENT, Scope.METRICS_READ, Scope.INFERENCE})
+"""Scopes of routes that machines call (agents, Prometheus, the Coordinator): a browser session never reaches them."""
+
+
+def _refuse_session(request: Request, scope: Scope) -> None:
+    """401 on a route of a machine scope when the caller authenticated with a browser session, not a token."""
+    if scope in _BEARER_ONLY_SCOPES and bearer_of(request.scope) is None:
+        raise Unauthorized(BEARER_ONLY)
 
 
 async def speaking_node(ctx: ServerContext, principal: Principal, node_id: str, credential: str | None) -> NodeRecord:
@@ -171,7 +203,8 @@ def _serialisable(error: Any) -> Any:
 def require(scope: Scope) -> Callable[..., Awaitable[Principal]]:
     """A dependency that authenticates and demands ``scope`` (``admin`` grants every scope)."""
 
-    async def dependency(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
+    async def dependency(request: Request, principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
+        _refuse_session(request, scope)
         return demand(principal, scope)
 
     dependency.__name__ = f"require_{scope.value.replace(':', '_')}"
@@ -208,7 +241,8 @@ def require_cluster_wide(scope: Scope) -> Callable[..., Awaitable[Principal]]:
     """Like :func:`require`, and on a token without a tenant: the route's data covers every tenant's nodes (the
     Prometheus series name them; the status counts them), so a tenant's token gets 403 whatever its scopes."""
 
-    async def dependency(principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
+    async def dependency(request: Request, principal: Annotated[Principal, Depends(authenticate)]) -> Principal:
+        _refuse_session(request, scope)
         if not principal.has(scope):
             raise Forbidden(f"this route needs the {scope.value!r} scope")
         if principal.tenant_id is not None:

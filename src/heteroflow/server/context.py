@@ -31,6 +31,7 @@ from heteroflow.storage.health_store import SqlHealthSampleStore
 from heteroflow.storage.metrics_store import SqlGpuMetricsStore
 from heteroflow.storage.node_store import SqlNodeStore
 from heteroflow.storage.prediction_store import SqlPredictionStore
+from heteroflow.storage.session_store import SqlSessionStore
 from heteroflow.storage.token_store import SqlTokenStore
 
 UNKNOWN_TOKEN_CACHE_S = 10.0
@@ -51,6 +52,8 @@ class ServerContext:
     clock: Clock
     engine: Engine
     tokens: SqlTokenStore
+    sessions: SqlSessionStore
+    """The web UI's browser sessions (:mod:`heteroflow.server.sessions`)."""
     nodes: SqlNodeStore
     samples: SqlHealthSampleStore
     ingestor: HealthIngestor

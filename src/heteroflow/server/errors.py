@@ -99,7 +99,10 @@ class ServiceUnavailable(ApiError):
 _DESCRIPTIONS: dict[int, str] = {
     400: "A parameter out of range, or a body nested deeper than 32 levels (bad_request, invalid_body).",
     401: "Missing, malformed, unknown or revoked token (unauthorized).",
-    403: "A valid token without the route's scope (forbidden).",
+    403: (
+        "A valid token without the route's scope, or a write with the browser session that lacks this site's "
+        "Origin or the session's CSRF token (forbidden)."
+    ),
     404: "Absent, or outside the caller's tenant (not_found).",
     409: "Contradicts the current state (conflict).",
     429: "A per-token quota is used up (quota_exceeded).",

@@ -110,6 +110,17 @@ class ServerSettings(LenientSettings):
             "keep working."
         ),
     )
+    web_session_seconds: float = Field(
+        default=8 * 3600.0,
+        ge=60,
+        le=7 * 24 * 3600.0,
+        validation_alias=env_names("web_session_seconds"),
+        description=(
+            "How long a web UI sign-in lasts (default 8 h, at most 7 days): the browser session cookie's "
+            "Max-Age and the server-side session's end. Signing out, or revoking the token it was made from, "
+            "ends it at once; signing in again starts a new one."
+        ),
+    )
     node_cache_seconds: float = Field(
         default=60.0,
         ge=0,

@@ -70,6 +70,18 @@ api_tokens = sa.Table(
     sa.Column("revoked_at", UtcDateTime(), nullable=True),
 )
 
+web_sessions = sa.Table(
+    "web_sessions",
+    metadata,
+    # the SHA-256 of the session secret the browser's cookie holds (the secret itself is never stored)
+    sa.Column("session_hash", sa.String(64), primary_key=True),
+    sa.Column("token_id", sa.String(36), sa.ForeignKey("api_tokens.id", ondelete="CASCADE"), nullable=False),
+    sa.Column("created_at", UtcDateTime(), nullable=False),
+    sa.Column("expires_at", UtcDateTime(), nullable=False),
+    sa.Index(None, "token_id"),
+    sa.Index(None, "expires_at"),  # cleanup of ended sessions
+)
+
 nodes = sa.Table(
     "nodes",
     metadata,

@@ -18,7 +18,8 @@ from heteroflow.storage.schema import api_tokens, tenants
 _CHUNK = 1000
 
 
-def _principal(row: Any) -> Principal:
+def principal_from_row(row: Any) -> Principal:
+    """The principal of a row with the token's id, token_name, scopes, tenant_id and tenant_name."""
     known = {scope.value: scope for scope in Scope}
     return Principal(
         token_id=TokenId(row.id),
@@ -88,7 +89,7 @@ class SqlTokenStore:
             )
             with unavailable_as_store_error(), self._engine.connect() as conn:
                 for row in conn.execute(query):
-                    found[row.token_hash] = _principal(row)
+                    found[row.token_hash] = principal_from_row(row)
         return found
 
     def revoke(self, token_id: TokenId, *, now: datetime) -> bool:

@@ -1,8 +1,8 @@
 """The web pages: a static shell (HTML, ES modules, CSS) served by the platform server itself.
 
 The shell is public because it must load before sign-in, and it carries no data: every data call is made by the
-browser with the bearer token the user enters (kept in sessionStorage). None of these routes is part of the API,
-so they are left out of the OpenAPI schema.
+browser with the session cookie that signing in with a token starts (:mod:`heteroflow.server.sessions`). None of
+these routes is part of the API, so they are left out of the OpenAPI schema.
 """
 
 from __future__ import annotations
