@@ -747,6 +747,7 @@ def test_language_switch_english_and_chinese(open_page: Open, seeded: Seeded) ->
     expect(raised).to_contain_text(re.compile(r"^预测 gpu-a GPU 0 \(SIM-degrading-0000\) 将在 7 天内出现显存故障"))
     expect(raised).to_contain_text("证据：趋势信号 [corrected_ecc_growth]")
     expect(page.locator("#alerts-table")).to_contain_text("GPU 0 memory used 97% (the card itself is fine)")
+    expect(page.locator('#alerts-table td[data-severity="WARN"]').first).to_have_text("警告")
     raised.click()
     trail = page.locator("#alert-history tbody tr").first
     expect(trail).to_contain_text("产生")

@@ -517,6 +517,7 @@ const EN = {
   "api.resolution.node_deleted": "node deleted",
   "api.history.backlog": "open for too long: operations backlog",
   "alerts.actor.system": "system",
+  "alerts.severity.WARN": "WARN",
   // -- end of the API texts --
   "time.utc": "UTC",
 };
@@ -1036,6 +1037,7 @@ const ZH = {
   "api.resolution.node_deleted": "节点已删除",
   "api.history.backlog": "打开时间过长：进入运维积压",
   "alerts.actor.system": "系统",
+  "alerts.severity.WARN": "警告",
   // -- end of the API texts --
   "time.utc": "UTC",
 };

@@ -7,6 +7,7 @@ import { t } from "../i18n.js";
 import { activatable, apiCoded, blockStatus, errorText, idle, loading, table } from "./common.js";
 
 const LIMIT = 500;
+const SEVERITIES = ["WARN"];
 
 /** An alert's message in the page's language (by its code), the English text when it has none. */
 function alertMessage(alert) {
@@ -136,7 +137,7 @@ export function createAlertsPage(main) {
           "tr",
           { dataset: { id: a.id, status: a.status }, class: a.id === state.selectedId ? "selected" : null },
           h("td", {}, h("code", {}, a.type)),
-          h("td", {}, a.severity),
+          h("td", { dataset: { severity: a.severity } }, SEVERITIES.includes(a.severity) ? t(`alerts.severity.${a.severity}`) : a.severity),
           h("td", {}, a.node_name),
           h(
             "td",
@@ -212,7 +213,7 @@ export function createAlertsPage(main) {
           { dataset: { action: e.action } },
           h("td", { class: "nowrap" }, fmtTime(e.at)),
           h("td", {}, e.actor === "system" ? t("alerts.actor.system") : h("code", {}, e.actor)),
-          h("td", {}, ["raised", "resolved", "backlog"].includes(e.action) ? t(`alerts.action.${e.action}`) : e.action),
+          h("td", { class: "nowrap" }, ["raised", "resolved", "backlog"].includes(e.action) ? t(`alerts.action.${e.action}`) : e.action),
           h("td", { dataset: { code: e.note_code?.code ?? "" } }, apiCoded(e.note_code, e.note, e.note_evidence)),
         ),
       ),
