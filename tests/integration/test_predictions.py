@@ -92,6 +92,17 @@ def test_degrading_cards_predict_once_per_window_with_one_alert_per_node(harness
     assert alert["type"] == "GPU_FAULT_PREDICTED"
     assert alert["severity"] == "WARN"
     assert "predicted" in alert["message"]
+    # beside the English texts, their stable codes and parameters (a page renders them in its own language)
+    assert [line["code"] for line in item["evidence_lines"]] == ["evidence.corrected_growth"]
+    assert item["evidence_lines"][0]["signal"] == "corrected_ecc_growth"
+    assert alert["message_code"]["code"] == "alert.fault_predicted"
+    assert alert["message_code"]["params"]["node"] == "gpu-a"
+    assert alert["message_code"]["text"] == alert["message"]
+    assert {line["code"] for line in alert["message_evidence"]} == {"evidence.corrected_growth"}
+    stats = harness.get(reader, "/api/v1/gpu-health/prediction-stats").json()
+    band = stats["windows"][0]
+    assert [c["text"] for c in band["insufficient_codes"]] == band["insufficient"]
+    assert band["insufficient_codes"][0]["code"] == "stats.matured"
     # later ticks, new samples: no second prediction while the window is open
     harness.clock.advance(3600)
     write_profile(harness, node, 0, "degrading", days=0.04)
@@ -135,6 +146,8 @@ def test_backfill_hit_keeps_the_alert_open_until_a_manual_resolve(harness: Harne
     assert report.judged == {"hit": 1}
     item = predictions(harness, reader, status="hit")["items"][0]
     assert "uncorrectable ECC grew from 0 to 4" in item["conclusion"]
+    assert item["conclusion_code"]["code"] == "conclusion.hit_growth"
+    assert item["conclusion_code"]["params"]["label_code"] == "uncorrectable_ecc"
     [alert] = alerts(harness, reader)
     assert alert["status"] == "open"  # a hit is never resolved by the system
     assert alert["backlog"] is True  # open for more than 72 h: operations backlog, no exemption
@@ -151,6 +164,13 @@ def test_backfill_hit_keeps_the_alert_open_until_a_manual_resolve(harness: Harne
     assert detail["alert"]["resolution"] == "card replaced"
     assert detail["alert"]["resolved_by"].startswith("token:test:")
     assert [e["action"] for e in detail["history"]] == ["raised", "backlog", "resolved"]
+    # a typed reason has no code (shown as written); the system's notes have theirs
+    assert detail["alert"]["resolution_code"] == {"code": None, "params": {}, "text": "card replaced"}
+    assert [(e["note_code"] or {}).get("code") for e in detail["history"]] == [
+        "alert.fault_predicted",
+        "history.backlog",
+        None,
+    ]
     assert harness.client.post(url, json={"reason": "again"}, headers=harness.auth(operator)).status_code == 409
 
 

@@ -74,6 +74,12 @@ def take(out: Path) -> list[Path]:
         expect(page.locator("#alert-history")).to_be_visible()
         shot(page, "alerts")
 
+        page = _page(browser, seeded, lang="zh")
+        page.goto(f"{seeded.base_url}/alerts?filter=all")
+        page.locator('#alerts-table td.message[data-code="alert.fault_predicted"]').first.click()
+        expect(page.locator("#alert-history")).to_be_visible()
+        shot(page, "alerts-zh")
+
         page = _page(browser, seeded)
         page.goto(f"{seeded.base_url}/alerts?")
         page.select_option("#alert-filter", "resolved")

@@ -775,6 +775,26 @@ def test_language_switch_english_and_chinese(open_page: Open, seeded: Seeded) ->
     # The API's texts come with a code: shown in Chinese, the API's parameters filled in
     expect(page.locator("#caps-note")).to_have_text(re.compile("^采集能力来自实际收到的样本"))
     expect(page.locator("#calibration-text")).to_contain_text("至少 20 条已成熟预测且观察满 8 天")
+    # ... the evidence of the worker's own prediction (gpu-a GPU 0), line by line; seeded free text stays as written
+    page.goto(seeded.base_url + "/nodes/gpu-health?type=corrected_ecc_growth")
+    evidence = page.locator("#pred-table .evidence pre").first
+    expect(evidence).to_contain_text(re.compile(r"^趋势信号 \[corrected_ecc_growth\]: 最近 \S+ 可纠正 ECC 增加 \d+"))
+    expect(evidence).to_contain_text("严格递增")
+    page.goto(seeded.base_url + "/nodes/gpu-health?status=miss")
+    expect(page.locator("#pred-table .evidence pre").first).to_contain_text(re.compile("signal|operator note"))
+    # ... and the alerts: the worker's message, its audit trail (action, actor, note) in Chinese; typed text as is
+    page.goto(seeded.base_url + "/alerts?filter=all")
+    raised = page.locator('#alerts-table td.message[data-code="alert.fault_predicted"]')
+    expect(raised).to_have_count(1)
+    expect(raised).to_contain_text(re.compile(r"^预测 gpu-a GPU 0 \(SIM-degrading-0000\) 将在 7 天内出现显存故障"))
+    expect(raised).to_contain_text("证据：趋势信号 [corrected_ecc_growth]")
+    expect(page.locator("#alerts-table")).to_contain_text("GPU 0 memory used 97% (the card itself is fine)")
+    expect(page.locator('#alerts-table td[data-severity="WARN"]').first).to_have_text("警告")
+    raised.click()
+    trail = page.locator("#alert-history tbody tr").first
+    expect(trail).to_contain_text("产生")
+    expect(trail).to_contain_text("系统")
+    expect(trail.locator("td").nth(3)).to_contain_text(re.compile("^预测 gpu-a GPU 0"))
     # The choice is remembered for the next page.
     seeded.beat("gpu-a")
     page.goto(seeded.base_url + "/nodes")

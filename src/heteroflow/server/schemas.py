@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -10,6 +11,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, Wi
 from heteroflow.core.clock import utc
 from heteroflow.core.ids import Source
 from heteroflow.core.text import text_problem
+from heteroflow.health.text_codes import TextCode, evidence_lines
 
 
 def _utc_instant(value: datetime) -> datetime:
@@ -232,6 +234,34 @@ class ErrorOut(BaseModel):
     detail: str
 
 
+class CodedTextOut(BaseModel):
+    """A text's stable code and parameters, so that a page can show it in its own language (docs/api.md)."""
+
+    code: str | None = Field(description="Null: a text without a code (typed by an operator); show `text`.")
+    params: dict[str, str] = Field(default_factory=dict)
+    text: str = Field(description="The English text, as stored.")
+
+
+class EvidenceLineOut(CodedTextOut):
+    layer: str = Field(description="strong, trend or weak")
+    signal: str = Field(description="The signal's code, e.g. uncorrectable_ecc.")
+
+
+def coded_text(text: str | None, coder: Callable[[str], TextCode | None]) -> CodedTextOut | None:
+    """The text with its code (null when no pattern knows it); null for no text."""
+    if text is None:
+        return None
+    found = coder(text)
+    return CodedTextOut(code=found.code if found else None, params=found.params if found else {}, text=text)
+
+
+def evidence_out(evidence: str | None) -> list[EvidenceLineOut]:
+    return [
+        EvidenceLineOut(code=line.code, params=line.params, text=line.text, layer=line.layer, signal=line.signal)
+        for line in evidence_lines(evidence)
+    ]
+
+
 class PredictionOut(BaseModel):
     id: str
     node_id: str
@@ -248,6 +278,10 @@ class PredictionOut(BaseModel):
     created_at: datetime
     judged_at: datetime | None
     conclusion: str | None = Field(description="The backfill's conclusion, the voided reason included.")
+    evidence_lines: list[EvidenceLineOut] = Field(
+        default_factory=list, description="`evidence` line by line, each with its code and parameters."
+    )
+    conclusion_code: CodedTextOut | None = Field(default=None, description="`conclusion` with its code.")
 
 
 class PredictionList(BaseModel):
@@ -278,6 +312,9 @@ class BandOut(BaseModel):
     precision: float | None = Field(description="hit / (hit + miss); null when the evidence is insufficient.")
     recall: float | None = Field(description="predicted_cards / failed_cards; null when insufficient.")
     insufficient: list[str] = Field(description="Why the ratios are null, e.g. 'observed 3.0 of ≥ 8 days'.")
+    insufficient_codes: list[CodedTextOut] = Field(
+        default_factory=list, description="`insufficient` item by item, each with its code and parameters."
+    )
 
 
 class PredictionStatsOut(BaseModel):
@@ -312,6 +349,13 @@ class AlertOut(BaseModel):
     resolution: str | None
     backlog: bool = Field(description="Open longer than the backlog threshold (72 h): operations backlog.")
     backlog_since: datetime | None
+    message_code: CodedTextOut | None = Field(default=None, description="`message` with its code and parameters.")
+    message_evidence: list[EvidenceLineOut] = Field(
+        default_factory=list, description="The evidence a GPU_FAULT_PREDICTED message quotes, line by line."
+    )
+    resolution_code: CodedTextOut | None = Field(
+        default=None, description="`resolution` with its code (null code: a reason typed by an operator)."
+    )
 
 
 class AlertList(BaseModel):
@@ -326,6 +370,10 @@ class AlertEventOut(BaseModel):
     actor: str
     action: str
     note: str
+    note_code: CodedTextOut | None = Field(default=None, description="`note` with its code and parameters.")
+    note_evidence: list[EvidenceLineOut] = Field(
+        default_factory=list, description="The evidence a raised GPU_FAULT_PREDICTED note quotes, line by line."
+    )
 
 
 class AlertDetail(BaseModel):

@@ -246,11 +246,21 @@ def _pieces(since: datetime, until: datetime) -> list[sa.Select[Any]]:
     return selects
 
 
+def _source_is(column: sa.ColumnElement[Any], source: str) -> sa.ColumnElement[bool]:
+    """The source filter of a piece. On the samples table it is an expression, not the bare column: SQLite, without
+    ANALYZE statistics, would otherwise read the partial hours' samples through the source index (one value for
+    nearly every row) instead of the sampled_at range — every sample of every card, 1.6 s at 1,000 cards."""
+    if column is samples_t.c.source:
+        return sa.func.coalesce(column, "") == source
+    return column == source
+
+
 def capability_query(query: CapabilityQuery) -> sa.Select[Any]:
     """One row per card in the period, filtered, ordered and paged, with ``total`` (the count before paging)."""
     pieces = [
         piece.where(
-            piece.selected_columns.source == query.source, *in_scope(piece.selected_columns.node_id, query.scope)
+            _source_is(piece.selected_columns.source, query.source),
+            *in_scope(piece.selected_columns.node_id, query.scope),
         )
         for piece in _pieces(query.since, query.until)
     ]

@@ -43,7 +43,13 @@ test("the front-end gate is never looser than 20 / 8, even if the server's is", 
 test("the API withholding ratios keeps the card insufficient", () => {
   const state = statsCardState(band({ precision: null, recall: null, insufficient: ["stricter"] }), stats({ min_matured: 50 }));
   assert.equal(state.sufficient, false);
-  assert.deepEqual(state.apiReasons, ["stricter"]);
+  assert.deepEqual(state.apiReasons, [{ code: null, params: {}, text: "stricter" }]);
+});
+
+test("the API's reasons keep their codes and parameters when it sends them", () => {
+  const insufficient_codes = [{ code: "stats.matured", params: { matured: "3", min: "50" }, text: "3 of ≥ 50 …" }];
+  const state = statsCardState(band({ precision: null, insufficient: ["3 of ≥ 50 …"], insufficient_codes }), stats());
+  assert.deepEqual(state.apiReasons, [{ code: "stats.matured", params: { matured: "3", min: "50" }, text: "3 of ≥ 50 …" }]);
 });
 
 test("a null recall with sufficient evidence stays null (unknown), never 0", () => {

@@ -7,12 +7,22 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query
 
+from heteroflow.health.text_codes import alert_text_code
 from heteroflow.platform.auth import NodeScope, Principal, Scope
 from heteroflow.server.auth import context, require
 from heteroflow.server.context import ServerContext
 from heteroflow.server.errors import Conflict, NotFound, error_responses
-from heteroflow.server.schemas import AlertDetail, AlertEventOut, AlertList, AlertOut, ResolveRequest
-from heteroflow.storage.alert_store import AlertRecord
+from heteroflow.server.schemas import (
+    AlertDetail,
+    AlertEventOut,
+    AlertList,
+    AlertOut,
+    EvidenceLineOut,
+    ResolveRequest,
+    coded_text,
+    evidence_out,
+)
+from heteroflow.storage.alert_store import AlertEvent, AlertRecord
 
 router = APIRouter(prefix="/api/v1/alerts", tags=["alerts"], responses=error_responses(403))
 
@@ -34,6 +44,25 @@ def alert_out(a: AlertRecord) -> AlertOut:
         resolution=a.resolution,
         backlog=a.backlog_since is not None,
         backlog_since=a.backlog_since,
+        message_code=coded_text(a.message, alert_text_code),
+        message_evidence=_quoted_evidence(a.message),
+        resolution_code=coded_text(a.resolution, alert_text_code),
+    )
+
+
+def _quoted_evidence(text: str) -> list[EvidenceLineOut]:
+    coded = alert_text_code(text)
+    return evidence_out(coded.params.get("evidence")) if coded is not None else []
+
+
+def event_out(e: AlertEvent) -> AlertEventOut:
+    return AlertEventOut(
+        at=e.at,
+        actor=e.actor,
+        action=e.action,
+        note=e.note,
+        note_code=coded_text(e.note, alert_text_code),
+        note_evidence=_quoted_evidence(e.note),
     )
 
 
@@ -76,7 +105,7 @@ async def get_alert(
     events = await asyncio.to_thread(ctx.alerts.events, alert.id)
     return AlertDetail(
         alert=alert_out(alert),
-        history=[AlertEventOut(at=e.at, actor=e.actor, action=e.action, note=e.note) for e in events],
+        history=[event_out(e) for e in events],
     )
 
 

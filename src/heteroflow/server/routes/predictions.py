@@ -15,6 +15,7 @@ from heteroflow.core.clock import utc
 from heteroflow.health.predictions import STATUSES, PredictionStatus
 from heteroflow.health.rules import RULE_VERSION
 from heteroflow.health.statistics import band_statistics, disclaimer
+from heteroflow.health.text_codes import conclusion_code, reason_code
 from heteroflow.platform.auth import NodeScope, Principal, Scope
 from heteroflow.server.auth import context, require
 from heteroflow.server.context import ServerContext
@@ -26,6 +27,8 @@ from heteroflow.server.schemas import (
     PredictionOut,
     PredictionStatsOut,
     UtcTime,
+    coded_text,
+    evidence_out,
 )
 from heteroflow.storage.prediction_store import STRONG_SIGNALS, PredictionFilter, PredictionOrder, PredictionRecord
 
@@ -153,6 +156,8 @@ async def list_predictions(
                 created_at=r.created_at,
                 judged_at=r.judged_at,
                 conclusion=r.conclusion,
+                evidence_lines=evidence_out(r.evidence),
+                conclusion_code=coded_text(r.conclusion, conclusion_code),
             )
             for r in records
         ],
@@ -196,6 +201,9 @@ async def prediction_stats(
                 precision=stats.precision,
                 recall=stats.recall,
                 insufficient=list(stats.insufficient),
+                insufficient_codes=[
+                    coded for reason in stats.insufficient if (coded := coded_text(reason, reason_code)) is not None
+                ],
             )
         )
     return PredictionStatsOut(

@@ -12,7 +12,9 @@ export const MIN_SPAN_DAYS = 8;
  * @param {object} band one element of prediction-stats `windows`
  * @param {object} stats the prediction-stats response (span_days, min_matured, min_span_days)
  * @returns {{sufficient: boolean, matured: number, reasons: {code: string, [k: string]: any}[],
- *            precision: number|null, recall: number|null, apiReasons: string[]}}
+ *            precision: number|null, recall: number|null, apiReasons: {code: string|null, params: object, text: string}[]}}
+ * ``apiReasons`` are the API's own reasons with their codes (``insufficient_codes``; only the English text when an
+ * older server sends none).
  */
 export function statsCardState(band, stats) {
   const matured = num(band.hit) + num(band.miss);
@@ -23,7 +25,12 @@ export function statsCardState(band, stats) {
   if (matured < minMatured) reasons.push({ code: "matured", matured, min: minMatured });
   if (span === null) reasons.push({ code: "span_unknown", min: minSpan });
   else if (span < minSpan) reasons.push({ code: "span", span, min: minSpan });
-  const apiReasons = Array.isArray(band.insufficient) ? band.insufficient.map(String) : [];
+  const texts = Array.isArray(band.insufficient) ? band.insufficient.map(String) : [];
+  const coded = Array.isArray(band.insufficient_codes) ? band.insufficient_codes : [];
+  const apiReasons =
+    coded.length === texts.length && coded.length
+      ? coded.map((c) => ({ code: typeof c.code === "string" ? c.code : null, params: c.params ?? {}, text: String(c.text) }))
+      : texts.map((text) => ({ code: null, params: {}, text }));
   // The API withholding ratios is also "insufficient", even when our own gate passes (a stricter server gate).
   const apiWithheld = band.precision === null || band.precision === undefined;
   if (reasons.length === 0 && apiWithheld) reasons.push({ code: "api" });

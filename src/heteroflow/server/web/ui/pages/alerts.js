@@ -4,9 +4,15 @@ import { ApiError, api } from "../api.js";
 import { h, replace } from "../dom.js";
 import { fmtTime } from "../format.js";
 import { t } from "../i18n.js";
-import { activatable, blockStatus, errorText, idle, loading, table } from "./common.js";
+import { activatable, apiCoded, blockStatus, errorText, idle, loading, table } from "./common.js";
 
 const LIMIT = 500;
+const SEVERITIES = ["WARN"];
+
+/** An alert's message in the page's language (by its code), the English text when it has none. */
+function alertMessage(alert) {
+  return apiCoded(alert.message_code, alert.message, alert.message_evidence);
+}
 const FILTERS = ["open", "resolved", "all"];
 
 /** ``?filter=`` and ``?alert=`` of the URL; anything unknown is the default (open alerts, none selected). */
@@ -131,7 +137,7 @@ export function createAlertsPage(main) {
           "tr",
           { dataset: { id: a.id, status: a.status }, class: a.id === state.selectedId ? "selected" : null },
           h("td", {}, h("code", {}, a.type)),
-          h("td", {}, a.severity),
+          h("td", { dataset: { severity: a.severity } }, SEVERITIES.includes(a.severity) ? t(`alerts.severity.${a.severity}`) : a.severity),
           h("td", {}, a.node_name),
           h(
             "td",
@@ -139,13 +145,13 @@ export function createAlertsPage(main) {
             h("span", { class: `badge alert-${a.status}` }, t(`alerts.status.${a.status}`)),
             a.backlog ? h("span", { class: "badge backlog", title: t("alerts.backlog_title") }, t("alerts.backlog")) : null,
           ),
-          h("td", { class: "message" }, a.message),
+          h("td", { class: "message", dataset: { code: a.message_code?.code ?? "" } }, alertMessage(a)),
           h("td", { class: "nowrap" }, fmtTime(a.created_at)),
           h(
             "td",
             {},
             a.status === "resolved"
-              ? t("alerts.resolved_by", { by: a.resolved_by ?? t("unknown"), at: fmtTime(a.resolved_at), reason: a.resolution ?? "" })
+              ? t("alerts.resolved_by", { by: a.resolved_by ?? t("unknown"), at: fmtTime(a.resolved_at), reason: apiCoded(a.resolution_code, a.resolution ?? "") })
               : t("none"),
           ),
         ),
@@ -206,9 +212,9 @@ export function createAlertsPage(main) {
           "tr",
           { dataset: { action: e.action } },
           h("td", { class: "nowrap" }, fmtTime(e.at)),
-          h("td", {}, h("code", {}, e.actor)),
-          h("td", {}, ["raised", "resolved", "backlog"].includes(e.action) ? t(`alerts.action.${e.action}`) : e.action),
-          h("td", {}, e.note),
+          h("td", {}, e.actor === "system" ? t("alerts.actor.system") : h("code", {}, e.actor)),
+          h("td", { class: "nowrap" }, ["raised", "resolved", "backlog"].includes(e.action) ? t(`alerts.action.${e.action}`) : e.action),
+          h("td", { dataset: { code: e.note_code?.code ?? "" } }, apiCoded(e.note_code, e.note, e.note_evidence)),
         ),
       ),
       { id: "alert-history" },
@@ -250,7 +256,7 @@ export function createAlertsPage(main) {
         " · ",
         h("span", { class: `badge alert-${alert.status}` }, t(`alerts.status.${alert.status}`)),
       ),
-      h("p", { class: "message" }, alert.message),
+      h("p", { class: "message", dataset: { code: alert.message_code?.code ?? "" } }, alertMessage(alert)),
       message,
       h("h3", {}, t("alerts.history")),
       trail,

@@ -1,7 +1,17 @@
 // Pieces shared by the pages: block states, node names, table helpers.
 import { api } from "../api.js";
 import { h } from "../dom.js";
-import { t } from "../i18n.js";
+import { fmtTime } from "../format.js";
+import { LANGUAGES, t } from "../i18n.js";
+import { codedText } from "../logic/api_text.js";
+
+/** What logic/api_text.js needs of the dictionary: a key lookup, whether a key exists, the time format. */
+export const apiTr = Object.freeze({ t, has: (key) => key in LANGUAGES.en, time: fmtTime });
+
+/** An API text ({code, params, text}) in the page's language; ``fallback`` when the API sent no coded text. */
+export function apiCoded(coded, fallback, evidence = []) {
+  return coded ? codedText(coded, apiTr, evidence) : fallback;
+}
 
 export const loading = () => ({ status: "loading", data: null, error: null });
 export const idle = () => ({ status: "idle", data: null, error: null });

@@ -21,7 +21,8 @@ import {
 import { statsCardState } from "../logic/stats.js";
 import { eccChart } from "./ecc_chart.js";
 import { PAGE_SIZE, renderCapabilityMatrix } from "./capability_matrix.js";
-import { activatable, allNodes, blockStatus, choice, idle, loading, pager, searchForm, table } from "./common.js";
+import { codedText, evidenceLinesText } from "../logic/api_text.js";
+import { activatable, allNodes, apiCoded, apiTr, blockStatus, choice, idle, loading, pager, searchForm, table } from "./common.js";
 
 export const SAMPLE_LIMIT = 20000;
 const DEFAULT_STALL_MINUTES = 60;
@@ -41,6 +42,11 @@ function apiText(body, field) {
     return t(key, { min_matured: body.min_matured, min_span: body.min_span_days });
   }
   return body[field];
+}
+
+/** The API's reasons for a band ({code, params, text} each), in the page's language. */
+function reasonsText(reasons) {
+  return reasons.map((r) => codedText(r, apiTr)).join("; ");
 }
 
 export function createGpuHealthPage(main) {
@@ -324,7 +330,7 @@ export function createGpuHealthPage(main) {
       if (r.code === "matured") return t("stats.reason.matured", { matured: r.matured, min: r.min });
       if (r.code === "span") return t("stats.reason.span", { span: fmtNumber(r.span, 1), min: r.min });
       if (r.code === "span_unknown") return t("stats.reason.span_unknown", { min: r.min });
-      return `${t("stats.reason.api")} ${cs.apiReasons.join("; ")}`;
+      return `${t("stats.reason.api")} ${reasonsText(cs.apiReasons)}`;
     };
     const head = cs.sufficient
       ? h(
@@ -373,7 +379,7 @@ export function createGpuHealthPage(main) {
         pair(t("stats.span"), span, "span_days"),
       ),
       cs.sufficient && cs.apiReasons.length
-        ? h("p", { class: "muted small" }, `${t("stats.notes")}: ${cs.apiReasons.join("; ")}`)
+        ? h("p", { class: "muted small" }, `${t("stats.notes")}: ${reasonsText(cs.apiReasons)}`)
         : null,
     );
   }
@@ -514,8 +520,14 @@ export function createGpuHealthPage(main) {
       h(
         "td",
         { class: "evidence" },
-        h("pre", {}, p.evidence),
-        p.conclusion ? h("p", { class: "conclusion" }, `${t("pred.conclusion")}: ${p.conclusion}`) : null,
+        h("pre", {}, evidenceLinesText(p, apiTr)),
+        p.conclusion
+          ? h(
+              "p",
+              { class: "conclusion", dataset: { code: p.conclusion_code?.code ?? "" } },
+              `${t("pred.conclusion")}: ${apiCoded(p.conclusion_code, p.conclusion)}`,
+            )
+          : null,
       ),
     );
     return activatable(row, () => selectCard({ node_id: p.node_id, gpu_index: p.gpu_index }));
