@@ -26,6 +26,9 @@ from heteroflow.server.errors import Forbidden, NotFound, ServiceUnavailable, Un
 _bearer = HTTPBearer(auto_error=False, description="An API token: Authorization: Bearer hf_…")
 _CHECKED = "heteroflow.checked_principal"
 """Request state key: (token, principal) as verified before any work (:func:`check_before_work`)."""
+_CHECKED_SPEAKER = "heteroflow.checked_speaker"
+"""Request state key: (principal, node id, credential, node) of a heartbeat whose speaker was verified before any
+work; the route takes the node from here (:func:`heartbeat_speaker`) instead of checking the credential again."""
 
 
 def server_context(request: Request) -> ServerContext:
@@ -111,8 +114,10 @@ async def check_before_work(ctx: ServerContext, scope: AsgiScope) -> Denial | No
         if node_id is not None:
             if not principal.has(Scope.AGENT):
                 return Denial(403, "forbidden", f"this route needs the {Scope.AGENT.value!r} scope")
-            credential = header(scope, _CREDENTIAL_HEADER)
-            await speaking_node(ctx, principal, node_id, credential.decode("latin-1") if credential else None)
+            raw = header(scope, _CREDENTIAL_HEADER)
+            credential = raw.decode("latin-1") if raw else None
+            node = await speaking_node(ctx, principal, node_id, credential)
+            scope.setdefault("state", {})[_CHECKED_SPEAKER] = (principal, node_id, credential, node)
     except (Unauthorized, NotFound) as exc:
         return Denial(exc.status_code, exc.code, exc.message)
     except StoreUnavailableError:
@@ -131,6 +136,18 @@ async def speaking_node(ctx: ServerContext, principal: Principal, node_id: str, 
         ctx.metrics.heartbeats_foreign.inc()
         raise NotFound(f"node {node_id!r} not found")
     return node
+
+
+async def heartbeat_speaker(
+    ctx: ServerContext, request: Request, principal: Principal, node_id: str, credential: str | None
+) -> NodeRecord:
+    """The node a heartbeat speaks for: the one :func:`check_before_work` verified for this very request (same
+    principal, node id and credential), else checked here (:func:`speaking_node`)."""
+    checked = request.scope.get("state", {}).get(_CHECKED_SPEAKER)
+    if checked is not None and checked[0] is principal and checked[1] == node_id and checked[2] == credential:
+        node: NodeRecord = checked[3]
+        return node
+    return await speaking_node(ctx, principal, node_id, credential)
 
 
 async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -9,15 +9,15 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import Annotated
+from typing import Annotated, Protocol
 
 import structlog
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 
 from heteroflow.core.ids import NodeId
 from heteroflow.core.text import text_problem
-from heteroflow.health.gpu_metrics import metric_readings_from_stats
-from heteroflow.health.heartbeat import XID_TOO_OLD, readings_from_stats, xid_events_from_wire
+from heteroflow.health.beat_stats import beat_readings
+from heteroflow.health.heartbeat import XID_TOO_OLD, xid_events_from_wire
 from heteroflow.health.sample_times import SampleTimeWindow, TimeFix
 from heteroflow.health.xid_collection import XidCollectionReport, parse_xid_collection
 from heteroflow.platform.auth import NodeScope, Principal, Scope, generate_token, hash_token
@@ -34,10 +34,10 @@ from heteroflow.platform.nodes import (
 from heteroflow.server.auth import (
     BEARER_SECURITY,
     context,
+    heartbeat_speaker,
     require,
     require_lean,
     server_context,
-    speaking_node,
     visible_node,
 )
 from heteroflow.server.context import ServerContext
@@ -225,27 +225,27 @@ async def heartbeat(
     # the fleet's hottest route resolves its caller and context by hand: FastAPI's dependency resolution was
     # a fifth of a beat's CPU; the answer is rendered once, not validated again against the response model
     ctx = server_context(request)
-    # checked before the body was read too (server/auth.py: check_before_work); from the caches again here
-    node = await speaking_node(ctx, principal, node_id, credential)
+    # the speaker was verified before the body was read (server/auth.py: check_before_work): its node is handed
+    # over with the principal, the credential is not hashed and looked up again
+    node = await heartbeat_speaker(ctx, request, principal, node_id, credential)
     received_at = ctx.clock.now()
     ctx.liveness.beat(node.id, received_at)
     # every agent-claimed time is checked against this server's clock, per value (sample_times.py); one card's
     # unwritable text (a lone surrogate, NUL, a bidi override) costs that card's reading, never the beat or the
     # batch the writer puts it in
     window = ctx.health_settings.sample_time_window()
-    stats = [stat for stat in body.gpu_stats if _bad_text(stat) is None]
-    readings, invalid = readings_from_stats(
-        stats, node_id=node.id, source=node.source, received_at=received_at, window=window
-    )
-    invalid += len(body.gpu_stats) - len(stats)
+    stats = body.gpu_stats
+    if _bad_text(stats) is not None:  # one screen for the whole list; a card at a time only when it finds one
+        stats = [stat for stat in stats if _bad_text(stat) is None]
+    # each stat is read once for both side paths (health/beat_stats.py)
+    parsed = beat_readings(stats, node_id=node.id, source=node.source, received_at=received_at, window=window)
+    readings, metric_readings = parsed.health, parsed.metrics
+    invalid = parsed.invalid + len(body.gpu_stats) - len(stats)
     if invalid:
         ctx.metrics.health_stats_invalid.inc(invalid)
     ctx.ingestor.offer(readings)
-    metric_readings = metric_readings_from_stats(
-        stats, node_id=node.id, source=node.source, received_at=received_at, window=window
-    )
-    _count_time_fixes(ctx, "health", (r.time_fix for r in readings))
-    _count_time_fixes(ctx, "telemetry", (r.time_fix for r in metric_readings))
+    _count_time_fixes(ctx, "health", readings)
+    _count_time_fixes(ctx, "telemetry", metric_readings)
     ctx.metrics_recorder.offer(node, metrics=metric_readings, health=readings)
     ctx.xid_collection.record(node.id, parse_xid_collection(body.xid_collection), now=ctx.clock.monotonic())
     xid_result = await _store_xid_events(ctx, node, body, received_at=received_at, window=window)
@@ -255,9 +255,15 @@ async def heartbeat(
     return Response(answer.model_dump_json(), media_type="application/json")
 
 
-def _count_time_fixes(ctx: ServerContext, kind: str, fixes: Iterable[TimeFix | None]) -> None:
-    for fix, count in Counter(fix for fix in fixes if fix is not None).items():
+def _count_time_fixes(ctx: ServerContext, kind: str, readings: Iterable[_Fixed]) -> None:
+    fixes = [reading.time_fix for reading in readings if reading.time_fix is not None]
+    for fix, count in Counter(fixes).items():
         ctx.metrics.sample_times_corrected.labels(kind=kind, reason=fix.value).inc(count)
+
+
+class _Fixed(Protocol):
+    @property
+    def time_fix(self) -> TimeFix | None: ...
 
 
 def _bad_text(value: object) -> str | None:
@@ -293,7 +299,7 @@ async def _store_xid_events(
     clean = [e for e in body.xid_events if _bad_text(e) is None]
     events, rejected = xid_events_from_wire(clean, received_at=received_at, window=window)
     rejected = [*poisoned, *rejected]
-    _count_time_fixes(ctx, "xid", (event.time_fix for event in events))
+    _count_time_fixes(ctx, "xid", events)
     too_old = sum(1 for reason in rejected if reason.endswith(XID_TOO_OLD))
     if too_old:
         ctx.metrics.sample_times_corrected.labels(kind="xid", reason=TimeFix.TOO_OLD.value).inc(too_old)
