@@ -13,6 +13,7 @@ from typing import Annotated, Protocol
 
 import structlog
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from pydantic import TypeAdapter
 
 from heteroflow.core.ids import NodeId
 from heteroflow.core.text import text_problem
@@ -251,8 +252,22 @@ async def heartbeat(
     xid_result = await _store_xid_events(ctx, node, body, received_at=received_at, window=window)
     ctx.metrics.heartbeats.inc()
     ctx.metrics.heartbeat_seconds.observe(time.perf_counter() - started)
-    answer = HeartbeatAccepted(server_time=received_at, xid_events=xid_result)
-    return Response(answer.model_dump_json(), media_type="application/json")
+    return Response(accepted_json(received_at, xid_result), media_type="application/json")
+
+
+NO_XID_EVENTS = XidEventsResult(received=0, stored=0, rejected=[], retry=False)
+"""The XID part of a beat without events (nearly every beat): rendered once, at import."""
+_SERVER_TIME = TypeAdapter(datetime)
+_ACCEPTED_HEAD = b'{"status":"ok","server_time":'
+_ACCEPTED_NO_XID_TAIL = b',"xid_events":' + NO_XID_EVENTS.model_dump_json().encode() + b"}"
+
+
+def accepted_json(received_at: datetime, xid_events: XidEventsResult) -> bytes:
+    """The :class:`HeartbeatAccepted` answer as its model renders it; a beat without XID events is put together
+    from parts rendered by the same serialiser (the time) and at import (the rest)."""
+    if xid_events is NO_XID_EVENTS:
+        return _ACCEPTED_HEAD + _SERVER_TIME.dump_json(received_at) + _ACCEPTED_NO_XID_TAIL
+    return HeartbeatAccepted(server_time=received_at, xid_events=xid_events).model_dump_json().encode()
 
 
 def _count_time_fixes(ctx: ServerContext, kind: str, readings: Iterable[_Fixed]) -> None:
@@ -293,7 +308,7 @@ async def _store_xid_events(
     ctx: ServerContext, node: NodeRecord, body: Heartbeat, *, received_at: datetime, window: SampleTimeWindow
 ) -> XidEventsResult:
     if not body.xid_events:
-        return XidEventsResult(received=0, stored=0, rejected=[], retry=False)
+        return NO_XID_EVENTS
     # an event no database can store is rejected for good (retry false): kept, it would poison every beat
     poisoned = [f"event {n}: {problem}" for n, e in enumerate(body.xid_events) if (problem := _bad_text(e))]
     clean = [e for e in body.xid_events if _bad_text(e) is None]
