@@ -16,6 +16,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import TypeAdapter
 
 from heteroflow.core.ids import NodeId
+from heteroflow.core.request_body import CLEAN_TEXT
 from heteroflow.core.text import text_problem
 from heteroflow.health.beat_stats import beat_readings
 from heteroflow.health.heartbeat import XID_TOO_OLD, xid_events_from_wire
@@ -235,8 +236,11 @@ async def heartbeat(
     # unwritable text (a lone surrogate, NUL, a bidi override) costs that card's reading, never the beat or the
     # batch the writer puts it in
     window = ctx.health_settings.sample_time_window()
+    # the body was screened as it arrived (core/request_body.py): clean text, without a single escape, holds no
+    # refused string; only the rest is screened here, the whole list at once and then a card at a time
+    clean = request.scope.get("state", {}).get(CLEAN_TEXT, False)
     stats = body.gpu_stats
-    if _bad_text(stats) is not None:  # one screen for the whole list; a card at a time only when it finds one
+    if not clean and _bad_text(stats) is not None:
         stats = [stat for stat in stats if _bad_text(stat) is None]
     # each stat is read once for both side paths (health/beat_stats.py)
     parsed = beat_readings(stats, node_id=node.id, source=node.source, received_at=received_at, window=window)
@@ -249,7 +253,7 @@ async def heartbeat(
     _count_time_fixes(ctx, "telemetry", metric_readings)
     ctx.metrics_recorder.offer(node, metrics=metric_readings, health=readings)
     ctx.xid_collection.record(node.id, parse_xid_collection(body.xid_collection), now=ctx.clock.monotonic())
-    xid_result = await _store_xid_events(ctx, node, body, received_at=received_at, window=window)
+    xid_result = await _store_xid_events(ctx, node, body, received_at=received_at, window=window, clean=clean)
     ctx.metrics.heartbeats.inc()
     ctx.metrics.heartbeat_seconds.observe(time.perf_counter() - started)
     return Response(accepted_json(received_at, xid_result), media_type="application/json")
@@ -305,14 +309,20 @@ def _walk_text(value: object) -> str | None:
 
 
 async def _store_xid_events(
-    ctx: ServerContext, node: NodeRecord, body: Heartbeat, *, received_at: datetime, window: SampleTimeWindow
+    ctx: ServerContext,
+    node: NodeRecord,
+    body: Heartbeat,
+    *,
+    received_at: datetime,
+    window: SampleTimeWindow,
+    clean: bool,
 ) -> XidEventsResult:
     if not body.xid_events:
         return NO_XID_EVENTS
     # an event no database can store is rejected for good (retry false): kept, it would poison every beat
-    poisoned = [f"event {n}: {problem}" for n, e in enumerate(body.xid_events) if (problem := _bad_text(e))]
-    clean = [e for e in body.xid_events if _bad_text(e) is None]
-    events, rejected = xid_events_from_wire(clean, received_at=received_at, window=window)
+    poisoned = [] if clean else [f"event {n}: {p}" for n, e in enumerate(body.xid_events) if (p := _bad_text(e))]
+    usable = body.xid_events if clean else [e for e in body.xid_events if _bad_text(e) is None]
+    events, rejected = xid_events_from_wire(usable, received_at=received_at, window=window)
     rejected = [*poisoned, *rejected]
     _count_time_fixes(ctx, "xid", events)
     too_old = sum(1 for reason in rejected if reason.endswith(XID_TOO_OLD))
