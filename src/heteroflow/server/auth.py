@@ -202,23 +202,62 @@ def demand(principal: Principal, scope: Scope) -> Principal:
     return principal
 
 
-def require_lean(scope: Scope) -> Callable[..., Awaitable[Principal]]:
-    """What :func:`require` resolves, as one dependency instead of three: for the hottest route (a route using
-    it declares ``BEARER_SECURITY`` so that its OpenAPI description still names the token). As a dependency it
-    still refuses (401/403) before the body is validated (422)."""
+BEARER_SECURITY: dict[str, Any] = {"security": [{"HTTPBearer": []}]}
+"""The token's part of ``openapi_extra`` for a route that authenticates in its own dependency."""
 
-    async def dependency(request: Request) -> Principal:
-        token = bearer_of(request.scope)
+MAX_NODE_CREDENTIAL_LENGTH = 200
+NODE_CREDENTIAL_DESCRIPTION = "The node's own credential, as the node's first registration issued it."
+SPEAKER_OPENAPI: dict[str, Any] = {
+    **BEARER_SECURITY,
+    "parameters": [
+        {
+            "description": NODE_CREDENTIAL_DESCRIPTION,
+            "in": "header",
+            "name": NODE_CREDENTIAL_HEADER,
+            "required": False,
+            "schema": {
+                "anyOf": [{"maxLength": MAX_NODE_CREDENTIAL_LENGTH, "type": "string"}, {"type": "null"}],
+                "description": NODE_CREDENTIAL_DESCRIPTION,
+                "title": NODE_CREDENTIAL_HEADER.title(),
+            },
+        }
+    ],
+}
+"""``openapi_extra`` of a route that takes its node through :func:`require_speaker`: the token, and the node's
+credential header as FastAPI would describe a declared header parameter."""
+
+
+def require_speaker() -> Callable[..., Awaitable[NodeRecord]]:
+    """The node a heartbeat speaks for (:func:`heartbeat_speaker`), as one dependency: the bearer token with the
+    agent scope (401/403 before the body is validated), the node id of the path and the node's credential header
+    (at most 200 characters, else 422), the node handed over from :func:`check_before_work` when it verified
+    this very request. A route using it declares ``SPEAKER_OPENAPI``."""
+
+    async def dependency(request: Request) -> NodeRecord:
+        scope = request.scope
+        token = bearer_of(scope)
         if token is None:
             raise Unauthorized("a bearer token is required (Authorization: Bearer <token>)")
-        return demand(await checked_principal(request, token), scope)
+        principal = demand(await checked_principal(request, token), Scope.AGENT)
+        raw = header(scope, _CREDENTIAL_HEADER)
+        credential = raw.decode("latin-1") if raw else None
+        if credential is not None and len(credential) > MAX_NODE_CREDENTIAL_LENGTH:
+            raise RequestValidationError(
+                [
+                    {
+                        "type": "string_too_long",
+                        "loc": ("header", NODE_CREDENTIAL_HEADER),
+                        "msg": f"String should have at most {MAX_NODE_CREDENTIAL_LENGTH} characters",
+                        "input": credential,
+                        "ctx": {"max_length": MAX_NODE_CREDENTIAL_LENGTH},
+                    }
+                ]
+            )
+        node_id: str = request.path_params["node_id"]
+        return await heartbeat_speaker(server_context(request), request, principal, node_id, credential)
 
-    dependency.__name__ = f"require_lean_{scope.value.replace(':', '_')}"
+    dependency.__name__ = "require_speaker"
     return dependency
-
-
-BEARER_SECURITY: dict[str, Any] = {"security": [{"HTTPBearer": []}]}
-"""``openapi_extra`` of a route that authenticates through :func:`require_lean`."""
 
 
 def require_cluster_wide(scope: Scope) -> Callable[..., Awaitable[Principal]]:

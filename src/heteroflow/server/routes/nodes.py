@@ -34,11 +34,10 @@ from heteroflow.platform.nodes import (
     newest,
 )
 from heteroflow.server.auth import (
-    BEARER_SECURITY,
+    SPEAKER_OPENAPI,
     context,
-    heartbeat_speaker,
     require,
-    require_lean,
+    require_speaker,
     server_context,
     visible_node,
 )
@@ -198,7 +197,7 @@ async def release_node(
     return node_out(ctx, released)
 
 
-_agent = require_lean(Scope.AGENT)
+_speaker = require_speaker()
 
 
 @router.post(
@@ -206,14 +205,13 @@ _agent = require_lean(Scope.AGENT)
     response_model=HeartbeatAccepted,
     summary="Heartbeat (agents)",
     responses=error_responses(400, 401, 404, 413),
-    openapi_extra=BEARER_SECURITY,
+    openapi_extra=SPEAKER_OPENAPI,
 )
 async def heartbeat(
     node_id: str,
     body: Heartbeat,
     request: Request,
-    principal: Annotated[Principal, Depends(_agent)],
-    credential: NodeCredential = None,
+    node: Annotated[NodeRecord, Depends(_speaker)],
 ) -> Response:
     """Record liveness and offer the GPU health readings to the side path.
 
@@ -227,9 +225,8 @@ async def heartbeat(
     # the fleet's hottest route resolves its caller and context by hand: FastAPI's dependency resolution was
     # a fifth of a beat's CPU; the answer is rendered once, not validated again against the response model
     ctx = server_context(request)
-    # the speaker was verified before the body was read (server/auth.py: check_before_work): its node is handed
-    # over with the principal, the credential is not hashed and looked up again
-    node = await heartbeat_speaker(ctx, request, principal, node_id, credential)
+    # the speaker (token, agent scope, node credential) was verified before the body was read (server/auth.py:
+    # check_before_work): its node is handed over, the credential is not hashed and looked up again
     received_at = ctx.clock.now()
     ctx.liveness.beat(node.id, received_at)
     # every agent-claimed time is checked against this server's clock, per value (sample_times.py); one card's
