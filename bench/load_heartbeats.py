@@ -32,8 +32,13 @@ load generator's own CPU. Ratios are against the baseline phase of the same run.
 
     .venv/bin/python bench/load_heartbeats.py [--nodes 3000] [--seconds 60] [--baseline-nodes 300]
         [--baseline-seconds 20] [--concurrency 64] [--client raw|httpx] [--overload-concurrency 1024]
-        [--overload-seconds 15] [--max-in-flight N] [--shed-lag S] [--postgres | --database-url postgresql://…]
-        [--workers N]
+        [--overload-seconds 15] [--max-in-flight N] [--max-in-flight-per-peer N] [--shed-lag S]
+        [--postgres | --database-url postgresql://…] [--workers N]
+
+Every beat of the bench comes from one address (127.0.0.1), where a fleet's come from one address per node: the
+server's per-address bound (``HETEROFLOW_SERVER_MAX_IN_FLIGHT_PER_PEER``, default 128) would answer the overload
+phase 429 before the heartbeat gate's 503, which is what the phase measures. The run raises it above its own
+connection count (``--max-in-flight-per-peer``; default: the larger concurrency plus 64).
 
 With ``--workers N`` the server runs N worker processes on its port (PostgreSQL only); CPU and RSS are then the
 sums over the supervisor and its workers, and the status-derived columns (rows per beat, peak in flight, lag)
@@ -513,8 +518,9 @@ def report(phases: list[Phase], args: argparse.Namespace, backend: str) -> None:
     print(
         f"heartbeats at the agent's cadence ({args.interval:g} s), 8 simulated cards per node, {backend}, "
         f"{args.workers} server worker process(es), "
-        f"{args.client} client, concurrency {args.concurrency} (overload {args.overload_concurrency}), agent timeout "
-        f"{AGENT_TIMEOUT_S:g} s, {os.cpu_count()} CPUs shared by the load generator and the server; "
+        f"{args.client} client, concurrency {args.concurrency} (overload {args.overload_concurrency}), "
+        f"per-address bound {args.max_in_flight_per_peer}, agent timeout {AGENT_TIMEOUT_S:g} s, "
+        f"{os.cpu_count()} CPUs shared by the load generator and the server; "
         f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )
     head = (
@@ -563,6 +569,12 @@ def main() -> None:
     parser.add_argument("--overload-concurrency", type=int, default=1024)
     parser.add_argument("--overload-seconds", type=float, default=15.0, help="0 skips the overload phase")
     parser.add_argument("--max-in-flight", type=int, default=None, help="the server's in-flight heartbeat bound")
+    parser.add_argument(
+        "--max-in-flight-per-peer",
+        type=int,
+        default=None,
+        help="the server's per-address bound (default: above the run's connection count, all from one address)",
+    )
     parser.add_argument("--shed-lag", type=float, default=None, help="the server's event-loop lag bound, seconds")
     parser.add_argument("--database-url", default=None, help="default: a fresh SQLite file")
     parser.add_argument("--postgres", action="store_true", help="start a private PostgreSQL server and use it")
@@ -586,6 +598,9 @@ def main() -> None:
     }
     if args.max_in_flight is not None:
         server_env["HETEROFLOW_SERVER_MAX_IN_FLIGHT_HEARTBEATS"] = str(args.max_in_flight)
+    # the bench is one address for the whole fleet: the per-address bound must not be what refuses its beats
+    args.max_in_flight_per_peer = args.max_in_flight_per_peer or max(args.concurrency, args.overload_concurrency) + 64
+    server_env["HETEROFLOW_SERVER_MAX_IN_FLIGHT_PER_PEER"] = str(args.max_in_flight_per_peer)
     if args.shed_lag is not None:
         server_env["HETEROFLOW_SERVER_HEARTBEAT_SHED_LAG_SECONDS"] = str(args.shed_lag)
     server = subprocess.Popen(

@@ -145,3 +145,20 @@ def test_one_node_and_one_address_each_hold_their_share_and_the_excess_is_429_un
     metrics = limited.ctx.metrics.render().decode()
     assert 'heteroflow_requests_limited_total{limit="node"} 1.0' in metrics
     assert 'heteroflow_requests_limited_total{limit="peer"} 1.0' in metrics
+
+
+def test_a_heartbeat_credential_is_at_most_200_characters_and_an_administrator_needs_none(harness: Harness) -> None:
+    fleet, admin = harness.token("agent"), harness.token("admin")
+    first = _register(harness, fleet).json()
+    node, url = first["node_id"], f"/api/v1/nodes/{first['node_id']}/heartbeat"
+    long = {"X-HeteroFlow-Node-Credential": "x" * 201}
+    # not the node's credential: the same 404 as a missing node, before the body is read
+    assert harness.client.post(url, json={}, headers=harness.auth(fleet) | long).status_code == 404
+    too_long = harness.client.post(url, json={}, headers=harness.auth(admin) | long)
+    assert too_long.status_code == 422, too_long.text
+    assert too_long.json()["detail"][0]["loc"] == ["header", "X-HeteroFlow-Node-Credential"]
+    assert harness.client.post(url, json={}, headers=harness.auth(admin)).status_code == 200
+    own = {"X-HeteroFlow-Node-Credential": first["node_credential"]}
+    assert harness.client.post(url, json={}, headers=harness.auth(fleet) | own).status_code == 200
+    assert harness.client.post(url, json={}, headers=harness.auth(fleet)).status_code == 404
+    assert node in harness.client.get(f"/api/v1/nodes/{node}", headers=harness.auth(admin)).text

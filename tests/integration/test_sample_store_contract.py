@@ -65,6 +65,28 @@ def test_latest_is_by_sample_time_per_slot_and_source(store: tuple[HealthSampleS
     assert s.latest(CardKey(node_id=node, gpu_index=7, source="real")) is None
 
 
+def test_latest_many_is_latest_of_each_slot_in_any_number(store: tuple[HealthSampleStore, NodeId]) -> None:
+    s, node = store
+    s.insert([reading(node, timedelta(seconds=10), 1), reading(node, timedelta(seconds=5), 2)])
+    s.insert([reading(node, timedelta(seconds=20), 3, index=1), reading(node, timedelta(seconds=30), 4, index=1)])
+    keys = [CardKey(node_id=node, gpu_index=index, source="real") for index in range(150)]  # more than a statement
+    keys.append(CardKey(node_id=node, gpu_index=0, source="simulated"))
+    found = s.latest_many(keys)
+    assert set(found) == set(keys)
+    assert found == {key: s.latest(key) for key in keys}
+    assert found[keys[0]] is not None
+    assert found[keys[0]].counters.ecc_corrected_total == 1
+    assert found[keys[1]] is not None
+    assert found[keys[1]].counters.ecc_corrected_total == 4
+    assert [key for key, row in found.items() if row is not None] == keys[:2]
+    # not after: the newest row at or before the bound
+    bounded = s.latest_many(keys[:2], not_after=T0 + timedelta(seconds=25))
+    assert bounded[keys[1]] is not None
+    assert bounded[keys[1]].counters.ecc_corrected_total == 3
+    assert bounded[keys[0]] == s.latest(keys[0], not_after=T0 + timedelta(seconds=25))
+    assert s.latest_many([]) == {}
+
+
 def test_counter_decreases_are_stored_as_read(store: tuple[HealthSampleStore, NodeId]) -> None:
     s, node = store
     s.insert([reading(node, timedelta(0), 50), reading(node, timedelta(seconds=1), 0)])

@@ -46,6 +46,10 @@ BODY_READ_TIMEOUT_S: Final = 10.0
 """Longest time a request body may take to arrive, seconds: a client that sends a heartbeat one byte at a time
 holds a connection (and, once authenticated, an admission slot) for no longer than this."""
 
+CLEAN_TEXT: Final = "heteroflow.body_text_clean"
+"""Request state key, set by :class:`BodyLimit` when :func:`check_body` found the body clean text: no string in
+it holds a refused character (:func:`heteroflow.core.text.text_problem`)."""
+
 Message = MutableMapping[str, Any]
 Scope = MutableMapping[str, Any]
 Receive = Callable[[], Awaitable[Message]]
@@ -107,6 +111,8 @@ _ESCAPED_BACKSLASH = re.compile(rb"\\\\")
 _SURROGATE_PAIR = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}")
 _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _NON_JSON_NUMBER = re.compile(rb"NaN|Infinity")
+_NOT_PLAIN = re.compile(rb"[^\x20-\x5b\x5d-\x7e]")
+"""A byte that is not printable ASCII, or a backslash (the start of every escape)."""
 
 
 def text_problem(raw: bytes) -> str | None:
@@ -193,22 +199,27 @@ def check_body(
     max_depth: int = MAX_JSON_DEPTH,
     declared_json: bool = False,
     strict_text: bool = True,
-) -> None:
+) -> bool:
     """Refuse a body that is too large, JSON nested too deeply, or declared JSON but not text in a JSON encoding
     or (``strict_text``) holding what no JSON writer can write back (:func:`text_problem`); any other body
-    passes (its route judges it, malformed JSON included). Nothing is parsed here."""
+    passes (its route judges it, malformed JSON included). Nothing is parsed here.
+
+    True when the body is plain text: printable ASCII only, without a backslash. No string decoded from it can
+    hold a control character, a bidirectional control or a surrogate (:func:`heteroflow.core.text.text_problem`),
+    so a route that judges such values one by one may skip that."""
     check_size(len(raw), max_bytes=max_bytes)
     text = _as_utf8(raw)
     if text is None:
         if declared_json:
             raise InvalidJsonBodyError("the request body is not UTF-8 encoded JSON")
-        return  # not text: not JSON either, so its depth means nothing; the route judges it
+        return False  # not text: not JSON either, so its depth means nothing; the route judges it
     if exceeds_depth(text, max_depth=max_depth):
         raise InvalidJsonBodyError(f"the request body is nested deeper than {max_depth} levels")
     if declared_json and strict_text:
         problem = text_problem(text)
         if problem is not None:
             raise InvalidJsonBodyError(f"the request body is not JSON: {problem}")
+    return _NOT_PLAIN.search(text) is None
 
 
 Render = Callable[[str, BodyError], dict[str, object]]
@@ -267,7 +278,7 @@ class BodyLimit:
                 ) from exc
             if body is None:
                 return  # the client went away before its body ended: there is no one to answer
-            check_body(
+            clean = check_body(
                 body,
                 max_bytes=self.max_bytes,
                 max_depth=self.max_depth,
@@ -277,6 +288,8 @@ class BodyLimit:
         except BodyError as exc:
             await self._refuse(scope, send, exc)
             return
+        if clean:
+            scope.setdefault("state", {})[CLEAN_TEXT] = True
         replayed = False
 
         async def replay() -> Message:

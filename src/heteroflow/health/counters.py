@@ -52,7 +52,7 @@ class Counters:
 
     @property
     def all_unknown(self) -> bool:
-        return all(getattr(self, name) is None for name in HEALTH_KEYS)
+        return self == _ALL_UNKNOWN
 
     def as_dict(self) -> dict[str, int | None]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -60,7 +60,34 @@ class Counters:
     @classmethod
     def from_wire(cls, stat: Mapping[str, object]) -> Counters:
         """The counters of one heartbeat stat; every malformed value becomes unknown, nothing raises."""
-        return cls(**{name: parse_counter(stat.get(name)) for name in HEALTH_KEYS})
+        get = stat.get
+        raw = tuple([get(name) for name in HEALTH_KEYS])
+        # a steady card sends what it sent before: wire integers (not booleans) and nulls only, found as they
+        # are among the parsed values (no key holds a negative or oversized number, so those never match)
+        if _PLAIN.issuperset(map(type, raw)):
+            known = _INTERNED.get(raw)  # type: ignore[arg-type]
+            if known is not None:
+                return known
+        return interned_counters(tuple([parse_counter(value) for value in raw]))
+
+
+_ALL_UNKNOWN: Final = Counters()
+_PLAIN: Final = frozenset({int, type(None)})
+_INTERNED: dict[tuple[int | None, ...], Counters] = {}
+_INTERNED_MAX: Final = 65_536
+
+
+def interned_counters(values: tuple[int | None, ...]) -> Counters:
+    """The :class:`Counters` of ``values`` (parsed, in :data:`HEALTH_KEYS` order), shared between readings.
+
+    A fleet's cards mostly repeat a few readings (all zero, steady counts): each beat finds its object here
+    instead of building one. The table is emptied when full; it only ever holds immutable values."""
+    counters = _INTERNED.get(values)
+    if counters is None:
+        if len(_INTERNED) >= _INTERNED_MAX:
+            _INTERNED.clear()
+        counters = _INTERNED[values] = Counters(*values)
+    return counters
 
 
 def parse_keys(value: object) -> tuple[str, ...]:
@@ -89,6 +116,8 @@ def parse_counter(value: object) -> int | None:
     Missing, ``null``, booleans, strings, non-integral or non-finite numbers, negative values and values
     beyond 64 bits are all unknown. Integral floats (``12.0``) are accepted as the integer they spell.
     """
+    if type(value) is int:  # the common case first (a bool is not of type int)
+        return value if 0 <= value <= COUNTER_MAX else None
     if isinstance(value, bool):
         return None
     if isinstance(value, int):

@@ -35,9 +35,12 @@ GPU_MEMORY_HIGH: Final = "GPU_MEMORY_HIGH"
 
 def parse_metric(name: str, value: object) -> float | None:
     """A metric from any JSON value: a finite number within the metric's bounds, otherwise ``None``."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
+    if type(value) is float:  # the common case first
+        number = value
+    elif isinstance(value, bool) or not isinstance(value, int | float):
         return None
-    number = float(value)
+    else:
+        number = float(value)
     low, high = _BOUNDS[name]
     if not math.isfinite(number) or not low <= number <= high:
         return None
@@ -56,7 +59,7 @@ class GpuMetrics:
 
     @property
     def all_unknown(self) -> bool:
-        return all(getattr(self, name) is None for name in METRIC_KEYS)
+        return self == _NO_METRICS
 
     @property
     def memory_share(self) -> float | None:
@@ -71,7 +74,35 @@ class GpuMetrics:
 
     @classmethod
     def from_wire(cls, stat: Mapping[str, object]) -> GpuMetrics:
-        return cls(**{name: parse_metric(name, stat.get(name)) for name in METRIC_KEYS})
+        get = stat.get
+        raw = tuple([get(name) for name in METRIC_KEYS])
+        # a card whose values did not move: wire floats and nulls only, found as they are among the parsed values
+        # (no key holds a non-finite or out-of-bounds number, so those never match)
+        if _PLAIN.issuperset(map(type, raw)):
+            known = _INTERNED.get(raw)  # type: ignore[arg-type]
+            if known is not None:
+                return known
+        return interned_metrics(
+            tuple([parse_metric(name, value) for name, value in zip(METRIC_KEYS, raw, strict=True)])
+        )
+
+
+_NO_METRICS: Final = GpuMetrics()
+_PLAIN: Final = frozenset({float, type(None)})
+_INTERNED: dict[tuple[float | None, ...], GpuMetrics] = {}
+_INTERNED_MAX: Final = 65_536
+
+
+def interned_metrics(values: tuple[float | None, ...]) -> GpuMetrics:
+    """The :class:`GpuMetrics` of ``values`` (parsed, in :data:`METRIC_KEYS` order), shared between readings: a
+    card whose values did not move since its last beat finds its object here instead of building one. Emptied
+    when full; it only ever holds immutable values."""
+    metrics = _INTERNED.get(values)
+    if metrics is None:
+        if len(_INTERNED) >= _INTERNED_MAX:
+            _INTERNED.clear()
+        metrics = _INTERNED[values] = GpuMetrics(*values)
+    return metrics
 
 
 @dataclass(frozen=True, slots=True)
@@ -174,8 +205,14 @@ class _Bucket:
 
     def add(self, metrics: GpuMetrics) -> None:
         self.samples += 1
-        for name in METRIC_KEYS:
-            value: float | None = getattr(metrics, name)
+        values = (
+            metrics.temperature_c,
+            metrics.utilization_pct,
+            metrics.memory_used_mib,
+            metrics.memory_total_mib,
+            metrics.power_w,
+        )
+        for name, value in zip(METRIC_KEYS, values, strict=True):
             if value is None:
                 continue  # unknown stays out of the aggregate, never counted as 0
             kept = self.stats.get(name)
@@ -207,12 +244,17 @@ class MinuteAggregator:
     def __init__(self, *, grace: timedelta = timedelta(seconds=5)) -> None:
         self._grace = grace
         self._buckets: dict[tuple[CardKey, str | None, datetime], _Bucket] = {}
+        self._last_at: datetime | None = None
+        self._last_minute = datetime.min
 
     def __len__(self) -> int:
         return len(self._buckets)
 
     def add(self, reading: MetricReading) -> None:
-        slot = (reading.key, reading.uuid, minute_of(reading.sampled_at))
+        at = reading.sampled_at
+        if at is not self._last_at:  # a beat's cards share one parsed time: its minute is worked out once
+            self._last_at, self._last_minute = at, minute_of(at)
+        slot = (reading.key, reading.uuid, self._last_minute)
         bucket = self._buckets.get(slot)
         if bucket is None:
             bucket = self._buckets[slot] = _Bucket()

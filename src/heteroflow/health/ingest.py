@@ -330,16 +330,29 @@ class HealthIngestor:
         before_batch: dict[CardKey, StoredSample | None] = {}
         skipped = 0
         read: set[CardKey] = set()
+        # The cache only ever proves a skip. A write is decided against what the database holds now: another
+        # server behind the same load balancer may have stored this change or keepalive since this cache was
+        # filled, and must not be written twice. Every slot the cache does not prove is read up front, in as few
+        # statements as the store can (a fleet's first beats are thousands of slots): until this batch is
+        # inserted nothing else writes them from here, so the reads are what each reading would have read.
+        unproven_keys = {
+            reading.key: None
+            for reading in batch
+            if reading.key not in known
+            or decide_write(reading, known[reading.key], keepalive=self._keepalive) is not None
+        }
+        fetched = self._store.latest_many(list(unproven_keys), not_after=not_after) if unproven_keys else {}
         for reading in batch:
-            # The cache only ever proves a skip. A write is decided against what the database holds now: another
-            # server behind the same load balancer may have stored this change or keepalive since this cache was
-            # filled, and must not be written twice.
             unproven = reading.key not in latest or (
                 decide_write(reading, latest[reading.key], keepalive=self._keepalive) is not None
             )
             if unproven and reading.key not in read:
                 selects += 1
-                stored = self._store.latest(reading.key, not_after=not_after)
+                stored = (
+                    fetched[reading.key]
+                    if reading.key in fetched
+                    else self._store.latest(reading.key, not_after=not_after)
+                )
                 latest[reading.key] = stored
                 read.add(reading.key)
                 if stored is not None:

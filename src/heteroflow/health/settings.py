@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from datetime import timedelta
 
 from pydantic import Field
@@ -117,9 +118,15 @@ class HealthStorageSettings(LenientSettings):
     )
 
     def sample_time_window(self) -> SampleTimeWindow:
-        """The claimed times the server believes (``sample_times.py``)."""
-        return SampleTimeWindow(
-            max_ahead=timedelta(seconds=self.clock_skew_seconds),
-            max_behind=timedelta(seconds=self.max_sample_age_seconds),
-            max_event_age=timedelta(days=self.retention_days),
-        )
+        """The claimed times the server believes (``sample_times.py``); one object per distinct setting, not one
+        per beat."""
+        return _window(self.clock_skew_seconds, self.max_sample_age_seconds, self.retention_days)
+
+
+@functools.lru_cache(maxsize=16)
+def _window(ahead_seconds: float, behind_seconds: float, retention_days: int) -> SampleTimeWindow:
+    return SampleTimeWindow(
+        max_ahead=timedelta(seconds=ahead_seconds),
+        max_behind=timedelta(seconds=behind_seconds),
+        max_event_age=timedelta(days=retention_days),
+    )

@@ -22,6 +22,13 @@ class HealthSampleStore(Protocol):
         """The newest stored row of a card slot (by sampled_at) not after ``not_after``, or ``None``. One SELECT."""
         ...
 
+    def latest_many(
+        self, keys: Sequence[CardKey], *, not_after: datetime | None = None
+    ) -> dict[CardKey, StoredSample | None]:
+        """:meth:`latest` of every slot in ``keys`` (each key present in the answer), in as few statements as
+        the store can."""
+        ...
+
     def insert(
         self, readings: Sequence[HealthReading], *, previous: Mapping[CardKey, StoredSample | None] | None = None
     ) -> list[StoredSample]:

@@ -30,6 +30,11 @@ class InMemoryHealthSampleStore:
             rows = [row for row in self.rows if row.key == key and (not_after is None or row.sampled_at <= not_after)]
             return max(rows, key=lambda row: row.sampled_at) if rows else None
 
+    def latest_many(
+        self, keys: Sequence[CardKey], *, not_after: datetime | None = None
+    ) -> dict[CardKey, StoredSample | None]:
+        return {key: self.latest(key, not_after=not_after) for key in keys}  # a statement each, as before
+
     def insert(
         self, readings: Sequence[HealthReading], *, previous: Mapping[CardKey, StoredSample | None] | None = None
     ) -> list[StoredSample]:

@@ -27,6 +27,9 @@ from heteroflow.server.sessions import BEARER_ONLY, cookie_value, session_of
 _bearer = HTTPBearer(auto_error=False, description="An API token: Authorization: Bearer hf_…")
 _CHECKED = "heteroflow.checked_principal"
 """Request state key: (token, principal) as verified before any work (:func:`check_before_work`)."""
+_CHECKED_SPEAKER = "heteroflow.checked_speaker"
+"""Request state key: (principal, node id, credential, node) of a heartbeat whose speaker was verified before any
+work; the route takes the node from here (:func:`heartbeat_speaker`) instead of checking the credential again."""
 
 
 def server_context(request: Request) -> ServerContext:
@@ -117,8 +120,10 @@ async def check_before_work(ctx: ServerContext, scope: AsgiScope) -> Denial | No
         if node_id is not None:
             if not principal.has(Scope.AGENT):
                 return Denial(403, "forbidden", f"this route needs the {Scope.AGENT.value!r} scope")
-            credential = header(scope, _CREDENTIAL_HEADER)
-            await speaking_node(ctx, principal, node_id, credential.decode("latin-1") if credential else None)
+            raw = header(scope, _CREDENTIAL_HEADER)
+            credential = raw.decode("latin-1") if raw else None
+            node = await speaking_node(ctx, principal, node_id, credential)
+            scope.setdefault("state", {})[_CHECKED_SPEAKER] = (principal, node_id, credential, node)
     except (Unauthorized, NotFound) as exc:
         return Denial(exc.status_code, exc.code, exc.message)
     except StoreUnavailableError:
@@ -163,6 +168,18 @@ async def speaking_node(ctx: ServerContext, principal: Principal, node_id: str, 
         ctx.metrics.heartbeats_foreign.inc()
         raise NotFound(f"node {node_id!r} not found")
     return node
+
+
+async def heartbeat_speaker(
+    ctx: ServerContext, request: Request, principal: Principal, node_id: str, credential: str | None
+) -> NodeRecord:
+    """The node a heartbeat speaks for: the one :func:`check_before_work` verified for this very request (same
+    principal, node id and credential), else checked here (:func:`speaking_node`)."""
+    checked = request.scope.get("state", {}).get(_CHECKED_SPEAKER)
+    if checked is not None and checked[0] is principal and checked[1] == node_id and checked[2] == credential:
+        node: NodeRecord = checked[3]
+        return node
+    return await speaking_node(ctx, principal, node_id, credential)
 
 
 async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
@@ -218,23 +235,62 @@ def demand(principal: Principal, scope: Scope) -> Principal:
     return principal
 
 
-def require_lean(scope: Scope) -> Callable[..., Awaitable[Principal]]:
-    """What :func:`require` resolves, as one dependency instead of three: for the hottest route (a route using
-    it declares ``BEARER_SECURITY`` so that its OpenAPI description still names the token). As a dependency it
-    still refuses (401/403) before the body is validated (422)."""
+BEARER_SECURITY: dict[str, Any] = {"security": [{"HTTPBearer": []}]}
+"""The token's part of ``openapi_extra`` for a route that authenticates in its own dependency."""
 
-    async def dependency(request: Request) -> Principal:
-        token = bearer_of(request.scope)
+MAX_NODE_CREDENTIAL_LENGTH = 200
+NODE_CREDENTIAL_DESCRIPTION = "The node's own credential, as the node's first registration issued it."
+SPEAKER_OPENAPI: dict[str, Any] = {
+    **BEARER_SECURITY,
+    "parameters": [
+        {
+            "description": NODE_CREDENTIAL_DESCRIPTION,
+            "in": "header",
+            "name": NODE_CREDENTIAL_HEADER,
+            "required": False,
+            "schema": {
+                "anyOf": [{"maxLength": MAX_NODE_CREDENTIAL_LENGTH, "type": "string"}, {"type": "null"}],
+                "description": NODE_CREDENTIAL_DESCRIPTION,
+                "title": NODE_CREDENTIAL_HEADER.title(),
+            },
+        }
+    ],
+}
+"""``openapi_extra`` of a route that takes its node through :func:`require_speaker`: the token, and the node's
+credential header as FastAPI would describe a declared header parameter."""
+
+
+def require_speaker() -> Callable[..., Awaitable[NodeRecord]]:
+    """The node a heartbeat speaks for (:func:`heartbeat_speaker`), as one dependency: the bearer token with the
+    agent scope (401/403 before the body is validated), the node id of the path and the node's credential header
+    (at most 200 characters, else 422), the node handed over from :func:`check_before_work` when it verified
+    this very request. A route using it declares ``SPEAKER_OPENAPI``."""
+
+    async def dependency(request: Request) -> NodeRecord:
+        scope = request.scope
+        token = bearer_of(scope)
         if token is None:
             raise Unauthorized("a bearer token is required (Authorization: Bearer <token>)")
-        return demand(await checked_principal(request, token), scope)
+        principal = demand(await checked_principal(request, token), Scope.AGENT)
+        raw = header(scope, _CREDENTIAL_HEADER)
+        credential = raw.decode("latin-1") if raw else None
+        if credential is not None and len(credential) > MAX_NODE_CREDENTIAL_LENGTH:
+            raise RequestValidationError(
+                [
+                    {
+                        "type": "string_too_long",
+                        "loc": ("header", NODE_CREDENTIAL_HEADER),
+                        "msg": f"String should have at most {MAX_NODE_CREDENTIAL_LENGTH} characters",
+                        "input": credential,
+                        "ctx": {"max_length": MAX_NODE_CREDENTIAL_LENGTH},
+                    }
+                ]
+            )
+        node_id: str = request.path_params["node_id"]
+        return await heartbeat_speaker(server_context(request), request, principal, node_id, credential)
 
-    dependency.__name__ = f"require_lean_{scope.value.replace(':', '_')}"
+    dependency.__name__ = "require_speaker"
     return dependency
-
-
-BEARER_SECURITY: dict[str, Any] = {"security": [{"HTTPBearer": []}]}
-"""``openapi_extra`` of a route that authenticates through :func:`require_lean`."""
 
 
 def require_cluster_wide(scope: Scope) -> Callable[..., Awaitable[Principal]]:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -92,9 +93,9 @@ def _row_to_sample(row: Any) -> StoredSample:
     )
 
 
-def _latest(conn: Connection, key: CardKey, *, not_after: datetime | None = None) -> StoredSample | None:
+def _latest_query(key: CardKey, *, not_after: datetime | None) -> sa.Select[Any]:
     bound = [] if not_after is None else [samples_t.c.sampled_at <= not_after]
-    query = (
+    return (
         sa.select(samples_t)
         .where(
             samples_t.c.node_id == key.node_id,
@@ -105,8 +106,37 @@ def _latest(conn: Connection, key: CardKey, *, not_after: datetime | None = None
         .order_by(samples_t.c.sampled_at.desc(), samples_t.c.id.desc())
         .limit(1)
     )
-    row = conn.execute(query).first()
+
+
+def _latest(conn: Connection, key: CardKey, *, not_after: datetime | None = None) -> StoredSample | None:
+    row = conn.execute(_latest_query(key, not_after=not_after)).first()
     return _row_to_sample(row) if row is not None else None
+
+
+LATEST_PER_STATEMENT = 64
+"""Card slots whose newest row one statement reads (:meth:`SqlHealthSampleStore.latest_many`)."""
+
+
+@functools.lru_cache(maxsize=2 * LATEST_PER_STATEMENT)
+def _latest_many_query(size: int, *, bounded: bool) -> sa.Select[Any] | sa.CompoundSelect[Any]:
+    """The newest row of ``size`` slots (bound parameters ``n<k>``, ``i<k>``, ``s<k>`` and ``not_after``): each
+    slot's own indexed ``LIMIT 1`` read, joined by ``UNION ALL``; built once per size, not per batch."""
+    branches = []
+    for n in range(size):
+        bound = [samples_t.c.sampled_at <= sa.bindparam("not_after")] if bounded else []
+        branch = (
+            sa.select(samples_t)
+            .where(
+                samples_t.c.node_id == sa.bindparam(f"n{n}"),
+                samples_t.c.gpu_index == sa.bindparam(f"i{n}"),
+                samples_t.c.source == sa.bindparam(f"s{n}"),
+                *bound,
+            )
+            .order_by(samples_t.c.sampled_at.desc(), samples_t.c.id.desc())
+            .limit(1)
+        )
+        branches.append(sa.select(branch.subquery()))
+    return branches[0] if size == 1 else sa.union_all(*branches)
 
 
 class SqlHealthSampleStore:
@@ -120,6 +150,25 @@ class SqlHealthSampleStore:
     def latest(self, key: CardKey, *, not_after: datetime | None = None) -> StoredSample | None:
         with unavailable_as_store_error(), self._engine.connect() as conn:
             return _latest(conn, key, not_after=not_after)
+
+    def latest_many(
+        self, keys: Sequence[CardKey], *, not_after: datetime | None = None
+    ) -> dict[CardKey, StoredSample | None]:
+        """The newest stored row of each slot, as :meth:`latest` gives it, on one connection and one statement per
+        :data:`LATEST_PER_STATEMENT` slots (each slot's own indexed ``LIMIT 1`` read, joined by ``UNION ALL``):
+        the first beats of a fleet are thousands of slots, and a statement each cost more than the write."""
+        found: dict[CardKey, StoredSample | None] = dict.fromkeys(keys)
+        wanted = list(found)
+        with unavailable_as_store_error(), self._engine.connect() as conn:
+            for start in range(0, len(wanted), LATEST_PER_STATEMENT):
+                chunk = wanted[start : start + LATEST_PER_STATEMENT]
+                params: dict[str, object] = {} if not_after is None else {"not_after": not_after}
+                for n, key in enumerate(chunk):
+                    params[f"n{n}"], params[f"i{n}"], params[f"s{n}"] = key.node_id, key.gpu_index, key.source
+                for row in conn.execute(_latest_many_query(len(chunk), bounded=not_after is not None), params):
+                    sample = _row_to_sample(row)
+                    found[sample.key] = sample
+        return found
 
     def insert(
         self, readings: Sequence[HealthReading], *, previous: Mapping[CardKey, StoredSample | None] | None = None

@@ -83,6 +83,23 @@ def test_check_body_lets_non_json_through_but_not_what_cannot_be_decoded_when_de
         check_body(b"[" * 10_000 + b"]" * 10_000)
 
 
+@pytest.mark.parametrize(
+    ("raw", "plain"),
+    [
+        (b'{"gpu_stats": [{"index": 0, "uuid": "GPU-1", "power_w": 186.11}]}', True),
+        (b'{"a": "\\u0000"}', False),  # an escape: the decoded string may hold anything
+        (b'{"a": "\\u202e"}', False),
+        ('{"a": "é"}'.encode(), False),  # not ASCII: a bidi control or a C1 character would be too
+        ('{"a": "x"}'.encode("utf-16"), True),  # judged as the UTF-8 it is read as
+        (b'{"a": "\x7f"}', False),
+        (b'{"a":\n 1}', False),  # whitespace outside strings too: plain means printable only
+        (b"\xff\xfe\xfd", False),
+    ],
+)
+def test_check_body_says_whether_the_body_is_plain_text(raw: bytes, plain: bool) -> None:
+    assert check_body(raw, strict_text=False) is plain
+
+
 # == the middleware =========================================================================================
 class Echo:
     """An application that answers 200 with the body it read (and counts its calls)."""

@@ -9,15 +9,17 @@ import time
 from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import Annotated
+from typing import Annotated, Protocol
 
 import structlog
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from pydantic import TypeAdapter
 
 from heteroflow.core.ids import NodeId
+from heteroflow.core.request_body import CLEAN_TEXT
 from heteroflow.core.text import text_problem
-from heteroflow.health.gpu_metrics import metric_readings_from_stats
-from heteroflow.health.heartbeat import XID_TOO_OLD, readings_from_stats, xid_events_from_wire
+from heteroflow.health.beat_stats import beat_readings
+from heteroflow.health.heartbeat import XID_TOO_OLD, xid_events_from_wire
 from heteroflow.health.sample_times import SampleTimeWindow, TimeFix
 from heteroflow.health.xid_collection import XidCollectionReport, parse_xid_collection
 from heteroflow.platform.auth import NodeScope, Principal, Scope, generate_token, hash_token
@@ -32,12 +34,11 @@ from heteroflow.platform.nodes import (
     newest,
 )
 from heteroflow.server.auth import (
-    BEARER_SECURITY,
+    SPEAKER_OPENAPI,
     context,
     require,
-    require_lean,
+    require_speaker,
     server_context,
-    speaking_node,
     visible_node,
 )
 from heteroflow.server.context import ServerContext
@@ -196,7 +197,7 @@ async def release_node(
     return node_out(ctx, released)
 
 
-_agent = require_lean(Scope.AGENT)
+_speaker = require_speaker()
 
 
 @router.post(
@@ -204,14 +205,13 @@ _agent = require_lean(Scope.AGENT)
     response_model=HeartbeatAccepted,
     summary="Heartbeat (agents)",
     responses=error_responses(400, 401, 404, 413),
-    openapi_extra=BEARER_SECURITY,
+    openapi_extra=SPEAKER_OPENAPI,
 )
 async def heartbeat(
     node_id: str,
     body: Heartbeat,
     request: Request,
-    principal: Annotated[Principal, Depends(_agent)],
-    credential: NodeCredential = None,
+    node: Annotated[NodeRecord, Depends(_speaker)],
 ) -> Response:
     """Record liveness and offer the GPU health readings to the side path.
 
@@ -225,39 +225,61 @@ async def heartbeat(
     # the fleet's hottest route resolves its caller and context by hand: FastAPI's dependency resolution was
     # a fifth of a beat's CPU; the answer is rendered once, not validated again against the response model
     ctx = server_context(request)
-    # checked before the body was read too (server/auth.py: check_before_work); from the caches again here
-    node = await speaking_node(ctx, principal, node_id, credential)
+    # the speaker (token, agent scope, node credential) was verified before the body was read (server/auth.py:
+    # check_before_work): its node is handed over, the credential is not hashed and looked up again
     received_at = ctx.clock.now()
     ctx.liveness.beat(node.id, received_at)
     # every agent-claimed time is checked against this server's clock, per value (sample_times.py); one card's
     # unwritable text (a lone surrogate, NUL, a bidi override) costs that card's reading, never the beat or the
     # batch the writer puts it in
     window = ctx.health_settings.sample_time_window()
-    stats = [stat for stat in body.gpu_stats if _bad_text(stat) is None]
-    readings, invalid = readings_from_stats(
-        stats, node_id=node.id, source=node.source, received_at=received_at, window=window
-    )
-    invalid += len(body.gpu_stats) - len(stats)
+    # the body was screened as it arrived (core/request_body.py): clean text, without a single escape, holds no
+    # refused string; only the rest is screened here, the whole list at once and then a card at a time
+    clean = request.scope.get("state", {}).get(CLEAN_TEXT, False)
+    stats = body.gpu_stats
+    if not clean and _bad_text(stats) is not None:
+        stats = [stat for stat in stats if _bad_text(stat) is None]
+    # each stat is read once for both side paths (health/beat_stats.py)
+    parsed = beat_readings(stats, node_id=node.id, source=node.source, received_at=received_at, window=window)
+    readings, metric_readings = parsed.health, parsed.metrics
+    invalid = parsed.invalid + len(body.gpu_stats) - len(stats)
     if invalid:
         ctx.metrics.health_stats_invalid.inc(invalid)
     ctx.ingestor.offer(readings)
-    metric_readings = metric_readings_from_stats(
-        stats, node_id=node.id, source=node.source, received_at=received_at, window=window
-    )
-    _count_time_fixes(ctx, "health", (r.time_fix for r in readings))
-    _count_time_fixes(ctx, "telemetry", (r.time_fix for r in metric_readings))
+    _count_time_fixes(ctx, "health", readings)
+    _count_time_fixes(ctx, "telemetry", metric_readings)
     ctx.metrics_recorder.offer(node, metrics=metric_readings, health=readings)
     ctx.xid_collection.record(node.id, parse_xid_collection(body.xid_collection), now=ctx.clock.monotonic())
-    xid_result = await _store_xid_events(ctx, node, body, received_at=received_at, window=window)
+    xid_result = await _store_xid_events(ctx, node, body, received_at=received_at, window=window, clean=clean)
     ctx.metrics.heartbeats.inc()
     ctx.metrics.heartbeat_seconds.observe(time.perf_counter() - started)
-    answer = HeartbeatAccepted(server_time=received_at, xid_events=xid_result)
-    return Response(answer.model_dump_json(), media_type="application/json")
+    return Response(accepted_json(received_at, xid_result), media_type="application/json")
 
 
-def _count_time_fixes(ctx: ServerContext, kind: str, fixes: Iterable[TimeFix | None]) -> None:
-    for fix, count in Counter(fix for fix in fixes if fix is not None).items():
+NO_XID_EVENTS = XidEventsResult(received=0, stored=0, rejected=[], retry=False)
+"""The XID part of a beat without events (nearly every beat): rendered once, at import."""
+_SERVER_TIME = TypeAdapter(datetime)
+_ACCEPTED_HEAD = b'{"status":"ok","server_time":'
+_ACCEPTED_NO_XID_TAIL = b',"xid_events":' + NO_XID_EVENTS.model_dump_json().encode() + b"}"
+
+
+def accepted_json(received_at: datetime, xid_events: XidEventsResult) -> bytes:
+    """The :class:`HeartbeatAccepted` answer as its model renders it; a beat without XID events is put together
+    from parts rendered by the same serialiser (the time) and at import (the rest)."""
+    if xid_events is NO_XID_EVENTS:
+        return _ACCEPTED_HEAD + _SERVER_TIME.dump_json(received_at) + _ACCEPTED_NO_XID_TAIL
+    return HeartbeatAccepted(server_time=received_at, xid_events=xid_events).model_dump_json().encode()
+
+
+def _count_time_fixes(ctx: ServerContext, kind: str, readings: Iterable[_Fixed]) -> None:
+    fixes = [reading.time_fix for reading in readings if reading.time_fix is not None]
+    for fix, count in Counter(fixes).items():
         ctx.metrics.sample_times_corrected.labels(kind=kind, reason=fix.value).inc(count)
+
+
+class _Fixed(Protocol):
+    @property
+    def time_fix(self) -> TimeFix | None: ...
 
 
 def _bad_text(value: object) -> str | None:
@@ -284,16 +306,22 @@ def _walk_text(value: object) -> str | None:
 
 
 async def _store_xid_events(
-    ctx: ServerContext, node: NodeRecord, body: Heartbeat, *, received_at: datetime, window: SampleTimeWindow
+    ctx: ServerContext,
+    node: NodeRecord,
+    body: Heartbeat,
+    *,
+    received_at: datetime,
+    window: SampleTimeWindow,
+    clean: bool,
 ) -> XidEventsResult:
     if not body.xid_events:
-        return XidEventsResult(received=0, stored=0, rejected=[], retry=False)
+        return NO_XID_EVENTS
     # an event no database can store is rejected for good (retry false): kept, it would poison every beat
-    poisoned = [f"event {n}: {problem}" for n, e in enumerate(body.xid_events) if (problem := _bad_text(e))]
-    clean = [e for e in body.xid_events if _bad_text(e) is None]
-    events, rejected = xid_events_from_wire(clean, received_at=received_at, window=window)
+    poisoned = [] if clean else [f"event {n}: {p}" for n, e in enumerate(body.xid_events) if (p := _bad_text(e))]
+    usable = body.xid_events if clean else [e for e in body.xid_events if _bad_text(e) is None]
+    events, rejected = xid_events_from_wire(usable, received_at=received_at, window=window)
     rejected = [*poisoned, *rejected]
-    _count_time_fixes(ctx, "xid", (event.time_fix for event in events))
+    _count_time_fixes(ctx, "xid", events)
     too_old = sum(1 for reason in rejected if reason.endswith(XID_TOO_OLD))
     if too_old:
         ctx.metrics.sample_times_corrected.labels(kind="xid", reason=TimeFix.TOO_OLD.value).inc(too_old)

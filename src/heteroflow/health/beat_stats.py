@@ -1,0 +1,93 @@
+"""One heartbeat's GPU stats, parsed once for both side paths: the health counters and the telemetry.
+
+:func:`heteroflow.health.heartbeat.readings_from_stats` and
+:func:`heteroflow.health.gpu_metrics.metric_readings_from_stats` each read a stat's index, uuid and times; a beat
+needs both, so :func:`beat_readings` reads every stat once and gives the two lists those functions give (same
+rules: the declared index, never the position; a repeated index is ignored; unknown is ``None``, never 0). The
+readings of one card share their key, and the agent's times (one collection time for every card of a beat) are
+parsed once per distinct text.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from heteroflow.core.ids import NodeId, Source
+from heteroflow.health.counters import Counters, parse_keys
+from heteroflow.health.gpu_metrics import GpuMetrics, MetricReading
+from heteroflow.health.heartbeat import parse_index, parse_time, parse_uuid
+from heteroflow.health.sample_times import SampleTimeWindow
+from heteroflow.health.samples import CardKey, HealthReading
+
+
+@dataclass(frozen=True, slots=True)
+class BeatReadings:
+    health: list[HealthReading]
+    """What :func:`~heteroflow.health.heartbeat.readings_from_stats` gives."""
+    metrics: list[MetricReading]
+    """What :func:`~heteroflow.health.gpu_metrics.metric_readings_from_stats` gives."""
+    invalid: int
+    """Stats without a usable declared index (or repeating one)."""
+
+
+def beat_readings(
+    stats: Sequence[Mapping[str, object]],
+    *,
+    node_id: NodeId,
+    source: Source,
+    received_at: datetime,
+    window: SampleTimeWindow | None = None,
+) -> BeatReadings:
+    """The health and the metric readings of one beat's stats, each stat read once."""
+    health: list[HealthReading] = []
+    metrics: list[MetricReading] = []
+    seen: set[int] = set()
+    invalid = 0
+    times: dict[str, datetime | None] = {}
+    for stat in stats:
+        get = stat.get
+        index = parse_index(get("index"))
+        if index is None or index in seen:
+            invalid += 1
+            continue
+        seen.add(index)
+        key = CardKey(node_id=node_id, gpu_index=index, source=source)
+        uuid = parse_uuid(get("uuid"))
+        claimed = _claimed(times, get("sampled_at"))
+        if window is None:
+            sampled_at, fix = claimed or received_at, None
+        else:
+            sampled_at, fix = window.reading_time(claimed, received_at=received_at)
+        health.append(
+            HealthReading(
+                key=key,
+                uuid=uuid,
+                sampled_at=sampled_at,
+                counters=Counters.from_wire(stat),
+                time_fix=fix,
+                semantics_unconfirmed=parse_keys(get("semantics_unconfirmed")),
+            )
+        )
+        card_metrics = GpuMetrics.from_wire(stat)
+        if card_metrics.all_unknown:
+            continue
+        # the telemetry's own time: `sampled_at` is the health counters' (every 60 s, not every beat)
+        claimed = _claimed(times, get("telemetry_at"))
+        if window is None:
+            sampled_at, fix = claimed or received_at, None
+        else:
+            sampled_at, fix = window.reading_time(claimed, received_at=received_at)
+        metrics.append(MetricReading(key=key, uuid=uuid, sampled_at=sampled_at, metrics=card_metrics, time_fix=fix))
+    return BeatReadings(health=health, metrics=metrics, invalid=invalid)
+
+
+def _claimed(parsed: dict[str, datetime | None], raw: object) -> datetime | None:
+    """``parse_time(raw)``, once per distinct text of the beat (anything but text is no time)."""
+    if not isinstance(raw, str):
+        return None
+    if raw in parsed:
+        return parsed[raw]
+    claimed = parsed[raw] = parse_time(raw)
+    return claimed
