@@ -28,16 +28,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the fleet lives 
 from playwright.sync_api import expect, sync_playwright
 from tests.web.conftest import CHROMIUM, CHROMIUM_ARGS
 from tests.web.fleet_seed import Fleet, fleet_server
+from tests.web.session import sign_in
 
 ANSWER = "/nodes/gpu-health?status=pending&sort=strong_first"
 
 
 def load(browser: object, fleet: Fleet, lang: str) -> tuple[float, float]:
     context = browser.new_context(viewport={"width": 1280, "height": 900})  # type: ignore[attr-defined]
-    context.add_init_script(
-        f"sessionStorage.setItem('heteroflow.token', {json.dumps(fleet.reader)});"
-        f"localStorage.setItem('heteroflow.lang', {json.dumps(lang)});"
-    )
+    context.add_init_script(f"localStorage.setItem('heteroflow.lang', {json.dumps(lang)});")
+    sign_in(context, fleet.base_url, fleet.reader)
     page = context.new_page()
     try:
         started = time.perf_counter()

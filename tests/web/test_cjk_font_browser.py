@@ -3,7 +3,6 @@ check that says so fails in a Chromium that has no CJK font."""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -13,6 +12,7 @@ import pytest
 from tests.web.conftest import CHROMIUM, CHROMIUM_ARGS
 from tests.web.glyphs import assert_no_missing_glyphs, missing_glyphs
 from tests.web.seed import Seeded
+from tests.web.session import sign_in
 
 pytestmark = pytest.mark.browser
 
@@ -27,10 +27,8 @@ def open_zh(browser: Any, seeded: Seeded, path: str) -> tuple[Any, Any]:
     from playwright.sync_api import expect
 
     context = browser.new_context(viewport={"width": 1280, "height": 900})
-    context.add_init_script(
-        f"sessionStorage.setItem('heteroflow.token', {json.dumps(seeded.reader)});"
-        "localStorage.setItem('heteroflow.lang', 'zh');"
-    )
+    context.add_init_script("localStorage.setItem('heteroflow.lang', 'zh');")
+    sign_in(context, seeded.base_url, seeded.reader)
     page = context.new_page()
     page.goto(seeded.base_url + path)
     expect(page.locator("html")).to_have_attribute("lang", "zh-CN")

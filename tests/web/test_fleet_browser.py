@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from tests.web.fleet_seed import Fleet, fleet_server
+from tests.web.session import sign_in
 
 pytestmark = pytest.mark.browser
 
@@ -45,10 +46,8 @@ def test_predicted_this_week_uncorrectable_first_at_1000_cards(browser: Any, fle
     assert fleet.strong == 25
     text = TEXTS[lang]
     context = browser.new_context(viewport={"width": 1280, "height": 900})
-    context.add_init_script(
-        f"sessionStorage.setItem('heteroflow.token', {json.dumps(fleet.reader)});"
-        f"localStorage.setItem('heteroflow.lang', {json.dumps(lang)});"
-    )
+    context.add_init_script(f"localStorage.setItem('heteroflow.lang', {json.dumps(lang)});")
+    sign_in(context, fleet.base_url, fleet.reader)
     try:
         page = context.new_page()
         page.goto(fleet.base_url + "/nodes/gpu-health")
