@@ -24,8 +24,8 @@ from tests.acceptance.harness import (
     running_cluster,
     timestamp,
     traffic,
-    until,
 )
+from tests.support.polling import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 

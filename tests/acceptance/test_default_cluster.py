@@ -26,9 +26,9 @@ from tests.acceptance.harness import (
     running_cluster,
     timestamp,
     traffic,
-    until,
 )
 from tests.acceptance.rows import rank_0_dead_moves_the_master, scale_down_rounds
+from tests.support.polling import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 

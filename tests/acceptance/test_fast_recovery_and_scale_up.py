@@ -21,8 +21,8 @@ from tests.acceptance.harness import (
     events,
     running_cluster,
     traffic,
-    until,
 )
+from tests.support.polling import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
 

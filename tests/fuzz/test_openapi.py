@@ -12,14 +12,19 @@ ASGI transport, in the event loop that started it.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import APIOperation, Case, GenerationMode
+from schemathesis.core.result import Ok
 
 from tests.fuzz.services import BUILDERS, Hosted
+
+Operation = APIOperation[Any, Any, Any, Any]
+"""An operation of whichever schema (the type arguments are schemathesis internals)."""
 
 MAX_EXAMPLES = 20
 """Generated requests per operation and generation mode (valid, then invalid)."""
@@ -59,7 +64,7 @@ def fuzz_config(service: str) -> schemathesis.Config:
     )
 
 
-def fuzz_operation(operation: APIOperation, mode: GenerationMode, headers: dict[str, str]) -> int:
+def fuzz_operation(operation: Operation, mode: GenerationMode, headers: dict[str, str]) -> int:
     """Send ``MAX_EXAMPLES`` generated requests of ``mode`` to ``operation``; the number sent."""
     sent = 0
 
@@ -70,7 +75,7 @@ def fuzz_operation(operation: APIOperation, mode: GenerationMode, headers: dict[
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much, HealthCheck.data_too_large],
     )
     @given(case=operation.as_strategy(generation_mode=mode))
-    def fuzz(case: Case) -> None:
+    def fuzz(case: Case[Operation]) -> None:
         nonlocal sent
         sent += 1
         case.call_and_validate(headers=headers)
@@ -89,6 +94,7 @@ def test_every_operation_answers_as_its_schema_documents(service: str, tmp_path:
     failures: list[str] = []
     operations = sent = 0
     for result in schema.get_all_operations():
+        assert isinstance(result, Ok), f"an operation the schema does not describe validly: {result.err()}"
         operation = result.ok()
         operations += 1
         for mode in (GenerationMode.POSITIVE, GenerationMode.NEGATIVE):

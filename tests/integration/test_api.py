@@ -49,7 +49,7 @@ def test_every_route_refuses_a_missing_or_unknown_token(harness: Harness) -> Non
         ("DELETE", "/api/v1/auth/session"),
         ("GET", "/openapi.json"),
     ]
-    schema_paths = set(harness.client.app.openapi()["paths"])
+    schema_paths = set(harness.openapi()["paths"])
     named = {
         path.replace("/nodes/x", "/nodes/{node_id}")
         .replace("/alerts/x", "/alerts/{alert_id}")
@@ -358,7 +358,7 @@ def test_a_time_outside_the_calendar_once_in_utc_gets_422_on_every_time_paramete
     agent = harness.token("agent")
     reader = harness.token("nodes:read")
     node = harness.register(agent, "n1")
-    for path, params in [
+    cases: list[tuple[str, dict[str, Any]]] = [
         ("/api/v1/gpu-health/samples", {"node_id": node, "gpu_index": 0, "since": when}),
         ("/api/v1/gpu-health/capabilities", {"since": when}),
         (f"/api/v1/nodes/{node}/gpu-metrics", {"since": when}),
@@ -366,7 +366,8 @@ def test_a_time_outside_the_calendar_once_in_utc_gets_422_on_every_time_paramete
         ("/api/v1/gpu-health/predictions", {"since": when}),
         ("/api/v1/gpu-health/predictions", {"until": when}),
         ("/api/v1/gpu-health/prediction-stats", {"since": when}),
-    ]:
+    ]
+    for path, params in cases:
         response = harness.get(reader, path, **params)
         assert response.status_code == 422, (path, params, response.text)
         assert "outside years 1 to 9999" in response.text

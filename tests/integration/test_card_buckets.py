@@ -72,7 +72,7 @@ def build(engine: Engine, *, seed: int = 7) -> Fleet:
 def expected(readings: Sequence[HealthReading], since: datetime, until: datetime) -> list[tuple[object, ...]]:
     """The matrix as a brute-force count over the readings, in the store's order (node name, index, last sample;
     the nodes were registered in name order)."""
-    order = {node: i for i, node in enumerate(dict.fromkeys(r.key.node_id for r in readings))}
+    order: dict[str, int] = {node: i for i, node in enumerate(dict.fromkeys(r.key.node_id for r in readings))}
     cards: dict[tuple[str, int, str | None], list[HealthReading]] = {}
     for r in readings:
         if since <= r.sampled_at <= until:

@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 import sqlalchemy as sa
+from httpx2 import Response
 from sqlalchemy.engine import Engine
 
 from heteroflow.storage.schema import gpu_health_samples
@@ -29,7 +30,7 @@ def stat(index: int, uuid: str | None = "GPU-a", **counters: Any) -> dict[str, A
     return {**base, **counters}
 
 
-HEALTHY = {
+HEALTHY: dict[str, Any] = {
     "ecc_uncorrected_total": 0,
     "ecc_corrected_total": 10,
     "retired_pages": 0,
@@ -54,7 +55,9 @@ def test_write_rules_first_change_unknown_to_known_uuid_and_keepalive(
     harness: Harness, agent: tuple[str, str], engine: Engine
 ) -> None:
     token, node = agent
-    beat = lambda **c: harness.beat(token, node, [stat(0, **c)])  # noqa: E731
+
+    def beat(**c: Any) -> Response:
+        return harness.beat(token, node, [stat(0, **c)])
 
     assert beat(**HEALTHY).status_code == 200  # first sample of the card
     harness.clock.advance(5)
@@ -222,7 +225,9 @@ def test_liveness_is_flushed_in_one_statement_for_all_nodes(
     assert len(statements.matching("UPDATE")) == 1
     assert statements.count == 2
     with engine.connect() as conn:
-        stored = dict(conn.execute(sa.text("SELECT id, last_heartbeat_at FROM nodes")).all())
+        stored: dict[str, datetime | None] = dict(
+            conn.execute(sa.text("SELECT id, last_heartbeat_at FROM nodes")).all()
+        )
     assert all(stored[node] is not None for node in nodes)
     listing = harness.get(reader, "/api/v1/nodes").json()
     assert listing["total"] == 30

@@ -74,15 +74,17 @@ def test_latest_many_is_latest_of_each_slot_in_any_number(store: tuple[HealthSam
     found = s.latest_many(keys)
     assert set(found) == set(keys)
     assert found == {key: s.latest(key) for key in keys}
-    assert found[keys[0]] is not None
-    assert found[keys[0]].counters.ecc_corrected_total == 1
-    assert found[keys[1]] is not None
-    assert found[keys[1]].counters.ecc_corrected_total == 4
+    first, second = found[keys[0]], found[keys[1]]
+    assert first is not None
+    assert first.counters.ecc_corrected_total == 1
+    assert second is not None
+    assert second.counters.ecc_corrected_total == 4
     assert [key for key, row in found.items() if row is not None] == keys[:2]
     # not after: the newest row at or before the bound
     bounded = s.latest_many(keys[:2], not_after=T0 + timedelta(seconds=25))
-    assert bounded[keys[1]] is not None
-    assert bounded[keys[1]].counters.ecc_corrected_total == 3
+    bounded_second = bounded[keys[1]]
+    assert bounded_second is not None
+    assert bounded_second.counters.ecc_corrected_total == 3
     assert bounded[keys[0]] == s.latest(keys[0], not_after=T0 + timedelta(seconds=25))
     assert s.latest_many([]) == {}
 

@@ -62,6 +62,8 @@ def endpoints(app: FastAPI) -> list[Endpoint]:
     found: list[Endpoint] = []
     for context in iter_route_contexts(app.routes):
         route = context.original_route
+        assert context.path is not None  # every route the app serves has a path and a path format
+        assert context.path_format is not None
         if isinstance(route, APIRoute):
             body = context.body_field.field_info.annotation if context.body_field is not None else None
             for method in sorted(context.methods or ()):

@@ -22,7 +22,7 @@ from fastapi import FastAPI
 from heteroflow.core.ids import NodeId
 from heteroflow.health.counters import Counters
 from heteroflow.health.samples import CardKey, HealthReading
-from heteroflow.health.simulation import series
+from heteroflow.health.simulation import Profile, series
 from heteroflow.storage.health_store import SqlHealthSampleStore
 from tests.security.services import platform_server
 from tests.support.harness import Harness
@@ -142,7 +142,8 @@ def _stats(host: str, *, uncorrected: int) -> list[dict[str, Any]]:
 def _write_history(harness: Harness, node_id: str, host: str) -> None:
     """Eight days of samples every 30 minutes, ending an hour ago: card 0 degrading, card 1 healthy."""
     end = harness.clock.now() - timedelta(hours=1)
-    for index, profile in ((0, "degrading"), (1, "healthy")):
+    profiles: tuple[tuple[int, Profile], ...] = ((0, "degrading"), (1, "healthy"))
+    for index, profile in profiles:
         key = CardKey(node_id=NodeId(node_id), gpu_index=index, source="real")
         SqlHealthSampleStore(harness.ctx.engine).insert(
             [

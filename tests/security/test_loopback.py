@@ -19,6 +19,7 @@ from pydantic_settings import BaseSettings
 import heteroflow
 from heteroflow.agent.settings import AgentSettings
 from heteroflow.cli.main import app as cli
+from heteroflow.core.settings import LenientSettings
 from heteroflow.engine_sim.settings import EngineSimSettings
 from heteroflow.server.settings import ServerSettings
 from heteroflow.serving.controller.config import ControllerSettings
@@ -79,6 +80,7 @@ def test_every_settings_class_binds_loopback_by_default() -> None:
     for cls in listening:
         for name, default in bind_fields(cls).items():
             assert default in LOOPBACK, f"{cls.__module__}.{cls.__name__}.{name} defaults to {default!r}"
+            assert issubclass(cls, LenientSettings)  # what every service's settings derive from (load())
             assert cls.load().model_dump()[name] in LOOPBACK, f"{cls.__name__}.{name} loads as non-loopback"
 
 

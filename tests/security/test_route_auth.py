@@ -7,6 +7,8 @@ these tests unless it authenticates or is put on :data:`OPEN_ROUTES` with the re
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 from httpx2 import Response
 
@@ -50,7 +52,7 @@ ANY_VALID_TOKEN: dict[str, str] = {
 
 def send(service: Service, endpoint: Endpoint, *, headers: dict[str, str] | None = None, **params: str) -> Response:
     # a body-carrying method gets a JSON body that is no route's model: parsed, then refused, never acted on
-    body = {"json": []} if endpoint.method in ("POST", "PUT", "PATCH") else {}
+    body: dict[str, Any] = {"json": []} if endpoint.method in ("POST", "PUT", "PATCH") else {}
     return service.client.request(
         endpoint.method, endpoint.path(PATH_VALUES), headers=headers or {}, params=params or None, **body
     )

@@ -136,7 +136,7 @@ def test_no_token_reaches_a_log_line(service: Service, platform: Service, debug_
         path = endpoint.path(PATH_VALUES)
         takes_body = endpoint.method in ("POST", "PUT", "PATCH")
         for token in secrets.values():
-            body = {"json": dict.fromkeys(CREDENTIAL_FIELDS, token)} if takes_body else {}
+            body: dict[str, Any] = {"json": dict.fromkeys(CREDENTIAL_FIELDS, token)} if takes_body else {}
             service.client.request(endpoint.method, path, headers=auth(token), **body)
             service.client.request(endpoint.method, path, headers={"Authorization": f"Basic {token}"})
         service.client.request(endpoint.method, path, params={"token": secrets["cluster"], "access_token": WRONG_TOKEN})

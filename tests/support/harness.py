@@ -8,10 +8,11 @@ from datetime import datetime
 from typing import Any
 
 import httpx2 as httpx
+from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 
-from heteroflow.core.clock import SystemClock
+from heteroflow.core.clock import Clock, SystemClock
 from heteroflow.core.testing import FakeClock
 from heteroflow.health.metrics_settings import GpuMetricsSettings
 from heteroflow.health.prediction_settings import PredictionSettings
@@ -29,13 +30,25 @@ _CREDENTIALS: dict[str, str] = {}
 
 
 class Harness:
-    def __init__(self, client: TestClient, ctx: ServerContext, clock: FakeClock) -> None:
+    def __init__(self, client: TestClient, ctx: ServerContext, clock: Clock) -> None:
         self.client = client
         self.ctx = ctx
-        self.clock = clock
+        self._clock = clock
         self.credentials = _CREDENTIALS
         """Node id or (token, hostname) → the node credential its registration issued. Shared by every harness:
         an agent keeps its credential whichever server (of several on one database) it talks to."""
+
+    @property
+    def clock(self) -> FakeClock:
+        """The server's clock, for the test to move (a harness on the system clock has none to move)."""
+        assert isinstance(self._clock, FakeClock), "this server runs on the system clock"
+        return self._clock
+
+    def openapi(self) -> dict[str, Any]:
+        """The server's OpenAPI document (the test client knows its app only as an ASGI callable)."""
+        app = self.client.app
+        assert isinstance(app, FastAPI)
+        return app.openapi()
 
     def token(self, scopes: str, *, tenant: str | None = None) -> str:
         store = SqlTokenStore(self.ctx.engine)
@@ -102,7 +115,7 @@ def running_server(
     prediction: dict[str, Any] | None = None,
     delivery: dict[str, Any] | None = None,
     gpu_metrics: dict[str, Any] | None = None,
-    clock: FakeClock | None = None,
+    clock: Clock | None = None,
     run_worker: bool = False,
 ) -> Iterator[Harness]:
     """A server on ``engine`` whose liveness flusher never fires by itself (tests flush explicitly)."""

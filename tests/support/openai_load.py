@@ -63,7 +63,8 @@ def status_failure(exc: openai.APIStatusError) -> tuple[str, str]:
 def one_chat_stream(client: openai.OpenAI, model: str, *, max_tokens: int) -> tuple[str, str]:
     """``(outcome, detail)`` of one streamed chat completion as the client saw it."""
     try:
-        text, finish = [], None
+        text: list[str] = []
+        finish: str | None = None  # a str: vLLM also sends "abort", which the SDK's literal type leaves out
         for chunk in client.chat.completions.create(
             model=model,
             messages=[{"role": "user", "content": "the survivors keep serving"}],
@@ -91,7 +92,8 @@ def one_request(
     prompt = "the survivors keep serving"
     try:
         if stream:
-            text, finish = [], None
+            text: list[str] = []
+            finish: str | None = None  # a str: vLLM also sends "abort", which the SDK's literal type leaves out
             for chunk in client.completions.create(
                 model=model, prompt=prompt, max_tokens=max_tokens, stream=True, extra_body=extra_body
             ):
@@ -105,7 +107,8 @@ def one_request(
             return ("ok", "") if "".join(text) else ("empty", f"finish_reason {finish}, no text")
         answer = client.completions.create(model=model, prompt=prompt, max_tokens=max_tokens, extra_body=extra_body)
         choice = answer.choices[0]
-        if choice.finish_reason == "abort":
+        reason: str = choice.finish_reason  # vLLM also sends "abort", which the SDK's literal type leaves out
+        if reason == "abort":
             return "abort", "finish_reason abort"
         return ("ok", "") if choice.text else ("empty", f"finish_reason {choice.finish_reason}, no text")
     except openai.APIStatusError as exc:

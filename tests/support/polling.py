@@ -11,7 +11,7 @@ import asyncio
 import inspect
 import time
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import TypeVar, overload
 
 T = TypeVar("T")
 
@@ -39,6 +39,12 @@ def until(check: Callable[[], T | None], *, within: float, what: str, period: fl
         time.sleep(period)  # the polling period, bounded by the deadline above
 
 
+@overload
+async def eventually(
+    check: Callable[[], Awaitable[T | None]], *, within: float, what: str, period: float = PERIOD_S
+) -> T: ...
+@overload
+async def eventually(check: Callable[[], T | None], *, within: float, what: str, period: float = PERIOD_S) -> T: ...
 async def eventually(
     check: Callable[[], T | None] | Callable[[], Awaitable[T | None]],
     *,
@@ -50,7 +56,7 @@ async def eventually(
     deadline = time.monotonic() + within
     while True:
         result = check()
-        last: T | None = await result if inspect.isawaitable(result) else result  # type: ignore[assignment]
+        last: T | None = await result if inspect.isawaitable(result) else result
         if last:
             return last
         if time.monotonic() > deadline:

@@ -26,7 +26,8 @@ from heteroflow.local.faults import KillMode, kill
 from heteroflow.platform.auth import parse_scopes
 from heteroflow.storage.db import create_db_engine
 from heteroflow.storage.token_store import SqlTokenStore
-from tests.acceptance.harness import COLLECTIVE_TIMEOUT_SEC, TIMINGS, traffic, until
+from tests.acceptance.harness import COLLECTIVE_TIMEOUT_SEC, TIMINGS, traffic
+from tests.support.polling import until
 from tests.web.session import sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.e2e, pytest.mark.timeout(420)]

@@ -123,7 +123,7 @@ class FakeNvml:
     waiting, after waiting on a condition (never on the clock) for at most ``timeout_ms``.
     """
 
-    NVMLError = FakeNVMLError
+    NVMLError: type[Exception] = FakeNVMLError
 
     def __init__(self, gpus: Sequence[FakeGpu] = (), *, init_error: int | None = None) -> None:
         self.gpus = list(gpus)

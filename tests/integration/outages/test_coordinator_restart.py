@@ -44,8 +44,9 @@ from heteroflow.serving.node_manager.settings import NodeManagerSettings
 from heteroflow.serving.node_manager.spec import InstanceSpec
 from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN, fake_cluster_launcher
 from heteroflow.serving.wire import COORDINATOR_INSTANCES_PATH
-from tests.integration.outages.serving import Served, controller_plane, eventually, pump_fake_clock, serve
+from tests.integration.outages.serving import Served, controller_plane, pump_fake_clock, serve
 from tests.integration.serving.controller_harness import PODS
+from tests.support.polling import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]
 

@@ -37,8 +37,9 @@ from heteroflow.local.processes import CLUSTER_ID_ENV, kill_marked, marked_proce
 from heteroflow.serving.controller.clients import CoordinatorClient
 from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN
 from heteroflow.serving.wire import NM_FT_GUARD_PATH, NM_STATUS_PATH
-from tests.integration.outages.serving import ControllerPlane, HookedTransport, controller_plane, eventually, serve
+from tests.integration.outages.serving import ControllerPlane, HookedTransport, controller_plane, serve
 from tests.integration.serving.controller_harness import RecordingCoordinator
+from tests.support.polling import eventually
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

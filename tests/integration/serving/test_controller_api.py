@@ -271,7 +271,8 @@ def test_a_pod_registering_again_moves_its_address_but_never_its_ranks(tmp_path:
         stranger = await client.post("/controller/node_manager/register", json=registration("c", [3]))
         assert stranger.status_code == 409
         assert sorted(inst.topology.original_dp_ranks) == [0, 1, 2, 3]
-        assert {pod.pod_id: pod.dp_ranks for pod in inst.topology.pods}["a"] == {0, 1}
+        ranks: dict[str, frozenset[int]] = {pod.pod_id: pod.dp_ranks for pod in inst.topology.pods}
+        assert ranks["a"] == {0, 1}
 
     with_api(tmp_path, scenario)
 

@@ -28,7 +28,7 @@ def scaled_down(expected: list[int]) -> Check:
 
 
 def reconfiguring(s: dict[str, Any]) -> bool:
-    return s["phase"] == "RECONFIGURING"
+    return bool(s["phase"] == "RECONFIGURING")
 
 
 def events(timeline: dict[str, Any], kind: str) -> list[dict[str, Any]]:

@@ -54,7 +54,7 @@ def scaled_down(expected: list[int]) -> Check:
 
 
 def reconfiguring(s: dict[str, Any]) -> bool:
-    return s["phase"] == "RECONFIGURING"
+    return bool(s["phase"] == "RECONFIGURING")
 
 
 def original_fallback(plane: Plane, fallback: FallbackStrategy) -> None:

@@ -16,6 +16,7 @@ from heteroflow.agent.assembly import build_agent, probe_report, probe_xids
 from heteroflow.agent.collectors import Selection
 from heteroflow.agent.heartbeat import heartbeat_body
 from heteroflow.agent.kernel_xid import (
+    CardMap,
     DevKmsg,
     KernelXidReader,
     PciAddress,
@@ -149,7 +150,7 @@ def _reader(path: Path, clock: FakeClock, cards: dict[PciAddress, tuple[int, str
     )
 
 
-CARDS = {PciAddress(0, 0x3B, 0): (0, "GPU-a"), PciAddress(0, 0xCB, 0): (1, "GPU-b")}
+CARDS: CardMap = {PciAddress(0, 0x3B, 0): (0, "GPU-a"), PciAddress(0, 0xCB, 0): (1, "GPU-b")}
 
 
 def test_xids_logged_before_start_are_read_once_with_their_own_time(tmp_path: Path) -> None:

@@ -6,11 +6,12 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from heteroflow.agent.assembly import XID_NEEDS_NVML, run_probe
+from heteroflow.agent.assembly import run_probe
 from heteroflow.agent.collectors import select_collector
 from heteroflow.agent.commands import CommandResult
 from heteroflow.agent.nvml import LIBRARY_NOT_FOUND
 from heteroflow.agent.testing import FakeCommandRunner, FakeGpu, FakeNvml
+from heteroflow.agent.xid_status import XID_NEEDS_NVML
 from heteroflow.cli.main import app
 from heteroflow.core.testing import FakeClock
 from heteroflow.health.counters import HEALTH_KEYS

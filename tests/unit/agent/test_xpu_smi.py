@@ -119,7 +119,7 @@ def test_query_mode_gives_the_table_cards_a_uuid_and_aggregate_counts(shared_fix
     lines[aggregate + 1] = lines[aggregate + 1].replace(": 0", ": 17")
     lines[aggregate + 2] = lines[aggregate + 2].replace(": 0", ": 2")
     answers = {"xpu-smi": lambda argv: CommandResult(0, "\n".join(lines) if "-q" in argv else table, "")}
-    runner = FakeCommandRunner(answers)  # type: ignore[arg-type]
+    runner = FakeCommandRunner(answers)
     health = XpuSmiCollector(runner=runner, clock=clock).read_health()
     by_index = {gpu.index: gpu for gpu in health.gpus}
     assert by_index[1].uuid == "GPU-420716f2-9928-5108-a5b2-e6b7cf36b37c"
@@ -138,7 +138,7 @@ def test_a_failing_query_mode_keeps_the_table_and_is_not_retried_every_tick(
             CommandResult(2, "", "unknown option -q") if "-q" in argv else CommandResult(0, table, "")
         )
     }
-    runner = FakeCommandRunner(answers)  # type: ignore[arg-type]
+    runner = FakeCommandRunner(answers)
     smi = XpuSmiCollector(runner=runner, clock=clock)
     health = smi.read_health()
     assert [g.counters for g in health.gpus] == [Counters(ecc_uncorrected_total=0)] * 3

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections.abc import MutableMapping
 from typing import Any
 
 import pytest
@@ -209,7 +210,7 @@ def test_other_scopes_pass_through() -> None:
     async def nothing() -> dict[str, Any]:
         raise AssertionError("the middleware must not read a lifespan scope")
 
-    async def ignore(message: dict[str, Any]) -> None:
+    async def ignore(message: MutableMapping[str, Any]) -> None:
         return None
 
     asyncio.run(BodyLimit(app, render=render)({"type": "lifespan"}, nothing, ignore))

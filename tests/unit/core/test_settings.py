@@ -127,7 +127,8 @@ def test_docs_list_every_variable() -> None:
     from heteroflow.serving.node_manager.settings import NodeManagerSettings
 
     text = (Path(__file__).parents[3] / "docs" / "configuration.md").read_text()
-    for group in [*GROUPS, EngineSimSettings, NodeManagerSettings, ResourceMonitorSettings]:
+    groups: list[type[LenientSettings]] = [*GROUPS, EngineSimSettings, NodeManagerSettings, ResourceMonitorSettings]
+    for group in groups:
         for field in group.model_fields:
             for name in env_names(group, field):
                 assert f"`{name}`" in text, f"{name} is missing from docs/configuration.md"

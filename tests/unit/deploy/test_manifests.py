@@ -181,7 +181,8 @@ def rendered(kustomization: str) -> list[Document]:
 
 
 def pod_spec(doc: Document) -> dict[str, Any]:
-    return doc["spec"]["template"]["spec"]
+    spec: dict[str, Any] = doc["spec"]["template"]["spec"]
+    return spec
 
 
 def workloads(documents: list[Document]) -> list[Document]:
@@ -202,7 +203,7 @@ def one(documents: list[Document], kind: str, name: str) -> Document:
 
 
 def container(doc: Document, name: str) -> dict[str, Any]:
-    hits = [c for c in pod_spec(doc)["containers"] if c["name"] == name]
+    hits: list[dict[str, Any]] = [c for c in pod_spec(doc)["containers"] if c["name"] == name]
     assert len(hits) == 1, f"{doc['metadata']['name']}: no single container {name!r}"
     return hits[0]
 

@@ -12,4 +12,5 @@ def torch() -> ModuleType:
     with warnings.catch_warnings():
         # the CPU wheel warns at import that NumPy is absent; the simulator does not use NumPy
         warnings.simplefilter("ignore")
-        return pytest.importorskip("torch")
+        module: ModuleType = pytest.importorskip("torch")
+        return module

@@ -84,7 +84,7 @@ def test_the_next_push_drops_the_outcome_and_the_timer_runs_from_the_fault() -> 
 
         async def pushed() -> bool:
             entry = await conformance.released_status(h, 0)
-            return entry["status"] == "unhealthy"
+            return bool(entry["status"] == "unhealthy")
 
         await cluster.eventually(pushed, within=30, what="rank 0 unhealthy")
         entry = await conformance.released_status(h, 0)

@@ -139,9 +139,8 @@ def test_weak_signals_need_enough_known_minutes_of_the_same_card() -> None:
     assert [s.code for s in weak_signals(hot, uuid="GPU-a", t0=t0, params=params)] == ["temperature_high"]
     assert weak_signals(hot[:29], uuid="GPU-a", t0=t0, params=params) == []
     assert weak_signals(hot, uuid="GPU-b", t0=t0, params=params) == []  # another card's heat is not this card's
-    busy = {"utilization_pct": 95.0}
-    before = minute_rows(t0 - timedelta(days=2), 60, power_w=300, **busy)
-    after = minute_rows(t0 - timedelta(hours=2), 60, power_w=200, **busy)
+    before = minute_rows(t0 - timedelta(days=2), 60, power_w=300, utilization_pct=95.0)
+    after = minute_rows(t0 - timedelta(hours=2), 60, power_w=200, utilization_pct=95.0)
     (signal,) = weak_signals(before + after, uuid="GPU-a", t0=t0, params=params)
     assert signal.layer == "weak"
     assert signal.code == "power_shift"

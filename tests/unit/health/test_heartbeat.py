@@ -29,7 +29,7 @@ def test_any_xid_events_are_parsed_or_rejected_with_a_reason(events: list[dict[s
 
 
 def test_declared_index_uuid_and_time() -> None:
-    stats = [
+    stats: list[dict[str, object]] = [
         {"index": 3, "uuid": " GPU-3 ", "sampled_at": "2025-12-31T23:59:00Z", "retired_pages": 1},
         {"index": 1, "uuid": 42, "sampled_at": "not a time", "retired_pages": 2},
         {"index": 3, "retired_pages": 9},  # the same index twice in one beat is ambiguous: ignored

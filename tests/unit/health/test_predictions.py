@@ -65,7 +65,10 @@ def test_unknown_values_are_skipped_not_read_as_zero() -> None:
 
 def test_counted_xids_hit_inside_the_window_only() -> None:
     inside = [s(T0, 0), s(T0 + timedelta(days=1), 0)]
-    xid = lambda code, at, uuid="GPU-3": XidObservation(3, uuid, code, at)  # noqa: E731
+
+    def xid(code: int, at: datetime, uuid: str = "GPU-3") -> XidObservation:
+        return XidObservation(3, uuid, code, at)
+
     assert run(inside, xids=[xid(48, T0 + timedelta(hours=5))]) == "hit"
     assert run(inside, xids=[xid(171, END)]) == "hit"
     assert run(inside, xids=[xid(79, T0 + timedelta(hours=5))]) == "miss"  # fell off the bus: recorded, not counted

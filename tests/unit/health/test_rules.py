@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -21,6 +21,10 @@ DAY = timedelta(days=1)
 
 
 def sample(at: datetime, uuid: str | None = "GPU-0", **counters: int | None) -> StoredSample:
+    return sample_with(at, counters, uuid)
+
+
+def sample_with(at: datetime, counters: Mapping[str, int | None], uuid: str | None = "GPU-0") -> StoredSample:
     return StoredSample(key=CardKey(NodeId("n"), 0, "real"), uuid=uuid, sampled_at=at, counters=Counters(**counters))
 
 
@@ -37,7 +41,7 @@ def view_from(
         instant: sample(instant, uuid((T0 - instant) / DAY), ecc_corrected_total=corrected((T0 - instant) / DAY))
         for instant in boundary_instants(T0, P)
     }
-    latest = sample(T0, **({"ecc_corrected_total": corrected(0)} | (now_counters or {})))
+    latest = sample_with(T0, {"ecc_corrected_total": corrected(0)} | (now_counters or {}))
     return CardView(card=CARD, latest=latest, boundaries=boundaries, last_decrease=decreases or {})
 
 
@@ -166,8 +170,8 @@ def test_no_history_is_never_growth_from_zero() -> None:
 )
 def test_pending_and_retired_growth(start: int | None, now: int, fires: bool) -> None:
     for key, code in (("remapped_rows_pending", "pending_remap_growth"), ("retired_pages", "retired_pages_growth")):
-        boundaries = {i: sample(i, **{key: start}) for i in boundary_instants(T0, P)}
-        view = CardView(card=CARD, latest=sample(T0, **{key: now}), boundaries=boundaries)
+        boundaries = {i: sample_with(i, {key: start}) for i in boundary_instants(T0, P)}
+        view = CardView(card=CARD, latest=sample_with(T0, {key: now}), boundaries=boundaries)
         assert (code in {s.code for s in evaluate(view, P).signals}) is fires
 
 

@@ -24,7 +24,10 @@ def test_the_default_window_is_five_minutes_ahead_fifteen_behind_and_the_retenti
 
 
 def test_reading_times_outside_the_window_become_the_receive_time_with_a_reason() -> None:
-    at = lambda delta: WINDOW.reading_time(NOW + delta, received_at=NOW)  # noqa: E731
+
+    def at(delta: timedelta) -> tuple[datetime, TimeFix | None]:
+        return WINDOW.reading_time(NOW + delta, received_at=NOW)
+
     assert at(timedelta(minutes=5)) == (NOW + timedelta(minutes=5), None)
     assert at(timedelta(minutes=5, seconds=1)) == (NOW, TimeFix.AHEAD)
     assert at(-timedelta(minutes=15)) == (NOW - timedelta(minutes=15), None)

@@ -7,6 +7,7 @@ from datetime import timedelta
 from heteroflow.health.alerts import PredictedFault, predicted_fault_message, resolution_by_backfill
 from heteroflow.health.gpu_metrics import MEMORY_HIGH_RESOLUTION, memory_high_message
 from heteroflow.health.predictions import XidObservation, judge
+from heteroflow.health.samples import StoredSample
 from heteroflow.health.rules import UNCONFIRMED_NOTE, Signal, evaluate
 from heteroflow.health.statistics import BandCounts, Exposure, band_statistics
 from heteroflow.health.text_codes import alert_text_code, conclusion_code, evidence_lines, reason_code
@@ -33,11 +34,10 @@ def test_every_evidence_template_has_its_code_and_parameters() -> None:
     assert ("remap_failure", "evidence.remap_failure_new", "1") in codes
     assert {line.params.get("label_code") for line in evidence_lines(strong)} >= {"uncorrectable_ecc"}
     t0 = METRICS_T0 + timedelta(days=3)
-    busy = {"utilization_pct": 95.0}
     rows = (
         minute_rows(t0 - timedelta(hours=1), 30, temperature_c=91)
-        + minute_rows(t0 - timedelta(days=2), 60, power_w=300, **busy)
-        + minute_rows(t0 - timedelta(hours=3), 60, power_w=200, **busy)
+        + minute_rows(t0 - timedelta(days=2), 60, power_w=300, utilization_pct=95.0)
+        + minute_rows(t0 - timedelta(hours=3), 60, power_w=200, utilization_pct=95.0)
     )
     weak = weak_signals(rows, uuid="GPU-a", t0=t0, params=WeakSignalParams())
     text = "\n".join(f"{w.layer} signal [{w.code}]: {w.evidence}" for w in weak)
@@ -60,7 +60,7 @@ def test_a_caveat_and_an_unknown_line_keep_their_text() -> None:
 
 
 def test_every_judgement_and_reason_has_its_code() -> None:
-    def verdict(samples: list, xids: list | None = None) -> str | None:
+    def verdict(samples: list[StoredSample], xids: list[XidObservation] | None = None) -> str | None:
         j = judge(card=PREDICTED_CARD, t0=T0, end=END, now=END, samples=samples, xids=xids or [])
         assert j is not None
         found = conclusion_code(j.conclusion)

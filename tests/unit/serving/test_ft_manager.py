@@ -27,7 +27,7 @@ DEAD = Answered(EngineStatusEntry(id=1, status="dead"))
 
 def run(observations: list[Observation]) -> tuple[PollState, list[tuple[str, FaultEvidence]]]:
     state = PollState()
-    reports = []
+    reports: list[tuple[str, FaultEvidence]] = []
     for obs in observations:
         state, finding = observe(state, obs)
         if finding is not None:

@@ -18,6 +18,7 @@ from heteroflow.serving.node_manager.client import (
     ControllerUnavailableError,
     HttpControllerClient,
 )
+from heteroflow.serving.node_manager.engines import HttpEngineClient
 from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN, FakeController
 from heteroflow.serving.wire import (
     NM_ENGINES_RESTART_PATH,
@@ -71,7 +72,8 @@ def test_proxy_off_routes_are_404_and_heartbeats_need_the_complete_set() -> None
     async def scenario(h: Harness) -> None:
         pod = h.pods["a"]
         for path in [*FT_ROUTES, NM_FT_PROBE_PATH, NM_FT_NUDGE_PATH]:
-            for body in ({"request_id": "r", "lease_sec": 5}, {"garbage": True}, []):
+            bodies: tuple[object, ...] = ({"request_id": "r", "lease_sec": 5}, {"garbage": True}, [])
+            for body in bodies:
                 response = await pod.post(path, body)
                 assert response.status_code == 404, (path, response.text)
         await pod.nm.controller_once()
@@ -425,7 +427,7 @@ def test_apply_fills_the_store_port_and_only_engine_defined_params() -> None:
         mock = httpx.AsyncClient(transport=httpx.MockTransport(engine), base_url="http://engine")
         pod = h.pods["a"]
         original = pod.nm._engines
-        pod.nm._engines = type(original)(lambda _: mock, ft_path_prefix="/v1")
+        pod.nm._engines = HttpEngineClient(lambda _: mock, ft_path_prefix="/v1")
         try:
             await guard(h, "r", pods="a")
             response = await pod.post(

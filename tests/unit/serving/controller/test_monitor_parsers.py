@@ -361,7 +361,7 @@ def test_fuzz_node_documents_never_raise(status: object) -> None:
 
 
 # == GPU health levels ============================================================================================
-def gpu_event(kind: str, value: int, **extra: Any) -> dict[str, Any]:
+def gpu_event(kind: str, value: object, **extra: Any) -> dict[str, Any]:
     return {
         "node_id": "id-1",
         "node_name": "gpu-node-1",
@@ -993,7 +993,7 @@ def test_a_storm_of_new_card_faults_is_raised_at_most_once_per_interval() -> Non
 
     first = asyncio.run(poll([card(0), card(1)]))
     assert len(first) == 2  # the new faults of one poll are raised together
-    raised = [first]
+    raised: list[tuple[str, ...]] = [first]
     for n in range(2, 40):  # a new invented card every second
         clock.advance(1)
         raised.append(asyncio.run(poll([card(n)])))

@@ -904,7 +904,8 @@ def test_bad_bodies_are_4xx_and_reach_no_engine(content: bytes | str, status: in
 def test_a_content_length_that_is_no_length_is_4xx(length: bytes, status: int, message: str, path: str) -> None:
     async def scenario() -> None:
         async with harness(max_body_bytes=4096) as h:
-            headers = {**(KEY if path.startswith("/v1/") else MANAGE), "content-length": length}
+            auth = KEY if path.startswith("/v1/") else MANAGE
+            headers = {name.encode(): value.encode() for name, value in auth.items()} | {b"content-length": length}
             response = await h.client.post(path, headers=headers, content=b'{"model": "m"}')
             body = response.json()
             found = body["error"]["message"] if path.startswith("/v1/") else body["detail"]

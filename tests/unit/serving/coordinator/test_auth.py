@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from heteroflow.core.testing import FakeClock
+from heteroflow.platform.auth import bearer_value
 from heteroflow.serving.coordinator.auth import (
     PLATFORM_CHECK_PATH,
     REFUSED_CACHE_SEC,
@@ -17,7 +18,6 @@ from heteroflow.serving.coordinator.auth import (
     KeyIdentity,
     PlatformKeyChecker,
     PlatformUnavailableError,
-    bearer_value,
     cluster_token_matches,
     key_digest,
 )
