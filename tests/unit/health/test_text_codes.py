@@ -7,8 +7,8 @@ from datetime import timedelta
 from heteroflow.health.alerts import PredictedFault, predicted_fault_message, resolution_by_backfill
 from heteroflow.health.gpu_metrics import MEMORY_HIGH_RESOLUTION, memory_high_message
 from heteroflow.health.predictions import XidObservation, judge
-from heteroflow.health.samples import StoredSample
 from heteroflow.health.rules import UNCONFIRMED_NOTE, Signal, evaluate
+from heteroflow.health.samples import StoredSample
 from heteroflow.health.statistics import BandCounts, Exposure, band_statistics
 from heteroflow.health.text_codes import alert_text_code, conclusion_code, evidence_lines, reason_code
 from heteroflow.health.weak_signals import WeakSignalParams, weak_signals
