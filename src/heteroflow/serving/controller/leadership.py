@@ -144,7 +144,7 @@ class LeaderElection:
                     break
             except StoreUnavailableError as exc:
                 self._note_error(f"campaign: {exc}")
-            await asyncio.sleep(self.poll_sec)
+            await self.clock.sleep(self.poll_sec)
         self.role = "leader"
         self.holder = self.claim
         self.became_leader_at = self.clock.monotonic()
@@ -181,7 +181,7 @@ class LeaderElection:
         margin = min(1.0, self.ttl_sec / 6)
         valid_until = self.clock.monotonic() + self.ttl_sec - margin
         while True:
-            await asyncio.sleep(self.renew_sec)
+            await self.clock.sleep(self.renew_sec)
             sent = self.clock.monotonic()
             try:
                 remaining = await self.store.keep_alive(lease_id)
