@@ -94,7 +94,8 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
     takes no real time, in the same order as with real time. Sound when every peer is in the loop (ASGI
     transports, in-memory fakes); time stands still while a thread of ``run_in_executor`` works; a wait on a
     socket to another process gets no jump (the loop waits for real when a timer is further off than the
-    answer), so such tests keep the real clock.
+    answer), so such tests keep the real clock. A task that never waits on a timer (a loop of ``sleep(0)``, a
+    period kept by reading ``time.monotonic``) stops virtual time for every other.
     """
 
     def __init__(self, start: float = 1000.0) -> None:
