@@ -79,6 +79,7 @@ class _JumpingSelector(selectors.DefaultSelector):
     def select(self, timeout: float | None = None) -> list[tuple[selectors.SelectorKey, int]]:
         ready: list[tuple[selectors.SelectorKey, int]] = super().select(0)
         if ready or timeout == 0:
+            self.loop.catch_up()
             return ready
         if timeout is None or self.loop.threads_working:  # only real I/O or a thread can move things on
             found: list[tuple[selectors.SelectorKey, int]] = super().select(timeout)
@@ -110,6 +111,20 @@ class VirtualTimeLoop(asyncio.SelectorEventLoop):
 
     def jump(self, seconds: float) -> None:
         self._virtual_time += max(0.0, seconds)
+        self.catch_up()
+
+    def catch_up(self) -> None:
+        """Bring the clock to the next timer when it is due within the loop's clock resolution.
+
+        asyncio runs a timer up to that resolution early; with real time the clock gets there a moment later,
+        with virtual time it would not, and code that waits until a deadline and then checks ``now >=
+        deadline`` would find it not reached and wait again at the same instant, for ever.
+        """
+        scheduled: list[asyncio.TimerHandle] = getattr(self, "_scheduled", [])  # the loop's heap of timers
+        if scheduled:
+            when = scheduled[0].when()
+            if self._virtual_time < when <= self._virtual_time + self._clock_resolution:  # type: ignore[attr-defined]
+                self._virtual_time = when
 
     def run_in_executor(  # type: ignore[override]
         self, executor: Executor | None, func: Callable[..., T], *args: Any
