@@ -52,13 +52,17 @@ async def eventually(
     what: str,
     period: float = PERIOD_S,
 ) -> T:
-    """:func:`until` in an event loop: the loop runs between two checks; ``check`` may be a coroutine function."""
-    deadline = time.monotonic() + within
+    """:func:`until` in an event loop: the loop runs between two checks; ``check`` may be a coroutine function.
+
+    The deadline is on the loop's clock (real time on asyncio's loop; virtual time on
+    :class:`heteroflow.core.testing.VirtualTimeLoop`, where ``within`` is virtual seconds)."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + within
     while True:
         result = check()
         last: T | None = await result if inspect.isawaitable(result) else result
         if last:
             return last
-        if time.monotonic() > deadline:
+        if loop.time() > deadline:
             raise timed_out(within, what, last)
         await asyncio.sleep(period)  # the polling period, bounded by the deadline above

@@ -123,7 +123,15 @@ def scaled_down_controller(tmp: Path, profile_name: ProfileName | None = None) -
         try:
             # pod a on a named node with one card behind each rank (the dashboard links those ranks to the card);
             # pod b registers neither (its ranks link nowhere: unknown, never a guess)
-            run_plane(scenario, tmp, node_names={"a": "gpu-node-a"}, device_infos=RANK_CARDS, profile_name=profile_name)
+            # real time: the browser reaches the controller over a socket while the plane runs
+            run_plane(
+                scenario,
+                tmp,
+                node_names={"a": "gpu-node-a"},
+                device_infos=RANK_CARDS,
+                profile_name=profile_name,
+                virtual_time=False,
+            )
         except BaseException as exc:  # surfaced in the test thread
             box["error"] = exc
         finally:

@@ -1,11 +1,14 @@
 """Time, injected.
 
-Every component that reads the time takes a :class:`Clock`. Production code gets :class:`SystemClock`;
-tests get :class:`heteroflow.core.testing.FakeClock` and never wait on the real clock.
+Every component that reads the time, or waits for it to pass, takes a :class:`Clock`. Production code gets
+:class:`SystemClock`; tests get :class:`heteroflow.core.testing.FakeClock` (moved by hand) or
+:class:`heteroflow.core.testing.LoopClock` on a virtual-time loop (:func:`heteroflow.core.testing.run_virtual`),
+and never wait on the real clock.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
 from datetime import UTC, datetime
 from typing import Protocol
@@ -20,13 +23,47 @@ class Clock(Protocol):
         """Seconds from an arbitrary origin that never goes backwards."""
         ...
 
+    async def sleep(self, seconds: float) -> None:
+        """Wait ``seconds`` of this clock's time (``<= 0``: only let the other tasks run)."""
+        ...
 
-class SystemClock:
+    async def wait_for(self, event: asyncio.Event, timeout: float) -> bool:  # noqa: ASYNC109 (this clock is the time)
+        """Wait until ``event`` is set or ``timeout`` seconds pass; whether it is set."""
+        ...
+
+
+class LoopWaits:
+    """Waits on the running event loop's own timers: the loop's clock is the clock (real or virtual)."""
+
+    async def sleep(self, seconds: float) -> None:
+        await asyncio.sleep(max(0.0, seconds))
+
+    async def wait_for(self, event: asyncio.Event, timeout: float) -> bool:  # noqa: ASYNC109 (this clock is the time)
+        if event.is_set():
+            return True
+        try:
+            await asyncio.wait_for(event.wait(), timeout=max(0.0, timeout))
+        except TimeoutError:
+            return event.is_set()
+        return True
+
+
+class SystemClock(LoopWaits):
     def now(self) -> datetime:
         return datetime.now(UTC)
 
     def monotonic(self) -> float:
         return time.monotonic()
+
+
+async def sleep_until(clock: Clock, deadline: float) -> None:
+    """Wait until ``clock.monotonic()`` reaches ``deadline`` (at once when it already has)."""
+    await clock.sleep(deadline - clock.monotonic())
+
+
+def remaining(clock: Clock, deadline: float) -> float:
+    """Seconds left until the monotonic ``deadline`` (never negative)."""
+    return max(0.0, deadline - clock.monotonic())
 
 
 def utc(value: datetime) -> datetime:

@@ -3,8 +3,11 @@ Coordinator and the engine simulator's in-process fake engines.
 
 Everything talks through the real HTTP routes (httpx over ASGI transports, no sockets): the controller's
 app for the NodeManagers, the NodeManagers' apps for the controller, the engines' apps for the NodeManagers.
-The NodeManagers' and the controller's loops run for real with short intervals; the fake engines' clock is
-pumped in step with real time so that their timeouts mean what they say.
+The NodeManagers' and the controller's loops run with short intervals on virtual time
+(:class:`heteroflow.core.testing.VirtualTimeLoop`: when every task waits, the loop's clock jumps to the next
+timer), so a scenario takes as long as its work, not its waits, and runs in the same order every time; the
+fake engines' clock is pumped in step with the loop's clock so that their timeouts mean what they say. Tests
+read time through :func:`loop_now`, never ``time.monotonic``.
 
 Pod ``a`` runs ranks 0 and 1, pod ``b`` ranks 2 and 3 (4 logical experts + 4 redundant, 2 slots per rank).
 """
@@ -19,17 +22,20 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import httpx
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from heteroflow.contracts.engine_protocol import ProfileName
-from heteroflow.core.clock import SystemClock
+from heteroflow.core.errors import StoreUnavailableError
+from heteroflow.core.testing import LoopClock, run_virtual
 from heteroflow.engine_sim import conformance
 from heteroflow.engine_sim.testing import FakeEngineCluster
 from heteroflow.serving.controller.app import create_app as controller_app
@@ -41,6 +47,7 @@ from heteroflow.serving.coordinator.app import Coordinator
 from heteroflow.serving.coordinator.app import create_app as coordinator_application
 from heteroflow.serving.coordinator.settings import CoordinatorSettings
 from heteroflow.serving.coordinator.testing import TEST_API_KEY_SHA256
+from heteroflow.serving.node_manager import daemon as node_manager_daemon
 from heteroflow.serving.node_manager.app import create_app as node_manager_app
 from heteroflow.serving.node_manager.client import HttpControllerClient
 from heteroflow.serving.node_manager.daemon import NodeManager, PodIdentity
@@ -98,6 +105,11 @@ def instance_spec(
             **extra,
         }
     )
+
+
+def loop_now() -> float:
+    """The running loop's clock: the controller's and the plane's time (virtual under :func:`run_plane`)."""
+    return asyncio.get_running_loop().time()
 
 
 NmHook = Callable[[str, httpx.Request], Awaitable[httpx.Response | None]]
@@ -199,7 +211,7 @@ class EngineRouter(httpx.AsyncBaseTransport):
         if trace is not None:
             await trace("http11.send_request_headers.started", {"request": request})
             await trace("http11.send_request_headers.complete", {"return_value": None})
-        self.received.append((rank, time.monotonic()))
+        self.received.append((rank, loop_now()))
         inner = self._cluster.client(rank)
         forwarded = inner.build_request(request.method, request.url.path, content=await request.aread())
         forwarded.headers.update({k: v for k, v in request.headers.items() if k.lower() == "content-type"})
@@ -217,11 +229,69 @@ class TimedTransport(httpx.AsyncBaseTransport):
         self.calls: list[tuple[str, float, float]] = []
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
-        sent = time.monotonic()
+        sent = loop_now()
         response = await self._inner.handle_async_request(request)
         await response.aread()
-        self.calls.append((request.url.path.rsplit("/", 1)[-1].upper(), sent, time.monotonic()))
+        self.calls.append((request.url.path.rsplit("/", 1)[-1].upper(), sent, loop_now()))
         return response
+
+
+class ControllerLink:
+    """One controller incarnation's reach: cut when the test kills it (its crash hook fired), after which
+    everything it sends, to the NodeManagers, the Coordinator or the store, fails as from a dead process."""
+
+    def __init__(self) -> None:
+        self.alive = True
+        self.exit_codes: list[int] = []
+
+    def kill(self, code: int) -> None:
+        self.alive = False
+        self.exit_codes.append(code)
+
+    def check(self, request: httpx.Request | None = None) -> None:
+        if not self.alive:
+            raise httpx.ConnectError("the controller process is gone", request=request)
+
+
+class _LinkedStore:
+    """The runtime store as one controller incarnation sees it: unreachable once its link is cut."""
+
+    def __init__(self, inner: FtRuntimeStore, link: ControllerLink) -> None:
+        self._inner, self._link = inner, link
+
+    def __getattr__(self, name: str) -> Any:
+        attr = getattr(self._inner, name)
+        if name == "close" or not callable(attr):
+            return attr
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            if not self._link.alive:
+                raise StoreUnavailableError("the controller process is gone")
+            return await attr(*args, **kwargs)
+
+        return call
+
+
+class _LinkedTransport(httpx.AsyncBaseTransport):
+    def __init__(self, inner: httpx.AsyncBaseTransport, link: ControllerLink) -> None:
+        self._inner, self._link = inner, link
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self._link.check(request)
+        return await self._inner.handle_async_request(request)
+
+
+class _ControllerApp:
+    """The controller's address: the NodeManagers and the test reach whichever incarnation runs now, and get
+    connection errors while none does."""
+
+    def __init__(self) -> None:
+        self.app: FastAPI | None = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self.app is None:
+            raise httpx.ConnectError("no controller is running")
+        await self.app(scope, receive, send)
 
 
 @dataclass
@@ -239,6 +309,24 @@ class Plane:
     """The real Coordinator's app when the plane runs with one (``run_plane(real_coordinator=True)``)."""
     engine_router: EngineRouter | None = None
     view_calls: TimedTransport | None = None
+    link: ControllerLink = field(default_factory=ControllerLink)
+    """The running controller's reach (:meth:`restart_controller` makes a new one)."""
+    restart: Callable[[], Awaitable[Controller]] | None = None
+
+    async def killed(self, *, within: float) -> int:
+        """Wait until the controller's crash hook fired; its exit code."""
+        return await eventually(
+            lambda: self.link.exit_codes[0] if self.link.exit_codes else None,
+            within=within,
+            what="the controller's crash hook fires",
+        )
+
+    async def restart_controller(self) -> Controller:
+        """Stop what is left of the controller (its tasks; its link is cut already when its crash hook fired) and
+        start a new one on the same store, as a supervisor restarts a killed process."""
+        assert self.restart is not None
+        self.controller = await self.restart()
+        return self.controller
 
     async def status(self) -> dict[str, Any]:
         response = await self.http.get("/controller/fault_tolerance/status")
@@ -288,11 +376,11 @@ class Plane:
 
 
 async def _pump(cluster: FakeEngineCluster) -> None:
-    """Move the fake engines' clock with real time (their timers and the NodeManagers' run on it)."""
-    last = time.monotonic()
+    """Move the fake engines' clock with the loop's (their timers and the NodeManagers' run on it)."""
+    last = loop_now()
     while True:
         await asyncio.sleep(0.01)  # the pump's own period
-        now = time.monotonic()
+        now = loop_now()
         cluster.clock.advance(now - last)
         last = now
         cluster.tick()
@@ -313,11 +401,16 @@ def run_plane(
     device_infos: dict[int, list[dict[str, Any]]] | None = None,
     node_manager_poll_sec: float = 0.05,
     profile_name: ProfileName | None = None,
+    virtual_time: bool = True,
+    crash_at: str | None = None,
 ) -> None:
-    """``node_names``: pod name (``a``, ``b``) → the Kubernetes node it registers; ``device_infos``: endpoint id
+    """``virtual_time``: run on a :class:`~heteroflow.core.testing.VirtualTimeLoop` (the default; ``False``: on
+    asyncio's loop, in real time, for a plane that waits on a socket, a thread or a clock of its own).
+    ``node_names``: pod name (``a``, ``b``) → the Kubernetes node it registers; ``device_infos``: endpoint id
     → its devices. Both default to none (pods without node names or devices: hardware faults are unmappable).
     ``profile_name``: the engines speak it and the NodeManagers discover it (default: ``scale-down`` at a
-    known prefix)."""
+    known prefix). ``crash_at``: the first controller's crash hook fires at that step of a round (the test-only
+    ``crash_at_step``): its link is cut there, and :meth:`Plane.restart_controller` starts the next one."""
 
     async def main() -> None:
         cluster = FakeEngineCluster(dp_size=4, slots_per_rank=slots_per_rank, profile_name=profile_name or "scale-down")
@@ -346,21 +439,40 @@ def run_plane(
             name = url.removeprefix("http://nm-")
             return _HookedTransport(name, nm_apps[name], hooks)
 
-        config = ControllerConfig(
-            settings=ControllerSettings.load(cluster_token=cluster_token, heartbeat_interval_sec=0.1),
-            ft=FaultToleranceConfig.load(**{**FAST_FT, **(ft or {})}),
-        )
-        controller = Controller(
-            config=config,
-            store=store() if store is not None else SqliteFtRuntimeStore(tmp_path / "ft.db"),
-            node_managers=NodeManagerClient(cluster_token=cluster_token, timeout_sec=2.0, transport_for=transport_for),
-            coordinator=CoordinatorClient(
-                COORDINATOR_URL, cluster_token=cluster_token, timeout_sec=2.0, transport_for=transport_for
-            ),
-            clock=SystemClock(),
-            exit_process=_refuse_exit,
-        )
-        capp = controller_app(controller, cluster_token=cluster_token)
+        address = _ControllerApp()
+
+        def incarnation(link: ControllerLink, crash: str | None) -> Controller:
+            config = ControllerConfig(
+                settings=ControllerSettings.load(
+                    cluster_token=cluster_token, heartbeat_interval_sec=0.1, crash_at_step=crash
+                ),
+                ft=FaultToleranceConfig.load(**{**FAST_FT, **(ft or {})}),
+            )
+
+            def linked(url: str) -> httpx.AsyncBaseTransport | None:
+                inner = transport_for(url)
+                return None if inner is None else _LinkedTransport(inner, link)
+
+            made = Controller(
+                config=config,
+                store=cast(
+                    FtRuntimeStore,
+                    _LinkedStore(store() if store is not None else SqliteFtRuntimeStore(tmp_path / "ft.db"), link),
+                ),
+                node_managers=NodeManagerClient(cluster_token=cluster_token, timeout_sec=2.0, transport_for=linked),
+                coordinator=CoordinatorClient(
+                    COORDINATOR_URL, cluster_token=cluster_token, timeout_sec=2.0, transport_for=linked
+                ),
+                clock=LoopClock(start=datetime.now(UTC)),
+                exit_process=link.kill if crash is not None else _refuse_exit,
+            )
+            address.app = controller_app(made, cluster_token=cluster_token)
+            return made
+
+        first_link = ControllerLink()
+        controller = incarnation(first_link, crash_at)
+        current = [controller]  # the incarnation running now, closed at the end
+        capp = address
         node_managers: dict[str, NodeManager] = {}
         launchers: dict[str, FakeLauncher] = {}
         pump = asyncio.create_task(_pump(cluster))
@@ -403,6 +515,19 @@ def run_plane(
                 launchers[name] = launcher
                 await nm.start()
             plane = Plane(cluster, controller, coordinator, node_managers, launchers, http, hooks, nm_apps)
+            plane.link = first_link
+
+            async def restart() -> Controller:
+                plane.link.alive = False
+                address.app = None
+                await plane.controller.close()
+                plane.link = ControllerLink()
+                made = incarnation(plane.link, None)
+                current[0] = made
+                await made.start()
+                return made
+
+            plane.restart = restart
             if real is not None:
                 plane.real_coordinator, plane.engine_router, plane.view_calls = coordinator_app, router, timed
             await plane.until(
@@ -416,14 +541,32 @@ def run_plane(
             with contextlib.suppress(asyncio.CancelledError):
                 await pump
             await http.aclose()
-            await controller.close()
+            await current[0].close()
             if real is not None:
                 await real.aclose()
             for nm in node_managers.values():
                 await nm.close()
             await cluster.close()
 
-    asyncio.run(main())
+    if virtual_time:
+        with _node_manager_time_on_the_loop():
+            run_virtual(main())
+    else:
+        asyncio.run(main())
+
+
+@contextlib.contextmanager
+def _node_manager_time_on_the_loop() -> Iterator[None]:
+    """The NodeManager's engine poller still reads ``time.monotonic()`` to keep its period. On virtual time a
+    poll that took longer in real time than the period (a loaded machine) would leave it no pause at all, and a
+    task that never waits on a timer stops virtual time for every other: while the plane runs on virtual time,
+    the poller reads the loop's clock instead."""
+    original = node_manager_daemon.time
+    node_manager_daemon.time = SimpleNamespace(monotonic=loop_now)  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        node_manager_daemon.time = original
 
 
 def _refuse_exit(code: int) -> None:

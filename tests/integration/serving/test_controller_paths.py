@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +20,7 @@ from heteroflow.serving.wire import (
     NM_FT_PROBE_PATH,
     NM_FT_STATUS_PATH,
 )
-from tests.integration.serving.controller_harness import Plane, run_plane
+from tests.integration.serving.controller_harness import Plane, loop_now, run_plane
 from tests.integration.serving.test_controller_rounds import events, reconfiguring, scaled_down
 
 
@@ -270,6 +269,7 @@ def test_f58_a_refused_lease_renewal_fails_the_round_before_commit(tmp_path: Pat
         scenario,
         tmp_path,
         ft={"execution_deadline_sec": 1.0, "request_timeout_sec": 2.0, "poll_interval_sec": 0.1},
+        virtual_time=False,  # on virtual time this plane stalls after the refused renewal (not understood yet)
     )
 
 
@@ -281,7 +281,7 @@ def test_fallbacks_converge_bounded_attempts_then_intervention_required(tmp_path
             if request.url.path == NM_FT_APPLY_PATH:
                 return httpx.Response(502, json={"error": "apply_rejected", "detail": "injected"})
             if request.url.path == NM_ENGINES_RESTART_PATH:
-                restarts.append(time.monotonic())
+                restarts.append(loop_now())
                 return httpx.Response(503, json={"error": "unavailable", "detail": "injected: the card is gone"})
             return None
 
@@ -299,8 +299,8 @@ def test_fallbacks_converge_bounded_attempts_then_intervention_required(tmp_path
         metrics = plane.controller.metrics.render().decode()
         assert 'heteroflow_controller_intervention_required{instance_id="inst-1"} 1.0' in metrics
         # it stays there: no further relaunch is attempted
-        deadline = time.monotonic() + 2.5
-        while time.monotonic() < deadline:
+        deadline = loop_now() + 2.5
+        while loop_now() < deadline:
             assert len(restarts) == attempts
             await asyncio.sleep(0.1)  # watching for a relaunch that must not come
 

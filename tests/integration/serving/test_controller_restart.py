@@ -1,7 +1,10 @@
-"""Crash injection (F-32, A17): the controller process dies at each step boundary of a round and is restarted
-on the same store. A round in flight is never replayed: it becomes RECONFIGURING with its fallback (including
-the commit window where the NodeManagers committed and the controller had not persisted yet); a persisted
-SCALED_DOWN_RUNNING is kept and republished.
+"""Crash injection (F-32, A17) against the real process: ``heteroflow controller`` exits through its crash hook
+at a step boundary of a round and is started again on the same SQLite store. A round in flight is never
+replayed: it becomes RECONFIGURING with its fallback; a persisted SCALED_DOWN_RUNNING is kept and republished.
+
+Every step boundary runs in process on virtual time in ``test_controller_crash_points.py`` (the same
+expectations, :data:`APPLIED_BEFORE_CRASH`); here two rows prove the same of the real process, its exit and its
+store across processes: a round in flight after its applies, and a round persisted as finished.
 """
 
 from __future__ import annotations
@@ -30,7 +33,10 @@ def test_every_step_has_an_expectation() -> None:
     assert set(APPLIED_BEFORE_CRASH) == set(CRASH_STEPS)
 
 
-@pytest.mark.parametrize("step", CRASH_STEPS)
+PROCESS_STEPS = ("after_apply", "after_round_persisted")
+
+
+@pytest.mark.parametrize("step", PROCESS_STEPS)
 def test_controller_killed_at_a_step_boundary_never_replays_the_round(tmp_path: Path, step: str) -> None:
     async def scenario(plane: ProcessPlane) -> None:
         plane.start_controller(crash_at=step)

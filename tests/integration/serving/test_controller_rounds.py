@@ -8,7 +8,6 @@ and watches the controller, the NodeManagers, the engines and the Coordinator's 
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,7 @@ import httpx
 from heteroflow.engine_sim import conformance
 from heteroflow.serving.coordinator.testing import TEST_API_KEY
 from heteroflow.serving.wire import NM_FT_APPLY_PATH, NM_FT_STATUS_PATH
-from tests.integration.serving.controller_harness import Plane, run_plane
+from tests.integration.serving.controller_harness import Plane, loop_now, run_plane
 
 Check = Callable[[dict[str, Any]], bool]
 
@@ -254,7 +253,7 @@ def test_a1_under_load_through_the_coordinator_no_request_reaches_a_withdrawn_en
                 while not stop.is_set():
                     body = {"model": "heteroflow-sim-moe", "prompt": "load", "max_tokens": 4}
                     response = await client.post("/v1/completions", json=body, timeout=30)
-                    results.append((response.status_code, time.monotonic()))
+                    results.append((response.status_code, loop_now()))
                     if response.status_code != 200:
                         await asyncio.sleep(0.05)  # a client's own back-off after a 503, as Retry-After asks
 
@@ -262,7 +261,7 @@ def test_a1_under_load_through_the_coordinator_no_request_reaches_a_withdrawn_en
             await plane.until(lambda s: sum(c == 200 for c, _ in results) >= 20, within=10, what="traffic flows")
             plane.cluster.kill_worker(1)  # the load itself makes the survivors meet the fault
             await plane.until(scaled_down([1]), within=20, what="rank 1 committed under load")
-            committed_at = time.monotonic()
+            committed_at = loop_now()
             await plane.until(
                 lambda s: sum(c == 200 and t > committed_at for c, t in results) >= 20,
                 within=15,
@@ -279,4 +278,5 @@ def test_a1_under_load_through_the_coordinator_no_request_reaches_a_withdrawn_en
         assert [t for r, t in received if r == 1 and t > del_returned] == []  # never the removed rank again
         assert {r for r, t in received if t > add_sent} == {0, 2, 3}
 
-    run_plane(scenario, tmp_path, real_coordinator=True)
+    # real time: the Coordinator waits for a view change on its own clock, not the loop's
+    run_plane(scenario, tmp_path, real_coordinator=True, virtual_time=False)

@@ -65,7 +65,12 @@ def test_etcd_down_before_apply_fails_the_round_safely(
         )
         assert (await stored(etcd, prefix))["phase"] == "RECONFIGURING"
 
-    run_plane(scenario, tmp_path, store=lambda: EtcdFtRuntimeStore(etcd.endpoint, prefix=prefix, timeout_sec=1.0))
+    run_plane(
+        scenario,
+        tmp_path,
+        store=lambda: EtcdFtRuntimeStore(etcd.endpoint, prefix=prefix, timeout_sec=1.0),
+        virtual_time=False,  # etcd answers over a socket: its timeouts are real time
+    )
 
 
 def test_etcd_down_after_commit_keeps_the_scale_down_and_recovers(
@@ -119,4 +124,9 @@ def test_etcd_down_after_commit_keeps_the_scale_down_and_recovers(
         assert plane.coordinator.published() == [0, 3]
         assert await stored(etcd, prefix) == {"phase": "SCALED_DOWN_RUNNING", "dead_committed": [1, 2]}
 
-    run_plane(scenario, tmp_path, store=lambda: EtcdFtRuntimeStore(etcd.endpoint, prefix=prefix, timeout_sec=1.0))
+    run_plane(
+        scenario,
+        tmp_path,
+        store=lambda: EtcdFtRuntimeStore(etcd.endpoint, prefix=prefix, timeout_sec=1.0),
+        virtual_time=False,  # etcd answers over a socket: its timeouts are real time
+    )

@@ -12,7 +12,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import replace
 from datetime import UTC, datetime
@@ -34,7 +33,7 @@ from heteroflow.serving.controller.monitor import (
     hosting_nodes,
 )
 from heteroflow.storage.db import create_db_engine, upgrade_database
-from tests.integration.serving.controller_harness import Plane, run_plane
+from tests.integration.serving.controller_harness import Plane, loop_now, run_plane
 from tests.support.harness import Harness, running_server
 from tests.support.polling import eventually
 
@@ -170,13 +169,13 @@ def test_a11_hardware_first_then_software_dead_scales_down_matched(tmp_path: Pat
 def test_a12_no_confirmation_within_the_window_reconfigures(tmp_path: Path) -> None:
     async def scenario(plane: Plane) -> None:
         ops_before = len(plane.coordinator.ops)
-        sent = time.monotonic()
+        sent = loop_now()
         answer = await report(
             plane, node_name="node-b", card="Ascend910-0", fault_code="80E18402", level=5, source="operator"
         )
         assert answer["mappings"] == {"inst-1": "MAPPED [2]"}
         status = await plane.until(reconfiguring, within=10, what="the window expires")
-        assert time.monotonic() - sent >= SHORT_WINDOW["hardware_ft_correlation_window_sec"]
+        assert loop_now() - sent >= SHORT_WINDOW["hardware_ft_correlation_window_sec"]
         assert status["last_error"] == "CORRELATION_EXPIRED"
         assert status["fallback_strategy"] == "InstanceReconfiguration"
         assert status["rounds"] == []  # never a scale-down round: hardware ranks never enter removed_dp_ranks
@@ -202,8 +201,8 @@ def test_a13_a_fault_on_a_committed_rank_is_handled_without_a_new_round(tmp_path
             )
             assert monitor.status().reports == 1
             # no window opened: well past it, nothing has moved
-            watch_until = time.monotonic() + SHORT_WINDOW["hardware_ft_correlation_window_sec"] + 0.5
-            while time.monotonic() < watch_until:
+            watch_until = loop_now() + SHORT_WINDOW["hardware_ft_correlation_window_sec"] + 0.5
+            while loop_now() < watch_until:
                 status = await plane.status()
                 assert status["phase"] == "SCALED_DOWN_RUNNING", status
                 assert status["rounds"] == committed["rounds"]
@@ -218,11 +217,11 @@ def test_a13_a_fault_on_a_committed_rank_is_handled_without_a_new_round(tmp_path
 def test_a14_unknown_card_format_takes_the_original_fallback_without_a_window(tmp_path: Path) -> None:
     async def scenario(plane: Plane) -> None:
         original_fallback(plane, FallbackStrategy.ENGINE_RELAUNCH)
-        sent = time.monotonic()
+        sent = loop_now()
         answer = await report(plane, node_name="node-a", card="slot 4 / left", fault_code="X1", level=6)
         assert answer["mappings"]["inst-1"].startswith("UNMAPPABLE unknown card-name format")
         status = await plane.until(reconfiguring, within=10, what="the original strategy")
-        assert time.monotonic() - sent < 5.0  # the default 5 s window was never waited for
+        assert loop_now() - sent < 5.0  # the default 5 s window was never waited for
         assert status["last_error"] == "HARDWARE_UNMAPPABLE"
         assert status["fallback_strategy"] == "EngineRelaunch"  # the deployment's own, not the hardware rule's
         assert status["rounds"] == []
@@ -301,7 +300,9 @@ def test_gpu_health_xid_from_the_platform_drives_a_matched_scale_down(tmp_path: 
                     assert decided["hardware_matched"] is True
                     assert monitor.status().reports == 1  # XID 13 is informational
 
-            run_plane(scenario, tmp_path, node_names=GPU_NODES, device_infos=GPU_DEVICES)
+            # real time: the platform's own routes run in its framework's worker threads, which the virtual-time
+            # loop does not see
+            run_plane(scenario, tmp_path, node_names=GPU_NODES, device_infos=GPU_DEVICES, virtual_time=False)
     finally:
         engine.dispose()
 

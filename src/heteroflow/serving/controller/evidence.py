@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from typing import TYPE_CHECKING
 
 import structlog
 
@@ -13,10 +12,9 @@ from heteroflow.serving.controller.clients import PeerError
 from heteroflow.serving.controller.core import normalizer
 from heteroflow.serving.controller.core.ranks import DpRank
 from heteroflow.serving.controller.core.topology import PodTopology
+from heteroflow.serving.controller.instance import Instance
+from heteroflow.serving.controller.ports import EvidencePorts
 from heteroflow.serving.wire import FaultEvidence, ProbeRequest, SoftwareFaultReport
-
-if TYPE_CHECKING:
-    from heteroflow.serving.controller.service import Controller, Instance
 
 _log = structlog.get_logger(__name__)
 
@@ -24,7 +22,7 @@ COLLECT_SPACING_SEC = 0.25
 """At most one on-demand status collection per instance in this interval."""
 
 
-def collect_missing(ctrl: Controller, inst: Instance) -> None:
+def collect_missing(ctrl: EvidencePorts, inst: Instance) -> None:
     """An incomplete snapshot: ask the NodeManagers at once for the FT status of the ranks nobody reported
     on yet, instead of waiting up to a poll period for their own pollers (the same status route a round
     polls; the controller still never talks to an engine), and again every ``COLLECT_SPACING_SEC`` while the
@@ -80,7 +78,7 @@ def collect_missing(ctrl: Controller, inst: Instance) -> None:
     ctrl.spawn(collect(), name=f"collect-{inst.instance_id}")
 
 
-def nudge_idle(ctrl: Controller, inst: Instance) -> None:
+def nudge_idle(ctrl: EvidencePorts, inst: Instance) -> None:
     """F-54: a DEAD is known but survivors stay HEALTHY for lack of traffic; with ``nudge_idle_survivors``
     each of their NodeManagers sends one bounded request so they meet the fault in their collective."""
     if not ctrl.ft.nudge_idle_survivors or inst.nudged:
@@ -108,11 +106,11 @@ def nudge_idle(ctrl: Controller, inst: Instance) -> None:
     ctrl.spawn(nudge(), name=f"nudge-{inst.instance_id}")
 
 
-def recheck_unreachable(ctrl: Controller, inst: Instance) -> None:
+def recheck_unreachable(ctrl: EvidencePorts, inst: Instance) -> None:
     """Unreachable is not dead by itself: a rank whose only DEAD evidence is a status timeout
     (``FT_UNREACHABLE``) is asked about again through its NodeManager every ``COLLECT_SPACING_SEC`` while no
     round has started. If the same engine (the identity the report carried) answers healthy, the evidence is
-    withdrawn (:meth:`Controller.withdraw_evidence`), ending the COLLECTING wait for it. The supervisor's word
+    withdrawn (``withdraw_evidence``), ending the COLLECTING wait for it. The supervisor's word
     wins: ``not_running`` or another identity keeps the DEAD; a supervisor's ``ENGINE_DEAD`` never reverts."""
     ranks = {
         rank: inst.unreachable.get(rank)

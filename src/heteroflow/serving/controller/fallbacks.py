@@ -22,10 +22,8 @@ until an operator acts (a restart of the controller starts counting again).
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import structlog
 
@@ -33,10 +31,9 @@ from heteroflow.serving.controller.clients import PeerError
 from heteroflow.serving.controller.core import overlay
 from heteroflow.serving.controller.core import runtime as rt
 from heteroflow.serving.controller.core.phase import FtPhase
+from heteroflow.serving.controller.instance import Instance
+from heteroflow.serving.controller.ports import StrategyPorts
 from heteroflow.serving.wire import EnginesStartRequest
-
-if TYPE_CHECKING:
-    from heteroflow.serving.controller.service import Controller, Instance
 
 _log = structlog.get_logger(__name__)
 
@@ -46,7 +43,7 @@ READY_TIMEOUT_FACTOR = 3.0
 INTERVENTION_REQUIRED = "INTERVENTION_REQUIRED"
 
 
-def ready_timeout(ctrl: Controller, inst: Instance) -> float:
+def ready_timeout(ctrl: StrategyPorts, inst: Instance) -> float:
     """How long relaunched engines may take: three times the last measured start, within the configured bound."""
     bound = ctrl.ft.fallback_ready_timeout_sec
     if inst.measured_start_sec is None:
@@ -54,7 +51,7 @@ def ready_timeout(ctrl: Controller, inst: Instance) -> float:
     return min(bound, max(MIN_READY_TIMEOUT_SEC, READY_TIMEOUT_FACTOR * inst.measured_start_sec))
 
 
-def _attempt_allowed(ctrl: Controller, inst: Instance, request_id: str) -> bool:
+def _attempt_allowed(ctrl: StrategyPorts, inst: Instance, request_id: str) -> bool:
     """Count one whole-instance attempt in the window; ``False`` (and INTERVENTION_REQUIRED) past the bound."""
     now = ctrl.clock.monotonic()
     window = ctrl.ft.fallback_attempt_window_sec
@@ -74,7 +71,7 @@ def _attempt_allowed(ctrl: Controller, inst: Instance, request_id: str) -> bool:
     return False
 
 
-async def run_fallback(ctrl: Controller, inst: Instance, fallback: rt.FallbackStrategy) -> None:
+async def run_fallback(ctrl: StrategyPorts, inst: Instance, fallback: rt.FallbackStrategy) -> None:
     # unique per run, like a round's: several instances fall back at the same generation (one node's fault)
     request_id = f"fb-{uuid.uuid4().hex[:16]}"
     record = ctrl.history.begin(request_id, instance_id=inst.instance_id, kind="fallback")
@@ -95,7 +92,7 @@ async def run_fallback(ctrl: Controller, inst: Instance, fallback: rt.FallbackSt
             ctrl.history.add(request_id, "fallback_failed", attempt=attempt, error=str(exc), retry_in_sec=delay)
             ctrl.set_runtime(inst, replace(inst.runtime, last_error=f"{fallback.value} failed: {exc}"))
             _log.warning("controller.fallback_failed", instance_id=inst.instance_id, error=str(exc), attempt=attempt)
-            await asyncio.sleep(delay)  # back-off between attempts
+            await ctrl.clock.sleep(delay)  # back-off between attempts
             continue
         inst.intervention_required = None
         ctrl.metrics.intervention_required.labels(instance_id=inst.instance_id).set(0)
@@ -117,7 +114,7 @@ async def run_fallback(ctrl: Controller, inst: Instance, fallback: rt.FallbackSt
         return
 
 
-async def _relaunch(ctrl: Controller, inst: Instance, request_id: str) -> None:
+async def _relaunch(ctrl: StrategyPorts, inst: Instance, request_id: str) -> None:
     runtime = inst.runtime
     retired = rt.retired_set_for_fallback(runtime)
     alive = runtime.original_dp_ranks - retired
@@ -140,7 +137,7 @@ async def _relaunch(ctrl: Controller, inst: Instance, request_id: str) -> None:
     inst.measured_start_sec = ctrl.clock.monotonic() - started
 
 
-async def _until_ready(ctrl: Controller, inst: Instance, alive: frozenset[int], request_id: str) -> None:
+async def _until_ready(ctrl: StrategyPorts, inst: Instance, alive: frozenset[int], request_id: str) -> None:
     timeout = ready_timeout(ctrl, inst)
     deadline = ctrl.clock.monotonic() + timeout
     poll = max(0.05, min(ctrl.ft.poll_interval_sec, 1.0))
@@ -159,4 +156,4 @@ async def _until_ready(ctrl: Controller, inst: Instance, alive: frozenset[int], 
             return
         if ctrl.clock.monotonic() > deadline:
             raise TimeoutError(f"engines {sorted(alive - ready)} not ready within {timeout:.0f} s")
-        await asyncio.sleep(poll)  # the readiness poll period
+        await ctrl.clock.sleep(poll)  # the readiness poll period

@@ -144,7 +144,7 @@ class LeaderElection:
                     break
             except StoreUnavailableError as exc:
                 self._note_error(f"campaign: {exc}")
-            await asyncio.sleep(self.poll_sec)
+            await self.clock.sleep(self.poll_sec)
         self.role = "leader"
         self.holder = self.claim
         self.became_leader_at = self.clock.monotonic()
@@ -181,7 +181,11 @@ class LeaderElection:
         margin = min(1.0, self.ttl_sec / 6)
         valid_until = self.clock.monotonic() + self.ttl_sec - margin
         while True:
-            await asyncio.sleep(self.renew_sec)
+            # the next renewal, or the moment the lease may have run out if that comes first (renewals failing)
+            await self.clock.sleep(min(self.renew_sec, valid_until - self.clock.monotonic()))
+            if self.clock.monotonic() >= valid_until:
+                self._lose("the leader lease could not be renewed before it may have expired")
+                return
             sent = self.clock.monotonic()
             try:
                 remaining = await self.store.keep_alive(lease_id)

@@ -18,13 +18,13 @@ import contextlib
 import os
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import structlog
 
 from heteroflow.core.clock import Clock
 from heteroflow.core.errors import StoreUnavailableError
-from heteroflow.serving.controller import evidence
+from heteroflow.serving.controller import evidence, fallbacks
 from heteroflow.serving.controller.clients import CoordinatorClient, NodeManagerClient, PeerError
 from heteroflow.serving.controller.config import ControllerConfig
 from heteroflow.serving.controller.core import normalizer, overlay
@@ -43,7 +43,6 @@ from heteroflow.serving.controller.core.decision import (
 )
 from heteroflow.serving.controller.core.errors import FtCoreError, TopologyError
 from heteroflow.serving.controller.core.normalizer import (
-    FtSnapshot,
     HardwareEvent,
     HardwareFault,
     HardwareMapping,
@@ -51,13 +50,14 @@ from heteroflow.serving.controller.core.normalizer import (
 )
 from heteroflow.serving.controller.core.phase import ROUND_PHASES, FtPhase
 from heteroflow.serving.controller.core.ranks import DpRank, InstanceId, RequestId
-from heteroflow.serving.controller.core.topology import InstanceTopology, resolve_instance
+from heteroflow.serving.controller.core.topology import resolve_instance
 from heteroflow.serving.controller.history import RoundHistory
+from heteroflow.serving.controller.instance import Instance, PodState
 from heteroflow.serving.controller.metrics import ControllerMetrics
 from heteroflow.serving.controller.store import FtRuntimeStore, FtStoreError, NotLeaderError
+from heteroflow.serving.controller.strategy import FastRecovery, ScaleDownRound
 from heteroflow.serving.wire import (
     DISCOVERED_CAPABILITY_FIELDS,
-    EngineIdentity,
     FaultEvidence,
     FinalizeRequest,
     HardwareFaultReport,
@@ -93,66 +93,6 @@ class UnknownInstanceError(Exception):
 
 class RegistrationConflictError(Exception):
     """A registration that would change an assembled instance's endpoints (HTTP 409)."""
-
-
-@dataclass
-class PodState:
-    registration: RegisterRequest
-    last_seen: float
-    heartbeat_complete: bool = False
-    heartbeats: int = 0
-
-
-@dataclass
-class Instance:
-    instance_id: InstanceId
-    topology: InstanceTopology
-    runtime: rt.FtRuntime
-    revision: int | None = None
-    """The store's CAS revision of the persisted runtime; ``None``: never stored."""
-    snapshot: FtSnapshot = field(default_factory=FtSnapshot)
-    hardware: list[HardwareEvent] = field(default_factory=list)
-    running: RunningStrategy | None = None
-    task: asyncio.Task[None] | None = None
-    published: frozenset[DpRank] = frozenset()
-    """The view the Coordinator holds as far as we know (what the last successful DEL/ADD/SET left)."""
-    engine_statuses: dict[int, str] = field(default_factory=dict)
-    wake_at: float | None = None
-    last_decision: str | None = None
-    stopped_pods: set[str] = field(default_factory=set)
-    persist_pending: bool = False
-    persist_error_shown: bool = False
-    """``last_error`` currently says a persist failed; a later successful persist clears it."""
-    nudged: bool = False
-    """F-54: the idle survivors of the current evidence were nudged once."""
-    collecting: bool = False
-    collected_at: float = float("-inf")
-    hardware_seen: dict[str, dict[str, object]] = field(default_factory=dict)
-    """Hardware faults already taken for this instance, by key (what the status shows of each): a source
-    repeating a standing fault never opens a second window; the key is forgotten when the source clears it or
-    the evidence is reset."""
-    persist_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    """One write at a time per instance, so that two writers never race on the same CAS revision."""
-    fault_withdrawn: frozenset[DpRank] = frozenset()
-    """Ranks withdrawn from the Coordinator at their first fault report (before any round): the periodic SET
-    leaves them out until the evidence is reset (a round committed, a rebuild, a fast recovery)."""
-    held_generation: int | None = None
-    """The newest generation a DEL carried: the Coordinator holds those ranks back from ADD/SET of no newer
-    generation, so the next publication must carry a newer one."""
-    unreachable: dict[DpRank, EngineIdentity | None] = field(default_factory=dict)
-    """Ranks reported DEAD by a status timeout (``FT_UNREACHABLE``), with the identity the report named: that
-    evidence is withdrawn if the same engine answers again before a round starts (``evidence.py``)."""
-    rechecking: bool = False
-    rechecked_at: float = float("-inf")
-    fallback_times: list[float] = field(default_factory=list)
-    """Monotonic start times of the whole-instance relaunches within ``fallback_attempt_window_sec``."""
-    intervention_required: str | None = None
-    """Why the controller stopped relaunching the instance (``fallback_max_attempts`` used up), or ``None``."""
-    measured_start_sec: float | None = None
-    """How long the last relaunch took from the restart request to every engine ready."""
-    pending_abort: RequestId | None = None
-    pending_fallback: rt.FallbackStrategy | None = None
-    fallback_attempts: int = 0
 
 
 class Controller:
@@ -563,8 +503,7 @@ class Controller:
             wakes = [i.wake_at for i in self.instances.values() if i.wake_at is not None]
             if wakes:
                 timeout = max(0.0, min(timeout, min(wakes) - now))
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+            await self.clock.wait_for(self._wake, timeout)
             self._wake.clear()
             self.decide_all()
 
@@ -599,8 +538,6 @@ class Controller:
         inst.last_decision = said
         inst.wake_at = decision.until if isinstance(decision, Wait) else None
         if isinstance(decision, StartScaleDown):
-            from heteroflow.serving.controller.strategy import ScaleDownRound
-
             context = rt.ScaleDownContext(
                 request_id=RequestId(f"sd-{uuid.uuid4().hex[:16]}"),
                 instance_id=inst.instance_id,
@@ -620,8 +557,6 @@ class Controller:
             )
             self._start(inst, "fallback", self.run_fallback(inst, decision.fallback))
         elif isinstance(decision, StartFastRecovery):
-            from heteroflow.serving.controller.strategy import FastRecovery
-
             self._start(inst, "fast_recovery", FastRecovery(self, inst).run())
         elif isinstance(decision, MarkHardwareHandled):
             inst.hardware = [e for e in inst.hardware if e.fault.key not in decision.keys]
@@ -690,9 +625,7 @@ class Controller:
         return acked
 
     async def run_fallback(self, inst: Instance, fallback: rt.FallbackStrategy) -> None:
-        from heteroflow.serving.controller.fallbacks import run_fallback
-
-        await run_fallback(self, inst, fallback)
+        await fallbacks.run_fallback(self, inst, fallback)
 
     # == serving view (F-40) =================================================================================
     def serving_endpoints(self, inst: Instance, ids: frozenset[DpRank]) -> list[ServingEndpoint]:
@@ -770,7 +703,7 @@ class Controller:
                 if inst.persist_pending:  # F-50: a failed write is retried until the store answers again
                     await self.persist(inst, required=False)
                 await self.refresh_view(inst)
-            await asyncio.sleep(self.ft.serving_view_refresh_sec)  # the SET's own period
+            await self.clock.sleep(self.ft.serving_view_refresh_sec)  # the SET's own period
 
     def in_round(self, instance_id: str) -> bool:
         inst = self.instances.get(InstanceId(instance_id))

@@ -7,13 +7,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from heteroflow.serving.controller.core import runtime as rt
+from heteroflow.serving.controller.instance import Instance
+from heteroflow.serving.controller.ports import StatusPorts
 
 if TYPE_CHECKING:
-    from heteroflow.serving.controller.service import Controller, Instance
     from heteroflow.serving.wire import EndpointInfo
 
 
-def instance_statuses(ctrl: Controller) -> list[dict[str, object]]:
+def instance_statuses(ctrl: StatusPorts) -> list[dict[str, object]]:
     """Every assembled instance, then every restored one still waiting for its NodeManagers."""
     entries = [_assembled(ctrl, inst) for inst in ctrl.instances.values()]
     for restored in ctrl.restored.values():
@@ -25,7 +26,7 @@ def instance_statuses(ctrl: Controller) -> list[dict[str, object]]:
     return entries
 
 
-def _assembled(ctrl: Controller, inst: Instance) -> dict[str, object]:
+def _assembled(ctrl: StatusPorts, inst: Instance) -> dict[str, object]:
     entry = rt.status_entry(inst.runtime, engine_statuses=dict(inst.engine_statuses))
     gate = inst.runtime.gate
     entry["gate"] = {**entry["gate"], "warnings": list(gate.warnings) if gate else []}  # type: ignore[dict-item]
@@ -57,7 +58,7 @@ def _ranks(endpoints: Sequence[EndpointInfo]) -> list[dict[str, object]]:
     ]
 
 
-def _pod(ctrl: Controller, pod_id: str) -> dict[str, object]:
+def _pod(ctrl: StatusPorts, pod_id: str) -> dict[str, object]:
     state = ctrl.pods.get(pod_id)
     if state is None:
         return {"pod_id": pod_id, "state": "unknown"}

@@ -25,7 +25,6 @@ import asyncio
 import contextlib
 import uuid
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
 
 import structlog
 
@@ -46,6 +45,8 @@ from heteroflow.serving.controller.core.topology import (
     plan_round,
     recyclable_pods,
 )
+from heteroflow.serving.controller.instance import Instance
+from heteroflow.serving.controller.ports import StrategyPorts
 from heteroflow.serving.controller.store import FtStoreError
 from heteroflow.serving.wire import (
     ApplyInstructionParams,
@@ -57,9 +58,6 @@ from heteroflow.serving.wire import (
     NmApplyRequest,
     ProbeRequest,
 )
-
-if TYPE_CHECKING:
-    from heteroflow.serving.controller.service import Controller, Instance
 
 _log = structlog.get_logger(__name__)
 
@@ -87,7 +85,7 @@ class RoundFailedError(Exception):
 class _Guard:
     """Guards every pod of the round and renews the lease while the round runs (F-23, F-58)."""
 
-    def __init__(self, ctrl: Controller, inst: Instance, request_id: str) -> None:
+    def __init__(self, ctrl: StrategyPorts, inst: Instance, request_id: str) -> None:
         self._ctrl, self._inst, self._request_id = ctrl, inst, request_id
         self.lease_sec = guard_lease_sec(ctrl.ft.round_timings())
         self._task: asyncio.Task[None] | None = None
@@ -109,7 +107,7 @@ class _Guard:
 
     async def _renew(self) -> None:
         while True:
-            await asyncio.sleep(self.lease_sec / 3)  # the renewal period, a third of the lease
+            await self._ctrl.clock.sleep(self.lease_sec / 3)  # the renewal period, a third of the lease
             for pod in self._inst.topology.pods:
                 try:
                     await self._ctrl.nm.guard(
@@ -128,7 +126,7 @@ class _Guard:
 
 
 class ScaleDownRound:
-    def __init__(self, ctrl: Controller, inst: Instance, context: rt.ScaleDownContext) -> None:
+    def __init__(self, ctrl: StrategyPorts, inst: Instance, context: rt.ScaleDownContext) -> None:
         self.ctrl = ctrl
         self.inst = inst
         self.context = context
@@ -302,7 +300,7 @@ class ScaleDownRound:
             if self.ctrl.ft.nudge_idle_survivors and not nudged:
                 nudged = True
                 await self._nudge(plan, verdict)
-            await asyncio.sleep(next(pause))  # the poll period; the first polls come sooner (see poll_pauses)
+            await self.ctrl.clock.sleep(next(pause))  # the poll period; the first polls come sooner (see poll_pauses)
 
     async def _nudge(self, plan: RoundPlan, verdict: PollVerdict) -> None:
         """F-54: idle survivors meet the fault only with traffic; one bounded probe each."""
@@ -360,7 +358,7 @@ class ScaleDownRound:
         assert ctx is not None
         pause = poll_pauses(self.timings.poll_interval_sec)
         while True:
-            await asyncio.sleep(next(pause))  # the poll period; the first polls come sooner (see poll_pauses)
+            await self.ctrl.clock.sleep(next(pause))  # the poll period; the first polls come sooner (see poll_pauses)
             entries = await self._statuses(plan)
             verdict = readiness.after_apply(
                 entries, survivors=ctx.survivors, request_id=self.request_id, limits=limits, now=clock.monotonic()
@@ -425,7 +423,7 @@ class ScaleDownRound:
                 self._event("finalize", pod_id=pod_id, commit=True, repeated=answer.repeated, retired=retired)
             if not waiting:
                 break
-            await asyncio.sleep(self.timings.poll_interval_sec)  # between commit attempts (F-57)
+            await self.ctrl.clock.sleep(self.timings.poll_interval_sec)  # between commit attempts (F-57)
         ctrl.crash_point("after_node_manager_commit")
         if waiting:
             if not self.committed:
@@ -515,7 +513,7 @@ class FastRecovery:
     scale-down (``after_fast_recovery``).
     """
 
-    def __init__(self, ctrl: Controller, inst: Instance) -> None:
+    def __init__(self, ctrl: StrategyPorts, inst: Instance) -> None:
         self.ctrl, self.inst = ctrl, inst
         self.request_id = RequestId(f"fr-{uuid.uuid4().hex[:16]}")
 
@@ -563,7 +561,7 @@ class FastRecovery:
             ctrl.history.add(self.request_id, "apply", pod_id=pod.pod_id, body=body.model_dump(), http_status=202)
         limits = PollLimits(deadline=ctrl.clock.monotonic() + timings.execution_deadline_sec)
         while True:
-            await asyncio.sleep(timings.poll_interval_sec)  # the spec's poll period
+            await ctrl.clock.sleep(timings.poll_interval_sec)  # the spec's poll period
             entries: list[EndpointFtStatus] = []
             for pod in inst.topology.pods:
                 ids = sorted(pod.dp_ranks & active)

@@ -22,7 +22,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from heteroflow.core.testing import FakeClock
+from heteroflow.core.testing import FakeClock, LoopClock, run_virtual
 from heteroflow.serving.controller.monitor import ResourceMonitorSettings, hosting_nodes
 from heteroflow.serving.controller.monitor.base import (
     EdgeDetector,
@@ -502,7 +502,7 @@ def test_a_crashing_source_is_restarted_and_never_blocks_the_others() -> None:
 
     async def main() -> None:
         monitor = ResourceMonitor(
-            sources=[crashing, steady], sink=got.append, clock=FakeClock(), restart_delay_sec=0.01
+            sources=[crashing, steady], sink=got.append, clock=LoopClock(), restart_delay_sec=0.01
         )
         await monitor.start()
         try:
@@ -518,7 +518,7 @@ def test_a_crashing_source_is_restarted_and_never_blocks_the_others() -> None:
             await monitor.close()
         assert {s.state for s in monitor.status().sources} == {"stopped"}
 
-    asyncio.run(main())
+    run_virtual(main())  # the restart back-off passes on the loop's virtual clock
     assert sorted(r.node_name for r in got) == ["n1", "n2"]
 
 

@@ -68,6 +68,7 @@ def build_monitor(
                 poll_sec=settings.directory_poll_sec,
                 hosts_instance=hosts_instance,
                 name_prefix=settings.kube_name_prefix,
+                clock=clock,
             )
         )
     if settings.platform_url:

@@ -312,5 +312,5 @@ class ResourceMonitor:
             counters.state = "restarting"
             if counters.snapshots > seen:
                 delay = self._restart_delay
-            await asyncio.sleep(delay)
+            await self._clock.sleep(delay)  # the back-off before running the source again
             delay = min(delay * 2, self._max_restart_delay)

@@ -38,7 +38,6 @@ events causes at most one reconfiguration per interval.
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -169,7 +168,7 @@ class GpuHealthSource:
         ) as http:
             while True:
                 await self.poll_once(http, emit)
-                await asyncio.sleep(self._poll_sec)
+                await self._clock.sleep(self._poll_sec)
 
     async def poll_once(self, http: httpx.AsyncClient, emit: Emit) -> None:
         """Read every new page (up to ``max_pages_per_poll``), then publish the faults standing now."""

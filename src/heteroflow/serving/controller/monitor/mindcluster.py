@@ -27,6 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from heteroflow.core.clock import Clock, SystemClock
 from heteroflow.serving.wire import HardwareFaultReport
 
 from .base import Emit, Problem, Snapshot
@@ -345,8 +346,10 @@ class DirectorySource:
         name: str = "mindcluster-dir",
         name_prefix: str = DEFAULT_NAME_PREFIX,
         max_file_bytes: int = 4 * 1024 * 1024,
+        clock: Clock | None = None,
     ) -> None:
         self.name = name
+        self._clock: Clock = clock or SystemClock()
         self._directory = directory
         self._poll_sec = poll_sec
         self._hosts_instance = hosts_instance
@@ -360,7 +363,7 @@ class DirectorySource:
         self._files = {name: _FileState((-1, -1)) for name in self._files}
         while True:
             await self.poll_once(emit)
-            await asyncio.sleep(self._poll_sec)
+            await self._clock.sleep(self._poll_sec)
 
     async def poll_once(self, emit: Emit) -> None:
         changed, gone, listing_error = await asyncio.to_thread(self._scan)
