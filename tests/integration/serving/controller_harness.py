@@ -22,11 +22,10 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any, cast
 
 import httpx
@@ -47,7 +46,6 @@ from heteroflow.serving.coordinator.app import Coordinator
 from heteroflow.serving.coordinator.app import create_app as coordinator_application
 from heteroflow.serving.coordinator.settings import CoordinatorSettings
 from heteroflow.serving.coordinator.testing import TEST_API_KEY_SHA256
-from heteroflow.serving.node_manager import daemon as node_manager_daemon
 from heteroflow.serving.node_manager.app import create_app as node_manager_app
 from heteroflow.serving.node_manager.client import HttpControllerClient
 from heteroflow.serving.node_manager.daemon import NodeManager, PodIdentity
@@ -549,24 +547,9 @@ def run_plane(
             await cluster.close()
 
     if virtual_time:
-        with _node_manager_time_on_the_loop():
-            run_virtual(main())
+        run_virtual(main())
     else:
         asyncio.run(main())
-
-
-@contextlib.contextmanager
-def _node_manager_time_on_the_loop() -> Iterator[None]:
-    """The NodeManager's engine poller still reads ``time.monotonic()`` to keep its period. On virtual time a
-    poll that took longer in real time than the period (a loaded machine) would leave it no pause at all, and a
-    task that never waits on a timer stops virtual time for every other: while the plane runs on virtual time,
-    the poller reads the loop's clock instead."""
-    original = node_manager_daemon.time
-    node_manager_daemon.time = SimpleNamespace(monotonic=loop_now)  # type: ignore[assignment]
-    try:
-        yield
-    finally:
-        node_manager_daemon.time = original
 
 
 def _refuse_exit(code: int) -> None:

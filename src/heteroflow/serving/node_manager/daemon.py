@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
 from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
@@ -329,9 +328,9 @@ class NodeManager:
         elif not self.supervisor.running(endpoint_id) or not await self.check_ready(endpoint_id):
             await asyncio.sleep(min(interval, 0.2))
         else:
-            started = time.monotonic()
+            started = self._clock.monotonic()
             await self.poll_once(endpoint_id)
-            await asyncio.sleep(max(0.0, interval - (time.monotonic() - started)))
+            await asyncio.sleep(max(0.0, interval - (self._clock.monotonic() - started)))
 
     # == the controller ====================================================================================
     def _enqueue(self, report: SoftwareFaultReport) -> None:
@@ -617,12 +616,12 @@ class NodeManager:
         identity = self.supervisor.identity(endpoint_id)
         if endpoint_id in self._state.retired or not self.supervisor.running(endpoint_id):
             return ProbeResult(endpoint_id=endpoint_id, ok=False, detail="engine not running", identity=identity)
-        started = time.monotonic()
+        started = self._clock.monotonic()
         try:
             await self._engines.complete(endpoint_id, max_tokens=request.max_tokens, timeout_sec=request.timeout_sec)
         except (EngineUnreachableError, EngineProtocolError) as exc:
             return ProbeResult(endpoint_id=endpoint_id, ok=False, detail=str(exc), identity=identity)
-        latency = round(time.monotonic() - started, 4)
+        latency = round(self._clock.monotonic() - started, 4)
         return ProbeResult(endpoint_id=endpoint_id, ok=True, latency_sec=latency, identity=identity)
 
     # == engine lifecycle routes (the controller's fallbacks, F-14) ========================================
