@@ -8,6 +8,7 @@ import {
   GATE_ENGINE_REASONS,
   GATE_REASONS,
   HARDWARE_MAPPINGS,
+  HARDWARE_REASONS,
   PHASES,
   PROTOCOL_PROFILES,
   RANK_STATES,
@@ -280,19 +281,22 @@ test("hardware faults carry their mapping's sentence; fallbacks theirs", () => {
   const faults = hardwareFaults(
     entry({
       hardware_faults: [
-        { key: "k1", level: "L2", source: "platform", mapping: "MAPPED", ranks: [2, 3], reason: "node-level fault", pending: true },
-        { key: "k2", mapping: "SOMETHING", ranks: "x" },
+        { key: "k1", level: "L2", source: "platform", mapping: "MAPPED", ranks: [2, 3], reason: "node-level fault", reason_code: "node_level", pending: true },
+        { key: "k2", mapping: "SOMETHING", ranks: "x", reason: "from an older controller" },
+        { key: "k3", mapping: "NOT_AFFECTED", reason: "no endpoint of the instance uses 'GPU-9'", reason_code: "card_not_in_instance", reason_subject: "GPU-9" },
         null,
       ],
     }),
   );
   assert.deepEqual(
-    faults.map((f) => [f.key, f.mappingKey, f.ranks, f.pending]),
+    faults.map((f) => [f.key, f.mappingKey, f.ranks, f.pending, f.reasonKey, f.reasonSubject, f.reason]),
     [
-      ["k1", "serving.hw.mapping.MAPPED", [2, 3], true],
-      ["k2", null, [], null],
+      ["k1", "serving.hw.mapping.MAPPED", [2, 3], true, "serving.hw.reason.node_level", "", "node-level fault"],
+      ["k2", null, [], null, null, "", "from an older controller"],
+      ["k3", "serving.hw.mapping.NOT_AFFECTED", [], null, "serving.hw.reason.card_not_in_instance", "GPU-9", "no endpoint of the instance uses 'GPU-9'"],
     ],
   );
+  for (const r of HARDWARE_REASONS) for (const lang of ["en", "zh"]) assert.ok(LANGUAGES[lang][`serving.hw.reason.${r}`]);
   for (const m of HARDWARE_MAPPINGS) for (const lang of ["en", "zh"]) assert.ok(LANGUAGES[lang][`serving.hw.mapping.${m}`]);
   for (const f of FALLBACK_STRATEGIES) for (const lang of ["en", "zh"]) assert.ok(LANGUAGES[lang][fallbackKey(f)]);
   assert.equal(fallbackKey("Other"), null);

@@ -330,6 +330,8 @@ class Controller:
                 "mapping": mapping.kind.value,
                 "ranks": sorted(mapping.ranks),
                 "reason": mapping.reason,
+                "reason_code": mapping.reason_code or None,
+                "reason_subject": mapping.reason_subject or None,
             }
             inst.hardware.append(HardwareEvent(fault=fault, mapping=mapping, received_at=now))
             self.metrics.hardware_faults.labels(source=report.source, mapping=mapping.kind.value).inc()

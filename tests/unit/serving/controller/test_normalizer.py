@@ -151,6 +151,26 @@ def test_other_nodes_and_cards_do_not_affect_the_instance() -> None:
     assert map_hardware_fault(fault("Ascend910-7"), topology()).kind == MappingKind.NOT_AFFECTED
 
 
+def test_every_mapping_reason_has_its_code_and_subject_for_the_dashboard() -> None:
+    bare = registration("pod-a", (0, 1)).model_copy(
+        update={"endpoints": [EndpointInfo(id=i, ip="10.0.0.1", port=8000 + i) for i in (0, 1)]}
+    )
+    no_devices = resolve_instance([bare, registration("pod-b", (2, 3), node="n2")])
+    nodeless = resolve_instance([registration("pod-a", (0, 1), node=""), registration("pod-b", (2, 3), node="n2")])
+    cases = [
+        (map_hardware_fault(fault("Ascend910-1"), nodeless), "no_node_name", ""),
+        (map_hardware_fault(fault("Ascend910-1", node="n9"), topology()), "node_not_in_instance", "n9"),
+        (map_hardware_fault(fault(""), topology()), "node_level", ""),
+        (map_hardware_fault(fault("npu#4"), topology()), "unknown_card_format", "npu#4"),
+        (map_hardware_fault(fault("Ascend910-1"), no_devices), "endpoint_without_devices", "0"),
+        (map_hardware_fault(fault("Ascend910-7"), topology()), "card_not_in_instance", "Ascend910-7"),
+    ]
+    assert [(m.reason_code, m.reason_subject) for m, _, _ in cases] == [(code, subject) for _, code, subject in cases]
+    assert all(m.reason for m, _, _ in cases)  # the English sentence stays for the API and the logs
+    mapped = map_hardware_fault(fault("Ascend910-1"), topology())
+    assert (mapped.reason, mapped.reason_code) == ("", "")  # a mapped card needs no reason
+
+
 def test_gpu_uuid_and_index() -> None:
     uuid = "GPU-5f3c0a4e-1b2c-4d5e-8f90-123456789abc"
     reg = registration("pod-a", (0, 1)).model_copy(

@@ -170,6 +170,10 @@ class HardwareMapping:
     kind: MappingKind
     ranks: frozenset[DpRank] = frozenset()
     reason: str = ""
+    reason_code: str = ""
+    """A stable code for ``reason`` (the dashboard words it in the reader's language), ``""`` for none."""
+    reason_subject: str = ""
+    """What the reason names: a node name, a card or an endpoint id."""
 
 
 _GPU_UUID = re.compile(r"^GPU-[0-9a-fA-F]{8}(-[0-9a-fA-F]{4}){3}-[0-9a-fA-F]{12}$")
@@ -193,29 +197,49 @@ def map_hardware_fault(fault: HardwareFault, topology: InstanceTopology) -> Hard
     """Original DP ranks of ``topology`` hit by ``fault`` (F-3): node → the instance's pods on it → their
     endpoints' ``device_infos`` → endpoint ids, united across pods."""
     if any(not pod.node_name for pod in topology.pods):
-        return HardwareMapping(MappingKind.UNMAPPABLE, reason="a pod of the instance registered no node name")
+        return HardwareMapping(
+            MappingKind.UNMAPPABLE, reason="a pod of the instance registered no node name", reason_code="no_node_name"
+        )
     pods = [pod for pod in topology.pods if pod.node_name == fault.node_name]
     if not pods:
-        return HardwareMapping(MappingKind.NOT_AFFECTED, reason=f"no pod of the instance on {fault.node_name!r}")
+        return HardwareMapping(
+            MappingKind.NOT_AFFECTED,
+            reason=f"no pod of the instance on {fault.node_name!r}",
+            reason_code="node_not_in_instance",
+            reason_subject=fault.node_name,
+        )
     if not fault.card:  # node-level: every DP of the instance on that node
         hit = frozenset().union(*(pod.dp_ranks for pod in pods))
-        return HardwareMapping(MappingKind.MAPPED, ranks=hit, reason="node-level fault")
+        return HardwareMapping(MappingKind.MAPPED, ranks=hit, reason="node-level fault", reason_code="node_level")
     matcher = _card_matcher(fault.card)
     if matcher is None:
-        return HardwareMapping(MappingKind.UNMAPPABLE, reason=f"unknown card-name format {fault.card!r}")
+        return HardwareMapping(
+            MappingKind.UNMAPPABLE,
+            reason=f"unknown card-name format {fault.card!r}",
+            reason_code="unknown_card_format",
+            reason_subject=fault.card,
+        )
     device_id, index = matcher
     hit_ranks: set[int] = set()
     for pod in pods:
         for endpoint in pod.endpoints:
             if not endpoint.device_infos:
                 return HardwareMapping(
-                    MappingKind.UNMAPPABLE, reason=f"endpoint {endpoint.id} registered no device infos"
+                    MappingKind.UNMAPPABLE,
+                    reason=f"endpoint {endpoint.id} registered no device infos",
+                    reason_code="endpoint_without_devices",
+                    reason_subject=str(endpoint.id),
                 )
             for device in endpoint.device_infos:
                 if device.device_id.lower() == device_id or (index is not None and device.index == index):
                     hit_ranks.add(endpoint.id)
     if not hit_ranks:
-        return HardwareMapping(MappingKind.NOT_AFFECTED, reason=f"no endpoint of the instance uses {fault.card!r}")
+        return HardwareMapping(
+            MappingKind.NOT_AFFECTED,
+            reason=f"no endpoint of the instance uses {fault.card!r}",
+            reason_code="card_not_in_instance",
+            reason_subject=fault.card,
+        )
     return HardwareMapping(MappingKind.MAPPED, ranks=ranks(hit_ranks))
 
 

@@ -254,6 +254,16 @@ export const HARDWARE_MAPPINGS = Object.freeze(["MAPPED", "NOT_AFFECTED", "UNMAP
  * @returns {{key: string, level: string|null, source: string|null, mapping: string, mappingKey: string|null,
  *            ranks: number[], reason: string, pending: boolean|null}[]}
  */
+/** The controller's reason codes for a hardware fault's mapping (its ``reason`` is the English sentence). */
+export const HARDWARE_REASONS = Object.freeze([
+  "no_node_name",
+  "node_not_in_instance",
+  "node_level",
+  "unknown_card_format",
+  "endpoint_without_devices",
+  "card_not_in_instance",
+]);
+
 export function hardwareFaults(entry) {
   const faults = Array.isArray(entry?.hardware_faults) ? entry.hardware_faults : [];
   return faults
@@ -268,6 +278,8 @@ export function hardwareFaults(entry) {
         mappingKey: HARDWARE_MAPPINGS.includes(mapping) ? `serving.hw.mapping.${mapping}` : null,
         ranks: Array.isArray(f.ranks) ? f.ranks.filter(Number.isInteger) : [],
         reason: typeof f.reason === "string" ? f.reason : "",
+        reasonKey: HARDWARE_REASONS.includes(f.reason_code) ? `serving.hw.reason.${f.reason_code}` : null,
+        reasonSubject: typeof f.reason_subject === "string" ? f.reason_subject : "",
         pending: typeof f.pending === "boolean" ? f.pending : null,
       };
     });

@@ -349,7 +349,11 @@ export function createServingPage(main) {
               {},
               h("code", {}, f.mapping || t("unknown")),
               f.mappingKey ? h("span", { class: "explain" }, t(f.mappingKey)) : null,
-              f.reason ? h("span", { class: "explain muted" }, f.reason) : null,
+              f.reasonKey
+                ? h("span", { class: "explain muted" }, t(f.reasonKey, { subject: f.reasonSubject }))
+                : f.reason
+                  ? h("span", { class: "explain muted" }, f.reason)
+                  : null,
             ),
             h("td", {}, f.ranks.length ? f.ranks.join(", ") : t("none")),
             h(
