@@ -107,6 +107,11 @@ def test_calibration_notice_uses_local_text_on_failure_and_the_disclaimer_verbat
     expect(page.locator("#calibration-heading")).to_have_text(
         "Initial empirical thresholds, pending calibration with real data."
     )
+    # ... in the reader's language, heading and text, before any API call
+    chinese = open_page("/nodes/gpu-health", token=None, lang="zh")
+    expect(chinese.locator("#signin")).to_be_visible()
+    expect(chinese.locator("#calibration-heading")).to_have_text("初始经验阈值，待真实数据校准。")
+    expect(chinese.locator("#calibration-text")).to_contain_text("故障预测是实验性的")
     # The statistics call fails: the local fallback text stands in.
     failing = open_page("")
     failing.route("**/api/v1/gpu-health/prediction-stats*", lambda route: route.fulfill(status=503, body="{}"))

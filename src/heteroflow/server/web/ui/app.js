@@ -26,6 +26,9 @@ function translateShell() {
   for (const el of document.querySelectorAll("[data-i18n]")) el.textContent = t(el.dataset.i18n);
   document.getElementById("nav").setAttribute("aria-label", t("nav.label"));
   document.getElementById("calibration-heading").textContent = t("calibration.heading");
+  // before sign-in (or on a page without the API's disclaimer) the notice is the local text, in this language
+  const calibration = document.getElementById("calibration-text");
+  if (calibration.dataset.origin !== "api") calibration.textContent = t("calibration.fallback");
   for (const link of document.querySelectorAll("#nav a")) {
     if (link.getAttribute("href") === location.pathname) link.setAttribute("aria-current", "page");
   }
