@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
@@ -300,11 +299,11 @@ class Coordinator:
         if main is None or main is asyncio.get_running_loop():
             return await self.forwarder.wait_sent(leases, within=within)
         # another loop: the leases' events belong to the OpenAI loop, so watch their state instead
-        deadline = time.monotonic() + within
+        deadline = self.clock.monotonic() + within
         while self.views.still_sending(leases):
-            if time.monotonic() > deadline:
+            if self.clock.monotonic() > deadline:
                 return False
-            await asyncio.sleep(0.0005)  # a header write lasts microseconds
+            await self.clock.sleep(0.0005)  # a header write lasts microseconds
         return True
 
     # -- status and lifecycle ------------------------------------------------------------------------------

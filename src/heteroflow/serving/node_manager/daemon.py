@@ -8,7 +8,8 @@ so the event loop serialises them without a lock.
 
 Loops (each a task, each step also callable directly so tests never wait on the real clock):
 ``supervise_once`` (F-2 deaths, suicide handling), ``poll_once`` per ready engine (F-1),
-``watch_retired_once`` (F-53), ``controller_once`` (registration, heartbeat, the report outbox).
+``watch_retired_once`` (F-53), ``controller_once`` (registration, heartbeat, the report outbox). Between
+steps the loops wait through the injected :class:`~heteroflow.core.clock.Clock`, never on the loop's own timers.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ from typing import Literal
 import structlog
 
 from heteroflow.contracts.engine_protocol import ApplyParams, ApplyRequest, EngineProfile
-from heteroflow.core.clock import Clock
+from heteroflow.core.clock import Clock, sleep_until
 from heteroflow.serving.node_manager import commands, service
 from heteroflow.serving.node_manager.client import ControllerClient, ControllerError, ControllerRejectedError
 from heteroflow.serving.node_manager.engines import (
@@ -318,19 +319,19 @@ class NodeManager:
                 raise
             except Exception:  # a loop must outlive any one bad step; the next step retries
                 _log.exception("node_manager.poll_step_failed", endpoint_id=endpoint_id)
-                await asyncio.sleep(self.settings.engine_ft_poll_interval_sec)
+                await self._clock.sleep(self.settings.engine_ft_poll_interval_sec)
 
     async def _endpoint_step(self, endpoint_id: int) -> None:
         interval = self.settings.engine_ft_poll_interval_sec
         if endpoint_id in self._state.retired:
             await self.watch_retired_once(endpoint_id)
-            await asyncio.sleep(self.settings.retired_watch_interval_sec)
+            await self._clock.sleep(self.settings.retired_watch_interval_sec)
         elif not self.supervisor.running(endpoint_id) or not await self.check_ready(endpoint_id):
-            await asyncio.sleep(min(interval, 0.2))
+            await self._clock.sleep(min(interval, 0.2))
         else:
             started = self._clock.monotonic()
             await self.poll_once(endpoint_id)
-            await asyncio.sleep(max(0.0, interval - (self._clock.monotonic() - started)))
+            await sleep_until(self._clock, started + interval)
 
     # == the controller ====================================================================================
     def _enqueue(self, report: SoftwareFaultReport) -> None:
@@ -440,10 +441,11 @@ class NodeManager:
                 raise
             except Exception:  # the loop must outlive any one bad step
                 _log.exception("node_manager.controller_step_failed")
-            await asyncio.sleep(self._heartbeat_interval if self._registered else min(self._heartbeat_interval, 1.0))
+            await self._clock.sleep(
+                self._heartbeat_interval if self._registered else min(self._heartbeat_interval, 1.0)
+            )
 
-    @staticmethod
-    async def _every(seconds: float, step: Callable[[], Awaitable[object]]) -> None:
+    async def _every(self, seconds: float, step: Callable[[], Awaitable[object]]) -> None:
         while True:
             try:
                 await step()
@@ -451,7 +453,7 @@ class NodeManager:
                 raise
             except Exception:  # the loop must outlive any one bad step
                 _log.exception("node_manager.step_failed", step=getattr(step, "__name__", "?"))
-            await asyncio.sleep(seconds)
+            await self._clock.sleep(seconds)
 
     # == EngineFtService: the four routes (RFC §6) =========================================================
     def require_proxy(self) -> None:
