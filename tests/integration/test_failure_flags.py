@@ -24,6 +24,7 @@ from heteroflow.platform.auth import NodeScope
 from heteroflow.storage.db import alembic_config, create_db_engine, upgrade_database
 from heteroflow.storage.health_store import SqlHealthSampleStore
 from heteroflow.storage.node_store import SqlNodeStore
+from heteroflow.storage.prediction_statistics import failure_events_query
 from heteroflow.storage.prediction_store import PredictionRecord, SqlPredictionStore
 from heteroflow.storage.schema import gpu_health_samples as samples_t
 from heteroflow.storage.schema import gpu_xid_events, nodes, predictions
@@ -242,7 +243,7 @@ def statistics(engine: Engine) -> list[Any]:
         with engine.connect() as conn:
             failures = sorted(
                 (r.node_id, r.gpu_index, r.uuid, r.at)
-                for r in conn.execute(store._failures(source="real", scope=NodeScope(None), since=since, now=now))
+                for r in conn.execute(failure_events_query(source="real", scope=NodeScope(None), since=since, now=now))
             )
         cards = store.evaluation_cards(source="real", now=now)
         out.append((bands, exposure, failures, cards))

@@ -22,7 +22,7 @@ import pytest
 
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.testing import free_port
-from heteroflow.engine_sim import conformance
+from heteroflow.engine_sim import released_conformance
 from heteroflow.local import vllm
 from heteroflow.serving.node_manager.daemon import NodeManager, PodIdentity
 from heteroflow.serving.node_manager.engines import HttpEngineClient
@@ -60,7 +60,7 @@ def spec_for(rank: int, *, python: Path, model: Path, ports: dict[int, int], rpc
 
 
 class RealRanks:
-    """:class:`conformance.ReleasedHarness` over the real ranks, plus their NodeManagers."""
+    """:class:`released_conformance.ReleasedHarness` over the real ranks, plus their NodeManagers."""
 
     def __init__(self, nms: dict[int, NodeManager], ports: dict[int, int]) -> None:
         self.nms = nms
@@ -181,8 +181,8 @@ async def scenario(ranks: RealRanks, controller: FakeController) -> None:
     assert controller.reports == []
 
     # the simulator's released checks, against the real ranks
-    await conformance.released_routes_and_errors(ranks, 0)
-    await conformance.released_rejection_on_healthy(ranks, 1)
+    await released_conformance.released_routes_and_errors(ranks, 0)
+    await released_conformance.released_rejection_on_healthy(ranks, 1)
     # no completion before the kill: a request starts a DP wave of lockstep steps, and a survivor still in
     # one meets the dead peer at once; only an idle survivor shows the released "healthy until a request"
 
@@ -200,7 +200,7 @@ async def scenario(ranks: RealRanks, controller: FakeController) -> None:
     assert not any(r.endpoint_id == 0 for r in controller.reports)  # an idle survivor stays healthy
 
     # the survivor's next request is aborted (200, finish_reason abort) and it is reported UNHEALTHY
-    aborted = await conformance.released_completion(ranks, 0)
+    aborted = await released_conformance.released_completion(ranks, 0)
     assert (aborted["finish_reason"], aborted["text"]) == ("abort", "")
 
     async def unhealthy_reported() -> bool:

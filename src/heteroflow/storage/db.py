@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -117,3 +118,11 @@ def upgrade_database(engine: Engine) -> None:
         finally:
             conn.exec_driver_sql("PRAGMA foreign_keys=ON")
             conn.commit()
+
+
+def utc_value(value: Any) -> datetime:
+    """A timestamp read through a subquery, where the column type (and its conversion) may be lost."""
+    if isinstance(value, str):
+        value = datetime.fromisoformat(value)
+    assert isinstance(value, datetime)
+    return value if value.tzinfo is not None else value.replace(tzinfo=UTC)

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from heteroflow.serving.controller.service import CRASH_EXIT_CODE, CRASH_STEPS
+from heteroflow.serving.controller.crash_hook import CRASH_EXIT_CODE, CRASH_STEPS
 from tests.integration.serving.controller_harness import Plane, run_plane
 from tests.integration.serving.test_controller_restart import APPLIED_BEFORE_CRASH
 

@@ -18,7 +18,7 @@ import pytest
 from heteroflow.cli.controller import leader_election
 from heteroflow.core.clock import SystemClock
 from heteroflow.serving.controller.config import ControllerSettings
-from heteroflow.serving.controller.service import CRASH_EXIT_CODE
+from heteroflow.serving.controller.crash_hook import CRASH_EXIT_CODE
 from heteroflow.serving.controller.store import EtcdFtRuntimeStore, SqliteFtRuntimeStore
 from tests.integration.serving.controller_harness import ProcessPlane, run_process_plane
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from heteroflow.serving.controller.service import CRASH_EXIT_CODE, CRASH_STEPS
+from heteroflow.serving.controller.crash_hook import CRASH_EXIT_CODE, CRASH_STEPS
 from tests.integration.serving.controller_harness import ProcessPlane, run_process_plane
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]

@@ -17,6 +17,7 @@ def test_server_side_modules_do_not_import_torch() -> None:
         "import sys\n"
         "import heteroflow.cli.main, heteroflow.engine_sim.server, heteroflow.engine_sim.testing\n"
         "import heteroflow.engine_sim.conformance, heteroflow.engine_sim.process_backend\n"
+        "import heteroflow.engine_sim.released_conformance\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"
     )
     subprocess.run([sys.executable, "-c", code], check=True, timeout=60)

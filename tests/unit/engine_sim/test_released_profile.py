@@ -1,6 +1,6 @@
 """The simulator in profile ``vllm-released`` against the observed list of ``engine-protocol.md``.
 
-The same checks (``conformance.released_*``) run against two real vLLM ranks in ``tests/vllm``.
+The same checks (``released_conformance.released_*``) run against two real vLLM ranks in ``tests/vllm``.
 """
 
 from __future__ import annotations
@@ -10,12 +10,12 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 
-from heteroflow.engine_sim import conformance
+from heteroflow.engine_sim import conformance, released_conformance
 from heteroflow.engine_sim.testing import FakeEngineCluster
 
 
 class FakeReleased:
-    """:class:`conformance.ReleasedHarness` over the in-process fake cluster."""
+    """:class:`released_conformance.ReleasedHarness` over the in-process fake cluster."""
 
     def __init__(self, cluster: FakeEngineCluster) -> None:
         self.cluster = cluster
@@ -59,16 +59,16 @@ def run(scenario: Callable[[FakeReleased], Awaitable[object]], **cluster_args: o
 
 
 def test_routes_and_error_bodies_are_vllms() -> None:
-    run(lambda h: conformance.released_routes_and_errors(h, 0))
+    run(lambda h: released_conformance.released_routes_and_errors(h, 0))
 
 
 def test_retry_on_a_healthy_engine_gets_the_engines_own_id_and_a_rejection() -> None:
-    run(lambda h: conformance.released_rejection_on_healthy(h, 1))
+    run(lambda h: released_conformance.released_rejection_on_healthy(h, 1))
 
 
 def test_fault_dead_abort_hang_and_failed_retry() -> None:
     async def scenario(h: FakeReleased) -> None:
-        figures = await conformance.released_fault(h, victim=1, survivor=0, hang_probe_sec=0.5)
+        figures = await released_conformance.released_fault(h, victim=1, survivor=0, hang_probe_sec=0.5)
         assert set(figures) == {"dead_after", "retry_failed_after"}
 
     run(scenario, rebuild_timeout_sec=5.0)
@@ -77,21 +77,21 @@ def test_fault_dead_abort_hang_and_failed_retry() -> None:
 def test_the_next_push_drops_the_outcome_and_the_timer_runs_from_the_fault() -> None:
     async def scenario(h: FakeReleased) -> None:
         cluster = h.cluster
-        engine_id = await conformance.released_rejection_on_healthy(h, 0)
-        assert (await conformance.released_status(h, 0))["last_ft_request_id"] == engine_id
+        engine_id = await released_conformance.released_rejection_on_healthy(h, 0)
+        assert (await released_conformance.released_status(h, 0))["last_ft_request_id"] == engine_id
         await h.kill_worker(1)
-        await conformance.released_completion(h, 0)
+        await released_conformance.released_completion(h, 0)
 
         async def pushed() -> bool:
-            entry = await conformance.released_status(h, 0)
+            entry = await released_conformance.released_status(h, 0)
             return bool(entry["status"] == "unhealthy")
 
         await cluster.eventually(pushed, within=30, what="rank 0 unhealthy")
-        entry = await conformance.released_status(h, 0)
+        entry = await released_conformance.released_status(h, 0)
         assert not {"last_ft_request_id", "ft_error"} & set(entry), entry
         deadline = cluster.cores[0].state.recovery_deadline
         assert deadline is not None
-        resp = await conformance.released_apply(h, 0, b'{"instruction": "retry"}')
+        resp = await released_conformance.released_apply(h, 0, b'{"instruction": "retry"}')
         assert resp.status_code == 202
         await cluster.settle()
         assert cluster.cores[0].state.recovery_deadline == deadline  # an accepted retry does not restart it
@@ -101,9 +101,9 @@ def test_the_next_push_drops_the_outcome_and_the_timer_runs_from_the_fault() -> 
 
 def test_ft_routes_stay_open_while_openai_routes_need_the_key() -> None:
     async def scenario(h: FakeReleased) -> None:
-        resp = await h.client(0).post("/v1/completions", json={"prompt": "x"}, headers=conformance.WRONG_KEY)
+        resp = await h.client(0).post("/v1/completions", json={"prompt": "x"}, headers=released_conformance.WRONG_KEY)
         assert resp.status_code == 401
-        assert (await conformance.released_status(h, 0))["status"] == "healthy"
+        assert (await released_conformance.released_status(h, 0))["status"] == "healthy"
 
     run(scenario)
 
@@ -119,7 +119,7 @@ def test_at_the_recovery_timeout_health_answers_503_before_the_process_goes() ->
         await cluster.eventually(exiting, within=30, what="rank 1 decides to exit at its recovery timeout")
         assert not cluster.is_gone(1)
         assert (await h.client(1).get("/health")).status_code == 503
-        assert (await conformance.released_status(h, 1))["status"] == "dead"  # the stale entry still answers
+        assert (await released_conformance.released_status(h, 1))["status"] == "dead"  # the stale entry still answers
 
         async def gone() -> bool:
             return cluster.is_gone(1)

@@ -36,7 +36,8 @@ from heteroflow.core.request_body import BodyError, BodyLimit, parse_json
 from heteroflow.platform.auth import bearer_matches
 from heteroflow.serving.controller.leadership import LeaderElection
 from heteroflow.serving.controller.monitor import ResourceMonitor
-from heteroflow.serving.controller.service import Controller, RegistrationConflictError, UnknownInstanceError
+from heteroflow.serving.controller.registration import RegistrationConflictError
+from heteroflow.serving.controller.service import Controller, UnknownInstanceError
 from heteroflow.serving.controller.status import instance_statuses
 from heteroflow.serving.wire import (
     HEARTBEAT_PATH,

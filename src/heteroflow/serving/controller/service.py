@@ -43,21 +43,21 @@ from heteroflow.serving.controller.core.decision import (
 )
 from heteroflow.serving.controller.core.errors import FtCoreError, TopologyError
 from heteroflow.serving.controller.core.normalizer import (
-    HardwareEvent,
-    HardwareFault,
     HardwareMapping,
-    MappingKind,
 )
 from heteroflow.serving.controller.core.phase import ROUND_PHASES, FtPhase
 from heteroflow.serving.controller.core.ranks import DpRank, InstanceId, RequestId
 from heteroflow.serving.controller.core.topology import resolve_instance
+from heteroflow.serving.controller.crash_hook import CRASH_EXIT_CODE
+from heteroflow.serving.controller.hardware_faults import record_hardware_fault
 from heteroflow.serving.controller.history import RoundHistory
 from heteroflow.serving.controller.instance import Instance, PodState
 from heteroflow.serving.controller.metrics import ControllerMetrics
+from heteroflow.serving.controller.registration import check_reregistration, refresh_topology
+from heteroflow.serving.controller.serving_view import pods_ready, serving_endpoints
 from heteroflow.serving.controller.store import FtRuntimeStore, FtStoreError, NotLeaderError
 from heteroflow.serving.controller.strategy import FastRecovery, ScaleDownRound
 from heteroflow.serving.wire import (
-    DISCOVERED_CAPABILITY_FIELDS,
     FaultEvidence,
     FinalizeRequest,
     HardwareFaultReport,
@@ -65,34 +65,15 @@ from heteroflow.serving.wire import (
     HeartbeatResponse,
     RegisterRequest,
     RegisterResponse,
-    ServingEndpoint,
     SoftwareFaultReport,
     heartbeat_complete,
 )
 
 _log = structlog.get_logger(__name__)
 
-CRASH_EXIT_CODE = 86
-"""Exit code of the test-only crash hook (``HETEROFLOW_CONTROLLER_CRASH_AT_STEP``)."""
-
-CRASH_STEPS = (
-    "after_write_ahead",
-    "after_guard",
-    "before_apply",
-    "after_apply",
-    "after_node_manager_commit",
-    "after_commit_persisted",
-    "after_round_persisted",
-)
-"""The step boundaries of a round at which the crash hook can stop the process."""
-
 
 class UnknownInstanceError(Exception):
     """A report for an instance no NodeManager registered (HTTP 404)."""
-
-
-class RegistrationConflictError(Exception):
-    """A registration that would change an assembled instance's endpoints (HTTP 409)."""
 
 
 class Controller:
@@ -194,7 +175,7 @@ class Controller:
         now = self.clock.monotonic()
         assembled = self.instances.get(InstanceId(request.instance_id))
         if assembled is not None:
-            self._check_reregistration(assembled, request)
+            check_reregistration(assembled, request)
         self.pods[request.pod_id] = PodState(registration=request, last_seen=now)
         _log.info("controller.pod_registered", pod_id=request.pod_id, instance_id=request.instance_id)
         inst = await self._ensure_instance(InstanceId(request.instance_id))
@@ -309,51 +290,9 @@ class Controller:
 
     def hardware_fault(self, report: HardwareFaultReport) -> dict[str, HardwareMapping]:
         """F-3 / F-12: map one hardware fault onto every assembled instance and keep it where it matters."""
-        fault = HardwareFault(
-            node_name=report.node_name, card=report.card, fault_code=report.fault_code, level=report.level
+        results = record_hardware_fault(
+            self.instances.values(), report, now=self.clock.monotonic(), metrics=self.metrics, history=self.history
         )
-        now = self.clock.monotonic()
-        results: dict[str, HardwareMapping] = {}
-        for inst in self.instances.values():
-            if report.cleared:
-                inst.hardware_seen.pop(fault.key, None)
-                inst.hardware = [e for e in inst.hardware if e.fault.key != fault.key]
-                continue
-            mapping = normalizer.map_hardware_fault(fault, inst.topology)
-            results[inst.instance_id] = mapping
-            if mapping.kind == MappingKind.NOT_AFFECTED or fault.key in inst.hardware_seen:
-                continue
-            inst.hardware_seen[fault.key] = {
-                "key": fault.key,
-                "level": fault.level,
-                "source": report.source,
-                "mapping": mapping.kind.value,
-                "ranks": sorted(mapping.ranks),
-                "reason": mapping.reason,
-                "reason_code": mapping.reason_code or None,
-                "reason_subject": mapping.reason_subject or None,
-            }
-            inst.hardware.append(HardwareEvent(fault=fault, mapping=mapping, received_at=now))
-            self.metrics.hardware_faults.labels(source=report.source, mapping=mapping.kind.value).inc()
-            self.history.add(
-                inst.runtime.request_id if inst.running else None,
-                "hardware_fault",
-                key=fault.key,
-                level=fault.level,
-                mapping=mapping.kind.value,
-                ranks=sorted(mapping.ranks),
-                source=report.source,
-            )
-            _log.info(
-                "controller.hardware_fault",
-                instance_id=inst.instance_id,
-                key=fault.key,
-                level=fault.level,
-                mapping=mapping.kind.value,
-                ranks=sorted(mapping.ranks),
-                reason=mapping.reason,
-                source=report.source,
-            )
         self._wake.set()
         return results
 
@@ -362,7 +301,7 @@ class Controller:
         regs = [p.registration for p in self.pods.values() if p.registration.instance_id == instance_id]
         existing = self.instances.get(instance_id)
         if existing is not None:
-            self._refresh_topology(existing, regs)
+            refresh_topology(existing, regs)
             return existing
         try:
             topology = resolve_instance(regs)
@@ -405,38 +344,6 @@ class Controller:
         if inst.pending_abort is not None or inst.pending_fallback is not None:
             self._start(inst, "fallback", self._resume_after_restart(inst))
         return inst
-
-    def _check_reregistration(self, inst: Instance, request: RegisterRequest) -> None:
-        """A pod of an assembled instance registers again (its NodeManager restarted, maybe at another
-        address or pod ip). The endpoints are immutable (F-31): the pod must bring back exactly its ranks,
-        devices and the instance's capability, else :class:`RegistrationConflictError` (HTTP 409) and nothing
-        changes; addresses follow the latest registration."""
-        known = next((p for p in inst.topology.pods if p.pod_id == request.pod_id), None)
-        if known is None:
-            raise RegistrationConflictError(
-                f"instance {inst.instance_id!r} is assembled without pod {request.pod_id!r}; its endpoints are fixed"
-            )
-        ranks_and_devices = [(e.id, e.device_infos) for e in request.endpoints]
-        # what the engines were found to speak may change (discovery, a new build); the configuration may not
-        configured = set(DISCOVERED_CAPABILITY_FIELDS)
-        if ranks_and_devices != [(e.id, e.device_infos) for e in known.endpoints] or (
-            request.ft_capability.model_dump(exclude=configured)
-            != inst.topology.capability.model_dump(exclude=configured)
-        ):
-            raise RegistrationConflictError(
-                f"pod {request.pod_id!r} registered other endpoints or capability than when instance "
-                f"{inst.instance_id!r} was assembled; the endpoints of an instance never change"
-            )
-
-    def _refresh_topology(self, inst: Instance, regs: list[RegisterRequest]) -> None:
-        """Addresses (NodeManager URL, pod ip) follow a pod's latest registration; ranks never change."""
-        try:
-            topology = resolve_instance(regs)
-        except TopologyError as exc:  # cannot happen after _check_reregistration; keep the assembled one
-            _log.warning("controller.reregistration_refused", instance_id=inst.instance_id, detail=str(exc))
-            return
-        if topology.original_dp_ranks == inst.topology.original_dp_ranks:
-            inst.topology = topology
 
     def _align_feature(self, runtime: rt.FtRuntime) -> rt.FtRuntime:
         """The configured switch wins over a stored DISABLED/NORMAL (only those two can switch, F-30)."""
@@ -630,13 +537,6 @@ class Controller:
         await fallbacks.run_fallback(self, inst, fallback)
 
     # == serving view (F-40) =================================================================================
-    def serving_endpoints(self, inst: Instance, ids: frozenset[DpRank]) -> list[ServingEndpoint]:
-        found = []
-        for rank in sorted(ids):
-            endpoint = inst.topology.endpoint(rank)
-            found.append(ServingEndpoint(id=endpoint.id, ip=endpoint.ip, port=endpoint.port))
-        return found
-
     def model_of(self, inst: Instance) -> str:
         return self.config.instance(inst.instance_id).model or self.config.settings.default_model
 
@@ -658,13 +558,13 @@ class Controller:
             inst.held_generation = max(inst.held_generation or 0, generation)
             inst.published = inst.published - op.endpoint_ids
         elif op.op == "ADD":
-            endpoints = self.serving_endpoints(inst, op.endpoint_ids)
+            endpoints = serving_endpoints(inst, op.endpoint_ids)
             await self.coordinator.add(
                 instance_id, self.model_of(inst), endpoints, generation=generation, request_id=request_id
             )
             inst.published = inst.published | op.endpoint_ids
         else:
-            endpoints = self.serving_endpoints(inst, op.endpoint_ids)
+            endpoints = serving_endpoints(inst, op.endpoint_ids)
             await self.coordinator.set(instance_id, self.model_of(inst), endpoints, generation=generation)
             inst.published = op.endpoint_ids
 
@@ -678,7 +578,7 @@ class Controller:
             FtPhase.DISABLED,
         ):
             return
-        if not self.pods_ready(inst):
+        if not pods_ready(inst, self.pods):
             return
         op = overlay.refresh(inst.runtime)
         if inst.fault_withdrawn:
@@ -690,14 +590,6 @@ class Controller:
             return
         if not inst.runtime.serving_published or inst.runtime.last_error is not None:
             self.set_runtime(inst, rt.publish_result(inst.runtime, ok=True))
-
-    def pods_ready(self, inst: Instance) -> bool:
-        """Every pod of the instance has sent a complete heartbeat (F-4): its engines have been ready."""
-        for pod in inst.topology.pods:
-            state = self.pods.get(pod.pod_id)
-            if state is None or not state.heartbeat_complete:
-                return False
-        return True
 
     async def _refresh_loop(self) -> None:
         while True:

@@ -32,42 +32,43 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Iterable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any
 
 import httpx
 import structlog
-from starlette.responses import Response, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from starlette.responses import Response
 from structlog.typing import FilteringBoundLogger
 
+from heteroflow.serving.coordinator.attempt import (
+    AttemptFailedError,
+    Segment,
+    Watch,
+    WithdrawnBeforeSendError,
+    describe_error,
+    failure_reason,
+)
 from heteroflow.serving.coordinator.body import InferenceRequest
 from heteroflow.serving.coordinator.errors import (
     CoordinatorError,
     NoEndpointError,
     UpstreamUnavailableError,
-    openai_error_body,
 )
 from heteroflow.serving.coordinator.metrics import CoordinatorMetrics
-from heteroflow.serving.coordinator.streams import DONE, Event, StreamContext, is_abort_answer, split_event
+from heteroflow.serving.coordinator.relay_http import (
+    EventReader,
+    RelayResponse,
+    error_text,
+    parsed_body,
+    returned_headers,
+    stream_error_event,
+    upstream_headers,
+)
+from heteroflow.serving.coordinator.streams import DONE, Event, StreamContext, is_abort_answer
 from heteroflow.serving.coordinator.views import EndpointKey, Lease, ServingViews
 
 _log = structlog.get_logger(__name__)
-
-FailureReason = Literal[
-    "connect", "timeout", "disconnect", "upstream_503", "upstream_5xx", "abort", "error_event", "faulted_stall"
-]
-
-
-_HOP_BY_HOP = frozenset(
-    {"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer", "trailers",
-     "transfer-encoding", "upgrade"}
-)  # fmt: skip
-_NOT_FORWARDED = _HOP_BY_HOP | {"host", "authorization", "content-length", "cookie", "accept-encoding", "x-request-id"}
-ENDPOINT_HEADER = "x-heteroflow-endpoint"
-"""Names the ``instance/endpoint`` whose engine answered (added to every engine answer, for tracing a request)."""
-_NOT_RETURNED = _HOP_BY_HOP | {"content-length", "date", "server", ENDPOINT_HEADER}
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,110 +113,6 @@ class PublicationSignal:
             self._waiting -= 1
 
 
-class _WithdrawnBeforeSendError(Exception):
-    """The chosen endpoint was withdrawn before the request headers were written; nothing was sent."""
-
-
-class _AttemptFailedError(Exception):
-    def __init__(self, reason: FailureReason, detail: str, *, suspect: bool = True) -> None:
-        super().__init__(detail)
-        self.reason = reason
-        self.detail = detail
-        self.suspect = suspect
-        """Skip the endpoint for every request for the fault pause. Not for a timeout: an engine slow to accept
-        or answer under load is busy, not faulted, and pausing it for everyone would only make the rest busier."""
-
-
-def _reason_of(exc: httpx.HTTPError) -> FailureReason:
-    if isinstance(exc, httpx.ConnectError | httpx.ConnectTimeout | httpx.UnsupportedProtocol):
-        return "connect"
-    if isinstance(exc, httpx.TimeoutException):
-        return "timeout"
-    return "disconnect"
-
-
-def _describe(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
-
-
-def upstream_headers(
-    client_headers: Iterable[tuple[str, str]], *, request_id: str, token: str | None, stream: bool
-) -> dict[str, str]:
-    """What the engine gets: the client's headers minus hop-by-hop ones and its credentials.
-
-    The client's API key is never forwarded (the engine trusts the cluster token instead), and a streamed
-    answer is asked uncompressed so that it can be cut at event boundaries.
-    """
-    given = list(client_headers)
-    out = {name: value for name, value in given if name.lower() not in _NOT_FORWARDED}
-    encoding = next((value for name, value in given if name.lower() == "accept-encoding"), "identity")
-    out["accept-encoding"] = "identity" if stream else encoding
-    out["x-request-id"] = request_id
-    if token:
-        out["authorization"] = f"Bearer {token}"
-    return out
-
-
-def returned_headers(upstream: httpx.Headers, *, decoded: bool, answered_by: EndpointKey) -> dict[str, str]:
-    """What the client gets: the engine's headers minus hop-by-hop ones, plus which endpoint answered."""
-    drop = _NOT_RETURNED | ({"content-encoding"} if decoded else frozenset())
-    kept = {name: value for name, value in upstream.multi_items() if name.lower() not in drop}
-    # header values are latin-1 on the wire: ids the controller chose may not be
-    kept[ENDPOINT_HEADER] = answered_by.label.encode("ascii", "backslashreplace").decode("ascii")
-    return kept
-
-
-def last_event_end(buffer: bytes) -> int:
-    """Length of the prefix of ``buffer`` that holds only complete SSE events (0 if none ends yet)."""
-    ends = [buffer.rfind(separator) + len(separator) for separator in (b"\n\n", b"\r\n\r\n") if separator in buffer]
-    return max(ends, default=0)
-
-
-def stream_error_event(message: str, *, code: int = 502) -> bytes:
-    body = openai_error_body(status_code=code, kind="BadGatewayError", message=message)
-    return b"data: " + json.dumps(body).encode("utf-8") + b"\n\n" + DONE
-
-
-@dataclass(eq=False)
-class _Watch:
-    """One attempt's time bound, which a fault report on its endpoint shortens (:meth:`Forwarder.faulted`)."""
-
-    scope: asyncio.Timeout
-    stalled: bool = False
-
-
-@dataclass(eq=False)
-class _Segment:
-    """One engine's stream, opened and read up to (and including) its first event that carries output."""
-
-    lease: Lease
-    response: httpx.Response
-    events: _EventReader
-    buffered: list[Event]
-    ended: bool = False
-    """The engine's stream already ended (``[DONE]`` among the buffered events)."""
-
-
-class _EventReader:
-    """SSE events from a chunk iterator, one at a time; a partial event at the end of the stream is dropped."""
-
-    def __init__(self, chunks: AsyncIterator[bytes]) -> None:
-        self._chunks = chunks
-        self._buffer = b""
-
-    async def next(self) -> Event | None:
-        while True:
-            cut = split_event(self._buffer)
-            if cut:
-                raw, self._buffer = self._buffer[:cut], self._buffer[cut:]
-                return Event.parse(raw)
-            chunk = await anext(self._chunks, None)
-            if chunk is None:
-                return None
-            self._buffer += chunk
-
-
 class Forwarder:
     """Sends requests to the engines; see the module docstring for the rules."""
 
@@ -244,7 +141,7 @@ class Forwarder:
         self._faulted_bound = faulted_first_byte_sec
         self._pause = fault_pause_sec
         self._sending: dict[Lease, asyncio.Event] = {}
-        self._watches: dict[tuple[str, int], set[_Watch]] = {}
+        self._watches: dict[tuple[str, int], set[Watch]] = {}
         self._faulted_at: dict[tuple[str, int], float] = {}
         """When each endpoint was last reported faulted: a read that starts later, while the endpoint is still
         withdrawn, gets the bound from that moment (a report between two reads is never lost)."""
@@ -292,8 +189,8 @@ class Forwarder:
         )  # fmt: skip
         if isinstance(found, Response):
             return found
-        context = StreamContext(route=route, body=_parsed(request.raw))
-        return _RelayResponse(
+        context = StreamContext(route=route, body=parsed_body(request.raw))
+        return RelayResponse(
             events=self._relay(found, context, path=path, headers=sent_headers, model=request.model, route=route,
                                deadline=deadline, log=log),
             status_code=200,
@@ -314,12 +211,12 @@ class Forwarder:
         log: FilteringBoundLogger,
         route: str,
         cut_on: EndpointKey | None = None,
-    ) -> Response | _Segment:
+    ) -> Response | Segment:
         """Send until an engine answers without a fault, re-routing and holding until ``hold_until``
         (``cut_on``: the endpoint whose stream was just cut, avoided like a failed attempt)."""
         loop = asyncio.get_running_loop()
         avoid: dict[EndpointKey, tuple[float, int]] = {}
-        failures: list[tuple[EndpointKey, _AttemptFailedError]] = []
+        failures: list[tuple[EndpointKey, AttemptFailedError]] = []
         if cut_on is not None:
             avoid[cut_on] = (loop.time() + self._pause, self._views.epoch(cut_on))
         while True:
@@ -332,9 +229,9 @@ class Forwarder:
                     lease, path=path, raw=raw, headers=headers, stream=stream, deadline=deadline, log=attempt_log,
                     route=route,
                 )  # fmt: skip
-            except _WithdrawnBeforeSendError:
+            except WithdrawnBeforeSendError:
                 attempt_log.info("coordinator.withdrawn_before_send", address=_address(lease.key))
-            except _AttemptFailedError as exc:
+            except AttemptFailedError as exc:
                 now = loop.time()
                 failures.append((lease.key, exc))
                 epoch = self._views.epoch(lease.key)
@@ -357,7 +254,7 @@ class Forwarder:
         model: str,
         *,
         avoid: dict[EndpointKey, tuple[float, int]],
-        failures: Sequence[tuple[EndpointKey, _AttemptFailedError]],
+        failures: Sequence[tuple[EndpointKey, AttemptFailedError]],
         until: float,
     ) -> Lease | None:
         """A lease on a published endpoint this request has not just met a fault on; waits for a publication
@@ -381,7 +278,7 @@ class Forwarder:
             await self._publications.wait(published, within=min([remaining, *(t - now for t in wakes)]))
 
     def _gave_up(
-        self, model: str, failures: Sequence[tuple[EndpointKey, _AttemptFailedError]]
+        self, model: str, failures: Sequence[tuple[EndpointKey, AttemptFailedError]]
     ) -> NoEndpointError | UpstreamUnavailableError:
         if not failures:
             message = f"no endpoint of model {model!r} is published (waited {self._hold:g} s); try again shortly"
@@ -406,14 +303,14 @@ class Forwarder:
         deadline: float,
         log: FilteringBoundLogger,
         route: str,
-    ) -> Response | _Segment:
+    ) -> Response | Segment:
         loop = asyncio.get_running_loop()
         response: httpx.Response | None = None
         handed_over = False
-        watch: _Watch | None = None
+        watch: Watch | None = None
         try:
             if not self._views.is_published(lease.key):
-                raise _WithdrawnBeforeSendError
+                raise WithdrawnBeforeSendError
             upstream = self._client.build_request(
                 "POST", lease.key.base_url + path, content=raw, headers=headers,
                 extensions={"trace": self._tracer(lease)},
@@ -428,10 +325,10 @@ class Forwarder:
                     ).observe(loop.time() - started)
                     if response.status_code == 503:
                         detail = await self._error_detail(response)
-                        raise _AttemptFailedError("upstream_503", f"answered 503 (engine unavailable: {detail})")
+                        raise AttemptFailedError("upstream_503", f"answered 503 (engine unavailable: {detail})")
                     if response.status_code >= 500:
                         detail = await self._error_detail(response)
-                        raise _AttemptFailedError(
+                        raise AttemptFailedError(
                             "upstream_5xx", f"answered {response.status_code} (engine error: {detail})"
                         )
                     if stream and response.status_code == 200:
@@ -440,15 +337,17 @@ class Forwarder:
                         return segment
                     body = await response.aread()
             except httpx.HTTPError as exc:
-                raise _AttemptFailedError(
-                    _reason_of(exc), f"failed ({_describe(exc)})", suspect=not isinstance(exc, httpx.TimeoutException)
+                raise AttemptFailedError(
+                    failure_reason(exc),
+                    f"failed ({describe_error(exc)})",
+                    suspect=not isinstance(exc, httpx.TimeoutException),
                 ) from exc
             except TimeoutError as exc:
                 raise self._timed_out(watch) from exc
             finally:
                 self._unwatch(lease.key, watch)
             if response.status_code == 200 and is_abort_answer(body):
-                raise _AttemptFailedError("abort", "answered 200 with finish_reason 'abort' (an incomplete answer)")
+                raise AttemptFailedError("abort", "answered 200 with finish_reason 'abort' (an incomplete answer)")
             self._metrics.requests.labels(route=route, outcome=_outcome_of(response.status_code)).inc()
             log.debug("coordinator.forwarded", status=response.status_code)
             return Response(
@@ -464,30 +363,28 @@ class Forwarder:
                 finally:
                     self._release(lease)
 
-    async def _open(self, lease: Lease, response: httpx.Response) -> _Segment:
+    async def _open(self, lease: Lease, response: httpx.Response) -> Segment:
         """Read a stream up to its first event with output; a fault before that is the attempt's failure."""
-        events = _EventReader(response.aiter_bytes())
+        events = EventReader(response.aiter_bytes())
         buffered: list[Event] = []
         while True:
             event = await events.next()
             if event is None:
                 if any(e.finish_reasons for e in buffered):
-                    return _Segment(lease, response, events, [*buffered, Event(DONE, done=True)], ended=True)
-                raise _AttemptFailedError("disconnect", "closed the stream before sending any output")
+                    return Segment(lease, response, events, [*buffered, Event(DONE, done=True)], ended=True)
+                raise AttemptFailedError("disconnect", "closed the stream before sending any output")
             if event.error:
-                raise _AttemptFailedError(
-                    "error_event", f"sent an error event before any output ({_error_text(event)})"
-                )
+                raise AttemptFailedError("error_event", f"sent an error event before any output ({error_text(event)})")
             if event.aborted and not event.text:
-                raise _AttemptFailedError("abort", "ended the stream with finish_reason 'abort' before any output")
+                raise AttemptFailedError("abort", "ended the stream with finish_reason 'abort' before any output")
             buffered.append(event)
             if event.done:
-                return _Segment(lease, response, events, buffered, ended=True)
+                return Segment(lease, response, events, buffered, ended=True)
             if event.text or event.tool_calls or event.finish_reasons:
-                return _Segment(lease, response, events, buffered)
+                return Segment(lease, response, events, buffered)
 
-    def _watch(self, key: EndpointKey, scope: asyncio.Timeout) -> _Watch:
-        watch = _Watch(scope)
+    def _watch(self, key: EndpointKey, scope: asyncio.Timeout) -> Watch:
+        watch = Watch(scope)
         faulted_at = self._faulted_at.get((key.instance_id, key.endpoint_id))
         if faulted_at is not None:
             if self._views.is_published(key):  # published again since: the report is over
@@ -501,19 +398,19 @@ class Forwarder:
         self._watches.setdefault((key.instance_id, key.endpoint_id), set()).add(watch)
         return watch
 
-    def _unwatch(self, key: EndpointKey, watch: _Watch | None) -> None:
+    def _unwatch(self, key: EndpointKey, watch: Watch | None) -> None:
         found = self._watches.get((key.instance_id, key.endpoint_id))
         if found is not None and watch is not None:
             found.discard(watch)
             if not found:
                 del self._watches[(key.instance_id, key.endpoint_id)]
 
-    def _timed_out(self, watch: _Watch | None) -> _AttemptFailedError:
+    def _timed_out(self, watch: Watch | None) -> AttemptFailedError:
         if watch is not None and watch.stalled:
-            return _AttemptFailedError(
+            return AttemptFailedError(
                 "faulted_stall", f"was reported faulted and sent nothing within {self._faulted_bound:g} s"
             )
-        return _AttemptFailedError(
+        return AttemptFailedError(
             "timeout", f"did not answer within the total {self._timeouts.total:g} s", suspect=False
         )
 
@@ -534,7 +431,7 @@ class Forwarder:
                 self._sending[lease] = asyncio.Event()
                 if not self._views.begin_send(lease):
                     self._settle(lease)
-                    raise _WithdrawnBeforeSendError
+                    raise WithdrawnBeforeSendError
             elif event.endswith((".send_request_headers.complete", ".send_request_headers.failed")):
                 self._views.mark_sent(lease)
                 self._settle(lease)
@@ -553,7 +450,7 @@ class Forwarder:
     # -- streaming: relay, and continuation of a cut stream -----------------------------------------------
     async def _relay(
         self,
-        segment: _Segment,
+        segment: Segment,
         context: StreamContext,
         *,
         path: str,
@@ -566,7 +463,7 @@ class Forwarder:
         """The client's stream: the engine's events, and after a cut, the continuation's, spliced."""
         loop = asyncio.get_running_loop()
         outcome = "client_gone"
-        current: _Segment | None = segment
+        current: Segment | None = segment
         try:
             while current is not None:
                 cut = ""
@@ -613,7 +510,7 @@ class Forwarder:
                         code=exc.status_code,
                     )
                     return
-                assert isinstance(found, _Segment)
+                assert isinstance(found, Segment)
                 self._metrics.continuations.labels(outcome="resumed").inc()
                 context.segments += 1
                 current = found
@@ -625,7 +522,7 @@ class Forwarder:
             self._metrics.requests.labels(route=route, outcome=outcome).inc()
 
     async def _events_of(
-        self, segment: _Segment, context: StreamContext, deadline: float
+        self, segment: Segment, context: StreamContext, deadline: float
     ) -> AsyncGenerator[tuple[bytes | None, str | None], None]:
         """``(bytes for the client, why the stream was cut)`` per event of one segment; a cut ends it."""
         first = context.segments == 1
@@ -639,13 +536,13 @@ class Forwarder:
         if segment.ended:
             return
         while True:
-            watch: _Watch | None = None
+            watch: Watch | None = None
             try:
                 async with asyncio.timeout_at(deadline) as scope:
                     watch = self._watch(segment.lease.key, scope)
                     found = await segment.events.next()
             except httpx.HTTPError as exc:
-                yield None, _describe(exc)
+                yield None, describe_error(exc)
                 return
             except TimeoutError:
                 yield None, self._timed_out(watch).detail
@@ -660,7 +557,7 @@ class Forwarder:
                 return
             event = found
             if event.error:
-                yield None, f"an error event: {_error_text(event)}"
+                yield None, f"an error event: {error_text(event)}"
                 return
             if event.aborted:
                 yield None, "finish_reason 'abort'"
@@ -679,24 +576,11 @@ class Forwarder:
             context.note(event)
         return data
 
-    async def _close(self, segment: _Segment) -> None:
+    async def _close(self, segment: Segment) -> None:
         try:
             await segment.response.aclose()
         finally:
             self._release(segment.lease)
-
-
-def _parsed(raw: bytes) -> dict[str, Any] | None:
-    with contextlib.suppress(ValueError):
-        body = json.loads(raw)
-        return body if isinstance(body, dict) else None
-    return None
-
-
-def _error_text(event: Event) -> str:
-    error = event.payload.get("error") if event.payload is not None else None
-    message = error.get("message") if isinstance(error, dict) else error
-    return str(message)[:200] if message else "no detail"
 
 
 def _address(key: EndpointKey) -> str:
@@ -706,19 +590,3 @@ def _address(key: EndpointKey) -> str:
 def _outcome_of(status: int) -> str:
     """A passed-through answer: a 2xx or a 4xx (an engine 5xx is a fault answer, never passed through)."""
     return "ok" if status < 400 else "upstream_4xx"
-
-
-class _RelayResponse(StreamingResponse):
-    """A streamed answer; its generator (and so its leases and connections) is closed however the response ends
-    (finished, failed upstream, or the client went away)."""
-
-    def __init__(self, *, events: AsyncGenerator[bytes, None], status_code: int, headers: Mapping[str, str]) -> None:
-        self._events = events
-        super().__init__(events, status_code=status_code, headers=dict(headers))
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            with contextlib.suppress(RuntimeError):  # still running: it was cancelled and closes itself
-                await self._events.aclose()

@@ -7,7 +7,7 @@ import json
 import httpx
 import pytest
 
-from heteroflow.serving.coordinator.proxy import (
+from heteroflow.serving.coordinator.relay_http import (
     last_event_end,
     returned_headers,
     stream_error_event,
