@@ -19,6 +19,7 @@ from heteroflow.health.weak_signals import WeakSignalParams, weak_signals
 from heteroflow.storage.health_store import SqlHealthSampleStore
 from heteroflow.storage.metrics_store import SqlGpuMetricsStore
 from tests.support.harness import Harness, running_server
+from tests.support.polling import until
 
 NOW = datetime(2026, 5, 20, 12, 0, 0, 654321, tzinfo=UTC)
 DAY = timedelta(days=1)
@@ -406,14 +407,9 @@ def test_only_the_lease_holder_ticks_and_a_dead_holder_is_replaced(engine: Engin
     ):
         workers = [a.ctx.worker, b.ctx.worker]
         started = time.monotonic()
-        deadline = started + 20
-        while not any(w.status().ticks_total for w in workers):
-            assert time.monotonic() < deadline, "nobody took over the expired lease"
-            time.sleep(0.05)
+        until(lambda: any(w.status().ticks_total for w in workers), within=20, what="a take-over of the expired lease")
         assert time.monotonic() - started >= 1.0  # not before the ghost's lease ran out
-        while sum(w.status().ticks_total for w in workers) < 3:
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        until(lambda: sum(w.status().ticks_total for w in workers) >= 3, within=20, what="three ticks")
         statuses = [w.status() for w in workers]
         assert [s.leader for s in statuses].count(True) == 1
         assert [bool(s.ticks_total) for s in statuses].count(True) == 1  # the follower never ticked
@@ -444,10 +440,7 @@ def test_the_holder_renews_its_lease_during_a_tick_longer_than_the_lease(engine:
         # stub ticks returning no report: the worker discards what a tick returns
         a.ctx.worker.tick = slow_tick("a")  # type: ignore[method-assign, assignment]
         b.ctx.worker.tick = slow_tick("b")  # type: ignore[method-assign, assignment]
-        deadline = time.monotonic() + 20
-        while not ticking:
-            assert time.monotonic() < deadline, "nobody ticked"
-            time.sleep(0.02)
+        until(lambda: ticking, within=20, what="a tick")
         started = time.monotonic()
         while time.monotonic() - started < 2 * lease:
             assert len(ticking) == 1, ticking  # the other server never took the lease while the tick ran
