@@ -210,7 +210,9 @@ def traffic(state: ClusterState) -> Iterator[None]:
 # == phases =======================================================================================================
 def start_cluster(setting: Setting, data_dir: Path) -> LocalCluster:
     ft: dict[str, Any] = {"enable_dp_scale_down": setting.scale_down}
-    env: dict[str, str] = {}
+    # every second round ends in a deliberate whole-instance reconfiguration: more than the controller's 3 per 30
+    # minutes, after which it would stop relaunching (INTERVENTION_REQUIRED) and the bench would wait for nothing
+    env: dict[str, str] = {"HETEROFLOW_FT_FALLBACK_MAX_ATTEMPTS": "100"}
     if setting.poll_sec is not None:
         ft["dp_scale_down_config"] = {"poll_interval_sec": setting.poll_sec}
         env["HETEROFLOW_ENGINE_FT_POLL_INTERVAL_SEC"] = str(setting.poll_sec)

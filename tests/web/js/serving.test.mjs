@@ -223,7 +223,7 @@ test("the running round is shown while it runs; afterwards the newest one", () =
 });
 
 test("INTERVENTION_REQUIRED shows only while the controller reports a reason", () => {
-  const reason = "INTERVENTION_REQUIRED: 3 whole-instance relaunches within 1800 s did not bring the instance back";
+  const reason = "INTERVENTION_REQUIRED: 3 whole-instance relaunches within 1800 s, the limit: the instance keeps failing, and the controller stopped relaunching it";
   assert.equal(interventionReason(entry({ phase: "RECONFIGURING", intervention_required: reason })), reason);
   assert.equal(interventionReason(entry({ phase: "RECONFIGURING", intervention_required: null })), null);
   assert.equal(interventionReason(entry({ phase: "RECONFIGURING", intervention_required: "  " })), null);

@@ -61,7 +61,7 @@ def _attempt_allowed(ctrl: StrategyPorts, inst: Instance, request_id: str) -> bo
         return True
     reason = (
         f"{INTERVENTION_REQUIRED}: {len(inst.fallback_times)} whole-instance relaunches within "
-        f"{window:g} s did not bring the instance back; the controller stopped retrying"
+        f"{window:g} s, the limit: the instance keeps failing, and the controller stopped relaunching it"
     )
     inst.intervention_required = reason
     ctrl.metrics.intervention_required.labels(instance_id=inst.instance_id).set(1)
