@@ -22,7 +22,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -309,7 +309,7 @@ class Plane:
     view_calls: TimedTransport | None = None
     link: ControllerLink = field(default_factory=ControllerLink)
     """The running controller's reach (:meth:`restart_controller` makes a new one)."""
-    restart: Callable[[], Awaitable[Controller]] | None = None
+    restart: Callable[[str | None], Awaitable[Controller]] | None = None
 
     async def killed(self, *, within: float) -> int:
         """Wait until the controller's crash hook fired; its exit code."""
@@ -319,11 +319,12 @@ class Plane:
             what="the controller's crash hook fires",
         )
 
-    async def restart_controller(self) -> Controller:
+    async def restart_controller(self, *, crash_at: str | None = None) -> Controller:
         """Stop what is left of the controller (its tasks; its link is cut already when its crash hook fired) and
-        start a new one on the same store, as a supervisor restarts a killed process."""
+        start a new one on the same store, as a supervisor restarts a killed process. ``crash_at``: the new
+        one's crash hook fires at that step of a round."""
         assert self.restart is not None
-        self.controller = await self.restart()
+        self.controller = await self.restart(crash_at)
         return self.controller
 
     async def status(self) -> dict[str, Any]:
@@ -384,8 +385,8 @@ async def _pump(cluster: FakeEngineCluster) -> None:
         cluster.tick()
 
 
-def run_plane(
-    scenario: Callable[[Plane], Awaitable[None]],
+@contextlib.asynccontextmanager
+async def open_plane(
     tmp_path: Path,
     *,
     ft: dict[str, Any] | None = None,
@@ -399,152 +400,162 @@ def run_plane(
     device_infos: dict[int, list[dict[str, Any]]] | None = None,
     node_manager_poll_sec: float = 0.05,
     profile_name: ProfileName | None = None,
-    virtual_time: bool = True,
     crash_at: str | None = None,
-) -> None:
-    """``virtual_time``: run on a :class:`~heteroflow.core.testing.VirtualTimeLoop` (the default; ``False``: on
-    asyncio's loop, in real time, for a plane that waits on a socket, a thread or a clock of its own).
+) -> AsyncIterator[Plane]:
+    """The plane started in the running loop, assembled and published; stopped on exit.
+
     ``node_names``: pod name (``a``, ``b``) → the Kubernetes node it registers; ``device_infos``: endpoint id
     → its devices. Both default to none (pods without node names or devices: hardware faults are unmappable).
     ``profile_name``: the engines speak it and the NodeManagers discover it (default: ``scale-down`` at a
     known prefix). ``crash_at``: the first controller's crash hook fires at that step of a round (the test-only
     ``crash_at_step``): its link is cut there, and :meth:`Plane.restart_controller` starts the next one."""
 
-    async def main() -> None:
-        cluster = FakeEngineCluster(dp_size=4, slots_per_rank=slots_per_rank, profile_name=profile_name or "scale-down")
-        await cluster.start()
-        coordinator = RecordingCoordinator()
-        coordinator_app = coordinator.app()
-        router: EngineRouter | None = None
-        timed: TimedTransport | None = None
-        real: Coordinator | None = None
-        if real_coordinator:
-            router = EngineRouter(cluster)
-            real = Coordinator(
-                settings=CoordinatorSettings.load(
-                    cluster_token=cluster_token, api_key_hashes=TEST_API_KEY_SHA256, unavailable_wait_sec=5.0
+    cluster = FakeEngineCluster(dp_size=4, slots_per_rank=slots_per_rank, profile_name=profile_name or "scale-down")
+    await cluster.start()
+    coordinator = RecordingCoordinator()
+    coordinator_app = coordinator.app()
+    router: EngineRouter | None = None
+    timed: TimedTransport | None = None
+    real: Coordinator | None = None
+    if real_coordinator:
+        router = EngineRouter(cluster)
+        real = Coordinator(
+            settings=CoordinatorSettings.load(
+                cluster_token=cluster_token, api_key_hashes=TEST_API_KEY_SHA256, unavailable_wait_sec=5.0
+            ),
+            upstream_transport=router,
+        )
+        coordinator_app = coordinator_application(real)
+        timed = TimedTransport(httpx.ASGITransport(app=coordinator_app))
+    nm_apps: dict[str, FastAPI] = {}
+    hooks: list[NmHook] = []
+
+    def transport_for(url: str) -> httpx.AsyncBaseTransport | None:
+        if url == COORDINATOR_URL:
+            return timed or httpx.ASGITransport(app=coordinator_app)
+        name = url.removeprefix("http://nm-")
+        return _HookedTransport(name, nm_apps[name], hooks)
+
+    address = _ControllerApp()
+
+    def incarnation(link: ControllerLink, crash: str | None) -> Controller:
+        config = ControllerConfig(
+            settings=ControllerSettings.load(
+                cluster_token=cluster_token, heartbeat_interval_sec=0.1, crash_at_step=crash
+            ),
+            ft=FaultToleranceConfig.load(**{**FAST_FT, **(ft or {})}),
+        )
+
+        def linked(url: str) -> httpx.AsyncBaseTransport | None:
+            inner = transport_for(url)
+            return None if inner is None else _LinkedTransport(inner, link)
+
+        made = Controller(
+            config=config,
+            store=cast(
+                FtRuntimeStore,
+                _LinkedStore(store() if store is not None else SqliteFtRuntimeStore(tmp_path / "ft.db"), link),
+            ),
+            node_managers=NodeManagerClient(cluster_token=cluster_token, timeout_sec=2.0, transport_for=linked),
+            coordinator=CoordinatorClient(
+                COORDINATOR_URL, cluster_token=cluster_token, timeout_sec=2.0, transport_for=linked
+            ),
+            clock=LoopClock(start=datetime.now(UTC)),
+            exit_process=link.kill if crash is not None else _refuse_exit,
+        )
+        address.app = controller_app(made, cluster_token=cluster_token)
+        return made
+
+    first_link = ControllerLink()
+    controller = incarnation(first_link, crash_at)
+    current = [controller]  # the incarnation running now, closed at the end
+    capp = address
+    node_managers: dict[str, NodeManager] = {}
+    launchers: dict[str, FakeLauncher] = {}
+    pump = asyncio.create_task(_pump(cluster))
+    http = httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=capp),
+        base_url=CONTROLLER_URL,
+        headers={"Authorization": f"Bearer {cluster_token}"},
+    )
+    try:
+        await controller.start()
+        for name, ids in PODS.items():
+            launcher = fake_cluster_launcher(cluster)
+            nm = NodeManager(
+                spec=instance_spec(ids, device_infos=device_infos, **(spec_extra or {})),
+                settings=NodeManagerSettings.load(
+                    cluster_token=cluster_token,
+                    engine_ft_poll_interval_sec=node_manager_poll_sec,
+                    engine_ft_status_timeout_sec=1.0,
+                    engine_death_suicide_grace_sec=60.0,
+                    heartbeat_interval_sec=0.1,
                 ),
-                upstream_transport=router,
+                pod=PodIdentity(
+                    pod_id=f"pod-{name}",
+                    pod_ip=POD_IPS[name],
+                    node_manager_url=f"http://nm-{name}",
+                    node_name=(node_names or {}).get(name, ""),
+                ),
+                controller=HttpControllerClient(
+                    CONTROLLER_URL,
+                    cluster_token=cluster_token,
+                    timeout_sec=2.0,
+                    transport=httpx.ASGITransport(app=capp),
+                ),
+                engines=HttpEngineClient(cluster.client, ft_path_prefix=None if profile_name else cluster.prefix),
+                launcher=launcher,
+                clock=cluster.clock,
             )
-            coordinator_app = coordinator_application(real)
-            timed = TimedTransport(httpx.ASGITransport(app=coordinator_app))
-        nm_apps: dict[str, FastAPI] = {}
-        hooks: list[NmHook] = []
+            nm_apps[name] = node_manager_app(nm, cluster_token=cluster_token)
+            node_managers[name] = nm
+            launchers[name] = launcher
+            await nm.start()
+        plane = Plane(cluster, controller, coordinator, node_managers, launchers, http, hooks, nm_apps)
+        plane.link = first_link
 
-        def transport_for(url: str) -> httpx.AsyncBaseTransport | None:
-            if url == COORDINATOR_URL:
-                return timed or httpx.ASGITransport(app=coordinator_app)
-            name = url.removeprefix("http://nm-")
-            return _HookedTransport(name, nm_apps[name], hooks)
-
-        address = _ControllerApp()
-
-        def incarnation(link: ControllerLink, crash: str | None) -> Controller:
-            config = ControllerConfig(
-                settings=ControllerSettings.load(
-                    cluster_token=cluster_token, heartbeat_interval_sec=0.1, crash_at_step=crash
-                ),
-                ft=FaultToleranceConfig.load(**{**FAST_FT, **(ft or {})}),
-            )
-
-            def linked(url: str) -> httpx.AsyncBaseTransport | None:
-                inner = transport_for(url)
-                return None if inner is None else _LinkedTransport(inner, link)
-
-            made = Controller(
-                config=config,
-                store=cast(
-                    FtRuntimeStore,
-                    _LinkedStore(store() if store is not None else SqliteFtRuntimeStore(tmp_path / "ft.db"), link),
-                ),
-                node_managers=NodeManagerClient(cluster_token=cluster_token, timeout_sec=2.0, transport_for=linked),
-                coordinator=CoordinatorClient(
-                    COORDINATOR_URL, cluster_token=cluster_token, timeout_sec=2.0, transport_for=linked
-                ),
-                clock=LoopClock(start=datetime.now(UTC)),
-                exit_process=link.kill if crash is not None else _refuse_exit,
-            )
-            address.app = controller_app(made, cluster_token=cluster_token)
+        async def restart(crash: str | None) -> Controller:
+            plane.link.alive = False
+            address.app = None
+            await plane.controller.close()
+            plane.link = ControllerLink()
+            made = incarnation(plane.link, crash)
+            current[0] = made
+            await made.start()
             return made
 
-        first_link = ControllerLink()
-        controller = incarnation(first_link, crash_at)
-        current = [controller]  # the incarnation running now, closed at the end
-        capp = address
-        node_managers: dict[str, NodeManager] = {}
-        launchers: dict[str, FakeLauncher] = {}
-        pump = asyncio.create_task(_pump(cluster))
-        http = httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=capp),
-            base_url=CONTROLLER_URL,
-            headers={"Authorization": f"Bearer {cluster_token}"},
+        plane.restart = restart
+        if real is not None:
+            plane.real_coordinator, plane.engine_router, plane.view_calls = coordinator_app, router, timed
+        await plane.until(
+            assembled or (lambda s: s["can_serve"] and len(s["published_endpoints"]) == 4),
+            within=10,
+            what="the instance is assembled and published",
         )
-        try:
-            await controller.start()
-            for name, ids in PODS.items():
-                launcher = fake_cluster_launcher(cluster)
-                nm = NodeManager(
-                    spec=instance_spec(ids, device_infos=device_infos, **(spec_extra or {})),
-                    settings=NodeManagerSettings.load(
-                        cluster_token=cluster_token,
-                        engine_ft_poll_interval_sec=node_manager_poll_sec,
-                        engine_ft_status_timeout_sec=1.0,
-                        engine_death_suicide_grace_sec=60.0,
-                        heartbeat_interval_sec=0.1,
-                    ),
-                    pod=PodIdentity(
-                        pod_id=f"pod-{name}",
-                        pod_ip=POD_IPS[name],
-                        node_manager_url=f"http://nm-{name}",
-                        node_name=(node_names or {}).get(name, ""),
-                    ),
-                    controller=HttpControllerClient(
-                        CONTROLLER_URL,
-                        cluster_token=cluster_token,
-                        timeout_sec=2.0,
-                        transport=httpx.ASGITransport(app=capp),
-                    ),
-                    engines=HttpEngineClient(cluster.client, ft_path_prefix=None if profile_name else cluster.prefix),
-                    launcher=launcher,
-                    clock=cluster.clock,
-                )
-                nm_apps[name] = node_manager_app(nm, cluster_token=cluster_token)
-                node_managers[name] = nm
-                launchers[name] = launcher
-                await nm.start()
-            plane = Plane(cluster, controller, coordinator, node_managers, launchers, http, hooks, nm_apps)
-            plane.link = first_link
+        yield plane
+    finally:
+        pump.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await pump
+        await http.aclose()
+        await current[0].close()
+        if real is not None:
+            await real.aclose()
+        for nm in node_managers.values():
+            await nm.close()
+        await cluster.close()
 
-            async def restart() -> Controller:
-                plane.link.alive = False
-                address.app = None
-                await plane.controller.close()
-                plane.link = ControllerLink()
-                made = incarnation(plane.link, None)
-                current[0] = made
-                await made.start()
-                return made
 
-            plane.restart = restart
-            if real is not None:
-                plane.real_coordinator, plane.engine_router, plane.view_calls = coordinator_app, router, timed
-            await plane.until(
-                assembled or (lambda s: s["can_serve"] and len(s["published_endpoints"]) == 4),
-                within=10,
-                what="the instance is assembled and published",
-            )
+def run_plane(
+    scenario: Callable[[Plane], Awaitable[None]], tmp_path: Path, *, virtual_time: bool = True, **options: Any
+) -> None:
+    """Run ``scenario`` on a plane made by :func:`open_plane` with ``options``. ``virtual_time``: on a
+    :class:`~heteroflow.core.testing.VirtualTimeLoop` (the default; ``False``: on asyncio's loop, in real time,
+    for a plane that waits on a socket, a thread or a clock of its own)."""
+
+    async def main() -> None:
+        async with open_plane(tmp_path, **options) as plane:
             await scenario(plane)
-        finally:
-            pump.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await pump
-            await http.aclose()
-            await current[0].close()
-            if real is not None:
-                await real.aclose()
-            for nm in node_managers.values():
-                await nm.close()
-            await cluster.close()
 
     if virtual_time:
         run_virtual(main())
