@@ -1,75 +1,209 @@
-"""What ``GET /controller/fault_tolerance/status`` answers: one entry per instance, RFC §7's keys (the core's
-:func:`~heteroflow.serving.controller.core.runtime.status_entry`) plus what an operator needs beside them."""
+"""What ``GET /controller/fault_tolerance/status`` answers: one frozen entry per instance, RFC §7's keys (the
+core's :func:`~heteroflow.serving.controller.core.runtime.status_entry`) plus what an operator needs beside them.
+
+:class:`InstanceStatus` is an assembled instance's entry, :class:`WaitingInstanceStatus` a restored one's that
+waits for its NodeManagers to register again. The field order is the order of the JSON keys on the wire.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+
+from pydantic import BaseModel, ConfigDict
 
 from heteroflow.serving.controller.core import runtime as rt
+from heteroflow.serving.controller.core.decision import RunningStrategy
 from heteroflow.serving.controller.instance import Instance
 from heteroflow.serving.controller.ports import StatusPorts
+from heteroflow.serving.wire import EndpointInfo
 
-if TYPE_CHECKING:
-    from heteroflow.serving.wire import EndpointInfo
+_FROZEN = ConfigDict(frozen=True, extra="forbid")
 
 
-def instance_statuses(ctrl: StatusPorts) -> list[dict[str, object]]:
+class GateStatus(BaseModel):
+    model_config = _FROZEN
+
+    allowed: bool
+    reason_codes: list[str]
+
+
+class GateStatusWithWarnings(GateStatus):
+    warnings: list[str]
+
+
+class RuntimeStatus(BaseModel):
+    """RFC §7's keys, as :func:`~heteroflow.serving.controller.core.runtime.status_entry` computes them."""
+
+    model_config = _FROZEN
+
+    instance_id: str
+    phase: str
+    original_dp_ranks: list[int]
+    request_id: str | None
+    dead_committed: list[int]
+    pending_removed_ranks: list[int]
+    alive_dp_ranks: list[int]
+    fallback_strategy: str | None
+    gate: GateStatus
+    engine_statuses: dict[int, str]
+    serving_published: bool
+    last_error: str | None
+    can_serve: bool
+
+
+class WaitingInstanceStatus(RuntimeStatus):
+    """A runtime restored from the store whose NodeManagers have not all registered again."""
+
+    running_strategy: RunningStrategy | None = None
+    last_decision: str = "waiting for every NodeManager to register"
+    intervention_required: str | None = None
+
+
+class EngineCapabilityStatus(BaseModel):
+    """What the engines can do: why the gate may refuse a scale-down."""
+
+    model_config = _FROZEN
+
+    protocol_profile: str | None
+    scale_down_supported: bool
+    retry_supported: bool
+
+
+class DeviceStatus(BaseModel):
+    model_config = _FROZEN
+
+    device_id: str
+    index: int | None
+
+
+class RankStatus(BaseModel):
+    """One DP rank of a pod and the cards behind it (as registered): where the dashboard links a rank to."""
+
+    model_config = _FROZEN
+
+    rank: int
+    devices: list[DeviceStatus]
+
+
+class UnknownPodStatus(BaseModel):
+    """A pod of the topology the controller holds no registration of."""
+
+    model_config = _FROZEN
+
+    pod_id: str
+    state: str = "unknown"
+    ranks: list[RankStatus]
+
+
+class PodStatus(BaseModel):
+    model_config = _FROZEN
+
+    pod_id: str
+    pod_ip: str
+    node_name: str
+    state: str
+    """``up``, or ``lost`` when silent longer than ``pod_lost_after_sec``."""
+    silent_sec: float
+    heartbeat_complete: bool
+    heartbeats: int
+    ranks: list[RankStatus]
+
+
+class HardwareFaultStatus(BaseModel):
+    """One hardware fault taken for the instance (``hardware_faults.py``); ``pending``: not handled yet."""
+
+    model_config = _FROZEN
+
+    key: str
+    level: int
+    source: str
+    mapping: str
+    ranks: list[int]
+    reason: str
+    reason_code: str | None
+    reason_subject: str | None
+    pending: bool
+
+
+class InstanceStatus(RuntimeStatus):
+    """An assembled instance."""
+
+    gate: GateStatusWithWarnings
+    engine_capability: EngineCapabilityStatus
+    generation: int
+    intervention_required: str | None
+    running_strategy: RunningStrategy | None
+    last_decision: str | None
+    published_endpoints: list[int]
+    hardware_faults: list[HardwareFaultStatus]
+    rounds: list[str]
+    pods: list[PodStatus | UnknownPodStatus]
+    persist_pending: bool
+    store_error: str | None
+
+
+ControllerInstanceStatus = InstanceStatus | WaitingInstanceStatus
+
+
+def statuses(ctrl: StatusPorts) -> list[ControllerInstanceStatus]:
     """Every assembled instance, then every restored one still waiting for its NodeManagers."""
-    entries = [_assembled(ctrl, inst) for inst in ctrl.instances.values()]
-    for restored in ctrl.restored.values():
-        entry = rt.status_entry(restored.runtime)
-        entry["running_strategy"] = None
-        entry["last_decision"] = "waiting for every NodeManager to register"
-        entry["intervention_required"] = None
-        entries.append(entry)
+    entries: list[ControllerInstanceStatus] = [_assembled(ctrl, inst) for inst in ctrl.instances.values()]
+    entries += [WaitingInstanceStatus.model_validate(rt.status_entry(r.runtime)) for r in ctrl.restored.values()]
     return entries
 
 
-def _assembled(ctrl: StatusPorts, inst: Instance) -> dict[str, object]:
+def instance_statuses(ctrl: StatusPorts) -> list[dict[str, object]]:
+    """The route's JSON body: :func:`statuses` dumped in their field order."""
+    return [entry.model_dump(mode="json") for entry in statuses(ctrl)]
+
+
+def _assembled(ctrl: StatusPorts, inst: Instance) -> InstanceStatus:
     entry = rt.status_entry(inst.runtime, engine_statuses=dict(inst.engine_statuses))
     gate = inst.runtime.gate
-    entry["gate"] = {**entry["gate"], "warnings": list(gate.warnings) if gate else []}  # type: ignore[dict-item]
     capability = inst.topology.capability
-    entry["engine_capability"] = {  # what the engines can do: why the gate may refuse a scale-down
-        "protocol_profile": capability.protocol_profile,
-        "scale_down_supported": capability.scale_down_supported,
-        "retry_supported": capability.retry_supported,
-    }
-    entry["generation"] = inst.runtime.generation
-    entry["intervention_required"] = inst.intervention_required
-    entry["running_strategy"] = inst.running
-    entry["last_decision"] = inst.last_decision
-    entry["published_endpoints"] = sorted(inst.published)
     pending = {e.fault.key for e in inst.hardware}
-    entry["hardware_faults"] = [{**seen, "pending": key in pending} for key, seen in inst.hardware_seen.items()]
-    entry["rounds"] = list(inst.runtime.history)
-    entry["pods"] = [{**_pod(ctrl, pod.pod_id), "ranks": _ranks(pod.endpoints)} for pod in inst.topology.pods]
-    entry["persist_pending"] = inst.persist_pending
-    entry["store_error"] = ctrl.store_error
-    return entry
+    return InstanceStatus.model_validate(
+        {
+            **entry,
+            "gate": {**entry["gate"], "warnings": list(gate.warnings) if gate else []},  # type: ignore[dict-item]
+            "engine_capability": EngineCapabilityStatus(
+                protocol_profile=capability.protocol_profile,
+                scale_down_supported=capability.scale_down_supported,
+                retry_supported=capability.retry_supported,
+            ),
+            "generation": inst.runtime.generation,
+            "intervention_required": inst.intervention_required,
+            "running_strategy": inst.running,
+            "last_decision": inst.last_decision,
+            "published_endpoints": sorted(inst.published),
+            "hardware_faults": [{**seen, "pending": key in pending} for key, seen in inst.hardware_seen.items()],
+            "rounds": list(inst.runtime.history),
+            "pods": [_pod(ctrl, pod.pod_id, _ranks(pod.endpoints)) for pod in inst.topology.pods],
+            "persist_pending": inst.persist_pending,
+            "store_error": ctrl.store_error,
+        }
+    )
 
 
-def _ranks(endpoints: Sequence[EndpointInfo]) -> list[dict[str, object]]:
-    """The pod's DP ranks and the cards behind each (as registered): where the dashboard links a rank to."""
+def _ranks(endpoints: Sequence[EndpointInfo]) -> list[RankStatus]:
     return [
-        {"rank": e.id, "devices": [{"device_id": d.device_id, "index": d.index} for d in e.device_infos]}
+        RankStatus(rank=e.id, devices=[DeviceStatus(device_id=d.device_id, index=d.index) for d in e.device_infos])
         for e in sorted(endpoints, key=lambda e: e.id)
     ]
 
 
-def _pod(ctrl: StatusPorts, pod_id: str) -> dict[str, object]:
+def _pod(ctrl: StatusPorts, pod_id: str, ranks: list[RankStatus]) -> PodStatus | UnknownPodStatus:
     state = ctrl.pods.get(pod_id)
     if state is None:
-        return {"pod_id": pod_id, "state": "unknown"}
+        return UnknownPodStatus(pod_id=pod_id, ranks=ranks)
     silent = ctrl.clock.monotonic() - state.last_seen
-    lost = silent > ctrl.config.settings.pod_lost_after_sec
-    return {
-        "pod_id": pod_id,
-        "pod_ip": state.registration.pod_ip,
-        "node_name": state.registration.node_name,
-        "state": "lost" if lost else "up",
-        "silent_sec": round(silent, 3),
-        "heartbeat_complete": state.heartbeat_complete,
-        "heartbeats": state.heartbeats,
-    }
+    return PodStatus(
+        pod_id=pod_id,
+        pod_ip=state.registration.pod_ip,
+        node_name=state.registration.node_name,
+        state="lost" if silent > ctrl.config.settings.pod_lost_after_sec else "up",
+        silent_sec=round(silent, 3),
+        heartbeat_complete=state.heartbeat_complete,
+        heartbeats=state.heartbeats,
+        ranks=ranks,
+    )

@@ -1,0 +1,128 @@
+"""What ``GET /controller/fault_tolerance/status`` answers, byte for byte: an assembled instance (with a pod
+that never registered and a hardware fault taken) and a restored one still waiting for its NodeManagers."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+from fastapi.responses import JSONResponse
+
+from heteroflow.core.testing import FakeClock
+from heteroflow.serving.controller.clients import NodeManagerClient
+from heteroflow.serving.controller.config import ControllerConfig, ControllerSettings, FaultToleranceConfig
+from heteroflow.serving.controller.core import runtime as rt
+from heteroflow.serving.controller.core.phase import FtPhase
+from heteroflow.serving.controller.core.ranks import DpRank, InstanceId
+from heteroflow.serving.controller.service import Controller
+from heteroflow.serving.controller.status import instance_statuses
+from heteroflow.serving.controller.store import SqliteFtRuntimeStore
+from heteroflow.serving.wire import FaultEvidence, HardwareFaultReport, RegisterRequest, SoftwareFaultReport
+
+CAPABILITY = {
+    "engine_ft_enabled": True,
+    "scale_down_supported": True,
+    "external_lb": True,
+    "auto_recovery_enabled": False,
+    "eplb_enabled": True,
+    "num_redundant_experts": 4,
+    "num_logical_experts": 4,
+    "slots_per_rank": 2,
+    "tp_size": 1,
+}
+
+EXPECTED = (
+    b'[{"instance_id":"inst-1","phase":"NORMAL","original_dp_ranks":[0,1,2,3],"request_id":null,"dead_comm'
+    b'itted":[],"pending_removed_ranks":[],"alive_dp_ranks":[0,1,2,3],"fallback_strategy":null,"gate":{"al'
+    b'lowed":true,"reason_codes":[],"warnings":[]},"engine_statuses":{"1":"unhealthy"},"serving_published"'
+    b':false,"last_error":null,"can_serve":false,"engine_capability":{"protocol_profile":null,"scale_down_'
+    b'supported":true,"retry_supported":true},"generation":0,"intervention_required":null,"running_strateg'
+    b'y":null,"last_decision":null,"published_endpoints":[],"hardware_faults":[{"key":"80E18402|GPU-a|k-1"'
+    b',"level":5,"source":"t","mapping":"UNMAPPABLE","ranks":[],"reason":"a pod of the instance registered'
+    b' no node name","reason_code":"no_node_name","reason_subject":null,"pending":true}],"rounds":[],"pods'
+    b'":[{"pod_id":"a","pod_ip":"127.0.0.1","node_name":"k-1","state":"up","silent_sec":2.5,"heartbeat_com'
+    b'plete":false,"heartbeats":0,"ranks":[{"rank":0,"devices":[{"device_id":"GPU-a","index":2}]},{"rank":'
+    b'1,"devices":[]}]},{"pod_id":"b","pod_ip":"127.0.0.2","node_name":"","state":"lost","silent_sec":100.'
+    b'0,"heartbeat_complete":false,"heartbeats":0,"ranks":[{"rank":2,"devices":[]},{"rank":3,"devices":[]}'
+    b']}],"persist_pending":false,"store_error":null},{"instance_id":"inst-2","phase":"SCALED_DOWN_RUNNING'
+    b'","original_dp_ranks":[0,1],"request_id":null,"dead_committed":[1],"pending_removed_ranks":[],"alive'
+    b'_dp_ranks":[0],"fallback_strategy":null,"gate":{"allowed":true,"reason_codes":[]},"engine_statuses":'
+    b'{},"serving_published":false,"last_error":null,"can_serve":false,"running_strategy":null,"last_decis'
+    b'ion":"waiting for every NodeManager to register","intervention_required":null}]'
+)
+
+EXPECTED_PODS = (
+    b'[{"pod_id":"a","pod_ip":"127.0.0.1","node_name":"k-1","state":"up","silent_sec":2.5,"heartbeat_compl'
+    b'ete":false,"heartbeats":0,"ranks":[{"rank":0,"devices":[{"device_id":"GPU-a","index":2}]},{"rank":1,'
+    b'"devices":[]}]},{"pod_id":"b","state":"unknown","ranks":[{"rank":2,"devices":[]},{"rank":3,"devices"'
+    b":[]}]}]"
+)
+
+
+def registration(pod: str, ip: str, ids: list[int], **changes: object) -> RegisterRequest:
+    endpoints = [{"id": i, "ip": ip, "port": 8100 + i} for i in ids]
+    return RegisterRequest.model_validate(
+        {
+            "pod_id": pod,
+            "pod_ip": ip,
+            "node_manager_url": f"http://nm-{pod}",
+            "instance_id": "inst-1",
+            "dp_size": 4,
+            "endpoints": endpoints,
+            "ft_capability": CAPABILITY,
+            **changes,
+        }
+    )
+
+
+def test_the_status_answer_is_byte_for_byte_the_same(tmp_path: Path) -> None:
+    async def main() -> tuple[bytes, bytes]:
+        clock = FakeClock()
+        store = SqliteFtRuntimeStore(tmp_path / "ft.db")
+        scaled = rt.new_runtime(InstanceId("inst-2"), [0, 1], enabled=True)
+        scaled = rt.FtRuntime(
+            instance_id=scaled.instance_id,
+            original_dp_ranks=scaled.original_dp_ranks,
+            phase=FtPhase.SCALED_DOWN_RUNNING,
+            dead_committed=frozenset({DpRank(1)}),
+        )
+        await store.put(rt.persisted(scaled), expected_revision=None)
+        controller = Controller(
+            config=ControllerConfig(
+                settings=ControllerSettings.load(cluster_token="t", pod_lost_after_sec=30.0),
+                ft=FaultToleranceConfig.load(enable_dp_scale_down=True),
+            ),
+            store=store,
+            node_managers=NodeManagerClient(cluster_token="t"),
+            coordinator=None,
+            clock=clock,
+        )
+        await controller.start(loops=False)
+        await controller.register(registration("b", "127.0.0.2", [2, 3]))
+        clock.advance(97.5)
+        devices = {"device_infos": [{"device_id": "GPU-a", "index": 2}]}
+        endpoints = [{"id": 0, "ip": "127.0.0.1", "port": 8100, **devices}, {"id": 1, "ip": "127.0.0.1", "port": 8101}]
+        await controller.register(registration("a", "127.0.0.1", [0, 1], endpoints=endpoints, node_name="k-1"))
+        controller.hardware_fault(
+            HardwareFaultReport(node_name="k-1", card="GPU-a", fault_code="80E18402", level=5, source="t")
+        )
+        clock.advance(2.5)
+        controller.report(
+            SoftwareFaultReport(
+                instance_id="inst-1",
+                pod_id="a",
+                endpoint_id=1,
+                status="unhealthy",
+                evidence=FaultEvidence.FT_STATUS,
+                observed_at=clock.now(),
+            )
+        )
+        body = JSONResponse(instance_statuses(controller)).body
+        del controller.pods["b"]  # a pod of the topology the controller no longer knows
+        unknown = JSONResponse(instance_statuses(controller)[0]["pods"]).body
+        await controller.close()
+        return bytes(body), bytes(unknown)
+
+    body, pods = asyncio.run(main())
+    assert body == EXPECTED
+    assert pods == EXPECTED_PODS
