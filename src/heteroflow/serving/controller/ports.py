@@ -2,9 +2,10 @@
 
 A round, a fast recovery and a fallback (``strategy.py``, ``fallbacks.py``) get a :class:`StrategyPorts`; the
 on-demand evidence (``evidence.py``) an :class:`EvidencePorts`; the status view (``status.py``) a
-:class:`StatusPorts`. :class:`~heteroflow.serving.controller.service.Controller` implements all three; the parts
-never import it, so the shell's modules form layers (``app`` → ``service`` → strategies → ``ports`` →
-``instance``), which an import contract in ``pyproject.toml`` keeps.
+:class:`StatusPorts`. All three extend :class:`ShellPorts`, what every part reads: the settings, the clock, the
+NodeManagers and the store's last error. :class:`~heteroflow.serving.controller.service.Controller` implements
+all three; the parts never import it, so the shell's modules form layers (``app`` → ``service`` → strategies →
+``ports`` → ``instance``), which an import contract in ``pyproject.toml`` keeps.
 """
 
 from __future__ import annotations
@@ -24,9 +25,9 @@ from heteroflow.serving.controller.metrics import ControllerMetrics
 from heteroflow.serving.wire import SoftwareFaultReport
 
 
-class StrategyPorts(Protocol):
-    """What a strategy uses: the NodeManagers, the Coordinator view, the store (through ``persist``), the
-    round history, the metrics, the clock and the test-only crash hook."""
+class ShellPorts(Protocol):
+    """What every part of the shell reads: the FT settings, the clock, the NodeManagers, and the store's last
+    error (``None`` while the store answers)."""
 
     @property
     def ft(self) -> FaultToleranceConfig: ...
@@ -38,6 +39,14 @@ class StrategyPorts(Protocol):
     def nm(self) -> NodeManagerClient: ...
 
     @property
+    def store_error(self) -> str | None: ...
+
+
+class StrategyPorts(ShellPorts, Protocol):
+    """What a strategy uses besides: the Coordinator view, the store (through ``persist``), the round history,
+    the metrics and the test-only crash hook."""
+
+    @property
     def coordinator(self) -> CoordinatorClient | None: ...
 
     @property
@@ -45,9 +54,6 @@ class StrategyPorts(Protocol):
 
     @property
     def metrics(self) -> ControllerMetrics: ...
-
-    @property
-    def store_error(self) -> str | None: ...
 
     def crash_point(self, step: str) -> None: ...
 
@@ -68,17 +74,8 @@ class StrategyPorts(Protocol):
     async def run_fallback(self, inst: Instance, fallback: rt.FallbackStrategy) -> None: ...
 
 
-class EvidencePorts(Protocol):
-    """What the on-demand evidence uses: the NodeManagers, the clock, and the controller's report intake."""
-
-    @property
-    def ft(self) -> FaultToleranceConfig: ...
-
-    @property
-    def clock(self) -> Clock: ...
-
-    @property
-    def nm(self) -> NodeManagerClient: ...
+class EvidencePorts(ShellPorts, Protocol):
+    """What the on-demand evidence uses besides: the controller's report intake and its side tasks."""
 
     def report(self, report: SoftwareFaultReport) -> bool: ...
 
@@ -89,14 +86,11 @@ class EvidencePorts(Protocol):
     def spawn(self, work: Coroutine[object, object, None], *, name: str) -> None: ...
 
 
-class StatusPorts(Protocol):
-    """What the status view reads."""
+class StatusPorts(ShellPorts, Protocol):
+    """What the status view reads besides: the configuration and the registries."""
 
     @property
     def config(self) -> ControllerConfig: ...
-
-    @property
-    def clock(self) -> Clock: ...
 
     @property
     def instances(self) -> Mapping[InstanceId, Instance]: ...
@@ -106,6 +100,3 @@ class StatusPorts(Protocol):
 
     @property
     def pods(self) -> Mapping[str, PodState]: ...
-
-    @property
-    def store_error(self) -> str | None: ...
