@@ -69,7 +69,9 @@ def events(timeline: dict[str, Any], kind: str) -> list[dict[str, Any]]:
 def hardware(plane: Plane) -> list[tuple[str, frozenset[int], str]]:
     """The controller's hardware events of the instance: (key, mapped ranks, mapping kind)."""
     inst = plane.controller.instances.get("inst-1")  # type: ignore[call-overload]
-    return [] if inst is None else [(e.fault.key, e.mapping.ranks, e.mapping.kind.value) for e in inst.hardware]
+    return (
+        [] if inst is None else [(e.fault.key, e.mapping.ranks, e.mapping.kind.value) for e in inst.evidence.hardware]
+    )
 
 
 @contextlib.asynccontextmanager
@@ -195,7 +197,7 @@ def test_a13_a_fault_on_a_committed_rank_is_handled_without_a_new_round(tmp_path
             inst = plane.controller.instances["inst-1"]  # type: ignore[index]
             key = "80E18402|Ascend910-1|node-a"
             await eventually(
-                lambda: key in inst.hardware_seen and not inst.hardware,
+                lambda: key in inst.evidence.hardware_seen and not inst.evidence.hardware,
                 within=5,
                 what="the fault is taken and marked handled",
             )

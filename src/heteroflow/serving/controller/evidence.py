@@ -28,19 +28,19 @@ def collect_missing(ctrl: EvidencePorts, inst: Instance) -> None:
     polls; the controller still never talks to an engine), and again every ``COLLECT_SPACING_SEC`` while the
     snapshot stays incomplete. What they answer is folded in as evidence."""
     now = ctrl.clock.monotonic()
-    if inst.collecting or not ctrl.ft.scale_down_enabled:
+    if inst.collection.collecting or not ctrl.ft.scale_down_enabled:
         return  # a collection in flight wakes the strategy center when it ends
-    snapshot = normalizer.classify(inst.snapshot, inst.runtime.active_dp_ranks)
+    snapshot = normalizer.classify(inst.evidence.snapshot, inst.runtime.active_dp_ranks)
     unheard = inst.runtime.active_dp_ranks - snapshot.dead - snapshot.unhealthy
     if not unheard or not (snapshot.dead or snapshot.unhealthy):
         return
-    again = inst.collected_at + COLLECT_SPACING_SEC
+    again = inst.collection.collected_at + COLLECT_SPACING_SEC
     if now < again:
         # still incomplete: ask again as soon as the spacing allows, never only at the next periodic scan
         # (the decision's own wait, the collection timeout, bounds how long this goes on)
-        inst.wake_at = again if inst.wake_at is None else min(inst.wake_at, again)
+        inst.strategy.wake_by(again)
         return
-    inst.collecting = True
+    inst.collection.collecting = True
 
     async def query(pod: PodTopology) -> None:
         ids = sorted(pod.dp_ranks & unheard)
@@ -71,8 +71,8 @@ def collect_missing(ctrl: EvidencePorts, inst: Instance) -> None:
         try:
             await asyncio.gather(*(query(pod) for pod in inst.topology.pods))
         finally:
-            inst.collecting = False
-            inst.collected_at = ctrl.clock.monotonic()
+            inst.collection.collecting = False
+            inst.collection.collected_at = ctrl.clock.monotonic()
             ctrl.wake()  # decide again: complete now, or collect again after the spacing
 
     ctrl.spawn(collect(), name=f"collect-{inst.instance_id}")
@@ -81,13 +81,13 @@ def collect_missing(ctrl: EvidencePorts, inst: Instance) -> None:
 def nudge_idle(ctrl: EvidencePorts, inst: Instance) -> None:
     """F-54: a DEAD is known but survivors stay HEALTHY for lack of traffic; with ``nudge_idle_survivors``
     each of their NodeManagers sends one bounded request so they meet the fault in their collective."""
-    if not ctrl.ft.nudge_idle_survivors or inst.nudged:
+    if not ctrl.ft.nudge_idle_survivors or inst.collection.nudged:
         return
-    snapshot = normalizer.classify(inst.snapshot, inst.runtime.active_dp_ranks)
+    snapshot = normalizer.classify(inst.evidence.snapshot, inst.runtime.active_dp_ranks)
     idle = inst.runtime.active_dp_ranks - snapshot.dead - snapshot.unhealthy
     if not snapshot.dead or not idle:
         return
-    inst.nudged = True
+    inst.collection.nudged = True
     request_id = f"nudge-{uuid.uuid4().hex[:12]}"
     _log.info("controller.nudge", instance_id=inst.instance_id, ranks=sorted(idle), dead=sorted(snapshot.dead))
 
@@ -113,18 +113,20 @@ def recheck_unreachable(ctrl: EvidencePorts, inst: Instance) -> None:
     withdrawn (``withdraw_evidence``), ending the COLLECTING wait for it. The supervisor's word
     wins: ``not_running`` or another identity keeps the DEAD; a supervisor's ``ENGINE_DEAD`` never reverts."""
     ranks = {
-        rank: inst.unreachable.get(rank)
-        for rank, entry in inst.snapshot.entries.items()
-        if entry.status == "dead" and entry.evidence == FaultEvidence.FT_UNREACHABLE and rank in inst.unreachable
+        rank: inst.evidence.unreachable.get(rank)
+        for rank, entry in inst.evidence.snapshot.entries.items()
+        if entry.status == "dead"
+        and entry.evidence == FaultEvidence.FT_UNREACHABLE
+        and rank in inst.evidence.unreachable
     }
-    if not ranks or inst.rechecking or inst.running is not None:
+    if not ranks or inst.collection.rechecking or inst.strategy.running is not None:
         return
     now = ctrl.clock.monotonic()
-    again = inst.rechecked_at + COLLECT_SPACING_SEC
+    again = inst.collection.rechecked_at + COLLECT_SPACING_SEC
     if now < again:
-        inst.wake_at = again if inst.wake_at is None else min(inst.wake_at, again)
+        inst.strategy.wake_by(again)
         return
-    inst.rechecking = True
+    inst.collection.rechecking = True
 
     async def query(pod: PodTopology) -> None:
         ids = sorted(pod.dp_ranks & set(ranks))
@@ -145,8 +147,8 @@ def recheck_unreachable(ctrl: EvidencePorts, inst: Instance) -> None:
         try:
             await asyncio.gather(*(query(pod) for pod in inst.topology.pods))
         finally:
-            inst.rechecking = False
-            inst.rechecked_at = ctrl.clock.monotonic()
+            inst.collection.rechecking = False
+            inst.collection.rechecked_at = ctrl.clock.monotonic()
             ctrl.wake()
 
     ctrl.spawn(recheck(), name=f"recheck-{inst.instance_id}")

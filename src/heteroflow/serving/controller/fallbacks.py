@@ -46,27 +46,27 @@ INTERVENTION_REQUIRED = "INTERVENTION_REQUIRED"
 def ready_timeout(ctrl: StrategyPorts, inst: Instance) -> float:
     """How long relaunched engines may take: three times the last measured start, within the configured bound."""
     bound = ctrl.ft.fallback_ready_timeout_sec
-    if inst.measured_start_sec is None:
+    if inst.relaunches.measured_start_sec is None:
         return bound
-    return min(bound, max(MIN_READY_TIMEOUT_SEC, READY_TIMEOUT_FACTOR * inst.measured_start_sec))
+    return min(bound, max(MIN_READY_TIMEOUT_SEC, READY_TIMEOUT_FACTOR * inst.relaunches.measured_start_sec))
 
 
 def _attempt_allowed(ctrl: StrategyPorts, inst: Instance, request_id: str) -> bool:
     """Count one whole-instance attempt in the window; ``False`` (and INTERVENTION_REQUIRED) past the bound."""
     now = ctrl.clock.monotonic()
     window = ctrl.ft.fallback_attempt_window_sec
-    inst.fallback_times = [t for t in inst.fallback_times if now - t < window]
-    if len(inst.fallback_times) < ctrl.ft.fallback_max_attempts:
-        inst.fallback_times.append(now)
+    inst.relaunches.times = [t for t in inst.relaunches.times if now - t < window]
+    if len(inst.relaunches.times) < ctrl.ft.fallback_max_attempts:
+        inst.relaunches.times.append(now)
         return True
     reason = (
-        f"{INTERVENTION_REQUIRED}: {len(inst.fallback_times)} whole-instance relaunches within "
+        f"{INTERVENTION_REQUIRED}: {len(inst.relaunches.times)} whole-instance relaunches within "
         f"{window:g} s, the limit: the instance keeps failing, and the controller stopped relaunching it"
     )
-    inst.intervention_required = reason
+    inst.relaunches.intervention_required = reason
     ctrl.metrics.intervention_required.labels(instance_id=inst.instance_id).set(1)
     ctrl.set_runtime(inst, replace(inst.runtime, last_error=reason))
-    ctrl.history.add(request_id, "intervention_required", attempts=len(inst.fallback_times), window_sec=window)
+    ctrl.history.add(request_id, "intervention_required", attempts=len(inst.relaunches.times), window_sec=window)
     _log.error("controller.intervention_required", instance_id=inst.instance_id, detail=reason)
     return False
 
@@ -88,18 +88,18 @@ async def run_fallback(ctrl: StrategyPorts, inst: Instance, fallback: rt.Fallbac
         except (PeerError, TimeoutError) as exc:
             delay = RETRY_BACKOFF_SEC[min(attempt, len(RETRY_BACKOFF_SEC) - 1)]
             attempt += 1
-            inst.fallback_attempts += 1
+            inst.relaunches.attempts += 1
             ctrl.history.add(request_id, "fallback_failed", attempt=attempt, error=str(exc), retry_in_sec=delay)
             ctrl.set_runtime(inst, replace(inst.runtime, last_error=f"{fallback.value} failed: {exc}"))
             _log.warning("controller.fallback_failed", instance_id=inst.instance_id, error=str(exc), attempt=attempt)
             await ctrl.clock.sleep(delay)  # back-off between attempts
             continue
-        inst.intervention_required = None
+        inst.relaunches.intervention_required = None
         ctrl.metrics.intervention_required.labels(instance_id=inst.instance_id).set(0)
         ctrl.set_runtime(inst, rt.fallback_succeeded(inst.runtime))
         ctrl.reset_evidence(inst)
         if not inst.runtime.dead_committed:
-            inst.stopped_pods.clear()  # a rebuild brings every pod back
+            inst.relaunches.stopped_pods.clear()  # a rebuild brings every pod back
         await ctrl.persist(inst, required=False)
         ctrl.history.finish(request_id, "succeeded")
         ctrl.metrics.rounds.labels(kind="fallback", outcome="succeeded").inc()
@@ -121,8 +121,8 @@ async def _relaunch(ctrl: StrategyPorts, inst: Instance, request_id: str) -> Non
     master_ip = inst.topology.endpoint(min(alive)).ip
     body = EnginesStartRequest(retired_endpoint_ids=sorted(retired), dp_master_ip=master_ip)
     started = ctrl.clock.monotonic()
-    if inst.published and ctrl.coordinator is not None:
-        await ctrl.view(inst, overlay.withdraw(inst.published), request_id=request_id)
+    if inst.publication.published and ctrl.coordinator is not None:
+        await ctrl.view(inst, overlay.withdraw(inst.publication.published), request_id=request_id)
     for pod in inst.topology.pods:
         answer = await ctrl.nm.restart_engines(pod.node_manager_url, body)
         ctrl.history.add(
@@ -134,7 +134,7 @@ async def _relaunch(ctrl: StrategyPorts, inst: Instance, request_id: str) -> Non
             started=answer.started_endpoint_ids,
         )
     await _until_ready(ctrl, inst, alive, request_id)
-    inst.measured_start_sec = ctrl.clock.monotonic() - started
+    inst.relaunches.measured_start_sec = ctrl.clock.monotonic() - started
 
 
 async def _until_ready(ctrl: StrategyPorts, inst: Instance, alive: frozenset[int], request_id: str) -> None:

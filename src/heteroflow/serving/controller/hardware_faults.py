@@ -36,14 +36,14 @@ def record_hardware_fault(
     results: dict[str, HardwareMapping] = {}
     for inst in instances:
         if report.cleared:
-            inst.hardware_seen.pop(fault.key, None)
-            inst.hardware = [e for e in inst.hardware if e.fault.key != fault.key]
+            inst.evidence.hardware_seen.pop(fault.key, None)
+            inst.evidence.hardware = [e for e in inst.evidence.hardware if e.fault.key != fault.key]
             continue
         mapping = map_hardware_fault(fault, inst.topology)
         results[inst.instance_id] = mapping
-        if mapping.kind == MappingKind.NOT_AFFECTED or fault.key in inst.hardware_seen:
+        if mapping.kind == MappingKind.NOT_AFFECTED or fault.key in inst.evidence.hardware_seen:
             continue
-        inst.hardware_seen[fault.key] = {
+        inst.evidence.hardware_seen[fault.key] = {
             "key": fault.key,
             "level": fault.level,
             "source": report.source,
@@ -53,10 +53,10 @@ def record_hardware_fault(
             "reason_code": mapping.reason_code or None,
             "reason_subject": mapping.reason_subject or None,
         }
-        inst.hardware.append(HardwareEvent(fault=fault, mapping=mapping, received_at=now))
+        inst.evidence.hardware.append(HardwareEvent(fault=fault, mapping=mapping, received_at=now))
         metrics.hardware_faults.labels(source=report.source, mapping=mapping.kind.value).inc()
         history.add(
-            inst.runtime.request_id if inst.running else None,
+            inst.runtime.request_id if inst.strategy.running else None,
             "hardware_fault",
             key=fault.key,
             level=fault.level,

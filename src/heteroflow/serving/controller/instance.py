@@ -1,9 +1,18 @@
 """The controller's state of one serving instance and of one pod, as the shell keeps it in memory.
 
-:class:`Instance` holds what the pure core computes on (its ``FtRuntime``, the only thing persisted, F-32)
-beside what the shell tracks around it: the snapshot of software evidence (never persisted, F-13), the hardware
-events, the running strategy and the view last published to the Coordinator. The controller (``service.py``)
-owns the registry of instances; the strategies change an instance's records through the ports in ``ports.py``.
+:class:`Instance` holds what the pure core computes on (its ``FtRuntime``, the only thing persisted, F-32;
+changed only through ``Controller.set_runtime``) and the topology its pods registered (``registration.py``),
+beside records of what the shell tracks around them. Each record has one owner, the module that changes it; the
+others read it, or call the record's own methods where another module's step must leave a mark:
+
+- :class:`Evidence` — the software and hardware evidence since the last reset (never persisted, F-13): the
+  controller's report intake (``service.py``; ``hardware_faults.py`` records the hardware events it maps).
+- :class:`Collection` — the on-demand status collection and recheck, the idle nudge: ``evidence.py``.
+- :class:`Publication` — what the Coordinator holds as far as we know: the serving view of ``service.py``.
+- :class:`Persistence` — the store's revision and a write still to retry: ``Controller.persist``.
+- :class:`StrategySlot` — the strategy running and the center's next wake-up: the strategy center.
+- :class:`Relaunches` — whole-instance relaunches and the pods stopped: ``fallbacks.py`` (a round marks the pods
+  it stops through :meth:`Relaunches.pod_stopped`).
 """
 
 from __future__ import annotations
@@ -11,6 +20,7 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from heteroflow.serving.controller.core import normalizer
 from heteroflow.serving.controller.core import runtime as rt
 from heteroflow.serving.controller.core.decision import RunningStrategy
 from heteroflow.serving.controller.core.normalizer import FtSnapshot, HardwareEvent
@@ -28,52 +38,111 @@ class PodState:
 
 
 @dataclass
-class Instance:
-    instance_id: InstanceId
-    topology: InstanceTopology
-    runtime: rt.FtRuntime
-    revision: int | None = None
-    """The store's CAS revision of the persisted runtime; ``None``: never stored."""
+class Evidence:
+    """The evidence since the last reset (a round committed, a rebuild, a fast recovery)."""
+
     snapshot: FtSnapshot = field(default_factory=FtSnapshot)
     hardware: list[HardwareEvent] = field(default_factory=list)
-    running: RunningStrategy | None = None
-    task: asyncio.Task[None] | None = None
-    published: frozenset[DpRank] = frozenset()
-    """The view the Coordinator holds as far as we know (what the last successful DEL/ADD/SET left)."""
-    engine_statuses: dict[int, str] = field(default_factory=dict)
-    wake_at: float | None = None
-    last_decision: str | None = None
-    stopped_pods: set[str] = field(default_factory=set)
-    persist_pending: bool = False
-    persist_error_shown: bool = False
-    """``last_error`` currently says a persist failed; a later successful persist clears it."""
-    nudged: bool = False
-    """F-54: the idle survivors of the current evidence were nudged once."""
-    collecting: bool = False
-    collected_at: float = float("-inf")
+    """Hardware events the decision has not handled yet."""
     hardware_seen: dict[str, dict[str, object]] = field(default_factory=dict)
     """Hardware faults already taken for this instance, by key (what the status shows of each): a source
     repeating a standing fault never opens a second window; the key is forgotten when the source clears it or
     the evidence is reset."""
-    persist_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    """One write at a time per instance, so that two writers never race on the same CAS revision."""
+    engine_statuses: dict[int, str] = field(default_factory=dict)
+    unreachable: dict[DpRank, EngineIdentity | None] = field(default_factory=dict)
+    """Ranks reported DEAD by a status timeout (``FT_UNREACHABLE``), with the identity the report named: that
+    evidence is withdrawn if the same engine answers again before a round starts (``evidence.py``)."""
+
+    def reset(self) -> None:
+        self.snapshot = normalizer.reset()
+        self.hardware.clear()
+        self.hardware_seen.clear()
+        self.engine_statuses.clear()
+        self.unreachable.clear()
+
+
+@dataclass
+class Collection:
+    collecting: bool = False
+    collected_at: float = float("-inf")
+    rechecking: bool = False
+    rechecked_at: float = float("-inf")
+    nudged: bool = False
+    """F-54: the idle survivors of the current evidence were nudged once."""
+
+    def evidence_reset(self) -> None:
+        """The evidence was reset: its idle survivors may be nudged again."""
+        self.nudged = False
+
+
+@dataclass
+class Publication:
+    published: frozenset[DpRank] = frozenset()
+    """The view the Coordinator holds as far as we know (what the last successful DEL/ADD/SET left)."""
     fault_withdrawn: frozenset[DpRank] = frozenset()
     """Ranks withdrawn from the Coordinator at their first fault report (before any round): the periodic SET
     leaves them out until the evidence is reset (a round committed, a rebuild, a fast recovery)."""
     held_generation: int | None = None
     """The newest generation a DEL carried: the Coordinator holds those ranks back from ADD/SET of no newer
     generation, so the next publication must carry a newer one."""
-    unreachable: dict[DpRank, EngineIdentity | None] = field(default_factory=dict)
-    """Ranks reported DEAD by a status timeout (``FT_UNREACHABLE``), with the identity the report named: that
-    evidence is withdrawn if the same engine answers again before a round starts (``evidence.py``)."""
-    rechecking: bool = False
-    rechecked_at: float = float("-inf")
-    fallback_times: list[float] = field(default_factory=list)
+
+
+@dataclass
+class Persistence:
+    revision: int | None = None
+    """The store's CAS revision of the persisted runtime; ``None``: never stored."""
+    pending: bool = False
+    """A write failed (or is still to make): the view-refresh loop retries it (F-50)."""
+    error_shown: bool = False
+    """``last_error`` currently says a persist failed; a later successful persist clears it."""
+    lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    """One write at a time per instance, so that two writers never race on the same CAS revision."""
+
+    def mark_error_shown(self) -> None:
+        """A strategy put the failed persist into ``last_error``."""
+        self.error_shown = True
+
+
+@dataclass
+class StrategySlot:
+    running: RunningStrategy | None = None
+    task: asyncio.Task[None] | None = None
+    wake_at: float | None = None
+    """When the strategy center decides this instance again at the latest (monotonic seconds)."""
+    last_decision: str | None = None
+    pending_abort: RequestId | None = None
+    """A round interrupted by a restart, to abort at every NodeManager before its fallback (F-32)."""
+    pending_fallback: rt.FallbackStrategy | None = None
+
+    def wake_by(self, at: float) -> None:
+        """Have the strategy center decide again no later than ``at``."""
+        self.wake_at = at if self.wake_at is None else min(self.wake_at, at)
+
+
+@dataclass
+class Relaunches:
+    times: list[float] = field(default_factory=list)
     """Monotonic start times of the whole-instance relaunches within ``fallback_attempt_window_sec``."""
+    attempts: int = 0
     intervention_required: str | None = None
     """Why the controller stopped relaunching the instance (``fallback_max_attempts`` used up), or ``None``."""
     measured_start_sec: float | None = None
     """How long the last relaunch took from the restart request to every engine ready."""
-    pending_abort: RequestId | None = None
-    pending_fallback: rt.FallbackStrategy | None = None
-    fallback_attempts: int = 0
+    stopped_pods: set[str] = field(default_factory=set)
+    """Pods stopped after every rank of theirs was committed (F-26); a rebuild brings them back."""
+
+    def pod_stopped(self, pod_id: str) -> None:
+        self.stopped_pods.add(pod_id)
+
+
+@dataclass
+class Instance:
+    instance_id: InstanceId
+    topology: InstanceTopology
+    runtime: rt.FtRuntime
+    evidence: Evidence = field(default_factory=Evidence)
+    collection: Collection = field(default_factory=Collection)
+    publication: Publication = field(default_factory=Publication)
+    persistence: Persistence = field(default_factory=Persistence)
+    strategy: StrategySlot = field(default_factory=StrategySlot)
+    relaunches: Relaunches = field(default_factory=Relaunches)

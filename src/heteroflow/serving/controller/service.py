@@ -24,7 +24,7 @@ import structlog
 
 from heteroflow.core.clock import Clock
 from heteroflow.core.errors import StoreUnavailableError
-from heteroflow.serving.controller import evidence, fallbacks
+from heteroflow.serving.controller import evidence, fallbacks, finalization
 from heteroflow.serving.controller.clients import CoordinatorClient, NodeManagerClient, PeerError
 from heteroflow.serving.controller.config import ControllerConfig
 from heteroflow.serving.controller.core import normalizer, overlay
@@ -59,7 +59,6 @@ from heteroflow.serving.controller.store import FtRuntimeStore, FtStoreError, No
 from heteroflow.serving.controller.strategy import FastRecovery, ScaleDownRound
 from heteroflow.serving.wire import (
     FaultEvidence,
-    FinalizeRequest,
     HardwareFaultReport,
     HeartbeatRequest,
     HeartbeatResponse,
@@ -149,9 +148,9 @@ class Controller:
         for task in self._tasks:
             task.cancel()
         for inst in self.instances.values():
-            if inst.task is not None:
-                inst.task.cancel()
-        pending = [*self._tasks, *(i.task for i in self.instances.values() if i.task is not None)]
+            if inst.strategy.task is not None:
+                inst.strategy.task.cancel()
+        pending = [*self._tasks, *(i.strategy.task for i in self.instances.values() if i.strategy.task is not None)]
         for task in pending:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
@@ -211,16 +210,18 @@ class Controller:
             raise UnknownInstanceError(f"instance {report.instance_id!r} is not registered")
         self.metrics.reports.labels(evidence=report.evidence.value).inc()
         now = self.clock.monotonic()
-        before = inst.snapshot
-        inst.snapshot = normalizer.observe(inst.snapshot, report, now=now, dead_committed=inst.runtime.dead_committed)
+        before = inst.evidence.snapshot
+        inst.evidence.snapshot = normalizer.observe(
+            inst.evidence.snapshot, report, now=now, dead_committed=inst.runtime.dead_committed
+        )
         if report.endpoint_id not in inst.runtime.dead_committed:
-            inst.engine_statuses[report.endpoint_id] = report.status
-        if inst.snapshot is not before and report.status in ("unhealthy", "dead"):
+            inst.evidence.engine_statuses[report.endpoint_id] = report.status
+        if inst.evidence.snapshot is not before and report.status in ("unhealthy", "dead"):
             self.withdraw_faulted(inst, DpRank(report.endpoint_id))
             if report.evidence == FaultEvidence.FT_UNREACHABLE:
-                inst.unreachable[DpRank(report.endpoint_id)] = report.identity
+                inst.evidence.unreachable[DpRank(report.endpoint_id)] = report.identity
         self.history.add(
-            inst.runtime.request_id if inst.running else None,
+            inst.runtime.request_id if inst.strategy.running else None,
             "evidence",
             endpoint_id=report.endpoint_id,
             status=report.status,
@@ -233,7 +234,7 @@ class Controller:
             endpoint_id=report.endpoint_id,
             status=report.status,
             evidence=report.evidence.value,
-            changed=inst.snapshot is not before,
+            changed=inst.evidence.snapshot is not before,
         )
         self._wake.set()
         return True
@@ -242,18 +243,18 @@ class Controller:
         """Stop the Coordinator sending to ``rank`` at once, at its first fault report (not when a round's DEL
         comes): a DEL of that rank with the current generation and ``faulted`` (requests waiting on it go
         elsewhere within the Coordinator's faulted bound)."""
-        if inst.runtime.phase == FtPhase.DISABLED or rank in inst.fault_withdrawn:
+        if inst.runtime.phase == FtPhase.DISABLED or rank in inst.publication.fault_withdrawn:
             return
-        inst.fault_withdrawn = inst.fault_withdrawn | {rank}
-        if rank not in inst.published:
+        inst.publication.fault_withdrawn = inst.publication.fault_withdrawn | {rank}
+        if rank not in inst.publication.published:
             return
         generation = inst.runtime.generation
-        inst.held_generation = max(inst.held_generation or 0, generation)
+        inst.publication.held_generation = max(inst.publication.held_generation or 0, generation)
         self.history.add(
-            inst.runtime.request_id if inst.running else None, "coordinator_del_faulted", endpoint_ids=[rank]
+            inst.runtime.request_id if inst.strategy.running else None, "coordinator_del_faulted", endpoint_ids=[rank]
         )
         if self.coordinator is None:
-            inst.published = inst.published - {rank}
+            inst.publication.published = inst.publication.published - {rank}
             return
         coordinator = self.coordinator
 
@@ -267,7 +268,7 @@ class Controller:
                     "controller.faulted_withdrawal_failed", instance_id=inst.instance_id, rank=rank, error=str(exc)
                 )
                 return
-            inst.published = inst.published - {rank}
+            inst.publication.published = inst.publication.published - {rank}
             _log.info(
                 "controller.faulted_rank_withdrawn", instance_id=inst.instance_id, rank=rank, generation=generation
             )
@@ -276,15 +277,15 @@ class Controller:
 
     def withdraw_evidence(self, inst: Instance, rank: DpRank, *, why: str) -> None:
         """Forget ``rank``'s DEAD-by-unreachability before any round started, and publish it again."""
-        if inst.running is not None or inst.runtime.phase in ROUND_PHASES:
+        if inst.strategy.running is not None or inst.runtime.phase in ROUND_PHASES:
             return
-        inst.snapshot = normalizer.forget(inst.snapshot, rank)
-        inst.unreachable.pop(rank, None)
-        inst.engine_statuses.pop(rank, None)
+        inst.evidence.snapshot = normalizer.forget(inst.evidence.snapshot, rank)
+        inst.evidence.unreachable.pop(rank, None)
+        inst.evidence.engine_statuses.pop(rank, None)
         self.history.add(None, "evidence_withdrawn", endpoint_id=rank, reason=why)
         _log.info("controller.evidence_withdrawn", instance_id=inst.instance_id, endpoint_id=rank, reason=why)
-        if rank in inst.fault_withdrawn:
-            inst.fault_withdrawn = inst.fault_withdrawn - {rank}
+        if rank in inst.publication.fault_withdrawn:
+            inst.publication.fault_withdrawn = inst.publication.fault_withdrawn - {rank}
             self.spawn(self.refresh_view(inst), name=f"republish-{inst.instance_id}-{rank}")
         self._wake.set()
 
@@ -312,13 +313,13 @@ class Controller:
         if restored is not None and restored.runtime.original_dp_ranks == topology.original_dp_ranks:
             runtime = restored.runtime
             inst = Instance(instance_id=instance_id, topology=topology, runtime=runtime)
-            inst.revision = self._revisions.get(instance_id)
-            inst.pending_abort = restored.abort_request_id
-            inst.pending_fallback = restored.run_fallback
+            inst.persistence.revision = self._revisions.get(instance_id)
+            inst.strategy.pending_abort = restored.abort_request_id
+            inst.strategy.pending_fallback = restored.run_fallback
             runtime = self._align_feature(runtime)
             inst.runtime = runtime
             if runtime is not restored.runtime:
-                inst.persist_pending = True
+                inst.persistence.pending = True
         else:
             if restored is not None:
                 _log.warning(
@@ -329,8 +330,8 @@ class Controller:
                 )
             runtime = rt.new_runtime(instance_id, topology.original_dp_ranks, enabled=self.ft.scale_down_enabled)
             inst = Instance(instance_id=instance_id, topology=topology, runtime=runtime)
-            inst.revision = self._revisions.get(instance_id)
-            inst.persist_pending = True
+            inst.persistence.revision = self._revisions.get(instance_id)
+            inst.persistence.pending = True
         self.instances[instance_id] = inst
         await self.persist(inst, required=False)
         self.metrics.set_phase(instance_id, inst.runtime.phase)
@@ -341,8 +342,8 @@ class Controller:
             dead_committed=sorted(inst.runtime.dead_committed),
             pods=[p.pod_id for p in topology.pods],
         )
-        if inst.pending_abort is not None or inst.pending_fallback is not None:
-            self._start(inst, "fallback", self._resume_after_restart(inst))
+        if inst.strategy.pending_abort is not None or inst.strategy.pending_fallback is not None:
+            self._start(inst, "fallback", finalization.resume_after_restart(self, inst))
         return inst
 
     def _align_feature(self, runtime: rt.FtRuntime) -> rt.FtRuntime:
@@ -371,45 +372,41 @@ class Controller:
     async def persist(self, inst: Instance, *, required: bool) -> None:
         """Write F-32's subset with compare-and-swap. ``required``: raise on failure (F-50's write-ahead);
         otherwise remember to retry and carry on."""
-        async with inst.persist_lock:
+        async with inst.persistence.lock:
             await self._persist_locked(inst, required=required)
 
     async def _persist_locked(self, inst: Instance, *, required: bool) -> None:
         record = rt.persisted(inst.runtime)  # the runtime as it is now, after any write we waited for
         try:
-            inst.revision = await self.store.put(record, expected_revision=inst.revision)
+            inst.persistence.revision = await self.store.put(record, expected_revision=inst.persistence.revision)
         except (StoreUnavailableError, FtStoreError) as exc:
             if isinstance(exc, NotLeaderError) and self.on_not_leader is not None:
                 self.on_not_leader(str(exc))
-            inst.persist_pending = True
+            inst.persistence.pending = True
             self.store_error = f"{type(exc).__name__}: {exc}"
             self.metrics.store_errors.inc()
             _log.error("controller.persist_failed", instance_id=inst.instance_id, error=str(exc), required=required)
             if required:
                 raise
             return
-        inst.persist_pending = False
+        inst.persistence.pending = False
         self.store_error = None
-        if inst.persist_error_shown:
-            inst.persist_error_shown = False
+        if inst.persistence.error_shown:
+            inst.persistence.error_shown = False
             self.set_runtime(inst, replace(inst.runtime, last_error=None))
 
     def reset_evidence(self, inst: Instance) -> None:
         """Forget the snapshot and the hardware events: a round committed or the instance was rebuilt."""
-        inst.snapshot = normalizer.reset()
-        inst.hardware.clear()
-        inst.engine_statuses.clear()
-        inst.hardware_seen.clear()
-        inst.nudged = False
-        inst.fault_withdrawn = frozenset()
-        inst.unreachable.clear()
+        inst.evidence.reset()
+        inst.collection.evidence_reset()
+        inst.publication.fault_withdrawn = frozenset()
 
     # == strategy center (F-10…F-13) =========================================================================
     async def _strategy_center(self) -> None:
         while True:
             now = self.clock.monotonic()
             timeout = self.ft.strategy_center_check_interval
-            wakes = [i.wake_at for i in self.instances.values() if i.wake_at is not None]
+            wakes = [i.strategy.wake_at for i in self.instances.values() if i.strategy.wake_at is not None]
             if wakes:
                 timeout = max(0.0, min(timeout, min(wakes) - now))
             await self.clock.wait_for(self._wake, timeout)
@@ -428,9 +425,9 @@ class Controller:
         decision = decide(
             DecisionInput(
                 runtime=inst.runtime,
-                snapshot=inst.snapshot,
-                hardware=tuple(inst.hardware),
-                running=inst.running,
+                snapshot=inst.evidence.snapshot,
+                hardware=tuple(inst.evidence.hardware),
+                running=inst.strategy.running,
                 fast_recovery_applicable=(
                     self.ft.scale_down_enabled
                     and self.ft.enable_fast_recovery
@@ -442,10 +439,10 @@ class Controller:
             now=now,
         )
         said = f"{decision.kind}:{decision.reason.value}"
-        if said != inst.last_decision:
+        if said != inst.strategy.last_decision:
             _log.info("controller.decision", instance_id=inst.instance_id, decision=said)
-        inst.last_decision = said
-        inst.wake_at = decision.until if isinstance(decision, Wait) else None
+        inst.strategy.last_decision = said
+        inst.strategy.wake_at = decision.until if isinstance(decision, Wait) else None
         if isinstance(decision, StartScaleDown):
             context = rt.ScaleDownContext(
                 request_id=RequestId(f"sd-{uuid.uuid4().hex[:16]}"),
@@ -468,7 +465,7 @@ class Controller:
         elif isinstance(decision, StartFastRecovery):
             self._start(inst, "fast_recovery", FastRecovery(self, inst).run())
         elif isinstance(decision, MarkHardwareHandled):
-            inst.hardware = [e for e in inst.hardware if e.fault.key not in decision.keys]
+            inst.evidence.hardware = [e for e in inst.evidence.hardware if e.fault.key not in decision.keys]
             self._wake.set()
         elif isinstance(decision, Wait) and decision.reason in (
             DecisionReason.COLLECTING,
@@ -489,7 +486,7 @@ class Controller:
         self._tasks.append(asyncio.create_task(work, name=name))
 
     def _start(self, inst: Instance, kind: RunningStrategy, work: Awaitable[None]) -> None:
-        inst.running = kind
+        inst.strategy.running = kind
 
         async def run() -> None:
             try:
@@ -499,39 +496,19 @@ class Controller:
             except Exception as exc:  # the strategy is a side path of the center: log it, never kill the loop
                 _log.exception("controller.strategy_crashed", instance_id=inst.instance_id, kind=kind, error=str(exc))
             finally:
-                inst.running = None
-                inst.task = None
+                inst.strategy.running = None
+                inst.strategy.task = None
                 self._wake.set()
 
-        inst.task = asyncio.create_task(run(), name=f"{kind}-{inst.instance_id}")
+        inst.strategy.task = asyncio.create_task(run(), name=f"{kind}-{inst.instance_id}")
 
     # == fallbacks (F-14) ====================================================================================
-    async def _resume_after_restart(self, inst: Instance) -> None:
-        """F-32: abort the interrupted round at every NodeManager, then run (or resume) the fallback."""
-        if inst.pending_abort is not None:
-            await self.finalize_everywhere(inst, inst.pending_abort, commit=False, retired=inst.runtime.dead_committed)
-            inst.pending_abort = None
-        await self.persist(inst, required=False)
-        fallback = inst.pending_fallback
-        inst.pending_fallback = None
-        if fallback is not None:
-            await self.run_fallback(inst, fallback)
-
     async def finalize_everywhere(
         self, inst: Instance, request_id: str, *, commit: bool, retired: frozenset[DpRank]
     ) -> dict[str, bool]:
-        """finalize on every pod of the instance; which pods acknowledged (a stale id is refused: fine)."""
-        acked: dict[str, bool] = {}
-        body = FinalizeRequest(request_id=request_id, commit=commit, retired_endpoint_ids=sorted(retired))
-        for pod in inst.topology.pods:
-            try:
-                answer = await self.nm.finalize(pod.node_manager_url, body)
-                acked[pod.pod_id] = True
-                self.history.add(request_id, "finalize", pod_id=pod.pod_id, commit=commit, repeated=answer.repeated)
-            except PeerError as exc:
-                acked[pod.pod_id] = False
-                self.history.add(request_id, "finalize_failed", pod_id=pod.pod_id, commit=commit, error=str(exc))
-        return acked
+        return await finalization.finalize_everywhere(
+            nm=self.nm, history=self.history, inst=inst, request_id=request_id, commit=commit, retired=retired
+        )
 
     async def run_fallback(self, inst: Instance, fallback: rt.FallbackStrategy) -> None:
         await fallbacks.run_fallback(self, inst, fallback)
@@ -544,35 +521,41 @@ class Controller:
         """Send one overlay operation; raises :class:`PeerError` when the Coordinator did not take it."""
         self.history.add(request_id, f"coordinator_{op.op.lower()}", endpoint_ids=sorted(op.endpoint_ids))
         if self.coordinator is None:
-            inst.published = op.endpoint_ids if op.op != "DEL" else inst.published - op.endpoint_ids
+            inst.publication.published = (
+                op.endpoint_ids if op.op != "DEL" else inst.publication.published - op.endpoint_ids
+            )
             return
-        if op.op != "DEL" and inst.held_generation is not None and inst.runtime.generation <= inst.held_generation:
+        if (
+            op.op != "DEL"
+            and inst.publication.held_generation is not None
+            and inst.runtime.generation <= inst.publication.held_generation
+        ):
             # the Coordinator holds back what a DEL withdrew from every ADD/SET of no newer generation
-            self.set_runtime(inst, replace(inst.runtime, generation=inst.held_generation + 1))
+            self.set_runtime(inst, replace(inst.runtime, generation=inst.publication.held_generation + 1))
             self.spawn(self.persist(inst, required=False), name=f"persist-{inst.instance_id}")
         instance_id, generation = inst.instance_id, inst.runtime.generation
         if op.op == "DEL":
             await self.coordinator.withdraw(
                 instance_id, sorted(op.endpoint_ids), request_id=request_id, generation=generation
             )
-            inst.held_generation = max(inst.held_generation or 0, generation)
-            inst.published = inst.published - op.endpoint_ids
+            inst.publication.held_generation = max(inst.publication.held_generation or 0, generation)
+            inst.publication.published = inst.publication.published - op.endpoint_ids
         elif op.op == "ADD":
             endpoints = serving_endpoints(inst, op.endpoint_ids)
             await self.coordinator.add(
                 instance_id, self.model_of(inst), endpoints, generation=generation, request_id=request_id
             )
-            inst.published = inst.published | op.endpoint_ids
+            inst.publication.published = inst.publication.published | op.endpoint_ids
         else:
             endpoints = serving_endpoints(inst, op.endpoint_ids)
             await self.coordinator.set(instance_id, self.model_of(inst), endpoints, generation=generation)
-            inst.published = op.endpoint_ids
+            inst.publication.published = op.endpoint_ids
 
     async def refresh_view(self, inst: Instance, *, by_strategy: bool = False) -> None:
         """The READY / RESUME / periodic SET, through the projection (F-40); ``serving_published`` follows.
         ``by_strategy``: called by the running strategy itself as its last step (a rebuild publishes at once,
         not at the next periodic SET)."""
-        if (inst.running is not None and not by_strategy) or inst.runtime.phase not in (
+        if (inst.strategy.running is not None and not by_strategy) or inst.runtime.phase not in (
             FtPhase.NORMAL,
             FtPhase.SCALED_DOWN_RUNNING,
             FtPhase.DISABLED,
@@ -581,8 +564,8 @@ class Controller:
         if not pods_ready(inst, self.pods):
             return
         op = overlay.refresh(inst.runtime)
-        if inst.fault_withdrawn:
-            op = overlay.CoordinatorOp("SET", op.endpoint_ids - inst.fault_withdrawn)
+        if inst.publication.fault_withdrawn:
+            op = overlay.CoordinatorOp("SET", op.endpoint_ids - inst.publication.fault_withdrawn)
         try:
             await self.view(inst, op)
         except PeerError as exc:
@@ -594,7 +577,7 @@ class Controller:
     async def _refresh_loop(self) -> None:
         while True:
             for inst in list(self.instances.values()):
-                if inst.persist_pending:  # F-50: a failed write is retried until the store answers again
+                if inst.persistence.pending:  # F-50: a failed write is retried until the store answers again
                     await self.persist(inst, required=False)
                 await self.refresh_view(inst)
             await self.clock.sleep(self.ft.serving_view_refresh_sec)  # the SET's own period

@@ -158,10 +158,10 @@ def instance_statuses(ctrl: StatusPorts) -> list[dict[str, object]]:
 
 
 def _assembled(ctrl: StatusPorts, inst: Instance) -> InstanceStatus:
-    entry = rt.status_entry(inst.runtime, engine_statuses=dict(inst.engine_statuses))
+    entry = rt.status_entry(inst.runtime, engine_statuses=dict(inst.evidence.engine_statuses))
     gate = inst.runtime.gate
     capability = inst.topology.capability
-    pending = {e.fault.key for e in inst.hardware}
+    pending = {e.fault.key for e in inst.evidence.hardware}
     return InstanceStatus.model_validate(
         {
             **entry,
@@ -172,14 +172,16 @@ def _assembled(ctrl: StatusPorts, inst: Instance) -> InstanceStatus:
                 retry_supported=capability.retry_supported,
             ),
             "generation": inst.runtime.generation,
-            "intervention_required": inst.intervention_required,
-            "running_strategy": inst.running,
-            "last_decision": inst.last_decision,
-            "published_endpoints": sorted(inst.published),
-            "hardware_faults": [{**seen, "pending": key in pending} for key, seen in inst.hardware_seen.items()],
+            "intervention_required": inst.relaunches.intervention_required,
+            "running_strategy": inst.strategy.running,
+            "last_decision": inst.strategy.last_decision,
+            "published_endpoints": sorted(inst.publication.published),
+            "hardware_faults": [
+                {**seen, "pending": key in pending} for key, seen in inst.evidence.hardware_seen.items()
+            ],
             "rounds": list(inst.runtime.history),
             "pods": [_pod(ctrl, pod.pod_id, _ranks(pod.endpoints)) for pod in inst.topology.pods],
-            "persist_pending": inst.persist_pending,
+            "persist_pending": inst.persistence.pending,
             "store_error": ctrl.store_error,
         }
     )

@@ -253,7 +253,7 @@ class ScaleDownRound:
             if entry.identity is not None:
                 self.identities.setdefault(entry.endpoint_id, entry.identity)
             if entry.status is not None:
-                self.inst.engine_statuses[entry.endpoint_id] = entry.status.status
+                self.inst.evidence.engine_statuses[entry.endpoint_id] = entry.status.status
         self._event(
             "status_poll",
             entries={
@@ -317,7 +317,7 @@ class ScaleDownRound:
         await self._write_ahead("before apply")
         ctrl.crash_point("before_apply")
         try:
-            await ctrl.view(inst, overlay.withdraw(inst.published), request_id=self.request_id)
+            await ctrl.view(inst, overlay.withdraw(inst.publication.published), request_id=self.request_id)
         except PeerError as exc:
             raise RoundFailedError(f"DEL of the published view failed: {exc}") from exc
         self._set(rt.begin_apply(inst.runtime))
@@ -467,10 +467,10 @@ class ScaleDownRound:
     def _report_persist_failure(self) -> None:
         """F-50: after commit a store failure never aborts; it shows in ``last_error`` until a retried
         persist (the view-refresh loop) succeeds."""
-        if self.inst.persist_pending:
+        if self.inst.persistence.pending:
             error = f"persist after commit failed (retrying): {self.ctrl.store_error}"
             self._set(rt.post_commit_error(self.inst.runtime, error))
-            self.inst.persist_error_shown = True
+            self.inst.persistence.mark_error_shown()
 
     async def _stop_recyclable_pods(self) -> None:
         """F-26 / A5-A7: only with enable_dp_scale_up, only fully committed pods, once, best effort."""
@@ -478,10 +478,10 @@ class ScaleDownRound:
         for pod_id in recyclable_pods(
             inst.topology,
             dead_committed=inst.runtime.dead_committed,
-            already_stopped=inst.stopped_pods,
+            already_stopped=inst.relaunches.stopped_pods,
             enable_dp_scale_up=self.ctrl.ft.enable_dp_scale_up,
         ):
-            inst.stopped_pods.add(pod_id)
+            inst.relaunches.pod_stopped(pod_id)
             pod = next(p for p in inst.topology.pods if p.pod_id == pod_id)
             try:
                 await self.ctrl.nm.stop_engines(pod.node_manager_url, EnginesStopRequest())
