@@ -41,8 +41,12 @@ class LoopWaits:
     async def wait_for(self, event: asyncio.Event, timeout: float) -> bool:  # noqa: ASYNC109 (this clock is the time)
         if event.is_set():
             return True
+        # asyncio.timeout, not asyncio.wait_for: on Python 3.11 wait_for drops a cancellation that comes in the
+        # same instant as the event (it returns the event's answer), and a loop waiting here would outlive its
+        # cancel (``Controller.stop`` then waits for it for ever; virtual time makes the coincidence certain)
         try:
-            await asyncio.wait_for(event.wait(), timeout=max(0.0, timeout))
+            async with asyncio.timeout(max(0.0, timeout)):
+                await event.wait()
         except TimeoutError:
             return event.is_set()
         return True

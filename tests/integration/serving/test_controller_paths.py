@@ -269,7 +269,6 @@ def test_f58_a_refused_lease_renewal_fails_the_round_before_commit(tmp_path: Pat
         scenario,
         tmp_path,
         ft={"execution_deadline_sec": 1.0, "request_timeout_sec": 2.0, "poll_interval_sec": 0.1},
-        virtual_time=False,  # on virtual time this plane stalls after the refused renewal (not understood yet)
     )
 
 

@@ -120,3 +120,34 @@ def test_the_system_clock_waits_on_the_real_loop() -> None:
         return await clock.wait_for(asyncio.Event(), 0.01)
 
     assert asyncio.run(main()) is False
+
+
+def test_a_waiter_cancelled_as_its_event_is_set_is_cancelled() -> None:
+    """A loop that waits for its wake-up event (the strategy center) must end when cancelled in the same instant as
+    the event is set (``Controller.stop`` cancels a strategy whose end sets it): Python 3.11's
+    ``asyncio.wait_for`` returns the event's answer there and drops the cancellation, and ``stop`` would wait for
+    the loop for ever. Virtual time makes the coincidence certain."""
+
+    async def main() -> list[bool]:
+        clock = LoopClock()
+        ended: list[bool] = []
+        for set_first in (True, False):
+            event = asyncio.Event()
+
+            async def center(wake: asyncio.Event = event) -> None:
+                while True:
+                    await clock.wait_for(wake, 30)
+                    wake.clear()
+
+            task = asyncio.create_task(center())
+            await asyncio.sleep(1)
+            if set_first:
+                event.set()
+            task.cancel()
+            event.set()
+            done, _ = await asyncio.wait({task}, timeout=300)
+            ended.append(task in done and task.cancelled())
+            task.cancel()
+        return ended
+
+    assert run_virtual(main()) == [True, True]
