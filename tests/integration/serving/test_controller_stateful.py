@@ -26,6 +26,7 @@ from tempfile import TemporaryDirectory
 from typing import TypeVar
 
 import httpx
+import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
@@ -46,6 +47,7 @@ SETTLE = st.sampled_from([0.5, 3.0, 6.0])
 """Virtual seconds a step lets pass after its change (a round takes a few)."""
 RE_REGISTER_SEC = 2.0
 """Virtual seconds in which the NodeManagers register with a restarted controller (heartbeats every 0.1 s)."""
+pytestmark = pytest.mark.timeout(240)  # about 20 s of CPU: the default 120 s bound is tight on a busy machine
 STEP_LIMIT_SEC = 120.0
 """Virtual seconds one step may take (a wedged step fails the example instead of hanging the test)."""
 
@@ -197,8 +199,8 @@ class ControllerShellMachine(RuleBasedStateMachine):
 
 
 ControllerShellMachine.TestCase.settings = settings(
-    max_examples=8,
-    stateful_step_count=12,
+    max_examples=6,
+    stateful_step_count=10,
     derandomize=True,
     database=None,
     deadline=None,
