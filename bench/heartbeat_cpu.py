@@ -7,14 +7,16 @@ in-memory work. The two are measured in alternating rounds (a busy neighbour slo
 and median of the rounds are printed, with the ratio to the floor (``bench/floor_app.py``: token check, JSON
 decode, the ``Heartbeat`` schema). ``bench/ingest.py`` measures the same over HTTP. Usage::
 
-    .venv/bin/python bench/heartbeat_cpu.py [--beats 500] [--rounds 7] [--nodes 50]
+    .venv/bin/python bench/heartbeat_cpu.py [--beats 500] [--rounds 7] [--nodes 50] [--profile 40]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
 import os
+import pstats
 import statistics
 import sys
 import tempfile
@@ -93,6 +95,12 @@ async def rounds(
 
     await drive(server)  # warm: caches filled, first rows written
     await drive(floor)
+    if args.profile:
+        profiler = cProfile.Profile()
+        profiler.enable()
+        await drive(server)
+        profiler.disable()
+        pstats.Stats(profiler).sort_stats("cumulative").print_stats(args.profile)
     measured: tuple[list[float], list[float]] = ([], [])
     for _ in range(args.rounds):
         measured[0].append(await drive(server))
@@ -143,4 +151,5 @@ if __name__ == "__main__":
     parser.add_argument("--beats", type=int, default=500)
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--nodes", type=int, default=50)
+    parser.add_argument("--profile", type=int, default=0, help="print this many cProfile rows of one server round")
     asyncio.run(main(parser.parse_args()))

@@ -52,7 +52,18 @@ class Counters:
 
     @property
     def all_unknown(self) -> bool:
-        return self == _ALL_UNKNOWN
+        # field by field (the first known one answers): comparing with an all-unknown instance built two tuples
+        return (
+            self.ecc_uncorrected_total is None
+            and self.ecc_corrected_total is None
+            and self.retired_pages is None
+            and self.remapped_rows_pending is None
+            and self.remapped_rows_failure is None
+            and self.remapped_rows_correctable is None
+            and self.remapped_rows_uncorrectable is None
+            and self.ecc_sram_uncorrected_total is None
+            and self.ecc_sram_corrected_total is None
+        )
 
     def as_dict(self) -> dict[str, int | None]:
         return {f.name: getattr(self, f.name) for f in fields(self)}
@@ -71,7 +82,6 @@ class Counters:
         return interned_counters(tuple([parse_counter(value) for value in raw]))
 
 
-_ALL_UNKNOWN: Final = Counters()
 _PLAIN: Final = frozenset({int, type(None)})
 _INTERNED: dict[tuple[int | None, ...], Counters] = {}
 _INTERNED_MAX: Final = 65_536

@@ -59,7 +59,14 @@ class GpuMetrics:
 
     @property
     def all_unknown(self) -> bool:
-        return self == _NO_METRICS
+        # field by field (the first known one answers): comparing with an all-unknown instance built two tuples
+        return (
+            self.temperature_c is None
+            and self.utilization_pct is None
+            and self.memory_used_mib is None
+            and self.memory_total_mib is None
+            and self.power_w is None
+        )
 
     @property
     def memory_share(self) -> float | None:
@@ -87,7 +94,6 @@ class GpuMetrics:
         )
 
 
-_NO_METRICS: Final = GpuMetrics()
 _PLAIN: Final = frozenset({float, type(None)})
 _INTERNED: dict[tuple[float | None, ...], GpuMetrics] = {}
 _INTERNED_MAX: Final = 65_536

@@ -182,8 +182,10 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
         return await invalid_request(request, exc)
 
     # the last added runs first: token check (and a heartbeat's node credential) → per-address limit → per-node
-    # limit → heartbeat admission → body size, read time, depth and unwritable text → FastAPI; a heartbeat's bad
-    # values are refused one by one by its route (a bad reading never costs the beat)
+    # limit → heartbeat admission → body size, read time, depth and unwritable text → a verified, valid
+    # heartbeat recorded (routes/nodes.py: LeanHeartbeat) → FastAPI; a heartbeat's bad values are refused one by
+    # one by its route (a bad reading never costs the beat)
+    app.add_middleware(node_routes.LeanHeartbeat, ctx=ctx)
     app.add_middleware(BodyLimit, render=refused_body, strict_text=lambda scope: not _is_heartbeat(scope))
     retry_after_s = max(1, math.ceil(ctx.settings.heartbeat_interval_seconds))
     # a refused heartbeat costs no body read at all; only authenticated heartbeats count

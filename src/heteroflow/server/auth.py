@@ -182,6 +182,23 @@ async def heartbeat_speaker(
     return await speaking_node(ctx, principal, node_id, credential)
 
 
+def verified_speaker(scope: AsgiScope) -> NodeRecord | None:
+    """The node :func:`check_before_work` verified for this very heartbeat (its path's node id, its credential
+    header, within the credential's length limit), or ``None``: the lean heartbeat path then leaves the request
+    to the route and its dependency, which answer the refusal."""
+    checked = scope.get("state", {}).get(_CHECKED_SPEAKER)
+    if checked is None:
+        return None
+    raw = header(scope, _CREDENTIAL_HEADER)
+    credential = raw.decode("latin-1") if raw else None
+    if credential is not None and len(credential) > MAX_NODE_CREDENTIAL_LENGTH:
+        return None
+    if checked[1] != heartbeat_node_id(scope) or checked[2] != credential:
+        return None
+    node: NodeRecord = checked[3]
+    return node
+
+
 async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
     """FastAPI's 422 for a request the route cannot read, but the 401 first to a caller without a valid token.
 

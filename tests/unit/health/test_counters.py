@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -41,3 +42,8 @@ def test_counters_from_any_stat(stat: dict[str, object]) -> None:
 def test_all_unknown() -> None:
     assert Counters().all_unknown
     assert not Counters(retired_pages=0).all_unknown  # a known zero is knowledge, not absence
+
+
+@pytest.mark.parametrize("name", HEALTH_KEYS)
+def test_one_known_counter_of_any_kind_is_not_all_unknown(name: str) -> None:
+    assert not Counters(**{name: 0}).all_unknown

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from heteroflow.core.ids import NodeId
 from heteroflow.health.gpu_metrics import (
+    METRIC_KEYS,
     Aggregate,
     GpuMetrics,
     MemoryHighParams,
@@ -155,3 +156,9 @@ def test_settings_fall_back_and_build_the_rule_parameters() -> None:
     assert settings.memory_high == MemoryHighParams(share=0.95, duration=timedelta(minutes=3))
     assert len(settings.config_warnings) == 2
     assert settings.weak.history == timedelta(days=7)
+
+
+@pytest.mark.parametrize("name", METRIC_KEYS)
+def test_one_known_metric_of_any_kind_is_not_all_unknown(name: str) -> None:
+    assert GpuMetrics().all_unknown
+    assert not GpuMetrics(**{name: 0.0}).all_unknown

@@ -14,7 +14,10 @@ from typing import Annotated, Protocol
 import structlog
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import TypeAdapter
+from starlette.types import ASGIApp, Message, Receive, Send
+from starlette.types import Scope as AsgiScope
 
+from heteroflow.core.authentication import header
 from heteroflow.core.ids import NodeId
 from heteroflow.core.request_body import CLEAN_TEXT
 from heteroflow.core.text import text_problem
@@ -36,9 +39,11 @@ from heteroflow.platform.nodes import (
 from heteroflow.server.auth import (
     SPEAKER_OPENAPI,
     context,
+    heartbeat_node_id,
     require,
     require_speaker,
     server_context,
+    verified_speaker,
     visible_node,
 )
 from heteroflow.server.context import ServerContext
@@ -221,12 +226,15 @@ async def heartbeat(
     fails, ``xid_events.retry`` tells the agent to keep them and send them again. A beat without the node's
     credential is the same 404 as a missing node: one agent cannot beat, or report XID events, for another.
     """
-    started = time.perf_counter()
-    # the fleet's hottest route resolves its caller and context by hand: FastAPI's dependency resolution was
-    # a fifth of a beat's CPU; the answer is rendered once, not validated again against the response model
-    ctx = server_context(request)
     # the speaker (token, agent scope, node credential) was verified before the body was read (server/auth.py:
     # check_before_work): its node is handed over, the credential is not hashed and looked up again
+    clean = request.scope.get("state", {}).get(CLEAN_TEXT, False)
+    answer = await record_beat(server_context(request), node, body, clean=clean, started=time.perf_counter())
+    return Response(answer, media_type="application/json")
+
+
+async def record_beat(ctx: ServerContext, node: NodeRecord, body: Heartbeat, *, clean: bool, started: float) -> bytes:
+    """A verified node's validated beat: liveness, the side paths, the XID events; the answer's JSON."""
     received_at = ctx.clock.now()
     ctx.liveness.beat(node.id, received_at)
     # every agent-claimed time is checked against this server's clock, per value (sample_times.py); one card's
@@ -235,7 +243,6 @@ async def heartbeat(
     window = ctx.health_settings.sample_time_window()
     # the body was screened as it arrived (core/request_body.py): clean text, without a single escape, holds no
     # refused string; only the rest is screened here, the whole list at once and then a card at a time
-    clean = request.scope.get("state", {}).get(CLEAN_TEXT, False)
     stats = body.gpu_stats
     if not clean and _bad_text(stats) is not None:
         stats = [stat for stat in stats if _bad_text(stat) is None]
@@ -253,7 +260,7 @@ async def heartbeat(
     xid_result = await _store_xid_events(ctx, node, body, received_at=received_at, window=window, clean=clean)
     ctx.metrics.heartbeats.inc()
     ctx.metrics.heartbeat_seconds.observe(time.perf_counter() - started)
-    return Response(accepted_json(received_at, xid_result), media_type="application/json")
+    return accepted_json(received_at, xid_result)
 
 
 NO_XID_EVENTS = XidEventsResult(received=0, stored=0, rejected=[], retry=False)
@@ -273,6 +280,8 @@ def accepted_json(received_at: datetime, xid_events: XidEventsResult) -> bytes:
 
 def _count_time_fixes(ctx: ServerContext, kind: str, readings: Iterable[_Fixed]) -> None:
     fixes = [reading.time_fix for reading in readings if reading.time_fix is not None]
+    if not fixes:  # nearly every beat: no counting at all
+        return
     for fix, count in Counter(fixes).items():
         ctx.metrics.sample_times_corrected.labels(kind=kind, reason=fix.value).inc(count)
 
@@ -374,3 +383,58 @@ async def delete_node(
     await asyncio.to_thread(ctx.alerts.sweep_node, node.id, now=ctx.clock.now())  # close its orphaned alerts
     _log.info("node.deleted", node_id=node.id, hostname=node.name)
     return Response(status_code=204)
+
+
+class LeanHeartbeat:
+    """ASGI middleware, innermost of the stack (after the token check, the client limits, admission and the body
+    screen): a heartbeat whose speaker was verified before its body was read, sent as ``application/json`` and
+    valid against :class:`Heartbeat`, is recorded here (:func:`record_beat`) without FastAPI's routing,
+    dependency resolution and body handling, which were half of a steady beat's CPU. Every other request, and
+    every heartbeat this path would refuse (unverified, not JSON, invalid, a credential over its length), goes
+    on to the route unchanged, its body replayed, so that its answer is the route's: the route, its OpenAPI
+    description and its refusals stay the contract. Nothing is recorded before the body is known good."""
+
+    def __init__(self, app: ASGIApp, *, ctx: ServerContext) -> None:
+        self.app = app
+        self.ctx = ctx
+
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        node = verified_speaker(scope) if scope["type"] == "http" and heartbeat_node_id(scope) else None
+        if node is None or not _declares_plain_json(scope):
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        message = await receive()
+        # the body screen hands the body over in one message; anything else is the route's to read
+        body = None
+        if message["type"] == "http.request" and not message.get("more_body", False):
+            try:
+                body = Heartbeat.model_validate(json.loads(message.get("body", b"")))
+            except ValueError:  # not JSON, or not a heartbeat (ValidationError): the route answers it
+                body = None
+        if body is None:
+            await self.app(scope, _replaying(message, receive), send)
+            return
+        clean = scope.get("state", {}).get(CLEAN_TEXT, False)
+        answer = await record_beat(self.ctx, node, body, clean=clean, started=started)
+        headers = [(b"content-length", str(len(answer)).encode()), (b"content-type", b"application/json")]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": answer})
+
+
+def _declares_plain_json(scope: AsgiScope) -> bool:
+    raw = header(scope, b"content-type")
+    return raw is not None and raw.split(b";", 1)[0].strip().lower() == b"application/json"
+
+
+def _replaying(first: Message, receive: Receive) -> Receive:
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return first
+        return await receive()
+
+    return replay
