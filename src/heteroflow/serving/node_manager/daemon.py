@@ -115,7 +115,7 @@ class NodeManager:
         self._engines = engines
         self._clock = clock
         self._on_suicide = on_suicide
-        self.supervisor = ProcessSupervisor(launcher)
+        self.supervisor = ProcessSupervisor(launcher, stopped_dead_sec=settings.engine_stopped_dead_sec)
         self._state = FtServiceState(retired=frozenset(spec.dead_ranks))
         self._flags = FtFlags()
         self._registered = False
@@ -184,8 +184,8 @@ class NodeManager:
 
     # == F-2: process deaths and the suicide handling ======================================================
     async def supervise_once(self) -> list[EngineExit]:
-        exits = self.supervisor.check()
         now = self._clock.monotonic()
+        exits = self.supervisor.check(now=now)
         for death in exits:
             self._dead_since.setdefault(death.endpoint_id, now)
             _log.warning("engine.dead", endpoint_id=death.endpoint_id, detail=death.detail)
