@@ -76,3 +76,24 @@ def test_a_stopped_api_server_alone_is_no_death(tmp_path: Path) -> None:
         os.kill(api_pid, signal.SIGCONT)
     finally:
         supervisor.stop_all(grace_sec=0)
+
+
+def test_a_stopped_engine_session_is_a_stall_not_a_death(tmp_path: Path) -> None:
+    supervisor, worker = _supervised(tmp_path, stopped_dead_sec=3.0)
+    api_pid = supervisor.pids()[2]
+    try:
+        os.killpg(api_pid, signal.SIGSTOP)  # API server and worker, as a frozen pod
+        until(lambda: pid_stopped(api_pid) and pid_stopped(worker), within=10, what="the session stopped")
+        assert supervisor.check(now=0.0) == []
+        assert supervisor.check(now=60.0) == []
+        os.killpg(api_pid, signal.SIGCONT)
+        until(lambda: not pid_stopped(api_pid) and not pid_stopped(worker), within=10, what="the session resumed")
+        assert supervisor.check(now=61.0) == []
+        assert supervisor.running(2)
+        os.kill(worker, signal.SIGSTOP)  # then the worker alone: the count starts from its own stop
+        until(lambda: pid_stopped(worker), within=10, what="the worker stopped")
+        assert supervisor.check(now=62.0) == []
+        (death,) = supervisor.check(now=65.0)
+        assert death.endpoint_id == 2
+    finally:
+        supervisor.stop_all(grace_sec=0)

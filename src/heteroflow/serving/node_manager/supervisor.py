@@ -14,7 +14,8 @@ so every peer's collective waits on it until the collective timeout, while its A
 and kills the engine's session, which makes the evidence true (as F-51 fences DEAD evidence from
 unreachability) and lets the peers see the rank leave at once ("Connection closed by peer") instead of at
 their collective timeout. A stopped API server alone is not a death: its worker keeps stepping with the
-peers, so the instance keeps serving, and the poller's unreachability rule (F-1) covers it.
+peers, so the instance keeps serving, and the poller's unreachability rule (F-1) covers it; so does a stop of
+the whole engine (API server and worker: a frozen pod), which ends when the same engine answers again.
 
 Processes are behind :class:`ProcessLauncher` / :class:`ProcessHandle`: :class:`PopenLauncher` is the real
 one (``/proc`` on Linux), ``testing.FakeLauncher`` the in-memory one. Engines never outlive their NodeManager,
@@ -162,6 +163,11 @@ class ProcessSupervisor:
     def _stopped_too_long(self, inc: _Incarnation, *, now: float) -> str | None:
         """A death when an adopted subprocess has been stopped ``stopped_dead_sec``; its session is killed."""
         if self._stopped_dead_sec <= 0:
+            return None
+        if inc.handle.is_stopped(inc.handle.pid):
+            # the whole engine is stopped (a frozen pod, a SIGSTOP of its session): a stall of its status route
+            # too, judged by the poller's unreachability rule and withdrawn when the same engine answers again
+            inc.stopped_since = {}
             return None
         stopped = {pid for pid in inc.adopted if inc.handle.is_stopped(pid)}
         inc.stopped_since = {pid: inc.stopped_since.get(pid, now) for pid in stopped}  # a resumed one starts over
