@@ -16,7 +16,8 @@ A rank whose collective fails leaves the group and says so in the TCP store (``<
 in a collective on it would otherwise wait for the collective timeout whenever gloo keeps its side of the
 connection open (it does when the failed operation still references the transport): a collective that has not
 finished after :data:`FAULT_CHECK_AFTER_SEC` looks at that key every :data:`FAULT_CHECK_EVERY_SEC` and fails at
-once when a peer has left. A healthy step never reads the store.
+once when a peer has left, or when the store itself fails the check: the store lives in min(alive)'s worker, so
+its host has died (and could not announce it). A healthy step never reads the store.
 
 Every store call of the worker loop has a deadline (:class:`BoundedStore`): a TCPStore client call to a host
 that stopped (a hung rank hosting the store) would otherwise block without limit, and every rank would sit in
@@ -196,8 +197,9 @@ class WorkerConfig:
 
 
 def wait_collective(work: Any, store: BoundedStore, fault_key: str) -> None:
-    """``work.wait()``, except that a peer announcing (``fault_key`` in ``store``) that it left the group fails
-    the wait at once: :class:`PeerLeftError`. The store is read only once the collective has run for
+    """``work.wait()``, except that a peer announcing (``fault_key`` in ``store``) that it left the group, or the
+    store's host going away (the check fails), fails the wait at once: :class:`PeerLeftError`. The store is read
+    only once the collective has run for
     :data:`FAULT_CHECK_AFTER_SEC`, so a healthy step never touches it, and the wait never blocks on the store:
     a check that does not answer (a hung store host) stays in flight while the collective's own timeout ends
     the wait."""
@@ -213,8 +215,14 @@ def wait_collective(work: Any, store: BoundedStore, fault_key: str) -> None:
             wait_futures(either, timeout=FAULT_CHECK_EVERY_SEC, return_when=FIRST_COMPLETED)
             if not check.done():
                 continue  # the store has not answered yet: look again at the next poll, never submit twice
-            # an unreachable store (an error) says nothing: the collective's own timeout still ends the wait
-            if check.exception() is None and check.result():
+            # the store lives in min(alive)'s worker: a store that fails the check (its host closed or refused
+            # the connection) is a member gone, exactly like an announced fault, and a member that died hosting
+            # the store could not announce anything. A store that does not answer (a hung host) says nothing:
+            # the collective's own timeout ends that wait.
+            error = check.exception()
+            if error is not None:
+                raise PeerLeftError(f"the group's store host left during a collective: {error}") from error
+            if check.result():
                 raise PeerLeftError(f"a peer left the group during a collective ({fault_key})")
             check = None
             wait_futures([finished], timeout=FAULT_CHECK_EVERY_SEC)

@@ -78,7 +78,8 @@ class StoreHost:
             time.sleep(0.005)
 
     def resume(self) -> None:
-        os.kill(self.proc.pid, signal.SIGCONT)
+        if self.proc.poll() is None:  # a test may have killed it
+            os.kill(self.proc.pid, signal.SIGCONT)
 
 
 @pytest.fixture
@@ -158,7 +159,7 @@ def test_a_healthy_collective_never_reads_the_store() -> None:
     assert counting.checks == 0
 
 
-def test_an_unreachable_store_leaves_the_collective_timeout_in_charge() -> None:
+def test_a_store_that_fails_the_check_fails_the_wait_at_once() -> None:
     _, groups = pair_of_groups()
 
     class DeadStore:
@@ -166,14 +167,29 @@ def test_an_unreachable_store_leaves_the_collective_timeout_in_charge() -> None:
 
         def check(self, keys: list[str]) -> bool:
             DeadStore.reads += 1
-            raise RuntimeError("connection refused")
+            raise RuntimeError("Connection reset by peer")
 
-    work = groups[0].allreduce([torch.ones(8)])
-    finish = threading.Timer(FAULT_CHECK_AFTER_SEC + 0.3, lambda: groups[1].allreduce([torch.ones(8)]).wait())
-    finish.start()
-    wait_collective(work, BoundedStore(DeadStore()), "g/fault")  # no error: the peer did join in the end
-    finish.join()
-    assert DeadStore.reads >= 2
+    work = groups[0].allreduce([torch.ones(8)])  # rank 1 never joins
+    started = time.monotonic()
+    with pytest.raises(PeerLeftError, match="store host left"):
+        wait_collective(work, BoundedStore(DeadStore()), "g/fault")
+    assert FAULT_CHECK_AFTER_SEC <= time.monotonic() - started < 1.0 < TIMEOUT_SEC  # only a stuck one reads it
+    assert DeadStore.reads == 1
+    groups[1].allreduce([torch.ones(8)]).wait()  # let rank 0's pending operation finish before teardown
+
+
+def test_the_store_host_killed_during_a_collective_fails_the_wait_long_before_the_timeout(
+    store_host: StoreHost,
+) -> None:
+    store, groups = pair_of_groups(port=store_host.port)
+    work = groups[0].allreduce([torch.ones(8)])  # rank 1 never joins, and the store's host dies
+    store_host.proc.kill()
+    store_host.proc.wait(timeout=30)
+    started = time.monotonic()
+    with pytest.raises(PeerLeftError, match="store host left"):
+        wait_collective(work, BoundedStore(store), "g/fault")
+    assert time.monotonic() - started < 1.5 < TIMEOUT_SEC
+    groups[1].allreduce([torch.ones(8)]).wait()
 
 
 def test_a_hung_store_host_never_outlasts_the_collective_timeout(store_host: StoreHost) -> None:

@@ -293,6 +293,48 @@ def test_engine_death_is_reported_at_once_and_suicide_waits_for_the_grace() -> N
     run_instance(scenario)
 
 
+def test_a_worker_stopped_past_the_limit_is_reported_dead_and_its_engine_killed() -> None:
+    async def scenario(h: Harness) -> None:
+        pod = h.pods["b"]
+        proc = pod.launcher.current(3)
+        proc.worker_stopped = True
+        assert await pod.nm.supervise_once() == []  # first seen stopped: the clock starts now
+        h.cluster.clock.advance(2.9)
+        assert await pod.nm.supervise_once() == []
+        proc.worker_stopped = False  # resumed in time: nothing happened
+        h.cluster.clock.advance(5.0)
+        assert await pod.nm.supervise_once() == []
+        proc.worker_stopped = True
+        await pod.nm.supervise_once()
+        h.cluster.clock.advance(1.5)
+        assert await pod.nm.supervise_once() == []  # a resume restarted the count
+        h.cluster.clock.advance(1.5)
+        (death,) = await pod.nm.supervise_once()
+        assert death.endpoint_id == 3
+        assert "stopped for 3 s" in death.detail
+        assert signal.SIGKILL in proc.signals  # the evidence made true
+        (report,) = h.controller.reports_for(3)
+        assert report.evidence == FaultEvidence.ENGINE_DEAD
+        assert report.status == "dead"
+        assert not pod.nm.supervisor.running(3)
+        assert pod.nm.supervisor.running(2)
+        assert h.controller.reports_for(2) == []
+
+    run_instance(scenario)
+
+
+def test_a_stopped_worker_is_left_alone_when_the_limit_is_off() -> None:
+    async def scenario(h: Harness) -> None:
+        pod = h.pods["b"]
+        pod.launcher.current(3).worker_stopped = True
+        await pod.nm.supervise_once()
+        h.cluster.clock.advance(600.0)
+        assert await pod.nm.supervise_once() == []
+        assert pod.nm.supervisor.running(3)
+
+    run_instance(scenario, settings={"engine_stopped_dead_sec": 0.0})
+
+
 def test_the_guard_freezes_the_suicide_handling() -> None:
     async def scenario(h: Harness) -> None:
         pod = h.pods["b"]

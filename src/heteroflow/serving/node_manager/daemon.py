@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
 from typing import Literal
 
 import structlog
@@ -25,7 +24,9 @@ import structlog
 from heteroflow.contracts.engine_protocol import ApplyParams, ApplyRequest, EngineProfile
 from heteroflow.core.clock import Clock, sleep_until
 from heteroflow.serving.node_manager import commands, service
-from heteroflow.serving.node_manager.client import ControllerClient, ControllerError, ControllerRejectedError
+from heteroflow.serving.node_manager.client import ControllerClient
+from heteroflow.serving.node_manager.controller_link import ControllerLink, registration_request
+from heteroflow.serving.node_manager.controller_link import PodIdentity as PodIdentity
 from heteroflow.serving.node_manager.engines import (
     EngineCallError,
     EngineClient,
@@ -45,7 +46,7 @@ from heteroflow.serving.node_manager.ft_manager import (
 from heteroflow.serving.node_manager.service import FtServiceError, FtServiceState
 from heteroflow.serving.node_manager.settings import NodeManagerSettings
 from heteroflow.serving.node_manager.spec import InstanceSpec, LaunchTarget, default_target, engine_command
-from heteroflow.serving.node_manager.status import EndpointStatus, FencingViolation, NodeManagerStatus
+from heteroflow.serving.node_manager.status import FencingViolation, NodeManagerStatus, endpoint_status, pod_status
 from heteroflow.serving.node_manager.supervisor import EngineExit, ProcessLauncher, ProcessSupervisor
 from heteroflow.serving.wire import (
     EndpointFtStatus,
@@ -55,8 +56,6 @@ from heteroflow.serving.wire import (
     FaultEvidence,
     FinalizeRequest,
     FinalizeResponse,
-    FtCapability,
-    FtFlags,
     FtStatusRequest,
     FtStatusResponse,
     GuardRequest,
@@ -73,9 +72,6 @@ from heteroflow.serving.wire import (
 
 _log = structlog.get_logger(__name__)
 
-OUTBOX_LIMIT = 1000
-"""Reports kept while the controller is unreachable (oldest dropped first, with a warning)."""
-
 
 class ProxyDisabledError(Exception):
     """HTTP 404: ``enable_dp_scale_down_proxy`` is false (or the controller has not registered us yet)."""
@@ -85,14 +81,6 @@ class UnknownEndpointError(FtServiceError):
     """HTTP 400: an endpoint id this pod does not run, or a rank outside the instance."""
 
     code = "unknown_endpoint"
-
-
-@dataclass(frozen=True, slots=True)
-class PodIdentity:
-    pod_id: str
-    pod_ip: str
-    node_manager_url: str
-    node_name: str = ""
 
 
 class NodeManager:
@@ -111,26 +99,22 @@ class NodeManager:
         self.spec = spec
         self.settings = settings
         self.pod = pod
-        self._controller = controller
+        self._link = ControllerLink(
+            controller=controller,
+            heartbeat_interval_sec=settings.heartbeat_interval_sec,
+            is_retired=lambda endpoint_id: endpoint_id in self._state.retired,
+        )
         self._engines = engines
         self._clock = clock
         self._on_suicide = on_suicide
-        self.supervisor = ProcessSupervisor(launcher)
+        self.supervisor = ProcessSupervisor(launcher, stopped_dead_sec=settings.engine_stopped_dead_sec)
         self._state = FtServiceState(retired=frozenset(spec.dead_ranks))
-        self._flags = FtFlags()
-        self._registered = False
-        self._heartbeat_interval = settings.heartbeat_interval_sec
         self._target: LaunchTarget = default_target(spec)
         self._polls: dict[int, PollState] = {eid: PollState() for eid in spec.endpoint_ids}
         self._dead_since: dict[int, float] = {}
-        self._outbox: list[SoftwareFaultReport] = []
         self._commands: dict[int, commands.CommandTrack] = {}
         """The current round's command per endpoint, by the id the engine tracks it by."""
         self._discovery_errors: dict[int, str] = {}
-        self._registered_capability: FtCapability | None = None
-        self._flushing = False
-        self._reports_sent = 0
-        self._heartbeats_sent = 0
         self._violations: list[FencingViolation] = []
         self._suicide_reason: str | None = None
         self._lifecycle = asyncio.Lock()
@@ -159,7 +143,7 @@ class NodeManager:
         self._tasks.clear()
         await asyncio.to_thread(self.supervisor.stop_all, grace_sec=0)
         await self._engines.aclose()
-        await self._controller.aclose()
+        await self._link.aclose()
 
     def launch_engines(self, endpoint_ids: Iterable[int] | None = None) -> list[int]:
         """Start the given (default: every) local endpoint that is not retired and not running."""
@@ -184,12 +168,12 @@ class NodeManager:
 
     # == F-2: process deaths and the suicide handling ======================================================
     async def supervise_once(self) -> list[EngineExit]:
-        exits = self.supervisor.check()
         now = self._clock.monotonic()
+        exits = self.supervisor.check(now=now)
         for death in exits:
             self._dead_since.setdefault(death.endpoint_id, now)
             _log.warning("engine.dead", endpoint_id=death.endpoint_id, detail=death.detail)
-            self._enqueue(
+            self._link.enqueue(
                 SoftwareFaultReport(
                     instance_id=self.spec.instance_id,
                     pod_id=self.pod.pod_id,
@@ -249,7 +233,7 @@ class NodeManager:
         if finding is None or endpoint_id in self._state.retired:
             return None
         _log.warning("engine.ft_status", endpoint_id=endpoint_id, status=finding.status, detail=finding.detail)
-        self._enqueue(
+        self._link.enqueue(
             SoftwareFaultReport(
                 instance_id=self.spec.instance_id,
                 pod_id=self.pod.pod_id,
@@ -334,59 +318,9 @@ class NodeManager:
             await sleep_until(self._clock, started + interval)
 
     # == the controller ====================================================================================
-    def _enqueue(self, report: SoftwareFaultReport) -> None:
-        if report.endpoint_id in self._state.retired:
-            return  # committed ranks are filtered from every report (F-4)
-        self._outbox.append(report)
-        if len(self._outbox) > OUTBOX_LIMIT:
-            dropped = self._outbox.pop(0)
-            _log.warning("report.dropped", endpoint_id=dropped.endpoint_id, evidence=dropped.evidence)
-
-    async def flush_reports(self) -> None:
-        """Deliver the outbox in order; one flusher at a time (it also takes what others enqueue meanwhile)."""
-        if self._flushing:
-            return
-        self._flushing = True
-        try:
-            await self._flush()
-        finally:
-            self._flushing = False
-
-    async def _flush(self) -> None:
-        while self._outbox:
-            report = self._outbox[0]
-            if report.endpoint_id in self._state.retired:
-                self._outbox.pop(0)
-                continue
-            try:
-                await self._controller.report_software_fault(report)
-            except ControllerRejectedError as exc:
-                _log.error("report.rejected", endpoint_id=report.endpoint_id, error=str(exc))
-            except ControllerError as exc:
-                _log.warning("report.deferred", endpoint_id=report.endpoint_id, error=str(exc))
-                return
-            else:
-                self._reports_sent += 1
-            self._outbox.pop(0)
-
     def registration(self) -> RegisterRequest:
-        capability = self.spec.capability(self.discovered_profile())
-        local = {p.name for eid in self.spec.endpoint_ids if (p := self._engines.profile_of(eid)) is not None}
-        if len(local) > 1:  # this pod's own engines differ: fail closed
-            capability = capability.model_copy(
-                update={"protocol_profile": "mixed", "scale_down_supported": False, "retry_supported": False}
-            )
-        return RegisterRequest(
-            pod_id=self.pod.pod_id,
-            pod_ip=self.pod.pod_ip,
-            node_name=self.pod.node_name,
-            node_manager_url=self.pod.node_manager_url,
-            instance_id=self.spec.instance_id,
-            role=self.spec.role,
-            dp_size=self.spec.dp_size,
-            endpoints=self.spec.endpoint_infos(self.pod.pod_ip),
-            ft_capability=capability,
-        )
+        profiles = [self._engines.profile_of(eid) for eid in sorted(self.spec.endpoint_ids)]
+        return registration_request(self.spec, self.pod, [p for p in profiles if p is not None])
 
     def heartbeat(self) -> HeartbeatRequest:
         """F-4: running, ready, not retired endpoints; the controller judges completeness."""
@@ -403,35 +337,14 @@ class NodeManager:
         )
 
     async def controller_once(self) -> None:
-        try:
-            request = self.registration()
-            # the engines' profile became known (or changed): the controller hears it by a registration,
-            # and this step's heartbeat still goes out
-            first = not self._registered
-            rediscovered = not first and request.ft_capability != self._registered_capability
-            if first or rediscovered:
-                answer = await self._controller.register(request)
-                self._registered_capability = request.ft_capability
-                self._flags = answer.flags
-                self._heartbeat_interval = answer.heartbeat_interval_sec
-                if answer.retired_endpoint_ids is not None:
-                    self._state = service.replace_retired(self._state, answer.retired_endpoint_ids)
-                self._registered = True
-                _log.info(
-                    "node_manager.registered",
-                    flags=answer.flags.model_dump(),
-                    profile=request.ft_capability.protocol_profile,
-                )
-            if not first:
-                beat = await self._controller.heartbeat(self.heartbeat())
-                self._heartbeats_sent += 1
-                if beat.flags is not None:
-                    self._flags = beat.flags
-                if beat.register_again:
-                    self._registered = False
-        except ControllerError as exc:
-            _log.warning("controller.unavailable", error=str(exc))
-        await self.flush_reports()
+        """Register when needed, heartbeat, deliver the report outbox (:class:`~.controller_link.ControllerLink`)."""
+        await self._link.exchange(self.registration(), heartbeat=self.heartbeat, on_retired=self._replace_retired)
+
+    def _replace_retired(self, retired: Iterable[int]) -> None:
+        self._state = service.replace_retired(self._state, retired)
+
+    async def flush_reports(self) -> None:
+        await self._link.flush()
 
     async def _controller_loop(self) -> None:
         while True:
@@ -441,9 +354,7 @@ class NodeManager:
                 raise
             except Exception:  # the loop must outlive any one bad step
                 _log.exception("node_manager.controller_step_failed")
-            await self._clock.sleep(
-                self._heartbeat_interval if self._registered else min(self._heartbeat_interval, 1.0)
-            )
+            await self._clock.sleep(self._link.step_interval_sec())
 
     async def _every(self, seconds: float, step: Callable[[], Awaitable[object]]) -> None:
         while True:
@@ -457,7 +368,7 @@ class NodeManager:
 
     # == EngineFtService: the four routes (RFC §6) =========================================================
     def require_proxy(self) -> None:
-        if not self._flags.enable_dp_scale_down_proxy:
+        if not self._link.flags.enable_dp_scale_down_proxy:
             raise ProxyDisabledError("DP scale-down proxy is disabled on this NodeManager")
 
     def _local(self, endpoint_ids: Iterable[int]) -> list[int]:
@@ -515,7 +426,7 @@ class NodeManager:
             self._state,
             request_id=request.request_id,
             instruction=request.instruction,
-            fast_recovery_enabled=self._flags.enable_fast_recovery,
+            fast_recovery_enabled=self._link.flags.enable_fast_recovery,
             now=self._clock.monotonic(),
         )
         fenced = await self._fence_unreachable(removed & self.spec.endpoint_ids)
@@ -583,7 +494,7 @@ class NodeManager:
         self._commands = {eid: c for eid, c in self._commands.items() if c.round_id != request.request_id}
         if request.commit:
             fenced = await self._fence_unreachable(self._state.retired & self.spec.endpoint_ids)
-            self._outbox = [r for r in self._outbox if r.endpoint_id not in self._state.retired]
+            self._link.drop_retired()
         _log.info(
             "ft.finalize",
             request_id=request.request_id,
@@ -603,7 +514,7 @@ class NodeManager:
         """F-52 (guarded, identity reported) or F-54 (``nudge``: only with ``nudge_idle_survivors``)."""
         self.require_proxy()
         if nudge:
-            if not self._flags.nudge_idle_survivors:
+            if not self._link.flags.nudge_idle_survivors:
                 raise service.InvalidCommandError("nudge_idle_survivors is off")
         else:
             service.require_guard(self._state, request_id=request.request_id, now=self._clock.monotonic())
@@ -668,42 +579,19 @@ class NodeManager:
 
     # == status ============================================================================================
     def status(self) -> NodeManagerStatus:
-        now = self._clock.monotonic()
-        endpoints = []
-        for eid in sorted(self.spec.endpoint_ids):
-            identity = self.supervisor.identity(eid)
-            poll = self._polls[eid]
-            endpoints.append(
-                EndpointStatus(
-                    endpoint_id=eid,
-                    retired=eid in self._state.retired,
-                    running=self.supervisor.running(eid),
-                    ready=self.supervisor.ready(eid),
-                    incarnation=self.supervisor.incarnation(eid),
-                    pid=None if identity is None else identity.pid,
-                    start_time=None if identity is None else identity.start_time,
-                    ft_status=poll.last,
-                    dead_by_unreachability=poll.dead_by_unreachability,
-                    polls=poll.polls,
-                )
-            )
-        return NodeManagerStatus(
+        return pod_status(
             pod_id=self.pod.pod_id,
             instance_id=self.spec.instance_id,
-            registered=self._registered,
-            flags=self._flags,
-            guard_request_id=self._state.owner,
-            guard_lease_left_sec=round(self._state.lease_left(now), 3),
-            frozen=self._state.is_frozen(now),
-            retired=tuple(sorted(self._state.retired)),
-            endpoints=tuple(endpoints),
-            reports_sent=self._reports_sent,
-            reports_pending=len(self._outbox),
-            heartbeats_sent=self._heartbeats_sent,
-            fencing_violations=tuple(self._violations),
-            finalized_rounds=tuple((r.request_id, r.commit) for r in self._state.history),
+            state=self._state,
+            link=self._link,
+            endpoints=tuple(
+                endpoint_status(eid, self.supervisor, self._polls[eid], retired=eid in self._state.retired)
+                for eid in sorted(self.spec.endpoint_ids)
+            ),
+            violations=tuple(self._violations),
             suicide_reason=self._suicide_reason,
             config_warnings=self.settings.config_warnings,
+            now=self._clock.monotonic(),
         )
 
     @property

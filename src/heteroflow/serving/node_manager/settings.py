@@ -75,6 +75,16 @@ class NodeManagerSettings(LenientSettings):
         validation_alias=env_names("node_manager_supervisor_interval_sec"),
         description="How often the ProcessSupervisor checks the engines' processes (F-2; default 0.1 s).",
     )
+    engine_stopped_dead_sec: float = Field(
+        default=3.0,
+        ge=0,
+        validation_alias=env_names("node_manager_engine_stopped_dead_sec"),
+        description=(
+            "Seconds an engine's worker subprocess may stay stopped (SIGSTOP, a tracer's stop) before the "
+            "ProcessSupervisor reports the engine dead and kills it (default 3: below the engines' 10 s "
+            "collective timeout, so that the peers see the rank leave instead of timing out on it; 0 = never)."
+        ),
+    )
     heartbeat_interval_sec: float = Field(
         default=5.0,
         gt=0,

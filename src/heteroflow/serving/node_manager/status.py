@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from heteroflow.serving.node_manager.controller_link import ControllerLink
+from heteroflow.serving.node_manager.ft_manager import PollState
+from heteroflow.serving.node_manager.service import FtServiceState
+from heteroflow.serving.node_manager.supervisor import ProcessSupervisor
 from heteroflow.serving.wire import FtFlags
 
 
@@ -52,3 +56,54 @@ class NodeManagerStatus:
     finalized_rounds: tuple[tuple[str, bool], ...]
     suicide_reason: str | None
     config_warnings: tuple[str, ...]
+
+
+def endpoint_status(
+    endpoint_id: int, supervisor: ProcessSupervisor, poll: PollState, *, retired: bool
+) -> EndpointStatus:
+    identity = supervisor.identity(endpoint_id)
+    return EndpointStatus(
+        endpoint_id=endpoint_id,
+        retired=retired,
+        running=supervisor.running(endpoint_id),
+        ready=supervisor.ready(endpoint_id),
+        incarnation=supervisor.incarnation(endpoint_id),
+        pid=None if identity is None else identity.pid,
+        start_time=None if identity is None else identity.start_time,
+        ft_status=poll.last,
+        dead_by_unreachability=poll.dead_by_unreachability,
+        polls=poll.polls,
+    )
+
+
+def pod_status(
+    *,
+    pod_id: str,
+    instance_id: str,
+    state: FtServiceState,
+    link: ControllerLink,
+    endpoints: tuple[EndpointStatus, ...],
+    violations: tuple[FencingViolation, ...],
+    suicide_reason: str | None,
+    config_warnings: tuple[str, ...],
+    now: float,
+) -> NodeManagerStatus:
+    """The NodeManager's status at monotonic time ``now`` (the guard's lease left is counted from it)."""
+    return NodeManagerStatus(
+        pod_id=pod_id,
+        instance_id=instance_id,
+        registered=link.registered,
+        flags=link.flags,
+        guard_request_id=state.owner,
+        guard_lease_left_sec=round(state.lease_left(now), 3),
+        frozen=state.is_frozen(now),
+        retired=tuple(sorted(state.retired)),
+        endpoints=endpoints,
+        reports_sent=link.reports_sent,
+        reports_pending=link.reports_pending,
+        heartbeats_sent=link.heartbeats_sent,
+        fencing_violations=violations,
+        finalized_rounds=tuple((r.request_id, r.commit) for r in state.history),
+        suicide_reason=suicide_reason,
+        config_warnings=config_warnings,
+    )

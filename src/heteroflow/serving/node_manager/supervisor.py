@@ -7,6 +7,16 @@ engine). From then on, the API server exiting, or any adopted descendant exiting
 engine death, reported once per incarnation with the endpoint id — independently of the FT status route,
 so a DEAD candidate exists even when that route is unreachable.
 
+An adopted subprocess that stays *stopped* (``/proc`` state ``T``: SIGSTOP, a job-control stop; ``t``: a
+tracer's stop) for ``stopped_dead_sec`` is a death too: a stopped worker still holds its place in the DP group,
+so every peer's collective waits on it until the collective timeout, while its API server goes on answering
+``healthy`` — nobody else can tell which rank hangs (gloo's timeout names no peer). The supervisor reports it
+and kills the engine's session, which makes the evidence true (as F-51 fences DEAD evidence from
+unreachability) and lets the peers see the rank leave at once ("Connection closed by peer") instead of at
+their collective timeout. A stopped API server alone is not a death: its worker keeps stepping with the
+peers, so the instance keeps serving, and the poller's unreachability rule (F-1) covers it; so does a stop of
+the whole engine (API server and worker: a frozen pod), which ends when the same engine answers again.
+
 Processes are behind :class:`ProcessLauncher` / :class:`ProcessHandle`: :class:`PopenLauncher` is the real
 one (``/proc`` on Linux), ``testing.FakeLauncher`` the in-memory one. Engines never outlive their NodeManager,
 even one that is SIGKILLed: a restarted NodeManager must find its engines' ports free, as after the restart of
@@ -22,7 +32,7 @@ import os
 import signal
 import subprocess
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
 
@@ -48,6 +58,10 @@ class ProcessHandle(Protocol):
 
     def is_gone(self, pid: int) -> bool:
         """Whether a descendant exited (or is a zombie nobody reaped yet)."""
+        ...
+
+    def is_stopped(self, pid: int) -> bool:
+        """Whether a descendant is stopped now (SIGSTOP, a job-control or a tracer's stop)."""
         ...
 
     def identity(self) -> EngineIdentity | None: ...
@@ -85,11 +99,16 @@ class _Incarnation:
     ready: bool = False
     stopping: bool = False
     exited: EngineExit | None = None
+    stopped_since: dict[int, float] = field(default_factory=dict)
+    """Adopted subprocesses seen stopped, since when (the ``now`` of :meth:`ProcessSupervisor.check`)."""
 
 
 class ProcessSupervisor:
-    def __init__(self, launcher: ProcessLauncher) -> None:
+    def __init__(self, launcher: ProcessLauncher, *, stopped_dead_sec: float = 0.0) -> None:
+        """``stopped_dead_sec``: how long an adopted subprocess may stay stopped before it is a death
+        (0 = never)."""
         self._launcher = launcher
+        self._stopped_dead_sec = stopped_dead_sec
         self._engines: dict[int, _Incarnation] = {}
         self._counter = 0
 
@@ -115,8 +134,10 @@ class ProcessSupervisor:
         inc.adopted = inc.handle.descendants()
         _log.info("engine.ready", endpoint_id=endpoint_id, pid=inc.handle.pid, subprocesses=sorted(inc.adopted))
 
-    def check(self) -> list[EngineExit]:
-        """New engine deaths since the last call (each incarnation reports at most once)."""
+    def check(self, *, now: float = 0.0) -> list[EngineExit]:
+        """New engine deaths since the last call (each incarnation reports at most once).
+
+        ``now`` (monotonic seconds) times how long a subprocess has stayed stopped."""
         found = []
         for endpoint_id, inc in self._engines.items():
             if inc.exited is not None or inc.stopping:
@@ -129,6 +150,8 @@ class ProcessSupervisor:
                 gone = sorted(pid for pid in inc.adopted if inc.handle.is_gone(pid))
                 if gone:
                     detail = f"engine subprocess(es) {gone} of API server {inc.handle.pid} exited"
+                else:
+                    detail = self._stopped_too_long(inc, now=now)
             if detail is None:
                 continue
             inc.exited = EngineExit(
@@ -136,6 +159,27 @@ class ProcessSupervisor:
             )
             found.append(inc.exited)
         return found
+
+    def _stopped_too_long(self, inc: _Incarnation, *, now: float) -> str | None:
+        """A death when an adopted subprocess has been stopped ``stopped_dead_sec``; its session is killed."""
+        if self._stopped_dead_sec <= 0:
+            return None
+        if inc.handle.is_stopped(inc.handle.pid):
+            # the whole engine is stopped (a frozen pod, a SIGSTOP of its session): a stall of its status route
+            # too, judged by the poller's unreachability rule and withdrawn when the same engine answers again
+            inc.stopped_since = {}
+            return None
+        stopped = {pid for pid in inc.adopted if inc.handle.is_stopped(pid)}
+        inc.stopped_since = {pid: inc.stopped_since.get(pid, now) for pid in stopped}  # a resumed one starts over
+        hung = sorted(pid for pid, since in inc.stopped_since.items() if now - since >= self._stopped_dead_sec)
+        if not hung:
+            return None
+        inc.handle.signal_session(signal.SIGKILL)  # no wait: the next check and stop() reap it
+        _log.warning("engine.stopped_killed", pid=inc.handle.pid, stopped=hung, after_sec=self._stopped_dead_sec)
+        return (
+            f"engine subprocess(es) {hung} of API server {inc.handle.pid} stopped for "
+            f"{self._stopped_dead_sec:g} s (the DP group cannot step without them): engine killed"
+        )
 
     def stop(self, endpoint_id: int, *, grace_sec: float) -> bool:
         """Stop an engine on purpose (no death report): SIGTERM, then SIGKILL after ``grace_sec``."""
@@ -246,6 +290,11 @@ def pid_gone(pid: int) -> bool:
     return fields is None or fields[0] in ("Z", "X")
 
 
+def pid_stopped(pid: int) -> bool:
+    fields = _stat_fields(pid)
+    return fields is not None and fields[0] in ("T", "t")
+
+
 class PopenHandle:
     def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self._proc = proc
@@ -263,6 +312,9 @@ class PopenHandle:
 
     def is_gone(self, pid: int) -> bool:
         return pid_gone(pid)
+
+    def is_stopped(self, pid: int) -> bool:
+        return pid_stopped(pid)
 
     def identity(self) -> EngineIdentity | None:
         return self._identity

@@ -154,6 +154,8 @@ class FakeProcess:
         self.worker_pid = next(_pids)
         self._code: int | None = None
         self._worker_gone = False
+        self.worker_stopped = False
+        """Set by a test: the worker is stopped (SIGSTOP) until cleared."""
         self._on_kill = on_kill
         self.signals: list[signal.Signals] = []
         self.external_exit: Callable[[], bool] = lambda: False
@@ -181,6 +183,9 @@ class FakeProcess:
 
     def is_gone(self, pid: int) -> bool:
         return pid == self.worker_pid and self._worker_gone
+
+    def is_stopped(self, pid: int) -> bool:
+        return pid == self.worker_pid and self.worker_stopped and not self._worker_gone
 
     def identity(self) -> EngineIdentity | None:
         return EngineIdentity(pid=self._pid, start_time=1_767_225_600.0 + self._pid)
