@@ -15,6 +15,13 @@ import structlog
 from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from pydantic import TypeAdapter
 
+from heteroflow.contracts.heartbeat import (
+    Heartbeat,
+    HeartbeatAccepted,
+    NodeRegistered,
+    NodeRegistration,
+    XidEventsResult,
+)
 from heteroflow.core.ids import NodeId
 from heteroflow.core.request_body import CLEAN_TEXT
 from heteroflow.core.text import text_problem
@@ -43,17 +50,7 @@ from heteroflow.server.auth import (
 )
 from heteroflow.server.context import ServerContext
 from heteroflow.server.errors import Conflict, NodeCredentialRequired, NotFound, TooManyRequests, error_responses
-from heteroflow.server.schemas import (
-    Heartbeat,
-    HeartbeatAccepted,
-    NodeList,
-    NodeOut,
-    NodeRegistered,
-    NodeRegistration,
-    XidCollectionOut,
-    XidEventsResult,
-    XidUnwatchedOut,
-)
+from heteroflow.server.schemas import NodeList, NodeOut, XidCollectionOut, XidUnwatchedOut
 
 router = APIRouter(prefix="/api/v1/nodes", tags=["nodes"], responses=error_responses(403))
 _log = structlog.get_logger(__name__)
