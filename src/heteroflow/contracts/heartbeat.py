@@ -93,6 +93,25 @@ class XidEventIn(BaseModel):
     occurred_at: JsonValue = None
 
 
+class XidUnwatched(BaseModel):
+    index: int
+    error: str
+
+
+class XidCollection(BaseModel):
+    """The agent's word on its XID source, the heartbeat's ``xid_collection``: what the agent sends. The server
+    reads the field leniently (``heteroflow.health.xid_collection``): an unusable object means "not said"."""
+
+    state: Literal["collected", "partial", "not_collected"]
+    reason: str | None = Field(default=None, description="Why not (every card), or why partly.")
+    watched: list[int] = Field(default_factory=list, description="Card indexes registered for XID events.")
+    unwatched: list[XidUnwatched] = Field(default_factory=list, description="Cards that could not be registered.")
+    lost: list[int] = Field(default_factory=list, description="Cards NVML reports lost: their XIDs are not read.")
+    wait_failures_total: int = Field(default=0, description="Failed waits for events (not the idle timeout).")
+    sources: list[str] = Field(default_factory=list, description="Where XIDs are read from: nvml, kernel_log.")
+    kernel_log: str | None = Field(default=None, description="Why the kernel log is not read; null otherwise.")
+
+
 # On the heartbeat path each stat stays a plain dict: the lenient parsing of health.heartbeat reads it
 # directly, and validating JsonValue fields model by model would cost more than the rest of the beat.
 # The published schema still describes the fields.
@@ -108,8 +127,9 @@ class Heartbeat(BaseModel):
     xid_collection: JsonValue = Field(
         default=None,
         description=(
-            "The agent's XID source: {state: collected|partial|not_collected, reason, watched: [index], "
-            "unwatched: [{index, error}], lost: [index], wait_failures_total}. Read leniently; absent = unknown."
+            "The agent's XID source (an XidCollection): {state: collected|partial|not_collected, reason, "
+            "watched: [index], unwatched: [{index, error}], lost: [index], wait_failures_total, sources, "
+            "kernel_log}. Read leniently; absent = unknown."
         ),
     )
 

@@ -30,7 +30,14 @@ from heteroflow.agent.testing import FakeCommandRunner, FakeGpu, FakeNvml
 from heteroflow.agent.xid_queue import XidQueue
 from heteroflow.agent.xid_status import XidCollectionStatus, watcher_status
 from heteroflow.agent.xpu_smi import XpuSmiCollector
-from heteroflow.contracts.heartbeat import GpuStat, Heartbeat, NodeRegistration, NodeSource, XidEventIn
+from heteroflow.contracts.heartbeat import (
+    GpuStat,
+    Heartbeat,
+    NodeRegistration,
+    NodeSource,
+    XidCollection,
+    XidEventIn,
+)
 from heteroflow.core.ids import NodeId, Source
 from heteroflow.core.testing import FakeClock
 from heteroflow.health.beat_stats import beat_readings
@@ -183,6 +190,9 @@ def test_every_collectors_beat_is_what_the_server_reads(shared_fixtures: Path, c
     events, rejected = xid_events_from_wire(beat.xid_events)
     assert rejected == []
     assert [(e.gpu_index, e.xid, e.occurred_at) for e in events] == [(0, 79, clock.now())]
+    assert isinstance(beat.xid_collection, dict)
+    XidCollection.model_validate(beat.xid_collection)
+    assert set(beat.xid_collection) <= set(XidCollection.model_fields)
     report = parse_xid_collection(beat.xid_collection)
     assert report is not None
     assert (report.state, report.watched, report.unwatched, report.lost, report.wait_failures_total) == (
