@@ -18,7 +18,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse
 from starlette.routing import Route
 
-from heteroflow.server.schemas import Heartbeat
+from heteroflow.contracts.heartbeat import Heartbeat
 
 TOKENS = {f"Bearer {os.environ['FLOOR_TOKEN']}"}
 

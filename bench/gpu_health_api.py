@@ -20,13 +20,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
 from datetime import timedelta
+from pathlib import Path
 
 from fastapi.testclient import TestClient
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.prediction
+
+from bench.prediction import NOW, build_fleet
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.testing import FakeClock
 from heteroflow.health.prediction_settings import PredictionSettings
@@ -38,7 +43,6 @@ from heteroflow.server.settings import ServerSettings
 from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.testing import PostgresServer
 from heteroflow.storage.token_store import SqlTokenStore
-from prediction import NOW, build_fleet
 
 CALLS = 5
 
@@ -75,7 +79,7 @@ def measure(url: str, cards: int, days: float) -> dict[str, float]:
     results: dict[str, float] = {"rows": rows, "predictions_made": created}
     with TestClient(create_app(ctx, migrate=False, run_worker=False)) as client:
 
-        def get(path: str, **params: object) -> Callable[[], object]:
+        def get(path: str, **params: str | int) -> Callable[[], object]:
             def call() -> object:
                 response = client.get(path, params=params, headers=headers)
                 assert response.status_code == 200, response.text
@@ -103,9 +107,9 @@ def main() -> None:
     args = parser.parse_args()
     backends: list[tuple[str, PostgresServer | None]] = [] if args.no_sqlite else [("sqlite", None)]
     if args.postgres:
-        server = PostgresServer()
-        server.start()
-        backends.append(("postgresql", server))
+        postgres = PostgresServer()
+        postgres.start()
+        backends.append(("postgresql", postgres))
     print(f"GPU health API, {args.days:g} days of 5-minute samples per card, median of {CALLS} calls, seconds")
     print(
         f"{'backend':<11} {'cards':>6} {'rows':>9} {'preds':>6} {'week':>5} {'list s':>7} {'week s':>7} "

@@ -28,14 +28,14 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.ingest, bench.floor_app
+from bench.ingest import AgentNode, agent_nodes
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform.auth import parse_scopes
 from heteroflow.platform.nodes import NODE_CREDENTIAL_HEADER
 from heteroflow.server.app import build_context, create_app
 from heteroflow.server.settings import ServerSettings
 from heteroflow.storage.token_store import SqlTokenStore
-from ingest import AgentNode, agent_nodes
 
 Message = MutableMapping[str, Any]
 App = Callable[[Message, Callable[[], Awaitable[Message]], Callable[[Message], Awaitable[None]]], Awaitable[None]]
@@ -82,16 +82,18 @@ async def rounds(
     """CPU ms per beat of each round, server and floor alternating."""
     bearer = (b"authorization", f"Bearer {token}".encode())
 
+    beats: int = args.beats
+
     async def drive(app: App) -> float:
         started = time.process_time()
-        for n in range(args.beats):
+        for n in range(beats):
             node_id, credential = nodes[n % len(nodes)]
             headers = [bearer, (NODE_CREDENTIAL_HEADER.lower().encode(), credential.encode())]
             path = f"/api/v1/nodes/{node_id}/heartbeat"
             status = await beat(app, path=path, headers=headers, body=agents[n % len(agents)].body(None))
             if status != 200:
                 raise RuntimeError(f"a beat was answered {status}")
-        return (time.process_time() - started) / args.beats * 1000
+        return (time.process_time() - started) / beats * 1000
 
     await drive(server)  # warm: caches filled, first rows written
     await drive(floor)
@@ -121,7 +123,7 @@ async def main(args: argparse.Namespace) -> None:
             name="bench", scopes=parse_scopes("agent"), tenant_id=None, now=datetime.now(UTC)
         )
         os.environ["FLOOR_TOKEN"] = token
-        import floor_app  # the floor reads its token at import
+        from bench import floor_app  # the floor reads its token at import
 
         transport = httpx.ASGITransport(app=server)
         async with httpx.AsyncClient(transport=transport, base_url="http://bench") as client:

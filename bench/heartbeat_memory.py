@@ -25,8 +25,8 @@ from typing import Any
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).parent))
-from heartbeat_cpu import beat
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.heartbeat_cpu
+from bench.heartbeat_cpu import beat
 from heteroflow.agent.heartbeat import heartbeat_body
 from heteroflow.agent.runner import registration_for
 from heteroflow.agent.simulated import SimulatedCollector

@@ -44,7 +44,8 @@ from heteroflow.agent.heartbeat import heartbeat_body
 from heteroflow.agent.runner import registration_for
 from heteroflow.agent.simulated import SimulatedCollector
 from heteroflow.core.clock import SystemClock
-from heteroflow.storage.testing import PostgresServer, free_port
+from heteroflow.core.testing import free_port
+from heteroflow.storage.testing import PostgresServer
 
 # placeholders in the pre-rendered agent bodies, replaced per request (cheaper than a json.dumps per beat)
 TIME_MARK = "1999-01-01T00:00:00+00:00"

@@ -98,12 +98,12 @@ def main() -> None:
             for rank, how, left in ((2, first, [0, 1, 3]), (0, "kill", [1, 3])):
                 at = time.monotonic() - began
                 marks.append(f"{at:.1f}s {fault(state, rank, how=how)}")
+
+                def left_published(left: list[int] = left) -> bool:
+                    return published(state, instance_id) == left
+
                 try:
-                    until(
-                        lambda left=left: published(state, instance_id) == left,
-                        within=180,
-                        what=f"{left} published",
-                    )
+                    until(left_published, within=180, what=f"{left} published")
                 except TimeoutError as exc:  # still report what the clients saw
                     marks.append(f"{time.monotonic() - began:.1f}s {exc}")
                     break

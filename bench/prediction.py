@@ -120,7 +120,7 @@ def build_fleet(engine: sa.Engine, cards: int, days: float) -> int:
                             *(getattr(c, key) for key in HEALTH_KEYS),
                         )
                     )
-            conn.exec_driver_sql(statement, rows)  # type: ignore[arg-type]
+            conn.exec_driver_sql(statement, rows)
             written += len(rows)
         # the bulk load bypassed the store: its hour and day buckets, as the migration does
         rebuild_buckets(conn, NOW - timedelta(days=days), NOW + timedelta(seconds=1))
@@ -246,9 +246,9 @@ def main() -> None:
     args = parser.parse_args()
     backends: list[tuple[str, PostgresServer | None]] = [] if args.no_sqlite else [("sqlite", None)]
     if args.postgres:
-        server = PostgresServer()
-        server.start()
-        backends.append(("postgresql", server))
+        postgres = PostgresServer()
+        postgres.start()
+        backends.append(("postgresql", postgres))
     print(f"prediction worker and statistics, {args.days:g} days of 5-minute samples per card")
     print(
         f"{'backend':<11} {'cards':>6} {'rows':>10} {'tick 1 s':>9} {'tick 2 s':>9} {'stats s':>8} {'stats 2 s':>9} "

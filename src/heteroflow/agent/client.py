@@ -27,7 +27,9 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import httpx
+from pydantic import ValidationError
 
+from heteroflow.contracts.heartbeat import NodeRegistration
 from heteroflow.core.ids import NodeId, Source
 
 
@@ -166,17 +168,20 @@ class HttpPlatformClient:
 
     def register(self, registration: Registration) -> Registered:
         credential = self._by_host.get(registration.hostname) or self._kept
-        response = self._post(
-            "/api/v1/nodes/register",
-            {
-                "hostname": registration.hostname,
-                "vendor": registration.vendor,
-                "model": registration.model,
-                "gpu_count": registration.gpu_count,
-                "source": registration.source,
-            },
-            credential=credential,
-        )
+        try:
+            wire = NodeRegistration(
+                hostname=registration.hostname,
+                vendor=registration.vendor,
+                model=registration.model,
+                gpu_count=registration.gpu_count,
+                source=registration.source,
+            )
+        except ValidationError as exc:
+            # the server's own model refuses it: its answer would be a 422, so it is not sent
+            problem = exc.errors()[0]
+            where = ".".join(str(part) for part in problem["loc"])
+            raise PermanentError(f"registration refused (invalid {where}): {problem['msg']}") from exc
+        response = self._post("/api/v1/nodes/register", wire.model_dump(mode="json"), credential=credential)
         if response.status_code == 409 and _error_code(response) == "node_credential_required":
             raise CredentialRequiredError(
                 _detail(response), retry_after_s=retry_after_seconds(response.headers.get("retry-after"))

@@ -4,6 +4,9 @@ Each stat carries its own declared physical ``index`` and the hardware ``uuid`` 
 present only when known and fresh — absent means unknown (H-1), and the server never reads absence as 0.
 ``sampled_at`` is the collection time of the health reading, not the send time, so a beat repeating a
 60 s reading does not pretend it was measured just now.
+
+The body is built through the wire contract the server validates (``heteroflow.contracts.heartbeat``): each
+stat as a :class:`GpuStat`, each event as an :class:`XidEventIn`, the whole as a :class:`Heartbeat`.
 """
 
 from __future__ import annotations
@@ -14,9 +17,10 @@ from typing import Any
 from heteroflow.agent.readings import GpuHealth, GpuTelemetry, HealthCollection, TelemetryCollection
 from heteroflow.agent.xid_queue import Pending
 from heteroflow.agent.xid_status import XidCollectionStatus
+from heteroflow.contracts.heartbeat import MAX_XID_EVENTS, GpuStat, Heartbeat, XidEventIn
 from heteroflow.health.counters import HEALTH_KEYS
 
-MAX_XID_EVENTS_PER_BEAT = 1000
+MAX_XID_EVENTS_PER_BEAT = MAX_XID_EVENTS
 """The server accepts at most this many events in one beat; the rest wait for the next."""
 
 
@@ -24,11 +28,11 @@ def _iso(value: Any) -> str:
     return str(value.isoformat())
 
 
-def gpu_stats(health: HealthCollection | None, telemetry: TelemetryCollection | None) -> list[dict[str, Any]]:
+def gpu_stats(health: HealthCollection | None, telemetry: TelemetryCollection | None) -> list[GpuStat]:
     """One stat per card seen by either collection, in index order."""
     by_health: dict[int, GpuHealth] = {gpu.index: gpu for gpu in (health.gpus if health else ())}
     by_telemetry: dict[int, GpuTelemetry] = {gpu.index: gpu for gpu in (telemetry.gpus if telemetry else ())}
-    stats: list[dict[str, Any]] = []
+    stats: list[GpuStat] = []
     for index in sorted(by_health.keys() | by_telemetry.keys()):
         h = by_health.get(index)
         t = by_telemetry.get(index)
@@ -49,20 +53,37 @@ def gpu_stats(health: HealthCollection | None, telemetry: TelemetryCollection | 
                 stat.update({key: known[key] for key in HEALTH_KEYS if key in known})
                 if h.semantics_unconfirmed:
                     stat["semantics_unconfirmed"] = list(h.semantics_unconfirmed)
-        stats.append(stat)
+        stats.append(GpuStat(**stat))  # only the values set here travel: an absent key stays absent
     return stats
 
 
-def xid_payload(events: Sequence[Pending]) -> list[dict[str, Any]]:
+def xid_payload(events: Sequence[Pending]) -> list[XidEventIn]:
     return [
-        {
-            "index": item.event.index,
-            "uuid": item.event.uuid,
-            "xid": item.event.xid,
-            "occurred_at": _iso(item.event.occurred_at),
-        }
+        XidEventIn(
+            index=item.event.index,
+            uuid=item.event.uuid,
+            xid=item.event.xid,
+            occurred_at=_iso(item.event.occurred_at),
+        )
         for item in events
     ]
+
+
+def heartbeat(
+    *,
+    health: HealthCollection | None,
+    telemetry: TelemetryCollection | None,
+    xid_events: Sequence[Pending],
+    xid_collection: XidCollectionStatus | None = None,
+) -> Heartbeat:
+    """The beat as the server's model: each stat and event carries exactly the values the agent set."""
+    fields: dict[str, Any] = {
+        "gpu_stats": [stat.model_dump(exclude_unset=True) for stat in gpu_stats(health, telemetry)],
+        "xid_events": [event.model_dump(exclude_unset=True) for event in xid_payload(xid_events)],
+    }
+    if xid_collection is not None:
+        fields["xid_collection"] = xid_collection.to_wire()
+    return Heartbeat.model_validate(fields)
 
 
 def heartbeat_body(
@@ -72,7 +93,6 @@ def heartbeat_body(
     xid_events: Sequence[Pending],
     xid_collection: XidCollectionStatus | None = None,
 ) -> dict[str, Any]:
-    body: dict[str, Any] = {"gpu_stats": gpu_stats(health, telemetry), "xid_events": xid_payload(xid_events)}
-    if xid_collection is not None:
-        body["xid_collection"] = xid_collection.to_wire()
-    return body
+    """The JSON body of one beat: :func:`heartbeat` without the fields the agent did not set."""
+    beat = heartbeat(health=health, telemetry=telemetry, xid_events=xid_events, xid_collection=xid_collection)
+    return beat.model_dump(mode="json", exclude_unset=True)

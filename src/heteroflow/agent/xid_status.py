@@ -13,6 +13,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Final, Literal
 
+from heteroflow.contracts.heartbeat import XidCollection, XidUnwatched
+
 XidState = Literal["collected", "partial", "not_collected"]
 
 XID_NEEDS_NVML: Final = "XID events are collected through NVML only; not collected with this collector"
@@ -42,17 +44,18 @@ class XidCollectionStatus:
     """Why the kernel log is not read (e.g. no permission), or ``None`` when it is read or not tried."""
 
     def to_wire(self) -> dict[str, Any]:
-        """The heartbeat's ``xid_collection`` object (bounded: at most 64 cards per list)."""
-        return {
-            "state": self.state,
-            "reason": self.reason[:MAX_REASON_LENGTH] if self.reason else None,
-            "watched": list(self.watched[:MAX_CARDS_REPORTED]),
-            "unwatched": [{"index": i, "error": e[:100]} for i, e in self.unwatched[:MAX_CARDS_REPORTED]],
-            "lost": list(self.lost[:MAX_CARDS_REPORTED]),
-            "wait_failures_total": self.wait_failures_total,
-            "sources": list(self.sources),
-            "kernel_log": self.kernel_log[:MAX_REASON_LENGTH] if self.kernel_log else None,
-        }
+        """The heartbeat's ``xid_collection`` object, built as the contract's :class:`XidCollection` (bounded: at
+        most 64 cards per list)."""
+        return XidCollection(
+            state=self.state,
+            reason=self.reason[:MAX_REASON_LENGTH] if self.reason else None,
+            watched=list(self.watched[:MAX_CARDS_REPORTED]),
+            unwatched=[XidUnwatched(index=i, error=e[:100]) for i, e in self.unwatched[:MAX_CARDS_REPORTED]],
+            lost=list(self.lost[:MAX_CARDS_REPORTED]),
+            wait_failures_total=self.wait_failures_total,
+            sources=list(self.sources),
+            kernel_log=self.kernel_log[:MAX_REASON_LENGTH] if self.kernel_log else None,
+        ).model_dump(mode="json")
 
 
 def not_collected(reason: str) -> XidCollectionStatus:

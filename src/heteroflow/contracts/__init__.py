@@ -1,4 +1,6 @@
 """Wire contracts below every layer: pydantic models and data only, importing nothing of HeteroFlow above it.
 
-``engine_protocol`` is the vLLM fault-tolerance protocol in its two profiles (``engine-protocol.md``).
+``engine_protocol`` is the vLLM fault-tolerance protocol in its two profiles (``engine-protocol.md``);
+``heartbeat`` the agent ⇄ platform server wire (registration, heartbeat); ``hardware_events`` the platform
+server's hardware-events feed that the serving controller polls; ``text`` which characters may travel in a name.
 """

@@ -1,16 +1,19 @@
-"""Wire models of the platform API (requests are lenient where the spec says so, responses exact)."""
+"""Wire models of the platform API (requests are lenient where the spec says so, responses exact).
+
+The agent's wire — registration and the heartbeat — lives in ``heteroflow.contracts.heartbeat``, which the agent
+builds and the routes validate; the models here are the operator-facing API.
+"""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, WithJsonSchema, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from heteroflow.core.clock import utc
 from heteroflow.core.ids import Source
-from heteroflow.core.text import text_problem
 from heteroflow.health.text_codes import TextCode, evidence_lines
 
 
@@ -23,108 +26,6 @@ def _utc_instant(value: datetime) -> datetime:
 
 UtcTime = Annotated[datetime, AfterValidator(_utc_instant)]
 """A time parameter, as an aware UTC datetime (naive values are taken as UTC); one outside the calendar is a 422."""
-
-MAX_GPU_STATS = 256
-MAX_XID_EVENTS = 1000
-
-
-class NodeRegistration(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    hostname: str = Field(min_length=1, max_length=253, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
-    vendor: str = Field(min_length=1, max_length=64)
-    model: str = Field(default="", max_length=200)
-    gpu_count: int = Field(ge=0, le=1024)
-    source: Source = "real"
-
-    @field_validator("vendor", "model")
-    @classmethod
-    def _printable(cls, value: str) -> str:
-        problem = text_problem(value)
-        if problem is not None:
-            raise ValueError(f"must be printable text: {problem}")
-        return value
-
-
-class NodeRegistered(BaseModel):
-    node_id: str
-    created: bool
-    heartbeat_interval_seconds: float
-    node_credential: str | None = Field(
-        default=None,
-        description=(
-            "The node's own credential, shown once when it is issued (a new node, or a node that had none): "
-            "send it as X-HeteroFlow-Node-Credential on every heartbeat and re-registration of this node."
-        ),
-    )
-
-
-class GpuStat(BaseModel):
-    """One GPU in a heartbeat. Every value is taken leniently: a bad value is unknown, never a rejection."""
-
-    model_config = ConfigDict(extra="allow")
-
-    index: JsonValue = None
-    uuid: JsonValue = None
-    sampled_at: JsonValue = None
-    temperature_c: JsonValue = None
-    utilization_pct: JsonValue = None
-    memory_used_mib: JsonValue = None
-    memory_total_mib: JsonValue = None
-    power_w: JsonValue = None
-    ecc_uncorrected_total: JsonValue = None
-    ecc_corrected_total: JsonValue = None
-    retired_pages: JsonValue = None
-    remapped_rows_pending: JsonValue = None
-    remapped_rows_failure: JsonValue = None
-    remapped_rows_correctable: JsonValue = None
-    remapped_rows_uncorrectable: JsonValue = None
-    ecc_sram_uncorrected_total: JsonValue = None
-    ecc_sram_corrected_total: JsonValue = None
-    semantics_unconfirmed: JsonValue = None
-
-
-class XidEventIn(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    index: JsonValue = None
-    uuid: JsonValue = None
-    xid: JsonValue = None
-    occurred_at: JsonValue = None
-
-
-# On the heartbeat path each stat stays a plain dict: the lenient parsing of health.heartbeat reads it
-# directly, and validating JsonValue fields model by model would cost more than the rest of the beat.
-# The published schema still describes the fields.
-GpuStatObject = Annotated[dict[str, Any], WithJsonSchema(GpuStat.model_json_schema())]
-XidEventObject = Annotated[dict[str, Any], WithJsonSchema(XidEventIn.model_json_schema())]
-
-
-class Heartbeat(BaseModel):
-    model_config = ConfigDict(extra="allow")
-
-    gpu_stats: list[GpuStatObject] = Field(default_factory=list, max_length=MAX_GPU_STATS)
-    xid_events: list[XidEventObject] = Field(default_factory=list, max_length=MAX_XID_EVENTS)
-    xid_collection: JsonValue = Field(
-        default=None,
-        description=(
-            "The agent's XID source: {state: collected|partial|not_collected, reason, watched: [index], "
-            "unwatched: [{index, error}], lost: [index], wait_failures_total}. Read leniently; absent = unknown."
-        ),
-    )
-
-
-class XidEventsResult(BaseModel):
-    received: int
-    stored: int = Field(description="New events stored by this beat (re-sent ones are not counted again).")
-    rejected: list[str] = Field(description="Why an event was unusable; the agent should drop those.")
-    retry: bool = Field(description="True when the events could not be stored now: keep and re-send them.")
-
-
-class HeartbeatAccepted(BaseModel):
-    status: Literal["ok"] = "ok"
-    server_time: datetime
-    xid_events: XidEventsResult
 
 
 class XidUnwatchedOut(BaseModel):

@@ -6,8 +6,8 @@ from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
 
+from heteroflow.contracts.heartbeat import HeartbeatAccepted, XidEventsResult
 from heteroflow.server.routes.nodes import NO_XID_EVENTS, accepted_json
-from heteroflow.server.schemas import HeartbeatAccepted, XidEventsResult
 
 
 @pytest.mark.parametrize(

@@ -3,20 +3,19 @@ polls to learn about card faults (``engine-protocol.md``, "Hardware fault source
 
 One feed of XID events and uncorrectable-ECC / row-remap-failure increases per card, read forward from an
 opaque cursor, so that a poller never misses an event between two calls and never reads one twice. Scoped like
-every node route: a tenant's token sees its own nodes' cards only.
+every node route: a tenant's token sees its own nodes' cards only. The page is the wire contract
+``heteroflow.contracts.hardware_events``, which the controller reads with the same models.
 """
 
 from __future__ import annotations
 
 import asyncio
-from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
-from pydantic import BaseModel, Field
 
+from heteroflow.contracts.hardware_events import FEED_PATH, HardwareFeedEvent, HardwareFeedPage
 from heteroflow.core.clock import utc
-from heteroflow.core.ids import Source
 from heteroflow.platform.auth import NodeScope, Principal, Scope
 from heteroflow.server.auth import context, require
 from heteroflow.server.context import ServerContext
@@ -24,36 +23,10 @@ from heteroflow.server.errors import BadRequest, error_responses
 from heteroflow.server.routes.gpu_health import SourceParam, parse_source
 from heteroflow.server.schemas import UtcTime
 
-router = APIRouter(prefix="/api/v1/hardware-events", tags=["gpu-health"], responses=error_responses(400, 403))
+router = APIRouter(prefix=FEED_PATH, tags=["gpu-health"], responses=error_responses(400, 403))
 
 Ctx = Annotated[ServerContext, Depends(context)]
 Reader = Annotated[Principal, Depends(require(Scope.NODES_READ))]
-
-
-class HardwareEventOut(BaseModel):
-    node_id: str
-    node_name: str = Field(description="The node's hostname (Kubernetes node name on a cluster).")
-    gpu_index: int
-    uuid: str | None = Field(description="The card's uuid (GPU-…); null when the agent could not read it.")
-    kind: Literal["xid", "ecc_uncorrected", "remap_failure"]
-    value: int = Field(description="The XID code, or the counter's new value.")
-    previous: int | None = Field(description="The counter's value before the increase; null for an XID.")
-    at: datetime
-    tenant_id: str | None = Field(default=None, description="The node's tenant; null for a node without one.")
-    card_known: bool = Field(
-        default=True,
-        description=(
-            "False for an XID naming a card uuid the node never reported in a health reading: no evidence about "
-            "a card the serving plane runs on (the controller's source skips it)."
-        ),
-    )
-
-
-class HardwareEventsOut(BaseModel):
-    source: Source
-    events: list[HardwareEventOut]
-    next_cursor: str = Field(description="Pass it back as ?cursor= to read on from here.")
-    more: bool = Field(description="A page limit was reached: ask again at once with next_cursor.")
 
 
 def parse_cursor(cursor: str) -> tuple[int, int]:
@@ -65,7 +38,7 @@ def parse_cursor(cursor: str) -> tuple[int, int]:
     return int(parts[0]), int(parts[1])
 
 
-@router.get("", response_model=HardwareEventsOut, summary="XID events and uncorrectable-error increases per card")
+@router.get("", response_model=HardwareFeedPage, summary="XID events and uncorrectable-error increases per card")
 async def hardware_events(
     ctx: Ctx,
     principal: Reader,
@@ -75,7 +48,7 @@ async def hardware_events(
     ] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="Rows of each kind read per page (default 200)")] = 200,
     source: SourceParam = "real",
-) -> HardwareEventsOut:
+) -> HardwareFeedPage:
     """Events after ``cursor``; without one, events since ``since``; without either, none but the cursor of the
     present, which a poller keeps and passes back. Events are ordered by time within a page."""
     chosen = parse_source(source)
@@ -88,10 +61,10 @@ async def hardware_events(
         since=utc(since) if since is not None and after is None else None,
         limit=limit,
     )
-    return HardwareEventsOut(
+    return HardwareFeedPage(
         source=chosen,
         events=[
-            HardwareEventOut(
+            HardwareFeedEvent(
                 node_id=e.node_id,
                 node_name=e.node_name,
                 gpu_index=e.gpu_index,

@@ -17,6 +17,13 @@ from pydantic import TypeAdapter
 from starlette.types import ASGIApp, Message, Receive, Send
 from starlette.types import Scope as AsgiScope
 
+from heteroflow.contracts.heartbeat import (
+    Heartbeat,
+    HeartbeatAccepted,
+    NodeRegistered,
+    NodeRegistration,
+    XidEventsResult,
+)
 from heteroflow.core.authentication import header
 from heteroflow.core.ids import NodeId
 from heteroflow.core.request_body import CLEAN_TEXT
@@ -48,17 +55,7 @@ from heteroflow.server.auth import (
 )
 from heteroflow.server.context import ServerContext
 from heteroflow.server.errors import Conflict, NodeCredentialRequired, NotFound, TooManyRequests, error_responses
-from heteroflow.server.schemas import (
-    Heartbeat,
-    HeartbeatAccepted,
-    NodeList,
-    NodeOut,
-    NodeRegistered,
-    NodeRegistration,
-    XidCollectionOut,
-    XidEventsResult,
-    XidUnwatchedOut,
-)
+from heteroflow.server.schemas import NodeList, NodeOut, XidCollectionOut, XidUnwatchedOut
 
 router = APIRouter(prefix="/api/v1/nodes", tags=["nodes"], responses=error_responses(403))
 _log = structlog.get_logger(__name__)

@@ -46,12 +46,13 @@ from typing import Any
 import httpx
 from pydantic import ValidationError
 
+from heteroflow.contracts.hardware_events import FEED_PATH, HardwareFeedEnvelope, HardwareFeedEvent
 from heteroflow.core.clock import Clock
 from heteroflow.serving.wire import HardwareFaultReport
 
 from .base import Emit, Problem, Snapshot, fault_key
 
-EVENTS_PATH = "/api/v1/hardware-events"
+EVENTS_PATH = FEED_PATH
 
 XID_LEVELS: Mapping[int, int] = {79: 6, 95: 6, 48: 5, 64: 5, 94: 4}
 COUNTER_FAULTS: Mapping[str, tuple[str, int]] = {
@@ -72,29 +73,30 @@ def map_event(event: object, *, source: str) -> MappedEvent:
     """One event of the feed → a card fault at its level, nothing (informational), or a problem. Never raises."""
     if not isinstance(event, dict):
         return MappedEvent(None, "an event that is not an object")
-    kind, value, node = event.get("kind"), event.get("value"), event.get("node_name")
-    uuid, index = event.get("uuid"), event.get("gpu_index")
+    node = event.get("node_name")
     if not isinstance(node, str) or not node:
         return MappedEvent(None, "an event without node_name")
-    if isinstance(uuid, str) and uuid:
-        card = uuid
-    elif isinstance(index, int) and not isinstance(index, bool) and index >= 0:
-        card = str(index)  # no uuid read by the agent: the index on the node still names the card
+    try:
+        read = HardwareFeedEvent.model_validate(event)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(part) for part in first["loc"]) or "the event"
+        return MappedEvent(None, f"an unreadable event on {node!r}: {where}: {first['msg']}")
+    if read.uuid:
+        card = read.uuid
+    elif read.gpu_index >= 0:
+        card = str(read.gpu_index)  # no uuid read by the agent: the index on the node still names the card
     else:
         return MappedEvent(None, f"an event on {node!r} names no card (neither uuid nor gpu_index)")
-    if not isinstance(value, int) or isinstance(value, bool):
-        return MappedEvent(None, f"an event on {node!r} has a non-integer value {value!r}")
-    if kind == "xid":
-        level = XID_LEVELS.get(value)
+    if read.kind == "xid":
+        level = XID_LEVELS.get(read.value)
         if level is None:
             return MappedEvent(None)  # informational
-        code, detail = f"XID{value}", f"XID {value}"
-    elif isinstance(kind, str) and kind in COUNTER_FAULTS:
-        code, level = COUNTER_FAULTS[kind]
-        detail = f"{kind} {event.get('previous')!r} -> {value}"
+        code, detail = f"XID{read.value}", f"XID {read.value}"
     else:
-        return MappedEvent(None, f"unknown event kind {kind!r}")
-    at = event.get("at")
+        code, level = COUNTER_FAULTS[read.kind]
+        detail = f"{read.kind} {read.previous!r} -> {read.value}"
+    at = event.get("at")  # as the feed wrote it
     try:
         report = HardwareFaultReport(
             node_name=node,
@@ -229,11 +231,12 @@ class GpuHealthSource:
             return f"{EVENTS_PATH} answered something that is not JSON", False
         if not isinstance(body, dict):
             return f"{EVENTS_PATH} answered a JSON value that is not an object", False
-        events, cursor, more = body.get("events"), body.get("next_cursor"), body.get("more")
-        if not isinstance(events, list) or not isinstance(cursor, str) or not isinstance(more, bool):
+        try:
+            page = HardwareFeedEnvelope.model_validate(body)
+        except ValidationError:
             return f"{EVENTS_PATH} answered without events / next_cursor / more", False
         now = self._clock.monotonic()
-        for event in events:
+        for event in page.events:
             if not self._trusted(event):
                 continue
             mapped = map_event(event, source=self.name)
@@ -242,5 +245,5 @@ class GpuHealthSource:
             if mapped.report is not None:
                 key = fault_key(mapped.report)
                 (self._active if key in self._active else self._held)[key] = (mapped.report, now)
-        self._cursor = cursor  # only after the page was taken: a failed page is asked for again
-        return None, more
+        self._cursor = page.next_cursor  # only after the page was taken: a failed page is asked for again
+        return None, page.more
