@@ -38,7 +38,7 @@ from heteroflow.server.alert_delivery import AlertDeliverySettings
 from heteroflow.server.routes import serving as serving_routes
 from heteroflow.server.routes.serving import ControllerProxy
 from heteroflow.server.settings import ServerSettings
-from heteroflow.serving.controller import app as controller_app
+from heteroflow.serving.controller import assembly as controller_app
 from heteroflow.serving.controller.clients import NodeManagerClient
 from heteroflow.serving.controller.config import ControllerConfig, ControllerSettings, FaultToleranceConfig
 from heteroflow.serving.controller.service import Controller

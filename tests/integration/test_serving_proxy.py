@@ -28,7 +28,7 @@ from heteroflow.core.testing import free_port
 from heteroflow.server.errors import ServiceUnavailable
 from heteroflow.server.routes.serving import ControllerProxy
 from heteroflow.server.settings import ServerSettings
-from heteroflow.serving.controller.app import create_app
+from heteroflow.serving.controller.assembly import create_app
 from heteroflow.serving.controller.clients import NodeManagerClient
 from heteroflow.serving.controller.config import ControllerConfig, ControllerSettings, FaultToleranceConfig
 from heteroflow.serving.controller.service import Controller

@@ -22,7 +22,7 @@ from sqlalchemy.engine import Engine
 from heteroflow.core.clock import SystemClock
 from heteroflow.engine_sim.server import create_app as engine_app
 from heteroflow.engine_sim.testing import FakeEngineCluster
-from heteroflow.serving.controller.app import create_app as controller_app
+from heteroflow.serving.controller.assembly import create_app as controller_app
 from heteroflow.serving.controller.clients import NodeManagerClient
 from heteroflow.serving.controller.config import ControllerConfig, ControllerSettings, FaultToleranceConfig
 from heteroflow.serving.controller.service import Controller

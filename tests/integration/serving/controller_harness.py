@@ -37,7 +37,7 @@ from heteroflow.core.errors import StoreUnavailableError
 from heteroflow.core.testing import LoopClock, run_virtual
 from heteroflow.engine_sim import conformance
 from heteroflow.engine_sim.testing import FakeEngineCluster
-from heteroflow.serving.controller.app import create_app as controller_app
+from heteroflow.serving.controller.assembly import create_app as controller_app
 from heteroflow.serving.controller.clients import CoordinatorClient, NodeManagerClient
 from heteroflow.serving.controller.config import ControllerConfig, ControllerSettings, FaultToleranceConfig
 from heteroflow.serving.controller.service import Controller
