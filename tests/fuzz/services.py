@@ -46,7 +46,7 @@ from heteroflow.serving.controller.store import SqliteFtRuntimeStore
 from heteroflow.serving.coordinator import app as coordinator_app
 from heteroflow.serving.coordinator.settings import CoordinatorSettings
 from heteroflow.serving.coordinator.testing import TEST_API_KEY, TEST_API_KEY_SHA256
-from heteroflow.serving.node_manager import app as node_manager_app
+from heteroflow.serving.node_manager import assembly as node_manager_app
 from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN as NODE_MANAGER_TOKEN
 from heteroflow.serving.node_manager.testing import FakeController
 from heteroflow.serving.wire import (
