@@ -38,7 +38,7 @@ from heteroflow.server.alert_delivery import AlertDeliverySettings
 from heteroflow.server.routes import serving as serving_routes
 from heteroflow.server.routes.serving import ControllerProxy
 from heteroflow.server.settings import ServerSettings
-from heteroflow.serving.controller import app as controller_app
+from heteroflow.serving.controller import assembly as controller_app
 from heteroflow.serving.controller.clients import NodeManagerClient
 from heteroflow.serving.controller.config import ControllerConfig, ControllerSettings, FaultToleranceConfig
 from heteroflow.serving.controller.service import Controller
@@ -46,7 +46,7 @@ from heteroflow.serving.controller.store import SqliteFtRuntimeStore
 from heteroflow.serving.coordinator import app as coordinator_app
 from heteroflow.serving.coordinator.settings import CoordinatorSettings
 from heteroflow.serving.coordinator.testing import TEST_API_KEY, TEST_API_KEY_SHA256
-from heteroflow.serving.node_manager import app as node_manager_app
+from heteroflow.serving.node_manager import assembly as node_manager_app
 from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN as NODE_MANAGER_TOKEN
 from heteroflow.serving.node_manager.testing import FakeController
 from heteroflow.serving.wire import (

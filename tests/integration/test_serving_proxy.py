@@ -28,7 +28,7 @@ from heteroflow.core.testing import free_port
 from heteroflow.server.errors import ServiceUnavailable
 from heteroflow.server.routes.serving import ControllerProxy
 from heteroflow.server.settings import ServerSettings
-from heteroflow.serving.controller.app import create_app
+from heteroflow.serving.controller.assembly import create_app
 from heteroflow.serving.controller.clients import NodeManagerClient
 from heteroflow.serving.controller.config import ControllerConfig, ControllerSettings, FaultToleranceConfig
 from heteroflow.serving.controller.service import Controller
@@ -321,6 +321,35 @@ def test_controller_errors_and_non_json_answers_are_503() -> None:
         run_apart(lambda: proxy.get("/boom"))
     with pytest.raises(ServiceUnavailable, match="not JSON"):
         run_apart(lambda: proxy.get("/html"))
+
+
+class _CountingTransport(httpx.AsyncBaseTransport):
+    """Answers ``[]`` and counts how often a client closed it (once per client that owned it)."""
+
+    def __init__(self) -> None:
+        self.requests = 0
+        self.closed = 0
+
+    async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        self.requests += 1
+        return httpx.Response(200, json=[])
+
+    async def aclose(self) -> None:
+        self.closed += 1
+
+
+def test_the_proxy_keeps_one_pooled_client_until_closed() -> None:
+    transport = _CountingTransport()
+    proxy = ControllerProxy("http://controller", cluster_token="secret", transport=transport)
+
+    async def polls() -> None:
+        for _ in range(3):
+            assert await proxy.get("/controller/fault_tolerance/status") == []
+        assert transport.closed == 0  # no client opened and closed per call
+        await proxy.aclose()
+
+    asyncio.run(polls())
+    assert (transport.requests, transport.closed) == (3, 1)
 
 
 def test_the_controller_url_setting_is_checked() -> None:

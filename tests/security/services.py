@@ -22,7 +22,7 @@ from sqlalchemy.engine import Engine
 from heteroflow.core.clock import SystemClock
 from heteroflow.engine_sim.server import create_app as engine_app
 from heteroflow.engine_sim.testing import FakeEngineCluster
-from heteroflow.serving.controller.app import create_app as controller_app
+from heteroflow.serving.controller.assembly import create_app as controller_app
 from heteroflow.serving.controller.clients import NodeManagerClient
 from heteroflow.serving.controller.config import ControllerConfig, ControllerSettings, FaultToleranceConfig
 from heteroflow.serving.controller.service import Controller
@@ -31,7 +31,7 @@ from heteroflow.serving.coordinator.app import Coordinator
 from heteroflow.serving.coordinator.app import create_app as coordinator_app
 from heteroflow.serving.coordinator.settings import CoordinatorSettings
 from heteroflow.serving.coordinator.testing import TEST_API_KEY, TEST_API_KEY_SHA256
-from heteroflow.serving.node_manager.app import create_app as node_manager_app
+from heteroflow.serving.node_manager.assembly import create_app as node_manager_app
 from heteroflow.serving.node_manager.daemon import NodeManager, PodIdentity
 from heteroflow.serving.node_manager.engines import HttpEngineClient
 from heteroflow.serving.node_manager.settings import NodeManagerSettings

@@ -36,7 +36,7 @@ from heteroflow.platform.auth import parse_scopes
 from heteroflow.server.alert_delivery import AlertDeliverySettings
 from heteroflow.server.app import build_context
 from heteroflow.server.settings import ServerSettings
-from heteroflow.serving.controller.app import create_app as controller_app
+from heteroflow.serving.controller.assembly import create_app as controller_app
 from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN
 from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.token_store import SqlTokenStore

@@ -60,7 +60,7 @@ async def run_controller(cfg: Any) -> int:
     import uvicorn
 
     from heteroflow.cli.http_server import server_config
-    from heteroflow.serving.controller.app import create_app
+    from heteroflow.serving.controller.assembly import create_app
     from heteroflow.serving.controller.clients import CoordinatorClient, NodeManagerClient
     from heteroflow.serving.controller.monitor import ResourceMonitorSettings, build_monitor, hosting_nodes
     from heteroflow.serving.controller.service import Controller

@@ -106,7 +106,7 @@ async def run_node_manager(
         def request_exit(self) -> None:
             self.should_exit = True
 
-    from heteroflow.serving.node_manager.app import create_app
+    from heteroflow.serving.node_manager.assembly import create_app
     from heteroflow.serving.node_manager.client import HttpControllerClient
     from heteroflow.serving.node_manager.daemon import NodeManager, PodIdentity
     from heteroflow.serving.node_manager.engines import HttpEngineClient

@@ -59,6 +59,7 @@ from heteroflow.engine_sim import vocab
 from heteroflow.engine_sim.backend import FaultKind
 from heteroflow.engine_sim.engine import EngineCore, EngineUnavailableError, RequestAbortedError
 from heteroflow.engine_sim.metrics import CONTENT_TYPE, EngineMetrics
+from heteroflow.http.gate import challenge_headers
 from heteroflow.platform.auth import bearer_matches
 
 SIM_PREFIX = "/sim"
@@ -105,7 +106,7 @@ class _TokenGate:
                     if path in self.ft_paths or sim_only
                     else {"error": {"message": message, "type": "AuthenticationError", "param": None, "code": 401}}
                 )
-                response = JSONResponse(body, status_code=401, headers={"WWW-Authenticate": "Bearer"})
+                response = JSONResponse(body, status_code=401, headers=challenge_headers(401))
                 await response(scope, receive, send)
                 return
         await self.app(scope, receive, send)
@@ -241,7 +242,7 @@ def create_app(
 
     @app.exception_handler(_SimAuthError)
     async def _sim_auth(_: Request, exc: _SimAuthError) -> JSONResponse:
-        headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+        headers = challenge_headers(exc.status_code)
         return JSONResponse({"error": exc.message}, status_code=exc.status_code, headers=headers)
 
     # -- liveness and models -------------------------------------------------------------------------

@@ -135,7 +135,7 @@ def _is_heartbeat(scope: Scope) -> bool:
 
 def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = True) -> FastAPI:
     @contextlib.asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if migrate:
             await asyncio.to_thread(upgrade_database, ctx.engine)
         ctx.ingestor.start()
@@ -161,6 +161,7 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
             await ctx.ingestor.stop()
             await ctx.metrics_recorder.stop()
             await ctx.notifier.stop()
+            await app.state.controller_proxy.aclose()
 
     app = FastAPI(
         title="HeteroFlow platform server",
@@ -175,6 +176,7 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
         redirect_slashes=False,
     )
     app.state.context = ctx
+    app.state.controller_proxy = serving_routes.controller_proxy(ctx)
     install_error_handlers(app)
 
     @app.exception_handler(RequestValidationError)

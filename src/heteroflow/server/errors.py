@@ -36,6 +36,7 @@ from fastapi.responses import JSONResponse
 from heteroflow.core.admission import Refusal
 from heteroflow.core.request_body import BodyError
 from heteroflow.health.store import StoreUnavailableError
+from heteroflow.http.gate import challenge_headers
 from heteroflow.server.schemas import ErrorOut
 
 _log = structlog.get_logger(__name__)
@@ -140,7 +141,7 @@ def limited(what: str) -> Callable[[object, int], dict[str, object]]:
 
 
 def error_response(exc: ApiError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+    headers = challenge_headers(exc.status_code)
     if isinstance(exc, NodeCredentialRequired) and exc.retry_after_s is not None:
         headers = {"Retry-After": str(exc.retry_after_s)}
     return JSONResponse({"error": exc.code, "detail": exc.message}, status_code=exc.status_code, headers=headers)

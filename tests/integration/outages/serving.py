@@ -23,7 +23,7 @@ from fastapi import FastAPI, Request
 
 from heteroflow.core.clock import SystemClock
 from heteroflow.engine_sim.testing import FakeEngineCluster
-from heteroflow.serving.controller.app import create_app as controller_app
+from heteroflow.serving.controller.assembly import create_app as controller_app
 from heteroflow.serving.controller.clients import CoordinatorClient, NodeManagerClient
 from heteroflow.serving.controller.config import ControllerConfig, ControllerSettings, FaultToleranceConfig
 from heteroflow.serving.controller.service import Controller

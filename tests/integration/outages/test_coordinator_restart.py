@@ -36,7 +36,7 @@ from heteroflow.engine_sim.server import create_app as engine_app
 from heteroflow.engine_sim.testing import FakeEngineCluster
 from heteroflow.serving.controller.clients import CoordinatorClient
 from heteroflow.serving.coordinator.testing import TEST_API_KEY, TEST_API_KEY_SHA256
-from heteroflow.serving.node_manager.app import create_app as node_manager_app
+from heteroflow.serving.node_manager.assembly import create_app as node_manager_app
 from heteroflow.serving.node_manager.client import HttpControllerClient
 from heteroflow.serving.node_manager.daemon import NodeManager, PodIdentity
 from heteroflow.serving.node_manager.engines import HttpEngineClient

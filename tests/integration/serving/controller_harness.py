@@ -37,7 +37,7 @@ from heteroflow.core.errors import StoreUnavailableError
 from heteroflow.core.testing import LoopClock, run_virtual
 from heteroflow.engine_sim import conformance
 from heteroflow.engine_sim.testing import FakeEngineCluster
-from heteroflow.serving.controller.app import create_app as controller_app
+from heteroflow.serving.controller.assembly import create_app as controller_app
 from heteroflow.serving.controller.clients import CoordinatorClient, NodeManagerClient
 from heteroflow.serving.controller.config import ControllerConfig, ControllerSettings, FaultToleranceConfig
 from heteroflow.serving.controller.service import Controller
@@ -46,7 +46,7 @@ from heteroflow.serving.coordinator.app import Coordinator
 from heteroflow.serving.coordinator.app import create_app as coordinator_application
 from heteroflow.serving.coordinator.settings import CoordinatorSettings
 from heteroflow.serving.coordinator.testing import TEST_API_KEY_SHA256
-from heteroflow.serving.node_manager.app import create_app as node_manager_app
+from heteroflow.serving.node_manager.assembly import create_app as node_manager_app
 from heteroflow.serving.node_manager.client import HttpControllerClient
 from heteroflow.serving.node_manager.daemon import NodeManager, PodIdentity
 from heteroflow.serving.node_manager.engines import HttpEngineClient

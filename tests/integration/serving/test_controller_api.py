@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from heteroflow.core.clock import SystemClock
-from heteroflow.serving.controller.app import create_app
+from heteroflow.serving.controller.assembly import create_app
 from heteroflow.serving.controller.clients import NodeManagerClient
 from heteroflow.serving.controller.config import ControllerConfig, ControllerSettings, FaultToleranceConfig
 from heteroflow.serving.controller.monitor import DirectorySource, ResourceMonitor

@@ -25,7 +25,7 @@ import pytest
 
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.testing import free_port
-from heteroflow.serving.node_manager.app import create_app
+from heteroflow.serving.node_manager.assembly import create_app
 from heteroflow.serving.node_manager.daemon import NodeManager, PodIdentity
 from heteroflow.serving.node_manager.engines import HttpEngineClient
 from heteroflow.serving.node_manager.settings import NodeManagerSettings

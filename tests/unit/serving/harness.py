@@ -18,7 +18,7 @@ import httpx
 from heteroflow.contracts.engine_protocol import ProfileName
 from heteroflow.engine_sim import conformance
 from heteroflow.engine_sim.testing import FakeEngineCluster
-from heteroflow.serving.node_manager.app import create_app
+from heteroflow.serving.node_manager.assembly import create_app
 from heteroflow.serving.node_manager.daemon import NodeManager, PodIdentity
 from heteroflow.serving.node_manager.engines import HttpEngineClient
 from heteroflow.serving.node_manager.settings import NodeManagerSettings

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from heteroflow.core.testing import FakeClock
-from heteroflow.serving.node_manager.app import create_app
+from heteroflow.serving.node_manager.assembly import create_app
 from heteroflow.serving.node_manager.daemon import NodeManager, PodIdentity
 from heteroflow.serving.node_manager.engines import HttpEngineClient
 from heteroflow.serving.node_manager.settings import NodeManagerSettings

@@ -27,11 +27,11 @@ from typing import Annotated, Any, Final
 from urllib.parse import quote
 
 import httpx
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
 from heteroflow.platform.auth import Principal, Scope
-from heteroflow.server.auth import context, require_cluster_wide
+from heteroflow.server.auth import require_cluster_wide
 from heteroflow.server.context import ServerContext
 from heteroflow.server.errors import NotFound, ServiceUnavailable, error_responses
 
@@ -45,9 +45,6 @@ URL path (no ``..``, no ``/``)."""
 
 router = APIRouter(tags=["serving"], responses=error_responses(403))
 
-Ctx = Annotated[ServerContext, Depends(context)]
-
-
 # ``serving:read`` (or ``admin``) on a token without a tenant: serving instances belong to the whole cluster
 ServingReader = Annotated[Principal, Depends(require_cluster_wide(Scope.SERVING_READ))]
 
@@ -56,7 +53,8 @@ class ControllerProxy:
     """GETs on the controller with the cluster token; every failure becomes one of the server's typed errors.
 
     ``transport`` is the seam for tests that want no socket (an ``httpx.ASGITransport``); by default the real
-    network is used.
+    network is used. One pooled client serves every call (opened on the first, closed by :meth:`aclose`, which
+    the app's lifespan calls): the page polls every 2 s, and a connection per poll would cost a handshake each.
     """
 
     def __init__(
@@ -71,6 +69,7 @@ class ControllerProxy:
         self._token = cluster_token
         self._timeout = timeout_sec
         self._transport = transport
+        self._client: httpx.AsyncClient | None = None
 
     def ensure_configured(self) -> str:
         """The controller's base URL; 503 when none is configured."""
@@ -87,11 +86,12 @@ class ControllerProxy:
         headers = {"Accept": "application/json"}
         if self._token:
             headers["Authorization"] = f"Bearer {self._token}"
-        try:
-            async with httpx.AsyncClient(
+        if self._client is None:
+            self._client = httpx.AsyncClient(
                 base_url=base_url, timeout=self._timeout, transport=self._transport, follow_redirects=False
-            ) as client:
-                response = await client.get(path, params=params, headers=headers)
+            )
+        try:
+            response = await self._client.get(path, params=params, headers=headers)
         except httpx.TimeoutException as exc:
             raise ServiceUnavailable(f"the controller at {base_url} did not answer within {self._timeout:g} s") from exc
         except httpx.HTTPError as exc:
@@ -99,6 +99,12 @@ class ControllerProxy:
                 f"the controller at {base_url} is unreachable ({type(exc).__name__}: {exc})"
             ) from exc
         return self._answer(response)
+
+    async def aclose(self) -> None:
+        """Close the pooled client (a later call opens a new one)."""
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.aclose()
 
     def _answer(self, response: httpx.Response) -> Any:
         status = response.status_code
@@ -128,16 +134,23 @@ def _detail(response: httpx.Response) -> str:
     return detail[:500] if isinstance(detail, str) else ""
 
 
-def proxy_of(ctx: ServerContext) -> ControllerProxy:
+def controller_proxy(ctx: ServerContext) -> ControllerProxy:
+    """The app's proxy to the controller configured in ``ctx`` (one per app, closed by its lifespan)."""
     return ControllerProxy(ctx.settings.controller_url, cluster_token=ctx.settings.cluster_token)
+
+
+def proxy_of(request: Request) -> ControllerProxy:
+    """The proxy the app holds (``app.state.controller_proxy``)."""
+    proxy: ControllerProxy = request.app.state.controller_proxy
+    return proxy
 
 
 @router.get(
     "/api/v1/serving/status",
     summary="Fault-tolerance status of every serving instance, from the controller (serving:read, no tenant)",
 )
-async def serving_status(ctx: Ctx, _: ServingReader) -> JSONResponse:
-    return JSONResponse(await proxy_of(ctx).get("/controller/fault_tolerance/status"))
+async def serving_status(request: Request, _: ServingReader) -> JSONResponse:
+    return JSONResponse(await proxy_of(request).get("/controller/fault_tolerance/status"))
 
 
 @router.get(
@@ -145,10 +158,10 @@ async def serving_status(ctx: Ctx, _: ServingReader) -> JSONResponse:
     summary="Summaries of the rounds in the controller's memory (serving:read, no tenant)",
 )
 async def serving_rounds(
-    ctx: Ctx, _: ServingReader, instance_id: Annotated[str | None, Query(min_length=1, max_length=200)] = None
+    request: Request, _: ServingReader, instance_id: Annotated[str | None, Query(min_length=1, max_length=200)] = None
 ) -> JSONResponse:
     params = {"instance_id": instance_id} if instance_id else None
-    return JSONResponse(await proxy_of(ctx).get("/controller/fault_tolerance/rounds", params=params))
+    return JSONResponse(await proxy_of(request).get("/controller/fault_tolerance/rounds", params=params))
 
 
 @router.get(
@@ -156,8 +169,8 @@ async def serving_rounds(
     summary="One round's evidence timeline, from the controller (serving:read, no tenant)",
     responses=error_responses(404),
 )
-async def serving_round(ctx: Ctx, _: ServingReader, request_id: str) -> JSONResponse:
-    proxy = proxy_of(ctx)
+async def serving_round(request: Request, _: ServingReader, request_id: str) -> JSONResponse:
+    proxy = proxy_of(request)
     proxy.ensure_configured()  # no controller configured is a 503, whatever the id
     if _REQUEST_ID.fullmatch(request_id) is None:
         raise NotFound(f"no round {request_id!r}")

@@ -1,6 +1,6 @@
 """What the controller sends: the NodeManagers' FT and lifecycle routes, and the Coordinator's view operations.
 
-Errors (foreign ones translated here with ``raise … from``)::
+Errors are the peer client's (:mod:`heteroflow.http.peer`), under the names the controller's modules use::
 
     PeerError
     ├── PeerUnavailableError   refused, reset, timeout: nobody answered
@@ -11,12 +11,10 @@ The controller never talks to an engine: everything reaches the engines through 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from collections.abc import Sequence
+from typing import Any
 
-import httpx
-from pydantic import BaseModel, ValidationError
-
+from heteroflow.http.peer import JsonPeer, PeerError, Rejected, TransportFor, Unavailable
 from heteroflow.serving.wire import (
     COORDINATOR_ADD_PATH,
     COORDINATOR_DEL_PATH,
@@ -49,97 +47,17 @@ from heteroflow.serving.wire import (
     ViewResponse,
 )
 
-_M = TypeVar("_M", bound=BaseModel)
-_JSON = {"Content-Type": "application/json"}
+PeerUnavailableError = Unavailable
+PeerRejectedError = Rejected
 
-TransportFor = Callable[[str], httpx.AsyncBaseTransport | None]
-"""Base URL → a transport (tests route to in-process apps); ``None``: the network."""
-
-
-class PeerError(Exception):
-    """A NodeManager or the Coordinator did not do what was asked."""
-
-
-class PeerUnavailableError(PeerError):
-    pass
-
-
-class PeerRejectedError(PeerError):
-    def __init__(self, message: str, *, status_code: int | None = None) -> None:
-        super().__init__(message)
-        self.status_code = status_code
-
-
-class _Http:
-    """One pooled client per base URL, all with the cluster token."""
-
-    def __init__(self, *, cluster_token: str | None, timeout_sec: float, transport_for: TransportFor | None) -> None:
-        self._headers = {"Authorization": f"Bearer {cluster_token}"} if cluster_token else {}
-        self._timeout = timeout_sec
-        self._transport_for = transport_for
-        self._clients: dict[str, httpx.AsyncClient] = {}
-
-    def _client(self, base_url: str) -> httpx.AsyncClient:
-        base = base_url.rstrip("/")
-        client = self._clients.get(base)
-        if client is None:
-            transport = self._transport_for(base) if self._transport_for is not None else None
-            client = httpx.AsyncClient(base_url=base, headers=self._headers, timeout=self._timeout, transport=transport)
-            self._clients[base] = client
-        return client
-
-    async def post(
-        self,
-        base_url: str,
-        path: str,
-        body: BaseModel,
-        answer: type[_M],
-        *,
-        ok: tuple[int, ...] = (200,),
-        timeout_sec: float | None = None,
-    ) -> _M:
-        response = await self.send(
-            base_url, "POST", path, body.model_dump_json(exclude_none=True), timeout_sec=timeout_sec
-        )
-        if response.status_code not in ok:
-            raise PeerRejectedError(
-                f"POST {base_url}{path}: HTTP {response.status_code}: {_detail(response)}",
-                status_code=response.status_code,
-            )
-        return _parse(response, answer)
-
-    async def send(
-        self, base_url: str, method: str, path: str, content: str | None = None, *, timeout_sec: float | None = None
-    ) -> httpx.Response:
-        timeout = self._timeout if timeout_sec is None else max(timeout_sec, self._timeout)
-        try:
-            return await self._client(base_url).request(method, path, content=content, headers=_JSON, timeout=timeout)
-        except httpx.HTTPError as exc:
-            raise PeerUnavailableError(f"{method} {base_url}{path}: {type(exc).__name__}: {exc}") from exc
-
-    async def aclose(self) -> None:
-        for client in self._clients.values():
-            await client.aclose()
-        self._clients.clear()
-
-
-def _detail(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:200]
-    if isinstance(body, dict):
-        return str(body.get("detail") or body.get("error") or body)[:200]
-    return str(body)[:200]
-
-
-def _parse(response: httpx.Response, answer: type[_M]) -> _M:
-    try:
-        return answer.model_validate_json(response.content or b"{}")
-    except ValidationError as exc:
-        raise PeerRejectedError(
-            f"{response.request.url}: unexpected answer: {exc.errors()[0]['msg']}", status_code=response.status_code
-        ) from exc
+__all__ = [
+    "CoordinatorClient",
+    "NodeManagerClient",
+    "PeerError",
+    "PeerRejectedError",
+    "PeerUnavailableError",
+    "TransportFor",
+]
 
 
 ENGINES_RESTART_TIMEOUT_SEC = 30.0
@@ -153,7 +71,7 @@ class NodeManagerClient:
     def __init__(
         self, *, cluster_token: str | None, timeout_sec: float = 5.0, transport_for: TransportFor | None = None
     ) -> None:
-        self._http = _Http(cluster_token=cluster_token, timeout_sec=timeout_sec, transport_for=transport_for)
+        self._http = JsonPeer(token=cluster_token, timeout_s=timeout_sec, transport_for=transport_for)
 
     async def status(self, url: str, endpoint_ids: Sequence[int]) -> FtStatusResponse:
         return await self._http.post(
@@ -182,22 +100,11 @@ class NodeManagerClient:
         # a restart first stops the pod's engines, each allowed the NodeManager's stop grace (SIGTERM, then
         # SIGKILL; a hung engine uses all of it): longer than a plain request may take
         return await self._http.post(
-            url, NM_ENGINES_RESTART_PATH, request, EnginesResponse, timeout_sec=ENGINES_RESTART_TIMEOUT_SEC
+            url, NM_ENGINES_RESTART_PATH, request, EnginesResponse, timeout_s=ENGINES_RESTART_TIMEOUT_SEC
         )
 
     async def node_status(self, url: str) -> dict[str, Any]:
-        response = await self._http.send(url, "GET", NM_STATUS_PATH)
-        if response.status_code != 200:
-            raise PeerRejectedError(
-                f"GET {url}{NM_STATUS_PATH}: HTTP {response.status_code}", status_code=response.status_code
-            )
-        try:
-            body = response.json()
-        except ValueError as exc:
-            raise PeerRejectedError(f"GET {url}{NM_STATUS_PATH}: not JSON") from exc
-        if not isinstance(body, dict):
-            raise PeerRejectedError(f"GET {url}{NM_STATUS_PATH}: not an object")
-        return body
+        return await self._http.get_object(url, NM_STATUS_PATH)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -215,7 +122,7 @@ class CoordinatorClient:
         transport_for: TransportFor | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._http = _Http(cluster_token=cluster_token, timeout_sec=timeout_sec, transport_for=transport_for)
+        self._http = JsonPeer(token=cluster_token, timeout_s=timeout_sec, transport_for=transport_for)
 
     async def withdraw(
         self,

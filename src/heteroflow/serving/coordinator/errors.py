@@ -32,6 +32,7 @@ from typing import ClassVar
 from pydantic import BaseModel
 from starlette.responses import JSONResponse
 
+from heteroflow.http.gate import challenge_headers
 from heteroflow.serving.wire import ErrorBody
 
 
@@ -130,9 +131,7 @@ def openai_error_body(*, status_code: int, kind: str, message: str) -> dict[str,
 
 
 def openai_error_response(exc: CoordinatorError) -> JSONResponse:
-    headers: dict[str, str] = {}
-    if exc.status_code == 401:
-        headers["WWW-Authenticate"] = "Bearer"
+    headers: dict[str, str] = challenge_headers(exc.status_code) or {}
     if exc.retry_after is not None:
         headers["Retry-After"] = str(exc.retry_after)
     # a message may quote the request ("model `\ud800`"): lone surrogates escaped, so the answer can be written
@@ -166,6 +165,6 @@ class ViewConflictError(ManagementError):
 
 
 def management_error_response(exc: ManagementError) -> JSONResponse:
-    headers = {"WWW-Authenticate": "Bearer"} if exc.status_code == 401 else None
+    headers = challenge_headers(exc.status_code)
     body = ErrorBody(error=exc.code, detail=exc.detail).model_dump()
     return JSONResponse(body, status_code=exc.status_code, headers=headers)
