@@ -85,6 +85,9 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: the acceptance harness
 
+from tests.acceptance.harness import COLLECTIVE_TIMEOUT_SEC, TIMINGS, timestamp
+from tests.support.polling import until
+
 from bench.soak_report import (
     Fault,
     Observed,
@@ -97,9 +100,6 @@ from bench.soak_report import (
     machine,
     summary,
 )
-from tests.acceptance.harness import COLLECTIVE_TIMEOUT_SEC, TIMINGS, timestamp
-from tests.support.polling import until
-
 from heteroflow.local import ClusterOptions, ClusterState, LocalCluster
 from heteroflow.local.client import ClusterClient, ClusterUnreachableError
 from heteroflow.local.faults import FaultError, KillMode, hang, kill, transient
