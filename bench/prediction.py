@@ -34,7 +34,7 @@ from heteroflow.health.rules import CardView, boundary_instants, evaluate
 from heteroflow.health.samples import Card, CardKey, StoredSample
 from heteroflow.health.simulation import Profile, series
 from heteroflow.platform.auth import NodeScope
-from heteroflow.server.prediction_worker import PredictionWorker, rule_params
+from heteroflow.platform_server.prediction_worker import PredictionWorker, rule_params
 from heteroflow.storage.alert_store import SqlAlertStore
 from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.health_buckets import rebuild_buckets

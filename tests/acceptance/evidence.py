@@ -22,9 +22,9 @@ from typing import Any
 
 import httpx
 
+from heteroflow.contracts.serving import COORDINATOR_INSTANCES_PATH
 from heteroflow.local.client import ClusterClient, ClusterUnreachableError
 from heteroflow.local.view import engine_state
-from heteroflow.serving.wire import COORDINATOR_INSTANCES_PATH
 from tests.acceptance.harness import INSTANCE, PROMPTS, ClusterUnderTest, events, now_iso, write_json
 
 POLL_PERIOD_SEC = 0.2

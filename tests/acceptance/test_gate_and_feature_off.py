@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
+from heteroflow.contracts.serving import NM_FT_APPLY_PATH, NM_FT_FINALIZE_PATH, NM_FT_GUARD_PATH, NM_FT_STATUS_PATH
 from heteroflow.local.client import ClusterUnreachableError
-from heteroflow.serving.wire import NM_FT_APPLY_PATH, NM_FT_FINALIZE_PATH, NM_FT_GUARD_PATH, NM_FT_STATUS_PATH
 from tests.acceptance.evidence import first_sample, scenario
 from tests.acceptance.harness import ClusterUnderTest, events, running_cluster, traffic
 

@@ -21,9 +21,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from heteroflow.contracts.serving import COORDINATOR_INSTANCES_PATH
 from heteroflow.local import netns
 from heteroflow.local.state import NetworkState
-from heteroflow.serving.wire import COORDINATOR_INSTANCES_PATH
 from tests.acceptance.evidence import scenario
 from tests.acceptance.harness import INSTANCE, ClusterUnderTest, running_cluster
 from tests.acceptance.rows import MINDCLUSTER, rank_0_dead_moves_the_master, scale_down_matched

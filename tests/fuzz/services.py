@@ -24,32 +24,7 @@ import pytest
 from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
-from heteroflow.core.clock import SystemClock
-from heteroflow.core.testing import FakeClock
-from heteroflow.engine_sim import server as engine_server
-from heteroflow.engine_sim.testing import TEST_CLUSTER_TOKEN as ENGINE_TOKEN
-from heteroflow.engine_sim.testing import FakeEngineCluster
-from heteroflow.health.metrics_settings import GpuMetricsSettings
-from heteroflow.health.prediction_settings import PredictionSettings
-from heteroflow.health.settings import HealthStorageSettings
-from heteroflow.platform.auth import parse_scopes
-from heteroflow.server import app as platform_app
-from heteroflow.server.alert_delivery import AlertDeliverySettings
-from heteroflow.server.routes import serving as serving_routes
-from heteroflow.server.routes.serving import ControllerProxy
-from heteroflow.server.settings import ServerSettings
-from heteroflow.serving.controller import assembly as controller_app
-from heteroflow.serving.controller.clients import NodeManagerClient
-from heteroflow.serving.controller.config import ControllerConfig, ControllerSettings, FaultToleranceConfig
-from heteroflow.serving.controller.service import Controller
-from heteroflow.serving.controller.store import SqliteFtRuntimeStore
-from heteroflow.serving.coordinator import app as coordinator_app
-from heteroflow.serving.coordinator.settings import CoordinatorSettings
-from heteroflow.serving.coordinator.testing import TEST_API_KEY, TEST_API_KEY_SHA256
-from heteroflow.serving.node_manager import assembly as node_manager_app
-from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN as NODE_MANAGER_TOKEN
-from heteroflow.serving.node_manager.testing import FakeController
-from heteroflow.serving.wire import (
+from heteroflow.contracts.serving import (
     COORDINATOR_ADD_PATH,
     COORDINATOR_DEL_PATH,
     COORDINATOR_SET_PATH,
@@ -68,6 +43,31 @@ from heteroflow.serving.wire import (
     REPORT_SOFTWARE_FAULT_PATH,
     FtFlags,
 )
+from heteroflow.core.clock import SystemClock
+from heteroflow.core.testing import FakeClock
+from heteroflow.engine_sim import server as engine_server
+from heteroflow.engine_sim.testing import TEST_CLUSTER_TOKEN as ENGINE_TOKEN
+from heteroflow.engine_sim.testing import FakeEngineCluster
+from heteroflow.health.metrics_settings import GpuMetricsSettings
+from heteroflow.health.prediction_settings import PredictionSettings
+from heteroflow.health.settings import HealthStorageSettings
+from heteroflow.platform.auth import parse_scopes
+from heteroflow.platform_server import app as platform_app
+from heteroflow.platform_server.alert_delivery import AlertDeliverySettings
+from heteroflow.platform_server.routes import serving as serving_routes
+from heteroflow.platform_server.routes.serving import ControllerProxy
+from heteroflow.platform_server.settings import ServerSettings
+from heteroflow.serving.controller import assembly as controller_app
+from heteroflow.serving.controller.clients import NodeManagerClient
+from heteroflow.serving.controller.config import ControllerConfig, ControllerSettings, FaultToleranceConfig
+from heteroflow.serving.controller.service import Controller
+from heteroflow.serving.controller.store import SqliteFtRuntimeStore
+from heteroflow.serving.coordinator import app as coordinator_app
+from heteroflow.serving.coordinator.settings import CoordinatorSettings
+from heteroflow.serving.coordinator.testing import TEST_API_KEY, TEST_API_KEY_SHA256
+from heteroflow.serving.node_manager import assembly as node_manager_app
+from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN as NODE_MANAGER_TOKEN
+from heteroflow.serving.node_manager.testing import FakeController
 from heteroflow.storage.db import create_db_engine
 from heteroflow.storage.token_store import SqlTokenStore
 from tests.unit.serving.harness import make_node_manager

@@ -40,6 +40,7 @@ from heteroflow.agent.readings import HealthCollection, TelemetryCollection
 from heteroflow.agent.settings import AgentSettings
 from heteroflow.agent.testing import FakeCommandRunner, FakeGpu, FakeNvml
 from heteroflow.agent.xpu_smi import XpuSmiCollector
+from heteroflow.contracts.serving import HeartbeatRequest
 from heteroflow.core.settings import LenientSettings
 from heteroflow.core.testing import FakeClock
 from heteroflow.engine_sim.settings import EngineSimSettings
@@ -47,10 +48,10 @@ from heteroflow.health.counters import COUNTER_MAX
 from heteroflow.health.metrics_settings import GpuMetricsSettings
 from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
-from heteroflow.server.alert_delivery import AlertDeliverySettings
-from heteroflow.server.errors import BadRequest
-from heteroflow.server.routes.hardware_events import parse_cursor
-from heteroflow.server.settings import ServerSettings
+from heteroflow.platform_server.alert_delivery import AlertDeliverySettings
+from heteroflow.platform_server.errors import BadRequest
+from heteroflow.platform_server.routes.hardware_events import parse_cursor
+from heteroflow.platform_server.settings import ServerSettings
 from heteroflow.serving.controller.config import (
     ConfigFileError,
     ControllerConfig,
@@ -63,7 +64,6 @@ from heteroflow.serving.controller.store import StoreCorruptError, decode_runtim
 from heteroflow.serving.coordinator.settings import CoordinatorSettings
 from heteroflow.serving.node_manager.settings import NodeManagerSettings
 from heteroflow.serving.node_manager.spec import InstanceSpec, SpecError, load_spec
-from heteroflow.serving.wire import HeartbeatRequest
 from tests.unit.serving.controller.test_store_codec import persisted_runtimes
 
 OWN_FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "agent"

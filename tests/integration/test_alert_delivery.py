@@ -15,7 +15,7 @@ import pytest
 
 from heteroflow.core.ids import NodeId
 from heteroflow.core.testing import free_port
-from heteroflow.server.alert_delivery import AlertDeliverySettings, AlertNotifier
+from heteroflow.platform_server.alert_delivery import AlertDeliverySettings, AlertNotifier
 from heteroflow.storage.alert_store import AlertRecord
 
 ALERT = AlertRecord(

@@ -8,7 +8,7 @@ from datetime import UTC, datetime
 
 from sqlalchemy.engine import Engine
 
-from heteroflow.server.fleet_metrics import render_fleet
+from heteroflow.platform_server.fleet_metrics import render_fleet
 from tests.support.harness import Harness, running_server
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)

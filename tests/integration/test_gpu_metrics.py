@@ -15,7 +15,7 @@ from sqlalchemy.engine import Engine
 from heteroflow.core.ids import NodeId
 from heteroflow.health.gpu_metrics import GPU_MEMORY_HIGH, Aggregate, MinuteRow
 from heteroflow.health.samples import CardKey
-from heteroflow.server import gpu_metrics as gpu_metrics_recorder
+from heteroflow.platform_server import gpu_metrics as gpu_metrics_recorder
 from heteroflow.storage.metrics_store import SqlGpuMetricsStore
 from heteroflow.storage.schema import gpu_metrics_minutes
 from tests.conftest import StatementCounter

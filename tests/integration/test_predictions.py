@@ -395,7 +395,7 @@ def test_only_the_lease_holder_ticks_and_a_dead_holder_is_replaced(engine: Engin
     import time
 
     from heteroflow.core.clock import SystemClock
-    from heteroflow.server.prediction_worker import LEASE_NAME
+    from heteroflow.platform_server.prediction_worker import LEASE_NAME
     from heteroflow.storage.lease_store import SqlLeaseStore
 
     # a holder that died without releasing: its lease must run out before anyone else ticks

@@ -25,9 +25,9 @@ from sqlalchemy.engine import Engine
 
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.testing import free_port
-from heteroflow.server.errors import ServiceUnavailable
-from heteroflow.server.routes.serving import ControllerProxy
-from heteroflow.server.settings import ServerSettings
+from heteroflow.platform_server.errors import ServiceUnavailable
+from heteroflow.platform_server.routes.serving import ControllerProxy
+from heteroflow.platform_server.settings import ServerSettings
 from heteroflow.serving.controller.assembly import create_app
 from heteroflow.serving.controller.clients import NodeManagerClient
 from heteroflow.serving.controller.config import ControllerConfig, ControllerSettings, FaultToleranceConfig

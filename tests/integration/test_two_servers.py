@@ -38,7 +38,7 @@ from heteroflow.core.ids import NodeId
 from heteroflow.core.testing import free_port
 from heteroflow.health.counters import Counters
 from heteroflow.platform.auth import parse_scopes
-from heteroflow.server.prediction_worker import LEASE_NAME
+from heteroflow.platform_server.prediction_worker import LEASE_NAME
 from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.schema import gpu_health_samples, leases
 from heteroflow.storage.testing import PostgresServer

@@ -14,7 +14,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 
 from heteroflow.platform.auth import hash_token
-from heteroflow.server.sessions import BEARER_ONLY, ENDED, MALFORMED, SESSION_COOKIE
+from heteroflow.platform_server.sessions import BEARER_ONLY, ENDED, MALFORMED, SESSION_COOKIE
 from heteroflow.storage.schema import web_sessions
 from heteroflow.storage.token_store import SqlTokenStore
 from tests.support.harness import Harness, running_server

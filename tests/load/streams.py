@@ -37,12 +37,12 @@ from typing import Any
 
 import httpx
 
+from heteroflow.contracts.serving import COORDINATOR_ADD_PATH, COORDINATOR_DEL_PATH, COORDINATOR_SET_PATH
 from heteroflow.core.testing import free_port
 from heteroflow.engine_sim import conformance
 from heteroflow.engine_sim.testing import SimProcessCluster, rss_kib
 from heteroflow.serving.coordinator.settings import CoordinatorSettings
 from heteroflow.serving.coordinator.testing import TEST_API_KEY, TEST_API_KEY_SHA256
-from heteroflow.serving.wire import COORDINATOR_ADD_PATH, COORDINATOR_DEL_PATH, COORDINATOR_SET_PATH
 
 INSTANCE = "inst-1"
 MODEL = "heteroflow-sim-moe"

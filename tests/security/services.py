@@ -19,6 +19,7 @@ from fastapi import FastAPI
 from fastapi.testclient import TestClient
 from sqlalchemy.engine import Engine
 
+from heteroflow.contracts.serving import FtFlags
 from heteroflow.core.clock import SystemClock
 from heteroflow.engine_sim.server import create_app as engine_app
 from heteroflow.engine_sim.testing import FakeEngineCluster
@@ -37,7 +38,6 @@ from heteroflow.serving.node_manager.engines import HttpEngineClient
 from heteroflow.serving.node_manager.settings import NodeManagerSettings
 from heteroflow.serving.node_manager.spec import InstanceSpec
 from heteroflow.serving.node_manager.testing import FakeController, fake_cluster_launcher
-from heteroflow.serving.wire import FtFlags
 from heteroflow.storage.db import create_db_engine, upgrade_database
 from tests.support.harness import Harness, running_server
 

@@ -21,7 +21,7 @@ from heteroflow.agent.settings import AgentSettings
 from heteroflow.cli.main import app as cli
 from heteroflow.core.settings import LenientSettings
 from heteroflow.engine_sim.settings import EngineSimSettings
-from heteroflow.server.settings import ServerSettings
+from heteroflow.platform_server.settings import ServerSettings
 from heteroflow.serving.controller.config import ControllerSettings
 from heteroflow.serving.coordinator.settings import CoordinatorSettings
 from heteroflow.serving.node_manager.settings import NodeManagerSettings

@@ -19,10 +19,10 @@ import httpx
 import pytest
 import structlog
 
+from heteroflow.contracts.serving import COORDINATOR_SET_PATH, NM_FT_GUARD_PATH, REGISTER_PATH
 from heteroflow.core.ids import NodeId
 from heteroflow.core.logs import configure_logging
-from heteroflow.server.alert_delivery import AlertDeliverySettings, AlertNotifier
-from heteroflow.serving.wire import COORDINATOR_SET_PATH, NM_FT_GUARD_PATH, REGISTER_PATH
+from heteroflow.platform_server.alert_delivery import AlertDeliverySettings, AlertNotifier
 from heteroflow.storage.alert_store import AlertRecord
 from tests.security.routes import endpoints
 from tests.security.services import API_KEY, CLUSTER_TOKEN, PATH_VALUES, WRONG_TOKEN, Service, auth

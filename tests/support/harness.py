@@ -19,11 +19,11 @@ from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform.auth import parse_scopes
 from heteroflow.platform.nodes import NODE_CREDENTIAL_HEADER
-from heteroflow.server.alert_delivery import AlertDeliverySettings
-from heteroflow.server.app import build_context, create_app
-from heteroflow.server.context import ServerContext
-from heteroflow.server.maintenance import maintain
-from heteroflow.server.settings import ServerSettings
+from heteroflow.platform_server.alert_delivery import AlertDeliverySettings
+from heteroflow.platform_server.app import build_context, create_app
+from heteroflow.platform_server.context import ServerContext
+from heteroflow.platform_server.maintenance import maintain
+from heteroflow.platform_server.settings import ServerSettings
 from heteroflow.storage.token_store import SqlTokenStore
 
 _CREDENTIALS: dict[str, str] = {}

@@ -12,7 +12,7 @@ import pytest
 
 from heteroflow.core.settings import LenientSettings
 from heteroflow.health.prediction_settings import PredictionSettings
-from heteroflow.server.settings import ServerSettings
+from heteroflow.platform_server.settings import ServerSettings
 from tests.support.environment import (
     NAMES,
     PREFIXES,
@@ -34,7 +34,7 @@ def groups() -> list[type[LenientSettings]]:
 def test_every_module_that_defines_a_settings_group_is_loaded(groups: list[type[LenientSettings]]) -> None:
     modules = {group.__module__ for group in groups}
     assert set(load_settings_modules()) <= modules
-    assert {"heteroflow.server.settings", "heteroflow.health.prediction_settings"} <= modules
+    assert {"heteroflow.platform_server.settings", "heteroflow.health.prediction_settings"} <= modules
 
 
 def test_every_upper_case_name_a_group_reads_is_declared(groups: list[type[LenientSettings]]) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from heteroflow.contracts.serving import FaultEvidence, FtFlags, FtStatusRequest, GuardRequest, NmApplyRequest
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.testing import free_port
 from heteroflow.engine_sim import released_conformance
@@ -30,7 +31,6 @@ from heteroflow.serving.node_manager.settings import NodeManagerSettings
 from heteroflow.serving.node_manager.spec import InstanceSpec, endpoint_url
 from heteroflow.serving.node_manager.supervisor import PopenLauncher, descendants_of
 from heteroflow.serving.node_manager.testing import FakeController
-from heteroflow.serving.wire import FaultEvidence, FtFlags, FtStatusRequest, GuardRequest, NmApplyRequest
 
 pytestmark = pytest.mark.vllm
 

@@ -30,11 +30,11 @@ from heteroflow.health.samples import Card, CardKey, HealthReading
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.health.simulation import Profile, series
 from heteroflow.platform.auth import parse_scopes
-from heteroflow.server.alert_delivery import AlertDeliverySettings
-from heteroflow.server.app import build_context, create_app
-from heteroflow.server.context import ServerContext
-from heteroflow.server.routes import web
-from heteroflow.server.settings import ServerSettings
+from heteroflow.platform_server.alert_delivery import AlertDeliverySettings
+from heteroflow.platform_server.app import build_context, create_app
+from heteroflow.platform_server.context import ServerContext
+from heteroflow.platform_server.routes import web
+from heteroflow.platform_server.settings import ServerSettings
 from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.prediction_store import PredictionRecord
 from heteroflow.storage.token_store import SqlTokenStore

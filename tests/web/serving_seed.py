@@ -33,9 +33,9 @@ from heteroflow.engine_sim import conformance
 from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform.auth import parse_scopes
-from heteroflow.server.alert_delivery import AlertDeliverySettings
-from heteroflow.server.app import build_context
-from heteroflow.server.settings import ServerSettings
+from heteroflow.platform_server.alert_delivery import AlertDeliverySettings
+from heteroflow.platform_server.app import build_context
+from heteroflow.platform_server.settings import ServerSettings
 from heteroflow.serving.controller.assembly import create_app as controller_app
 from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN
 from heteroflow.storage.db import create_db_engine, upgrade_database

@@ -10,7 +10,7 @@ from sqlalchemy.engine import Engine
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.ids import TenantId
 from heteroflow.platform.auth import InvalidScopeError, parse_scopes
-from heteroflow.server.settings import ServerSettings
+from heteroflow.platform_server.settings import ServerSettings
 from heteroflow.storage.db import DatabaseUrlError, create_db_engine, upgrade_database
 from heteroflow.storage.token_store import SqlTokenStore
 

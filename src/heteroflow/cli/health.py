@@ -25,8 +25,8 @@ from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.samples import CardKey, HealthReading
 from heteroflow.health.statistics import band_statistics
 from heteroflow.platform.auth import NodeScope
-from heteroflow.server.alert_delivery import AlertDeliverySettings, AlertNotifier
-from heteroflow.server.prediction_worker import PredictionWorker
+from heteroflow.platform_server.alert_delivery import AlertDeliverySettings, AlertNotifier
+from heteroflow.platform_server.prediction_worker import PredictionWorker
 from heteroflow.storage.alert_store import SqlAlertStore
 from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.health_store import SqlHealthSampleStore

@@ -13,8 +13,8 @@ from fastapi import FastAPI
 
 from heteroflow.core.logs import configure_logging
 from heteroflow.health.settings import HealthStorageSettings
-from heteroflow.server.settings import ServerSettings
-from heteroflow.server.workers import WORKER_DIR_ENV, SiblingMetrics, worker_directory
+from heteroflow.platform_server.settings import ServerSettings
+from heteroflow.platform_server.workers import WORKER_DIR_ENV, SiblingMetrics, worker_directory
 
 
 def server(
@@ -30,7 +30,7 @@ def server(
 ) -> None:
     """Run the platform server (migrates the database first)."""
     from heteroflow.cli.http_server import serve, serve_workers
-    from heteroflow.server.app import build_context, create_app
+    from heteroflow.platform_server.app import build_context, create_app
     from heteroflow.storage.db import create_db_engine, normalise_url, upgrade_database
 
     overrides = {
@@ -80,7 +80,7 @@ def server(
 def worker_app() -> FastAPI:
     """One worker's app (a uvicorn factory, called in each worker process): the same server, with its
     siblings' metrics socket directory."""
-    from heteroflow.server.app import build_context, create_app
+    from heteroflow.platform_server.app import build_context, create_app
 
     settings = ServerSettings.load()
     configure_logging(level=settings.log_level)

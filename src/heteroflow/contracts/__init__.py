@@ -2,5 +2,6 @@
 
 ``engine_protocol`` is the vLLM fault-tolerance protocol in its two profiles (``engine-protocol.md``);
 ``heartbeat`` the agent ⇄ platform server wire (registration, heartbeat); ``hardware_events`` the platform
-server's hardware-events feed that the serving controller polls; ``text`` which characters may travel in a name.
+server's hardware-events feed that the serving controller polls; ``serving`` the NodeManager ⇄ controller ⇄
+Coordinator wire; ``text`` which characters may travel in a name.
 """

@@ -1,6 +1,6 @@
 """The platform server's hardware-events feed (``GET /api/v1/hardware-events``, ``docs/api.md``).
 
-The server serves it (``heteroflow.server.routes.hardware_events``) and the serving controller's GPU-health
+The server serves it (``heteroflow.platform_server.routes.hardware_events``) and the serving controller's GPU-health
 source polls it (``heteroflow.serving.controller.monitor.gpu_health``): XID events and increases of a card's
 uncorrectable-ECC or row-remap-failure counter, read forward from an opaque cursor.
 

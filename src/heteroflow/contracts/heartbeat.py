@@ -1,7 +1,7 @@
 """The agent ⇄ platform server wire: registration and the heartbeat (``docs/agent.md``, ``docs/api.md``).
 
 The agent builds these models (``heteroflow.agent.heartbeat``, ``heteroflow.agent.client``) and the server's
-routes validate against the same ones (``heteroflow.server.routes.nodes``), so what one sends is what the
+routes validate against the same ones (``heteroflow.platform_server.routes.nodes``), so what one sends is what the
 other reads. Requests are lenient where the design says so — a bad value in a heartbeat is unknown, never a
 rejection of the beat — and answers exact.
 

@@ -13,12 +13,12 @@ from typing import Any
 
 import httpx
 
-from heteroflow.local.state import ClusterState
-from heteroflow.serving.wire import (
+from heteroflow.contracts.serving import (
     COORDINATOR_INSTANCES_PATH,
     NM_STATUS_PATH,
     REPORT_HARDWARE_FAULT_PATH,
 )
+from heteroflow.local.state import ClusterState
 
 CONTROLLER_STATUS_PATH = "/controller/fault_tolerance/status"
 CONTROLLER_ROUNDS_PATH = "/controller/fault_tolerance/rounds"

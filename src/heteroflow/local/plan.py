@@ -31,10 +31,10 @@ from typing import Any, Literal
 
 from heteroflow.agent.simulated import CARD_FAULT_PROFILES, SimulatedCollector
 from heteroflow.contracts.engine_protocol import ProfileName
+from heteroflow.contracts.serving import DeviceInfo
 from heteroflow.core.clock import SystemClock
 from heteroflow.local.netns import PodNetwork, exec_prefix
 from heteroflow.serving.node_manager.spec import InstanceSpec
-from heteroflow.serving.wire import DeviceInfo
 
 MODEL_NAME = "heteroflow-sim-moe"
 """What the engines serve and the controller publishes (the simulator's and the controller's default)."""

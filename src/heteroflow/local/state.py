@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from heteroflow.serving.wire import DeviceInfo
+from heteroflow.contracts.serving import DeviceInfo
 
 STATE_VERSION = 1
 

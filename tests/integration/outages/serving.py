@@ -21,6 +21,7 @@ import httpx
 import uvicorn
 from fastapi import FastAPI, Request
 
+from heteroflow.contracts.serving import NM_FT_APPLY_PATH, REGISTER_PATH, RegisterRequest
 from heteroflow.core.clock import SystemClock
 from heteroflow.engine_sim.testing import FakeEngineCluster
 from heteroflow.serving.controller.assembly import create_app as controller_app
@@ -29,7 +30,6 @@ from heteroflow.serving.controller.config import ControllerConfig, ControllerSet
 from heteroflow.serving.controller.service import Controller
 from heteroflow.serving.controller.store import SqliteFtRuntimeStore
 from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN
-from heteroflow.serving.wire import NM_FT_APPLY_PATH, REGISTER_PATH, RegisterRequest
 from tests.integration.serving.controller_harness import FAST_FT
 from tests.support.polling import eventually
 

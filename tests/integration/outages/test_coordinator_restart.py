@@ -30,6 +30,7 @@ from typing import Any
 import httpx
 import pytest
 
+from heteroflow.contracts.serving import COORDINATOR_INSTANCES_PATH
 from heteroflow.core.testing import free_port
 from heteroflow.engine_sim import conformance
 from heteroflow.engine_sim.server import create_app as engine_app
@@ -43,7 +44,6 @@ from heteroflow.serving.node_manager.engines import HttpEngineClient
 from heteroflow.serving.node_manager.settings import NodeManagerSettings
 from heteroflow.serving.node_manager.spec import InstanceSpec
 from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN, fake_cluster_launcher
-from heteroflow.serving.wire import COORDINATOR_INSTANCES_PATH
 from tests.integration.outages.serving import Served, controller_plane, pump_fake_clock, serve
 from tests.integration.serving.controller_harness import PODS
 from tests.support.polling import eventually

@@ -32,11 +32,11 @@ from typing import Any
 import httpx
 import pytest
 
+from heteroflow.contracts.serving import NM_FT_GUARD_PATH, NM_STATUS_PATH
 from heteroflow.core.testing import free_port
 from heteroflow.local.processes import CLUSTER_ID_ENV, kill_marked, marked_processes
 from heteroflow.serving.controller.clients import CoordinatorClient
 from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN
-from heteroflow.serving.wire import NM_FT_GUARD_PATH, NM_STATUS_PATH
 from tests.integration.outages.serving import ControllerPlane, HookedTransport, controller_plane, serve
 from tests.integration.serving.controller_harness import RecordingCoordinator
 from tests.support.polling import eventually

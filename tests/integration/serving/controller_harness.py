@@ -33,6 +33,15 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from heteroflow.contracts.engine_protocol import ProfileName
+from heteroflow.contracts.serving import (
+    COORDINATOR_ADD_PATH,
+    COORDINATOR_DEL_PATH,
+    COORDINATOR_SET_PATH,
+    PublishedInstance,
+    ViewAddRequest,
+    ViewDelRequest,
+    ViewResponse,
+)
 from heteroflow.core.errors import StoreUnavailableError
 from heteroflow.core.testing import LoopClock, run_virtual
 from heteroflow.engine_sim import conformance
@@ -53,15 +62,6 @@ from heteroflow.serving.node_manager.engines import HttpEngineClient
 from heteroflow.serving.node_manager.settings import NodeManagerSettings
 from heteroflow.serving.node_manager.spec import InstanceSpec
 from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN, FakeLauncher, fake_cluster_launcher
-from heteroflow.serving.wire import (
-    COORDINATOR_ADD_PATH,
-    COORDINATOR_DEL_PATH,
-    COORDINATOR_SET_PATH,
-    PublishedInstance,
-    ViewAddRequest,
-    ViewDelRequest,
-    ViewResponse,
-)
 from tests.support.polling import eventually
 
 PODS = {"a": (0, 1), "b": (2, 3)}

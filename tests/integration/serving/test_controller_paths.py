@@ -10,9 +10,7 @@ from typing import Any
 
 import httpx
 
-from heteroflow.engine_sim import conformance
-from heteroflow.engine_sim.backend import FaultKind
-from heteroflow.serving.wire import (
+from heteroflow.contracts.serving import (
     NM_ENGINES_RESTART_PATH,
     NM_FT_APPLY_PATH,
     NM_FT_FINALIZE_PATH,
@@ -20,6 +18,8 @@ from heteroflow.serving.wire import (
     NM_FT_PROBE_PATH,
     NM_FT_STATUS_PATH,
 )
+from heteroflow.engine_sim import conformance
+from heteroflow.engine_sim.backend import FaultKind
 from tests.integration.serving.controller_harness import Plane, loop_now, run_plane
 from tests.integration.serving.test_controller_rounds import events, reconfiguring, scaled_down
 

@@ -14,9 +14,9 @@ from typing import Any
 
 import httpx
 
+from heteroflow.contracts.serving import NM_FT_APPLY_PATH, NM_FT_STATUS_PATH
 from heteroflow.engine_sim import conformance
 from heteroflow.serving.coordinator.testing import TEST_API_KEY
-from heteroflow.serving.wire import NM_FT_APPLY_PATH, NM_FT_STATUS_PATH
 from tests.integration.serving.controller_harness import Plane, loop_now, run_plane
 
 Check = Callable[[dict[str, Any]], bool]

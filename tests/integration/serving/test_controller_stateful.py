@@ -31,12 +31,12 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from heteroflow.contracts.serving import NM_FT_APPLY_PATH, NM_FT_FINALIZE_PATH, NM_FT_GUARD_PATH, NM_FT_STATUS_PATH
 from heteroflow.core.testing import VirtualTimeLoop
 from heteroflow.engine_sim import conformance
 from heteroflow.engine_sim.backend import FaultKind
 from heteroflow.serving.controller.crash_hook import CRASH_STEPS
 from heteroflow.serving.controller.instance import Instance
-from heteroflow.serving.wire import NM_FT_APPLY_PATH, NM_FT_FINALIZE_PATH, NM_FT_GUARD_PATH, NM_FT_STATUS_PATH
 from tests.integration.serving.controller_harness import PODS, Plane, open_plane
 
 T = TypeVar("T")

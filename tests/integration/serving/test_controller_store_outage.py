@@ -13,10 +13,10 @@ from pathlib import Path
 import httpx
 import pytest
 
+from heteroflow.contracts.serving import NM_FT_FINALIZE_PATH, NM_FT_STATUS_PATH
 from heteroflow.serving.controller.core.ranks import InstanceId
 from heteroflow.serving.controller.store import EtcdFtRuntimeStore
 from heteroflow.serving.controller.store.testing import EtcdServer
-from heteroflow.serving.wire import NM_FT_FINALIZE_PATH, NM_FT_STATUS_PATH
 from tests.integration.serving.controller_harness import Plane, run_plane
 from tests.integration.serving.test_controller_rounds import events, reconfiguring
 

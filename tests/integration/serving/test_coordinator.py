@@ -35,14 +35,14 @@ import uvicorn
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
-from heteroflow.core.testing import free_port
-from heteroflow.serving.coordinator.testing import TEST_API_KEY, TEST_API_KEY_SHA256, TEST_CLUSTER_TOKEN
-from heteroflow.serving.wire import (
+from heteroflow.contracts.serving import (
     COORDINATOR_ADD_PATH,
     COORDINATOR_DEL_PATH,
     COORDINATOR_INSTANCES_PATH,
     COORDINATOR_SET_PATH,
 )
+from heteroflow.core.testing import free_port
+from heteroflow.serving.coordinator.testing import TEST_API_KEY, TEST_API_KEY_SHA256, TEST_CLUSTER_TOKEN
 from tests.support.polling import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(60)]

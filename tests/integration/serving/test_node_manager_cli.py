@@ -21,10 +21,7 @@ import httpx
 import pytest
 import uvicorn
 
-from heteroflow.core.testing import free_port
-from heteroflow.serving.node_manager.supervisor import session_processes
-from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN, FakeController
-from heteroflow.serving.wire import (
+from heteroflow.contracts.serving import (
     NM_FT_APPLY_PATH,
     NM_FT_FINALIZE_PATH,
     NM_FT_GUARD_PATH,
@@ -32,6 +29,9 @@ from heteroflow.serving.wire import (
     NM_STATUS_PATH,
     FtFlags,
 )
+from heteroflow.core.testing import free_port
+from heteroflow.serving.node_manager.supervisor import session_processes
+from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN, FakeController
 from tests.support.polling import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(120)]

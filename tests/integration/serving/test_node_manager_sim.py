@@ -23,6 +23,14 @@ from typing import Any
 import httpx
 import pytest
 
+from heteroflow.contracts.serving import (
+    NM_FT_APPLY_PATH,
+    NM_FT_FINALIZE_PATH,
+    NM_FT_GUARD_PATH,
+    NM_FT_STATUS_PATH,
+    FaultEvidence,
+    FtFlags,
+)
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.testing import free_port
 from heteroflow.serving.node_manager.assembly import create_app
@@ -32,14 +40,6 @@ from heteroflow.serving.node_manager.settings import NodeManagerSettings
 from heteroflow.serving.node_manager.spec import InstanceSpec, endpoint_url
 from heteroflow.serving.node_manager.supervisor import PopenLauncher, session_processes
 from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN, FakeController, FakeLauncher
-from heteroflow.serving.wire import (
-    NM_FT_APPLY_PATH,
-    NM_FT_FINALIZE_PATH,
-    NM_FT_GUARD_PATH,
-    NM_FT_STATUS_PATH,
-    FaultEvidence,
-    FtFlags,
-)
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 

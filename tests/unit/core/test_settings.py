@@ -10,8 +10,8 @@ from heteroflow.core.settings import LenientSettings
 from heteroflow.health.metrics_settings import GpuMetricsSettings
 from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
-from heteroflow.server.alert_delivery import AlertDeliverySettings
-from heteroflow.server.settings import ServerSettings
+from heteroflow.platform_server.alert_delivery import AlertDeliverySettings
+from heteroflow.platform_server.settings import ServerSettings
 from heteroflow.serving.controller.config import ControllerSettings, FaultToleranceConfig
 
 GROUPS: list[type[LenientSettings]] = [

@@ -58,8 +58,8 @@ CONTROLLER_HA_VARIABLES = frozenset(
     }
 )
 SETTINGS_MODULES = (
-    "heteroflow.server.settings",
-    "heteroflow.server.alert_delivery",
+    "heteroflow.platform_server.settings",
+    "heteroflow.platform_server.alert_delivery",
     "heteroflow.health.settings",
     "heteroflow.health.metrics_settings",
     "heteroflow.health.prediction_settings",
@@ -480,7 +480,7 @@ def test_server_is_replicated_probed_and_reads_the_database_url_from_a_secret(
 ) -> None:
     from fastapi.routing import APIRoute
 
-    from heteroflow.server.routes import ops
+    from heteroflow.platform_server.routes import ops
 
     server = one(rendered(kustomization), "Deployment", "heteroflow-server")
     assert server["spec"]["replicas"] == replicas

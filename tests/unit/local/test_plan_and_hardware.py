@@ -11,6 +11,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from heteroflow.agent.simulated import CARD_FAULT_PROFILES, SimulatedCollector
+from heteroflow.contracts.serving import DeviceInfo
 from heteroflow.core.clock import SystemClock
 from heteroflow.local import hardware
 from heteroflow.local.client import ClusterAuth, ClusterClient
@@ -26,7 +27,6 @@ from heteroflow.local.plan import (
 )
 from heteroflow.local.state import ClusterState, EndpointState, InstanceState, PodState
 from heteroflow.serving.controller.monitor.mindcluster import parse_document
-from heteroflow.serving.wire import DeviceInfo
 
 
 def plan(dp_size: int, pods: int, sim_nodes: int = 2) -> Layout:

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 
 from heteroflow.contracts.engine_protocol import ProfileName
+from heteroflow.contracts.serving import FtFlags
 from heteroflow.engine_sim import conformance
 from heteroflow.engine_sim.testing import FakeEngineCluster
 from heteroflow.serving.node_manager.assembly import create_app
@@ -29,7 +30,6 @@ from heteroflow.serving.node_manager.testing import (
     FakeLauncher,
     fake_cluster_launcher,
 )
-from heteroflow.serving.wire import FtFlags
 
 PODS = {"a": (0, 1), "b": (2, 3)}
 STORE_PORT = 29600

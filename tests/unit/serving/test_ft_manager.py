@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from heteroflow.contracts.engine_protocol import EngineStatusEntry
+from heteroflow.contracts.serving import FaultEvidence
 from heteroflow.serving.node_manager.ft_manager import (
     Answered,
     Observation,
@@ -15,7 +16,6 @@ from heteroflow.serving.node_manager.ft_manager import (
     observe,
     revived,
 )
-from heteroflow.serving.wire import FaultEvidence
 
 HEALTHY = Answered(EngineStatusEntry(id=1, status="healthy"))
 UNHEALTHY = Answered(EngineStatusEntry(id=1, status="unhealthy", fault_info="RuntimeError", mask=[1, 1]))

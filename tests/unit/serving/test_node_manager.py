@@ -12,15 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
-from heteroflow.engine_sim import conformance
-from heteroflow.serving.node_manager.client import (
-    ControllerRejectedError,
-    ControllerUnavailableError,
-    HttpControllerClient,
-)
-from heteroflow.serving.node_manager.engines import HttpEngineClient
-from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN, FakeController
-from heteroflow.serving.wire import (
+from heteroflow.contracts.serving import (
     NM_ENGINES_RESTART_PATH,
     NM_ENGINES_START_PATH,
     NM_ENGINES_STOP_PATH,
@@ -37,6 +29,14 @@ from heteroflow.serving.wire import (
     HeartbeatRequest,
     RegisterRequest,
 )
+from heteroflow.engine_sim import conformance
+from heteroflow.serving.node_manager.client import (
+    ControllerRejectedError,
+    ControllerUnavailableError,
+    HttpControllerClient,
+)
+from heteroflow.serving.node_manager.engines import HttpEngineClient
+from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN, FakeController
 
 from .harness import STORE_PORT, Harness, instance_spec, make_node_manager, run_instance
 

@@ -17,19 +17,19 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from heteroflow.core.testing import FakeClock
-from heteroflow.serving.node_manager.assembly import create_app
-from heteroflow.serving.node_manager.daemon import NodeManager, PodIdentity
-from heteroflow.serving.node_manager.engines import HttpEngineClient
-from heteroflow.serving.node_manager.settings import NodeManagerSettings
-from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN, FakeController, FakeLauncher
-from heteroflow.serving.wire import (
+from heteroflow.contracts.serving import (
     NM_ENGINES_START_PATH,
     NM_FT_APPLY_PATH,
     NM_FT_FINALIZE_PATH,
     NM_FT_GUARD_PATH,
     FtFlags,
 )
+from heteroflow.core.testing import FakeClock
+from heteroflow.serving.node_manager.assembly import create_app
+from heteroflow.serving.node_manager.daemon import NodeManager, PodIdentity
+from heteroflow.serving.node_manager.engines import HttpEngineClient
+from heteroflow.serving.node_manager.settings import NodeManagerSettings
+from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN, FakeController, FakeLauncher
 
 from .harness import instance_spec
 

@@ -9,9 +9,9 @@ from __future__ import annotations
 import asyncio
 
 from heteroflow.contracts.engine_protocol import EngineStatusEntry
+from heteroflow.contracts.serving import FtFlags, FtStatusRequest, GuardRequest, NmApplyRequest
 from heteroflow.serving.controller.core import readiness
 from heteroflow.serving.node_manager import commands
-from heteroflow.serving.wire import FtFlags, FtStatusRequest, GuardRequest, NmApplyRequest
 
 from .harness import Harness, run_instance
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime
 import pytest
 from pydantic import ValidationError
 
-from heteroflow.serving import wire
+from heteroflow.contracts import serving as wire
 
 
 @pytest.mark.parametrize(

@@ -1,7 +1,7 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { LANGUAGES } from "../../../src/heteroflow/server/web/ui/i18n.js";
-import { codedText, evidenceLinesText } from "../../../src/heteroflow/server/web/ui/logic/api_text.js";
+import { LANGUAGES } from "../../../src/heteroflow/platform_server/web/ui/i18n.js";
+import { codedText, evidenceLinesText } from "../../../src/heteroflow/platform_server/web/ui/logic/api_text.js";
 
 const tr = (lang) => ({
   t: (key, params = {}) => (LANGUAGES[lang][key] ?? key).replace(/\{(\w+)\}/g, (_, n) => (n in params ? String(params[n]) : `{${n}}`)),

@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { RANGES, timeTicks } from "../../../src/heteroflow/server/web/ui/logic/axis.js";
+import { RANGES, timeTicks } from "../../../src/heteroflow/platform_server/web/ui/logic/axis.js";
 
 const T = Date.parse("2026-03-01T10:20:00Z");
 const H = 3_600_000;

@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { HOUR_MS, coverage, hourlyIncreases, metricUnknown } from "../../../src/heteroflow/server/web/ui/logic/hourly.js";
+import { HOUR_MS, coverage, hourlyIncreases, metricUnknown } from "../../../src/heteroflow/platform_server/web/ui/logic/hourly.js";
 
 const T0 = Date.parse("2026-11-30T00:00:00Z");
 const at = (minutes) => new Date(T0 + minutes * 60_000).toISOString();

@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { LANGUAGES } from "../../../src/heteroflow/server/web/ui/i18n.js";
+import { LANGUAGES } from "../../../src/heteroflow/platform_server/web/ui/i18n.js";
 
 test("English and Chinese are both complete: the same keys, no empty string", () => {
   const en = Object.keys(LANGUAGES.en).sort();
@@ -29,7 +29,7 @@ test("the design's Chinese wording is used", () => {
 test("the API's coded texts read the same as the API in English, and have a Chinese text", async () => {
   const { readFile } = await import("node:fs/promises");
   const stats = await readFile(new URL("../../../src/heteroflow/health/statistics.py", import.meta.url), "utf8");
-  const caps = await readFile(new URL("../../../src/heteroflow/server/routes/gpu_health.py", import.meta.url), "utf8");
+  const caps = await readFile(new URL("../../../src/heteroflow/platform_server/routes/gpu_health.py", import.meta.url), "utf8");
   const pyString = (source, name) => {
     const block = source.split(`${name} = (`)[1].split("\n)")[0];
     return [...block.matchAll(/"((?:[^"\\]|\\.)*)"/g)].map((m) => m[1]).join("");

@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { recogniseTypes } from "../../../src/heteroflow/server/web/ui/logic/labels.js";
+import { recogniseTypes } from "../../../src/heteroflow/platform_server/web/ui/logic/labels.js";
 
 test("strong and trend lines name the prediction types, in order", () => {
   const evidence =

@@ -11,8 +11,8 @@ import {
   parseView,
   predictionParams,
   writeView,
-} from "../../../src/heteroflow/server/web/ui/logic/query.js";
-import { LANGUAGES } from "../../../src/heteroflow/server/web/ui/i18n.js";
+} from "../../../src/heteroflow/platform_server/web/ui/logic/query.js";
+import { LANGUAGES } from "../../../src/heteroflow/platform_server/web/ui/i18n.js";
 
 test("the defaults read and write as an empty query", () => {
   assert.deepEqual(parseView(""), { ...DEFAULT_VIEW });

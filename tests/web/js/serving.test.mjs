@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { LANGUAGES } from "../../../src/heteroflow/server/web/ui/i18n.js";
+import { LANGUAGES } from "../../../src/heteroflow/platform_server/web/ui/i18n.js";
 import {
   DECISION_KINDS,
   DECISION_REASONS,
@@ -30,7 +30,7 @@ import {
   roundToShow,
   shapeTimeline,
   stateCounts,
-} from "../../../src/heteroflow/server/web/ui/logic/serving.js";
+} from "../../../src/heteroflow/platform_server/web/ui/logic/serving.js";
 
 const entry = (over = {}) => ({
   instance_id: "inst-1",

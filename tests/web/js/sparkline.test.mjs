@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { pointValue, sparkline } from "../../../src/heteroflow/server/web/ui/logic/sparkline.js";
+import { pointValue, sparkline } from "../../../src/heteroflow/platform_server/web/ui/logic/sparkline.js";
 
 const agg = (v) => ({ min: v, avg: v, max: v });
 const at = (m) => new Date(Date.UTC(2026, 2, 1, 12, m)).toISOString();

@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { statsCardState } from "../../../src/heteroflow/server/web/ui/logic/stats.js";
+import { statsCardState } from "../../../src/heteroflow/platform_server/web/ui/logic/stats.js";
 
 const band = (over = {}) => ({
   window_days: 7, pending: 1, hit: 15, miss: 5, voided: 2, matured: 20,

@@ -3,7 +3,7 @@
 Routes (all but ``/health`` need the cluster token; 4xx bodies are ``{"error", "detail"}``):
 
 - ``POST /controller/node_manager/register`` · ``POST /controller/node_manager/heartbeat`` ·
-  ``POST /controller/report_software_fault`` — the NodeManagers' side (wire models in ``serving/wire.py``).
+  ``POST /controller/report_software_fault`` — the NodeManagers' side (wire models in ``contracts/serving.py``).
 - ``POST /controller/report_hardware_fault`` — a hardware fault from a source outside the process (F-3, F-12).
 - ``GET /controller/fault_tolerance/status`` — one runtime per instance, RFC §7's keys plus what an operator
   needs beside them (pods, published view, generation, last decision, recent rounds).

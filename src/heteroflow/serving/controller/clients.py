@@ -14,8 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from heteroflow.http.peer import JsonPeer, PeerError, Rejected, TransportFor, Unavailable
-from heteroflow.serving.wire import (
+from heteroflow.contracts.serving import (
     COORDINATOR_ADD_PATH,
     COORDINATOR_DEL_PATH,
     COORDINATOR_SET_PATH,
@@ -46,6 +45,7 @@ from heteroflow.serving.wire import (
     ViewDelRequest,
     ViewResponse,
 )
+from heteroflow.http.peer import JsonPeer, PeerError, Rejected, TransportFor, Unavailable
 
 PeerUnavailableError = Unavailable
 PeerRejectedError = Rejected

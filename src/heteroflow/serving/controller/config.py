@@ -35,12 +35,12 @@ import structlog
 import yaml
 from pydantic import Field
 
+from heteroflow.contracts.serving import FtFlags
 from heteroflow.core.settings import LenientSettings, env_names
 from heteroflow.serving.controller.core.decision import DecisionTimings
 from heteroflow.serving.controller.core.gate import GateFlags
 from heteroflow.serving.controller.core.runtime import FallbackStrategy
 from heteroflow.serving.controller.core.topology import RoundTimings
-from heteroflow.serving.wire import FtFlags
 
 _log = structlog.get_logger(__name__)
 

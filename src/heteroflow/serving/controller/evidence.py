@@ -8,13 +8,13 @@ import uuid
 
 import structlog
 
+from heteroflow.contracts.serving import FaultEvidence, ProbeRequest, SoftwareFaultReport
 from heteroflow.serving.controller.clients import PeerError
 from heteroflow.serving.controller.core import normalizer
 from heteroflow.serving.controller.core.ranks import DpRank
 from heteroflow.serving.controller.core.topology import PodTopology
 from heteroflow.serving.controller.instance import Instance
 from heteroflow.serving.controller.ports import EvidencePorts
-from heteroflow.serving.wire import FaultEvidence, ProbeRequest, SoftwareFaultReport
 
 _log = structlog.get_logger(__name__)
 

@@ -27,13 +27,13 @@ from dataclasses import replace
 
 import structlog
 
+from heteroflow.contracts.serving import EnginesStartRequest
 from heteroflow.serving.controller.clients import PeerError
 from heteroflow.serving.controller.core import overlay
 from heteroflow.serving.controller.core import runtime as rt
 from heteroflow.serving.controller.core.phase import FtPhase
 from heteroflow.serving.controller.instance import Instance
 from heteroflow.serving.controller.ports import StrategyPorts
-from heteroflow.serving.wire import EnginesStartRequest
 
 _log = structlog.get_logger(__name__)
 

@@ -3,12 +3,12 @@ interrupted (F-32): abort it everywhere, persist, then run (or resume) its fallb
 
 from __future__ import annotations
 
+from heteroflow.contracts.serving import FinalizeRequest
 from heteroflow.serving.controller.clients import NodeManagerClient, PeerError
 from heteroflow.serving.controller.core.ranks import DpRank
 from heteroflow.serving.controller.history import RoundHistory
 from heteroflow.serving.controller.instance import Instance
 from heteroflow.serving.controller.ports import StrategyPorts
-from heteroflow.serving.wire import FinalizeRequest
 
 
 async def finalize_everywhere(

@@ -6,6 +6,7 @@ from collections.abc import Iterable
 
 import structlog
 
+from heteroflow.contracts.serving import HardwareFaultReport
 from heteroflow.serving.controller.core.normalizer import (
     HardwareEvent,
     HardwareFault,
@@ -16,7 +17,6 @@ from heteroflow.serving.controller.core.normalizer import (
 from heteroflow.serving.controller.history import RoundHistory
 from heteroflow.serving.controller.instance import Instance
 from heteroflow.serving.controller.metrics import ControllerMetrics
-from heteroflow.serving.wire import HardwareFaultReport
 
 _log = structlog.get_logger(__name__)
 

@@ -20,13 +20,13 @@ from __future__ import annotations
 import asyncio
 from dataclasses import dataclass, field
 
+from heteroflow.contracts.serving import EngineIdentity, RegisterRequest
 from heteroflow.serving.controller.core import normalizer
 from heteroflow.serving.controller.core import runtime as rt
 from heteroflow.serving.controller.core.decision import RunningStrategy
 from heteroflow.serving.controller.core.normalizer import FtSnapshot, HardwareEvent
 from heteroflow.serving.controller.core.ranks import DpRank, InstanceId, RequestId
 from heteroflow.serving.controller.core.topology import InstanceTopology
-from heteroflow.serving.wire import EngineIdentity, RegisterRequest
 
 
 @dataclass

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections.abc import Coroutine, Mapping
 from typing import Protocol
 
+from heteroflow.contracts.serving import SoftwareFaultReport
 from heteroflow.core.clock import Clock
 from heteroflow.serving.controller.clients import CoordinatorClient, NodeManagerClient
 from heteroflow.serving.controller.config import ControllerConfig, FaultToleranceConfig
@@ -22,7 +23,6 @@ from heteroflow.serving.controller.core.ranks import DpRank, InstanceId
 from heteroflow.serving.controller.history import RoundHistory
 from heteroflow.serving.controller.instance import Instance, PodState
 from heteroflow.serving.controller.metrics import ControllerMetrics
-from heteroflow.serving.wire import SoftwareFaultReport
 
 
 class ShellPorts(Protocol):

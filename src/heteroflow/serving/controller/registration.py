@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import structlog
 
+from heteroflow.contracts.serving import DISCOVERED_CAPABILITY_FIELDS, RegisterRequest
 from heteroflow.serving.controller.core.errors import TopologyError
 from heteroflow.serving.controller.core.topology import resolve_instance
 from heteroflow.serving.controller.instance import Instance
-from heteroflow.serving.wire import DISCOVERED_CAPABILITY_FIELDS, RegisterRequest
 
 _log = structlog.get_logger(__name__)
 

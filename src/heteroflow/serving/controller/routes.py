@@ -17,14 +17,7 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
 
-from heteroflow.core.openapi import json_request_body
-from heteroflow.http.bodies import read_model
-from heteroflow.http.errors import error_response
-from heteroflow.serving.controller.monitor import ResourceMonitor
-from heteroflow.serving.controller.registration import RegistrationConflictError
-from heteroflow.serving.controller.service import Controller, UnknownInstanceError
-from heteroflow.serving.controller.status import instance_statuses
-from heteroflow.serving.wire import (
+from heteroflow.contracts.serving import (
     HEARTBEAT_PATH,
     REGISTER_PATH,
     REPORT_HARDWARE_FAULT_PATH,
@@ -38,6 +31,13 @@ from heteroflow.serving.wire import (
     RegisterResponse,
     SoftwareFaultReport,
 )
+from heteroflow.core.openapi import json_request_body
+from heteroflow.http.bodies import read_model
+from heteroflow.http.errors import error_response
+from heteroflow.serving.controller.monitor import ResourceMonitor
+from heteroflow.serving.controller.registration import RegistrationConflictError
+from heteroflow.serving.controller.service import Controller, UnknownInstanceError
+from heteroflow.serving.controller.status import instance_statuses
 
 _M = TypeVar("_M", bound=BaseModel)
 

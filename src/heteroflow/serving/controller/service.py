@@ -22,6 +22,16 @@ from dataclasses import replace
 
 import structlog
 
+from heteroflow.contracts.serving import (
+    FaultEvidence,
+    HardwareFaultReport,
+    HeartbeatRequest,
+    HeartbeatResponse,
+    RegisterRequest,
+    RegisterResponse,
+    SoftwareFaultReport,
+    heartbeat_complete,
+)
 from heteroflow.core.clock import Clock
 from heteroflow.core.errors import StoreUnavailableError
 from heteroflow.serving.controller import evidence, fallbacks, finalization
@@ -57,16 +67,6 @@ from heteroflow.serving.controller.registration import check_reregistration, ref
 from heteroflow.serving.controller.serving_view import pods_ready, serving_endpoints
 from heteroflow.serving.controller.store import FtRuntimeStore, FtStoreError, NotLeaderError
 from heteroflow.serving.controller.strategy import FastRecovery, ScaleDownRound
-from heteroflow.serving.wire import (
-    FaultEvidence,
-    HardwareFaultReport,
-    HeartbeatRequest,
-    HeartbeatResponse,
-    RegisterRequest,
-    RegisterResponse,
-    SoftwareFaultReport,
-    heartbeat_complete,
-)
 
 _log = structlog.get_logger(__name__)
 

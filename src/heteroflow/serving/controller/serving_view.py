@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+from heteroflow.contracts.serving import ServingEndpoint
 from heteroflow.serving.controller.core.ranks import DpRank
 from heteroflow.serving.controller.instance import Instance, PodState
-from heteroflow.serving.wire import ServingEndpoint
 
 
 def serving_endpoints(inst: Instance, ids: frozenset[DpRank]) -> list[ServingEndpoint]:

@@ -11,11 +11,11 @@ from collections.abc import Sequence
 
 from pydantic import BaseModel, ConfigDict
 
+from heteroflow.contracts.serving import EndpointInfo
 from heteroflow.serving.controller.core import runtime as rt
 from heteroflow.serving.controller.core.decision import RunningStrategy
 from heteroflow.serving.controller.instance import Instance
 from heteroflow.serving.controller.ports import StatusPorts
-from heteroflow.serving.wire import EndpointInfo
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 

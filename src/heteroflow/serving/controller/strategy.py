@@ -28,6 +28,16 @@ from collections.abc import Iterator
 
 import structlog
 
+from heteroflow.contracts.serving import (
+    ApplyInstructionParams,
+    EndpointFtStatus,
+    EngineIdentity,
+    EnginesStopRequest,
+    FinalizeRequest,
+    GuardRequest,
+    NmApplyRequest,
+    ProbeRequest,
+)
 from heteroflow.core.errors import StoreUnavailableError
 from heteroflow.serving.controller.clients import PeerError, PeerRejectedError
 from heteroflow.serving.controller.core import gate, overlay, readiness
@@ -48,16 +58,6 @@ from heteroflow.serving.controller.core.topology import (
 from heteroflow.serving.controller.instance import Instance
 from heteroflow.serving.controller.ports import StrategyPorts
 from heteroflow.serving.controller.store import FtStoreError
-from heteroflow.serving.wire import (
-    ApplyInstructionParams,
-    EndpointFtStatus,
-    EngineIdentity,
-    EnginesStopRequest,
-    FinalizeRequest,
-    GuardRequest,
-    NmApplyRequest,
-    ProbeRequest,
-)
 
 _log = structlog.get_logger(__name__)
 

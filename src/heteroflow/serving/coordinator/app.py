@@ -33,6 +33,17 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ValidationError
 
+from heteroflow.contracts.serving import (
+    COORDINATOR_ADD_PATH,
+    COORDINATOR_DEL_PATH,
+    COORDINATOR_INSTANCES_PATH,
+    COORDINATOR_SET_PATH,
+    ErrorBody,
+    ViewAddRequest,
+    ViewDelRequest,
+    ViewResponse,
+    ViewSetRequest,
+)
 from heteroflow.core.admission import AdmissionGate, AdmissionLimit, AdmissionStatus, Refusal, Scope
 from heteroflow.core.client_limits import ClientLimit, InFlightByKey, peer_address
 from heteroflow.core.clock import Clock, SystemClock
@@ -74,17 +85,6 @@ from heteroflow.serving.coordinator.views import (
     ServingViews,
     ViewChange,
     valid_host,
-)
-from heteroflow.serving.wire import (
-    COORDINATOR_ADD_PATH,
-    COORDINATOR_DEL_PATH,
-    COORDINATOR_INSTANCES_PATH,
-    COORDINATOR_SET_PATH,
-    ErrorBody,
-    ViewAddRequest,
-    ViewDelRequest,
-    ViewResponse,
-    ViewSetRequest,
 )
 
 _log = structlog.get_logger(__name__)

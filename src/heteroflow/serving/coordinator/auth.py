@@ -54,7 +54,7 @@ from heteroflow.serving.coordinator.errors import (
 _log = structlog.get_logger(__name__)
 
 PLATFORM_CHECK_PATH = "/api/v1/auth/whoami"
-"""The platform's route that describes the caller's token: scopes and tenant (``server/routes/ops.py``)."""
+"""The platform's route that describes the caller's token: scopes and tenant (``platform_server/routes/ops.py``)."""
 
 INFERENCE_SCOPE = "inference"
 REFUSED_CACHE_SEC = 10.0

@@ -32,8 +32,8 @@ from typing import ClassVar
 from pydantic import BaseModel
 from starlette.responses import JSONResponse
 
+from heteroflow.contracts.serving import ErrorBody
 from heteroflow.http.gate import challenge_headers
-from heteroflow.serving.wire import ErrorBody
 
 
 class CoordinatorError(Exception):

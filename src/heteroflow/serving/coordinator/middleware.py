@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from fastapi import FastAPI
 
+from heteroflow.contracts.serving import COORDINATOR_ADD_PATH, COORDINATOR_DEL_PATH, COORDINATOR_SET_PATH, ErrorBody
 from heteroflow.core.admission import Scope
 from heteroflow.core.authentication import AuthenticateFirst, Denial, header
 from heteroflow.core.request_body import BodyError, BodyLimit
@@ -20,7 +21,6 @@ from heteroflow.serving.coordinator.body import MAX_JSON_DEPTH
 from heteroflow.serving.coordinator.errors import BadRequestError, ManagementAuthError, openai_error_body
 from heteroflow.serving.coordinator.metrics import CoordinatorMetrics
 from heteroflow.serving.coordinator.settings import CoordinatorSettings
-from heteroflow.serving.wire import COORDINATOR_ADD_PATH, COORDINATOR_DEL_PATH, COORDINATOR_SET_PATH, ErrorBody
 
 INFERENCE_ROUTES = {"/v1/completions": "completions", "/v1/chat/completions": "chat_completions"}
 

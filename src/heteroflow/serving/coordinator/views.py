@@ -37,7 +37,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
 
-from heteroflow.serving.wire import PublishedInstance, ServingEndpoint, ViewAddRequest, ViewDelRequest
+from heteroflow.contracts.serving import PublishedInstance, ServingEndpoint, ViewAddRequest, ViewDelRequest
 
 _HOSTNAME = re.compile(
     r"(?=.{1,253}$)[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?(?:\.[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*"

@@ -14,7 +14,7 @@ from typing import Protocol, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
-from heteroflow.serving.wire import (
+from heteroflow.contracts.serving import (
     HEARTBEAT_PATH,
     REGISTER_PATH,
     REPORT_SOFTWARE_FAULT_PATH,

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import structlog
 
 from heteroflow.contracts.engine_protocol import EngineProfile
+from heteroflow.contracts.serving import FtCapability, FtFlags, HeartbeatRequest, RegisterRequest, SoftwareFaultReport
 from heteroflow.serving.node_manager.client import ControllerClient, ControllerError, ControllerRejectedError
 from heteroflow.serving.node_manager.spec import InstanceSpec
-from heteroflow.serving.wire import FtCapability, FtFlags, HeartbeatRequest, RegisterRequest, SoftwareFaultReport
 
 _log = structlog.get_logger(__name__)
 

@@ -22,6 +22,27 @@ from typing import Literal
 import structlog
 
 from heteroflow.contracts.engine_protocol import ApplyParams, ApplyRequest, EngineProfile
+from heteroflow.contracts.serving import (
+    EndpointFtStatus,
+    EngineApplyResult,
+    EnginesResponse,
+    EnginesStartRequest,
+    FaultEvidence,
+    FinalizeRequest,
+    FinalizeResponse,
+    FtStatusRequest,
+    FtStatusResponse,
+    GuardRequest,
+    GuardResponse,
+    HeartbeatRequest,
+    NmApplyRequest,
+    NmApplyResponse,
+    ProbeRequest,
+    ProbeResponse,
+    ProbeResult,
+    RegisterRequest,
+    SoftwareFaultReport,
+)
 from heteroflow.core.clock import Clock, sleep_until
 from heteroflow.serving.node_manager import commands, service
 from heteroflow.serving.node_manager.client import ControllerClient
@@ -48,27 +69,6 @@ from heteroflow.serving.node_manager.settings import NodeManagerSettings
 from heteroflow.serving.node_manager.spec import InstanceSpec, LaunchTarget, default_target, engine_command
 from heteroflow.serving.node_manager.status import FencingViolation, NodeManagerStatus, endpoint_status, pod_status
 from heteroflow.serving.node_manager.supervisor import EngineExit, ProcessLauncher, ProcessSupervisor
-from heteroflow.serving.wire import (
-    EndpointFtStatus,
-    EngineApplyResult,
-    EnginesResponse,
-    EnginesStartRequest,
-    FaultEvidence,
-    FinalizeRequest,
-    FinalizeResponse,
-    FtStatusRequest,
-    FtStatusResponse,
-    GuardRequest,
-    GuardResponse,
-    HeartbeatRequest,
-    NmApplyRequest,
-    NmApplyResponse,
-    ProbeRequest,
-    ProbeResponse,
-    ProbeResult,
-    RegisterRequest,
-    SoftwareFaultReport,
-)
 
 _log = structlog.get_logger(__name__)
 

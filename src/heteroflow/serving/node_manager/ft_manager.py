@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from heteroflow.contracts.engine_protocol import EngineStatusEntry
-from heteroflow.serving.wire import FaultEvidence, ReportedStatus
+from heteroflow.contracts.serving import FaultEvidence, ReportedStatus
 
 
 @dataclass(frozen=True, slots=True)

@@ -13,11 +13,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
-from heteroflow.core.openapi import json_request_body
-from heteroflow.http.bodies import read_model
-from heteroflow.serving.node_manager.daemon import NodeManager
-from heteroflow.serving.node_manager.metrics import CONTENT_TYPE, NodeManagerMetrics
-from heteroflow.serving.wire import (
+from heteroflow.contracts.serving import (
     NM_ENGINES_RESTART_PATH,
     NM_ENGINES_START_PATH,
     NM_ENGINES_STOP_PATH,
@@ -43,6 +39,10 @@ from heteroflow.serving.wire import (
     ProbeRequest,
     ProbeResponse,
 )
+from heteroflow.core.openapi import json_request_body
+from heteroflow.http.bodies import read_model
+from heteroflow.serving.node_manager.daemon import NodeManager
+from heteroflow.serving.node_manager.metrics import CONTENT_TYPE, NodeManagerMetrics
 
 _M = TypeVar("_M", bound=BaseModel)
 

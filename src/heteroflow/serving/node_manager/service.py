@@ -25,7 +25,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, replace
 
 from heteroflow.contracts.engine_protocol import Instruction
-from heteroflow.serving.wire import MAX_LEASE_SEC
+from heteroflow.contracts.serving import MAX_LEASE_SEC
 
 HISTORY_LIMIT = 64
 """Finalized rounds remembered for idempotent repeats and stale detection (rounds are minutes apart)."""

@@ -24,7 +24,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, model_validator
 
 from heteroflow.contracts.engine_protocol import PROFILES, EngineProfile, ProfileName, normalize_prefix
-from heteroflow.serving.wire import DeviceInfo, EndpointInfo, FtCapability
+from heteroflow.contracts.serving import DeviceInfo, EndpointInfo, FtCapability
 
 Backend = Literal["sim", "vllm"]
 

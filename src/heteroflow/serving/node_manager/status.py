@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from heteroflow.contracts.serving import FtFlags
 from heteroflow.serving.node_manager.controller_link import ControllerLink
 from heteroflow.serving.node_manager.ft_manager import PollState
 from heteroflow.serving.node_manager.service import FtServiceState
 from heteroflow.serving.node_manager.supervisor import ProcessSupervisor
-from heteroflow.serving.wire import FtFlags
 
 
 @dataclass(frozen=True, slots=True)

@@ -38,8 +38,8 @@ from typing import IO, Protocol
 
 import structlog
 
+from heteroflow.contracts.serving import EngineIdentity
 from heteroflow.serving.node_manager.spec import EngineCommand
-from heteroflow.serving.wire import EngineIdentity
 
 _log = structlog.get_logger(__name__)
 

@@ -22,11 +22,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from heteroflow.engine_sim.backend import FaultKind
-from heteroflow.engine_sim.testing import FakeEngineCluster
-from heteroflow.serving.node_manager.client import ControllerUnavailableError
-from heteroflow.serving.node_manager.spec import EngineCommand
-from heteroflow.serving.wire import (
+from heteroflow.contracts.serving import (
     HEARTBEAT_PATH,
     REGISTER_PATH,
     REPORT_SOFTWARE_FAULT_PATH,
@@ -40,6 +36,10 @@ from heteroflow.serving.wire import (
     SoftwareFaultReport,
     heartbeat_complete,
 )
+from heteroflow.engine_sim.backend import FaultKind
+from heteroflow.engine_sim.testing import FakeEngineCluster
+from heteroflow.serving.node_manager.client import ControllerUnavailableError
+from heteroflow.serving.node_manager.spec import EngineCommand
 
 TEST_CLUSTER_TOKEN = "node-manager-test-token"  # noqa: S105 - a fixture value, not a secret
 

@@ -6,11 +6,7 @@ from datetime import UTC, datetime
 from typing import Any
 
 from heteroflow.contracts.engine_protocol import EngineStatusEntry
-from heteroflow.serving.controller.core.normalizer import FtSnapshot, observe
-from heteroflow.serving.controller.core.ranks import DpRank, InstanceId, RequestId, ranks
-from heteroflow.serving.controller.core.runtime import FallbackStrategy, FtRuntime, ScaleDownContext, new_runtime
-from heteroflow.serving.controller.core.topology import InstanceTopology, resolve_instance
-from heteroflow.serving.wire import (
+from heteroflow.contracts.serving import (
     DeviceInfo,
     EndpointFtStatus,
     EndpointInfo,
@@ -19,6 +15,10 @@ from heteroflow.serving.wire import (
     RegisterRequest,
     SoftwareFaultReport,
 )
+from heteroflow.serving.controller.core.normalizer import FtSnapshot, observe
+from heteroflow.serving.controller.core.ranks import DpRank, InstanceId, RequestId, ranks
+from heteroflow.serving.controller.core.runtime import FallbackStrategy, FtRuntime, ScaleDownContext, new_runtime
+from heteroflow.serving.controller.core.topology import InstanceTopology, resolve_instance
 
 INSTANCE = InstanceId("decode-0")
 AT = datetime(2026, 1, 1, tzinfo=UTC)

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+from heteroflow.contracts.serving import EndpointInfo, FtCapability, RegisterRequest
 from heteroflow.serving.controller.core import gate
 from heteroflow.serving.controller.core.errors import CapabilityMismatchError
 from heteroflow.serving.controller.core.gate import GateFlags, GateReason
 from heteroflow.serving.controller.core.topology import resolve_instance
-from heteroflow.serving.wire import EndpointInfo, FtCapability, RegisterRequest
 
 FLAGS = GateFlags(enable_fault_tolerance=True, enable_dp_scale_down=True)
 

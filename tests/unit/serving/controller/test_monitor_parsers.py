@@ -22,6 +22,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from heteroflow.contracts.serving import HardwareFaultReport
 from heteroflow.core.testing import FakeClock, LoopClock, run_virtual
 from heteroflow.serving.controller.monitor import ResourceMonitorSettings, hosting_nodes
 from heteroflow.serving.controller.monitor.base import (
@@ -42,7 +43,6 @@ from heteroflow.serving.controller.monitor.mindcluster import (
     parse_node,
 )
 from heteroflow.serving.controller.monitor.testing import FakeKubeApi
-from heteroflow.serving.wire import HardwareFaultReport
 from tests.support.polling import IN_PROCESS_S, eventually
 
 from .helpers import topology

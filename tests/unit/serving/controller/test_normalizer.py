@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from heteroflow.contracts.engine_protocol import EngineStatusEntry
+from heteroflow.contracts.serving import DeviceInfo, EndpointInfo, FaultEvidence, SoftwareFaultReport
 from heteroflow.serving.controller.core.normalizer import (
     FtSnapshot,
     HardwareFault,
@@ -17,7 +18,6 @@ from heteroflow.serving.controller.core.normalizer import (
 )
 from heteroflow.serving.controller.core.ranks import DpRank, ranks
 from heteroflow.serving.controller.core.topology import resolve_instance
-from heteroflow.serving.wire import DeviceInfo, EndpointInfo, FaultEvidence, SoftwareFaultReport
 
 from .helpers import AT, INSTANCE, registration, report, snapshot, topology
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import heteroflow.serving.controller.core as core
 
 ALLOWED_ROOTS = {"__future__", "collections", "dataclasses", "enum", "re", "types", "typing", "heteroflow"}
-ALLOWED_HETEROFLOW = ("heteroflow.serving.wire", "heteroflow.core.")
+ALLOWED_HETEROFLOW = ("heteroflow.contracts.serving", "heteroflow.core.")
 
 
 def imported_modules(path: Path) -> set[str]:

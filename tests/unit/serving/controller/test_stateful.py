@@ -14,6 +14,7 @@ from hypothesis import event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from heteroflow.contracts.serving import EndpointFtStatus
 from heteroflow.serving.controller.core import overlay
 from heteroflow.serving.controller.core import runtime as rt_ops
 from heteroflow.serving.controller.core.decision import DecisionInput, Reconfigure, StartScaleDown, decide
@@ -24,7 +25,6 @@ from heteroflow.serving.controller.core.phase import ROUND_PHASES, FtPhase
 from heteroflow.serving.controller.core.ranks import RequestId
 from heteroflow.serving.controller.core.readiness import PollLimits, after_apply, before_apply
 from heteroflow.serving.controller.core.runtime import FallbackStrategy, ScaleDownContext
-from heteroflow.serving.wire import EndpointFtStatus
 
 from .helpers import capability, entry, report, runtime
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fastapi.responses import JSONResponse
 
+from heteroflow.contracts.serving import FaultEvidence, HardwareFaultReport, RegisterRequest, SoftwareFaultReport
 from heteroflow.core.testing import FakeClock
 from heteroflow.serving.controller.clients import NodeManagerClient
 from heteroflow.serving.controller.config import ControllerConfig, ControllerSettings, FaultToleranceConfig
@@ -17,7 +18,6 @@ from heteroflow.serving.controller.core.ranks import DpRank, InstanceId
 from heteroflow.serving.controller.service import Controller
 from heteroflow.serving.controller.status import instance_statuses
 from heteroflow.serving.controller.store import SqliteFtRuntimeStore
-from heteroflow.serving.wire import FaultEvidence, HardwareFaultReport, RegisterRequest, SoftwareFaultReport
 
 CAPABILITY = {
     "engine_ft_enabled": True,

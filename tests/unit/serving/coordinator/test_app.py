@@ -13,6 +13,12 @@ from typing import Any
 import httpx
 import pytest
 
+from heteroflow.contracts.serving import (
+    COORDINATOR_ADD_PATH,
+    COORDINATOR_DEL_PATH,
+    COORDINATOR_INSTANCES_PATH,
+    COORDINATOR_SET_PATH,
+)
 from heteroflow.serving.coordinator.app import VIEW_OUTCOME_HEADER, Coordinator, create_app
 from heteroflow.serving.coordinator.settings import CoordinatorSettings
 from heteroflow.serving.coordinator.testing import (
@@ -22,12 +28,6 @@ from heteroflow.serving.coordinator.testing import (
     EngineMode,
     FakeEngine,
     FakeUpstreams,
-)
-from heteroflow.serving.wire import (
-    COORDINATOR_ADD_PATH,
-    COORDINATOR_DEL_PATH,
-    COORDINATOR_INSTANCES_PATH,
-    COORDINATOR_SET_PATH,
 )
 from tests.support.polling import IN_PROCESS_S, eventually
 

@@ -12,7 +12,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 
-from heteroflow.serving.wire import COORDINATOR_SET_PATH
+from heteroflow.contracts.serving import COORDINATOR_SET_PATH
 from tests.unit.serving.coordinator.test_app import KEY, MANAGE, _Body, harness, run
 
 pytestmark = pytest.mark.timeout(20)

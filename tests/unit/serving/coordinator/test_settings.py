@@ -93,7 +93,7 @@ def test_docs_list_every_variable() -> None:
 
 
 def test_the_coordinator_guide_lists_every_variable_and_route() -> None:
-    from heteroflow.serving import wire
+    from heteroflow.contracts import serving as wire
 
     text = (Path(__file__).parents[4] / "docs" / "coordinator.md").read_text()
     for field in CoordinatorSettings.model_fields:

@@ -8,6 +8,7 @@ import pytest
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from heteroflow.contracts.serving import ViewAddRequest, ViewDelRequest
 from heteroflow.serving.coordinator.views import (
     EndpointKey,
     Lease,
@@ -18,7 +19,6 @@ from heteroflow.serving.coordinator.views import (
     choose,
     valid_host,
 )
-from heteroflow.serving.wire import ViewAddRequest, ViewDelRequest
 
 
 def endpoints(*ids: int, port: int = 8000) -> list[dict[str, Any]]:

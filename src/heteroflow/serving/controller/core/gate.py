@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from enum import StrEnum
 
-from heteroflow.serving.wire import FtCapability
+from heteroflow.contracts.serving import FtCapability
 
 
 class GateReason(StrEnum):

@@ -21,7 +21,7 @@ from enum import StrEnum
 from types import MappingProxyType
 from typing import Literal
 
-from heteroflow.serving.wire import FaultEvidence, SoftwareFaultReport
+from heteroflow.contracts.serving import FaultEvidence, SoftwareFaultReport
 
 from .ranks import DpRank, ranks
 from .topology import InstanceTopology

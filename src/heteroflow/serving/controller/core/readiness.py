@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from heteroflow.serving.wire import EndpointFtStatus
+from heteroflow.contracts.serving import EndpointFtStatus
 
 from .ranks import DpRank, ranks
 

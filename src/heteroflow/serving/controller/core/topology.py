@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from heteroflow.serving.wire import (
+from heteroflow.contracts.serving import (
     DISCOVERED_CAPABILITY_FIELDS,
     MAX_LEASE_SEC,
     ApplyInstructionParams,

@@ -33,9 +33,9 @@ from typing import Literal, Protocol
 
 import structlog
 
+from heteroflow.contracts.serving import HardwareFaultReport
 from heteroflow.core.clock import Clock
 from heteroflow.serving.controller.core.normalizer import HardwareFault
-from heteroflow.serving.wire import HardwareFaultReport
 
 _log = structlog.get_logger(__name__)
 

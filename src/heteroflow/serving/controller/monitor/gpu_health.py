@@ -47,8 +47,8 @@ import httpx
 from pydantic import ValidationError
 
 from heteroflow.contracts.hardware_events import FEED_PATH, HardwareFeedEnvelope, HardwareFeedEvent
+from heteroflow.contracts.serving import HardwareFaultReport
 from heteroflow.core.clock import Clock
-from heteroflow.serving.wire import HardwareFaultReport
 
 from .base import Emit, Problem, Snapshot, fault_key
 

@@ -27,8 +27,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from heteroflow.contracts.serving import HardwareFaultReport
 from heteroflow.core.clock import Clock, SystemClock
-from heteroflow.serving.wire import HardwareFaultReport
 
 from .base import Emit, Problem, Snapshot
 

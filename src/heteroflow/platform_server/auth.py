@@ -20,9 +20,9 @@ from heteroflow.core.errors import StoreUnavailableError
 from heteroflow.core.ids import NodeId
 from heteroflow.platform.auth import Principal, Scope, hash_token
 from heteroflow.platform.nodes import NODE_CREDENTIAL_HEADER, NodeRecord, speaks_for
-from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import Forbidden, NotFound, ServiceUnavailable, Unauthorized, error_response
-from heteroflow.server.sessions import BEARER_ONLY, cookie_value, session_of
+from heteroflow.platform_server.context import ServerContext
+from heteroflow.platform_server.errors import Forbidden, NotFound, ServiceUnavailable, Unauthorized, error_response
+from heteroflow.platform_server.sessions import BEARER_ONLY, cookie_value, session_of
 
 _bearer = HTTPBearer(auto_error=False, description="An API token: Authorization: Bearer hf_…")
 _CHECKED = "heteroflow.checked_principal"
@@ -46,7 +46,7 @@ async def authenticate(
     request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]
 ) -> Principal:
     """The caller, from the bearer token (verified tokens are trusted from memory for a short while), else from
-    the web UI's session cookie (:mod:`heteroflow.server.sessions`)."""
+    the web UI's session cookie (:mod:`heteroflow.platform_server.sessions`)."""
     if credentials is None:
         session = await session_of(server_context(request), request.scope)
         if session is not None:

@@ -37,7 +37,7 @@ from heteroflow.core.admission import Refusal
 from heteroflow.core.request_body import BodyError
 from heteroflow.health.store import StoreUnavailableError
 from heteroflow.http.gate import challenge_headers
-from heteroflow.server.schemas import ErrorOut
+from heteroflow.platform_server.schemas import ErrorOut
 
 _log = structlog.get_logger(__name__)
 

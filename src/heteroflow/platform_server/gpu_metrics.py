@@ -38,7 +38,7 @@ from heteroflow.health.gpu_metrics import (
 from heteroflow.health.metrics_settings import GpuMetricsSettings
 from heteroflow.health.samples import CardKey, HealthReading
 from heteroflow.platform.nodes import NodeRecord
-from heteroflow.server.alert_delivery import AlertNotifier
+from heteroflow.platform_server.alert_delivery import AlertNotifier
 from heteroflow.storage.alert_store import SYSTEM, AlertRecord, SqlAlertStore
 from heteroflow.storage.metrics_store import SqlGpuMetricsStore
 

@@ -20,12 +20,12 @@ from heteroflow.health.xid_collection import XidCollectionBook
 from heteroflow.platform.auth import Principal
 from heteroflow.platform.liveness import LivenessTracker
 from heteroflow.platform.nodes import NodeRecord
-from heteroflow.server.alert_delivery import AlertNotifier
-from heteroflow.server.gpu_metrics import GpuMetricsRecorder
-from heteroflow.server.metrics import ServerMetrics
-from heteroflow.server.prediction_worker import PredictionWorker
-from heteroflow.server.settings import ServerSettings
-from heteroflow.server.workers import SiblingMetrics
+from heteroflow.platform_server.alert_delivery import AlertNotifier
+from heteroflow.platform_server.gpu_metrics import GpuMetricsRecorder
+from heteroflow.platform_server.metrics import ServerMetrics
+from heteroflow.platform_server.prediction_worker import PredictionWorker
+from heteroflow.platform_server.settings import ServerSettings
+from heteroflow.platform_server.workers import SiblingMetrics
 from heteroflow.storage.alert_store import SqlAlertStore
 from heteroflow.storage.health_store import SqlHealthSampleStore
 from heteroflow.storage.metrics_store import SqlGpuMetricsStore
@@ -53,7 +53,7 @@ class ServerContext:
     engine: Engine
     tokens: SqlTokenStore
     sessions: SqlSessionStore
-    """The web UI's browser sessions (:mod:`heteroflow.server.sessions`)."""
+    """The web UI's browser sessions (:mod:`heteroflow.platform_server.sessions`)."""
     nodes: SqlNodeStore
     samples: SqlHealthSampleStore
     ingestor: HealthIngestor

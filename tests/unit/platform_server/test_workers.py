@@ -1,4 +1,4 @@
-"""Several server workers on one port answer /metrics as one server (``heteroflow.server.workers``)."""
+"""Several server workers on one port answer /metrics as one server (``heteroflow.platform_server.workers``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from pathlib import Path
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from heteroflow.server.workers import SiblingMetrics, merge_expositions
+from heteroflow.platform_server.workers import SiblingMetrics, merge_expositions
 
 
 def worker(*, beats: int, pending: int, newest: float, ecc: dict[str, int], seconds: list[float]) -> bytes:

@@ -43,7 +43,7 @@ from heteroflow.platform.nodes import (
     is_online,
     newest,
 )
-from heteroflow.server.auth import (
+from heteroflow.platform_server.auth import (
     SPEAKER_OPENAPI,
     context,
     heartbeat_node_id,
@@ -53,9 +53,15 @@ from heteroflow.server.auth import (
     verified_speaker,
     visible_node,
 )
-from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import Conflict, NodeCredentialRequired, NotFound, TooManyRequests, error_responses
-from heteroflow.server.schemas import NodeList, NodeOut, XidCollectionOut, XidUnwatchedOut
+from heteroflow.platform_server.context import ServerContext
+from heteroflow.platform_server.errors import (
+    Conflict,
+    NodeCredentialRequired,
+    NotFound,
+    TooManyRequests,
+    error_responses,
+)
+from heteroflow.platform_server.schemas import NodeList, NodeOut, XidCollectionOut, XidUnwatchedOut
 
 router = APIRouter(prefix="/api/v1/nodes", tags=["nodes"], responses=error_responses(403))
 _log = structlog.get_logger(__name__)
@@ -223,7 +229,7 @@ async def heartbeat(
     fails, ``xid_events.retry`` tells the agent to keep them and send them again. A beat without the node's
     credential is the same 404 as a missing node: one agent cannot beat, or report XID events, for another.
     """
-    # the speaker (token, agent scope, node credential) was verified before the body was read (server/auth.py:
+    # the speaker (token, agent scope, node credential) was verified before the body was read (platform_server/auth.py:
     # check_before_work): its node is handed over, the credential is not hashed and looked up again
     clean = request.scope.get("state", {}).get(CLEAN_TEXT, False)
     answer = await record_beat(server_context(request), node, body, clean=clean, started=time.perf_counter())

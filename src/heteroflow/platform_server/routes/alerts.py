@@ -9,10 +9,10 @@ from fastapi import APIRouter, Depends, Query
 
 from heteroflow.health.text_codes import alert_text_code
 from heteroflow.platform.auth import NodeScope, Principal, Scope
-from heteroflow.server.auth import context, require
-from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import Conflict, NotFound, error_responses
-from heteroflow.server.schemas import (
+from heteroflow.platform_server.auth import context, require
+from heteroflow.platform_server.context import ServerContext
+from heteroflow.platform_server.errors import Conflict, NotFound, error_responses
+from heteroflow.platform_server.schemas import (
     AlertDetail,
     AlertEventOut,
     AlertList,

@@ -13,10 +13,10 @@ from heteroflow.core.ids import NodeId
 from heteroflow.health.counters import HEALTH_KEYS
 from heteroflow.health.xid_collection import CardXidState, XidCollectionReport
 from heteroflow.platform.auth import NodeScope, Principal, Scope
-from heteroflow.server.auth import context, require, visible_node
-from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import BadRequest, error_responses
-from heteroflow.server.schemas import CapabilitiesOut, CardCapabilityOut, SampleOut, SamplesOut, UtcTime
+from heteroflow.platform_server.auth import context, require, visible_node
+from heteroflow.platform_server.context import ServerContext
+from heteroflow.platform_server.errors import BadRequest, error_responses
+from heteroflow.platform_server.schemas import CapabilitiesOut, CardCapabilityOut, SampleOut, SamplesOut, UtcTime
 from heteroflow.storage.health_buckets import CAPABILITY_SORTS, CapabilityQuery, CapabilitySort
 from heteroflow.storage.health_store import CardCapability
 

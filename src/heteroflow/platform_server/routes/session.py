@@ -12,10 +12,10 @@ from pydantic import BaseModel, Field
 
 from heteroflow.core.authentication import bearer_of
 from heteroflow.platform.auth import Principal, hash_token
-from heteroflow.server.auth import BEARER_SECURITY, authenticate, checked_principal, context
-from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import NotFound, Unauthorized, error_responses
-from heteroflow.server.sessions import (
+from heteroflow.platform_server.auth import BEARER_SECURITY, authenticate, checked_principal, context
+from heteroflow.platform_server.context import ServerContext
+from heteroflow.platform_server.errors import NotFound, Unauthorized, error_responses
+from heteroflow.platform_server.sessions import (
     WebSession,
     clear_cookie,
     csrf_token_of,

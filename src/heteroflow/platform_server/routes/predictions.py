@@ -17,11 +17,11 @@ from heteroflow.health.rules import RULE_VERSION
 from heteroflow.health.statistics import band_statistics, disclaimer
 from heteroflow.health.text_codes import conclusion_code, reason_code
 from heteroflow.platform.auth import NodeScope, Principal, Scope
-from heteroflow.server.auth import context, require
-from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import BadRequest, error_responses
-from heteroflow.server.routes.gpu_health import SourceParam, parse_source
-from heteroflow.server.schemas import (
+from heteroflow.platform_server.auth import context, require
+from heteroflow.platform_server.context import ServerContext
+from heteroflow.platform_server.errors import BadRequest, error_responses
+from heteroflow.platform_server.routes.gpu_health import SourceParam, parse_source
+from heteroflow.platform_server.schemas import (
     BandOut,
     PredictionList,
     PredictionOut,

@@ -37,7 +37,7 @@ from heteroflow.health.predictions import PredictionStatus, judge, prediction_id
 from heteroflow.health.rules import RULE_VERSION, RuleParams, Signal, evaluate
 from heteroflow.health.samples import Card
 from heteroflow.health.weak_signals import WeakSignalParams, weak_signals
-from heteroflow.server.alert_delivery import AlertNotifier
+from heteroflow.platform_server.alert_delivery import AlertNotifier
 from heteroflow.storage.alert_store import SYSTEM, SqlAlertStore
 from heteroflow.storage.lease_store import SqlLeaseStore
 from heteroflow.storage.metrics_store import SqlGpuMetricsStore

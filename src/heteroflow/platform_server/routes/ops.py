@@ -12,10 +12,10 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from heteroflow.core.errors import StoreUnavailableError
 from heteroflow.platform.auth import Principal, Scope
-from heteroflow.server.auth import authenticate, context, require_cluster_wide
-from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import error_responses
-from heteroflow.server.fleet_metrics import render_fleet
+from heteroflow.platform_server.auth import authenticate, context, require_cluster_wide
+from heteroflow.platform_server.context import ServerContext
+from heteroflow.platform_server.errors import error_responses
+from heteroflow.platform_server.fleet_metrics import render_fleet
 from heteroflow.storage.fleet_store import FleetSnapshot, SqlFleetStore
 
 router = APIRouter(tags=["operations"])

@@ -13,7 +13,7 @@ import contextlib
 
 import structlog
 
-from heteroflow.server.context import ServerContext
+from heteroflow.platform_server.context import ServerContext
 
 _log = structlog.get_logger(__name__)
 

@@ -31,9 +31,9 @@ from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
 from heteroflow.platform.auth import Principal, Scope
-from heteroflow.server.auth import require_cluster_wide
-from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import NotFound, ServiceUnavailable, error_responses
+from heteroflow.platform_server.auth import require_cluster_wide
+from heteroflow.platform_server.context import ServerContext
+from heteroflow.platform_server.errors import NotFound, ServiceUnavailable, error_responses
 
 CONTROLLER_TIMEOUT_SEC: Final = 5.0
 """Deadline of one forwarded call (connect, read, write, pool): the page polls every 2 s and shows a stale view

@@ -28,8 +28,8 @@ from urllib.parse import urlsplit
 from heteroflow.core.authentication import Scope as AsgiScope
 from heteroflow.core.authentication import header
 from heteroflow.platform.auth import Principal, hash_token
-from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import Forbidden, Unauthorized
+from heteroflow.platform_server.context import ServerContext
+from heteroflow.platform_server.errors import Forbidden, Unauthorized
 
 SESSION_COOKIE = "heteroflow_session"
 CSRF_HEADER = "X-CSRF-Token"

@@ -28,25 +28,25 @@ from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.health.xid_collection import XidCollectionBook
 from heteroflow.platform.auth import Principal
 from heteroflow.platform.liveness import LivenessTracker
-from heteroflow.server.alert_delivery import AlertDeliverySettings, AlertNotifier
-from heteroflow.server.auth import authenticate, check_before_work, heartbeat_node_id, invalid_request
-from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import install_error_handlers, limited, overloaded, refused_body
-from heteroflow.server.gpu_metrics import GpuMetricsRecorder
-from heteroflow.server.maintenance import run_maintenance
-from heteroflow.server.metrics import ServerMetrics
-from heteroflow.server.prediction_worker import PredictionWorker
-from heteroflow.server.routes import alerts as alert_routes
-from heteroflow.server.routes import gpu_health as gpu_health_routes
-from heteroflow.server.routes import gpu_metrics as gpu_metrics_routes
-from heteroflow.server.routes import hardware_events as hardware_event_routes
-from heteroflow.server.routes import nodes as node_routes
-from heteroflow.server.routes import ops as ops_routes
-from heteroflow.server.routes import predictions as prediction_routes
-from heteroflow.server.routes import serving as serving_routes
-from heteroflow.server.routes import session as session_routes
-from heteroflow.server.routes import web as web_routes
-from heteroflow.server.settings import ServerSettings
+from heteroflow.platform_server.alert_delivery import AlertDeliverySettings, AlertNotifier
+from heteroflow.platform_server.auth import authenticate, check_before_work, heartbeat_node_id, invalid_request
+from heteroflow.platform_server.context import ServerContext
+from heteroflow.platform_server.errors import install_error_handlers, limited, overloaded, refused_body
+from heteroflow.platform_server.gpu_metrics import GpuMetricsRecorder
+from heteroflow.platform_server.maintenance import run_maintenance
+from heteroflow.platform_server.metrics import ServerMetrics
+from heteroflow.platform_server.prediction_worker import PredictionWorker
+from heteroflow.platform_server.routes import alerts as alert_routes
+from heteroflow.platform_server.routes import gpu_health as gpu_health_routes
+from heteroflow.platform_server.routes import gpu_metrics as gpu_metrics_routes
+from heteroflow.platform_server.routes import hardware_events as hardware_event_routes
+from heteroflow.platform_server.routes import nodes as node_routes
+from heteroflow.platform_server.routes import ops as ops_routes
+from heteroflow.platform_server.routes import predictions as prediction_routes
+from heteroflow.platform_server.routes import serving as serving_routes
+from heteroflow.platform_server.routes import session as session_routes
+from heteroflow.platform_server.routes import web as web_routes
+from heteroflow.platform_server.settings import ServerSettings
 from heteroflow.storage.alert_store import SqlAlertStore
 from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.health_store import SqlHealthSampleStore

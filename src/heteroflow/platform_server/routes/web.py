@@ -1,8 +1,8 @@
 """The web pages: a static shell (HTML, ES modules, CSS) served by the platform server itself.
 
 The shell is public because it must load before sign-in, and it carries no data: every data call is made by the
-browser with the session cookie that signing in with a token starts (:mod:`heteroflow.server.sessions`). None of
-these routes is part of the API, so they are left out of the OpenAPI schema.
+browser with the session cookie that signing in with a token starts (:mod:`heteroflow.platform_server.sessions`).
+None of these routes is part of the API, so they are left out of the OpenAPI schema.
 """
 
 from __future__ import annotations
@@ -14,10 +14,10 @@ from fastapi import APIRouter
 from fastapi.responses import FileResponse, HTMLResponse, RedirectResponse, Response
 
 from heteroflow.core.text import text_problem
-from heteroflow.server.errors import NotFound
+from heteroflow.platform_server.errors import NotFound
 
 WEB_ROOT: Final = Path(__file__).resolve().parent.parent / "web"
-"""``src/heteroflow/server/web``: ``shell.html`` and the ``ui/`` assets (package data)."""
+"""``src/heteroflow/platform_server/web``: ``shell.html`` and the ``ui/`` assets (package data)."""
 
 STATIC_PREFIX: Final = "/ui"
 

@@ -7,7 +7,7 @@ from datetime import UTC, datetime, timedelta, timezone
 import pytest
 
 from heteroflow.contracts.heartbeat import HeartbeatAccepted, XidEventsResult
-from heteroflow.server.routes.nodes import NO_XID_EVENTS, accepted_json
+from heteroflow.platform_server.routes.nodes import NO_XID_EVENTS, accepted_json
 
 
 @pytest.mark.parametrize(

@@ -14,10 +14,10 @@ from pydantic import BaseModel
 from heteroflow.core.clock import utc
 from heteroflow.health.gpu_metrics import METRIC_KEYS, Aggregate, MinuteRow, downsample, minute_of
 from heteroflow.platform.auth import Principal, Scope
-from heteroflow.server.auth import context, require, visible_node
-from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import error_responses
-from heteroflow.server.schemas import UtcTime
+from heteroflow.platform_server.auth import context, require, visible_node
+from heteroflow.platform_server.context import ServerContext
+from heteroflow.platform_server.errors import error_responses
+from heteroflow.platform_server.schemas import UtcTime
 
 router = APIRouter(prefix="/api/v1/nodes", tags=["nodes"], responses=error_responses(403, 404))
 

@@ -17,11 +17,11 @@ from fastapi import APIRouter, Depends, Query
 from heteroflow.contracts.hardware_events import FEED_PATH, HardwareFeedEvent, HardwareFeedPage
 from heteroflow.core.clock import utc
 from heteroflow.platform.auth import NodeScope, Principal, Scope
-from heteroflow.server.auth import context, require
-from heteroflow.server.context import ServerContext
-from heteroflow.server.errors import BadRequest, error_responses
-from heteroflow.server.routes.gpu_health import SourceParam, parse_source
-from heteroflow.server.schemas import UtcTime
+from heteroflow.platform_server.auth import context, require
+from heteroflow.platform_server.context import ServerContext
+from heteroflow.platform_server.errors import BadRequest, error_responses
+from heteroflow.platform_server.routes.gpu_health import SourceParam, parse_source
+from heteroflow.platform_server.schemas import UtcTime
 
 router = APIRouter(prefix=FEED_PATH, tags=["gpu-health"], responses=error_responses(400, 403))
 
