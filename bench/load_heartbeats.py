@@ -128,15 +128,15 @@ class Phase:
     rss_end_kib: int = 0
     rss_peak_kib: int = 0
     """The server's VmHWM at the end of the phase: its peak since it started."""
-    server_cpu_s: float = 0.0
-    client_cpu_s: float = 0.0
+    server_cpu_sec: float = 0.0
+    client_cpu_sec: float = 0.0
     rows_written: int = 0
     readings_offered: int = 0
-    probe_worst_s: float = 0.0
+    probe_worst_sec: float = 0.0
     probe_failures: int = 0
     peak_in_flight: int = 0
     """The server's own count: the most heartbeats it worked on at once (since it started)."""
-    peak_lag_s: float = 0.0
+    peak_lag_sec: float = 0.0
     """The server's event-loop lag at its worst (since it started)."""
     refused: dict[str, int] = field(default_factory=dict)
     """Heartbeats the server's admission gate refused in this phase, by reason."""
@@ -364,7 +364,7 @@ class Fleet:
                 ok = (await self.admin.get("/healthz", timeout=AGENT_TIMEOUT_S)).status_code == 200
             except httpx.HTTPError:
                 ok = False
-            phase.probe_worst_s = max(phase.probe_worst_s, time.perf_counter() - started)
+            phase.probe_worst_sec = max(phase.probe_worst_sec, time.perf_counter() - started)
             phase.probe_failures += not ok
             await asyncio.sleep(0.5)
 
@@ -380,16 +380,16 @@ class Fleet:
         phase.seconds = time.perf_counter() - started
         stop.set()
         await prober
-        phase.client_cpu_s = time.process_time() - client_cpu
+        phase.client_cpu_sec = time.process_time() - client_cpu
         phase.rss_end_kib = proc_status_kib(self.pid, "VmRSS")
         phase.rss_peak_kib = proc_status_kib(self.pid, "VmHWM")
         await self.drain()  # the writer's work for this phase is billed to it
-        phase.server_cpu_s = cpu_seconds(self.pid) - cpu
+        phase.server_cpu_sec = cpu_seconds(self.pid) - cpu
         after = await self.ingest_status()
         phase.rows_written = after["health_ingest"]["written_total"] - before["health_ingest"]["written_total"]
         phase.readings_offered = after["health_ingest"]["offered_total"] - before["health_ingest"]["offered_total"]
         gate, gate_before = after["heartbeat_admission"], before["heartbeat_admission"]
-        phase.peak_in_flight, phase.peak_lag_s = gate["peak_in_flight"], gate["peak_lag_s"]
+        phase.peak_in_flight, phase.peak_lag_sec = gate["peak_in_flight"], gate["peak_lag_sec"]
         phase.refused = {
             why: gate[f"refused_{why}_total"] - gate_before[f"refused_{why}_total"] for why in ("busy", "lagging")
         }
@@ -539,12 +539,12 @@ def report(phases: list[Phase], args: argparse.Namespace, backend: str) -> None:
             f"{p.name:<26} {offered:>9} {p.rate:>7.0f} {p.rate / base.rate:>6.2f} {p.percentile(0.5):>8.1f} "
             f"{p.percentile(0.95):>8.1f} {p.percentile(0.99):>8.1f} {p.percentile(0.99, repeats_only=True):>10.1f} "
             f"{p.skipped:>7} {rss:>22} "
-            f"{p.server_cpu_s / max(1, p.beats) * 1000:>15.2f} {p.rows_written / max(1, p.ok):>9.3f} "
-            f"{p.probe_worst_s * 1000:>14.0f} {p.peak_in_flight:>14} {p.peak_lag_s * 1000:>11.0f} "
-            f"{p.client_cpu_s / p.seconds * 100:>12.0f}  {answers}{retry} refused {p.refused}"
+            f"{p.server_cpu_sec / max(1, p.beats) * 1000:>15.2f} {p.rows_written / max(1, p.ok):>9.3f} "
+            f"{p.probe_worst_sec * 1000:>14.0f} {p.peak_in_flight:>14} {p.peak_lag_sec * 1000:>11.0f} "
+            f"{p.client_cpu_sec / p.seconds * 100:>12.0f}  {answers}{retry} refused {p.refused}"
         )
     for p in phases[1:]:
-        cpu_ratio = (p.server_cpu_s / max(1, p.beats)) / (base.server_cpu_s / max(1, base.beats))
+        cpu_ratio = (p.server_cpu_sec / max(1, p.beats)) / (base.server_cpu_sec / max(1, base.beats))
         print(
             f"{p.name} vs {base.name}: ok/s x{p.rate / base.rate:.2f}, "
             f"p99 x{p.percentile(0.99) / base.percentile(0.99):.2f}, server CPU/beat x{cpu_ratio:.2f}, "

@@ -52,8 +52,8 @@ class Phase:
     records: list[Record] = field(default_factory=list)
     seconds: float = 0.0
     rss: list[float] = field(default_factory=list)
-    coordinator_cpu_s: float = 0.0
-    client_cpu_s: float = 0.0
+    coordinator_cpu_sec: float = 0.0
+    client_cpu_sec: float = 0.0
     peak_in_progress: int = 0
     verdict: Verdict | None = None
     round: Round | None = None
@@ -95,8 +95,8 @@ async def measure(stack: Stack, phase: Phase, load: Load, work: Awaitable[object
     cpu, client_cpu, started = cpu_seconds(stack.coordinator.pid), time.process_time(), time.perf_counter()
     await work
     phase.seconds = time.perf_counter() - started
-    phase.coordinator_cpu_s = cpu_seconds(stack.coordinator.pid) - cpu
-    phase.client_cpu_s = time.process_time() - client_cpu
+    phase.coordinator_cpu_sec = cpu_seconds(stack.coordinator.pid) - cpu
+    phase.client_cpu_sec = time.process_time() - client_cpu
     stop_rss.set()
     await sampler
     phase.records = load.records[first:]
@@ -126,7 +126,7 @@ async def kept_through_a_round(stack: Stack, load: Load, phase: Phase, streams: 
 async def run(args: argparse.Namespace, workdir: Path) -> list[Phase]:
     env = {"HETEROFLOW_COORDINATOR_MAX_CONCURRENT_REQUESTS": str(args.max_concurrent)} if args.max_concurrent else {}
     async with running(workdir, coordinator_env=env) as stack:
-        load = Load(stack.url, concurrency=max(args.streams, args.burst), max_tokens=args.max_tokens, timeout_s=600)
+        load = Load(stack.url, concurrency=max(args.streams, args.burst), max_tokens=args.max_tokens, timeout_sec=600)
         try:
             baseline = await measure(stack, Phase("baseline, no fault"), load, kept(load, args.streams, args.seconds))
             fault = Phase(f"scale-down of rank {DEAD_RANK}")
@@ -156,7 +156,7 @@ def report(phases: list[Phase], args: argparse.Namespace) -> None:
         print(
             f"{p.name:<24} {len(p.records):>7} {p.completion * 100:>6.1f} {p.rate:>6.1f} {p.latency_ms(0.5):>7.0f} "
             f"{p.latency_ms(0.95):>7.0f} {p.first_byte_ms(0.5):>8.0f} {p.peak_in_progress:>12} {rss:>28} "
-            f"{p.coordinator_cpu_s / p.seconds * 100:>11.0f} {p.client_cpu_s / p.seconds * 100:>12.0f}  "
+            f"{p.coordinator_cpu_sec / p.seconds * 100:>11.0f} {p.client_cpu_sec / p.seconds * 100:>12.0f}  "
             f"{dict(p.outcomes)}"
         )
     base, fault = phases[0], phases[1]

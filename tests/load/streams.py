@@ -290,16 +290,16 @@ async def running(workdir: Path, **kwargs: Any) -> AsyncIterator[Stack]:
 class Load:
     """Streaming chat completions through the Coordinator, as many in flight as asked, each recorded."""
 
-    def __init__(self, url: str, *, concurrency: int, max_tokens: int, timeout_s: float = 120.0) -> None:
+    def __init__(self, url: str, *, concurrency: int, max_tokens: int, timeout_sec: float = 120.0) -> None:
         self.records: list[Record] = []
         self.max_tokens = max_tokens
-        self._timeout_s = timeout_s
+        self._timeout_s = timeout_sec
         self._counter = 0
         self._clients = [
             httpx.AsyncClient(
                 base_url=url,
                 headers={"Authorization": f"Bearer {TEST_API_KEY}"},
-                timeout=httpx.Timeout(timeout_s, connect=10.0),
+                timeout=httpx.Timeout(timeout_sec, connect=10.0),
                 limits=httpx.Limits(max_connections=POOL_SIZE, max_keepalive_connections=POOL_SIZE),
             )
             for _ in range(-(-concurrency // POOL_SIZE))
@@ -423,12 +423,12 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[min(len(ordered) - 1, int(q * len(ordered)))] if ordered else float("nan")
 
 
-async def sample_rss(stack: Stack, samples: list[float], stop: asyncio.Event, *, period_s: float = 0.5) -> None:
-    """The Coordinator's RSS every ``period_s`` until ``stop``."""
+async def sample_rss(stack: Stack, samples: list[float], stop: asyncio.Event, *, period_sec: float = 0.5) -> None:
+    """The Coordinator's RSS every ``period_sec`` until ``stop``."""
     while not stop.is_set():
         samples.append(stack.coordinator_rss_mib())
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), period_s)
+            await asyncio.wait_for(stop.wait(), period_sec)
 
 
 def clean(outcome: str) -> bool:

@@ -110,17 +110,17 @@ def platform(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Platform]:
 
 @dataclass
 class Probe:
-    """Heartbeats of a node of the test's own, through the agent's real client, every ``interval_s``."""
+    """Heartbeats of a node of the test's own, through the agent's real client, every ``interval_sec``."""
 
     platform: Platform
     hostname: str
-    interval_s: float = 0.5
+    interval_sec: float = 0.5
     answers: list[tuple[str, float]] = field(default_factory=list)
     """(outcome, seconds) per beat: ``ok`` or the error's text."""
     _stop: threading.Event = field(default_factory=threading.Event)
 
     def run(self) -> None:
-        client = HttpPlatformClient(base_url=self.platform.server.url, token=self.platform.agent_token, timeout_s=10)
+        client = HttpPlatformClient(base_url=self.platform.server.url, token=self.platform.agent_token, timeout_sec=10)
         try:
             node_id: NodeId = client.register(
                 Registration(hostname=self.hostname, vendor="nvidia", model="sim", gpu_count=0, source="simulated")
@@ -133,7 +133,7 @@ class Probe:
                 except Exception as exc:
                     outcome = f"{type(exc).__name__}: {exc}"
                 self.answers.append((outcome, time.monotonic() - started))
-                self._stop.wait(self.interval_s)
+                self._stop.wait(self.interval_sec)
         finally:
             client.close()
 
@@ -242,10 +242,10 @@ def test_a_slow_body_flood_with_a_valid_agent_token_leaves_real_heartbeats_at_20
                 (held if not answer else []).append(sock)
                 if answer:
                     sock.close()
-        flooded_s = time.monotonic() - started
+        flooded_sec = time.monotonic() - started
         deadline = time.monotonic() + 3
-        while len(probe.answers) < 6 + 2 * flooded_s:  # the probe beats on while the held bodies hold
-            assert time.monotonic() < deadline + flooded_s, probe.answers
+        while len(probe.answers) < 6 + 2 * flooded_sec:  # the probe beats on while the held bodies hold
+            assert time.monotonic() < deadline + flooded_sec, probe.answers
             time.sleep(0.1)
         for sock in held:
             sock.close()

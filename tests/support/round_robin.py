@@ -32,13 +32,13 @@ class Forwarded:
 class RoundRobinProxy:
     """Listens on ``127.0.0.1:port`` and forwards to ``backends`` (base URLs ``http://host:port``)."""
 
-    def __init__(self, backends: Sequence[str], *, port: int, timeout_s: float = 10.0) -> None:
+    def __init__(self, backends: Sequence[str], *, port: int, timeout_sec: float = 10.0) -> None:
         self.backends = [urlsplit(url) for url in backends]
         self.url = f"http://127.0.0.1:{port}"
         self.log: list[Forwarded] = []
         self.refused: list[int] = []
         """Backend indexes whose connection was refused (one entry per refusal)."""
-        self._timeout_s = timeout_s
+        self._timeout_s = timeout_sec
         self._next = 0
         self._lock = threading.Lock()
         self._server = ThreadingHTTPServer(("127.0.0.1", port), self._handler_class())

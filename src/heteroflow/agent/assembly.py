@@ -118,11 +118,11 @@ def run_probe(
     *,
     runner: CommandRunner,
     clock: Clock,
-    timeout_s: float,
+    timeout_sec: float,
     nvml_loader: Callable[[], NvmlApi] = load_pynvml,
     kernel_log: KernelLog | None = None,
 ) -> dict[str, Any]:
-    selection = select_collector(choice, runner=runner, clock=clock, timeout_s=timeout_s, nvml_loader=nvml_loader)
+    selection = select_collector(choice, runner=runner, clock=clock, timeout_sec=timeout_sec, nvml_loader=nvml_loader)
     try:
         health = selection.first_health or selection.collector.read_health()
         return probe_report(selection, health, probe_xids(selection, clock, kernel_log))
@@ -160,7 +160,7 @@ def build_agent(
             settings.collector,
             runner=runner,
             clock=clock,
-            timeout_s=settings.tick_timeout_seconds,
+            timeout_sec=settings.tick_timeout_seconds,
             nvml_loader=nvml_loader,
         )
 
@@ -168,9 +168,9 @@ def build_agent(
     collection = CollectionService(
         selection=selection,
         clock=clock,
-        heartbeat_interval_s=settings.heartbeat_interval_seconds,
-        health_interval_s=settings.health_interval_seconds,
-        tick_timeout_s=settings.tick_timeout_seconds,
+        heartbeat_interval_sec=settings.heartbeat_interval_seconds,
+        health_interval_sec=settings.health_interval_seconds,
+        tick_timeout_sec=settings.tick_timeout_seconds,
         reselect=select if settings.collector == "auto" and not simulated else None,
     )
     watcher = None
@@ -182,7 +182,7 @@ def build_agent(
         or HttpPlatformClient(
             base_url=settings.server_url,
             token=settings.token,
-            timeout_s=settings.request_timeout_seconds,
+            timeout_sec=settings.request_timeout_seconds,
             credential_path=credential_path(settings.state_dir, server_url=settings.server_url, hostname=hostname),
         ),
         collection=collection,
@@ -190,9 +190,9 @@ def build_agent(
         clock=clock,
         hostname=hostname,
         source=source,
-        heartbeat_interval_s=settings.heartbeat_interval_seconds,
-        reconnect_initial_s=settings.reconnect_initial_seconds,
-        reconnect_max_s=settings.reconnect_max_seconds,
+        heartbeat_interval_sec=settings.heartbeat_interval_seconds,
+        reconnect_initial_sec=settings.reconnect_initial_seconds,
+        reconnect_max_sec=settings.reconnect_max_seconds,
         xid_watcher=watcher,
         xid_unwatched=unwatched_xid_status(selection.collector.name),
     )

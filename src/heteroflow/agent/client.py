@@ -40,9 +40,9 @@ class PlatformError(Exception):
 class ServerUnavailableError(PlatformError):
     """The server could not be reached, failed or is overloaded; the same request may succeed later."""
 
-    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+    def __init__(self, message: str, *, retry_after_sec: float | None = None) -> None:
         super().__init__(message)
-        self.retry_after_s = retry_after_s
+        self.retry_after_sec = retry_after_sec
         """The server's Retry-After in seconds, when it sent one: the earliest useful retry."""
 
 
@@ -53,9 +53,9 @@ class NodeGoneError(PlatformError):
 class CredentialRequiredError(PlatformError):
     """The hostname is registered and this agent cannot speak for it yet; the same registration may succeed later."""
 
-    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+    def __init__(self, message: str, *, retry_after_sec: float | None = None) -> None:
         super().__init__(message)
-        self.retry_after_s = retry_after_s
+        self.retry_after_sec = retry_after_sec
         """When the server says this agent's token may reclaim the node, seconds; ``None``: it did not say."""
 
 
@@ -136,7 +136,7 @@ class HttpPlatformClient:
         *,
         base_url: str,
         token: str,
-        timeout_s: float = 5.0,
+        timeout_sec: float = 5.0,
         transport: httpx.BaseTransport | None = None,
         credential_path: Path | None = None,
     ) -> None:
@@ -148,7 +148,7 @@ class HttpPlatformClient:
         self._http = httpx.Client(
             base_url=base_url.rstrip("/"),
             headers={"Authorization": f"Bearer {token}"},
-            timeout=timeout_s,
+            timeout=timeout_sec,
             transport=transport,
         )
 
@@ -162,7 +162,7 @@ class HttpPlatformClient:
             # 503 and 429 are how an overloaded server says "later": retrying is right, stopping would not be
             raise ServerUnavailableError(
                 f"server answered {response.status_code}: {_detail(response)}",
-                retry_after_s=retry_after_seconds(response.headers.get("retry-after")),
+                retry_after_sec=retry_after_seconds(response.headers.get("retry-after")),
             )
         return response
 
@@ -184,7 +184,7 @@ class HttpPlatformClient:
         response = self._post("/api/v1/nodes/register", wire.model_dump(mode="json"), credential=credential)
         if response.status_code == 409 and _error_code(response) == "node_credential_required":
             raise CredentialRequiredError(
-                _detail(response), retry_after_s=retry_after_seconds(response.headers.get("retry-after"))
+                _detail(response), retry_after_sec=retry_after_seconds(response.headers.get("retry-after"))
             )
         if response.status_code != 200:
             raise PermanentError(f"registration refused ({response.status_code}): {_detail(response)}")

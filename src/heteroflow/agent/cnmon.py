@@ -94,10 +94,10 @@ class CnmonCollector:
 
     name: CollectorName = "cnmon"
 
-    def __init__(self, *, runner: CommandRunner, clock: Clock, timeout_s: float = 10.0) -> None:
+    def __init__(self, *, runner: CommandRunner, clock: Clock, timeout_sec: float = 10.0) -> None:
         self._runner = runner
         self._clock = clock
-        self._timeout_s = timeout_s
+        self._timeout_s = timeout_sec
 
     def available(self) -> tuple[bool, str]:
         if self._runner.which(TOOL) is None:
@@ -106,7 +106,7 @@ class CnmonCollector:
 
     def _read(self) -> VendorTable:
         try:
-            result = self._runner.run([TOOL], timeout_s=self._timeout_s)
+            result = self._runner.run([TOOL], timeout_sec=self._timeout_s)
         except CommandError as exc:
             return VendorTable(health=(), telemetry=(), warnings=(str(exc),))
         table = parse_cnmon(result.stdout)

@@ -83,16 +83,16 @@ def build_collector(
     *,
     runner: CommandRunner,
     clock: Clock,
-    timeout_s: float,
+    timeout_sec: float,
     nvml_loader: Callable[[], NvmlApi] = load_pynvml,
 ) -> Collector:
     if choice == "nvml":
         return NvmlCollector(clock=clock, loader=nvml_loader)
     if choice == "nvidia-smi":
-        return NvidiaSmiCollector(runner=runner, clock=clock, timeout_s=timeout_s)
+        return NvidiaSmiCollector(runner=runner, clock=clock, timeout_sec=timeout_sec)
     if choice == "xpu-smi":
-        return XpuSmiCollector(runner=runner, clock=clock, timeout_s=timeout_s)
-    return CnmonCollector(runner=runner, clock=clock, timeout_s=timeout_s)
+        return XpuSmiCollector(runner=runner, clock=clock, timeout_sec=timeout_sec)
+    return CnmonCollector(runner=runner, clock=clock, timeout_sec=timeout_sec)
 
 
 def select_collector(
@@ -100,7 +100,7 @@ def select_collector(
     *,
     runner: CommandRunner,
     clock: Clock,
-    timeout_s: float,
+    timeout_sec: float,
     nvml_loader: Callable[[], NvmlApi] = load_pynvml,
 ) -> Selection:
     """The collector to use, or :class:`NoCollector` with every reason, never an exception.
@@ -111,7 +111,7 @@ def select_collector(
     order: tuple[VendorCollector, ...] = AUTO_ORDER if choice == "auto" else (choice,)
     warnings: list[str] = []
     for name in order:
-        collector = build_collector(name, runner=runner, clock=clock, timeout_s=timeout_s, nvml_loader=nvml_loader)
+        collector = build_collector(name, runner=runner, clock=clock, timeout_sec=timeout_sec, nvml_loader=nvml_loader)
         ok, why = collector.available()
         if not ok:
             warnings.append(why)

@@ -38,7 +38,7 @@ class CommandRunner(Protocol):
         """The path the tool would run from, or ``None`` when it is not installed."""
         ...
 
-    def run(self, argv: Sequence[str], *, timeout_s: float) -> CommandResult:
+    def run(self, argv: Sequence[str], *, timeout_sec: float) -> CommandResult:
         """Run a tool to completion. Raises :class:`ToolMissingError` or :class:`ToolTimeoutError`."""
         ...
 
@@ -53,7 +53,7 @@ class SubprocessRunner:
         path = (self._env or os.environ).get("PATH")
         return shutil.which(tool, path=path)
 
-    def run(self, argv: Sequence[str], *, timeout_s: float) -> CommandResult:
+    def run(self, argv: Sequence[str], *, timeout_sec: float) -> CommandResult:
         executable = self.which(argv[0])
         if executable is None:
             raise ToolMissingError(f"{argv[0]} is not installed (not found on PATH)")
@@ -63,12 +63,12 @@ class SubprocessRunner:
                 capture_output=True,
                 text=True,
                 errors="replace",
-                timeout=timeout_s,
+                timeout=timeout_sec,
                 env=self._env,
                 check=False,
             )
         except subprocess.TimeoutExpired as exc:
-            raise ToolTimeoutError(f"{argv[0]} did not answer within {timeout_s:g} s") from exc
+            raise ToolTimeoutError(f"{argv[0]} did not answer within {timeout_sec:g} s") from exc
         except OSError as exc:
             raise ToolMissingError(f"{argv[0]} could not be started: {exc}") from exc
         return CommandResult(returncode=done.returncode, stdout=done.stdout, stderr=done.stderr)

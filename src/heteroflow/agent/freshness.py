@@ -26,16 +26,16 @@ class Cached(Generic[C]):
     at_monotonic: float
 
 
-def freshness_limit(interval_s: float) -> float:
-    """Seconds a collection taken every ``interval_s`` stays reportable (3 periods)."""
-    return FRESHNESS_PERIODS * interval_s
+def freshness_limit(interval_sec: float) -> float:
+    """Seconds a collection taken every ``interval_sec`` stays reportable (3 periods)."""
+    return FRESHNESS_PERIODS * interval_sec
 
 
-def fresh(cached: Cached[C] | None, *, now_monotonic: float, interval_s: float) -> C | None:
+def fresh(cached: Cached[C] | None, *, now_monotonic: float, interval_sec: float) -> C | None:
     """The cached collection if it is within the freshness limit, else ``None`` (report unknown)."""
     if cached is None:
         return None
     age = now_monotonic - cached.at_monotonic
-    if age < 0 or age > freshness_limit(interval_s):
+    if age < 0 or age > freshness_limit(interval_sec):
         return None
     return cached.value

@@ -213,7 +213,7 @@ class _Probe:
 class NvidiaSmiCollector:
     """Reads all NVIDIA GPUs with one ``nvidia-smi --query-gpu`` call per tick.
 
-    The ``--help-query-gpu`` probe is cached for ``probe_ttl_s`` (30 minutes), so a tick normally starts
+    The ``--help-query-gpu`` probe is cached for ``probe_ttl_sec`` (30 minutes), so a tick normally starts
     exactly one process; a failed query drops the cache so the next tick re-probes.
     """
 
@@ -224,13 +224,13 @@ class NvidiaSmiCollector:
         *,
         runner: CommandRunner,
         clock: Clock,
-        timeout_s: float = 10.0,
-        probe_ttl_s: float = PROBE_TTL_SECONDS,
+        timeout_sec: float = 10.0,
+        probe_ttl_sec: float = PROBE_TTL_SECONDS,
     ) -> None:
         self._runner = runner
         self._clock = clock
-        self._timeout_s = timeout_s
-        self._probe_ttl_s = probe_ttl_s
+        self._timeout_s = timeout_sec
+        self._probe_ttl_s = probe_ttl_sec
         self._probe: _Probe | None = None
         self._probe_failure: tuple[str, float] | None = None
         self.probe_runs = 0
@@ -250,7 +250,7 @@ class NvidiaSmiCollector:
             return BASE_FIELDS, self._probe_failure[0]
         self.probe_runs += 1
         try:
-            result = self._runner.run([TOOL, "--help-query-gpu"], timeout_s=self._timeout_s)
+            result = self._runner.run([TOOL, "--help-query-gpu"], timeout_sec=self._timeout_s)
         except CommandError as exc:
             return self._probe_failed(f"nvidia-smi --help-query-gpu failed ({exc})", now)
         fields = parse_help_fields(result.stdout)
@@ -276,7 +276,7 @@ class NvidiaSmiCollector:
         if ("index",) not in chosen:
             raise CommandError("nvidia-smi does not list the field 'index'; GPUs cannot be told apart")
         fields = list(dict.fromkeys(chosen.values()))
-        result = self._runner.run(query_argv(fields), timeout_s=self._timeout_s)
+        result = self._runner.run(query_argv(fields), timeout_sec=self._timeout_s)
         rows, warnings = parse_query_rows(result.stdout, fields)
         if result.returncode != 0:
             bad = invalid_field_in(result.stdout + result.stderr)
@@ -322,7 +322,8 @@ class NvidiaSmiCollector:
         """Each card's PCI address (``pci.bus_id``) → (index, uuid), for the kernel log's XID lines."""
         try:
             result = self._runner.run(
-                [TOOL, "--query-gpu=index,uuid,pci.bus_id", "--format=csv,noheader,nounits"], timeout_s=self._timeout_s
+                [TOOL, "--query-gpu=index,uuid,pci.bus_id", "--format=csv,noheader,nounits"],
+                timeout_sec=self._timeout_s,
             )
         except CommandError:
             return {}

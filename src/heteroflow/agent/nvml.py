@@ -399,7 +399,7 @@ class XidWatcher:
 
     :meth:`poll` waits at most ``timeout_ms`` for one event, so the loop that calls it stays responsive to
     shutdown; NVML's timeout (``NVMLError_Timeout``) just means nothing happened. Any other error of the wait
-    is counted and backed off (:meth:`retry_delay_s`, doubling to 30 s): the error that matters most —
+    is counted and backed off (:meth:`retry_delay_sec`, doubling to 30 s): the error that matters most —
     GPU_IS_LOST, exactly when a card falls off the bus — is persistent, and retrying at once would spin a
     core. A lost card is found by asking each watched card for its uuid, reported (:meth:`status`) and left
     out of a new event set, so the other cards' XIDs are still read. Warnings are kept bounded and distinct.
@@ -473,9 +473,9 @@ class XidWatcher:
                 self._watched[index] = handle
         return bool(self._watched)
 
-    def retry_delay_s(self) -> float:
+    def retry_delay_sec(self) -> float:
         """Seconds to wait before the next poll: 0 after a good wait, a doubling backoff after failed ones."""
-        return backoff_delay(self._consecutive, initial_s=self.RETRY_INITIAL_S, max_s=self.RETRY_MAX_S)
+        return backoff_delay(self._consecutive, initial_sec=self.RETRY_INITIAL_S, max_sec=self.RETRY_MAX_S)
 
     def poll(self, timeout_ms: int) -> XidEvent | None:
         api = self._api

@@ -82,9 +82,9 @@ class Agent:
         clock: Clock,
         hostname: str,
         source: Source,
-        heartbeat_interval_s: float,
-        reconnect_initial_s: float,
-        reconnect_max_s: float,
+        heartbeat_interval_sec: float,
+        reconnect_initial_sec: float,
+        reconnect_max_sec: float,
         stop: threading.Event | None = None,
         xid_watcher: XidWatcher | None = None,
         xid_unwatched: XidCollectionStatus | None = None,
@@ -96,8 +96,8 @@ class Agent:
         self._clock = clock
         self._hostname = hostname
         self._source: Source = source
-        self._interval_s = heartbeat_interval_s
-        self._backoff = (reconnect_initial_s, reconnect_max_s)
+        self._interval_s = heartbeat_interval_sec
+        self._backoff = (reconnect_initial_sec, reconnect_max_sec)
         self.stop_event = stop or threading.Event()
         self._xid_watcher = xid_watcher
         self._xid_unwatched = xid_unwatched or not_collected(XID_NEEDS_NVML)
@@ -183,24 +183,24 @@ class Agent:
         if isinstance(exc, CredentialRequiredError):
             # the server says when this token may reclaim the node: come back then, not sooner, not later
             delay = (
-                min(exc.retry_after_s, self._backoff[1])
-                if exc.retry_after_s is not None
-                else retry_delay(failures, retry_after_s=None, initial_s=self._backoff[0], max_s=self._backoff[1])
+                min(exc.retry_after_sec, self._backoff[1])
+                if exc.retry_after_sec is not None
+                else retry_delay(failures, retry_after_sec=None, initial_sec=self._backoff[0], max_sec=self._backoff[1])
             )
             _log.error(
                 "agent.node_credential_missing",
                 hostname=self._hostname,
                 detail=str(exc),
-                retry_in_s=delay,
+                retry_in_sec=delay,
                 hint="this agent has no stored credential for its registered node (its state folder was lost); "
                 "it retries until its token may reclaim the node (offline long enough) or an operator releases "
                 "the node's credential: POST /api/v1/nodes/<node id>/release",
             )
             return delay
         delay = retry_delay(
-            failures, retry_after_s=exc.retry_after_s, initial_s=self._backoff[0], max_s=self._backoff[1]
+            failures, retry_after_sec=exc.retry_after_sec, initial_sec=self._backoff[0], max_sec=self._backoff[1]
         )
-        _log.warning("agent.server_unreachable", error=self._last_error, retry_in_s=delay)
+        _log.warning("agent.server_unreachable", error=self._last_error, retry_in_sec=delay)
         return delay
 
     def xid_collection(self) -> XidCollectionStatus:
@@ -250,7 +250,7 @@ class Agent:
                 if state.state != "collected" or reported is not None:
                     _log.warning("agent.xid_collection", state=state.state, reason=state.reason)
                 reported = state
-            delay = watcher.retry_delay_s()
+            delay = watcher.retry_delay_sec()
             if delay > 0 and self.stop_event.wait(delay):
                 break  # a failing wait is backed off, never retried at once
 
@@ -313,10 +313,10 @@ class Agent:
 
     def _wait_for_first_collection(self) -> None:
         """Register with the cards known: wait (bounded by one tick timeout) for the first telemetry."""
-        poll_s = 0.05
-        for _ in range(int(self._interval_s / poll_s) + 1):
+        poll_sec = 0.05
+        for _ in range(int(self._interval_s / poll_sec) + 1):
             _, telemetry = self._collection.snapshot()
-            if telemetry is not None or self.stop_event.wait(poll_s):
+            if telemetry is not None or self.stop_event.wait(poll_sec):
                 return
 
 

@@ -26,7 +26,7 @@ R = TypeVar("R")
 
 
 class TickWorker(Generic[R]):
-    """Runs one call at a time in a daemon thread and waits for it at most ``timeout_s``.
+    """Runs one call at a time in a daemon thread and waits for it at most ``timeout_sec``.
 
     A call that overruns keeps its thread (Python cannot kill it) but no second call is started while it
     is stuck: :meth:`run` answers ``None`` at once, so a hung collector costs one thread, not one per tick.
@@ -42,7 +42,7 @@ class TickWorker(Generic[R]):
         with self._lock:
             return self._busy is not None and not self._busy.is_set()
 
-    def run(self, fn: Callable[[], R], *, timeout_s: float) -> R | None:
+    def run(self, fn: Callable[[], R], *, timeout_sec: float) -> R | None:
         with self._lock:
             if self._busy is not None and not self._busy.is_set():
                 return None
@@ -59,7 +59,7 @@ class TickWorker(Generic[R]):
                 done.set()
 
         threading.Thread(target=call, name=f"heteroflow-{self._name}", daemon=True).start()
-        if not done.wait(timeout_s):
+        if not done.wait(timeout_sec):
             return None
         return box[0] if box else None
 
@@ -87,17 +87,17 @@ class CollectionService:
         *,
         selection: Selection,
         clock: Clock,
-        heartbeat_interval_s: float,
-        health_interval_s: float,
-        tick_timeout_s: float,
+        heartbeat_interval_sec: float,
+        health_interval_sec: float,
+        tick_timeout_sec: float,
         reselect: Callable[[], Selection] | None = None,
     ) -> None:
         self._clock = clock
         self._collector: Collector = selection.collector
         self._selection_warnings = selection.warnings
-        self.heartbeat_interval_s = heartbeat_interval_s
-        self.health_interval_s = health_interval_s
-        self._tick_timeout_s = tick_timeout_s
+        self.heartbeat_interval_sec = heartbeat_interval_sec
+        self.health_interval_sec = health_interval_sec
+        self._tick_timeout_s = tick_timeout_sec
         self._reselect = reselect
         self._lock = threading.Lock()
         self._health: Cached[HealthCollection] | None = None
@@ -126,7 +126,7 @@ class CollectionService:
                 self._collector = selection.collector
                 self._selection_warnings = selection.warnings
                 _log.info("agent.collector_selected", collector=selection.collector.name)
-        result = self._health_worker.run(self._collector.read_health, timeout_s=self._tick_timeout_s)
+        result = self._health_worker.run(self._collector.read_health, timeout_sec=self._tick_timeout_s)
         with self._lock:
             self._counts["health"] += 1
             if result is None:
@@ -138,7 +138,7 @@ class CollectionService:
         return result
 
     def tick_telemetry(self) -> TelemetryCollection | None:
-        result = self._telemetry_worker.run(self._collector.read_telemetry, timeout_s=self._tick_timeout_s)
+        result = self._telemetry_worker.run(self._collector.read_telemetry, timeout_sec=self._tick_timeout_s)
         with self._lock:
             self._counts["telemetry"] += 1
             if result is None:
@@ -153,8 +153,8 @@ class CollectionService:
         with self._lock:
             health, telemetry = self._health, self._telemetry
         return (
-            fresh(health, now_monotonic=now, interval_s=self.health_interval_s),
-            fresh(telemetry, now_monotonic=now, interval_s=self.heartbeat_interval_s),
+            fresh(health, now_monotonic=now, interval_sec=self.health_interval_sec),
+            fresh(telemetry, now_monotonic=now, interval_sec=self.heartbeat_interval_sec),
         )
 
     def status(self) -> CollectionStatus:
@@ -174,35 +174,35 @@ class CollectionService:
             warnings=tuple(warnings),
         )
 
-    def _loop(self, tick: Callable[[], object], interval_s: float, *, first_delay_s: float) -> None:
-        if self._stop.wait(first_delay_s):
+    def _loop(self, tick: Callable[[], object], interval_sec: float, *, first_delay_sec: float) -> None:
+        if self._stop.wait(first_delay_sec):
             return
         while not self._stop.is_set():
             tick()
-            if self._stop.wait(interval_s):
+            if self._stop.wait(interval_sec):
                 return
 
     def start(self) -> None:
         """Start both loops. The first telemetry tick runs at once; the first health tick too, unless the
         selection already provided a fresh one."""
-        health_delay = self.health_interval_s if self._health is not None else 0.0
+        health_delay = self.health_interval_sec if self._health is not None else 0.0
         for name, tick, interval, delay in (
-            ("telemetry", self.tick_telemetry, self.heartbeat_interval_s, 0.0),
-            ("health", self.tick_health, self.health_interval_s, health_delay),
+            ("telemetry", self.tick_telemetry, self.heartbeat_interval_sec, 0.0),
+            ("health", self.tick_health, self.health_interval_sec, health_delay),
         ):
             thread = threading.Thread(
                 target=self._loop,
                 args=(tick, interval),
-                kwargs={"first_delay_s": delay},
+                kwargs={"first_delay_sec": delay},
                 name=f"heteroflow-{name}-loop",
                 daemon=True,
             )
             thread.start()
             self._threads.append(thread)
 
-    def stop(self, timeout_s: float = 5.0) -> None:
+    def stop(self, timeout_sec: float = 5.0) -> None:
         self._stop.set()
         for thread in self._threads:
-            thread.join(timeout_s)
+            thread.join(timeout_sec)
         self._threads.clear()
         self._collector.close()

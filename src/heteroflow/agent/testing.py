@@ -43,13 +43,13 @@ class FakeCommandRunner:
     def which(self, tool: str) -> str | None:
         return f"/fake/bin/{tool}" if tool in self.installed else None
 
-    def run(self, argv: Sequence[str], *, timeout_s: float) -> CommandResult:
+    def run(self, argv: Sequence[str], *, timeout_sec: float) -> CommandResult:
         self.calls.append(tuple(argv))
         tool = argv[0]
         if tool not in self.installed:
             raise ToolMissingError(f"{tool} is not installed (not found on PATH)")
         if tool in self.hang:
-            raise ToolTimeoutError(f"{tool} did not answer within {timeout_s:g} s")
+            raise ToolTimeoutError(f"{tool} did not answer within {timeout_sec:g} s")
         answer = self.answers.get(tool, CommandResult(returncode=127, stdout="", stderr="no answer"))
         return answer(argv) if callable(answer) else answer
 

@@ -34,11 +34,11 @@ class _Seen:
 
 class XidMerger:
     def __init__(
-        self, *, sink: Callable[[XidEvent], None], monotonic: Callable[[], float], window_s: float = DEFAULT_WINDOW_S
+        self, *, sink: Callable[[XidEvent], None], monotonic: Callable[[], float], window_sec: float = DEFAULT_WINDOW_S
     ) -> None:
         self._sink = sink
         self._monotonic = monotonic
-        self._window = window_s
+        self._window = window_sec
         self._lock = threading.Lock()
         self._held: deque[_Seen] = deque()
         self._recent: dict[XidSource, deque[_Seen]] = {

@@ -141,10 +141,10 @@ class XpuSmiCollector:
 
     name: CollectorName = "xpu-smi"
 
-    def __init__(self, *, runner: CommandRunner, clock: Clock, timeout_s: float = 10.0) -> None:
+    def __init__(self, *, runner: CommandRunner, clock: Clock, timeout_sec: float = 10.0) -> None:
         self._runner = runner
         self._clock = clock
-        self._timeout_s = timeout_s
+        self._timeout_s = timeout_sec
         self._query_failed_at: float | None = None
 
     def available(self) -> tuple[bool, str]:
@@ -157,7 +157,7 @@ class XpuSmiCollector:
 
     def _read_text(self) -> tuple[VendorTable, str]:
         try:
-            result = self._runner.run([TOOL], timeout_s=self._timeout_s)
+            result = self._runner.run([TOOL], timeout_sec=self._timeout_s)
         except CommandError as exc:
             return VendorTable(health=(), telemetry=(), warnings=(str(exc),)), ""
         table = parse_xpu_smi(result.stdout)
@@ -191,7 +191,7 @@ class XpuSmiCollector:
         if self._query_failed_at is not None and mono - self._query_failed_at < QUERY_RETRY_SECONDS:
             return None, None
         try:
-            result = self._runner.run([TOOL, "-q"], timeout_s=self._timeout_s)
+            result = self._runner.run([TOOL, "-q"], timeout_sec=self._timeout_s)
         except CommandError as exc:
             self._query_failed_at = mono
             return None, f"xpu-smi -q failed ({exc}); uuid unknown, ECC from the table's volatile column"

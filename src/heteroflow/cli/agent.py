@@ -95,7 +95,7 @@ def probe(
         choice,
         runner=SubprocessRunner(),
         clock=SystemClock(),
-        timeout_s=timeout,
+        timeout_sec=timeout,
         kernel_log=kernel_log_from(AgentSettings().kernel_log),
     )
     if as_json:

@@ -11,7 +11,7 @@ Two signals, because requests queue in two places:
 - **Event-loop lag** — requests the loop has not reached yet. A handler that never waits (a heartbeat served
   from memory) is never "in flight" for long, so under overload the queue forms *before* the application: in
   sockets and in the loop's ready queue, where no counter sees it. How late a periodic timer fires measures
-  that wait (:func:`watch_loop_lag`); above ``max_lag_s`` new requests are refused until the loop catches up.
+  that wait (:func:`watch_loop_lag`); above ``max_lag_sec`` new requests are refused until the loop catches up.
 
 Pieces, none importing a web framework:
 
@@ -45,31 +45,31 @@ class AdmissionStatus:
     """A snapshot of one gate, for status routes, metrics and tests."""
 
     max_in_flight: int
-    max_lag_s: float | None
+    max_lag_sec: float | None
     in_flight: int
     peak_in_flight: int
     """The most requests in flight at once since the service started."""
-    lag_s: float
+    lag_sec: float
     """The event loop's lag as last measured, seconds (0 when it is not watched)."""
-    peak_lag_s: float
+    peak_lag_sec: float
     admitted_total: int
     refused_busy_total: int
     refused_lagging_total: int
 
 
 class AdmissionGate:
-    """At most ``max_in_flight`` holders at once, and none while the loop lags more than ``max_lag_s``.
+    """At most ``max_in_flight`` holders at once, and none while the loop lags more than ``max_lag_sec``.
 
     Not thread-safe: one event loop owns it.
     """
 
-    def __init__(self, *, max_in_flight: int, max_lag_s: float | None = None) -> None:
+    def __init__(self, *, max_in_flight: int, max_lag_sec: float | None = None) -> None:
         if max_in_flight < 1:
             raise ValueError("an admission gate must admit at least one request at a time")
-        if max_lag_s is not None and max_lag_s <= 0:
+        if max_lag_sec is not None and max_lag_sec <= 0:
             raise ValueError("the lag bound must be positive (None: lag is not a reason to refuse)")
         self.max_in_flight = max_in_flight
-        self.max_lag_s = max_lag_s
+        self.max_lag_sec = max_lag_sec
         self._in_flight = 0
         self._peak = 0
         self._lag_s = 0.0
@@ -77,15 +77,15 @@ class AdmissionGate:
         self._admitted = 0
         self._refused: dict[Refusal, int] = {"busy": 0, "lagging": 0}
 
-    def observe_lag(self, lag_s: float) -> None:
+    def observe_lag(self, lag_sec: float) -> None:
         """The newest measurement of the event loop's lag, seconds."""
-        self._lag_s = max(0.0, lag_s)
+        self._lag_s = max(0.0, lag_sec)
         self._peak_lag_s = max(self._peak_lag_s, self._lag_s)
 
     def try_enter(self) -> Refusal | None:
         """Take a slot (``None``), or say why not (counted as refused)."""
         refusal: Refusal | None = None
-        if self.max_lag_s is not None and self._lag_s > self.max_lag_s:
+        if self.max_lag_sec is not None and self._lag_s > self.max_lag_sec:
             refusal = "lagging"
         elif self._in_flight >= self.max_in_flight:
             refusal = "busy"
@@ -103,24 +103,24 @@ class AdmissionGate:
     def status(self) -> AdmissionStatus:
         return AdmissionStatus(
             max_in_flight=self.max_in_flight,
-            max_lag_s=self.max_lag_s,
+            max_lag_sec=self.max_lag_sec,
             in_flight=self._in_flight,
             peak_in_flight=self._peak,
-            lag_s=self._lag_s,
-            peak_lag_s=self._peak_lag_s,
+            lag_sec=self._lag_s,
+            peak_lag_sec=self._peak_lag_s,
             admitted_total=self._admitted,
             refused_busy_total=self._refused["busy"],
             refused_lagging_total=self._refused["lagging"],
         )
 
 
-async def watch_loop_lag(gate: AdmissionGate, *, period_s: float = 0.05) -> None:
-    """Measure, every ``period_s``, how late the running loop fires a timer, and tell ``gate``; runs until
+async def watch_loop_lag(gate: AdmissionGate, *, period_sec: float = 0.05) -> None:
+    """Measure, every ``period_sec``, how late the running loop fires a timer, and tell ``gate``; runs until
     cancelled. The lateness is the wait a request arriving now sees before the loop gets to it."""
     loop = asyncio.get_running_loop()
     while True:
-        due = loop.time() + period_s
-        await asyncio.sleep(period_s)
+        due = loop.time() + period_sec
+        await asyncio.sleep(period_sec)
         gate.observe_lag(loop.time() - due)
 
 
@@ -132,7 +132,7 @@ class AdmissionLimit:
     """ASGI middleware: requests for which ``applies(scope)`` is true pass only through ``gate``.
 
     An admitted request holds its slot until the application returns (a streamed answer: its last byte). A
-    refused one is answered 503 with ``Retry-After: retry_after_s`` at once; its body is never read (that is
+    refused one is answered 503 with ``Retry-After: retry_after_sec`` at once; its body is never read (that is
     the point of refusing early).
     """
 
@@ -142,14 +142,14 @@ class AdmissionLimit:
         *,
         gate: AdmissionGate,
         applies: Callable[[Scope], bool],
-        retry_after_s: int,
+        retry_after_sec: int,
         render: Render,
         on_refused: Callable[[Scope, Refusal], None] | None = None,
     ) -> None:
         self.app = app
         self.gate = gate
         self.applies = applies
-        self.retry_after_s = retry_after_s
+        self.retry_after_sec = retry_after_sec
         self.render = render
         self.on_refused = on_refused
 
@@ -173,7 +173,7 @@ class AdmissionLimit:
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
-            (b"retry-after", str(self.retry_after_s).encode()),
+            (b"retry-after", str(self.retry_after_sec).encode()),
         ]
         await send({"type": "http.response.start", "status": 503, "headers": headers})
         await send({"type": "http.response.body", "body": body})

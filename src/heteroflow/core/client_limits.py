@@ -105,7 +105,7 @@ class ClientLimit:
         *,
         limiter: InFlightByKey,
         key_of: Callable[[Scope], str | None],
-        retry_after_s: int,
+        retry_after_sec: int,
         render: Render,
         on_refused: Callable[[Scope], None] | None = None,
         status: int = 429,
@@ -113,7 +113,7 @@ class ClientLimit:
         self.app = app
         self.limiter = limiter
         self.key_of = key_of
-        self.retry_after_s = retry_after_s
+        self.retry_after_sec = retry_after_sec
         self.render = render
         self.on_refused = on_refused
         self.status = status
@@ -138,7 +138,7 @@ class ClientLimit:
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(body)).encode()),
-            (b"retry-after", str(self.retry_after_s).encode()),
+            (b"retry-after", str(self.retry_after_sec).encode()),
             (b"connection", b"close"),  # the body the client may still be sending is never read
         ]
         await send({"type": "http.response.start", "status": self.status, "headers": headers})

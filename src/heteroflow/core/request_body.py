@@ -13,7 +13,7 @@ Errors::
 
     BodyError (ValueError)
     ├── BodyTooLargeError      413  more than ``max_bytes`` (declared by Content-Length, or received)
-    ├── BodyTimeoutError       408  the body did not arrive within ``read_timeout_s`` (a slow sender is cut off)
+    ├── BodyTimeoutError       408  the body did not arrive within ``read_timeout_sec`` (a slow sender is cut off)
     └── InvalidJsonBodyError   400  nested deeper than ``max_depth``; declared JSON but not UTF-8 (or -16, -32);
                                     NaN or Infinity (not JSON, and not writable back as JSON); a string with a
                                     lone surrogate escape (``"\\ud800"``: text no encoder can write)
@@ -230,7 +230,7 @@ class BodyLimit:
     """ASGI middleware: every HTTP request body is read here first and refused when :func:`check_body` says so.
 
     A Content-Length over the limit is answered at once, without reading; a body sent without one is cut off
-    as soon as it passes the limit; a body still arriving after ``read_timeout_s`` is answered 408 (the slow
+    as soon as it passes the limit; a body still arriving after ``read_timeout_sec`` is answered 408 (the slow
     sender's connection is closed). An accepted body is handed to the application unchanged, in one message.
     """
 
@@ -241,7 +241,7 @@ class BodyLimit:
         render: Render,
         max_bytes: int = MAX_BODY_BYTES,
         max_depth: int = MAX_JSON_DEPTH,
-        read_timeout_s: float = BODY_READ_TIMEOUT_S,
+        read_timeout_sec: float = BODY_READ_TIMEOUT_S,
         too_large_status: int = BodyTooLargeError.status,
         strict_text: Callable[[Scope], bool] | None = None,
         applies: Callable[[Scope], bool] | None = None,
@@ -257,7 +257,7 @@ class BodyLimit:
         self.render = render
         self.max_bytes = max_bytes
         self.max_depth = max_depth
-        self.read_timeout_s = read_timeout_s
+        self.read_timeout_sec = read_timeout_sec
         self.too_large_status = too_large_status
         """413, or 400 where a service's contract answers every refused body 400 (the controller's)."""
         self.strict_text = strict_text
@@ -270,11 +270,11 @@ class BodyLimit:
             return
         try:
             try:
-                async with asyncio.timeout(self.read_timeout_s):
+                async with asyncio.timeout(self.read_timeout_sec):
                     body = await self._read(scope, receive)
             except TimeoutError as exc:
                 raise BodyTimeoutError(
-                    f"the request body did not arrive within {self.read_timeout_s:g} s; send it at once"
+                    f"the request body did not arrive within {self.read_timeout_sec:g} s; send it at once"
                 ) from exc
             if body is None:
                 return  # the client went away before its body ended: there is no one to answer

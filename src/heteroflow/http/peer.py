@@ -5,7 +5,7 @@ Errors (foreign ones translated here with ``raise … from``)::
     PeerError
     ├── Unavailable   nobody answered (refused, reset, timeout), or the peer answered one of the client's
     │                 ``unavailable_statuses`` (an overloaded peer's 503): the same request may succeed later,
-    │                 not before ``retry_after_s`` when the peer sent a Retry-After
+    │                 not before ``retry_after_sec`` when the peer sent a Retry-After
     └── Rejected      the peer answered another status than the route's success, or an answer that breaks the
                       contract (``status``: the HTTP status; ``None`` when the answer was not even JSON)
 
@@ -35,9 +35,9 @@ class PeerError(Exception):
 class Unavailable(PeerError):
     """The peer could not be reached, or said it is overloaded: the same request may succeed later."""
 
-    def __init__(self, message: str, *, retry_after_s: float | None = None) -> None:
+    def __init__(self, message: str, *, retry_after_sec: float | None = None) -> None:
         super().__init__(message)
-        self.retry_after_s = retry_after_s
+        self.retry_after_sec = retry_after_sec
         """The peer's Retry-After in seconds, when it sent one: the earliest useful retry."""
 
 
@@ -82,12 +82,12 @@ class JsonPeer:
         self,
         *,
         token: str | None,
-        timeout_s: float,
+        timeout_sec: float,
         transport_for: TransportFor | None = None,
         unavailable_statuses: Collection[int] = (),
     ) -> None:
         self._headers = {"Authorization": f"Bearer {token}"} if token else {}
-        self._timeout_s = timeout_s
+        self._timeout_s = timeout_sec
         self._transport_for = transport_for
         self._unavailable = frozenset(unavailable_statuses)
         self._clients: dict[str, httpx.AsyncClient] = {}
@@ -104,13 +104,13 @@ class JsonPeer:
         return client
 
     async def send(
-        self, base_url: str, method: str, path: str, content: str | None = None, *, timeout_s: float | None = None
+        self, base_url: str, method: str, path: str, content: str | None = None, *, timeout_sec: float | None = None
     ) -> httpx.Response:
         """The peer's answer, whatever its status; :class:`Unavailable` when there is none.
 
-        ``timeout_s`` can only lengthen the client's timeout (a route known to take longer), never shorten it.
+        ``timeout_sec`` can only lengthen the client's timeout (a route known to take longer), never shorten it.
         """
-        timeout = self._timeout_s if timeout_s is None else max(timeout_s, self._timeout_s)
+        timeout = self._timeout_s if timeout_sec is None else max(timeout_sec, self._timeout_s)
         try:
             return await self._client(base_url).request(method, path, content=content, headers=_JSON, timeout=timeout)
         except httpx.HTTPError as exc:
@@ -122,7 +122,7 @@ class JsonPeer:
             return
         message = f"{method} {where}: HTTP {status}: {detail_of(response)}"
         if status in self._unavailable:
-            raise Unavailable(message, retry_after_s=retry_after_seconds(response.headers.get("retry-after")))
+            raise Unavailable(message, retry_after_sec=retry_after_seconds(response.headers.get("retry-after")))
         raise Rejected(message, status=status)
 
     async def post(
@@ -133,10 +133,12 @@ class JsonPeer:
         answer: type[_M],
         *,
         ok: Collection[int] = (200,),
-        timeout_s: float | None = None,
+        timeout_sec: float | None = None,
     ) -> _M:
         """POST ``body`` (without its ``None`` fields) and read the answer as ``answer``."""
-        response = await self.send(base_url, "POST", path, body.model_dump_json(exclude_none=True), timeout_s=timeout_s)
+        response = await self.send(
+            base_url, "POST", path, body.model_dump_json(exclude_none=True), timeout_sec=timeout_sec
+        )
         self._check(response, "POST", f"{base_url}{path}", ok)
         try:
             return answer.model_validate_json(response.content or b"{}")

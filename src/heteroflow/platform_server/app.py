@@ -121,7 +121,7 @@ def build_context(
         token_cache=TtlCache(ttl_seconds=settings.auth_cache_seconds, max_entries=10_000),
         node_cache=TtlCache(ttl_seconds=settings.node_cache_seconds, max_entries=100_000),
         heartbeat_admission=AdmissionGate(
-            max_in_flight=settings.max_in_flight_heartbeats, max_lag_s=settings.heartbeat_shed_lag_seconds
+            max_in_flight=settings.max_in_flight_heartbeats, max_lag_sec=settings.heartbeat_shed_lag_seconds
         ),
         node_limit=InFlightByKey(max_per_client=settings.max_in_flight_per_node),
         peer_limit=InFlightByKey(max_per_client=settings.max_in_flight_per_peer),
@@ -189,13 +189,13 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
     # one by its route (a bad reading never costs the beat)
     app.add_middleware(node_routes.LeanHeartbeat, ctx=ctx)
     app.add_middleware(BodyLimit, render=refused_body, strict_text=lambda scope: not _is_heartbeat(scope))
-    retry_after_s = max(1, math.ceil(ctx.settings.heartbeat_interval_seconds))
+    retry_after_sec = max(1, math.ceil(ctx.settings.heartbeat_interval_seconds))
     # a refused heartbeat costs no body read at all; only authenticated heartbeats count
     app.add_middleware(
         AdmissionLimit,
         gate=ctx.heartbeat_admission,
         applies=_is_heartbeat,
-        retry_after_s=retry_after_s,
+        retry_after_sec=retry_after_sec,
         render=overloaded,
         on_refused=lambda _, why: ctx.metrics.heartbeats_refused.labels(reason=why).inc(),
     )
@@ -205,7 +205,7 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
         ClientLimit,
         limiter=ctx.node_limit,
         key_of=heartbeat_node_id,
-        retry_after_s=retry_after_s,
+        retry_after_sec=retry_after_sec,
         render=limited("this node"),
         on_refused=lambda _: ctx.metrics.requests_limited.labels(limit="node").inc(),
     )
@@ -213,7 +213,7 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
         ClientLimit,
         limiter=ctx.peer_limit,
         key_of=lambda scope: peer_address(scope) if may_carry_body(scope) else None,
-        retry_after_s=retry_after_s,
+        retry_after_sec=retry_after_sec,
         render=limited("this address"),
         on_refused=lambda _: ctx.metrics.requests_limited.labels(limit="peer").inc(),
     )

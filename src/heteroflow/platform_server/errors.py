@@ -82,9 +82,9 @@ class NodeCredentialRequired(Conflict):
 
     code = "node_credential_required"
 
-    def __init__(self, message: str, *, retry_after_s: int | None = None) -> None:
+    def __init__(self, message: str, *, retry_after_sec: int | None = None) -> None:
         super().__init__(message)
-        self.retry_after_s = retry_after_s
+        self.retry_after_sec = retry_after_sec
 
 
 class TooManyRequests(ApiError):
@@ -142,8 +142,8 @@ def limited(what: str) -> Callable[[object, int], dict[str, object]]:
 
 def error_response(exc: ApiError) -> JSONResponse:
     headers = challenge_headers(exc.status_code)
-    if isinstance(exc, NodeCredentialRequired) and exc.retry_after_s is not None:
-        headers = {"Retry-After": str(exc.retry_after_s)}
+    if isinstance(exc, NodeCredentialRequired) and exc.retry_after_sec is not None:
+        headers = {"Retry-After": str(exc.retry_after_sec)}
     return JSONResponse({"error": exc.code, "detail": exc.message}, status_code=exc.status_code, headers=headers)
 
 

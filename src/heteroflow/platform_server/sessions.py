@@ -142,9 +142,9 @@ def secure(scope: AsgiScope) -> bool:
     return scope.get("scheme") == "https"
 
 
-def set_cookie(secret: str, *, max_age_s: int, secure: bool) -> str:
+def set_cookie(secret: str, *, max_age_sec: int, secure: bool) -> str:
     """The ``Set-Cookie`` value that starts a session."""
-    return f"{SESSION_COOKIE}={secret}; Max-Age={max_age_s}; Path=/; HttpOnly; SameSite=Strict" + (
+    return f"{SESSION_COOKIE}={secret}; Max-Age={max_age_sec}; Path=/; HttpOnly; SameSite=Strict" + (
         "; Secure" if secure else ""
     )
 

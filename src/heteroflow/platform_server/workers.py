@@ -96,12 +96,12 @@ class SiblingMetrics:
         render_own: Callable[[], bytes],
         *,
         name: str | None = None,
-        timeout_s: float = SIBLING_TIMEOUT_S,
+        timeout_sec: float = SIBLING_TIMEOUT_S,
     ) -> None:
         self._directory = directory
         self._render_own = render_own
         self._path = directory / f"{name or os.getpid()}.sock"
-        self._timeout_s = timeout_s
+        self._timeout_s = timeout_sec
         self._server: asyncio.Server | None = None
         self.unanswered_total = 0
         """Sibling renders left out of a scrape (no answer within the timeout, or a broken answer)."""

@@ -116,14 +116,14 @@ def agent_env(bin_dir: Path, **fake: str) -> dict[str, str]:
     return env
 
 
-def poll(check: object, *, timeout_s: float = 20.0, every_s: float = 0.1) -> object:
+def poll(check: object, *, timeout_sec: float = 20.0, every_sec: float = 0.1) -> object:
     """Call ``check`` until it returns something truthy or the deadline passes (then fail)."""
     assert callable(check)
-    deadline = time.monotonic() + timeout_s
+    deadline = time.monotonic() + timeout_sec
     while True:
         value = check()
         if value:
             return value
         if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout_s} s (last value {value!r})")
-        time.sleep(every_s)
+            raise AssertionError(f"condition not met within {timeout_sec} s (last value {value!r})")
+        time.sleep(every_sec)

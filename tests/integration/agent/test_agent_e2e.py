@@ -198,7 +198,7 @@ def test_xid_collection_that_fails_is_shown_on_the_node_and_in_the_capability_ma
         "nvml",
         runner=FakeCommandRunner(installed=[]),
         clock=SystemClock(),
-        timeout_s=5,
+        timeout_sec=5,
         nvml_loader=lambda: FakeNvml(gpus),
     )
     assert probe["xid_events"]["state"] == "not_collected"

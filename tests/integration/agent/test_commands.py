@@ -28,7 +28,9 @@ def test_a_real_child_process_answers(tmp_path: Path) -> None:
             FAKE_NVIDIA_SMI_CSV=str(OWN_FIXTURES / "query-gpu.synthetic.csv"),
         )
     )
-    result = runner.run(["nvidia-smi", "--query-gpu=index,bogus.field", "--format=csv,noheader,nounits"], timeout_s=30)
+    result = runner.run(
+        ["nvidia-smi", "--query-gpu=index,bogus.field", "--format=csv,noheader,nounits"], timeout_sec=30
+    )
     assert result.returncode != 0
     assert 'Field "bogus.field" is not a valid field to query.' in result.stdout
 
@@ -37,12 +39,12 @@ def test_a_missing_tool(tmp_path: Path) -> None:
     runner = SubprocessRunner(env_with(tmp_path))
     assert runner.which("cnmon") is None
     with pytest.raises(ToolMissingError):
-        runner.run(["cnmon"], timeout_s=5)
+        runner.run(["cnmon"], timeout_sec=5)
 
 
 def test_a_hung_tool_is_killed_at_the_time_limit(tmp_path: Path) -> None:
     runner = SubprocessRunner(env_with(fake_smi_path(tmp_path), FAKE_NVIDIA_SMI_HANG="1"))
     started = time.monotonic()
     with pytest.raises(ToolTimeoutError):
-        runner.run(["nvidia-smi", "--help-query-gpu"], timeout_s=1.0)
+        runner.run(["nvidia-smi", "--help-query-gpu"], timeout_sec=1.0)
     assert time.monotonic() - started < 10

@@ -83,7 +83,7 @@ def test_an_overloaded_server_means_retry_later_not_stop(status: int, method: st
     client = client_for(httpx.MockTransport(lambda _: answer))
     with pytest.raises(ServerUnavailableError) as raised:
         client.register(REG) if method == "register" else client.heartbeat(NodeId("abc"), {})
-    assert raised.value.retry_after_s == 7.0
+    assert raised.value.retry_after_sec == 7.0
 
 
 @pytest.mark.parametrize(
@@ -110,7 +110,7 @@ def test_a_missing_node_credential_is_a_wait_with_the_servers_retry_after_not_a_
     client = client_for(httpx.MockTransport(lambda _: answer))
     with pytest.raises(CredentialRequiredError, match="reclaim the node in 42 s") as caught:
         client.register(REG)
-    assert caught.value.retry_after_s == 42
+    assert caught.value.retry_after_sec == 42
 
 
 def test_connection_errors_are_unavailable() -> None:

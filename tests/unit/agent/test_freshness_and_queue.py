@@ -17,9 +17,9 @@ T0 = datetime(2026, 1, 1, tzinfo=UTC)
 def test_freshness_is_three_collection_periods() -> None:
     assert freshness_limit(60) == 180
     cached = Cached(value=HealthCollection(collector="nvml", collected_at=T0), at_monotonic=100.0)
-    assert fresh(cached, now_monotonic=280.0, interval_s=60) is cached.value
-    assert fresh(cached, now_monotonic=280.001, interval_s=60) is None
-    assert fresh(None, now_monotonic=0.0, interval_s=60) is None
+    assert fresh(cached, now_monotonic=280.0, interval_sec=60) is cached.value
+    assert fresh(cached, now_monotonic=280.001, interval_sec=60) is None
+    assert fresh(None, now_monotonic=0.0, interval_sec=60) is None
 
 
 def event(n: int) -> XidEvent:
@@ -70,12 +70,14 @@ def test_queue_invariants(ops: list[str], capacity: int) -> None:
 
 
 def test_backoff_doubles_and_caps() -> None:
-    assert [backoff_delay(n, initial_s=1, max_s=30) for n in range(8)] == [0, 1, 2, 4, 8, 16, 30, 30]
-    assert backoff_delay(10_000, initial_s=1, max_s=30) == 30
+    assert [backoff_delay(n, initial_sec=1, max_sec=30) for n in range(8)] == [0, 1, 2, 4, 8, 16, 30, 30]
+    assert backoff_delay(10_000, initial_sec=1, max_sec=30) == 30
 
 
 def test_retry_after_is_a_floor_under_the_backoff_capped_by_its_maximum() -> None:
-    assert retry_delay(1, retry_after_s=None, initial_s=1, max_s=30) == 1
-    assert retry_delay(1, retry_after_s=5, initial_s=1, max_s=30) == 5  # an overloaded server's "come back in 5 s"
-    assert retry_delay(5, retry_after_s=5, initial_s=1, max_s=30) == 16  # the backoff is already longer
-    assert retry_delay(1, retry_after_s=3600, initial_s=1, max_s=30) == 30
+    assert retry_delay(1, retry_after_sec=None, initial_sec=1, max_sec=30) == 1
+    assert (
+        retry_delay(1, retry_after_sec=5, initial_sec=1, max_sec=30) == 5
+    )  # an overloaded server's "come back in 5 s"
+    assert retry_delay(5, retry_after_sec=5, initial_sec=1, max_sec=30) == 16  # the backoff is already longer
+    assert retry_delay(1, retry_after_sec=3600, initial_sec=1, max_sec=30) == 30

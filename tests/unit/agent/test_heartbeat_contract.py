@@ -71,7 +71,7 @@ def _nvidia_smi(stem: str, phase: str) -> Callable[[Path, FakeClock], Collector]
     def make(fixtures: Path, clock: FakeClock) -> Collector:
         capture = (fixtures / "nvidia-smi" / f"nvidia_gpu_exporter__capture__linux-x86_64__{stem}.txt").read_text()
         runner = smi_runner(help_text=FAKE_SMI.help_section(capture), csv_text=FAKE_SMI.csv_section(capture, phase))
-        return NvidiaSmiCollector(runner=runner, clock=clock, timeout_s=5.0)
+        return NvidiaSmiCollector(runner=runner, clock=clock, timeout_sec=5.0)
 
     return make
 

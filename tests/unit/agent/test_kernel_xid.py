@@ -301,7 +301,7 @@ def test_the_probe_reports_the_kernel_log_source_and_its_cards(tmp_path: Path) -
 def test_merger_reports_an_xid_seen_by_both_sources_once_with_the_kernel_time() -> None:
     clock = FakeClock()
     out: list[XidEvent] = []
-    merger = XidMerger(sink=out.append, monotonic=clock.monotonic, window_s=5.0)
+    merger = XidMerger(sink=out.append, monotonic=clock.monotonic, window_sec=5.0)
     merger.hold_nvml_events(True)
     nvml_time, kernel_time = clock.now(), clock.now() - timedelta(seconds=2)
     merger.offer("nvml", XidEvent(index=0, uuid="GPU-a", xid=48, occurred_at=nvml_time))
@@ -338,8 +338,8 @@ def test_merger_passes_nvml_events_through_when_the_kernel_log_is_not_read() -> 
     assert len(out) == 1
 
 
-def _poll(predicate: Callable[[], bool], timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
+def _poll(predicate: Callable[[], bool], timeout_sec: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_sec
     while not predicate():
         assert time.monotonic() < deadline, "condition not met in time"
         time.sleep(0.02)

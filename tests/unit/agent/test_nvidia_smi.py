@@ -26,7 +26,7 @@ CSV = (OWN_FIXTURES / "query-gpu.synthetic.csv").read_text()
 
 
 def collector(clock: FakeClock, runner: FakeCommandRunner) -> NvidiaSmiCollector:
-    return NvidiaSmiCollector(runner=runner, clock=clock, timeout_s=5.0)
+    return NvidiaSmiCollector(runner=runner, clock=clock, timeout_sec=5.0)
 
 
 def test_help_text_fields_and_aliases_are_found() -> None:

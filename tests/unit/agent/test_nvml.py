@@ -187,12 +187,12 @@ def test_a_card_lost_from_the_bus_is_reported_and_the_other_cards_still_watched(
     assert (status.state, status.lost, status.watched) == ("partial", (1,), (0,))
     assert "GPU 1 lost" in (status.reason or "")
     assert fake.registered == {0}
-    assert watcher.retry_delay_s() > 0  # the failed wait is backed off once
+    assert watcher.retry_delay_sec() > 0  # the failed wait is backed off once
     fake.emit_xid(0, 79)
     event = watcher.poll(1000)
     assert event is not None
     assert (event.index, event.xid) == (0, 79)
-    assert watcher.retry_delay_s() == 0
+    assert watcher.retry_delay_sec() == 0
 
 
 def test_a_persistent_wait_error_is_backed_off_and_its_warnings_stay_bounded(clock: FakeClock) -> None:
@@ -202,7 +202,7 @@ def test_a_persistent_wait_error_is_backed_off_and_its_warnings_stay_bounded(clo
     delays = []
     for _ in range(10_000):
         assert watcher.poll(0) is None
-        delays.append(watcher.retry_delay_s())
+        delays.append(watcher.retry_delay_sec())
     assert delays[:4] == [0.5, 1.0, 2.0, 4.0]
     assert delays[-1] == XidWatcher.RETRY_MAX_S
     assert len(watcher.warnings) <= XidWatcher.MAX_WARNINGS

@@ -27,7 +27,7 @@ def test_nvml_is_preferred_where_it_loads(clock: FakeClock) -> None:
         "auto",
         runner=smi_runner(help_text=HELP, csv_text=CSV),
         clock=clock,
-        timeout_s=5,
+        timeout_sec=5,
         nvml_loader=lambda: FakeNvml([FakeGpu(uuid="GPU-x")]),
     )
     assert report["collector"] == "nvml"
@@ -40,7 +40,7 @@ def test_falls_back_to_nvidia_smi_with_a_warning_when_nvml_is_missing(clock: Fak
         "auto",
         runner=smi_runner(help_text=HELP, csv_text=CSV),
         clock=clock,
-        timeout_s=5,
+        timeout_sec=5,
         nvml_loader=lambda: FakeNvml(init_error=LIBRARY_NOT_FOUND),
     )
     assert report["collector"] == "nvidia-smi"
@@ -54,7 +54,7 @@ def test_falls_back_to_nvidia_smi_with_a_warning_when_nvml_is_missing(clock: Fak
 def test_cnmon_readings_are_marked_semantics_unconfirmed(clock: FakeClock) -> None:
     text = (OWN_FIXTURES / "cnmon.v1-layout.synthetic.txt").read_text()
     report = run_probe(
-        "cnmon", runner=FakeCommandRunner({"cnmon": CommandResult(0, text, "")}), clock=clock, timeout_s=5
+        "cnmon", runner=FakeCommandRunner({"cnmon": CommandResult(0, text, "")}), clock=clock, timeout_sec=5
     )
     assert report["collector"] == "cnmon"
     assert report["gpus"][0]["semantics_unconfirmed"] == ["ecc_uncorrected_total"]
@@ -66,7 +66,7 @@ def test_nothing_installed_means_no_cards_and_every_reason(clock: FakeClock) -> 
         "auto",
         runner=FakeCommandRunner(installed=[]),
         clock=clock,
-        timeout_s=5,
+        timeout_sec=5,
         nvml_loader=lambda: FakeNvml(init_error=LIBRARY_NOT_FOUND),
     )
     assert selection.collector.name == "none"
@@ -82,7 +82,7 @@ def test_an_installed_tool_that_sees_no_card_is_passed_over(clock: FakeClock) ->
         }
     )
     selection = select_collector(
-        "auto", runner=runner, clock=clock, timeout_s=5, nvml_loader=lambda: FakeNvml(init_error=LIBRARY_NOT_FOUND)
+        "auto", runner=runner, clock=clock, timeout_sec=5, nvml_loader=lambda: FakeNvml(init_error=LIBRARY_NOT_FOUND)
     )
     assert selection.collector.name == "cnmon"
     assert any("xpu-smi found no cards" in w for w in selection.warnings)

@@ -22,8 +22,8 @@ def make_agent(
     *,
     source: Source = "real",
     capacity: int = 100,
-    interval_s: float = 5.0,
-    backoff_s: tuple[float, float] = (1.0, 30.0),
+    interval_sec: float = 5.0,
+    backoff_sec: tuple[float, float] = (1.0, 30.0),
 ) -> tuple[Agent, CollectionService, XidQueue]:
     health = HealthCollection(
         collector="nvidia-smi",
@@ -42,9 +42,9 @@ def make_agent(
     svc = CollectionService(
         selection=Selection(collector=collector, first_health=health, warnings=()),
         clock=clock,
-        heartbeat_interval_s=5.0,
-        health_interval_s=60.0,
-        tick_timeout_s=5.0,
+        heartbeat_interval_sec=5.0,
+        health_interval_sec=60.0,
+        tick_timeout_sec=5.0,
     )
     svc.tick_telemetry()
     queue = XidQueue(capacity)
@@ -55,9 +55,9 @@ def make_agent(
         clock=clock,
         hostname="gpu-node-1",
         source=source,
-        heartbeat_interval_s=interval_s,
-        reconnect_initial_s=backoff_s[0],
-        reconnect_max_s=backoff_s[1],
+        heartbeat_interval_sec=interval_sec,
+        reconnect_initial_sec=backoff_sec[0],
+        reconnect_max_sec=backoff_sec[1],
     )
     return agent, svc, queue
 
@@ -122,7 +122,7 @@ def test_a_simulated_node_registers_as_simulated(clock: FakeClock) -> None:
 def test_run_backs_off_while_the_server_is_away_and_stops_cleanly(clock: FakeClock) -> None:
     client = FakePlatformClient()
     client.fail_with = ServerUnavailableError("connection refused")
-    agent, _, _ = make_agent(clock, client, interval_s=0.01, backoff_s=(0.01, 0.02))
+    agent, _, _ = make_agent(clock, client, interval_sec=0.01, backoff_sec=(0.01, 0.02))
     thread = threading.Thread(target=agent.run)
     thread.start()
     deadline = 200
@@ -145,15 +145,15 @@ def test_run_backs_off_while_the_server_is_away_and_stops_cleanly(clock: FakeClo
 def test_run_stops_with_exit_2_when_refused(clock: FakeClock) -> None:
     client = FakePlatformClient()
     client.fail_with = PermanentError("hostname registered with another source")
-    agent, _, _ = make_agent(clock, client, interval_s=0.01)
+    agent, _, _ = make_agent(clock, client, interval_sec=0.01)
     assert agent.run() == 2
     assert "another source" in (agent.status().stopped_reason or "")
 
 
 def test_run_waits_for_its_node_when_its_credential_is_missing_and_never_exits(clock: FakeClock) -> None:
     client = FakePlatformClient()
-    client.fail_with = CredentialRequiredError("this token may reclaim the node in 1 s", retry_after_s=0.01)
-    agent, _, _ = make_agent(clock, client, interval_s=0.01, backoff_s=(5.0, 5.0))
+    client.fail_with = CredentialRequiredError("this token may reclaim the node in 1 s", retry_after_sec=0.01)
+    agent, _, _ = make_agent(clock, client, interval_sec=0.01, backoff_sec=(5.0, 5.0))
     thread = threading.Thread(target=agent.run)
     thread.start()
     try:
@@ -183,7 +183,7 @@ def test_registration_of_a_node_with_nothing_collected(clock: FakeClock) -> None
 
 def test_beats_go_on_while_the_collector_hangs(clock: FakeClock) -> None:
     client = FakePlatformClient()
-    agent, svc, _ = make_agent(clock, client, interval_s=0.01)
+    agent, svc, _ = make_agent(clock, client, interval_sec=0.01)
     collector = svc.collector
     assert isinstance(collector, FakeCollector)
     collector.hold = threading.Event()  # every read from now on blocks, like a hung driver

@@ -11,13 +11,13 @@ from heteroflow.core.testing import FakeClock
 from heteroflow.health.counters import Counters
 
 
-def service(clock: FakeClock, collector: FakeCollector, *, tick_timeout_s: float = 5.0) -> CollectionService:
+def service(clock: FakeClock, collector: FakeCollector, *, tick_timeout_sec: float = 5.0) -> CollectionService:
     return CollectionService(
         selection=Selection(collector=collector, first_health=None, warnings=()),
         clock=clock,
-        heartbeat_interval_s=5.0,
-        health_interval_s=60.0,
-        tick_timeout_s=tick_timeout_s,
+        heartbeat_interval_sec=5.0,
+        health_interval_sec=60.0,
+        tick_timeout_sec=tick_timeout_sec,
     )
 
 
@@ -53,7 +53,7 @@ def test_telemetry_goes_stale_after_three_beats(clock: FakeClock) -> None:
 
 def test_a_hung_collector_never_blocks_the_caller_beyond_the_tick_timeout(clock: FakeClock) -> None:
     collector = FakeCollector(clock=clock, health=health_of(clock, 1))
-    svc = service(clock, collector, tick_timeout_s=0.05)
+    svc = service(clock, collector, tick_timeout_sec=0.05)
     assert svc.tick_health() is not None
     collector.hold = threading.Event()
     started = time.monotonic()
@@ -71,13 +71,13 @@ def test_a_hung_collector_never_blocks_the_caller_beyond_the_tick_timeout(clock:
 
 def test_tick_worker_returns_the_result_and_survives_a_raising_function() -> None:
     worker: TickWorker[int] = TickWorker("t")
-    assert worker.run(lambda: 3, timeout_s=5.0) == 3
+    assert worker.run(lambda: 3, timeout_sec=5.0) == 3
 
     def boom() -> int:
         raise RuntimeError("collector bug")
 
-    assert worker.run(boom, timeout_s=5.0) is None
-    assert worker.run(lambda: 4, timeout_s=5.0) == 4
+    assert worker.run(boom, timeout_sec=5.0) is None
+    assert worker.run(lambda: 4, timeout_sec=5.0) == 4
 
 
 def test_selection_result_is_the_first_tick_and_reselect_replaces_none(clock: FakeClock) -> None:
@@ -95,9 +95,9 @@ def test_selection_result_is_the_first_tick_and_reselect_replaces_none(clock: Fa
             collector=NoCollector(clock=clock, warnings=("nothing",)), first_health=None, warnings=("nothing",)
         ),
         clock=clock,
-        heartbeat_interval_s=5.0,
-        health_interval_s=60.0,
-        tick_timeout_s=5.0,
+        heartbeat_interval_sec=5.0,
+        health_interval_sec=60.0,
+        tick_timeout_sec=5.0,
         reselect=reselect,
     )
     assert svc.status().collector == "none"

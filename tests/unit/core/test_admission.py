@@ -22,13 +22,13 @@ def test_the_gate_admits_up_to_its_size_and_counts_refusals() -> None:
     gate.leave()
     assert gate.try_enter() is None
     assert gate.status() == AdmissionStatus(
-        max_in_flight=2, max_lag_s=None, in_flight=2, peak_in_flight=2, lag_s=0.0, peak_lag_s=0.0,
+        max_in_flight=2, max_lag_sec=None, in_flight=2, peak_in_flight=2, lag_sec=0.0, peak_lag_sec=0.0,
         admitted_total=3, refused_busy_total=1, refused_lagging_total=0,
     )  # fmt: skip
 
 
 def test_while_the_loop_lags_beyond_the_bound_nothing_is_admitted() -> None:
-    gate = AdmissionGate(max_in_flight=10, max_lag_s=1.0)
+    gate = AdmissionGate(max_in_flight=10, max_lag_sec=1.0)
     gate.observe_lag(1.0)
     assert gate.try_enter() is None  # at the bound: still in time
     gate.observe_lag(1.5)
@@ -36,7 +36,7 @@ def test_while_the_loop_lags_beyond_the_bound_nothing_is_admitted() -> None:
     gate.observe_lag(0.02)  # caught up
     assert gate.try_enter() is None
     status = gate.status()
-    assert (status.in_flight, status.lag_s, status.peak_lag_s, status.refused_lagging_total) == (2, 0.02, 1.5, 1)
+    assert (status.in_flight, status.lag_sec, status.peak_lag_sec, status.refused_lagging_total) == (2, 0.02, 1.5, 1)
 
 
 def test_lag_is_ignored_without_a_bound() -> None:
@@ -45,10 +45,10 @@ def test_lag_is_ignored_without_a_bound() -> None:
     assert gate.try_enter() is None
 
 
-@pytest.mark.parametrize(("max_in_flight", "max_lag_s"), [(0, None), (1, 0.0), (1, -1.0)])
-def test_a_gate_must_admit_something(max_in_flight: int, max_lag_s: float | None) -> None:
+@pytest.mark.parametrize(("max_in_flight", "max_lag_sec"), [(0, None), (1, 0.0), (1, -1.0)])
+def test_a_gate_must_admit_something(max_in_flight: int, max_lag_sec: float | None) -> None:
     with pytest.raises(ValueError, match=r"at least one|positive"):
-        AdmissionGate(max_in_flight=max_in_flight, max_lag_s=max_lag_s)
+        AdmissionGate(max_in_flight=max_in_flight, max_lag_sec=max_lag_sec)
 
 
 class Recorder:
@@ -100,7 +100,7 @@ def test_beyond_the_limit_a_request_is_refused_503_with_retry_after_and_its_body
             inner,
             gate=AdmissionGate(max_in_flight=2),
             applies=lambda scope: scope["path"].startswith("/limited"),
-            retry_after_s=5,
+            retry_after_sec=5,
             render=lambda scope, why: {"error": why, "path": scope["path"]},
             on_refused=lambda scope, why: refused.append((scope["path"], why)),
         )
@@ -127,7 +127,7 @@ def test_a_failing_request_gives_its_slot_back() -> None:
         inner.fail = True
         inner.release.set()
         gate = AdmissionGate(max_in_flight=1)
-        app = AdmissionLimit(inner, gate=gate, applies=lambda _: True, retry_after_s=1, render=lambda *_: {})
+        app = AdmissionLimit(inner, gate=gate, applies=lambda _: True, retry_after_sec=1, render=lambda *_: {})
         with pytest.raises(RuntimeError):
             await call(app, http("/x"))
         assert gate.status().in_flight == 0

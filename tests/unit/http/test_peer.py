@@ -25,7 +25,7 @@ def _peer(handler: httpx.MockTransport, *, seen: list[str], unavailable: tuple[i
         seen.append(base)
         return handler
 
-    return JsonPeer(token="tok", timeout_s=1.0, transport_for=transport_for, unavailable_statuses=unavailable)
+    return JsonPeer(token="tok", timeout_sec=1.0, transport_for=transport_for, unavailable_statuses=unavailable)
 
 
 def test_post_sends_token_and_body_and_reads_the_answer() -> None:
@@ -56,7 +56,7 @@ def test_nobody_answering_is_unavailable() -> None:
     peer = _peer(httpx.MockTransport(handle), seen=[])
     with pytest.raises(Unavailable, match="ConnectError") as caught:
         asyncio.run(peer.post("http://a", "/x", _Ask(n=1), _Answer))
-    assert caught.value.retry_after_s is None
+    assert caught.value.retry_after_sec is None
 
 
 def test_an_overloaded_peer_is_unavailable_with_its_retry_after() -> None:
@@ -67,7 +67,7 @@ def test_an_overloaded_peer_is_unavailable_with_its_retry_after() -> None:
     )
     with pytest.raises(Unavailable, match="HTTP 503: busy") as caught:
         asyncio.run(peer.post("http://a", "/x", _Ask(n=1), _Answer))
-    assert caught.value.retry_after_s == 7.0
+    assert caught.value.retry_after_sec == 7.0
 
 
 def test_a_refusal_is_rejected_with_its_status() -> None:

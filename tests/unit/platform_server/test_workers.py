@@ -87,7 +87,7 @@ def test_a_scrape_on_one_worker_includes_its_siblings_and_leaves_out_a_dead_or_s
 
         stalled = await asyncio.start_unix_server(never_answer, path=str(tmp_path / "slow.sock"))
         impatient = SiblingMetrics(
-            tmp_path, lambda: worker(beats=1, pending=0, newest=0, ecc={}, seconds=[]), name="c", timeout_s=0.2
+            tmp_path, lambda: worker(beats=1, pending=0, newest=0, ecc={}, seconds=[]), name="c", timeout_sec=0.2
         )
         await impatient.start()
         try:

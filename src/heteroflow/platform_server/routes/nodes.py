@@ -177,10 +177,11 @@ def _credential_required(ctx: ServerContext, exc: NodeCredentialError, *, reclai
     says when the node may be reclaimed (Retry-After, and in words), so that the agent waits instead of exiting."""
     if exc.last_seen is None:
         return NodeCredentialRequired(str(exc))
-    wait_s = max(1, math.ceil((exc.last_seen + reclaim_after - ctx.clock.now()).total_seconds()))
+    wait_sec = max(1, math.ceil((exc.last_seen + reclaim_after - ctx.clock.now()).total_seconds()))
     return NodeCredentialRequired(
-        f"this token may reclaim the node in {wait_s} s (once offline for {reclaim_after.total_seconds():g} s); {exc}",
-        retry_after_s=wait_s,
+        f"this token may reclaim the node in {wait_sec} s"
+        f" (once offline for {reclaim_after.total_seconds():g} s); {exc}",
+        retry_after_sec=wait_sec,
     )
 
 

@@ -74,12 +74,12 @@ async def sign_in(request: Request, response: Response, ctx: Ctx) -> SessionOut:
     now = ctx.clock.now()
     # sign-ins are rare: each one sweeps the ended sessions (expired, or of a revoked token)
     await asyncio.to_thread(ctx.sessions.delete_ended, now=now)
-    lifetime_s = int(ctx.settings.web_session_seconds)
-    expires_at = now + timedelta(seconds=lifetime_s)
+    lifetime_sec = int(ctx.settings.web_session_seconds)
+    expires_at = now + timedelta(seconds=lifetime_sec)
     await asyncio.to_thread(
         ctx.sessions.create, hash_token(secret), token_id=principal.token_id, now=now, expires_at=expires_at
     )
-    response.headers.append("set-cookie", set_cookie(secret, max_age_s=lifetime_s, secure=secure(request.scope)))
+    response.headers.append("set-cookie", set_cookie(secret, max_age_sec=lifetime_sec, secure=secure(request.scope)))
     response.headers["cache-control"] = "no-store"
     return _out(principal, csrf_token=csrf_token_of(secret), expires_at=expires_at)
 

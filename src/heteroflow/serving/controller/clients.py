@@ -71,7 +71,7 @@ class NodeManagerClient:
     def __init__(
         self, *, cluster_token: str | None, timeout_sec: float = 5.0, transport_for: TransportFor | None = None
     ) -> None:
-        self._http = JsonPeer(token=cluster_token, timeout_s=timeout_sec, transport_for=transport_for)
+        self._http = JsonPeer(token=cluster_token, timeout_sec=timeout_sec, transport_for=transport_for)
 
     async def status(self, url: str, endpoint_ids: Sequence[int]) -> FtStatusResponse:
         return await self._http.post(
@@ -100,7 +100,7 @@ class NodeManagerClient:
         # a restart first stops the pod's engines, each allowed the NodeManager's stop grace (SIGTERM, then
         # SIGKILL; a hung engine uses all of it): longer than a plain request may take
         return await self._http.post(
-            url, NM_ENGINES_RESTART_PATH, request, EnginesResponse, timeout_s=ENGINES_RESTART_TIMEOUT_SEC
+            url, NM_ENGINES_RESTART_PATH, request, EnginesResponse, timeout_sec=ENGINES_RESTART_TIMEOUT_SEC
         )
 
     async def node_status(self, url: str) -> dict[str, Any]:
@@ -122,7 +122,7 @@ class CoordinatorClient:
         transport_for: TransportFor | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/")
-        self._http = JsonPeer(token=cluster_token, timeout_s=timeout_sec, transport_for=transport_for)
+        self._http = JsonPeer(token=cluster_token, timeout_sec=timeout_sec, transport_for=transport_for)
 
     async def withdraw(
         self,

@@ -393,7 +393,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         AdmissionLimit,
         gate=coordinator.admission,
         applies=is_inference,
-        retry_after_s=settings.retry_after_sec,
+        retry_after_sec=settings.retry_after_sec,
         render=_overloaded,
         on_refused=lambda scope, _: coordinator.metrics.requests.labels(
             route=INFERENCE_ROUTES[scope["path"]], outcome=OverloadedError.outcome
@@ -403,7 +403,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         ClientLimit,
         limiter=coordinator.peer_limit,
         key_of=lambda scope: peer_address(scope) if is_inference(scope) else None,
-        retry_after_s=settings.retry_after_sec,
+        retry_after_sec=settings.retry_after_sec,
         render=limited,
         on_refused=lambda scope: coordinator.metrics.requests.labels(
             route=INFERENCE_ROUTES[scope["path"]], outcome="limited"
@@ -416,7 +416,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         verifier=coordinator.keys,
         routes=keyed,
         registry=coordinator.metrics.registry,
-        retry_after_s=settings.retry_after_sec,
+        retry_after_sec=settings.retry_after_sec,
         on_refused=lambda route, exc: coordinator.metrics.requests.labels(route=route, outcome=exc.outcome).inc(),
     )
 

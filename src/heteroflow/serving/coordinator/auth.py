@@ -254,13 +254,13 @@ class KeyFirst:
         verifier: ApiKeyVerifier,
         routes: dict[str, str],
         registry: CollectorRegistry | None = None,
-        retry_after_s: int = 1,
+        retry_after_sec: int = 1,
         on_refused: Callable[[str, CoordinatorError], None] | None = None,
     ) -> None:
         self.app = app
         self.verifier = verifier
         self.routes = routes
-        self.retry_after_s = retry_after_s
+        self.retry_after_sec = retry_after_sec
         self.on_refused = on_refused
         self.requests = (
             Counter(
@@ -291,7 +291,7 @@ class KeyFirst:
         if not self.verifier.enter(identity):
             busy = KeyBusyError(
                 f"this API key has {self.verifier.max_in_flight_per_key} requests in flight; retry later",
-                retry_after=self.retry_after_s,
+                retry_after=self.retry_after_sec,
             )
             await self._refuse(scope, receive, send, busy, identity, route, started)
             return

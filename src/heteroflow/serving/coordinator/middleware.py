@@ -74,7 +74,7 @@ def bound_bodies(app: FastAPI, settings: CoordinatorSettings, metrics: Coordinat
         render=refused_inference_body,
         max_bytes=settings.max_body_bytes,
         max_depth=MAX_JSON_DEPTH,
-        read_timeout_s=settings.body_read_timeout_sec,
+        read_timeout_sec=settings.body_read_timeout_sec,
         strict_text=lambda _: False,  # the body is the engine's: forwarded byte for byte, its text judged there
         strict_length=True,
     )
@@ -83,7 +83,7 @@ def bound_bodies(app: FastAPI, settings: CoordinatorSettings, metrics: Coordinat
         applies=_is_management_body,
         render=_refused_management_body,
         max_bytes=settings.max_body_bytes,
-        read_timeout_s=settings.body_read_timeout_sec,
+        read_timeout_sec=settings.body_read_timeout_sec,
         too_large_status=400,  # the management contract answers every refused body 400 invalid_body
         strict_length=True,
     )

@@ -20,13 +20,13 @@ pytestmark = pytest.mark.timeout(20)
 READ_LIMIT_S = 0.5
 
 
-async def trickle(first: bytes, *, every_s: float, stop: asyncio.Event | None = None) -> AsyncIterator[bytes]:
-    """``first``, then a byte every ``every_s`` (a slow sender) until ``stop`` is set, then the body's end."""
+async def trickle(first: bytes, *, every_sec: float, stop: asyncio.Event | None = None) -> AsyncIterator[bytes]:
+    """``first``, then a byte every ``every_sec`` (a slow sender) until ``stop`` is set, then the body's end."""
     yield first
     for _ in range(200):  # bounded: 200 bytes
         if stop is not None and stop.is_set():
             break
-        await asyncio.sleep(every_s)  # the sender's pace, the attack itself
+        await asyncio.sleep(every_sec)  # the sender's pace, the attack itself
         yield b" "
     yield b'"}'
 
@@ -39,7 +39,7 @@ def test_a_valid_keys_slow_body_is_cut_off_with_408_and_reaches_no_engine() -> N
             response = await h.client.post(
                 "/v1/completions",
                 headers={**KEY, "content-type": "application/json"},
-                content=_Body(trickle(b'{"model": "m", "prompt": "', every_s=0.1)),
+                content=_Body(trickle(b'{"model": "m", "prompt": "', every_sec=0.1)),
             )
             elapsed = time.monotonic() - started
             assert response.status_code == 408, response.text
@@ -83,7 +83,7 @@ def test_one_address_holds_at_most_its_share_and_the_excess_is_429_with_retry_af
                 h.client.post(
                     "/v1/completions",
                     headers=KEY,
-                    content=_Body(trickle(b'{"model": "m", "prompt": "', every_s=0.01, stop=release)),
+                    content=_Body(trickle(b'{"model": "m", "prompt": "', every_sec=0.01, stop=release)),
                 )
             )
             deadline = time.monotonic() + 5
@@ -109,13 +109,13 @@ def test_a_management_body_is_read_only_after_the_cluster_token_and_is_bounded_i
         async with harness(body_read_timeout_sec=READ_LIMIT_S) as h:
             started = time.monotonic()
             anonymous = await h.client.post(
-                COORDINATOR_SET_PATH, content=_Body(trickle(b'{"instance_id": "', every_s=0.1))
+                COORDINATOR_SET_PATH, content=_Body(trickle(b'{"instance_id": "', every_sec=0.1))
             )
             assert anonymous.status_code == 401, anonymous.text
             assert anonymous.json()["error"] == "unauthorized"
             assert time.monotonic() - started < READ_LIMIT_S  # refused on its head, the body unread
             slow = await h.client.post(
-                COORDINATOR_SET_PATH, headers=MANAGE, content=_Body(trickle(b'{"instance_id": "', every_s=0.1))
+                COORDINATOR_SET_PATH, headers=MANAGE, content=_Body(trickle(b'{"instance_id": "', every_sec=0.1))
             )
             assert slow.status_code == 408, slow.text
             assert slow.json()["error"] == "body_timeout"
