@@ -28,6 +28,11 @@ TransportFor = Callable[[str], httpx.AsyncBaseTransport | None]
 """Base URL → a transport (tests route to in-process apps); ``None``: the network."""
 
 
+def one_transport(transport: httpx.AsyncBaseTransport | None) -> TransportFor | None:
+    """The :data:`TransportFor` of a client given one transport for every peer (``None``: the network)."""
+    return None if transport is None else (lambda _base_url: transport)
+
+
 class PeerError(Exception):
     """A peer did not do what was asked."""
 

@@ -42,7 +42,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from heteroflow.core.clock import Clock
 from heteroflow.core.ttl_cache import TtlCache
-from heteroflow.http.peer import JsonPeer, Unavailable
+from heteroflow.http.peer import JsonPeer, Unavailable, one_transport
 from heteroflow.platform.auth import bearer_matches, bearer_value
 from heteroflow.serving.coordinator.errors import (
     AuthBackendUnavailableError,
@@ -105,9 +105,7 @@ class PlatformKeyChecker:
     def __init__(self, *, base_url: str, timeout_sec: float, transport: httpx.AsyncBaseTransport | None = None):
         self._base_url = base_url.rstrip("/")
         # no token of its own: every check carries the key it asks about as its bearer
-        self._http = JsonPeer(
-            token=None, timeout_sec=timeout_sec, transport_for=None if transport is None else (lambda _url: transport)
-        )
+        self._http = JsonPeer(token=None, timeout_sec=timeout_sec, transport_for=one_transport(transport))
 
     async def accepts(self, key: str) -> bool:
         return await self.identify(key) is not None

@@ -26,7 +26,7 @@ from heteroflow.contracts.serving import (
     RegisterResponse,
     SoftwareFaultReport,
 )
-from heteroflow.http.peer import JsonPeer, PeerError, Rejected, Unavailable, parse_answer
+from heteroflow.http.peer import JsonPeer, PeerError, Rejected, Unavailable, one_transport, parse_answer
 
 ControllerError = PeerError
 ControllerUnavailableError = Unavailable
@@ -72,7 +72,7 @@ class HttpControllerClient:
         self._http = JsonPeer(
             token=cluster_token,
             timeout_sec=timeout_sec,
-            transport_for=None if transport is None else (lambda _url: transport),
+            transport_for=one_transport(transport),
         )
 
     @property

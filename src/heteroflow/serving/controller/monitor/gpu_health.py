@@ -48,7 +48,7 @@ from pydantic import ValidationError
 from heteroflow.contracts.hardware_events import FEED_PATH, HardwareFeedEnvelope, HardwareFeedEvent
 from heteroflow.contracts.serving import HardwareFaultReport
 from heteroflow.core.clock import Clock
-from heteroflow.http.peer import JsonPeer, PeerError
+from heteroflow.http.peer import JsonPeer, PeerError, one_transport
 
 from .base import Emit, Problem, Snapshot, fault_key
 
@@ -150,7 +150,7 @@ class GpuHealthSource:
         self._http = JsonPeer(
             token=token,
             timeout_sec=timeout_sec,
-            transport_for=None if transport is None else (lambda _url: transport),
+            transport_for=one_transport(transport),
         )
         self._cursor: str | None = None
         self._active: dict[str, tuple[HardwareFaultReport, float]] = {}
