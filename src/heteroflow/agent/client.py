@@ -1,16 +1,20 @@
 """The platform API as the agent sees it: register and heartbeat. The only agent module importing httpx.
 
-Errors (one tree, foreign errors translated here with ``raise … from``)::
+Errors (one tree, foreign errors translated here with ``raise … from``); each is also the HTTP layer's
+:class:`~heteroflow.http.peer.Unavailable` (retry later, ``retry_after_sec``) or
+:class:`~heteroflow.http.peer.Rejected` (the same request will not help, ``status``)::
 
-    PlatformError
-    ├── ServerUnavailableError   connection refused/reset, timeout, 5xx, 429: retry with backoff, not before
-    │                            the server's Retry-After (an overloaded server answers 503 + Retry-After)
-    ├── NodeGoneError            404 on heartbeat: the node was deleted, register again
-    ├── CredentialRequiredError  409 node_credential_required on registration: the hostname is registered and
-    │                            this agent holds no credential for it (its state folder was lost); wait and
-    │                            retry: its token may reclaim the node once it has been offline long enough
-    │                            (the server's Retry-After says when), or an operator releases the credential
-    └── PermanentError           401/403/409/422: retrying the same request cannot help
+    PlatformError (a PeerError)
+    ├── ServerUnavailableError   Unavailable: connection refused/reset, timeout, 5xx, 429: retry with backoff,
+    │                            not before the server's Retry-After (an overloaded server answers 503 +
+    │                            Retry-After)
+    ├── NodeGoneError            Rejected: 404 on heartbeat: the node was deleted, register again
+    ├── CredentialRequiredError  Unavailable: 409 node_credential_required on registration: the hostname is
+    │                            registered and this agent holds no credential for it (its state folder was
+    │                            lost); wait and retry: its token may reclaim the node once it has been offline
+    │                            long enough (the server's Retry-After says when), or an operator releases the
+    │                            credential
+    └── PermanentError           Rejected: 401/403/409/422: retrying the same request cannot help
 
 The node's credential: its first registration issues one (shown once); the client sends it on every later
 registration and heartbeat (``X-HeteroFlow-Node-Credential``), and keeps it in ``credential_path`` (0600) when
@@ -31,35 +35,28 @@ from pydantic import ValidationError
 
 from heteroflow.contracts.heartbeat import NodeRegistration
 from heteroflow.core.ids import NodeId, Source
+from heteroflow.http.peer import PeerError, Rejected, Unavailable, detail_of, retry_after_seconds
 
 
-class PlatformError(Exception):
+class PlatformError(PeerError):
     """Base of every error talking to the platform server."""
 
 
-class ServerUnavailableError(PlatformError):
-    """The server could not be reached, failed or is overloaded; the same request may succeed later."""
-
-    def __init__(self, message: str, *, retry_after_sec: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after_sec = retry_after_sec
-        """The server's Retry-After in seconds, when it sent one: the earliest useful retry."""
+class ServerUnavailableError(PlatformError, Unavailable):
+    """The server could not be reached, failed or is overloaded; the same request may succeed later (not before
+    ``retry_after_sec`` when the server sent a Retry-After)."""
 
 
-class NodeGoneError(PlatformError):
+class NodeGoneError(PlatformError, Rejected):
     """The server does not know this node any more (deleted): register again."""
 
 
-class CredentialRequiredError(PlatformError):
-    """The hostname is registered and this agent cannot speak for it yet; the same registration may succeed later."""
-
-    def __init__(self, message: str, *, retry_after_sec: float | None = None) -> None:
-        super().__init__(message)
-        self.retry_after_sec = retry_after_sec
-        """When the server says this agent's token may reclaim the node, seconds; ``None``: it did not say."""
+class CredentialRequiredError(PlatformError, Unavailable):
+    """The hostname is registered and this agent cannot speak for it yet; the same registration may succeed later:
+    ``retry_after_sec`` is when the server says this agent's token may reclaim the node (``None``: it did not say)."""
 
 
-class PermanentError(PlatformError):
+class PermanentError(PlatformError, Rejected):
     """The server refused the request for good (bad token, hostname taken by another source or tenant)."""
 
 
@@ -98,26 +95,6 @@ class PlatformClient(Protocol):
     def heartbeat(self, node_id: NodeId, body: Mapping[str, Any]) -> BeatResult: ...
 
     def close(self) -> None: ...
-
-
-def retry_after_seconds(value: str | None) -> float | None:
-    """A Retry-After header in its delay-seconds form, in seconds; ``None`` if absent or not a number of seconds.
-
-    The HTTP-date form is not read: the platform sends seconds, and an unreadable value only means the
-    agent's own backoff decides. Purely computational.
-    """
-    text = (value or "").strip()
-    return float(text) if text.isdigit() else None
-
-
-def _detail(response: httpx.Response) -> str:
-    try:
-        body = response.json()
-    except ValueError:
-        return response.text[:200]
-    if isinstance(body, dict):
-        return str(body.get("detail") or body.get("error") or body)[:200]
-    return str(body)[:200]
 
 
 def _error_code(response: httpx.Response) -> str | None:
@@ -161,7 +138,7 @@ class HttpPlatformClient:
         if response.status_code >= 500 or response.status_code == 429:
             # 503 and 429 are how an overloaded server says "later": retrying is right, stopping would not be
             raise ServerUnavailableError(
-                f"server answered {response.status_code}: {_detail(response)}",
+                f"server answered {response.status_code}: {detail_of(response)}",
                 retry_after_sec=retry_after_seconds(response.headers.get("retry-after")),
             )
         return response
@@ -184,10 +161,12 @@ class HttpPlatformClient:
         response = self._post("/api/v1/nodes/register", wire.model_dump(mode="json"), credential=credential)
         if response.status_code == 409 and _error_code(response) == "node_credential_required":
             raise CredentialRequiredError(
-                _detail(response), retry_after_sec=retry_after_seconds(response.headers.get("retry-after"))
+                detail_of(response), retry_after_sec=retry_after_seconds(response.headers.get("retry-after"))
             )
         if response.status_code != 200:
-            raise PermanentError(f"registration refused ({response.status_code}): {_detail(response)}")
+            raise PermanentError(
+                f"registration refused ({response.status_code}): {detail_of(response)}", status=response.status_code
+            )
         try:
             body = response.json()
             credential = body.get("node_credential")
@@ -211,9 +190,11 @@ class HttpPlatformClient:
             f"/api/v1/nodes/{node_id}/heartbeat", body, credential=self._by_node.get(node_id) or self._kept
         )
         if response.status_code == 404:
-            raise NodeGoneError(f"node {node_id} is unknown to the server")
+            raise NodeGoneError(f"node {node_id} is unknown to the server", status=404)
         if response.status_code != 200:
-            raise PermanentError(f"heartbeat refused ({response.status_code}): {_detail(response)}")
+            raise PermanentError(
+                f"heartbeat refused ({response.status_code}): {detail_of(response)}", status=response.status_code
+            )
         try:
             xid = response.json().get("xid_events") or {}
             return BeatResult(

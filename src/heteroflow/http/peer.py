@@ -15,7 +15,7 @@ one, so that tests route every peer to an in-process app; ``None`` means the net
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any, TypeVar
 
 import httpx
@@ -26,6 +26,11 @@ _JSON = {"Content-Type": "application/json"}
 
 TransportFor = Callable[[str], httpx.AsyncBaseTransport | None]
 """Base URL → a transport (tests route to in-process apps); ``None``: the network."""
+
+
+def one_transport(transport: httpx.AsyncBaseTransport | None) -> TransportFor | None:
+    """The :data:`TransportFor` of a client given one transport for every peer (``None``: the network)."""
+    return None if transport is None else (lambda _base_url: transport)
 
 
 class PeerError(Exception):
@@ -75,6 +80,16 @@ def detail_of(response: httpx.Response) -> str:
     return str(body)[:200]
 
 
+def parse_answer(response: httpx.Response, answer: type[_M]) -> _M:
+    """``response``'s body read as ``answer`` (an empty body as ``{}``); :class:`Rejected` when it is not one."""
+    try:
+        return answer.model_validate_json(response.content or b"{}")
+    except ValidationError as exc:
+        raise Rejected(
+            f"{response.request.url}: unexpected answer: {exc.errors()[0]['msg']}", status=response.status_code
+        ) from exc
+
+
 class JsonPeer:
     """One pooled ``httpx.AsyncClient`` per base URL, every request with the bearer ``token``."""
 
@@ -104,23 +119,36 @@ class JsonPeer:
         return client
 
     async def send(
-        self, base_url: str, method: str, path: str, content: str | None = None, *, timeout_sec: float | None = None
+        self,
+        base_url: str,
+        method: str,
+        path: str,
+        content: str | None = None,
+        *,
+        timeout_sec: float | None = None,
+        headers: Mapping[str, str] | None = None,
+        params: Mapping[str, str | int] | None = None,
     ) -> httpx.Response:
         """The peer's answer, whatever its status; :class:`Unavailable` when there is none.
 
         ``timeout_sec`` can only lengthen the client's timeout (a route known to take longer), never shorten it.
+        ``headers`` are added to (and win over) the client's own: a request that carries another credential.
         """
         timeout = self._timeout_s if timeout_sec is None else max(timeout_sec, self._timeout_s)
         try:
-            return await self._client(base_url).request(method, path, content=content, headers=_JSON, timeout=timeout)
+            return await self._client(base_url).request(
+                method, path, content=content, headers={**_JSON, **(headers or {})}, params=params, timeout=timeout
+            )
         except httpx.HTTPError as exc:
             raise Unavailable(f"{method} {base_url}{path}: {type(exc).__name__}: {exc}") from exc
 
-    def _check(self, response: httpx.Response, method: str, where: str, ok: Collection[int]) -> None:
+    def check(self, response: httpx.Response, method: str, where: str, ok: Collection[int]) -> None:
+        """Nothing when ``response``'s status is in ``ok``; else :class:`Unavailable` (one of the client's
+        ``unavailable_statuses``, with the peer's Retry-After) or :class:`Rejected` (any other status)."""
         status = response.status_code
         if status in ok:
             return
-        message = f"{method} {where}: HTTP {status}: {detail_of(response)}"
+        message = f"{method} {where} answered HTTP {status}: {detail_of(response)}"
         if status in self._unavailable:
             raise Unavailable(message, retry_after_sec=retry_after_seconds(response.headers.get("retry-after")))
         raise Rejected(message, status=status)
@@ -139,18 +167,15 @@ class JsonPeer:
         response = await self.send(
             base_url, "POST", path, body.model_dump_json(exclude_none=True), timeout_sec=timeout_sec
         )
-        self._check(response, "POST", f"{base_url}{path}", ok)
-        try:
-            return answer.model_validate_json(response.content or b"{}")
-        except ValidationError as exc:
-            raise Rejected(
-                f"{response.request.url}: unexpected answer: {exc.errors()[0]['msg']}", status=response.status_code
-            ) from exc
+        self.check(response, "POST", f"{base_url}{path}", ok)
+        return parse_answer(response, answer)
 
-    async def get_object(self, base_url: str, path: str) -> dict[str, Any]:
-        """GET a JSON object (200 only)."""
-        response = await self.send(base_url, "GET", path)
-        self._check(response, "GET", f"{base_url}{path}", (200,))
+    async def get_object(
+        self, base_url: str, path: str, *, params: Mapping[str, str | int] | None = None
+    ) -> dict[str, Any]:
+        """GET a JSON object (200 only), with the query ``params``."""
+        response = await self.send(base_url, "GET", path, params=params)
+        self.check(response, "GET", f"{base_url}{path}", (200,))
         try:
             body = response.json()
         except ValueError as exc:

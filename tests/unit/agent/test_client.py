@@ -15,9 +15,9 @@ from heteroflow.agent.client import (
     PermanentError,
     Registration,
     ServerUnavailableError,
-    retry_after_seconds,
 )
 from heteroflow.core.ids import NodeId
+from heteroflow.http.peer import Rejected, Unavailable
 
 REG = Registration(hostname="n1", vendor="NVIDIA", model="H100", gpu_count=8, source="real")
 
@@ -87,12 +87,22 @@ def test_an_overloaded_server_means_retry_later_not_stop(status: int, method: st
 
 
 @pytest.mark.parametrize(
-    ("header", "seconds"),
-    [("5", 5.0), (" 12 ", 12.0), ("0", 0.0), (None, None), ("", None), ("soon", None), ("-3", None),
-     ("Wed, 21 Oct 2015 07:28:00 GMT", None)],
-)  # fmt: skip
-def test_retry_after_is_read_in_seconds(header: str | None, seconds: float | None) -> None:
-    assert retry_after_seconds(header) == seconds
+    ("status", "kind", "code"),
+    [
+        (404, Rejected, 404),
+        (401, Rejected, 401),
+        (422, Rejected, 422),
+        (503, Unavailable, None),
+        (429, Unavailable, None),
+    ],
+)
+def test_the_agents_errors_are_the_http_layers_retry_meaning(
+    status: int, kind: type[Exception], code: int | None
+) -> None:
+    client = client_for(httpx.MockTransport(lambda _: httpx.Response(status, json={"detail": "x"})))
+    with pytest.raises(kind) as raised:
+        client.heartbeat(NodeId("abc"), {})
+    assert getattr(raised.value, "status", None) == code
 
 
 def test_a_conflict_on_register_is_permanent() -> None:

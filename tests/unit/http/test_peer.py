@@ -92,6 +92,39 @@ def test_get_object_refuses_what_is_not_an_object(content: bytes, error: str) ->
         asyncio.run(peer.get_object("http://a", "/status"))
 
 
-@pytest.mark.parametrize(("value", "seconds"), [("7", 7.0), (" 12 ", 12.0), (None, None), ("soon", None), ("-1", None)])
+@pytest.mark.parametrize(
+    ("value", "seconds"),
+    [("7", 7.0), (" 12 ", 12.0), ("0", 0.0), (None, None), ("", None), ("soon", None), ("-1", None),
+     ("Wed, 21 Oct 2015 07:28:00 GMT", None)],
+)  # fmt: skip
 def test_retry_after_seconds(value: str | None, seconds: float | None) -> None:
     assert retry_after_seconds(value) == seconds
+
+
+def test_a_request_may_carry_its_own_credential_and_query() -> None:
+    requests: list[httpx.Request] = []
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        requests.append(request)
+        return httpx.Response(200, json={"ok": True})
+
+    peer = _peer(httpx.MockTransport(handle), seen=[])
+
+    async def run() -> None:
+        await peer.send("http://a", "GET", "/check", headers={"Authorization": "Bearer the-key"})
+        assert await peer.get_object("http://a", "/feed", params={"cursor": "1.5", "limit": 10}) == {"ok": True}
+        await peer.aclose()
+
+    asyncio.run(run())
+    assert requests[0].headers["authorization"] == "Bearer the-key"  # the request's own wins over the client's
+    assert requests[1].headers["authorization"] == "Bearer tok"
+    assert dict(requests[1].url.params) == {"cursor": "1.5", "limit": "10"}
+
+
+@pytest.mark.parametrize(("status", "error"), [(404, Rejected), (503, Unavailable)])
+def test_check_says_the_status_the_peer_answered(status: int, error: type[Exception]) -> None:
+    peer = _peer(httpx.MockTransport(lambda _: httpx.Response(200)), seen=[], unavailable=(503,))
+    answer = httpx.Response(status, json={"detail": "no such thing"}, request=httpx.Request("GET", "http://a/x"))
+    peer.check(httpx.Response(204), "GET", "http://a/x", range(200, 300))  # a success status: nothing
+    with pytest.raises(error, match=f"GET http://a/x answered HTTP {status}: no such thing"):
+        peer.check(answer, "GET", "http://a/x", (200,))

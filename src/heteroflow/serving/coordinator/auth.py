@@ -42,6 +42,7 @@ from prometheus_client import CollectorRegistry, Counter
 
 from heteroflow.core.clock import Clock
 from heteroflow.core.ttl_cache import TtlCache
+from heteroflow.http.peer import JsonPeer, Unavailable, one_transport
 from heteroflow.platform.auth import bearer_matches, bearer_value
 from heteroflow.serving.coordinator.errors import (
     AuthBackendUnavailableError,
@@ -84,7 +85,7 @@ def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode("utf-8")).hexdigest()
 
 
-class PlatformUnavailableError(Exception):
+class PlatformUnavailableError(Unavailable):
     """The platform did not give a yes or no about a key."""
 
 
@@ -102,7 +103,9 @@ class PlatformKeyChecker:
     """Asks the platform server whether a bearer token is one of its tokens with the ``inference`` scope."""
 
     def __init__(self, *, base_url: str, timeout_sec: float, transport: httpx.AsyncBaseTransport | None = None):
-        self._client = httpx.AsyncClient(base_url=base_url, timeout=timeout_sec, transport=transport)
+        self._base_url = base_url.rstrip("/")
+        # no token of its own: every check carries the key it asks about as its bearer
+        self._http = JsonPeer(token=None, timeout_sec=timeout_sec, transport_for=one_transport(transport))
 
     async def accepts(self, key: str) -> bool:
         return await self.identify(key) is not None
@@ -111,9 +114,12 @@ class PlatformKeyChecker:
         """The key's identity when it is an inference key, ``None`` when it is not (unknown, revoked, or a token
         without the scope); :class:`PlatformUnavailableError` when the platform cannot tell."""
         try:
-            response = await self._client.get(PLATFORM_CHECK_PATH, headers={"Authorization": f"Bearer {key}"})
-        except httpx.HTTPError as exc:
-            raise PlatformUnavailableError(f"the platform could not be reached: {type(exc).__name__}") from exc
+            response = await self._http.send(
+                self._base_url, "GET", PLATFORM_CHECK_PATH, headers={"Authorization": f"Bearer {key}"}
+            )
+        except Unavailable as exc:
+            cause = type(exc.__cause__).__name__
+            raise PlatformUnavailableError(f"the platform could not be reached: {cause}") from exc
         if response.status_code in (401, 403):
             return None
         if response.status_code != 200:
@@ -128,7 +134,7 @@ class PlatformKeyChecker:
         return KeyIdentity(key_id=key_digest(key)[:12], tenant=tenant if isinstance(tenant, str) else None)
 
     async def aclose(self) -> None:
-        await self._client.aclose()
+        await self._http.aclose()
 
 
 class ApiKeyVerifier:

@@ -1,18 +1,20 @@
 """The controller as the NodeManager sees it: register, heartbeat, report software faults.
 
-Errors (foreign ones translated here with ``raise … from``)::
+Errors are the peer client's (:mod:`heteroflow.http.peer`), under the names the NodeManager's modules use::
 
-    ControllerError
-    ├── ControllerUnavailableError   refused, reset, timeout, 5xx: the same request may succeed later
-    └── ControllerRejectedError      4xx (bad token, invalid body): retrying the same request cannot help
+    ControllerError (PeerError)
+    ├── ControllerUnavailableError (Unavailable)   refused, reset, timeout, 5xx from every controller listed:
+    │                                              the same request may succeed later
+    └── ControllerRejectedError (Rejected)         4xx (bad token, invalid body) or an answer that breaks the
+                                                   contract: retrying the same request cannot help
 """
 
 from __future__ import annotations
 
-from typing import Protocol, TypeVar
+from typing import Protocol
 
 import httpx
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel
 
 from heteroflow.contracts.serving import (
     HEARTBEAT_PATH,
@@ -24,20 +26,14 @@ from heteroflow.contracts.serving import (
     RegisterResponse,
     SoftwareFaultReport,
 )
+from heteroflow.http.peer import JsonPeer, PeerError, Rejected, Unavailable, one_transport, parse_answer
 
-_M = TypeVar("_M", bound=BaseModel)
+ControllerError = PeerError
+ControllerUnavailableError = Unavailable
+ControllerRejectedError = Rejected
 
-
-class ControllerError(Exception):
-    """Base of every failure talking to the controller."""
-
-
-class ControllerUnavailableError(ControllerError):
-    """The controller could not be reached or failed; retry later."""
-
-
-class ControllerRejectedError(ControllerError):
-    """The controller refused the request for good."""
+_SUCCESS = range(200, 400)
+"""An answer below 400 is the controller's; 4xx is a refusal (final), 5xx means "ask the next one"."""
 
 
 class ControllerClient(Protocol):
@@ -61,7 +57,7 @@ def controller_urls(base_url: str) -> tuple[str, ...]:
 class HttpControllerClient:
     """Talks to the controller; ``base_url`` may list several (active/standby): a request that finds one
     unreachable or not acting (5xx, ``503 not_leader``) moves on to the next, and the client stays with the one
-    that answered."""
+    that answered. One pooled connection per controller (:class:`~heteroflow.http.peer.JsonPeer`)."""
 
     def __init__(
         self,
@@ -71,20 +67,23 @@ class HttpControllerClient:
         timeout_sec: float = 5.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
-        headers = {"Authorization": f"Bearer {cluster_token}"} if cluster_token else {}
         self.urls = controller_urls(base_url)
         self._current = 0
-        self._http = httpx.AsyncClient(headers=headers, timeout=timeout_sec, transport=transport)
+        self._http = JsonPeer(
+            token=cluster_token,
+            timeout_sec=timeout_sec,
+            transport_for=one_transport(transport),
+        )
 
     @property
     def current_url(self) -> str:
         return self.urls[self._current]
 
     async def register(self, request: RegisterRequest) -> RegisterResponse:
-        return _parse(await self._post(REGISTER_PATH, request), RegisterResponse)
+        return parse_answer(await self._post(REGISTER_PATH, request), RegisterResponse)
 
     async def heartbeat(self, request: HeartbeatRequest) -> HeartbeatResponse:
-        return _parse(await self._post(HEARTBEAT_PATH, request), HeartbeatResponse)
+        return parse_answer(await self._post(HEARTBEAT_PATH, request), HeartbeatResponse)
 
     async def report_software_fault(self, report: SoftwareFaultReport) -> None:
         await self._post(REPORT_SOFTWARE_FAULT_PATH, report)
@@ -98,28 +97,13 @@ class HttpControllerClient:
         for _ in self.urls:
             url = self.current_url
             try:
-                response = await self._http.post(url + path, content=content, headers=_JSON)
-            except httpx.HTTPError as exc:
-                failures.append(f"{url}: {type(exc).__name__}: {exc}")
+                response = await self._http.send(url, "POST", path, content)
+            except Unavailable as exc:
+                failures.append(f"{url}: {type(exc.__cause__).__name__}: {exc.__cause__}")
             else:
                 if response.status_code < 500:
-                    if response.status_code >= 400:
-                        raise ControllerRejectedError(
-                            f"POST {path}: HTTP {response.status_code}: {response.text[:200]}"
-                        )
+                    self._http.check(response, "POST", path, _SUCCESS)  # a 4xx is final: no failover
                     return response
                 failures.append(f"{url}: HTTP {response.status_code}")
             self._current = (self._current + 1) % len(self.urls)
         raise ControllerUnavailableError(f"POST {path}: " + "; ".join(failures))
-
-
-def _parse(response: httpx.Response, answer: type[_M]) -> _M:
-    try:
-        return answer.model_validate_json(response.content or b"{}")
-    except ValidationError as exc:
-        raise ControllerRejectedError(
-            f"{response.request.url.path}: unexpected answer: {exc.errors()[0]['msg']}"
-        ) from exc
-
-
-_JSON = {"Content-Type": "application/json"}

@@ -7,44 +7,24 @@
 
 from __future__ import annotations
 
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel
 
-from heteroflow.contracts.serving import (
-    NM_ENGINES_RESTART_PATH,
-    NM_ENGINES_START_PATH,
-    NM_ENGINES_STOP_PATH,
-    NM_FT_APPLY_PATH,
-    NM_FT_FINALIZE_PATH,
-    NM_FT_GUARD_PATH,
-    NM_FT_NUDGE_PATH,
-    NM_FT_PROBE_PATH,
-    NM_FT_STATUS_PATH,
-    NM_STATUS_PATH,
-    EnginesResponse,
-    EnginesStartRequest,
-    EnginesStopRequest,
-    ErrorBody,
-    FinalizeRequest,
-    FinalizeResponse,
-    FtStatusRequest,
-    FtStatusResponse,
-    GuardRequest,
-    GuardResponse,
-    NmApplyRequest,
-    NmApplyResponse,
-    ProbeRequest,
-    ProbeResponse,
-)
+from heteroflow.contracts import serving as wire
 from heteroflow.core.openapi import json_request_body
 from heteroflow.http.bodies import read_model
 from heteroflow.serving.node_manager.daemon import NodeManager
 from heteroflow.serving.node_manager.metrics import CONTENT_TYPE, NodeManagerMetrics
 
 _M = TypeVar("_M", bound=BaseModel)
+_A = TypeVar("_A", bound=BaseModel)
 
 
 _ERRORS: dict[int, str] = {
@@ -59,12 +39,7 @@ _ERRORS: dict[int, str] = {
 
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     """The documented error answers of a guarded route (401, 413 and ``codes``), each an :class:`ErrorBody`."""
-    return {code: {"model": ErrorBody, "description": _ERRORS[code]} for code in sorted({401, 413, *codes})}
-
-
-def _ft_route(model: type[BaseModel], answer: object, *, codes: tuple[int, ...] = (400, 404, 409, 502)) -> Any:
-    """``responses`` and ``openapi_extra`` of an FT route whose body is ``model`` and whose 200 is ``answer``."""
-    return {"responses": {200: {"model": answer}, **_errors(*codes)}, "openapi_extra": json_request_body(model)}
+    return {code: {"model": wire.ErrorBody, "description": _ERRORS[code]} for code in sorted({401, 413, *codes})}
 
 
 async def _body(request: Request, model: type[_M], *, empty_ok: bool = False) -> _M:
@@ -81,108 +56,135 @@ def node_router(nm: NodeManager) -> APIRouter:
     async def prometheus() -> Response:
         return Response(metrics.render(), media_type=CONTENT_TYPE)
 
-    @router.get(NM_STATUS_PATH, responses=_errors())
+    @router.get(wire.NM_STATUS_PATH, responses=_errors())
     async def status() -> Response:
         return JSONResponse(_jsonable(nm.status()))
 
     return router
 
 
+@dataclass(frozen=True, slots=True)
+class _Failure:
+    """How an FT route's answer reports an engine's failure: a 502 carrying the same answer (every result)."""
+
+    failed: Callable[[Any], bool]
+    """True when the answer reports a failure (an engine did not accept, a probe failed)."""
+    says: str
+    """The 502's description in the OpenAPI document."""
+
+
+def _ft_route(
+    router: APIRouter,
+    nm: NodeManager,
+    path: str,
+    model: type[_M],
+    answer: type[_A],
+    handle: Callable[[_M], _A | Awaitable[_A]],
+    *,
+    ok: int = 200,
+    ok_says: str | None = None,
+    failure: _Failure | None = None,
+    codes: tuple[int, ...] = (400, 404, 409, 502),
+    exclude_none: bool = False,
+) -> None:
+    """One FT route, named ``ft_<last path segment>``: 404 while the proxy is off, the body read as ``model``,
+    ``handle``'s ``answer`` as JSON with the status ``ok`` (502 when ``failure`` says the answer reports one)."""
+
+    async def endpoint(request: Request) -> Response:
+        nm.require_proxy()
+        pending = handle(await _body(request, model))
+        done = await pending if inspect.isawaitable(pending) else pending
+        status = 502 if failure is not None and failure.failed(done) else ok
+        return JSONResponse(done.model_dump(mode="json", exclude_none=exclude_none), status_code=status)
+
+    answers: dict[int | str, dict[str, Any]] = {ok: {"model": answer, **({"description": ok_says} if ok_says else {})}}
+    if failure is None:
+        answers.update(_errors(*codes))
+    else:
+        answers.update(_errors(*(code for code in codes if code != 502)))
+        answers[502] = {"model": answer | wire.ErrorBody, "description": failure.says}
+    router.add_api_route(
+        path,
+        endpoint,
+        methods=["POST"],
+        name="ft_" + path.rsplit("/", 1)[-1],
+        status_code=ok,
+        responses=answers,
+        openapi_extra=json_request_body(model),
+    )
+
+
 def ft_router(nm: NodeManager) -> APIRouter:
     """The FT routes; each answers 404 (:class:`~.daemon.ProxyDisabledError`) while the proxy is off."""
     router = APIRouter()
-
-    @router.post(NM_FT_STATUS_PATH, **_ft_route(FtStatusRequest, FtStatusResponse, codes=(400, 404)))
-    async def ft_status(request: Request) -> Response:
-        nm.require_proxy()
-        answer = await nm.ft_status(await _body(request, FtStatusRequest))
-        return JSONResponse(answer.model_dump(mode="json", exclude_none=True))
-
-    @router.post(NM_FT_GUARD_PATH, **_ft_route(GuardRequest, GuardResponse))
-    async def ft_guard(request: Request) -> Response:
-        nm.require_proxy()
-        return JSONResponse(nm.ft_guard(await _body(request, GuardRequest)).model_dump(mode="json"))
-
-    @router.post(
-        NM_FT_APPLY_PATH,
-        status_code=202,
-        responses={
-            202: {"model": NmApplyResponse, "description": "Every engine accepted the instruction."},
-            **_errors(400, 404, 409),
-            502: {
-                "model": NmApplyResponse | ErrorBody,
-                "description": "An engine did not accept (each engine's result), or another round owns us.",
-            },
-        },
-        openapi_extra=json_request_body(NmApplyRequest),
+    route = partial(_ft_route, router, nm)
+    route(
+        wire.NM_FT_STATUS_PATH,
+        wire.FtStatusRequest,
+        wire.FtStatusResponse,
+        lambda body: nm.ft_status(body),
+        codes=(400, 404),
+        exclude_none=True,
     )
-    async def ft_apply(request: Request) -> Response:
-        nm.require_proxy()
-        answer = await nm.ft_apply(await _body(request, NmApplyRequest))
-        return JSONResponse(answer.model_dump(mode="json"), status_code=202 if answer.accepted else 502)
-
-    @router.post(NM_FT_FINALIZE_PATH, **_ft_route(FinalizeRequest, FinalizeResponse))
-    async def ft_finalize(request: Request) -> Response:
-        nm.require_proxy()
-        return JSONResponse((await nm.ft_finalize(await _body(request, FinalizeRequest))).model_dump(mode="json"))
-
-    @router.post(
-        NM_FT_PROBE_PATH,
-        responses={
-            200: {"model": ProbeResponse},
-            **_errors(400, 404, 409),
-            502: {
-                "model": ProbeResponse | ErrorBody,
-                "description": "A probe failed (each endpoint's result), or another round owns us.",
-            },
-        },
-        openapi_extra=json_request_body(ProbeRequest),
+    route(wire.NM_FT_GUARD_PATH, wire.GuardRequest, wire.GuardResponse, lambda body: nm.ft_guard(body))
+    route(
+        wire.NM_FT_APPLY_PATH,
+        wire.NmApplyRequest,
+        wire.NmApplyResponse,
+        lambda body: nm.ft_apply(body),
+        ok=202,
+        ok_says="Every engine accepted the instruction.",
+        failure=_Failure(
+            lambda answer: not answer.accepted,
+            "An engine did not accept (each engine's result), or another round owns us.",
+        ),
     )
-    async def ft_probe(request: Request) -> Response:
-        nm.require_proxy()
-        answer = await nm.probe(await _body(request, ProbeRequest))
-        return JSONResponse(answer.model_dump(mode="json"), status_code=200 if answer.ok else 502)
-
-    @router.post(NM_FT_NUDGE_PATH, **_ft_route(ProbeRequest, ProbeResponse))
-    async def ft_nudge(request: Request) -> Response:
-        nm.require_proxy()
-        answer = await nm.probe(await _body(request, ProbeRequest), nudge=True)
-        return JSONResponse(answer.model_dump(mode="json"))
-
+    route(wire.NM_FT_FINALIZE_PATH, wire.FinalizeRequest, wire.FinalizeResponse, lambda body: nm.ft_finalize(body))
+    route(
+        wire.NM_FT_PROBE_PATH,
+        wire.ProbeRequest,
+        wire.ProbeResponse,
+        lambda body: nm.probe(body),
+        failure=_Failure(
+            lambda answer: not answer.ok, "A probe failed (each endpoint's result), or another round owns us."
+        ),
+    )
+    route(wire.NM_FT_NUDGE_PATH, wire.ProbeRequest, wire.ProbeResponse, lambda body: nm.probe(body, nudge=True))
     return router
+
+
+def _engines_route(
+    router: APIRouter, path: str, model: type[_M], handle: Callable[[_M], Awaitable[wire.EnginesResponse]]
+) -> None:
+    """One engine lifecycle route, named ``engines_<last path segment>``: an optional body read as ``model``."""
+
+    async def endpoint(request: Request) -> Response:
+        body = await _body(request, model, empty_ok=True)
+        return JSONResponse((await handle(body)).model_dump(mode="json"))
+
+    router.add_api_route(
+        path,
+        endpoint,
+        methods=["POST"],
+        name="engines_" + path.rsplit("/", 1)[-1],
+        responses={200: {"model": wire.EnginesResponse}, **_errors(400)},
+        openapi_extra=json_request_body(model, required=False),
+    )
 
 
 def engines_router(nm: NodeManager) -> APIRouter:
     """Stop, start and restart the pod's engines."""
     router = APIRouter()
-
-    @router.post(
-        NM_ENGINES_STOP_PATH,
-        responses={200: {"model": EnginesResponse}, **_errors(400)},
-        openapi_extra=json_request_body(EnginesStopRequest, required=False),
+    _engines_route(
+        router, wire.NM_ENGINES_STOP_PATH, wire.EnginesStopRequest, lambda body: nm.stop_engines(body.endpoint_ids)
     )
-    async def engines_stop(request: Request) -> Response:
-        body = await _body(request, EnginesStopRequest, empty_ok=True)
-        return JSONResponse((await nm.stop_engines(body.endpoint_ids)).model_dump(mode="json"))
-
-    @router.post(
-        NM_ENGINES_START_PATH,
-        responses={200: {"model": EnginesResponse}, **_errors(400)},
-        openapi_extra=json_request_body(EnginesStartRequest, required=False),
+    _engines_route(router, wire.NM_ENGINES_START_PATH, wire.EnginesStartRequest, lambda body: nm.start_engines(body))
+    _engines_route(
+        router,
+        wire.NM_ENGINES_RESTART_PATH,
+        wire.EnginesStartRequest,
+        lambda body: nm.start_engines(body, restart=True),
     )
-    async def engines_start(request: Request) -> Response:
-        body = await _body(request, EnginesStartRequest, empty_ok=True)
-        return JSONResponse((await nm.start_engines(body)).model_dump(mode="json"))
-
-    @router.post(
-        NM_ENGINES_RESTART_PATH,
-        responses={200: {"model": EnginesResponse}, **_errors(400)},
-        openapi_extra=json_request_body(EnginesStartRequest, required=False),
-    )
-    async def engines_restart(request: Request) -> Response:
-        body = await _body(request, EnginesStartRequest, empty_ok=True)
-        return JSONResponse((await nm.start_engines(body, restart=True)).model_dump(mode="json"))
-
     return router
 
 

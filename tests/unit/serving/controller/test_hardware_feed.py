@@ -45,12 +45,15 @@ def poll(answers: list[httpx.Response]) -> tuple[list[SourceUpdate], list[httpx.
         requests.append(request)
         return answers.pop(0)
 
-    source = GpuHealthSource(base_url="http://p", token=None, poll_sec=1.0, hold_sec=60.0, clock=FakeClock())
+    source = GpuHealthSource(
+        base_url="http://p", token=None, poll_sec=1.0, hold_sec=60.0, clock=FakeClock(),
+        transport=httpx.MockTransport(handler),
+    )  # fmt: skip
     updates: list[SourceUpdate] = []
 
     async def run() -> None:
-        async with httpx.AsyncClient(base_url="http://p", transport=httpx.MockTransport(handler)) as http:
-            await source.poll_once(http, updates.append)
+        await source.poll_once(updates.append)
+        await source.aclose()
 
     asyncio.run(run())
     return updates, requests, source
@@ -125,3 +128,22 @@ def test_an_unreadable_envelope_is_a_problem_and_the_cursor_stays(envelope: dict
     updates, _, source = poll([httpx.Response(200, json=envelope)])
     assert sum(isinstance(u, Problem) for u in updates) == 1
     assert source._cursor is None
+
+
+@pytest.mark.parametrize(
+    ("answer", "said"),
+    [
+        (
+            httpx.Response(401, json={"error": "unauthorized", "detail": "no token"}),
+            f"{FEED_PATH} answered HTTP 401: no token",
+        ),
+        (httpx.Response(503, text="down"), f"{FEED_PATH} answered HTTP 503: down"),
+        (httpx.Response(200, content=b"<html>"), "not JSON"),
+    ],
+)
+def test_a_refused_poll_is_a_problem_that_says_what_the_platform_answered(answer: httpx.Response, said: str) -> None:
+    updates, requests, source = poll([answer])
+    (problem,) = [u for u in updates if isinstance(u, Problem)]
+    assert said in problem.detail
+    assert source._cursor is None
+    assert len(requests) == 1

@@ -745,12 +745,8 @@ def test_gpu_health_source_follows_the_cursor_and_holds_faults() -> None:
             edges.extend(detector.update(source.name, update))
 
     async def poll() -> None:
-        async with httpx.AsyncClient(
-            base_url="http://platform",
-            headers={"Authorization": "Bearer hf_monitor"},
-            transport=httpx.MockTransport(platform.handler),
-        ) as http:
-            await source.poll_once(http, emit)
+        await source.poll_once(emit)
+        await source.aclose()
 
     asyncio.run(poll())
     assert sorted((e.fault_code, e.level, e.card[:12]) for e in edges) == [
@@ -758,6 +754,7 @@ def test_gpu_health_source_follows_the_cursor_and_holds_faults() -> None:
         ("XID79", 6, "GPU-11111111"),
     ]
     assert "cursor" not in platform.requests[0].url.params
+    assert platform.requests[0].headers["authorization"] == "Bearer hf_monitor"  # the source's own token
     assert "since" not in platform.requests[0].url.params
     assert platform.requests[1].url.params["cursor"] == "1.0"
     clock.advance(30)
@@ -786,14 +783,16 @@ def test_gpu_health_source_follows_the_cursor_and_holds_faults() -> None:
 def test_a_bad_platform_answer_is_a_problem_and_the_cursor_stays(answer: httpx.Response) -> None:
     platform, clock = FakePlatform(), FakeClock()
     platform.pages = [page([], "5.5"), answer]
-    source = GpuHealthSource(base_url="http://p", token=None, poll_sec=1.0, hold_sec=60.0, clock=clock)
+    source = GpuHealthSource(
+        base_url="http://p", token=None, poll_sec=1.0, hold_sec=60.0, clock=clock,
+        transport=httpx.MockTransport(platform.handler),
+    )  # fmt: skip
     updates, emit = collect()
 
     async def poll() -> None:
-        async with httpx.AsyncClient(base_url="http://p", transport=httpx.MockTransport(platform.handler)) as http:
-            await source.poll_once(http, emit)
-            await source.poll_once(http, emit)
-            await source.poll_once(http, emit)
+        for _ in range(3):
+            await source.poll_once(emit)
+        await source.aclose()
 
     asyncio.run(poll())
     assert sum(isinstance(u, Problem) for u in updates) == 1
@@ -961,12 +960,15 @@ def test_gpu_health_source_trusts_only_its_tenant_and_cards_the_node_reported() 
     foreign = {**gpu_event("xid", 95), "tenant_id": "other-tenant"}
     invented = {**gpu_event("xid", 79, uuid="GPU-deadbeef-0000-0000-0000-000000000000"), "card_known": False}
     platform.pages = [page([foreign, invented, own], "1.0")]
-    source = GpuHealthSource(base_url="http://p", token=None, poll_sec=1.0, hold_sec=60.0, clock=clock)
+    source = GpuHealthSource(
+        base_url="http://p", token=None, poll_sec=1.0, hold_sec=60.0, clock=clock,
+        transport=httpx.MockTransport(platform.handler),
+    )  # fmt: skip
     updates, emit = collect()
 
     async def poll() -> None:
-        async with httpx.AsyncClient(base_url="http://p", transport=httpx.MockTransport(platform.handler)) as http:
-            await source.poll_once(http, emit)
+        await source.poll_once(emit)
+        await source.aclose()
 
     asyncio.run(poll())
     (snapshot,) = [u for u in updates if isinstance(u, Snapshot)]
@@ -977,8 +979,9 @@ def test_gpu_health_source_trusts_only_its_tenant_and_cards_the_node_reported() 
 def test_a_storm_of_new_card_faults_is_raised_at_most_once_per_interval() -> None:
     platform, clock = FakePlatform(), FakeClock()
     source = GpuHealthSource(
-        base_url="http://p", token=None, poll_sec=1.0, hold_sec=600.0, clock=clock, new_fault_interval_sec=10.0
-    )
+        base_url="http://p", token=None, poll_sec=1.0, hold_sec=600.0, clock=clock, new_fault_interval_sec=10.0,
+        transport=httpx.MockTransport(platform.handler),
+    )  # fmt: skip
     updates, emit = collect()
 
     def card(n: int) -> dict[str, Any]:
@@ -986,8 +989,8 @@ def test_a_storm_of_new_card_faults_is_raised_at_most_once_per_interval() -> Non
 
     async def poll(events: list[dict[str, Any]]) -> tuple[str, ...]:
         platform.pages = [page(events, "1.1")]
-        async with httpx.AsyncClient(base_url="http://p", transport=httpx.MockTransport(platform.handler)) as http:
-            await source.poll_once(http, emit)
+        await source.poll_once(emit)
+        await source.aclose()
         last = [u for u in updates if isinstance(u, Snapshot)][-1]
         return tuple(sorted(f.card for f in last.faults))
 

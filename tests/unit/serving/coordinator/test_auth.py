@@ -10,6 +10,7 @@ import httpx
 import pytest
 
 from heteroflow.core.testing import FakeClock
+from heteroflow.http.peer import Unavailable
 from heteroflow.platform.auth import bearer_value
 from heteroflow.serving.coordinator.auth import (
     PLATFORM_CHECK_PATH,
@@ -190,6 +191,36 @@ def test_the_platform_checker_cannot_tell_on_errors(failure: str) -> None:
         checker = platform_checker(answer)
         with pytest.raises(PlatformUnavailableError):
             await checker.accepts("hf_x")
+        await checker.aclose()
+
+    asyncio.run(scenario())
+
+
+def test_each_check_carries_the_key_it_asks_about_over_one_pooled_client() -> None:
+    seen: list[httpx.Request] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json={"scopes": ["inference"]})
+
+    async def scenario() -> None:
+        checker = platform_checker(answer)
+        for key in ("hf_a", "hf_b"):
+            assert await checker.accepts(key)
+        await checker.aclose()
+
+    asyncio.run(scenario())
+    assert [r.headers["authorization"] for r in seen] == ["Bearer hf_a", "Bearer hf_b"]
+
+
+def test_a_platform_that_cannot_tell_is_unavailable_in_the_http_layers_terms() -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("refused", request=request)
+
+    async def scenario() -> None:
+        checker = platform_checker(refuse)
+        with pytest.raises(Unavailable, match="the platform could not be reached: ConnectError"):
+            await checker.identify("hf_x")
         await checker.aclose()
 
     asyncio.run(scenario())

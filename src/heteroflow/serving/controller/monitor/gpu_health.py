@@ -41,7 +41,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
 
 import httpx
 from pydantic import ValidationError
@@ -49,6 +48,7 @@ from pydantic import ValidationError
 from heteroflow.contracts.hardware_events import FEED_PATH, HardwareFeedEnvelope, HardwareFeedEvent
 from heteroflow.contracts.serving import HardwareFaultReport
 from heteroflow.core.clock import Clock
+from heteroflow.http.peer import JsonPeer, PeerError, one_transport
 
 from .base import Emit, Problem, Snapshot, fault_key
 
@@ -140,7 +140,6 @@ class GpuHealthSource:
     ) -> None:
         self.name = name
         self._base_url = base_url.rstrip("/")
-        self._token = token
         self._poll_sec = poll_sec
         self._hold_sec = hold_sec
         self._clock = clock
@@ -148,8 +147,11 @@ class GpuHealthSource:
         self._platform_source = platform_source
         self._page_limit = page_limit
         self._max_pages = max_pages_per_poll
-        self._timeout = timeout_sec
-        self._transport = transport
+        self._http = JsonPeer(
+            token=token,
+            timeout_sec=timeout_sec,
+            transport_for=one_transport(transport),
+        )
         self._cursor: str | None = None
         self._active: dict[str, tuple[HardwareFaultReport, float]] = {}
         """Fault key → (report, monotonic seconds of its last event)."""
@@ -164,18 +166,21 @@ class GpuHealthSource:
         """Polls whose new faults were held by the interval."""
 
     async def run(self, emit: Emit) -> None:
-        headers = {"Authorization": f"Bearer {self._token}"} if self._token else {}
-        async with httpx.AsyncClient(
-            base_url=self._base_url, headers=headers, timeout=self._timeout, transport=self._transport
-        ) as http:
+        try:
             while True:
-                await self.poll_once(http, emit)
+                await self.poll_once(emit)
                 await self._clock.sleep(self._poll_sec)
+        finally:
+            await self.aclose()
 
-    async def poll_once(self, http: httpx.AsyncClient, emit: Emit) -> None:
+    async def aclose(self) -> None:
+        """Close the pooled connection to the platform (:meth:`run` does when it ends)."""
+        await self._http.aclose()
+
+    async def poll_once(self, emit: Emit) -> None:
         """Read every new page (up to ``max_pages_per_poll``), then publish the faults standing now."""
         for _ in range(self._max_pages):
-            problem, more = await self._page(http, emit)
+            problem, more = await self._page(emit)
             if problem is not None:
                 emit(Problem(scope="platform", detail=problem))
                 break
@@ -213,24 +218,16 @@ class GpuHealthSource:
             return False
         return True
 
-    async def _page(self, http: httpx.AsyncClient, emit: Emit) -> tuple[str | None, bool]:
-        params: dict[str, Any] = {"limit": self._page_limit, "source": self._platform_source}
+    async def _page(self, emit: Emit) -> tuple[str | None, bool]:
+        params: dict[str, str | int] = {"limit": self._page_limit, "source": self._platform_source}
         if self._cursor is not None:
             params["cursor"] = self._cursor
         elif self._lookback > 0:
             params["since"] = (self._clock.now() - timedelta(seconds=self._lookback)).isoformat()
         try:
-            response = await http.get(EVENTS_PATH, params=params)
-        except httpx.HTTPError as exc:
-            return f"{EVENTS_PATH} unreachable: {type(exc).__name__}: {exc}", False
-        if response.status_code != 200:
-            return f"{EVENTS_PATH} answered HTTP {response.status_code}: {response.text[:200]}", False
-        try:
-            body = response.json()
-        except ValueError:
-            return f"{EVENTS_PATH} answered something that is not JSON", False
-        if not isinstance(body, dict):
-            return f"{EVENTS_PATH} answered a JSON value that is not an object", False
+            body = await self._http.get_object(self._base_url, EVENTS_PATH, params=params)
+        except PeerError as exc:  # unreachable, an error status ("… answered HTTP 401: …"), not a JSON object
+            return str(exc), False
         try:
             page = HardwareFeedEnvelope.model_validate(body)
         except ValidationError:
