@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import httpx
 
 from heteroflow.contracts.engine_protocol import PROFILES, ProfileName
+from heteroflow.core.clock import Clock
 from heteroflow.core.testing import FakeClock, free_port
 from heteroflow.engine_sim.backend import FaultKind
 from heteroflow.engine_sim.engine import EngineCore, EngineTimeouts
@@ -99,19 +100,23 @@ class FakeEngineCluster:
         cluster_token: str = TEST_CLUSTER_TOKEN,
         clock: FakeClock | None = None,
         profile_name: ProfileName = "scale-down",
+        engine_clock: Clock | None = None,
     ) -> None:
         self.dp_size = dp_size
         self.profile_name = profile_name
         self.prefix = PROFILES[profile_name].route_prefix if prefix is None else prefix
         self.cluster_token = cluster_token
         self.clock = clock or FakeClock()
+        #: the engines' time: the fake clock a test moves, or (``engine_clock``) another one such as the event
+        #: loop's own on virtual time, where nothing needs moving and only :meth:`tick` fires the engines' timeouts
+        self.engine_clock: Clock = engine_clock or self.clock
         slots = slots_per_rank or default_slots_per_rank(
             dp_size=dp_size, num_experts=num_experts, num_redundant_experts=num_redundant_experts
         )
         self.group = FakeGroup(
             dp_size=dp_size,
             dead_ranks=dead_ranks,
-            clock=self.clock,
+            clock=self.engine_clock,
             num_experts=num_experts,
             num_redundant_experts=num_redundant_experts,
             slots_per_rank=slots,
@@ -132,7 +137,7 @@ class FakeEngineCluster:
             self.cores[rank] = EngineCore(
                 initial=initial_state(rank=rank, dp_size=dp_size, dead_ranks=dead_ranks, profile_name=profile_name),
                 backend=backend,
-                clock=self.clock,
+                clock=self.engine_clock,
                 timeouts=timeouts,
                 hard_exit=functools.partial(self._hard_exit, rank),
             )

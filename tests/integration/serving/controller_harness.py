@@ -375,13 +375,26 @@ class Plane:
 
 
 async def _pump(cluster: FakeEngineCluster) -> None:
-    """Move the fake engines' clock with the loop's (their timers and the NodeManagers' run on it)."""
+    """Move the fake engines' clock with the loop's (their timers and the NodeManagers' run on it): the process
+    plane, on real time."""
     last = loop_now()
     while True:
         await asyncio.sleep(0.01)  # the pump's own period
         now = loop_now()
         cluster.clock.advance(now - last)
         last = now
+        cluster.tick()
+
+
+#: How often the in-process plane fires the fake engines' timeouts (their clock is the loop's own, so nothing
+#: else needs moving): a timeout fires at most this late, in virtual time. Each tick is a wake-up of the whole
+#: loop, and at 0.01 s the ticks were most of the plane's CPU.
+ENGINE_TICK_SEC = 0.05
+
+
+async def _tick(cluster: FakeEngineCluster) -> None:
+    while True:
+        await asyncio.sleep(ENGINE_TICK_SEC)  # the engines' timeouts are checked at a tick, as in the simulator
         cluster.tick()
 
 
@@ -410,7 +423,12 @@ async def open_plane(
     known prefix). ``crash_at``: the first controller's crash hook fires at that step of a round (the test-only
     ``crash_at_step``): its link is cut there, and :meth:`Plane.restart_controller` starts the next one."""
 
-    cluster = FakeEngineCluster(dp_size=4, slots_per_rank=slots_per_rank, profile_name=profile_name or "scale-down")
+    cluster = FakeEngineCluster(
+        dp_size=4,
+        slots_per_rank=slots_per_rank,
+        profile_name=profile_name or "scale-down",
+        engine_clock=LoopClock(start=datetime.now(UTC)),
+    )
     await cluster.start()
     coordinator = RecordingCoordinator()
     coordinator_app = coordinator.app()
@@ -472,7 +490,7 @@ async def open_plane(
     capp = address
     node_managers: dict[str, NodeManager] = {}
     launchers: dict[str, FakeLauncher] = {}
-    pump = asyncio.create_task(_pump(cluster))
+    pump = asyncio.create_task(_tick(cluster))
     http = httpx.AsyncClient(
         transport=httpx.ASGITransport(app=capp),
         base_url=CONTROLLER_URL,
@@ -505,7 +523,7 @@ async def open_plane(
                 ),
                 engines=HttpEngineClient(cluster.client, ft_path_prefix=None if profile_name else cluster.prefix),
                 launcher=launcher,
-                clock=cluster.clock,
+                clock=cluster.engine_clock,
             )
             nm_apps[name] = node_manager_app(nm, cluster_token=cluster_token)
             node_managers[name] = nm
