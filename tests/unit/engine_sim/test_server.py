@@ -10,8 +10,8 @@ import pytest
 
 from heteroflow.engine_sim import conformance
 from heteroflow.engine_sim.backend import FaultKind
+from heteroflow.engine_sim.completions import completion_chunks
 from heteroflow.engine_sim.engine import RequestAbortedError
-from heteroflow.engine_sim.server import _completion_chunks
 from heteroflow.engine_sim.testing import TEST_CLUSTER_TOKEN, FakeEngineCluster
 
 AUTH = {"Authorization": f"Bearer {TEST_CLUSTER_TOKEN}"}
@@ -264,7 +264,7 @@ def test_a_stream_that_fails_mid_way_ends_with_an_error_event_and_no_done() -> N
         raise RequestAbortedError("engine unhealthy: RuntimeError")
 
     async def collect() -> list[str]:
-        return [chunk async for chunk in _completion_chunks("id", 0, "m", 1, failing())]
+        return [chunk async for chunk in completion_chunks("id", 0, "m", 1, failing())]
 
     chunks = asyncio.run(collect())
     assert '"error"' in chunks[-1]
