@@ -52,7 +52,7 @@ from heteroflow.health.metrics_settings import GpuMetricsSettings
 from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform.auth import parse_scopes
-from heteroflow.platform_server import app as platform_app
+from heteroflow.platform_server import assembly as platform_app
 from heteroflow.platform_server.alert_delivery import AlertDeliverySettings
 from heteroflow.platform_server.routes import serving as serving_routes
 from heteroflow.platform_server.routes.serving import ControllerProxy
