@@ -89,6 +89,27 @@ def test_with_a_cluster_token_openai_and_ft_routes_need_it(
     run(scenario)
 
 
+def test_a_refused_token_is_answered_in_the_routes_error_shape_and_unguarded_paths_are_not_refused() -> None:
+    async def scenario(h: FakeEngineCluster) -> None:
+        client = h.client(0)
+        anonymous = {"Authorization": ""}
+        openai = await client.post("/v1/completions", json={"prompt": "x"}, headers=anonymous)
+        assert openai.status_code == 401
+        assert openai.json()["error"]["type"] == "AuthenticationError"
+        assert openai.json()["error"]["code"] == 401
+        for plain in [
+            await client.get("/v1/fault_tolerance/status", headers=anonymous),
+            await client.post("/sim/faults", json={"kind": "hang"}, headers=anonymous),
+        ]:
+            assert plain.status_code == 401
+            assert plain.headers["www-authenticate"] == "Bearer"
+            assert isinstance(plain.json()["error"], str)
+        # only the OpenAI, FT and sim-only paths are guarded: an unknown path is not found, not refused
+        assert (await client.get("/nowhere", headers=anonymous)).status_code == 404
+
+    run(scenario)
+
+
 def test_bodies_too_deep_too_large_or_not_text_are_a_4xx_in_each_routes_error_shape() -> None:
     deep = b"[" * 10_000 + b"]" * 10_000  # past CPython's recursion limit: the apply route's RecursionError was a 500
     big = b'{"prompt": "' + b"a" * (1 << 20) + b'"}'
