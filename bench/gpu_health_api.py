@@ -38,7 +38,7 @@ from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform.auth import parse_scopes
 from heteroflow.platform_server.alert_delivery import AlertDeliverySettings
-from heteroflow.platform_server.app import build_context, create_app
+from heteroflow.platform_server.assembly import build_context, create_app
 from heteroflow.platform_server.settings import ServerSettings
 from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.testing import PostgresServer

@@ -35,7 +35,7 @@ from heteroflow.health import counters, gpu_metrics
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform.auth import parse_scopes
 from heteroflow.platform.nodes import NODE_CREDENTIAL_HEADER
-from heteroflow.platform_server.app import build_context, create_app
+from heteroflow.platform_server.assembly import build_context, create_app
 from heteroflow.platform_server.context import ServerContext
 from heteroflow.platform_server.settings import ServerSettings
 from heteroflow.storage.token_store import SqlTokenStore

@@ -45,14 +45,14 @@ from heteroflow.contracts.serving import (
 )
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.testing import FakeClock
-from heteroflow.engine_sim import server as engine_server
+from heteroflow.engine_sim import assembly as engine_server
 from heteroflow.engine_sim.testing import TEST_CLUSTER_TOKEN as ENGINE_TOKEN
 from heteroflow.engine_sim.testing import FakeEngineCluster
 from heteroflow.health.metrics_settings import GpuMetricsSettings
 from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform.auth import parse_scopes
-from heteroflow.platform_server import app as platform_app
+from heteroflow.platform_server import assembly as platform_app
 from heteroflow.platform_server.alert_delivery import AlertDeliverySettings
 from heteroflow.platform_server.routes import serving as serving_routes
 from heteroflow.platform_server.routes.serving import ControllerProxy
@@ -62,7 +62,8 @@ from heteroflow.serving.controller.clients import NodeManagerClient
 from heteroflow.serving.controller.config import ControllerConfig, ControllerSettings, FaultToleranceConfig
 from heteroflow.serving.controller.service import Controller
 from heteroflow.serving.controller.store import SqliteFtRuntimeStore
-from heteroflow.serving.coordinator import app as coordinator_app
+from heteroflow.serving.coordinator import assembly as coordinator_app
+from heteroflow.serving.coordinator.service import Coordinator
 from heteroflow.serving.coordinator.settings import CoordinatorSettings
 from heteroflow.serving.coordinator.testing import TEST_API_KEY, TEST_API_KEY_SHA256
 from heteroflow.serving.node_manager import assembly as node_manager_app
@@ -238,7 +239,7 @@ async def coordinator(_: Path) -> AsyncIterator[Service]:
     settings = CoordinatorSettings.load(
         cluster_token=TEST_API_KEY, api_key_hashes=TEST_API_KEY_SHA256, unavailable_wait_sec=0.0
     )
-    coord = coordinator_app.Coordinator(settings=settings, upstream_transport=AnyEngine())
+    coord = Coordinator(settings=settings, upstream_transport=AnyEngine())
     app = coordinator_app.create_app(coord)
     async with app.router.lifespan_context(app):
         yield Service(

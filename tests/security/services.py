@@ -21,15 +21,15 @@ from sqlalchemy.engine import Engine
 
 from heteroflow.contracts.serving import FtFlags
 from heteroflow.core.clock import SystemClock
-from heteroflow.engine_sim.server import create_app as engine_app
+from heteroflow.engine_sim.assembly import create_app as engine_app
 from heteroflow.engine_sim.testing import FakeEngineCluster
 from heteroflow.serving.controller.assembly import create_app as controller_app
 from heteroflow.serving.controller.clients import NodeManagerClient
 from heteroflow.serving.controller.config import ControllerConfig, ControllerSettings, FaultToleranceConfig
 from heteroflow.serving.controller.service import Controller
 from heteroflow.serving.controller.store import SqliteFtRuntimeStore
-from heteroflow.serving.coordinator.app import Coordinator
-from heteroflow.serving.coordinator.app import create_app as coordinator_app
+from heteroflow.serving.coordinator.assembly import create_app as coordinator_app
+from heteroflow.serving.coordinator.service import Coordinator
 from heteroflow.serving.coordinator.settings import CoordinatorSettings
 from heteroflow.serving.coordinator.testing import TEST_API_KEY, TEST_API_KEY_SHA256
 from heteroflow.serving.node_manager.assembly import create_app as node_manager_app

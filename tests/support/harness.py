@@ -20,7 +20,7 @@ from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform.auth import parse_scopes
 from heteroflow.platform.nodes import NODE_CREDENTIAL_HEADER
 from heteroflow.platform_server.alert_delivery import AlertDeliverySettings
-from heteroflow.platform_server.app import build_context, create_app
+from heteroflow.platform_server.assembly import build_context, create_app
 from heteroflow.platform_server.context import ServerContext
 from heteroflow.platform_server.maintenance import maintain
 from heteroflow.platform_server.settings import ServerSettings

@@ -26,7 +26,7 @@ from heteroflow.health.samples import CardKey, HealthReading
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform.auth import parse_scopes
 from heteroflow.platform_server.alert_delivery import AlertDeliverySettings
-from heteroflow.platform_server.app import build_context
+from heteroflow.platform_server.assembly import build_context
 from heteroflow.platform_server.settings import ServerSettings
 from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.schema import predictions as predictions_t

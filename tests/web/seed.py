@@ -31,7 +31,7 @@ from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.health.simulation import Profile, series
 from heteroflow.platform.auth import parse_scopes
 from heteroflow.platform_server.alert_delivery import AlertDeliverySettings
-from heteroflow.platform_server.app import build_context, create_app
+from heteroflow.platform_server.assembly import build_context, create_app
 from heteroflow.platform_server.context import ServerContext
 from heteroflow.platform_server.routes import web
 from heteroflow.platform_server.settings import ServerSettings

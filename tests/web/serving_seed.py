@@ -34,7 +34,7 @@ from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform.auth import parse_scopes
 from heteroflow.platform_server.alert_delivery import AlertDeliverySettings
-from heteroflow.platform_server.app import build_context
+from heteroflow.platform_server.assembly import build_context
 from heteroflow.platform_server.settings import ServerSettings
 from heteroflow.serving.controller.assembly import create_app as controller_app
 from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN

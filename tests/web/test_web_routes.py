@@ -11,7 +11,7 @@ from fastapi.testclient import TestClient
 from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform_server.alert_delivery import AlertDeliverySettings
-from heteroflow.platform_server.app import build_context
+from heteroflow.platform_server.assembly import build_context
 from heteroflow.platform_server.routes.web import WEB_ROOT
 from heteroflow.platform_server.settings import ServerSettings
 from heteroflow.storage.db import create_db_engine

@@ -44,7 +44,8 @@ def coordinator(
     import uvicorn
 
     from heteroflow.cli.http_server import serve, server_config
-    from heteroflow.serving.coordinator.app import Coordinator, create_app, create_management_app
+    from heteroflow.serving.coordinator.assembly import create_app, create_management_app
+    from heteroflow.serving.coordinator.service import Coordinator
 
     overrides: dict[str, Any] = {
         key: value

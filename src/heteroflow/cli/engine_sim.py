@@ -20,10 +20,10 @@ import typer
 from heteroflow.contracts.engine_protocol import PROFILE_NAMES, PROFILES
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.logs import configure_logging
+from heteroflow.engine_sim.assembly import create_app
 from heteroflow.engine_sim.backend import FaultKind, WorkerStartError
 from heteroflow.engine_sim.engine import EngineCore, EngineTimeouts
 from heteroflow.engine_sim.process_backend import ProcessWorkerBackend, WorkerLaunch
-from heteroflow.engine_sim.server import create_app
 from heteroflow.engine_sim.settings import EngineSimSettings, Topology
 from heteroflow.engine_sim.state import ConfigurationError, initial_state
 

@@ -30,7 +30,7 @@ def server(
 ) -> None:
     """Run the platform server (migrates the database first)."""
     from heteroflow.cli.http_server import serve, serve_workers
-    from heteroflow.platform_server.app import build_context, create_app
+    from heteroflow.platform_server.assembly import build_context, create_app
     from heteroflow.storage.db import create_db_engine, normalise_url, upgrade_database
 
     overrides = {
@@ -80,7 +80,7 @@ def server(
 def worker_app() -> FastAPI:
     """One worker's app (a uvicorn factory, called in each worker process): the same server, with its
     siblings' metrics socket directory."""
-    from heteroflow.platform_server.app import build_context, create_app
+    from heteroflow.platform_server.assembly import build_context, create_app
 
     settings = ServerSettings.load()
     configure_logging(level=settings.log_level)

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 Message = MutableMapping[str, Any]
 Scope = MutableMapping[str, Any]
@@ -26,6 +26,18 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 _BODILESS_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+
+BEARER_CHALLENGE: Final = {"WWW-Authenticate": "Bearer"}
+"""The header of every 401 answer (RFC 6750 §3): the scheme a client should send."""
+
+
+def challenge_headers(status: int) -> dict[str, str] | None:
+    """The headers an error answer with ``status`` carries: the bearer challenge on a 401, none otherwise.
+
+    The one place the challenge is built: the services reach it through :mod:`heteroflow.http.gate`; it lives
+    here, below the HTTP layer, because :class:`AuthenticateFirst` answers with it too.
+    """
+    return dict(BEARER_CHALLENGE) if status == 401 else None
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +122,9 @@ class AuthenticateFirst:
             (b"content-length", str(len(payload)).encode()),
             (b"connection", b"close"),  # the body the client may still be sending is never read
         ]
-        if denial.status == 401:
-            headers.append((b"www-authenticate", b"Bearer"))
+        headers += [
+            (name.lower().encode("latin-1"), value.encode("latin-1"))
+            for name, value in (challenge_headers(denial.status) or {}).items()
+        ]
         await send({"type": "http.response.start", "status": denial.status, "headers": headers})
         await send({"type": "http.response.body", "body": payload, "more_body": False})

@@ -3,7 +3,7 @@
 It owns the current :class:`~heteroflow.engine_sim.state.EngineState`, feeds it the worker's events and
 the clock, performs the resulting actions (abort requests, start a rebuild, exit) and keeps the in-flight
 generations. It imports neither torch nor a web framework; the HTTP layer is
-:mod:`heteroflow.engine_sim.server`.
+:mod:`heteroflow.engine_sim.assembly` (routers in :mod:`heteroflow.engine_sim.routes`).
 """
 
 from __future__ import annotations

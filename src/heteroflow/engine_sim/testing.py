@@ -28,11 +28,11 @@ import httpx
 from heteroflow.contracts.engine_protocol import PROFILES, ProfileName
 from heteroflow.core.clock import Clock
 from heteroflow.core.testing import FakeClock, free_port
+from heteroflow.engine_sim.assembly import create_app
 from heteroflow.engine_sim.backend import FaultKind
 from heteroflow.engine_sim.engine import EngineCore, EngineTimeouts
 from heteroflow.engine_sim.fake import FakeGroup, FakeWorkerBackend
 from heteroflow.engine_sim.placement import default_slots_per_rank
-from heteroflow.engine_sim.server import create_app
 from heteroflow.engine_sim.state import initial_state
 
 TEST_CLUSTER_TOKEN = "engine-sim-test-token"  # noqa: S105 - a fixture value, not a secret

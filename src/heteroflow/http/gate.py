@@ -14,18 +14,22 @@ from typing import Final
 from starlette.requests import Request
 from starlette.responses import Response
 
+from heteroflow.core.authentication import BEARER_CHALLENGE, challenge_headers
 from heteroflow.platform.auth import bearer_matches
 
-BEARER_CHALLENGE: Final = {"WWW-Authenticate": "Bearer"}
-"""The header of every 401 answer (RFC 6750 §3): the scheme a client should send."""
+__all__ = [
+    "BEARER_CHALLENGE",
+    "NO_TOKEN_CONFIGURED",
+    "TOKEN_REQUIRED",
+    "CallNext",
+    "RenderRefusal",
+    "TokenGate",
+    "challenge_headers",
+    "gate_middleware",
+]
 
 TOKEN_REQUIRED: Final = "a valid cluster token is required (Authorization: Bearer)"  # noqa: S105 - a message, not a secret
 NO_TOKEN_CONFIGURED: Final = "no cluster token is configured; internal routes are closed"  # noqa: S105 - a message, not a secret
-
-
-def challenge_headers(status: int) -> dict[str, str] | None:
-    """The headers an error answer with ``status`` carries: the bearer challenge on a 401, none otherwise."""
-    return dict(BEARER_CHALLENGE) if status == 401 else None
 
 
 @dataclass(frozen=True, slots=True)

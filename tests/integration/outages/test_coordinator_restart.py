@@ -33,7 +33,7 @@ import pytest
 from heteroflow.contracts.serving import COORDINATOR_INSTANCES_PATH
 from heteroflow.core.testing import free_port
 from heteroflow.engine_sim import conformance
-from heteroflow.engine_sim.server import create_app as engine_app
+from heteroflow.engine_sim.assembly import create_app as engine_app
 from heteroflow.engine_sim.testing import FakeEngineCluster
 from heteroflow.serving.controller.clients import CoordinatorClient
 from heteroflow.serving.coordinator.testing import TEST_API_KEY, TEST_API_KEY_SHA256

@@ -51,8 +51,8 @@ from heteroflow.serving.controller.clients import CoordinatorClient, NodeManager
 from heteroflow.serving.controller.config import ControllerConfig, ControllerSettings, FaultToleranceConfig
 from heteroflow.serving.controller.service import Controller
 from heteroflow.serving.controller.store import FtRuntimeStore, SqliteFtRuntimeStore
-from heteroflow.serving.coordinator.app import Coordinator
-from heteroflow.serving.coordinator.app import create_app as coordinator_application
+from heteroflow.serving.coordinator.assembly import create_app as coordinator_application
+from heteroflow.serving.coordinator.service import Coordinator
 from heteroflow.serving.coordinator.settings import CoordinatorSettings
 from heteroflow.serving.coordinator.testing import TEST_API_KEY_SHA256
 from heteroflow.serving.node_manager.assembly import create_app as node_manager_app

@@ -15,7 +15,7 @@ from heteroflow.cli.main import app
 def test_server_side_modules_do_not_import_torch() -> None:
     code = (
         "import sys\n"
-        "import heteroflow.cli.main, heteroflow.engine_sim.server, heteroflow.engine_sim.testing\n"
+        "import heteroflow.cli.main, heteroflow.engine_sim.assembly, heteroflow.engine_sim.testing\n"
         "import heteroflow.engine_sim.conformance, heteroflow.engine_sim.process_backend\n"
         "import heteroflow.engine_sim.released_conformance\n"
         "assert 'torch' not in sys.modules, 'torch imported'\n"

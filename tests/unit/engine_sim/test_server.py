@@ -10,8 +10,8 @@ import pytest
 
 from heteroflow.engine_sim import conformance
 from heteroflow.engine_sim.backend import FaultKind
+from heteroflow.engine_sim.completions import completion_chunks
 from heteroflow.engine_sim.engine import RequestAbortedError
-from heteroflow.engine_sim.server import _completion_chunks
 from heteroflow.engine_sim.testing import TEST_CLUSTER_TOKEN, FakeEngineCluster
 
 AUTH = {"Authorization": f"Bearer {TEST_CLUSTER_TOKEN}"}
@@ -85,6 +85,27 @@ def test_with_a_cluster_token_openai_and_ft_routes_need_it(
         assert (await client.get("/metrics")).status_code == 200
         entry = await conformance.status_of(h, 0)
         assert entry is None or entry == {"id": 0, "status": "healthy"}
+
+    run(scenario)
+
+
+def test_a_refused_token_is_answered_in_the_routes_error_shape_and_unguarded_paths_are_not_refused() -> None:
+    async def scenario(h: FakeEngineCluster) -> None:
+        client = h.client(0)
+        anonymous = {"Authorization": ""}
+        openai = await client.post("/v1/completions", json={"prompt": "x"}, headers=anonymous)
+        assert openai.status_code == 401
+        assert openai.json()["error"]["type"] == "AuthenticationError"
+        assert openai.json()["error"]["code"] == 401
+        for plain in [
+            await client.get("/v1/fault_tolerance/status", headers=anonymous),
+            await client.post("/sim/faults", json={"kind": "hang"}, headers=anonymous),
+        ]:
+            assert plain.status_code == 401
+            assert plain.headers["www-authenticate"] == "Bearer"
+            assert isinstance(plain.json()["error"], str)
+        # only the OpenAI, FT and sim-only paths are guarded: an unknown path is not found, not refused
+        assert (await client.get("/nowhere", headers=anonymous)).status_code == 404
 
     run(scenario)
 
@@ -264,7 +285,7 @@ def test_a_stream_that_fails_mid_way_ends_with_an_error_event_and_no_done() -> N
         raise RequestAbortedError("engine unhealthy: RuntimeError")
 
     async def collect() -> list[str]:
-        return [chunk async for chunk in _completion_chunks("id", 0, "m", 1, failing())]
+        return [chunk async for chunk in completion_chunks("id", 0, "m", 1, failing())]
 
     chunks = asyncio.run(collect())
     assert '"error"' in chunks[-1]

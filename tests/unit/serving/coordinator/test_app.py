@@ -19,7 +19,9 @@ from heteroflow.contracts.serving import (
     COORDINATOR_INSTANCES_PATH,
     COORDINATOR_SET_PATH,
 )
-from heteroflow.serving.coordinator.app import VIEW_OUTCOME_HEADER, Coordinator, create_app
+from heteroflow.serving.coordinator.assembly import create_app
+from heteroflow.serving.coordinator.routes import VIEW_OUTCOME_HEADER
+from heteroflow.serving.coordinator.service import Coordinator
 from heteroflow.serving.coordinator.settings import CoordinatorSettings
 from heteroflow.serving.coordinator.testing import (
     TEST_API_KEY,
@@ -934,7 +936,7 @@ def test_a_lone_surrogate_model_name_is_a_4xx_that_can_be_written_back() -> None
 
 # -- the management listener (a loop of its own) ----------------------------------------------------------------
 def test_management_calls_from_another_loop_wake_held_requests_and_bound_faulted_ones() -> None:
-    from heteroflow.serving.coordinator.app import create_management_app
+    from heteroflow.serving.coordinator.assembly import create_management_app
 
     async def scenario() -> None:
         async with harness(engines=2, faulted_first_byte_sec=0.1, unavailable_wait_sec=10.0) as h:

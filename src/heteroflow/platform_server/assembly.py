@@ -1,11 +1,13 @@
-"""Assembly of the platform server: stores, services, background tasks, routes."""
+"""Assembly of the platform server: :func:`build_context` wires the stores, services and background workers
+into one :class:`ServerContext`; :func:`create_app` puts the lifespan, the error renderers, the middleware stack
+(in its order) and the routers of :mod:`.routes` together over it."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Annotated, Any
 
 import sqlalchemy as sa
@@ -133,7 +135,27 @@ def _is_heartbeat(scope: Scope) -> bool:
     return heartbeat_node_id(scope) is not None
 
 
-def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = True) -> FastAPI:
+_ROUTERS = (
+    node_routes,
+    gpu_health_routes,
+    gpu_metrics_routes,
+    hardware_event_routes,
+    prediction_routes,
+    alert_routes,
+    ops_routes,
+    serving_routes,
+    session_routes,
+    web_routes,
+)
+"""The route modules, each a thin ``router`` over the :class:`ServerContext`, in the order they are included."""
+
+
+def _lifespan(
+    ctx: ServerContext, *, migrate: bool, run_worker: bool
+) -> Callable[[FastAPI], contextlib.AbstractAsyncContextManager[None]]:
+    """Start-up (migrations, ingestor, notifier, metrics recorder, background tasks, siblings) and shutdown in the
+    reverse order, the controller proxy's pool last."""
+
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if migrate:
@@ -163,26 +185,11 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
             await ctx.notifier.stop()
             await app.state.controller_proxy.aclose()
 
-    app = FastAPI(
-        title="HeteroFlow platform server",
-        version=heteroflow.__version__,
-        description="Nodes, auth and tenants, and GPU health samples. Every route needs a bearer token.",
-        lifespan=lifespan,
-        openapi_url=None,
-        docs_url=None,
-        redoc_url=None,
-        # no "/nodes/" → "/nodes" redirect: Starlette builds its Location from the Host header, which any
-        # client sets (an open redirect to another site)
-        redirect_slashes=False,
-    )
-    app.state.context = ctx
-    app.state.controller_proxy = serving_routes.controller_proxy(ctx)
-    install_error_handlers(app)
+    return lifespan
 
-    @app.exception_handler(RequestValidationError)
-    async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-        return await invalid_request(request, exc)
 
+def _add_middleware(app: FastAPI, ctx: ServerContext) -> None:
+    """The middleware stack, in the order that matters (see the comments: the last added runs first)."""
     # the last added runs first: token check (and a heartbeat's node credential) → per-address limit → per-node
     # limit → heartbeat admission → body size, read time, depth and unwritable text → a verified, valid
     # heartbeat recorded (routes/nodes.py: LeanHeartbeat) → FastAPI; a heartbeat's bad values are refused one by
@@ -227,18 +234,35 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
         render=lambda _, denial: {"error": denial.code, "detail": denial.message},
         on_denied=lambda _, denial: ctx.metrics.requests_denied.labels(status=str(denial.status)).inc(),
     )
-    for routes in (
-        node_routes,
-        gpu_health_routes,
-        gpu_metrics_routes,
-        hardware_event_routes,
-        prediction_routes,
-        alert_routes,
-        ops_routes,
-        serving_routes,
-        session_routes,
-        web_routes,
-    ):
+
+
+def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = True) -> FastAPI:
+    """The platform server's app over ``ctx``: lifespan, error renderers, middleware, then the routers.
+
+    ``migrate``: upgrade the database at start-up; ``run_worker``: run the prediction worker in this process.
+    """
+    app = FastAPI(
+        title="HeteroFlow platform server",
+        version=heteroflow.__version__,
+        description="Nodes, auth and tenants, and GPU health samples. Every route needs a bearer token.",
+        lifespan=_lifespan(ctx, migrate=migrate, run_worker=run_worker),
+        openapi_url=None,
+        docs_url=None,
+        redoc_url=None,
+        # no "/nodes/" → "/nodes" redirect: Starlette builds its Location from the Host header, which any
+        # client sets (an open redirect to another site)
+        redirect_slashes=False,
+    )
+    app.state.context = ctx
+    app.state.controller_proxy = serving_routes.controller_proxy(ctx)
+    install_error_handlers(app)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return await invalid_request(request, exc)
+
+    _add_middleware(app, ctx)
+    for routes in _ROUTERS:
         app.include_router(routes.router)
 
     @app.get("/openapi.json", include_in_schema=False)
