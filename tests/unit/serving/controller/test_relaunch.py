@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import pytest
 
+import heteroflow
 from heteroflow.serving.controller.core import runtime as rt
 from heteroflow.serving.controller.core.errors import RoundStateError
 from heteroflow.serving.controller.core.gate import GateFlags
@@ -137,3 +141,16 @@ def test_a_fallback_that_left_ranks_out_runs_scaled_down_with_them_retired() -> 
         rt.fallback_succeeded(start, left_out=ranks((0, 1, 2, 3)))
     with pytest.raises(RoundStateError):
         rt.fallback_succeeded(start, left_out=ranks((7,)))
+
+
+def test_the_dashboard_knows_every_relaunch_kind_and_reason_code() -> None:
+    logic = Path(heteroflow.__file__).parent / "platform_server" / "web" / "ui" / "logic" / "serving.js"
+    text = logic.read_text(encoding="utf-8")
+
+    def listed(name: str) -> set[str]:
+        found = re.search(rf"export const {name} = Object\.freeze\(\[(.*?)\]\)", text, re.DOTALL)
+        assert found is not None, name
+        return set(re.findall(r'"([^"]+)"', found.group(1)))
+
+    assert listed("RELAUNCH_REASONS") == {reason.value for reason in RelaunchReason}
+    assert listed("RELAUNCH_KINDS") == {kind.value for kind in RelaunchKind} - {RelaunchKind.IN_PLACE.value}
