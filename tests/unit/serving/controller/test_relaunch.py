@@ -4,10 +4,15 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from types import SimpleNamespace
+from typing import cast
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import heteroflow
+from heteroflow.serving.controller.config import FaultToleranceConfig
 from heteroflow.serving.controller.core import runtime as rt
 from heteroflow.serving.controller.core.errors import RoundStateError
 from heteroflow.serving.controller.core.gate import GateFlags
@@ -23,8 +28,11 @@ from heteroflow.serving.controller.core.relaunch import (
     plan_relaunch,
 )
 from heteroflow.serving.controller.core.topology import resolve_instance
+from heteroflow.serving.controller.fallbacks import ready_timeout
+from heteroflow.serving.controller.instance import Instance
+from heteroflow.serving.controller.ports import StrategyPorts
 
-from .helpers import capability, registration, runtime, topology
+from .helpers import INSTANCE, capability, registration, runtime, topology
 
 SCALE_DOWN_ON = GateFlags(enable_fault_tolerance=True, enable_dp_scale_down=True)
 CARD_1_OF_N2 = HardwareFault(node_name="n2", card="Ascend910-1", fault_code="XID79", level=6)
@@ -154,3 +162,50 @@ def test_the_dashboard_knows_every_relaunch_kind_and_reason_code() -> None:
 
     assert listed("RELAUNCH_REASONS") == {reason.value for reason in RelaunchReason}
     assert listed("RELAUNCH_KINDS") == {kind.value for kind in RelaunchKind} - {RelaunchKind.IN_PLACE.value}
+
+
+@pytest.mark.parametrize(
+    ("measured", "expected"),
+    [(None, 300.0), (2.0, 30.0), (20.0, 60.0), (150.0, 300.0)],
+)
+def test_the_ready_wait_is_three_measured_starts_at_least_30_s_within_the_configured_bound(
+    measured: float | None, expected: float
+) -> None:
+    ports = cast(StrategyPorts, SimpleNamespace(ft=FaultToleranceConfig.load(fallback_ready_timeout_sec=300.0)))
+    inst = Instance(instance_id=INSTANCE, topology=topology(), runtime=runtime())
+    inst.relaunches.measured_start_sec = measured
+    assert ready_timeout(ports, inst) == expected
+
+
+CARDS = [
+    HardwareFault(node_name=node, card=card, fault_code="F", level=level)
+    for node in ("n1", "n2")
+    for card in ("", "Ascend910-0", "Ascend910-1")
+    for level in (4, 5, 6)
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    faults=st.lists(st.sampled_from(CARDS), max_size=4),
+    retired=st.frozensets(st.integers(0, 3), max_size=3),
+    replace=st.booleans(),
+    scale_down=st.booleans(),
+)
+def test_no_plan_ever_starts_a_rank_on_a_card_with_a_standing_fault(
+    faults: list[HardwareFault], retired: frozenset[int], replace: bool, scale_down: bool
+) -> None:
+    got = plan(*faults, retired=tuple(retired), replace=replace, scale_down_supported=scale_down)
+    hit, _ = faulty_ranks(faults, topology())
+    assert got.retired >= retired  # a plan never starts what the fallback retires
+    if got.kind in (RelaunchKind.IN_PLACE, RelaunchKind.WITHOUT_RANKS):
+        started = topology().original_dp_ranks - got.retired
+        assert started
+        assert not started & hit
+    elif got.kind == RelaunchKind.REPLACE_PODS:
+        assert replace
+        assert {topology().pod_of(r).pod_id for r in got.faulty} == set(got.pods)
+    else:
+        assert got.kind == RelaunchKind.REFUSED
+        assert not replace
+        assert got.reason_code is not None
