@@ -36,7 +36,7 @@ recreation take over, which a local cluster does not do, so that baseline path c
 Usage::
 
     .venv/bin/python bench/recovery.py [--rounds 5] [--requests 200] [--settings off,default,fast]
-                                       [--data-dir DIR] [--json FILE]
+                                       [--kill-order 2,1,3,0] [--data-dir DIR] [--json FILE]
 """
 
 from __future__ import annotations
@@ -440,8 +440,15 @@ def main() -> None:
         default="off,default,fast",
         help="comma-separated settings to run, of off, default, fast (default all three)",
     )
+    parser.add_argument(
+        "--kill-order",
+        default=",".join(str(r) for r in KILL_ORDER),
+        help="comma-separated ranks killed in turn, two per restore (default 2,1,3,0; 3,0 times rank 0, the "
+        "store host, in every second round)",
+    )
     args = parser.parse_args()
     chosen = [s for s in SETTINGS if s.name in args.settings.split(",")]
+    kill_order = [int(r) for r in args.kill_order.split(",")]
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="heteroflow-bench-recovery-"))
     data_dir.mkdir(parents=True, exist_ok=True)
     results = Results(machine=machine())
@@ -455,7 +462,7 @@ def main() -> None:
             if setting.scale_down:
                 dead: list[int] = []
                 for n in range(args.rounds):
-                    rank = KILL_ORDER[n % len(KILL_ORDER)]
+                    rank = kill_order[n % len(kill_order)]
                     stages = one_round(cluster, setting, rank, dead)
                     results.rounds.append(stages)
                     dead = sorted([*dead, rank])
