@@ -105,6 +105,9 @@ class RoundStages:
     rank: int
     request_id: str
     seconds: dict[str, float]
+    controller: dict[str, float] = field(default_factory=dict)
+    """The controller's own stage timings of the round (``stage_seconds`` of its timeline: decided -> guard,
+    -> apply_ready, -> apply, -> recovered, -> probe, -> commit, -> publish)."""
 
 
 @dataclass
@@ -327,7 +330,8 @@ def one_round(cluster: LocalCluster, setting: Setting, rank: int, dead: list[int
         "engine": engine,
         "control": total - engine,
     }
-    return RoundStages(setting.name, rank, request_id, {k: round(v, 4) for k, v in seconds.items()})
+    controller = {str(k): float(v) for k, v in (timeline.get("stage_seconds") or {}).items()}
+    return RoundStages(setting.name, rank, request_id, {k: round(v, 4) for k, v in seconds.items()}, controller)
 
 
 def reconfigure(cluster: LocalCluster, setting: Setting) -> Reconfiguration:
@@ -467,6 +471,7 @@ def main() -> None:
                     results.rounds.append(stages)
                     dead = sorted([*dead, rank])
                     print(f"[{setting.name}] round {n + 1} rank {rank}: {stages.seconds}", flush=True)
+                    print(f"[{setting.name}]   controller stages: {stages.controller}", flush=True)
                     if len(dead) == 2 or n == args.rounds - 1:
                         restore = reconfigure(cluster, setting)
                         results.reconfigurations.append(restore)

@@ -35,6 +35,7 @@ from heteroflow.contracts.serving import (
     EnginesStopRequest,
     FinalizeRequest,
     GuardRequest,
+    GuardResponse,
     NmApplyRequest,
     ProbeRequest,
     ProbeResponse,
@@ -100,14 +101,22 @@ class _Guard:
         self.renewal_error: str | None = None
 
     async def acquire(self) -> None:
-        for pod in self._inst.topology.pods:
+        """Guard every pod at once (a guard only freezes a pod's local decisions, and a round that fails releases
+        every guard with finalize(abort) whichever pods it reached); the answers are judged in the pods' order."""
+        pods = self._inst.topology.pods
+        body = GuardRequest(request_id=self._request_id, lease_sec=self.lease_sec)
+
+        async def one(url: str) -> GuardResponse | PeerError:
             try:
-                answer = await self._ctrl.nm.guard(
-                    pod.node_manager_url, GuardRequest(request_id=self._request_id, lease_sec=self.lease_sec)
-                )
+                return await self._ctrl.nm.guard(url, body)
             except PeerError as exc:
-                self._ctrl.history.add(self._request_id, "guard_failed", pod_id=pod.pod_id, error=str(exc))
-                raise RoundFailedError(f"guard refused by pod {pod.pod_id}: {exc}") from exc
+                return exc
+
+        answers = await asyncio.gather(*(one(pod.node_manager_url) for pod in pods))
+        for pod, answer in zip(pods, answers, strict=True):
+            if isinstance(answer, PeerError):
+                self._ctrl.history.add(self._request_id, "guard_failed", pod_id=pod.pod_id, error=str(answer))
+                raise RoundFailedError(f"guard refused by pod {pod.pod_id}: {answer}") from answer
             self._ctrl.history.add(
                 self._request_id, "guard", pod_id=pod.pod_id, lease_sec=self.lease_sec, renewed=answer.renewed
             )
