@@ -36,7 +36,7 @@ recreation take over, which a local cluster does not do, so that baseline path c
 Usage::
 
     .venv/bin/python bench/recovery.py [--rounds 5] [--requests 200] [--settings off,default,fast]
-                                       [--data-dir DIR] [--json FILE]
+                                       [--kill-order 2,1,3,0] [--data-dir DIR] [--json FILE]
 """
 
 from __future__ import annotations
@@ -105,6 +105,9 @@ class RoundStages:
     rank: int
     request_id: str
     seconds: dict[str, float]
+    controller: dict[str, float] = field(default_factory=dict)
+    """The controller's own stage timings of the round (``stage_seconds`` of its timeline: decided -> guard,
+    -> apply_ready, -> apply, -> recovered, -> probe, -> commit, -> publish)."""
 
 
 @dataclass
@@ -327,7 +330,8 @@ def one_round(cluster: LocalCluster, setting: Setting, rank: int, dead: list[int
         "engine": engine,
         "control": total - engine,
     }
-    return RoundStages(setting.name, rank, request_id, {k: round(v, 4) for k, v in seconds.items()})
+    controller = {str(k): float(v) for k, v in (timeline.get("stage_seconds") or {}).items()}
+    return RoundStages(setting.name, rank, request_id, {k: round(v, 4) for k, v in seconds.items()}, controller)
 
 
 def reconfigure(cluster: LocalCluster, setting: Setting) -> Reconfiguration:
@@ -440,8 +444,15 @@ def main() -> None:
         default="off,default,fast",
         help="comma-separated settings to run, of off, default, fast (default all three)",
     )
+    parser.add_argument(
+        "--kill-order",
+        default=",".join(str(r) for r in KILL_ORDER),
+        help="comma-separated ranks killed in turn, two per restore (default 2,1,3,0; 3,0 times rank 0, the "
+        "store host, in every second round)",
+    )
     args = parser.parse_args()
     chosen = [s for s in SETTINGS if s.name in args.settings.split(",")]
+    kill_order = [int(r) for r in args.kill_order.split(",")]
     data_dir = args.data_dir or Path(tempfile.mkdtemp(prefix="heteroflow-bench-recovery-"))
     data_dir.mkdir(parents=True, exist_ok=True)
     results = Results(machine=machine())
@@ -455,11 +466,12 @@ def main() -> None:
             if setting.scale_down:
                 dead: list[int] = []
                 for n in range(args.rounds):
-                    rank = KILL_ORDER[n % len(KILL_ORDER)]
+                    rank = kill_order[n % len(kill_order)]
                     stages = one_round(cluster, setting, rank, dead)
                     results.rounds.append(stages)
                     dead = sorted([*dead, rank])
                     print(f"[{setting.name}] round {n + 1} rank {rank}: {stages.seconds}", flush=True)
+                    print(f"[{setting.name}]   controller stages: {stages.controller}", flush=True)
                     if len(dead) == 2 or n == args.rounds - 1:
                         restore = reconfigure(cluster, setting)
                         results.reconfigurations.append(restore)

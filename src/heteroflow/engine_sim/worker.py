@@ -17,7 +17,10 @@ in a collective on it would otherwise wait for the collective timeout whenever g
 connection open (it does when the failed operation still references the transport): a collective that has not
 finished after :data:`FAULT_CHECK_AFTER_SEC` looks at that key every :data:`FAULT_CHECK_EVERY_SEC` and fails at
 once when a peer has left, or when the store itself fails the check: the store lives in min(alive)'s worker, so
-its host has died (and could not announce it). A healthy step never reads the store.
+its host has died (and could not announce it). A healthy step never reads the store. gloo itself still waits in
+such a collective until its timeout, and a gloo group is destroyed only once its collectives ended, so the rank
+lets go of that group on a thread of its own (:func:`release_when_finished`): the fault is reported and the
+loop takes commands at once, not at the collective timeout.
 
 Every store call of the worker loop has a deadline (:class:`BoundedStore`): a TCPStore client call to a host
 that stopped (a hung rank hosting the store) would otherwise block without limit, and every rank would sit in
@@ -232,6 +235,26 @@ def wait_collective(work: Any, store: BoundedStore, fault_key: str) -> None:
     work.wait()  # raises the collective's own error, if any
 
 
+def release_when_finished(pg: Any, unfinished: Any) -> None:
+    """Destroy ``pg`` once its collective ``unfinished`` has ended, on a daemon thread of its own.
+
+    A gloo group's destructor waits for the collectives still running in it, and one that a peer never joins
+    ends only at the collective timeout. A :class:`PeerLeftError` leaves exactly such a collective behind (the
+    wait stopped early, gloo did not): destroying that group on the worker loop would hold the loop, the fault
+    event and every command after it for the whole collective timeout. The thread keeps the group referenced,
+    so no garbage collection on another thread destroys it either; it ends, with the group, at the collective's
+    own timeout at the latest."""
+
+    def release() -> None:
+        nonlocal pg, unfinished
+        with contextlib.suppress(Exception):  # the collective's own error: nobody waits for it any more
+            unfinished.wait()
+        pg = unfinished = None
+        gc.collect()
+
+    threading.Thread(target=release, name="group-release", daemon=True).start()
+
+
 class Worker:
     def __init__(self, config: WorkerConfig) -> None:
         self.cfg = config
@@ -257,6 +280,8 @@ class Worker:
         self.transient_pending = False
         self.slow_rebuild_sec = 0.0
         self.last_poll_error: str | None = None
+        self.unfinished: Any = None
+        """The collective a :class:`PeerLeftError` left running in the current group (gloo still waits in it)."""
 
     def _set_wave(self, active: bool) -> None:
         """Enter or leave a wave; the API server learns it, so that tests can wait for a truly idle rank."""
@@ -327,8 +352,15 @@ class Worker:
 
     def _drop_group(self) -> None:
         # closing our side makes peers blocked on us fail fast ("Connection closed by peer"); the collection
-        # frees a transport that a reference cycle (a failed operation's traceback) would otherwise keep open
-        self.pg = None
+        # frees a transport that a reference cycle (a failed operation's traceback) would otherwise keep open.
+        # A group with a collective still running in it closes only when that one ends (gloo waits for it):
+        # it is let go of off the loop, and its peers learn of our leaving from the store's fault key
+        pg, unfinished = self.pg, self.unfinished
+        self.pg = self.unfinished = None
+        if pg is not None and unfinished is not None and not unfinished.is_completed():
+            release_when_finished(pg, unfinished)
+            return
+        del pg, unfinished
         gc.collect()
 
     def _announce_fault(self) -> None:
@@ -342,7 +374,11 @@ class Worker:
             store.add(f"{self.group_id}wave", 1, timeout=deadline - time.monotonic())
 
     def _wait(self, work: Any) -> None:
-        wait_collective(work, self.bounded_store, f"{self.group_id}fault")
+        try:
+            wait_collective(work, self.bounded_store, f"{self.group_id}fault")
+        except PeerLeftError:
+            self.unfinished = work  # still running in gloo: the group must not be destroyed on this thread
+            raise
 
     def start(self) -> None:
         cfg = self.cfg

@@ -22,6 +22,7 @@ from typing import Any
 import pytest
 
 from heteroflow.core.testing import free_port
+from heteroflow.engine_sim.model import D_MODEL
 from heteroflow.engine_sim.worker import (
     ANNOUNCE_STORE_TIMEOUT_SEC,
     FAULT_CHECK_AFTER_SEC,
@@ -274,3 +275,37 @@ def test_a_hung_store_host_stalls_neither_the_idle_poll_nor_a_rank_with_traffic(
     worker._fault(failure.value)
     events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
     assert [e["fault_info"] for e in events if e["ev"] == "fault"] == ["StoreTimeoutError"]
+
+
+def test_the_store_host_killed_under_a_step_reports_the_fault_long_before_the_collective_timeout(
+    store_host: StoreHost, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The bad moment of the store host's death: a survivor in a step whose other peer is not in it (idle, or
+    gone itself) waits in a collective that gloo ends only at its timeout. The wait stops at once (the store
+    fails the check), and so must the fault's report: destroying that group on the loop would wait for gloo."""
+    timeout_sec = 10.0
+    _, groups = pair_of_groups(port=store_host.port, timeout_sec=timeout_sec)
+    worker = idle_worker(store_host.port)  # rank 1; rank 0 (groups[0]) never joins the step
+    worker.pg, worker.group_id = groups.pop(), "g/"  # the worker holds its group alone, as in its process
+    worker.handle({"op": "submit", "rid": "r1", "tokens": [1, 2, 3], "max_tokens": 4})
+    worker.in_wave = True
+    capsys.readouterr()
+    store_host.proc.kill()  # the store's host dies, its sockets closed by the kernel
+    store_host.proc.wait(timeout=30)
+    killed = time.monotonic()
+    with pytest.raises(PeerLeftError, match="store host left") as failure:
+        worker.step()
+    worker._fault(failure.value)
+    reported = time.monotonic() - killed
+    events = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [e["fault_info"] for e in events if e["ev"] == "fault"] == ["PeerLeftError"]
+    assert reported < 2.0 < timeout_sec, f"the fault was reported {reported:.2f} s after the store host died"
+    assert worker.pg is None
+    assert worker.unfinished is None
+    # the abandoned collective ends when its peer finally joins; the group is then destroyed off the loop
+    released = threading.active_count()
+    groups[0].allreduce([torch.zeros(2, 4, D_MODEL + 2, dtype=torch.float64)]).wait()
+    deadline = time.monotonic() + 10.0
+    while threading.active_count() >= released:
+        assert time.monotonic() < deadline, "the abandoned group was never released"
+        time.sleep(0.01)
