@@ -17,7 +17,7 @@ from heteroflow.health.counters import HEALTH_KEYS, Counters, join_keys, split_k
 from heteroflow.health.heartbeat import ParsedXid
 from heteroflow.health.samples import CardKey, HealthReading, StoredSample
 from heteroflow.platform.auth import NodeScope
-from heteroflow.storage.db import unavailable_as_store_error
+from heteroflow.storage.db import insert_rows, unavailable_as_store_error
 from heteroflow.storage.health_buckets import CapabilityQuery, add_to_buckets, capability_query, cut_buckets
 from heteroflow.storage.schema import gpu_health_samples as samples_t
 from heteroflow.storage.schema import gpu_xid_events as xid_t
@@ -191,6 +191,7 @@ class SqlHealthSampleStore:
             existing = set(conn.scalars(sa.select(nodes_t.c.id).where(nodes_t.c.id.in_(node_ids))))
             chain: dict[CardKey, tuple[str | None, Counters] | None] = {}
             rows = []
+            stored = []
             for r in readings:
                 if r.key.node_id not in existing:
                     continue
@@ -206,23 +207,36 @@ class SqlHealthSampleStore:
                     or before_reading[1].remapped_rows_uncorrectable != r.counters.remapped_rows_uncorrectable
                 )
                 chain[r.key] = (r.uuid, r.counters)
+                sampled_at = r.sampled_at.astimezone(UTC)
+                semantics = join_keys(r.semantics_unconfirmed)
+                # the row as it reads back (what RETURNING gave before): UTC, the stored form of the keys
+                stored.append(
+                    StoredSample(
+                        key=r.key,
+                        uuid=r.uuid,
+                        sampled_at=sampled_at,
+                        counters=r.counters,
+                        semantics_unconfirmed=split_keys(semantics),
+                    )
+                )
                 rows.append(
                     {
                         "node_id": r.key.node_id,
                         "gpu_index": r.key.gpu_index,
                         "source": r.key.source,
                         "uuid": r.uuid,
-                        "sampled_at": r.sampled_at,
+                        "sampled_at": sampled_at,
                         "changed": changed,
                         "ue_changed": ue_changed,
-                        "semantics_unconfirmed": join_keys(r.semantics_unconfirmed),
+                        "semantics_unconfirmed": semantics,
                         **r.counters.as_dict(),
                     }
                 )
             if not rows:
                 return []
-            result = conn.execute(sa.insert(samples_t).returning(*samples_t.c), rows)
-            stored = [_row_to_sample(row) for row in result]
+            # no RETURNING: a row reads back as it was given (its id is nobody's business here), and on
+            # PostgreSQL the rows go through COPY instead of one bound parameter per value
+            insert_rows(conn, samples_t, rows)
             add_to_buckets(conn, rows)
             return stored
 
