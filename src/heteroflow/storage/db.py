@@ -82,7 +82,8 @@ def _json_default(value: object) -> str:
         raise TypeError(f"{type(value).__name__} is not a column value")
     if value.tzinfo is None:
         raise ValueError("naive datetime given to a UTC column")
-    return value.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")
+    # isoformat, not strftime: "%Y" writes year 1 as "1", which PostgreSQL would read as 2001
+    return value.astimezone(UTC).replace(tzinfo=None).isoformat(sep=" ")
 
 
 def json_rows(rows: Sequence[Mapping[str, Any]]) -> str:
