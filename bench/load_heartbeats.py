@@ -10,10 +10,14 @@ while the node's previous one is unanswered is skipped (and counted).
 
 Phases, one server, one run:
 
-1. baseline  - ``--baseline-nodes`` (default 300) nodes at the agent's cadence (one beat per node per 5 s);
-2. fleet     - ``--nodes`` (default 3,000) nodes at the same cadence: 600 beats/s for 3,000 nodes;
-3. overload  - the fleet's beats back to back (closed loop) from ``--overload-concurrency`` connections, far
-               above what the server can answer within the agent's 5 s timeout.
+1. baseline    - ``--baseline-nodes`` (default 300) nodes at the agent's cadence (one beat per node per 5 s);
+2. first beats - every one of the ``--nodes`` nodes sends one beat, spread evenly over ``--warmup-seconds``
+                 (default 30; 0 skips the phase): a node's first beat writes its 8 cards' first rows, the burst a
+                 fleet new to a server makes, kept apart from the steady state it would otherwise hide;
+3. fleet       - ``--nodes`` (default 3,000) nodes at the same cadence: 600 beats/s for 3,000 nodes; after the
+                 first-beat phase, the steady state (change-only rows and the 5-minute keepalive rows);
+4. overload    - the fleet's beats back to back (closed loop) from ``--overload-concurrency`` connections, far
+                 above what the server can answer within the agent's 5 s timeout.
 
 The client: ``--concurrency`` lanes (the bound on beats in flight). ``--client raw`` (the default) sends each
 beat over a minimal keep-alive HTTP/1.1 connection; ``--client httpx`` uses ``httpx.AsyncClient`` as the agent
@@ -27,11 +31,15 @@ p50/p95/p99 (and the p99 without each node's first beat of the phase, which writ
 answers by status (``timeout`` and exception names for the client's own errors), Retry-After values of the
 refusals, the server's RSS at the start and end of the phase (VmRSS) and its peak (VmHWM), the server's CPU per
 beat, health rows written per 2xx beat (the write policy turns most beats into no row), the liveness probe's
-worst latency, the admission gate's peak in-flight count, peak event-loop lag and refusals, and the
-load generator's own CPU. Ratios are against the baseline phase of the same run. Usage::
+worst latency, the admission gate's peak in-flight count, the phase's peak event-loop lag (the server's peak
+when it rose in the phase, else the highest of the twice-a-second samples of the current lag) and refusals, and
+the load generator's own CPU. Ratios are against the baseline phase of the same run. A phase longer than
+``--report-every`` seconds (default 60) also prints one line per such window while it runs (answered beats,
+p50/p99, the server's CPU per beat and RSS), so a long run (``--seconds 1200``) shows growth. Usage::
 
     .venv/bin/python bench/load_heartbeats.py [--nodes 3000] [--seconds 60] [--baseline-nodes 300]
-        [--baseline-seconds 20] [--concurrency 64] [--client raw|httpx] [--overload-concurrency 1024]
+        [--baseline-seconds 20] [--warmup-seconds 30] [--report-every 60]
+        [--concurrency 64] [--client raw|httpx] [--overload-concurrency 1024]
         [--overload-seconds 15] [--max-in-flight N] [--max-in-flight-per-peer N] [--shed-lag S]
         [--postgres | --database-url postgresql://…] [--workers N]
 
@@ -49,6 +57,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import subprocess
@@ -137,7 +146,11 @@ class Phase:
     peak_in_flight: int = 0
     """The server's own count: the most heartbeats it worked on at once (since it started)."""
     peak_lag_sec: float = 0.0
-    """The server's event-loop lag at its worst (since it started)."""
+    """The server's event-loop lag at its worst in this phase (see the module docstring)."""
+    sampled_lag_sec: float = 0.0
+    """The highest of the server's current-lag values read twice a second during the phase."""
+    first_beats: bool = False
+    """Every node sends its first beat in this phase: all its latencies count as first beats."""
     refused: dict[str, int] = field(default_factory=dict)
     """Heartbeats the server's admission gate refused in this phase, by reason."""
 
@@ -366,20 +379,48 @@ class Fleet:
                 ok = False
             phase.probe_worst_sec = max(phase.probe_worst_sec, time.perf_counter() - started)
             phase.probe_failures += not ok
+            try:
+                lag = (await self.ingest_status())["heartbeat_admission"]["lag_sec"]
+                phase.sampled_lag_sec = max(phase.sampled_lag_sec, lag)
+            except httpx.HTTPError:
+                pass
             await asyncio.sleep(0.5)
 
-    async def measure(self, phase: Phase, load: Any) -> Phase:
+    async def windows(self, phase: Phase, every: float, stop: asyncio.Event) -> None:
+        """One line per ``every`` seconds of the phase: its beats, latency, server CPU per beat and RSS."""
+        started, seen, cpu = time.perf_counter(), 0, cpu_seconds(self.pid)
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), every)
+            if stop.is_set():
+                return
+            window, seen = sorted(phase.latencies[seen:]), len(phase.latencies)
+            now_cpu = cpu_seconds(self.pid)
+            p50, p99 = (window[int(q * (len(window) - 1))] * 1000 if window else float("nan") for q in (0.5, 0.99))
+            print(
+                f"  {phase.name} +{time.perf_counter() - started:5.0f} s: {len(window) / every:6.0f} answered/s, "
+                f"p50 {p50:7.1f} ms, p99 {p99:7.1f} ms, max {window[-1] * 1000 if window else float('nan'):7.1f} ms, "
+                f"server CPU {(now_cpu - cpu) / max(1, len(window)) * 1000:5.2f} ms/beat, "
+                f"RSS {proc_status_kib(self.pid, 'VmRSS') / 1024:5.0f} MiB",
+                flush=True,
+            )
+            cpu = now_cpu
+
+    async def measure(self, phase: Phase, load: Any, *, report_every: float = 0.0) -> Phase:
         await self.drain()
         before = await self.ingest_status()
         phase.rss_start_kib = proc_status_kib(self.pid, "VmRSS")
         cpu, client_cpu = cpu_seconds(self.pid), time.process_time()
         stop = asyncio.Event()
         prober = asyncio.create_task(self.probe(phase, stop))
+        reporter = asyncio.create_task(self.windows(phase, report_every, stop)) if report_every > 0 else None
         started = time.perf_counter()
         await load(phase)
         phase.seconds = time.perf_counter() - started
         stop.set()
         await prober
+        if reporter is not None:
+            await reporter
         phase.client_cpu_sec = time.process_time() - client_cpu
         phase.rss_end_kib = proc_status_kib(self.pid, "VmRSS")
         phase.rss_peak_kib = proc_status_kib(self.pid, "VmHWM")
@@ -389,14 +430,23 @@ class Fleet:
         phase.rows_written = after["health_ingest"]["written_total"] - before["health_ingest"]["written_total"]
         phase.readings_offered = after["health_ingest"]["offered_total"] - before["health_ingest"]["offered_total"]
         gate, gate_before = after["heartbeat_admission"], before["heartbeat_admission"]
-        phase.peak_in_flight, phase.peak_lag_sec = gate["peak_in_flight"], gate["peak_lag_sec"]
+        phase.peak_in_flight = gate["peak_in_flight"]
+        # the server keeps its peak since it started: it is this phase's only when it rose in this phase
+        rose = gate["peak_lag_sec"] > gate_before["peak_lag_sec"]
+        phase.peak_lag_sec = gate["peak_lag_sec"] if rose else phase.sampled_lag_sec
         phase.refused = {
             why: gate[f"refused_{why}_total"] - gate_before[f"refused_{why}_total"] for why in ("busy", "lagging")
         }
         return phase
 
     async def cadence(
-        self, phase: Phase, nodes: list[SimulatedNode], *, seconds: float, interval: float, concurrency: int
+        self,
+        phase: Phase,
+        nodes: list[SimulatedNode],
+        *,
+        seconds: float,
+        interval: float,
+        concurrency: int,
     ) -> None:
         """Open loop: node i beats at i x interval / N, then every interval (the agents' phases are spread)."""
         lanes = self.lanes(concurrency)
@@ -414,7 +464,14 @@ class Fleet:
                 phase.skipped += 1  # the agent waits for its previous beat: this one is never sent
                 continue
             task = asyncio.create_task(
-                self.send(node, phase, scheduled=scheduled, lanes=lanes, lane=step, repeat=step >= len(nodes))
+                self.send(
+                    node,
+                    phase,
+                    scheduled=scheduled,
+                    lanes=lanes,
+                    lane=step,
+                    repeat=step >= len(nodes) and not phase.first_beats,
+                )
             )
             tasks.add(task)
             task.add_done_callback(tasks.discard)
@@ -492,6 +549,16 @@ async def run(args: argparse.Namespace, url: str, agent_token: str, admin_token:
                 phase, few, seconds=args.baseline_seconds, interval=args.interval, concurrency=args.concurrency
             )
 
+        async def first_beats(phase: Phase) -> None:
+            # one beat per node, spread evenly: the interval is the phase's length
+            await fleet.cadence(
+                phase,
+                nodes,
+                seconds=args.warmup_seconds,
+                interval=args.warmup_seconds,
+                concurrency=args.concurrency,
+            )
+
         async def everyone(phase: Phase) -> None:
             await fleet.cadence(
                 phase, nodes, seconds=args.seconds, interval=args.interval, concurrency=args.concurrency
@@ -500,10 +567,12 @@ async def run(args: argparse.Namespace, url: str, agent_token: str, admin_token:
         async def overload(phase: Phase) -> None:
             await fleet.closed_loop(phase, nodes, seconds=args.overload_seconds, concurrency=args.overload_concurrency)
 
-        phases = [
-            await fleet.measure(Phase(f"baseline {len(few)} nodes", len(few)), baseline),
-            await fleet.measure(Phase(f"fleet {len(nodes)} nodes", len(nodes)), everyone),
-        ]
+        every = args.report_every
+        phases = [await fleet.measure(Phase(f"baseline {len(few)} nodes", len(few)), baseline, report_every=every)]
+        if args.warmup_seconds > 0:
+            warm = Phase(f"first beats {len(nodes)} nodes", len(nodes), first_beats=True)
+            phases.append(await fleet.measure(warm, first_beats, report_every=every))
+        phases.append(await fleet.measure(Phase(f"fleet {len(nodes)} nodes", len(nodes)), everyone, report_every=every))
         if args.overload_seconds > 0:
             name = f"overload {args.overload_concurrency} conns"
             phases.append(await fleet.measure(Phase(name, len(nodes)), overload))
@@ -558,6 +627,15 @@ def main() -> None:
     parser.add_argument("--seconds", type=float, default=60.0)
     parser.add_argument("--baseline-nodes", type=int, default=300)
     parser.add_argument("--baseline-seconds", type=float, default=20.0)
+    parser.add_argument(
+        "--warmup-seconds",
+        type=float,
+        default=30.0,
+        help="every node's first beat, spread over this long, before the fleet phase (0: none)",
+    )
+    parser.add_argument(
+        "--report-every", type=float, default=60.0, help="a line per window of this many seconds (0: none)"
+    )
     parser.add_argument("--interval", type=float, default=5.0, help="heartbeat period per node (agent default 5 s)")
     parser.add_argument("--concurrency", type=int, default=64, help="beats in flight at most (cadence phases)")
     parser.add_argument(

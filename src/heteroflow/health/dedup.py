@@ -73,10 +73,21 @@ class DedupCache:
             self.capacity_evictions += 1
 
     def evict_idle(self, *, now: float) -> int:
-        stale = [key for key, (_, used) in self._entries.items() if now - used > self._idle]
-        for key in stale:
+        """Drop the entries unused for longer than the idle time; the number dropped.
+
+        The entries are in order of last use (every use moves its entry to the end, on one monotonic clock), so
+        the idle ones are at the front: the scan stops at the first entry in use and costs the evicted entries,
+        not the fleet. The writer calls this whenever it runs out of work, which at 24,000 cards was a scan of
+        every entry on the event loop several times a second.
+        """
+        evicted = 0
+        while self._entries:
+            key, (_, used) = next(iter(self._entries.items()))
+            if now - used <= self._idle:
+                break
             del self._entries[key]
-        return len(stale)
+            evicted += 1
+        return evicted
 
     def forget(self, keys: Iterable[CardKey]) -> None:
         for key in keys:

@@ -34,6 +34,7 @@ from heteroflow.health.gpu_metrics import (
     MinuteAggregator,
     MinuteRow,
     memory_high_message,
+    minute_rows,
 )
 from heteroflow.health.metrics_settings import GpuMetricsSettings
 from heteroflow.health.samples import CardKey, HealthReading
@@ -222,7 +223,10 @@ class GpuMetricsRecorder:
         async with self._lock:
             self._flushes += 1
             now = self._clock.now()
-            self._pending.extend(self._aggregator.close(now=None if final else now))
+            taken = self._aggregator.take_closed(now=None if final else now)
+            if taken:
+                # a fleet's minute is 24,000 rows: built in a worker thread, not in one stretch of the event loop
+                self._pending.extend(await asyncio.to_thread(minute_rows, taken))
             overflow = len(self._pending) - self._settings.max_pending_rows
             for _ in range(max(overflow, 0)):
                 self._pending.popleft()

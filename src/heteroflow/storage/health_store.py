@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
@@ -17,7 +18,7 @@ from heteroflow.health.counters import HEALTH_KEYS, Counters, join_keys, split_k
 from heteroflow.health.heartbeat import ParsedXid
 from heteroflow.health.samples import CardKey, HealthReading, StoredSample
 from heteroflow.platform.auth import NodeScope
-from heteroflow.storage.db import unavailable_as_store_error
+from heteroflow.storage.db import insert_rows, unavailable_as_store_error
 from heteroflow.storage.health_buckets import CapabilityQuery, add_to_buckets, capability_query, cut_buckets
 from heteroflow.storage.schema import gpu_health_samples as samples_t
 from heteroflow.storage.schema import gpu_xid_events as xid_t
@@ -139,6 +140,25 @@ def _latest_many_query(size: int, *, bounded: bool) -> sa.Select[Any] | sa.Compo
     return branches[0] if size == 1 else sa.union_all(*branches)
 
 
+def _pg_latest_many(*, bounded: bool) -> sa.TextualSelect:
+    """PostgreSQL: the newest row of each slot of the JSON array ``:slots`` (``n``, ``i``, ``s``), each slot's own
+    indexed ``LIMIT 1`` read (a lateral join), rows at or before ``:not_after`` when ``bounded``."""
+    bound = "AND g.sampled_at <= :not_after " if bounded else ""
+    statement = sa.text(
+        # the table's name comes from the schema, none from input
+        "SELECT g.* FROM json_to_recordset(CAST(:slots AS json)) AS k(n text, i int, s text) "  # noqa: S608
+        f"CROSS JOIN LATERAL (SELECT * FROM {samples_t.name} AS g "
+        f"WHERE g.node_id = k.n AND g.gpu_index = k.i AND g.source = k.s {bound}"
+        "ORDER BY g.sampled_at DESC, g.id DESC LIMIT 1) AS g"
+    )
+    if bounded:
+        statement = statement.bindparams(sa.bindparam("not_after", type_=samples_t.c.sampled_at.type))
+    return statement.columns(*samples_t.c)
+
+
+_PG_LATEST_MANY = {bounded: _pg_latest_many(bounded=bounded) for bounded in (False, True)}
+
+
 class SqlHealthSampleStore:
     """Implements :class:`heteroflow.health.store.HealthSampleStore` and the read side of the API."""
 
@@ -154,12 +174,24 @@ class SqlHealthSampleStore:
     def latest_many(
         self, keys: Sequence[CardKey], *, not_after: datetime | None = None
     ) -> dict[CardKey, StoredSample | None]:
-        """The newest stored row of each slot, as :meth:`latest` gives it, on one connection and one statement per
-        :data:`LATEST_PER_STATEMENT` slots (each slot's own indexed ``LIMIT 1`` read, joined by ``UNION ALL``):
-        the first beats of a fleet are thousands of slots, and a statement each cost more than the write."""
+        """The newest stored row of each slot, as :meth:`latest` gives it, on one connection: on PostgreSQL one
+        statement for all slots (their keys one JSON parameter, each slot's own indexed ``LIMIT 1`` read in a
+        lateral join), elsewhere one per :data:`LATEST_PER_STATEMENT` slots (the same reads joined by ``UNION
+        ALL``): the first beats of a fleet are thousands of slots, and a statement each cost more than the write."""
         found: dict[CardKey, StoredSample | None] = dict.fromkeys(keys)
         wanted = list(found)
         with unavailable_as_store_error(), self._engine.connect() as conn:
+            if conn.dialect.name == "postgresql":
+                # every slot in one statement, its keys one JSON parameter: 64 slots bound one value at a time
+                # cost psycopg more than the reads
+                slots = json.dumps([{"n": k.node_id, "i": k.gpu_index, "s": k.source} for k in wanted])
+                bound: dict[str, object] = {"slots": slots}
+                if not_after is not None:
+                    bound["not_after"] = not_after
+                for row in conn.execute(_PG_LATEST_MANY[not_after is not None], bound):
+                    sample = _row_to_sample(row)
+                    found[sample.key] = sample
+                return found
             for start in range(0, len(wanted), LATEST_PER_STATEMENT):
                 chunk = wanted[start : start + LATEST_PER_STATEMENT]
                 params: dict[str, object] = {} if not_after is None else {"not_after": not_after}
@@ -191,6 +223,7 @@ class SqlHealthSampleStore:
             existing = set(conn.scalars(sa.select(nodes_t.c.id).where(nodes_t.c.id.in_(node_ids))))
             chain: dict[CardKey, tuple[str | None, Counters] | None] = {}
             rows = []
+            stored = []
             for r in readings:
                 if r.key.node_id not in existing:
                     continue
@@ -206,23 +239,36 @@ class SqlHealthSampleStore:
                     or before_reading[1].remapped_rows_uncorrectable != r.counters.remapped_rows_uncorrectable
                 )
                 chain[r.key] = (r.uuid, r.counters)
+                sampled_at = r.sampled_at.astimezone(UTC)
+                semantics = join_keys(r.semantics_unconfirmed)
+                # the row as it reads back (what RETURNING gave before): UTC, the stored form of the keys
+                stored.append(
+                    StoredSample(
+                        key=r.key,
+                        uuid=r.uuid,
+                        sampled_at=sampled_at,
+                        counters=r.counters,
+                        semantics_unconfirmed=split_keys(semantics),
+                    )
+                )
                 rows.append(
                     {
                         "node_id": r.key.node_id,
                         "gpu_index": r.key.gpu_index,
                         "source": r.key.source,
                         "uuid": r.uuid,
-                        "sampled_at": r.sampled_at,
+                        "sampled_at": sampled_at,
                         "changed": changed,
                         "ue_changed": ue_changed,
-                        "semantics_unconfirmed": join_keys(r.semantics_unconfirmed),
+                        "semantics_unconfirmed": semantics,
                         **r.counters.as_dict(),
                     }
                 )
             if not rows:
                 return []
-            result = conn.execute(sa.insert(samples_t).returning(*samples_t.c), rows)
-            stored = [_row_to_sample(row) for row in result]
+            # no RETURNING: a row reads back as it was given (its id is nobody's business here), and on
+            # PostgreSQL the rows go through COPY instead of one bound parameter per value
+            insert_rows(conn, samples_t, rows)
             add_to_buckets(conn, rows)
             return stored
 

@@ -1,4 +1,4 @@
-"""SQL storage of the per-minute GPU metrics: one batched INSERT per flush, range reads, retention."""
+"""SQL storage of the per-minute GPU metrics: one batched write per flush, range reads, retention."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from sqlalchemy.engine import Engine
 from heteroflow.core.ids import NodeId, Source
 from heteroflow.health.gpu_metrics import METRIC_KEYS, Aggregate, MinuteRow
 from heteroflow.health.samples import CardKey
-from heteroflow.storage.db import unavailable_as_store_error
+from heteroflow.storage.db import insert_rows, unavailable_as_store_error
 from heteroflow.storage.schema import gpu_metrics_minutes as minutes_t
 from heteroflow.storage.schema import nodes as nodes_t
 
@@ -63,15 +63,15 @@ class SqlGpuMetricsStore:
         self._engine = engine
 
     def insert(self, rows: Sequence[MinuteRow]) -> int:
-        """Insert closed minutes in one transaction (one executemany). Rows of deleted nodes are skipped."""
+        """Insert closed minutes in one transaction (COPY on PostgreSQL, else one executemany). Rows of deleted
+        nodes are skipped."""
         if not rows:
             return 0
         with unavailable_as_store_error(), self._engine.begin() as conn:
             node_ids = {row.key.node_id for row in rows}
             live = set(conn.scalars(sa.select(nodes_t.c.id).where(nodes_t.c.id.in_(node_ids))))
             kept = [_values(row) for row in rows if row.key.node_id in live]
-            if kept:
-                conn.execute(sa.insert(minutes_t), kept)
+            insert_rows(conn, minutes_t, kept)  # COPY on PostgreSQL: a fleet's minute is 24,000 rows
         return len(kept)
 
     def read(

@@ -50,6 +50,17 @@ def test_lru_bound_and_idle_eviction() -> None:
     assert len(c) == 0
 
 
+def test_idle_eviction_drops_exactly_the_entries_unused_for_the_idle_time() -> None:
+    c = cache(idle=60)
+    for i in range(5):
+        c.confirm(row(key(index=i)), now=i * 10)  # used at 0, 10, 20, 30, 40
+    assert c.get(key(index=0), now=45) is not None  # used again: no longer among the oldest
+    c.confirm(row(key(index=1), at=5, value=2), now=46)  # a newer row confirmed: used again too
+    assert c.evict_idle(now=95) == 2  # indexes 2 (20) and 3 (30) are idle for more than 60 s at 95; 4 (40) is not
+    assert c.evict_idle(now=95) == 0
+    assert [i for i in range(5) if c.get(key(index=i), now=95) is not None] == [0, 1, 4]
+
+
 def test_a_late_older_confirmation_never_replaces_a_newer_row() -> None:
     c = cache()
     c.confirm(row(key(), at=10, value=2), now=0)
