@@ -80,9 +80,9 @@ from heteroflow.core.ids import NodeId
 from heteroflow.core.testing import free_port
 from heteroflow.storage.testing import PostgresServer
 
-AGENT_TIMEOUT_S = 5.0
+AGENT_TIMEOUT_SEC = 5.0
 """The agent's HTTP timeout (``HttpPlatformClient``): a beat not answered within it is a failed beat."""
-HEALTH_INTERVAL_S = 60.0
+HEALTH_INTERVAL_SEC = 60.0
 POOL_SIZE = 32
 """Connections per ``httpx`` client of the load generator."""
 """The agent's health-counter period; telemetry rides every beat."""
@@ -98,7 +98,7 @@ class SimulatedNode:
         self.collector = SimulatedCollector(clock=clock, count=cards, seed=hostname, started_at=started_at)
         self._clock = clock
         self._health: HealthCollection | None = None
-        self._health_read = -HEALTH_INTERVAL_S
+        self._health_read = -HEALTH_INTERVAL_SEC
         self.in_flight = False
 
     def registration(self) -> dict[str, Any]:
@@ -114,7 +114,7 @@ class SimulatedNode:
 
     def body(self) -> bytes:
         now = self._clock.monotonic()
-        if now - self._health_read >= HEALTH_INTERVAL_S:
+        if now - self._health_read >= HEALTH_INTERVAL_SEC:
             self._health, self._health_read = self.collector.read_health(), now
         body = heartbeat_body(health=self._health, telemetry=self.collector.read_telemetry(), xid_events=())
         return json.dumps(body).encode()
@@ -347,7 +347,7 @@ class Fleet:
             phase.retry_after[retry_after or "none"] += 1
 
     async def _post_httpx(self, node: SimulatedNode, gate: asyncio.Semaphore, lane: int) -> tuple[int, str | None]:
-        async with gate, asyncio.timeout(AGENT_TIMEOUT_S):
+        async with gate, asyncio.timeout(AGENT_TIMEOUT_SEC):
             answer = await self.agents[lane % len(self.agents)].post(
                 f"/api/v1/nodes/{node.node_id}/heartbeat",
                 content=node.body(),
@@ -358,7 +358,7 @@ class Fleet:
     async def _post_raw(self, node: SimulatedNode, pool: asyncio.Queue[RawConnection | None]) -> tuple[int, str | None]:
         connection = await pool.get()
         try:
-            async with asyncio.timeout(AGENT_TIMEOUT_S):
+            async with asyncio.timeout(AGENT_TIMEOUT_SEC):
                 connection = connection or await RawConnection.open(self.port)
                 answer = await connection.send(beat_request(self.port, self.authorization, node))
         except BaseException:
@@ -374,7 +374,7 @@ class Fleet:
         while not stop.is_set():
             started = time.perf_counter()
             try:
-                ok = (await self.admin.get("/healthz", timeout=AGENT_TIMEOUT_S)).status_code == 200
+                ok = (await self.admin.get("/healthz", timeout=AGENT_TIMEOUT_SEC)).status_code == 200
             except httpx.HTTPError:
                 ok = False
             phase.probe_worst_sec = max(phase.probe_worst_sec, time.perf_counter() - started)
@@ -511,7 +511,7 @@ class Fleet:
                 request = requests[turn % len(requests)]
                 started = time.perf_counter()
                 try:
-                    async with asyncio.timeout(AGENT_TIMEOUT_S):
+                    async with asyncio.timeout(AGENT_TIMEOUT_SEC):
                         connection = connection or await RawConnection.open(port)
                         status, retry_after = await connection.send(request)
                 except TimeoutError:
@@ -588,7 +588,7 @@ def report(phases: list[Phase], args: argparse.Namespace, backend: str) -> None:
         f"heartbeats at the agent's cadence ({args.interval:g} s), 8 simulated cards per node, {backend}, "
         f"{args.workers} server worker process(es), "
         f"{args.client} client, concurrency {args.concurrency} (overload {args.overload_concurrency}), "
-        f"per-address bound {args.max_in_flight_per_peer}, agent timeout {AGENT_TIMEOUT_S:g} s, "
+        f"per-address bound {args.max_in_flight_per_peer}, agent timeout {AGENT_TIMEOUT_SEC:g} s, "
         f"{os.cpu_count()} CPUs shared by the load generator and the server; "
         f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
     )

@@ -67,7 +67,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the polling help
 
 from tests.support.polling import until
 
-POLL_S = 0.05
+POLL_SEC = 0.05
 """The polling period of the waits that time a step: the figures are exact to it."""
 
 INSTANCE = "inst-1"
@@ -167,7 +167,7 @@ def serving(state: ClusterState, ranks: list[int], *, within: float = 240) -> No
             except ClusterUnreachableError:
                 return False
 
-    until(check, within=within, what=f"serving {ranks}", period=POLL_S)
+    until(check, within=within, what=f"serving {ranks}", period=POLL_SEC)
 
 
 def cpu_seconds(pids: list[int]) -> float:
@@ -291,7 +291,7 @@ def one_round(cluster: LocalCluster, setting: Setting, rank: int, dead: list[int
                 return None
             return entry if entry["can_serve"] else None
 
-        entry = until(done, within=120, what=f"rank {rank} removed", period=POLL_S)
+        entry = until(done, within=120, what=f"rank {rank} removed", period=POLL_SEC)
         timeline = client.round(str(entry["request_id"]))
     request_id = str(timeline["request_id"])
     at = {e["kind"]: ts(e["at"]) for e in reversed(timeline["events"])}  # first occurrence of each kind
@@ -348,14 +348,14 @@ def reconfigure(cluster: LocalCluster, setting: Setting) -> Reconfiguration:
         lambda: (e := status(state)) is not None and e["phase"] == "RECONFIGURING",
         within=60,
         what="reconfiguring",
-        period=POLL_S,
+        period=POLL_SEC,
     )
     to_reconfiguring = time.monotonic() - reported
     until(
         lambda: (e := status(state)) is not None and e["phase"] == "NORMAL" and e["dead_committed"] == [],
         within=300,
         what="relaunched",
-        period=POLL_S,
+        period=POLL_SEC,
     )
     to_relaunched = time.monotonic() - reported
     serving(state, [0, 1, 2, 3])

@@ -136,7 +136,7 @@ def test_every_period_matches_the_raw_count(engine: Engine) -> None:
 def test_the_bucket_that_retention_cuts_is_rebuilt(engine: Engine) -> None:
     fleet = build(engine)
     cutoff = T0 + timedelta(days=1, hours=3, minutes=31, seconds=2)
-    fleet.store.delete_older_than(cutoff, timeout_seconds=30)
+    fleet.store.delete_older_than(cutoff, timeout_sec=30)
     kept = [r for r in fleet.readings if r.sampled_at >= cutoff]
     for since, until in [*periods(), (T0 - timedelta(days=1), cutoff + timedelta(minutes=45))]:
         assert actual(fleet.store.capabilities(scope=ALL, source="real", since=since, until=until)) == expected(

@@ -130,7 +130,7 @@ def test_retention_flags_the_row_that_becomes_each_slots_first(engine: Engine) -
     store = SqlHealthSampleStore(engine)
     store.insert([reading(n, START + i * HOUR, ue=0, ce=1 if i < 2 else 2) for i in range(5)])  # F, F, T, F, F
     store.insert([reading(n, START + i * HOUR, ue=0, index=1) for i in range(3)])
-    assert store.delete_older_than(START + 90 * timedelta(minutes=1), timeout_seconds=5) == 4
+    assert store.delete_older_than(START + 90 * timedelta(minutes=1), timeout_sec=5) == 4
     got = [(index, at, c, u) for _, index, at, c, u in flags(engine)]
     assert got == [
         (0, START + 2 * HOUR, True, True),  # was changed, now both
@@ -269,7 +269,7 @@ def test_statistics_read_through_the_flag_equal_those_read_over_every_row(engine
 def test_after_retention_the_statistics_still_equal_those_read_over_every_row(engine: Engine) -> None:
     build_fleet(engine)
     # the sudden-ue card's first row goes: its step at 60% must still compare with the value before it
-    SqlHealthSampleStore(engine).delete_older_than(START + 20 * HOUR, timeout_seconds=30)
+    SqlHealthSampleStore(engine).delete_older_than(START + 20 * HOUR, timeout_sec=30)
     flagged = statistics(engine)
     monitorable = flagged[0][1].monitorable_cards
     assert monitorable == 7 + 5 + 1  # every card (the swapped ones count twice) stays monitorable
@@ -343,7 +343,7 @@ def test_the_migration_restores_first_rows_that_retention_removed(two_databases:
     cutoff = START + 20 * HOUR
     with migrated.begin() as conn:  # what the retention of 0003 did: delete, flag nothing
         conn.execute(sa.delete(samples_0003).where(samples_0003.c.sampled_at < cutoff))
-    SqlHealthSampleStore(reference).delete_older_than(cutoff, timeout_seconds=30)
+    SqlHealthSampleStore(reference).delete_older_than(cutoff, timeout_sec=30)
     migrate(migrated, "head")
     assert flags(migrated) == flags(reference)
     assert statistics(migrated) == statistics(reference)

@@ -24,7 +24,7 @@ T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
 def test_heartbeats_survive_a_database_outage_and_samples_resume(pg_server: PostgresServer) -> None:
     if not pg_server.running:
         pg_server.start()
-    engine = create_db_engine(pg_server.create_database(), connect_timeout_seconds=2)
+    engine = create_db_engine(pg_server.create_database(), connect_timeout_sec=2)
     upgrade_database(engine)
 
     def corrected_values() -> list[int]:
@@ -76,7 +76,7 @@ def test_the_prediction_worker_skips_its_ticks_during_a_database_outage_says_so_
 ) -> None:
     if not pg_server.running:
         pg_server.start()
-    engine = create_db_engine(pg_server.create_database(), connect_timeout_seconds=2)
+    engine = create_db_engine(pg_server.create_database(), connect_timeout_sec=2)
     upgrade_database(engine)
     fast = {"lease_seconds": 0.6, "tick_minutes": 0.001}  # a lease check every 0.2 s, a tick due every 0.06 s
     try:

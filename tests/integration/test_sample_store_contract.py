@@ -100,8 +100,8 @@ def test_counter_decreases_are_stored_as_read(store: tuple[HealthSampleStore, No
 def test_delete_older_than(store: tuple[HealthSampleStore, NodeId]) -> None:
     s, node = store
     s.insert([reading(node, timedelta(days=-200), 1), reading(node, timedelta(days=-1), 2)])
-    assert s.delete_older_than(T0 - timedelta(days=180), timeout_seconds=5) == 1
-    assert s.delete_older_than(T0 - timedelta(days=180), timeout_seconds=5) == 0
+    assert s.delete_older_than(T0 - timedelta(days=180), timeout_sec=5) == 1
+    assert s.delete_older_than(T0 - timedelta(days=180), timeout_sec=5) == 0
     latest = s.latest(CardKey(node_id=node, gpu_index=0, source="real"))
     assert latest is not None
     assert latest.counters.ecc_corrected_total == 2

@@ -48,15 +48,15 @@ from tests.support.round_robin import RoundRobinProxy
 
 pytestmark = [pytest.mark.postgres, pytest.mark.e2e, pytest.mark.timeout(90)]
 
-LEASE_SECONDS = 6.0
+LEASE_SEC = 6.0
 """The worker's lease; every third of it the worker takes or renews it, then ticks if it is due. The lease is not
 renewed while a tick runs, so it must outlast a round plus a tick on a busy host (a tick takes about 0.5 s here)."""
 TICK_MINUTES = 0.02
 """1.2 s: shorter than a lease round, so the leader ticks on every round."""
-TAKEOVER_SLACK_SECONDS = 1.5
+TAKEOVER_SLACK_SEC = 1.5
 """Beyond the lease and one retry round: the survivor's lease statement and this test's polling, on a busy host."""
-FLUSH_SECONDS = 0.5
-KEEPALIVE_SECONDS = 3600.0
+FLUSH_SEC = 0.5
+KEEPALIVE_SEC = 3600.0
 """Longer than the test: one server alone writes exactly one row per unchanged card (its first)."""
 NODES = 3
 """Odd, so that each round of beats over all nodes sends every node's next beat to the other server."""
@@ -99,10 +99,10 @@ def server_process(database_url: str, log: Path) -> Iterator[Backend]:
     env = {name: value for name, value in os.environ.items() if not name.startswith(_SETTINGS_PREFIXES)}
     env |= {
         "HETEROFLOW_DATABASE_URL": database_url,
-        "HETEROFLOW_LIVENESS_FLUSH_SECONDS": str(FLUSH_SECONDS),
-        "HETEROFLOW_GPU_HEALTH_KEEPALIVE_SECONDS": str(KEEPALIVE_SECONDS),
+        "HETEROFLOW_LIVENESS_FLUSH_SECONDS": str(FLUSH_SEC),
+        "HETEROFLOW_GPU_HEALTH_KEEPALIVE_SECONDS": str(KEEPALIVE_SEC),
         "HETEROFLOW_GPU_FAULT_PREDICT_ENABLED": "true",
-        "HETEROFLOW_GPU_FAULT_PREDICT_LEASE_SECONDS": str(LEASE_SECONDS),
+        "HETEROFLOW_GPU_FAULT_PREDICT_LEASE_SECONDS": str(LEASE_SEC),
         "HETEROFLOW_GPU_FAULT_PREDICT_TICK_MINUTES": str(TICK_MINUTES),
     }
     with log.open("wb") as stderr:
@@ -311,11 +311,11 @@ def test_one_server_runs_the_worker_and_the_other_takes_over_when_it_dies(cluste
         cluster.beat_round(corrected=5)  # the balancer skips the dead server; every beat must succeed
         if survivor()["leader"]:
             break
-        assert time.monotonic() - killed_at < 3 * LEASE_SECONDS, f"no takeover: {survivor()}\n{cluster.logs()}"
+        assert time.monotonic() - killed_at < 3 * LEASE_SEC, f"no takeover: {survivor()}\n{cluster.logs()}"
         time.sleep(0.1)
     takeover = time.monotonic() - killed_at
     # the lease expires at most one TTL after its last renewal; the survivor tries every third of it
-    assert takeover <= LEASE_SECONDS + LEASE_SECONDS / 3 + TAKEOVER_SLACK_SECONDS, takeover
+    assert takeover <= LEASE_SEC + LEASE_SEC / 3 + TAKEOVER_SLACK_SEC, takeover
     until(lambda: survivor()["ticks_total"] >= 1, within=10, what="the new leader's first tick")
     worker = survivor()
     assert lease_holder(cluster.engine) == worker["holder"]

@@ -20,13 +20,13 @@ from heteroflow.storage.token_store import SqlTokenStore
 from tests.support.harness import Harness, running_server
 
 T0 = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
-LIFETIME_S = 3600
+LIFETIME_SEC = 3600
 ORIGIN = "http://testserver"
 
 
 @pytest.fixture
 def harness(engine: Engine) -> Iterator[Harness]:
-    with running_server(engine, start=T0, server={"web_session_seconds": LIFETIME_S}) as h:
+    with running_server(engine, start=T0, server={"web_session_seconds": LIFETIME_SEC}) as h:
         yield h
 
 
@@ -65,7 +65,7 @@ def test_sign_in_sets_an_httponly_strict_cookie_that_is_not_the_token(harness: H
     token = harness.token("nodes:read,alerts:write")
     browser = Browser(harness, token)
     attributes = [part.strip() for part in browser.set_cookie.split(";")]
-    assert attributes[1:] == [f"Max-Age={LIFETIME_S}", "Path=/", "HttpOnly", "SameSite=Strict"]  # no Secure on http
+    assert attributes[1:] == [f"Max-Age={LIFETIME_SEC}", "Path=/", "HttpOnly", "SameSite=Strict"]  # no Secure on http
     assert len(browser.secret) == 43
     assert token not in browser.set_cookie
     assert token not in str(browser.body)
@@ -188,7 +188,7 @@ def test_revoking_the_token_ends_its_sessions_at_once(harness: Harness) -> None:
 
 def test_the_session_expires(harness: Harness) -> None:
     browser = Browser(harness, harness.token("nodes:read"))
-    harness.clock.advance(LIFETIME_S - 1)
+    harness.clock.advance(LIFETIME_SEC - 1)
     assert browser.request("GET", "/api/v1/nodes").status_code == 200
     harness.clock.advance(1)
     assert browser.request("GET", "/api/v1/nodes").status_code == 401
@@ -262,7 +262,7 @@ def test_two_server_processes_on_one_database_share_the_session(harness: Harness
     """Another server (its own process state: caches, memory) accepts the session at once, and a sign-out on
     it ends the session on the first one at the next request."""
     browser = Browser(harness, harness.token("nodes:read,alerts:write"))
-    with running_server(engine, start=T0, server={"web_session_seconds": LIFETIME_S}) as other:
+    with running_server(engine, start=T0, server={"web_session_seconds": LIFETIME_SEC}) as other:
         elsewhere = browser.on(other)
         assert elsewhere.request("GET", "/api/v1/nodes").status_code == 200
         assert elsewhere.request("DELETE", "/api/v1/auth/session").status_code == 204

@@ -40,9 +40,9 @@ NODES = 3000
 CARDS = 8
 ROUNDS = 2
 CONCURRENCY = 128
-DEADLINE_S = 60.0
+DEADLINE_SEC = 60.0
 """Per attempt of a beat: generous, because the machine may be busy (this is no speed test)."""
-KEEPALIVE_S = 2.0
+KEEPALIVE_SEC = 2.0
 """How long the client keeps an idle connection: under uvicorn's 5 s keep-alive timeout."""
 ATTEMPTS = 10
 """Attempts of one beat while the server refuses it with 503 (the agent would go on; a test must end)."""
@@ -165,7 +165,7 @@ async def beat(client: httpx.AsyncClient, node: Node, tally: Tally, gate: asynci
     for _ in range(ATTEMPTS):
         async with gate:
             try:
-                async with asyncio.timeout(DEADLINE_S):
+                async with asyncio.timeout(DEADLINE_SEC):
                     answer = await client.post(
                         f"/api/v1/nodes/{node.node_id}/heartbeat",
                         content=node.body(),
@@ -210,10 +210,10 @@ def test_three_thousand_nodes_beat_and_the_server_answers_every_one(server: Serv
         # idle connections expire before the server's 5 s keep-alive closes them: reusing one the server is
         # closing at that very moment is a race of the client's making, not an answer of the server
         limits = httpx.Limits(
-            max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY, keepalive_expiry=KEEPALIVE_S
+            max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY, keepalive_expiry=KEEPALIVE_SEC
         )
         async with (
-            httpx.AsyncClient(base_url=server.url, headers=headers, limits=limits, timeout=DEADLINE_S) as agents,
+            httpx.AsyncClient(base_url=server.url, headers=headers, limits=limits, timeout=DEADLINE_SEC) as agents,
             httpx.AsyncClient(
                 base_url=server.url, headers={"Authorization": f"Bearer {server.admin_token}"}, timeout=60
             ) as admin,

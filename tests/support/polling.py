@@ -15,10 +15,10 @@ from typing import TypeVar, overload
 
 T = TypeVar("T")
 
-PERIOD_S = 0.1
+PERIOD_SEC = 0.1
 """Seconds between two checks unless told: short against the seconds the waits here last, long enough that
 polling costs nothing on two shared cores."""
-IN_PROCESS_S = 0.005
+IN_PROCESS_SEC = 0.005
 """The period for a wait on a task of the same event loop (unit tests): it runs as soon as the loop does, and a
 short period keeps the timing bounds of those tests wide."""
 
@@ -27,7 +27,7 @@ def timed_out(within: float, what: str, last: object) -> TimeoutError:
     return TimeoutError(f"not within {within} s: {what} (last: {last!r})")
 
 
-def until(check: Callable[[], T | None], *, within: float, what: str, period: float = PERIOD_S) -> T:
+def until(check: Callable[[], T | None], *, within: float, what: str, period: float = PERIOD_SEC) -> T:
     """Call ``check`` every ``period`` seconds until it returns something truthy; that value."""
     deadline = time.monotonic() + within
     while True:
@@ -41,16 +41,16 @@ def until(check: Callable[[], T | None], *, within: float, what: str, period: fl
 
 @overload
 async def eventually(
-    check: Callable[[], Awaitable[T | None]], *, within: float, what: str, period: float = PERIOD_S
+    check: Callable[[], Awaitable[T | None]], *, within: float, what: str, period: float = PERIOD_SEC
 ) -> T: ...
 @overload
-async def eventually(check: Callable[[], T | None], *, within: float, what: str, period: float = PERIOD_S) -> T: ...
+async def eventually(check: Callable[[], T | None], *, within: float, what: str, period: float = PERIOD_SEC) -> T: ...
 async def eventually(
     check: Callable[[], T | None] | Callable[[], Awaitable[T | None]],
     *,
     within: float,
     what: str,
-    period: float = PERIOD_S,
+    period: float = PERIOD_SEC,
 ) -> T:
     """:func:`until` in an event loop: the loop runs between two checks; ``check`` may be a coroutine function.
 

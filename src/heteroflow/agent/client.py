@@ -35,7 +35,7 @@ from pydantic import ValidationError
 
 from heteroflow.contracts.heartbeat import NodeRegistration
 from heteroflow.core.ids import NodeId, Source
-from heteroflow.http.peer import PeerError, Rejected, Unavailable, detail_of, retry_after_seconds
+from heteroflow.http.peer import PeerError, Rejected, Unavailable, detail_of, parse_retry_after
 
 
 class PlatformError(PeerError):
@@ -139,7 +139,7 @@ class HttpPlatformClient:
             # 503 and 429 are how an overloaded server says "later": retrying is right, stopping would not be
             raise ServerUnavailableError(
                 f"server answered {response.status_code}: {detail_of(response)}",
-                retry_after_sec=retry_after_seconds(response.headers.get("retry-after")),
+                retry_after_sec=parse_retry_after(response.headers.get("retry-after")),
             )
         return response
 
@@ -161,7 +161,7 @@ class HttpPlatformClient:
         response = self._post("/api/v1/nodes/register", wire.model_dump(mode="json"), credential=credential)
         if response.status_code == 409 and _error_code(response) == "node_credential_required":
             raise CredentialRequiredError(
-                detail_of(response), retry_after_sec=retry_after_seconds(response.headers.get("retry-after"))
+                detail_of(response), retry_after_sec=parse_retry_after(response.headers.get("retry-after"))
             )
         if response.status_code != 200:
             raise PermanentError(

@@ -250,7 +250,7 @@ class KernelXidReader:
     unknown, at most once a minute). Never raises from :meth:`poll`.
     """
 
-    REMAP_INTERVAL_S: Final = 60.0
+    REMAP_INTERVAL_SEC: Final = 60.0
 
     def __init__(
         self,
@@ -344,7 +344,7 @@ class KernelXidReader:
 
     def _event(self, parsed: KernelXid) -> XidEvent | None:
         card = self._cards.get(parsed.pci)
-        if card is None and (self._mapped_at is None or self._monotonic() - self._mapped_at >= self.REMAP_INTERVAL_S):
+        if card is None and (self._mapped_at is None or self._monotonic() - self._mapped_at >= self.REMAP_INTERVAL_SEC):
             self._refresh_cards()
             card = self._cards.get(parsed.pci)
         with self._lock:

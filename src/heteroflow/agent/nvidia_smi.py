@@ -31,8 +31,8 @@ from heteroflow.core.clock import Clock
 from heteroflow.health.counters import Counters
 
 TOOL: Final = "nvidia-smi"
-PROBE_TTL_SECONDS: Final = 1800.0
-PROBE_RETRY_SECONDS: Final = 60.0
+PROBE_TTL_SEC: Final = 1800.0
+PROBE_RETRY_SEC: Final = 60.0
 """After a failed ``--help-query-gpu``, the base fields are used for this long before the probe runs again."""
 
 #: What is queried when ``--help-query-gpu`` fails or lists nothing: identity and telemetry fields every driver
@@ -225,7 +225,7 @@ class NvidiaSmiCollector:
         runner: CommandRunner,
         clock: Clock,
         timeout_sec: float = 10.0,
-        probe_ttl_sec: float = PROBE_TTL_SECONDS,
+        probe_ttl_sec: float = PROBE_TTL_SEC,
     ) -> None:
         self._runner = runner
         self._clock = clock
@@ -246,7 +246,7 @@ class NvidiaSmiCollector:
         now = self._clock.monotonic()
         if self._probe is not None and now - self._probe.at_monotonic < self._probe_ttl_s:
             return self._probe.fields, None
-        if self._probe_failure is not None and now - self._probe_failure[1] < PROBE_RETRY_SECONDS:
+        if self._probe_failure is not None and now - self._probe_failure[1] < PROBE_RETRY_SEC:
             return BASE_FIELDS, self._probe_failure[0]
         self.probe_runs += 1
         try:

@@ -406,8 +406,8 @@ class XidWatcher:
     """
 
     MAX_WARNINGS: Final = 32
-    RETRY_INITIAL_S: Final = 0.5
-    RETRY_MAX_S: Final = 30.0
+    RETRY_INITIAL_SEC: Final = 0.5
+    RETRY_MAX_SEC: Final = 30.0
 
     def __init__(self, *, api: NvmlApi, clock: Clock) -> None:
         self._api = api
@@ -475,7 +475,7 @@ class XidWatcher:
 
     def retry_delay_sec(self) -> float:
         """Seconds to wait before the next poll: 0 after a good wait, a doubling backoff after failed ones."""
-        return backoff_delay(self._consecutive, initial_sec=self.RETRY_INITIAL_S, max_sec=self.RETRY_MAX_S)
+        return backoff_delay(self._consecutive, initial_sec=self.RETRY_INITIAL_SEC, max_sec=self.RETRY_MAX_SEC)
 
     def poll(self, timeout_ms: int) -> XidEvent | None:
         api = self._api

@@ -22,7 +22,7 @@ from typing import Final, Literal
 from heteroflow.agent.readings import XidEvent
 
 XidSource = Literal["nvml", "kernel_log"]
-DEFAULT_WINDOW_S: Final = 5.0
+DEFAULT_WINDOW_SEC: Final = 5.0
 MAX_REMEMBERED: Final = 4096
 
 
@@ -34,7 +34,11 @@ class _Seen:
 
 class XidMerger:
     def __init__(
-        self, *, sink: Callable[[XidEvent], None], monotonic: Callable[[], float], window_sec: float = DEFAULT_WINDOW_S
+        self,
+        *,
+        sink: Callable[[XidEvent], None],
+        monotonic: Callable[[], float],
+        window_sec: float = DEFAULT_WINDOW_SEC,
     ) -> None:
         self._sink = sink
         self._monotonic = monotonic

@@ -32,7 +32,7 @@ from heteroflow.core.clock import Clock
 from heteroflow.health.counters import Counters
 
 TOOL: Final = "xpu-smi"
-QUERY_RETRY_SECONDS: Final = 1800.0
+QUERY_RETRY_SEC: Final = 1800.0
 _BANNER = re.compile(r"XPU-SMI\b.*Driver Version", re.IGNORECASE)
 _TEMP = re.compile(r"(?<![\w.])(\d+(?:\.\d+)?)C\b")
 _POWER = re.compile(r"(\d+(?:\.\d+)?)\s*W\s*/")
@@ -188,7 +188,7 @@ class XpuSmiCollector:
     def _query(self) -> tuple[list[XpuQueryCard] | None, str | None]:
         """The cards of ``xpu-smi -q``, or ``None`` and why not (once per failure; retried after 30 minutes)."""
         mono = self._clock.monotonic()
-        if self._query_failed_at is not None and mono - self._query_failed_at < QUERY_RETRY_SECONDS:
+        if self._query_failed_at is not None and mono - self._query_failed_at < QUERY_RETRY_SEC:
             return None, None
         try:
             result = self._runner.run([TOOL, "-q"], timeout_sec=self._timeout_s)

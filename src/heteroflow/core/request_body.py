@@ -42,7 +42,7 @@ MAX_BODY_BYTES: Final = 1 << 20
 MAX_JSON_DEPTH: Final = 32
 """Deepest nesting of arrays and objects accepted (``{}`` is 1, ``{"a": []}`` is 2)."""
 
-BODY_READ_TIMEOUT_S: Final = 10.0
+BODY_READ_TIMEOUT_SEC: Final = 10.0
 """Longest time a request body may take to arrive, seconds: a client that sends a heartbeat one byte at a time
 holds a connection (and, once authenticated, an admission slot) for no longer than this."""
 
@@ -241,7 +241,7 @@ class BodyLimit:
         render: Render,
         max_bytes: int = MAX_BODY_BYTES,
         max_depth: int = MAX_JSON_DEPTH,
-        read_timeout_sec: float = BODY_READ_TIMEOUT_S,
+        read_timeout_sec: float = BODY_READ_TIMEOUT_SEC,
         too_large_status: int = BodyTooLargeError.status,
         strict_text: Callable[[Scope], bool] | None = None,
         applies: Callable[[Scope], bool] | None = None,

@@ -15,8 +15,8 @@ V = TypeVar("V")
 
 
 class TtlCache(Generic[K, V]):
-    def __init__(self, *, ttl_seconds: float, max_entries: int) -> None:
-        self._ttl = ttl_seconds
+    def __init__(self, *, ttl_sec: float, max_entries: int) -> None:
+        self._ttl = ttl_sec
         self._max = max_entries
         self._entries: OrderedDict[K, tuple[V, float]] = OrderedDict()
 

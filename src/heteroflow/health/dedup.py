@@ -18,7 +18,7 @@ from heteroflow.health.samples import CardKey, HealthReading, StoredSample
 from heteroflow.health.write_policy import decide_write
 
 DEFAULT_MAX_ENTRIES = 4096  # 512 nodes x 8 cards
-DEFAULT_IDLE_SECONDS = 30 * 60
+DEFAULT_IDLE_SEC = 30 * 60
 
 
 class DedupCache:
@@ -29,13 +29,13 @@ class DedupCache:
         *,
         keepalive: timedelta,
         max_entries: int = DEFAULT_MAX_ENTRIES,
-        idle_seconds: float = DEFAULT_IDLE_SECONDS,
+        idle_sec: float = DEFAULT_IDLE_SEC,
     ) -> None:
         if max_entries < 1:
             raise ValueError("max_entries must be positive")
         self._keepalive = keepalive
         self._max = max_entries
-        self._idle = idle_seconds
+        self._idle = idle_sec
         self._entries: OrderedDict[CardKey, tuple[StoredSample, float]] = OrderedDict()
         self.capacity_evictions = 0
         """Entries pushed out by the size bound: steadily rising means the cache is smaller than the fleet

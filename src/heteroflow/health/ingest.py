@@ -86,7 +86,7 @@ class HealthIngestor:
         self._cache = DedupCache(
             keepalive=self._keepalive,
             max_entries=settings.dedup_cache_entries,
-            idle_seconds=settings.dedup_idle_seconds,
+            idle_sec=settings.dedup_idle_seconds,
         )
         self._pending: OrderedDict[CardKey, deque[HealthReading]] = OrderedDict()
         self._pending_count = 0
@@ -396,7 +396,7 @@ class HealthIngestor:
         self._cleanup_runs += 1
         try:
             deleted = await asyncio.wait_for(
-                asyncio.to_thread(self._store.delete_older_than, cutoff, timeout_seconds=timeout),
+                asyncio.to_thread(self._store.delete_older_than, cutoff, timeout_sec=timeout),
                 timeout,
             )
         except Exception as exc:

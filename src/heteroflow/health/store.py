@@ -38,6 +38,6 @@ class HealthSampleStore(Protocol):
         """
         ...
 
-    def delete_older_than(self, cutoff: datetime, *, timeout_seconds: float) -> int:
-        """Delete rows sampled before ``cutoff``; return how many. Bounded by ``timeout_seconds``."""
+    def delete_older_than(self, cutoff: datetime, *, timeout_sec: float) -> int:
+        """Delete rows sampled before ``cutoff``; return how many. Bounded by ``timeout_sec``."""
         ...

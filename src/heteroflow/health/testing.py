@@ -53,7 +53,7 @@ class InMemoryHealthSampleStore:
             self.rows.extend(stored)
             return stored
 
-    def delete_older_than(self, cutoff: datetime, *, timeout_seconds: float) -> int:
+    def delete_older_than(self, cutoff: datetime, *, timeout_sec: float) -> int:
         with self._lock:
             self._check()
             before = len(self.rows)

@@ -104,8 +104,8 @@ def _sources(value: object) -> tuple[str, ...]:
 class XidCollectionBook:
     """The newest report of every node, with the monotonic time it arrived; stale reports read as unknown."""
 
-    def __init__(self, *, stale_seconds: float) -> None:
-        self._stale = stale_seconds
+    def __init__(self, *, stale_sec: float) -> None:
+        self._stale = stale_sec
         self._reports: dict[NodeId, tuple[XidCollectionReport, float]] = {}
 
     def record(self, node_id: NodeId, report: XidCollectionReport | None, *, now: float) -> None:

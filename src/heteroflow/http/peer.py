@@ -60,7 +60,7 @@ class Rejected(PeerError):
         return self.status
 
 
-def retry_after_seconds(value: str | None) -> float | None:
+def parse_retry_after(value: str | None) -> float | None:
     """A Retry-After header in its delay-seconds form, in seconds; ``None`` if absent or not a number of seconds.
 
     The HTTP-date form is not read: our services send seconds. Purely computational.
@@ -150,7 +150,7 @@ class JsonPeer:
             return
         message = f"{method} {where} answered HTTP {status}: {detail_of(response)}"
         if status in self._unavailable:
-            raise Unavailable(message, retry_after_sec=retry_after_seconds(response.headers.get("retry-after")))
+            raise Unavailable(message, retry_after_sec=parse_retry_after(response.headers.get("retry-after")))
         raise Rejected(message, status=status)
 
     async def post(

@@ -120,14 +120,14 @@ def build_context(
         metrics_settings=metrics_settings,
         gpu_metrics=gpu_metrics,
         metrics_recorder=recorder,
-        token_cache=TtlCache(ttl_seconds=settings.auth_cache_seconds, max_entries=10_000),
-        node_cache=TtlCache(ttl_seconds=settings.node_cache_seconds, max_entries=100_000),
+        token_cache=TtlCache(ttl_sec=settings.auth_cache_seconds, max_entries=10_000),
+        node_cache=TtlCache(ttl_sec=settings.node_cache_seconds, max_entries=100_000),
         heartbeat_admission=AdmissionGate(
             max_in_flight=settings.max_in_flight_heartbeats, max_lag_sec=settings.heartbeat_shed_lag_seconds
         ),
         node_limit=InFlightByKey(max_per_client=settings.max_in_flight_per_node),
         peer_limit=InFlightByKey(max_per_client=settings.max_in_flight_per_peer),
-        xid_collection=XidCollectionBook(stale_seconds=settings.offline_after_seconds),
+        xid_collection=XidCollectionBook(stale_sec=settings.offline_after_seconds),
     )
 
 

@@ -34,11 +34,11 @@ from heteroflow.storage.prediction_store import SqlPredictionStore
 from heteroflow.storage.session_store import SqlSessionStore
 from heteroflow.storage.token_store import SqlTokenStore
 
-UNKNOWN_TOKEN_CACHE_S = 10.0
+UNKNOWN_TOKEN_CACHE_SEC = 10.0
 """How long a token found unknown is answered 401 from memory, seconds. A token is 256 random bits: none is
 created that was looked up before, so the cache only spares the database a client repeating a wrong token."""
 
-MISSING_NODE_CACHE_S = 30.0
+MISSING_NODE_CACHE_SEC = 30.0
 """How long a node id found missing is answered 404 from memory, seconds."""
 
 TOKEN_LOOKUPS_AT_ONCE = 4
@@ -78,11 +78,11 @@ class ServerContext:
     xid_collection: XidCollectionBook
     """Each node's newest word on its XID source (:mod:`heteroflow.health.xid_collection`)."""
     unknown_tokens: TtlCache[str, bool] = field(
-        default_factory=lambda: TtlCache(ttl_seconds=UNKNOWN_TOKEN_CACHE_S, max_entries=10_000)
+        default_factory=lambda: TtlCache(ttl_sec=UNKNOWN_TOKEN_CACHE_SEC, max_entries=10_000)
     )
     """Hashes of tokens just found unknown: answered 401 without a statement for a while."""
     missing_nodes: TtlCache[str, bool] = field(
-        default_factory=lambda: TtlCache(ttl_seconds=MISSING_NODE_CACHE_S, max_entries=100_000)
+        default_factory=lambda: TtlCache(ttl_sec=MISSING_NODE_CACHE_SEC, max_entries=100_000)
     )
     """Node ids just found missing: a heartbeat for one is 404 from memory for a while (ids are uuid4 made by
     the server: none appears later that was missing before)."""

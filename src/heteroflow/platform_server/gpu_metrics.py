@@ -332,7 +332,7 @@ class GpuMetricsRecorder:
         self._last_cleanup = now
         try:
             deleted = await asyncio.wait_for(
-                asyncio.to_thread(self._store.delete_older_than, cutoff, timeout_seconds=timeout), timeout
+                asyncio.to_thread(self._store.delete_older_than, cutoff, timeout_sec=timeout), timeout
             )
         except Exception as exc:
             self._last_error = f"{type(exc).__name__}: {exc}"[:500]

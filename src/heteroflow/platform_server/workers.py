@@ -8,7 +8,7 @@ and client limits, the GPU metrics recorder, the counters — exactly as on sepa
 One thing replicas get from Prometheus and workers behind one port do not: a scrape per process. So each worker
 also answers its own metrics on a private Unix socket in a directory only the server's user can enter, and the
 worker a scrape reaches asks its siblings there and answers the sum (:func:`merge_expositions`): the host reads as
-one server. A sibling that does not answer within :data:`SIBLING_TIMEOUT_S` is left out of that scrape (and
+one server. A sibling that does not answer within :data:`SIBLING_TIMEOUT_SEC` is left out of that scrape (and
 counted in ``heteroflow_server_workers_unanswered_total``) instead of failing it.
 """
 
@@ -33,7 +33,7 @@ WORKER_DIR_ENV: Final = "HETEROFLOW_SERVER_WORKER_DIR"
 """Set by the supervising process for its workers: the private directory of their metrics sockets. Not a
 setting: the supervisor makes the directory (mode 0700) and removes it when it stops."""
 
-SIBLING_TIMEOUT_S: Final = 2.0
+SIBLING_TIMEOUT_SEC: Final = 2.0
 """How long a scrape waits for a sibling's metrics, seconds (a render takes milliseconds; a worker stalled longer
 is left out of this scrape rather than making Prometheus time out)."""
 
@@ -96,7 +96,7 @@ class SiblingMetrics:
         render_own: Callable[[], bytes],
         *,
         name: str | None = None,
-        timeout_sec: float = SIBLING_TIMEOUT_S,
+        timeout_sec: float = SIBLING_TIMEOUT_SEC,
     ) -> None:
         self._directory = directory
         self._render_own = render_own

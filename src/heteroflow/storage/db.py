@@ -51,7 +51,7 @@ def normalise_url(url: str) -> sa.URL:
     raise DatabaseUrlError(f"unsupported database {backend!r}: use sqlite:///PATH or postgresql://…")
 
 
-def create_db_engine(url: str, *, connect_timeout_seconds: int = 5) -> Engine:
+def create_db_engine(url: str, *, connect_timeout_sec: int = 5) -> Engine:
     """An engine tuned for the backend: WAL + foreign keys on SQLite, a connect timeout on PostgreSQL."""
     parsed = normalise_url(url)
     if parsed.get_backend_name() == "sqlite":
@@ -71,8 +71,8 @@ def create_db_engine(url: str, *, connect_timeout_seconds: int = 5) -> Engine:
         pool_pre_ping=True,
         pool_size=10,
         max_overflow=10,
-        pool_timeout=connect_timeout_seconds,
-        connect_args={"connect_timeout": connect_timeout_seconds},
+        pool_timeout=connect_timeout_sec,
+        connect_args={"connect_timeout": connect_timeout_sec},
     )
 
 

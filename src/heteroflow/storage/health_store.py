@@ -272,7 +272,7 @@ class SqlHealthSampleStore:
             add_to_buckets(conn, rows)
             return stored
 
-    def delete_older_than(self, cutoff: datetime, *, timeout_seconds: float) -> int:
+    def delete_older_than(self, cutoff: datetime, *, timeout_sec: float) -> int:
         """Delete the rows older than ``cutoff``; first flag the row that becomes each slot's oldest.
 
         The scans that read flagged rows only rely on every card's first stored row carrying both flags: it
@@ -311,7 +311,7 @@ class SqlHealthSampleStore:
         )
         with unavailable_as_store_error(), self._engine.begin() as conn:
             if conn.dialect.name == "postgresql":
-                conn.execute(sa.text(f"SET LOCAL statement_timeout = {int(timeout_seconds * 1000)}"))
+                conn.execute(sa.text(f"SET LOCAL statement_timeout = {int(timeout_sec * 1000)}"))
             conn.execute(reflag)
             result = conn.execute(sa.delete(samples_t).where(samples_t.c.sampled_at < cutoff))
             cut_buckets(conn, cutoff)

@@ -90,9 +90,9 @@ class SqlGpuMetricsStore:
         with unavailable_as_store_error(), self._engine.connect() as conn:
             return [_row(row) for row in conn.execute(query)]
 
-    def delete_older_than(self, cutoff: datetime, *, timeout_seconds: float) -> int:
+    def delete_older_than(self, cutoff: datetime, *, timeout_sec: float) -> int:
         with unavailable_as_store_error(), self._engine.begin() as conn:
             if conn.dialect.name == "postgresql":
-                conn.execute(sa.text(f"SET LOCAL statement_timeout = {int(timeout_seconds * 1000)}"))
+                conn.execute(sa.text(f"SET LOCAL statement_timeout = {int(timeout_sec * 1000)}"))
             result = conn.execute(sa.delete(minutes_t).where(minutes_t.c.minute < cutoff))
             return int(result.rowcount or 0)

@@ -204,7 +204,7 @@ def test_a_persistent_wait_error_is_backed_off_and_its_warnings_stay_bounded(clo
         assert watcher.poll(0) is None
         delays.append(watcher.retry_delay_sec())
     assert delays[:4] == [0.5, 1.0, 2.0, 4.0]
-    assert delays[-1] == XidWatcher.RETRY_MAX_S
+    assert delays[-1] == XidWatcher.RETRY_MAX_SEC
     assert len(watcher.warnings) <= XidWatcher.MAX_WARNINGS
     assert len(watcher.warnings) == len(set(watcher.warnings))
     status = watcher.status()

@@ -24,7 +24,7 @@ def reading(k: CardKey, at: float, value: int = 1) -> HealthReading:
 
 def cache(**kw: float) -> DedupCache:
     return DedupCache(
-        keepalive=timedelta(minutes=5), max_entries=int(kw.get("max_entries", 4096)), idle_seconds=kw.get("idle", 1800)
+        keepalive=timedelta(minutes=5), max_entries=int(kw.get("max_entries", 4096)), idle_sec=kw.get("idle", 1800)
     )
 
 

@@ -15,7 +15,7 @@ from heteroflow.health.ingest import HealthIngestor
 from heteroflow.health.samples import CardKey, HealthReading, StoredSample
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.health.testing import InMemoryHealthSampleStore
-from tests.support.polling import IN_PROCESS_S, eventually
+from tests.support.polling import IN_PROCESS_SEC, eventually
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -56,7 +56,7 @@ def test_a_reading_offered_while_its_card_is_in_flight_is_not_skipped_by_a_stale
         store.inserting.clear()
         clock.advance(5)
         ingestor.offer([reading(clock, None)])  # a change, held in flight at the gate
-        await eventually(store.inserting.is_set, within=5, period=IN_PROCESS_S, what="a batch being inserted")
+        await eventually(store.inserting.is_set, within=5, period=IN_PROCESS_SEC, what="a batch being inserted")
         clock.advance(5)
         ingestor.offer([reading(clock, 1)])  # equal to the cached row, but not to the one in flight
         store.gate.set()
@@ -78,7 +78,10 @@ def test_an_unavailable_store_costs_no_reading_and_the_backlog_is_written_in_ord
             ingestor.offer([reading(clock, value)])
             clock.advance(5)
         await eventually(
-            lambda: ingestor.status().write_failures_total >= 2, within=5, period=IN_PROCESS_S, what="two failed writes"
+            lambda: ingestor.status().write_failures_total >= 2,
+            within=5,
+            period=IN_PROCESS_SEC,
+            what="two failed writes",
         )
         assert ingestor.status().writer_backing_off
         assert ingestor.status().pending_readings == 3  # the repeated 2 waits once
@@ -145,7 +148,7 @@ def test_forget_node_drops_its_waiting_readings() -> None:
 
 def test_cleanup_failure_is_counted_and_never_stops_the_writer() -> None:
     class NoDelete(InMemoryHealthSampleStore):
-        def delete_older_than(self, cutoff: datetime, *, timeout_seconds: float) -> int:
+        def delete_older_than(self, cutoff: datetime, *, timeout_sec: float) -> int:
             raise RuntimeError("statement timeout")
 
     async def scenario() -> None:

@@ -8,7 +8,7 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
-from heteroflow.http.peer import JsonPeer, Rejected, Unavailable, retry_after_seconds
+from heteroflow.http.peer import JsonPeer, Rejected, Unavailable, parse_retry_after
 
 
 class _Ask(BaseModel):
@@ -98,7 +98,7 @@ def test_get_object_refuses_what_is_not_an_object(content: bytes, error: str) ->
      ("Wed, 21 Oct 2015 07:28:00 GMT", None)],
 )  # fmt: skip
 def test_retry_after_seconds(value: str | None, seconds: float | None) -> None:
-    assert retry_after_seconds(value) == seconds
+    assert parse_retry_after(value) == seconds
 
 
 def test_a_request_may_carry_its_own_credential_and_query() -> None:

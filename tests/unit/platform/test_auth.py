@@ -45,7 +45,7 @@ def test_admin_implies_every_scope_and_tenants_see_only_their_nodes() -> None:
 
 
 def test_ttl_cache_freshness_staleness_and_bound() -> None:
-    cache: TtlCache[str, int] = TtlCache(ttl_seconds=10, max_entries=2)
+    cache: TtlCache[str, int] = TtlCache(ttl_sec=10, max_entries=2)
     cache.put("a", 1, now=0)
     assert cache.get("a", now=10) == 1
     assert cache.get("a", now=10.1) is None

@@ -153,8 +153,8 @@ class ApiKeyVerifier:
         self._digests = tuple(sorted(digests))
         self._platform = platform
         self._clock = clock
-        self._cache: TtlCache[str, KeyIdentity] = TtlCache(ttl_seconds=cache_sec, max_entries=max_cached)
-        self._refused: TtlCache[str, bool] = TtlCache(ttl_seconds=REFUSED_CACHE_SEC, max_entries=max_cached)
+        self._cache: TtlCache[str, KeyIdentity] = TtlCache(ttl_sec=cache_sec, max_entries=max_cached)
+        self._refused: TtlCache[str, bool] = TtlCache(ttl_sec=REFUSED_CACHE_SEC, max_entries=max_cached)
         self._checks = asyncio.Semaphore(PLATFORM_CHECKS_AT_ONCE)
         self._cache_sec = cache_sec
         self.max_in_flight_per_key = max_in_flight_per_key

@@ -43,7 +43,7 @@ from heteroflow.serving.controller.monitor.mindcluster import (
     parse_node,
 )
 from heteroflow.serving.controller.monitor.testing import FakeKubeApi
-from tests.support.polling import IN_PROCESS_S, eventually
+from tests.support.polling import IN_PROCESS_SEC, eventually
 
 from .helpers import topology
 
@@ -506,7 +506,7 @@ def test_a_crashing_source_is_restarted_and_never_blocks_the_others() -> None:
         )
         await monitor.start()
         try:
-            await eventually(lambda: len(got) == 2, within=5, period=IN_PROCESS_S, what="both faults delivered")
+            await eventually(lambda: len(got) == 2, within=5, period=IN_PROCESS_SEC, what="both faults delivered")
             status = monitor.status()
             assert status.source("bad").crashes == 1
             assert status.source("bad").last_problem == "crashed: RuntimeError: boom (run again in 0.01 s)"
@@ -675,21 +675,21 @@ def test_kubernetes_source_lists_watches_reconnects_and_relists() -> None:
         monitor = ResourceMonitor(sources=[source], sink=got.append, clock=FakeClock())
         await monitor.start()
         try:
-            await eventually(lambda: len(got) == 1, within=5, period=IN_PROCESS_S, what="the listed fault")
+            await eventually(lambda: len(got) == 1, within=5, period=IN_PROCESS_SEC, what="the listed fault")
             assert monitor.status().source("mindcluster-kube").problems >= 2  # the failed lists, logged
             api.put("nodes", node_doc("n1", "False"), event="MODIFIED")
-            await eventually(lambda: len(got) == 2, within=5, period=IN_PROCESS_S, what="the NotReady node")
+            await eventually(lambda: len(got) == 2, within=5, period=IN_PROCESS_SEC, what="the NotReady node")
             assert (got[1].card, got[1].fault_code) == ("", "NodeNotReady")
             api.put("configmaps", configmap("n1", faults=[fault_entry("Ascend910-1", "RestartNPU")]), event="MODIFIED")
             api.push_raw("configmaps", {"type": "SURPRISE"})
             api.put("configmaps", configmap("n1"), event="MODIFIED")
-            await eventually(lambda: len(got) == 3, within=5, period=IN_PROCESS_S, what="the card fault cleared")
+            await eventually(lambda: len(got) == 3, within=5, period=IN_PROCESS_SEC, what="the card fault cleared")
             assert got[2].cleared
             assert got[2].card == "Ascend910-1"
             lists = api.lists["configmaps"]
             api.put("configmaps", configmap("n3", faults=[fault_entry("Ascend910-0", "SeparateNPU")]))  # missed
             api.expire_watch("configmaps")
-            await eventually(lambda: len(got) == 4, within=5, period=IN_PROCESS_S, what="the relist after 410 Gone")
+            await eventually(lambda: len(got) == 4, within=5, period=IN_PROCESS_SEC, what="the relist after 410 Gone")
             assert api.lists["configmaps"] == lists + 1
             assert (got[3].node_name, got[3].level) == ("n3", 6)
         finally:
@@ -809,7 +809,7 @@ def test_gpu_health_source_lookback_starts_in_the_past() -> None:
 
     async def main() -> None:
         task = asyncio.create_task(source.run(emit))
-        await eventually(lambda: bool(updates), within=5, period=IN_PROCESS_S, what="one poll")
+        await eventually(lambda: bool(updates), within=5, period=IN_PROCESS_SEC, what="one poll")
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
@@ -935,14 +935,14 @@ def test_a_restarted_directory_source_rereads_and_still_clears_files_deleted_mea
 
     async def main() -> None:
         first = asyncio.create_task(source.run(emit))
-        await eventually(lambda: len(edges) == 2, within=5, period=IN_PROCESS_S, what="both faults")
+        await eventually(lambda: len(edges) == 2, within=5, period=IN_PROCESS_SEC, what="both faults")
         first.cancel()
         with pytest.raises(asyncio.CancelledError):
             await first
         (tmp_path / "a.json").unlink()  # while the source is down
         again = asyncio.create_task(source.run(emit))
         await eventually(
-            lambda: len(edges) == 3, within=5, period=IN_PROCESS_S, what="the deleted file's fault cleared"
+            lambda: len(edges) == 3, within=5, period=IN_PROCESS_SEC, what="the deleted file's fault cleared"
         )
         again.cancel()
         with pytest.raises(asyncio.CancelledError):

@@ -31,7 +31,7 @@ from heteroflow.serving.coordinator.testing import (
     FakeEngine,
     FakeUpstreams,
 )
-from tests.support.polling import IN_PROCESS_S, eventually
+from tests.support.polling import IN_PROCESS_SEC, eventually
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -185,7 +185,9 @@ def test_the_least_loaded_endpoint_gets_new_requests() -> None:
             slow = h.engine(0)
             slow.hold = asyncio.Event()
             first = asyncio.create_task(h.complete())  # round robin sends the first one to e0, which holds it
-            await eventually(lambda: len(slow.received) == 1, within=5, period=IN_PROCESS_S, what="e0 holds a request")
+            await eventually(
+                lambda: len(slow.received) == 1, within=5, period=IN_PROCESS_SEC, what="e0 holds a request"
+            )
             for _ in range(4):
                 assert (await h.complete()).json()["choices"][0]["text"] == "answer from e1"
             slow.release()
@@ -216,7 +218,10 @@ def test_beyond_max_concurrent_requests_a_request_gets_503_with_retry_after_at_o
             engine.hold = asyncio.Event()
             held = [asyncio.create_task(h.complete(stream=stream)) for stream in (False, True)]
             await eventually(
-                lambda: len(engine.received) == 2, within=5, period=IN_PROCESS_S, what="two requests held by the engine"
+                lambda: len(engine.received) == 2,
+                within=5,
+                period=IN_PROCESS_SEC,
+                what="two requests held by the engine",
             )
             anonymous = await h.client.post("/v1/chat/completions", headers={}, content=b"not even read")
             assert anonymous.status_code == 401  # the key is checked before the gate: no slot for it
@@ -319,7 +324,7 @@ def test_a_request_held_through_a_fault_is_served_once_the_survivors_are_publish
             await eventually(
                 lambda: bool(h.engine(0).received and h.engine(1).received),
                 within=5,
-                period=IN_PROCESS_S,
+                period=IN_PROCESS_SEC,
                 what="both tried",
             )
             assert not pending.done()  # held, not answered with an error
@@ -353,7 +358,7 @@ def test_a_request_on_an_endpoint_reported_faulted_goes_elsewhere_after_the_boun
             h.engine(0).mode = EngineMode.HANG  # a released vLLM's new requests hang while it is faulted
             pending = asyncio.create_task(h.complete())
             await eventually(
-                lambda: bool(h.engine(0).received), within=5, period=IN_PROCESS_S, what="the request reached e0"
+                lambda: bool(h.engine(0).received), within=5, period=IN_PROCESS_SEC, what="the request reached e0"
             )
             await h.publish((0, 1), generation=1)
             response = await h.manage(
@@ -539,7 +544,7 @@ def test_a_stream_stalled_on_an_endpoint_reported_faulted_is_resumed_after_the_b
             h.upstreams.handle_async_request = stalling  # type: ignore[method-assign]
             pending = asyncio.create_task(h.complete(stream=True))
             await eventually(
-                lambda: bool(h.engine(0).received), within=5, period=IN_PROCESS_S, what="the stream started on e0"
+                lambda: bool(h.engine(0).received), within=5, period=IN_PROCESS_SEC, what="the stream started on e0"
             )
             await h.manage(COORDINATOR_DEL_PATH, {"instance_id": "i1", "endpoint_ids": [0], "faulted": True})
             response = await asyncio.wait_for(pending, 5)
@@ -637,7 +642,7 @@ def test_a_request_waiting_for_a_publication_is_served_when_it_comes() -> None:
             await eventually(
                 lambda: h.coordinator.status().waiting_for_publication == 1,
                 within=5,
-                period=IN_PROCESS_S,
+                period=IN_PROCESS_SEC,
                 what="request waits",
             )
             add = await h.manage(
@@ -684,7 +689,7 @@ def test_a_withdrawal_returns_only_after_headers_being_written_are_out() -> None
             await eventually(
                 lambda: bool(h.coordinator.views.status().sending),
                 within=5,
-                period=IN_PROCESS_S,
+                period=IN_PROCESS_SEC,
                 what="headers being written",
             )
             withdrawal = asyncio.create_task(h.withdraw((0,)))
@@ -956,14 +961,17 @@ def test_management_calls_from_another_loop_wake_held_requests_and_bound_faulted
             await h.publish(())  # known model, nothing published: requests are held
             pending = asyncio.create_task(h.complete())
             await eventually(
-                lambda: h.coordinator.publications.waiting == 1, within=5, period=IN_PROCESS_S, what="the request held"
+                lambda: h.coordinator.publications.waiting == 1,
+                within=5,
+                period=IN_PROCESS_SEC,
+                what="the request held",
             )
             body = {"instance_id": "i1", "model": "m", "generation": 1, "endpoints": [endpoint]}
             assert await asyncio.to_thread(call, COORDINATOR_SET_PATH, body) == 200
             await eventually(
                 lambda: bool(h.engine(0).received),
                 within=5,
-                period=IN_PROCESS_S,
+                period=IN_PROCESS_SEC,
                 what="the held request sent once published",
             )
             other = {"id": 1, "ip": "10.0.0.2", "port": 8000}

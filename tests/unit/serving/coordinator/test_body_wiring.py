@@ -17,7 +17,7 @@ from tests.unit.serving.coordinator.test_app import KEY, MANAGE, _Body, harness,
 
 pytestmark = pytest.mark.timeout(20)
 
-READ_LIMIT_S = 0.5
+READ_LIMIT_SEC = 0.5
 
 
 async def trickle(first: bytes, *, every_sec: float, stop: asyncio.Event | None = None) -> AsyncIterator[bytes]:
@@ -33,7 +33,7 @@ async def trickle(first: bytes, *, every_sec: float, stop: asyncio.Event | None 
 
 def test_a_valid_keys_slow_body_is_cut_off_with_408_and_reaches_no_engine() -> None:
     async def scenario() -> None:
-        async with harness(body_read_timeout_sec=READ_LIMIT_S) as h:
+        async with harness(body_read_timeout_sec=READ_LIMIT_SEC) as h:
             await h.publish((0, 1))
             started = time.monotonic()
             response = await h.client.post(
@@ -46,7 +46,7 @@ def test_a_valid_keys_slow_body_is_cut_off_with_408_and_reaches_no_engine() -> N
             assert "did not arrive within 0.5 s" in response.json()["error"]["message"]
             assert response.json()["error"]["type"] == "RequestTimeoutError"
             assert response.headers["connection"] == "close"
-            assert READ_LIMIT_S <= elapsed < READ_LIMIT_S + 2, elapsed
+            assert READ_LIMIT_SEC <= elapsed < READ_LIMIT_SEC + 2, elapsed
             assert h.upstreams.total_received() == 0
             assert h.metric('heteroflow_coordinator_requests_total{outcome="body_timeout",route="completions"}') == 1
             assert (await h.complete()).status_code == 200  # the next request is served as ever
@@ -106,14 +106,14 @@ def test_one_address_holds_at_most_its_share_and_the_excess_is_429_with_retry_af
 
 def test_a_management_body_is_read_only_after_the_cluster_token_and_is_bounded_in_time() -> None:
     async def scenario() -> None:
-        async with harness(body_read_timeout_sec=READ_LIMIT_S) as h:
+        async with harness(body_read_timeout_sec=READ_LIMIT_SEC) as h:
             started = time.monotonic()
             anonymous = await h.client.post(
                 COORDINATOR_SET_PATH, content=_Body(trickle(b'{"instance_id": "', every_sec=0.1))
             )
             assert anonymous.status_code == 401, anonymous.text
             assert anonymous.json()["error"] == "unauthorized"
-            assert time.monotonic() - started < READ_LIMIT_S  # refused on its head, the body unread
+            assert time.monotonic() - started < READ_LIMIT_SEC  # refused on its head, the body unread
             slow = await h.client.post(
                 COORDINATOR_SET_PATH, headers=MANAGE, content=_Body(trickle(b'{"instance_id": "', every_sec=0.1))
             )

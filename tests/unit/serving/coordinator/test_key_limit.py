@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 from heteroflow.serving.coordinator.testing import TEST_API_KEY_SHA256
-from tests.support.polling import IN_PROCESS_S, eventually
+from tests.support.polling import IN_PROCESS_SEC, eventually
 from tests.unit.serving.coordinator.test_app import KEY, harness, run
 
 pytestmark = pytest.mark.timeout(20)
@@ -31,7 +31,7 @@ def test_held_requests_take_their_key_s_share_and_leave_the_other_keys_theirs() 
             await eventually(
                 lambda: h.coordinator.status().waiting_for_publication == 2,
                 within=5,
-                period=IN_PROCESS_S,
+                period=IN_PROCESS_SEC,
                 what="two requests held",
             )
 
@@ -48,7 +48,7 @@ def test_held_requests_take_their_key_s_share_and_leave_the_other_keys_theirs() 
             await eventually(
                 lambda: h.coordinator.status().waiting_for_publication == 3,
                 within=5,
-                period=IN_PROCESS_S,
+                period=IN_PROCESS_SEC,
                 what="the other key held",
             )
             await h.publish((0, 1))
@@ -68,7 +68,7 @@ def test_a_share_as_large_as_the_pool_is_no_share_and_the_full_coordinator_answe
             await eventually(
                 lambda: h.coordinator.status().waiting_for_publication == 2,
                 within=5,
-                period=IN_PROCESS_S,
+                period=IN_PROCESS_SEC,
                 what="two requests held",
             )
             full = await h.client.post("/v1/completions", headers=KEY, content=b"not even read")
