@@ -158,7 +158,18 @@ class SqliteFtRuntimeStore:
 
     def _create_schema(self, conn: sqlite3.Connection) -> None:
         # WAL lets readers (a status page, a second controller's load) proceed while one writer commits.
-        mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+        try:
+            mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
+        except sqlite3.OperationalError as exc:
+            # Two connections switching a new file to WAL at once: the second is refused at once ("database is
+            # locked"), without SQLite's busy wait. The next statement does wait for the first, whose switch
+            # is then on the file.
+            if "locked" not in str(exc):
+                raise
+            conn.execute(_SCHEMA)
+            mode = conn.execute("PRAGMA journal_mode").fetchone()
+            if mode is None or str(mode[0]).lower() != "wal":
+                mode = conn.execute("PRAGMA journal_mode=WAL").fetchone()
         if mode is None or str(mode[0]).lower() != "wal":
             raise StoreUnavailableError(f"{self!r} cannot use write-ahead logging (journal_mode={mode!r})")
         conn.execute(_SCHEMA)
