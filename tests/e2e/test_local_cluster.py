@@ -5,8 +5,9 @@ One cluster (DP 4 over 2 pods, simulated engines with torch workers) walks the s
 within the budget of a 2-core machine: serve, kill rank 2's worker under traffic (a committed scale-down
 round, the Coordinator publishes [0, 1, 3]), kill rank 0 — the store master — under traffic (survivors
 [1, 3], cumulative removal [0, 2], the master moves to rank 1), outputs identical to the baseline, then stop
-with no process of the cluster left. A second test runs ``heteroflow up`` itself and stops it with SIGTERM; a
-third does the same with ``--netns`` (root only: each pod in a network namespace of its own, all deleted at stop).
+with no process of the cluster left. A second has a card reported gone (XID 79 through the platform's feed): the
+rebuild leaves its rank out. A third runs ``heteroflow up`` itself and stops it with SIGTERM; a fourth does the
+same with ``--netns`` (root only: each pod in a network namespace of its own, all deleted at stop).
 Nothing sleeps for synchronisation: every wait polls a condition with a deadline.
 """
 
@@ -271,6 +272,32 @@ def run_up(tmp_path: Path, *extra: str) -> tuple[ClusterState, str]:
     no_process_left(state)
     assert record is None, "the network was still recorded after `up` exited"
     return state, output
+
+
+def test_a_rebuild_comes_back_without_the_rank_whose_card_the_platform_reported_gone(tmp_path: Path) -> None:
+    """An XID 79 on rank 3's card through the platform's hardware-event feed, and no engine confirms it within the
+    correlation window: the whole instance is rebuilt with real engine processes, and rank 3 is left out (its
+    card has a standing fault), so the instance serves on [0, 1, 2] and says why."""
+    pytest.importorskip("torch")
+    options = ClusterOptions(data_dir=tmp_path / "local", server_port=0, controller_port=0, coordinator_port=0)
+    cluster = LocalCluster(options)
+    state = cluster.start()
+    try:
+        cluster.wait_ready(timeout_sec=180)
+        with ClusterClient(state, timeout_sec=30) as client:
+            said = fault(options.state_path, "hardware", "--rank", "3", "--via", "gpu-health")
+            assert "MAPPED [3]" in said, said
+            entry = until(committed(client, [3]), within=120, what="rebuilt without rank 3")
+            assert entry["published_endpoints"] == [0, 1, 2]
+            assert entry["relaunch"]["kind"] == "WITHOUT_RANKS"
+            assert entry["relaunch"]["ranks"] == [3]
+            assert entry["standing_hardware_faults"] == entry["relaunch"]["faults"]
+            assert entry["last_error"] is None
+            assert all(client.completion(f"served without rank 3, {i}") for i in range(3))
+    finally:
+        report = cluster.stop()
+    assert report.left == ()
+    no_process_left(state)
 
 
 def test_up_command_writes_state_serves_and_stops_on_sigterm(tmp_path: Path) -> None:

@@ -63,6 +63,7 @@ async def run_controller(cfg: Any) -> int:
     from heteroflow.serving.controller.assembly import create_app
     from heteroflow.serving.controller.clients import CoordinatorClient, NodeManagerClient
     from heteroflow.serving.controller.monitor import ResourceMonitorSettings, build_monitor, hosting_nodes
+    from heteroflow.serving.controller.pod_replacement import KubernetesPodReplacement
     from heteroflow.serving.controller.service import Controller
     from heteroflow.serving.controller.store import open_store
 
@@ -88,6 +89,11 @@ async def run_controller(cfg: Any) -> int:
             else None
         ),
         clock=SystemClock(),
+        pod_replacement=(
+            KubernetesPodReplacement(namespace=settings.pod_replacement_namespace)
+            if settings.pod_replacement_namespace
+            else None
+        ),
     )
     if election is not None:
         ctrl.on_not_leader = election.lost

@@ -114,6 +114,7 @@ def test_a_real_prometheus_scrapes_every_service_with_its_token(cluster: Cluster
         assert value(prom, 'heteroflow_controller_acting{job="heteroflow-controller"}') == 1
         assert value(prom, 'heteroflow_controller_ft_phase{instance_id="inst-1", phase="NORMAL"}') == 1
         assert value(prom, 'heteroflow_controller_intervention_required{instance_id="inst-1"}') == 0
+        assert value(prom, 'heteroflow_controller_relaunch_refused{instance_id="inst-1"}') == 0
         # the Coordinator's own ``instance`` label collides with the target's: Prometheus keeps it as
         # ``exported_instance`` (docs/operations.md says so)
         assert value(prom, 'heteroflow_coordinator_published_endpoints{exported_instance="inst-1"}') == 4

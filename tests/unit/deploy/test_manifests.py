@@ -547,19 +547,27 @@ def test_controller_configuration_file_loads_without_warnings(tmp_path: Path) ->
     assert load_config(tmp_path / path.name, environ={}).warnings == ()
 
 
-def test_controller_may_read_device_info_config_maps_and_nodes() -> None:
+def test_controller_reads_device_info_config_maps_and_nodes_and_may_only_delete_serving_pods() -> None:
     documents = rendered(BASE)
     account = pod_spec(one(documents, "Deployment", "heteroflow-controller"))["serviceAccountName"]
     subject = {"kind": "ServiceAccount", "name": account, "namespace": NAMESPACE}
-    grants: set[tuple[str, str | None]] = set()
+    grants: set[tuple[str, str | None, frozenset[str]]] = set()
     for binding in (doc for doc in documents if doc["kind"] in ("RoleBinding", "ClusterRoleBinding")):
         if subject not in binding["subjects"]:
             continue
         role = one(documents, binding["roleRef"]["kind"], binding["roleRef"]["name"])
         for rule in role["rules"]:
-            assert set(rule["verbs"]) == {"get", "list", "watch"}, "read-only"
-            grants.update((resource, role["metadata"].get("namespace")) for resource in rule["resources"])
-    assert grants == {("configmaps", "kube-system"), ("nodes", None)}
+            verbs = frozenset(rule["verbs"])
+            grants.update((resource, role["metadata"].get("namespace"), verbs) for resource in rule["resources"])
+    read = frozenset({"get", "list", "watch"})
+    # the one write: a pod on a card with a standing hardware fault is deleted for replacement, in its namespace
+    assert grants == {
+        ("configmaps", "kube-system", read),
+        ("nodes", None, read),
+        ("pods", NAMESPACE, frozenset({"delete"})),
+    }
+    variables = env(container(one(documents, "Deployment", "heteroflow-controller"), "controller"))
+    assert variables["HETEROFLOW_CONTROLLER_POD_REPLACEMENT_NAMESPACE"]["value"] == NAMESPACE
 
 
 def test_agent_runs_on_every_gpu_node_with_nvml() -> None:

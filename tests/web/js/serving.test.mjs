@@ -26,6 +26,7 @@ import {
   rankCells,
   rankPlaces,
   relTime,
+  relaunchInfo,
   roundDuration,
   roundToShow,
   shapeTimeline,
@@ -498,4 +499,51 @@ test("each rank's place: its pod's node, and its card when it registered exactly
   assert.equal(rankPlaces({}).size, 0);
   assert.equal(nodeLink("node-1", 2), "/nodes/gpu-health?node=node-1&gpu=2");
   assert.equal(nodeLink("node-1", null), "/nodes/gpu-health?node=node-1");
+});
+
+test("a relaunch not in place names its kind, its reason's dictionary key and what it concerns", () => {
+  assert.equal(relaunchInfo(entry({ relaunch: null })), null);
+  assert.equal(relaunchInfo(entry()), null);
+  const refused = relaunchInfo(
+    entry({
+      phase: "RECONFIGURING",
+      relaunch: {
+        kind: "REFUSED",
+        reason_code: "standing_fault_scale_down_refused",
+        reason: "ranks 3 run on cards with a standing hardware fault and the instance cannot run without them",
+        ranks: [3, "x"],
+        faults: ["XID79|GPU-3|node-b"],
+        pods: [],
+        gate_reasons: ["FEATURE_DISABLED"],
+      },
+    }),
+  );
+  assert.deepEqual(refused, {
+    kind: "REFUSED",
+    kindKey: "serving.relaunch.kind.REFUSED",
+    refused: true,
+    reason: "ranks 3 run on cards with a standing hardware fault and the instance cannot run without them",
+    reasonKey: "serving.relaunch.reason.standing_fault_scale_down_refused",
+    ranks: [3],
+    faults: ["XID79|GPU-3|node-b"],
+    pods: [],
+    gateReasons: ["FEATURE_DISABLED"],
+  });
+  // a code of a newer controller: its English sentence, no dictionary key
+  const newer = relaunchInfo(entry({ relaunch: { kind: "ELSEWHERE", reason_code: "moved", reason: "moved away" } }));
+  assert.equal(newer.kindKey, null);
+  assert.equal(newer.reasonKey, null);
+  assert.equal(newer.refused, false);
+  assert.equal(newer.reason, "moved away");
+});
+
+test("every relaunch kind and reason code has a text in both languages", async () => {
+  const { LANGUAGES } = await import("../../../src/heteroflow/platform_server/web/ui/i18n.js");
+  const { RELAUNCH_KINDS, RELAUNCH_REASONS } = await import(
+    "../../../src/heteroflow/platform_server/web/ui/logic/serving.js"
+  );
+  for (const language of Object.values(LANGUAGES)) {
+    for (const kind of RELAUNCH_KINDS) assert.ok(language[`serving.relaunch.kind.${kind}`], kind);
+    for (const code of RELAUNCH_REASONS) assert.ok(language[`serving.relaunch.reason.${code}`], code);
+  }
 });

@@ -147,6 +147,17 @@ class ControllerSettings(LenientSettings):
         validation_alias=env_names("controller_advertise_url"),
         description="The URL peers reach this controller at, shown by a standby as the leader's (default: none).",
     )
+    pod_replacement_namespace: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=63,
+        validation_alias=env_names("controller_pod_replacement_namespace"),
+        description=(
+            "Kubernetes namespace of the serving pods: a fallback deletes a pod whose card has a standing hardware "
+            "fault there, for its StatefulSet to replace (needs RBAC delete on pods). Unset (a local cluster): "
+            "the instance comes back without those ranks, or says why it cannot."
+        ),
+    )
     crash_at_step: str | None = Field(
         default=None,
         validation_alias=env_names("controller_crash_at_step"),

@@ -1,4 +1,8 @@
-"""One hardware fault mapped onto every assembled instance and kept where it matters (``serving-ft.md`` F-3, F-12)."""
+"""One hardware fault mapped onto every assembled instance and kept where it matters (``serving-ft.md`` F-3, F-12).
+
+Besides the evidence (reset by a committed round or a rebuild), a mapped L5-L6 fault is kept as *standing*
+(``Instance.standing``) until its source clears it: a fallback never relaunches a rank on its card
+(``core/relaunch.py``)."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ from heteroflow.serving.controller.core.normalizer import (
     MappingKind,
     map_hardware_fault,
 )
+from heteroflow.serving.controller.core.relaunch import is_standing
 from heteroflow.serving.controller.history import RoundHistory
 from heteroflow.serving.controller.instance import Instance
 from heteroflow.serving.controller.metrics import ControllerMetrics
@@ -29,7 +34,8 @@ def record_hardware_fault(
     metrics: ControllerMetrics,
     history: RoundHistory,
 ) -> dict[str, HardwareMapping]:
-    """Map ``report`` onto each instance; a cleared fault is forgotten. Returns the mapping per instance."""
+    """Map ``report`` onto each instance; a cleared fault is forgotten (the standing one too). Returns the mapping
+    per instance (none for a cleared fault)."""
     fault = HardwareFault(
         node_name=report.node_name, card=report.card, fault_code=report.fault_code, level=report.level
     )
@@ -38,9 +44,13 @@ def record_hardware_fault(
         if report.cleared:
             inst.evidence.hardware_seen.pop(fault.key, None)
             inst.evidence.hardware = [e for e in inst.evidence.hardware if e.fault.key != fault.key]
+            if inst.standing.faults.pop(fault.key, None) is not None:
+                history.add(None, "standing_fault_cleared", key=fault.key, source=report.source)
             continue
         mapping = map_hardware_fault(fault, inst.topology)
         results[inst.instance_id] = mapping
+        if mapping.kind == MappingKind.MAPPED and is_standing(fault):
+            inst.standing.faults[fault.key] = fault  # a repeat refreshes nothing else: the card is still faulty
         if mapping.kind == MappingKind.NOT_AFFECTED or fault.key in inst.evidence.hardware_seen:
             continue
         inst.evidence.hardware_seen[fault.key] = {

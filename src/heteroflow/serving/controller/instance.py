@@ -11,8 +11,11 @@ others read it, or call the record's own methods where another module's step mus
 - :class:`Publication` — what the Coordinator holds as far as we know: the serving view of ``service.py``.
 - :class:`Persistence` — the store's revision and a write still to retry: ``Controller.persist``.
 - :class:`StrategySlot` — the strategy running and the center's next wake-up: the strategy center.
-- :class:`Relaunches` — whole-instance relaunches and the pods stopped: ``fallbacks.py`` (a round marks the pods
-  it stops through :meth:`Relaunches.pod_stopped`).
+- :class:`Relaunches` — whole-instance relaunches, the pods stopped or deleted for replacement and why a
+  relaunch is not in place: ``fallbacks.py`` (a round marks the pods it stops through
+  :meth:`Relaunches.pod_stopped`).
+- :class:`StandingFaults` — the hardware faults whose cards have not been reported healthy since, kept across
+  evidence resets: ``hardware_faults.py``.
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ from heteroflow.contracts.serving import EngineIdentity, RegisterRequest
 from heteroflow.serving.controller.core import normalizer
 from heteroflow.serving.controller.core import runtime as rt
 from heteroflow.serving.controller.core.decision import RunningStrategy
-from heteroflow.serving.controller.core.normalizer import FtSnapshot, HardwareEvent
-from heteroflow.serving.controller.core.ranks import DpRank, InstanceId, RequestId
+from heteroflow.serving.controller.core.normalizer import FtSnapshot, HardwareEvent, HardwareFault
+from heteroflow.serving.controller.core.ranks import DpRank, InstanceId, PodId, RequestId
+from heteroflow.serving.controller.core.relaunch import RelaunchKind, RelaunchPlan
 from heteroflow.serving.controller.core.topology import InstanceTopology
 
 
@@ -131,8 +135,30 @@ class Relaunches:
     stopped_pods: set[str] = field(default_factory=set)
     """Pods stopped after every rank of theirs was committed (F-26); a rebuild brings them back."""
 
+    replacing: dict[PodId, PodState | None] = field(default_factory=dict)
+    """Pods deleted for replacement (a standing hardware fault on their cards), with the registration each had
+    when deleted (a new one means it is back): each may register again with other cards until the relaunch
+    succeeds."""
+    plan: RelaunchPlan | None = None
+    """The last fallback's plan when it did not relaunch every rank in place (``core/relaunch.py``): what the
+    status shows as ``relaunch``; ``None`` after an in-place relaunch."""
+
     def pod_stopped(self, pod_id: str) -> None:
         self.stopped_pods.add(pod_id)
+
+    @property
+    def refused(self) -> RelaunchPlan | None:
+        """The plan when it refused to relaunch (the instance waits for the fault to clear), else ``None``."""
+        return self.plan if self.plan is not None and self.plan.kind == RelaunchKind.REFUSED else None
+
+
+@dataclass
+class StandingFaults:
+    """Hardware faults at L5-L6 whose source has not cleared them (``core/relaunch.py``): never forgotten by an
+    evidence reset (a rebuild does not repair a card), only when the source reports the card healthy again."""
+
+    faults: dict[str, HardwareFault] = field(default_factory=dict)
+    """By fault key."""
 
 
 @dataclass
@@ -146,3 +172,4 @@ class Instance:
     persistence: Persistence = field(default_factory=Persistence)
     strategy: StrategySlot = field(default_factory=StrategySlot)
     relaunches: Relaunches = field(default_factory=Relaunches)
+    standing: StandingFaults = field(default_factory=StandingFaults)

@@ -59,6 +59,13 @@ class ControllerMetrics:
             ["instance_id"],
             registry=self.registry,
         )
+        self.relaunch_refused = Gauge(
+            "heteroflow_controller_relaunch_refused",
+            "1 while a fallback refuses to relaunch an instance because ranks would run on cards with a standing "
+            "hardware fault and the instance cannot run without them (RELAUNCH_REFUSED).",
+            ["instance_id"],
+            registry=self.registry,
+        )
         self.acting = Gauge(
             "heteroflow_controller_acting",
             "1 while this controller acts (the leader in active/standby mode, or a started single controller).",
@@ -70,6 +77,7 @@ class ControllerMetrics:
             self.phase.labels(instance_id=instance_id, phase=candidate.value).set(1 if candidate == phase else 0)
         # present (0) from the instance's first phase on, so that its absence never reads as "no intervention"
         self.intervention_required.labels(instance_id=instance_id)
+        self.relaunch_refused.labels(instance_id=instance_id)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

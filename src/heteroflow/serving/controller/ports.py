@@ -23,6 +23,7 @@ from heteroflow.serving.controller.core.ranks import DpRank, InstanceId
 from heteroflow.serving.controller.history import RoundHistory
 from heteroflow.serving.controller.instance import Instance, PodState
 from heteroflow.serving.controller.metrics import ControllerMetrics
+from heteroflow.serving.controller.pod_replacement import PodReplacement
 
 
 class ShellPorts(Protocol):
@@ -44,7 +45,7 @@ class ShellPorts(Protocol):
 
 class StrategyPorts(ShellPorts, Protocol):
     """What a strategy uses besides: the Coordinator view, the store (through ``persist``), the round history,
-    the metrics and the test-only crash hook."""
+    the metrics, the pod replacement and the pods' registrations (a fallback), and the test-only crash hook."""
 
     @property
     def coordinator(self) -> CoordinatorClient | None: ...
@@ -54,6 +55,14 @@ class StrategyPorts(ShellPorts, Protocol):
 
     @property
     def metrics(self) -> ControllerMetrics: ...
+
+    @property
+    def pod_replacement(self) -> PodReplacement | None:
+        """Deletes a pod for replacement (Kubernetes); ``None`` where no pod can be replaced (a local cluster)."""
+        ...
+
+    @property
+    def pods(self) -> Mapping[str, PodState]: ...
 
     def crash_point(self, step: str) -> None: ...
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import structlog
 
-from heteroflow.contracts.serving import DISCOVERED_CAPABILITY_FIELDS, RegisterRequest
+from heteroflow.contracts.serving import DISCOVERED_CAPABILITY_FIELDS, DeviceInfo, EndpointInfo, RegisterRequest
 from heteroflow.serving.controller.core.errors import TopologyError
 from heteroflow.serving.controller.core.topology import resolve_instance
 from heteroflow.serving.controller.instance import Instance
@@ -16,20 +16,26 @@ class RegistrationConflictError(Exception):
     """A registration that would change an assembled instance's endpoints (HTTP 409)."""
 
 
-def check_reregistration(inst: Instance, request: RegisterRequest) -> None:
+def check_reregistration(inst: Instance, request: RegisterRequest, *, replacing: frozenset[str] = frozenset()) -> None:
     """A pod of an assembled instance registers again (its NodeManager restarted, maybe at another
     address or pod ip). The endpoints are immutable (F-31): the pod must bring back exactly its ranks,
     devices and the instance's capability, else :class:`RegistrationConflictError` (HTTP 409) and nothing
-    changes; addresses follow the latest registration."""
+    changes; addresses follow the latest registration. A pod in ``replacing`` (deleted for replacement because
+    of a standing hardware fault on its cards) comes back on other cards: its devices may change, its ranks
+    not."""
     known = next((p for p in inst.topology.pods if p.pod_id == request.pod_id), None)
     if known is None:
         raise RegistrationConflictError(
             f"instance {inst.instance_id!r} is assembled without pod {request.pod_id!r}; its endpoints are fixed"
         )
-    ranks_and_devices = [(e.id, e.device_infos) for e in request.endpoints]
+    replaced = request.pod_id in replacing
+
+    def shape(endpoints: list[EndpointInfo] | tuple[EndpointInfo, ...]) -> list[tuple[int, list[DeviceInfo]]]:
+        return [(e.id, [] if replaced else e.device_infos) for e in endpoints]
+
     # what the engines were found to speak may change (discovery, a new build); the configuration may not
     configured = set(DISCOVERED_CAPABILITY_FIELDS)
-    if ranks_and_devices != [(e.id, e.device_infos) for e in known.endpoints] or (
+    if shape(request.endpoints) != shape(known.endpoints) or (
         request.ft_capability.model_dump(exclude=configured) != inst.topology.capability.model_dump(exclude=configured)
     ):
         raise RegistrationConflictError(

@@ -63,6 +63,7 @@ from heteroflow.serving.controller.hardware_faults import record_hardware_fault
 from heteroflow.serving.controller.history import RoundHistory
 from heteroflow.serving.controller.instance import Instance, PodState
 from heteroflow.serving.controller.metrics import ControllerMetrics
+from heteroflow.serving.controller.pod_replacement import PodReplacement
 from heteroflow.serving.controller.registration import check_reregistration, refresh_topology
 from heteroflow.serving.controller.serving_view import pods_ready, serving_endpoints
 from heteroflow.serving.controller.store import FtRuntimeStore, FtStoreError, NotLeaderError
@@ -86,6 +87,7 @@ class Controller:
         clock: Clock,
         metrics: ControllerMetrics | None = None,
         exit_process: Callable[[int], None] = os._exit,
+        pod_replacement: PodReplacement | None = None,
     ) -> None:
         self.config = config
         self.ft = config.ft
@@ -95,6 +97,8 @@ class Controller:
         self.clock = clock
         self.metrics = metrics or ControllerMetrics()
         self.history = RoundHistory(clock)
+        self.pod_replacement = pod_replacement
+        """Deletes a pod for replacement (Kubernetes); ``None``: a fallback leaves ranks on faulty cards out."""
         self._exit_process = exit_process
         self.pods: dict[str, PodState] = {}
         self.instances: dict[InstanceId, Instance] = {}
@@ -174,7 +178,7 @@ class Controller:
         now = self.clock.monotonic()
         assembled = self.instances.get(InstanceId(request.instance_id))
         if assembled is not None:
-            check_reregistration(assembled, request)
+            check_reregistration(assembled, request, replacing=frozenset(assembled.relaunches.replacing))
         self.pods[request.pod_id] = PodState(registration=request, last_seen=now)
         _log.info("controller.pod_registered", pod_id=request.pod_id, instance_id=request.instance_id)
         inst = await self._ensure_instance(InstanceId(request.instance_id))
@@ -294,8 +298,24 @@ class Controller:
         results = record_hardware_fault(
             self.instances.values(), report, now=self.clock.monotonic(), metrics=self.metrics, history=self.history
         )
+        if report.cleared:
+            for inst in self.instances.values():
+                self._resume_refused(inst)
         self._wake.set()
         return results
+
+    def _resume_refused(self, inst: Instance) -> None:
+        """A fallback that refused to relaunch (ranks on faulty cards) runs again once a standing fault clears."""
+        plan = inst.relaunches.refused
+        fallback = inst.runtime.fallback
+        if plan is None or inst.strategy.running is not None or inst.runtime.phase != FtPhase.RECONFIGURING:
+            return
+        if fallback is None or all(key in inst.standing.faults for key in plan.faults):
+            return  # none of the faults that refused it has cleared: the plan would be the same
+        inst.relaunches.plan = None
+        self.history.add(None, "relaunch_resumed", faults=[k for k in plan.faults if k not in inst.standing.faults])
+        _log.info("controller.relaunch_resumed", instance_id=inst.instance_id)
+        self._start(inst, "fallback", self.run_fallback(inst, fallback))
 
     # == instances ===========================================================================================
     async def _ensure_instance(self, instance_id: InstanceId) -> Instance | None:

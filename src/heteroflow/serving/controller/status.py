@@ -125,6 +125,22 @@ class HardwareFaultStatus(BaseModel):
     pending: bool
 
 
+class RelaunchStatus(BaseModel):
+    """Why the last fallback did not relaunch every rank where it ran (``core/relaunch.py``): ``kind``
+    ``REPLACE_PODS``, ``WITHOUT_RANKS`` or ``REFUSED``; ``reason`` is an English sentence, ``reason_code`` the
+    key the dashboard words it by."""
+
+    model_config = _FROZEN
+
+    kind: str
+    reason_code: str | None
+    reason: str
+    ranks: list[int]
+    faults: list[str]
+    pods: list[str]
+    gate_reasons: list[str]
+
+
 class InstanceStatus(RuntimeStatus):
     """An assembled instance."""
 
@@ -132,6 +148,9 @@ class InstanceStatus(RuntimeStatus):
     engine_capability: EngineCapabilityStatus
     generation: int
     intervention_required: str | None
+    relaunch: RelaunchStatus | None
+    standing_hardware_faults: list[str]
+    """Keys of the L5-L6 hardware faults on the instance's cards not cleared since: no rank is relaunched there."""
     running_strategy: RunningStrategy | None
     last_decision: str | None
     published_endpoints: list[int]
@@ -173,6 +192,8 @@ def _assembled(ctrl: StatusPorts, inst: Instance) -> InstanceStatus:
             ),
             "generation": inst.runtime.generation,
             "intervention_required": inst.relaunches.intervention_required,
+            "relaunch": _relaunch(inst),
+            "standing_hardware_faults": sorted(inst.standing.faults),
             "running_strategy": inst.strategy.running,
             "last_decision": inst.strategy.last_decision,
             "published_endpoints": sorted(inst.publication.published),
@@ -184,6 +205,21 @@ def _assembled(ctrl: StatusPorts, inst: Instance) -> InstanceStatus:
             "persist_pending": inst.persistence.pending,
             "store_error": ctrl.store_error,
         }
+    )
+
+
+def _relaunch(inst: Instance) -> RelaunchStatus | None:
+    plan = inst.relaunches.plan
+    if plan is None:
+        return None
+    return RelaunchStatus(
+        kind=plan.kind.value,
+        reason_code=plan.reason_code.value if plan.reason_code else None,
+        reason=plan.reason,
+        ranks=sorted(plan.faulty),
+        faults=list(plan.faults),
+        pods=list(plan.pods),
+        gate_reasons=list(plan.gate_reasons),
     )
 
 

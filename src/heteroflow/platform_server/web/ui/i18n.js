@@ -398,6 +398,17 @@ const EN = {
   "serving.intervention.title": "Intervention required.",
   "serving.intervention.explain":
     "The controller stopped relaunching this instance: its whole-instance attempts within the window are spent. Fix the cause, then restart the controller to retry (a restart counts the attempts afresh).",
+  "serving.relaunch.kind.REPLACE_PODS": "Pods replaced.",
+  "serving.relaunch.kind.WITHOUT_RANKS": "Relaunched without faulty cards.",
+  "serving.relaunch.kind.REFUSED": "Relaunch refused.",
+  "serving.relaunch.reason.standing_fault_pods_replaced":
+    "Ranks {ranks} run on cards with a standing hardware fault: pods {pods} were deleted for replacement, and the instance is relaunched once they have registered again.",
+  "serving.relaunch.reason.standing_fault_ranks_left_out":
+    "Ranks {ranks} run on cards with a standing hardware fault: the instance was relaunched without them, with a smaller DP size.",
+  "serving.relaunch.reason.standing_fault_scale_down_refused":
+    "Ranks {ranks} run on cards with a standing hardware fault and the instance cannot run without them ({gate}): nothing is relaunched until the fault clears or the cards are replaced.",
+  "serving.relaunch.reason.standing_fault_every_rank":
+    "Every rank to start ({ranks}) runs on a card with a standing hardware fault: nothing is relaunched until the fault clears or the cards are replaced.",
   "serving.pods": "Pods",
   "serving.pod.col.id": "Pod",
   "serving.pod.col.state": "State",
@@ -930,6 +941,17 @@ const ZH = {
   "serving.intervention.title": "需要人工介入。",
   "serving.intervention.explain":
     "控制器已停止重新拉起此实例：时间窗口内的整实例重建次数已用完。请排除原因，然后重启控制器以重试（重启后尝试次数重新计算）。",
+  "serving.relaunch.kind.REPLACE_PODS": "已替换 Pod。",
+  "serving.relaunch.kind.WITHOUT_RANKS": "已避开故障卡重新拉起。",
+  "serving.relaunch.kind.REFUSED": "拒绝重新拉起。",
+  "serving.relaunch.reason.standing_fault_pods_replaced":
+    "rank {ranks} 所在的卡存在未消除的硬件故障：已删除 Pod {pods} 以待替换，待它们重新注册后再重新拉起实例。",
+  "serving.relaunch.reason.standing_fault_ranks_left_out":
+    "rank {ranks} 所在的卡存在未消除的硬件故障：实例已在去掉这些 rank 后以较小的 DP 规模重新拉起。",
+  "serving.relaunch.reason.standing_fault_scale_down_refused":
+    "rank {ranks} 所在的卡存在未消除的硬件故障，且实例无法在缺少它们的情况下运行（{gate}）：在故障消除或更换卡之前不会重新拉起。",
+  "serving.relaunch.reason.standing_fault_every_rank":
+    "所有待启动的 rank（{ranks}）所在的卡都存在未消除的硬件故障：在故障消除或更换卡之前不会重新拉起。",
   "serving.pods": "Pod",
   "serving.pod.col.id": "Pod",
   "serving.pod.col.state": "状态",

@@ -342,11 +342,24 @@ def start_reconfiguration(runtime: FtRuntime, fallback: FallbackStrategy, reason
     )
 
 
-def fallback_succeeded(runtime: FtRuntime) -> FtRuntime:
+def fallback_succeeded(runtime: FtRuntime, *, left_out: frozenset[DpRank] = frozenset()) -> FtRuntime:
     """RECONFIGURING → NORMAL (a rebuild: dead_committed cleared) or SCALED_DOWN_RUNNING (a relaunch that kept
-    a non-empty dead_committed). The shell then publishes through the overlay (``serving_published`` false)."""
+    a non-empty dead_committed). The shell then publishes through the overlay (``serving_published`` false).
+
+    ``left_out``: ranks the fallback did not start because their cards have a standing hardware fault
+    (``core/relaunch.py``); they are retired like committed ranks, beside what the fallback kept, and the
+    instance runs SCALED_DOWN_RUNNING."""
     if runtime.phase != FtPhase.RECONFIGURING:
         raise RoundStateError(f"no fallback runs in {runtime.phase}")
+    if left_out:
+        if not left_out <= runtime.original_dp_ranks:
+            raise RoundStateError(f"ranks {sorted(left_out - runtime.original_dp_ranks)} are not of the instance")
+        retired = retired_set_for_fallback(runtime) | left_out
+        if retired >= runtime.original_dp_ranks:
+            raise RoundStateError("a fallback cannot leave every rank out")
+        return _move(
+            runtime, FtPhase.SCALED_DOWN_RUNNING, dead_committed=retired, serving_published=False, last_error=None
+        )
     if runtime.fallback == FallbackStrategy.ENGINE_RELAUNCH and runtime.dead_committed:
         return _move(runtime, FtPhase.SCALED_DOWN_RUNNING, serving_published=False, last_error=None)
     return _move(runtime, FtPhase.NORMAL, dead_committed=frozenset(), serving_published=False, last_error=None)

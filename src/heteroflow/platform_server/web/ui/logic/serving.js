@@ -324,6 +324,48 @@ export function interventionReason(entry) {
   return typeof reason === "string" && reason.trim() !== "" ? reason : null;
 }
 
+/** How the controller's last fallback relaunched the instance when not in place (``RelaunchKind``). */
+export const RELAUNCH_KINDS = Object.freeze(["REPLACE_PODS", "WITHOUT_RANKS", "REFUSED"]);
+
+/** The controller's reason codes for a relaunch not in place (its ``reason`` is the English sentence). */
+export const RELAUNCH_REASONS = Object.freeze([
+  "standing_fault_pods_replaced",
+  "standing_fault_ranks_left_out",
+  "standing_fault_scale_down_refused",
+  "standing_fault_every_rank",
+]);
+
+function intList(value) {
+  return Array.isArray(value) ? value.filter(Number.isInteger) : [];
+}
+
+function stringList(value) {
+  return Array.isArray(value) ? value.filter((v) => typeof v === "string") : [];
+}
+
+/**
+ * Why the controller's last fallback did not relaunch every rank where it ran: ranks on cards with a standing
+ * hardware fault were left out, their pods replaced, or nothing was relaunched (``refused``).
+ * @returns {{kind: string, kindKey: string|null, refused: boolean, reason: string, reasonKey: string|null,
+ *            ranks: number[], faults: string[], pods: string[], gateReasons: string[]}|null}
+ */
+export function relaunchInfo(entry) {
+  const plan = entry?.relaunch;
+  if (!plan || typeof plan !== "object") return null;
+  const kind = String(plan.kind ?? "");
+  return {
+    kind,
+    kindKey: RELAUNCH_KINDS.includes(kind) ? `serving.relaunch.kind.${kind}` : null,
+    refused: kind === "REFUSED",
+    reason: typeof plan.reason === "string" ? plan.reason : "",
+    reasonKey: RELAUNCH_REASONS.includes(plan.reason_code) ? `serving.relaunch.reason.${plan.reason_code}` : null,
+    ranks: intList(plan.ranks),
+    faults: stringList(plan.faults),
+    pods: stringList(plan.pods),
+    gateReasons: stringList(plan.gate_reasons),
+  };
+}
+
 /** A round is running in a round phase, or while the controller reports a running strategy. */
 export function isRunning(entry) {
   return ROUND_PHASES.includes(entry.phase) || Boolean(entry.running_strategy);

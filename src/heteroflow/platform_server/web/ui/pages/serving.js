@@ -21,6 +21,7 @@ import {
   phaseInfo,
   rankCells,
   rankPlaces,
+  relaunchInfo,
   roundDuration,
   roundToShow,
   shapeTimeline,
@@ -368,9 +369,31 @@ export function createServingPage(main) {
     ];
   }
 
+  function renderRelaunch(entry) {
+    const plan = relaunchInfo(entry);
+    if (plan === null) return null;
+    const words = {
+      ranks: plan.ranks.join(", "),
+      pods: plan.pods.join(", "),
+      gate: plan.gateReasons.join(", "),
+    };
+    return h(
+      "p",
+      plan.refused
+        ? { class: "intervention error relaunch", role: "alert", dataset: { kind: plan.kind } }
+        : { class: "warning relaunch", dataset: { kind: plan.kind } },
+      h("strong", {}, plan.kindKey ? t(plan.kindKey) : plan.kind),
+      " ",
+      plan.reasonKey ? t(plan.reasonKey, words) : plan.reason,
+      plan.faults.length ? " " : null,
+      plan.faults.length ? h("code", {}, plan.faults.join(", ")) : null,
+    );
+  }
+
   function renderErrors(entry) {
     const intervention = interventionReason(entry);
     return [
+      renderRelaunch(entry),
       intervention
         ? h(
             "p",
