@@ -28,6 +28,7 @@ import yaml
 
 from heteroflow.local import ClusterOptions, ClusterState, LocalCluster
 from heteroflow.local.client import ClusterAuth, ClusterClient, ClusterUnreachableError
+from heteroflow.local.hardware import inject as inject_hardware
 from heteroflow.local.processes import CLUSTER_ID_ENV, marked_processes, start_process
 from heteroflow.local.state import InstanceState
 from heteroflow.serving.node_manager.spec import endpoint_url
@@ -232,6 +233,28 @@ class ClusterUnderTest:
             return until(check, within=within, what=f"{phase} serving {sorted(ranks)} with {sorted(dead)} committed")
         except TimeoutError as timeout:
             raise TimeoutError(f"{timeout}; the controller's last entry: {describe(seen[0])}") from None
+
+    def standing_faults_cleared(self, *, within: float = 30) -> dict[str, Any]:
+        """Wait until the controller lists no standing hardware fault (L5-L6 not cleared by its source): a later
+        whole-instance relaunch starts every rank where it ran again."""
+        return self.wait(
+            lambda s: s["standing_hardware_faults"] == [], within=within, what="no standing hardware fault left"
+        )
+
+    def restore_full_size(self, *, within: float = 180) -> dict[str, Any]:
+        """Bring a scaled-down instance back to its 4 ranks the way an operator-visible fault would: once no
+        standing fault is left, an L4 fault (a contained error: it never stands) on the lowest serving rank is
+        reported to the controller and never confirmed, so its window expires and the instance is reconfigured
+        in place on every rank. Returns the entry serving 4 ranks."""
+        self.standing_faults_cleared()
+        entry = self.status()
+        assert entry is not None
+        rank = min(entry["published_endpoints"])
+        with self.client() as client:
+            said = inject_hardware(client, self.inst, rank, level=4)
+        assert f"{INSTANCE} MAPPED [{rank}]" in said, said
+        self.wait(lambda s: s["phase"] == "RECONFIGURING", within=60, what="the restoring reconfiguration")
+        return self.serving([0, 1, 2, 3], within=within)
 
     def rounds(self) -> list[dict[str, Any]]:
         with self.client(timeout_sec=10) as client:

@@ -87,11 +87,16 @@ def rank_0_dead_moves_the_master(cut: ClusterUnderTest, sc: Any, *, dead_before:
     return entry
 
 
-def scale_down_matched(cut: ClusterUnderTest, sc: Any, *, rank: int, via: str, source: str, serving: list[int]) -> None:
-    """A11 on ``rank``: the fault through ``via``, the window, the rank's worker killed, a matched scale-down."""
+def scale_down_matched(
+    cut: ClusterUnderTest, sc: Any, *, rank: int, via: str, source: str, serving: list[int], code: str | None = None
+) -> None:
+    """A11 on ``rank``: the fault through ``via`` (its default code, or ``code``), the window, the rank's worker
+    killed, a matched scale-down."""
     dead = sorted(set(range(4)) - set(serving))
     with traffic(cut.state):
-        said = sc.fault("hardware", "--rank", str(rank), "--via", via, target=[rank])
+        said = sc.fault(
+            "hardware", "--rank", str(rank), "--via", via, *(("--code", code) if code else ()), target=[rank]
+        )
         assert f"from {source}: inst-1 MAPPED [{rank}]" in said, said
         key = key_in(said)  # the controller has the fault: kill at once, the window is running
 

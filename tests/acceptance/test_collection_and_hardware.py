@@ -3,7 +3,8 @@ twin for a hardware-matched round).
 
 One cluster with the defaults except a 5 s ``software_fault_collection_timeout_sec`` (the spec's only demand is
 "below the engine's recovery timeout"; 60 s would make each of these rows a minute). Every row but the last
-ends in a whole-instance reconfiguration, which brings the instance back on 4 ranks for the next one.
+ends in a whole-instance reconfiguration, which brings the instance back on 4 ranks for the next one; A12's L5
+fault stands, so its reconfiguration leaves rank 1 out, and the row clears the fault and restores 4 ranks.
 """
 
 from __future__ import annotations
@@ -122,12 +123,22 @@ def test_a12_hardware_fault_without_confirmation_reconfigures_when_the_window_ex
         assert entry["last_error"] == "CORRELATION_EXPIRED"
         assert cut.controller_events("controller.decision", since=sc.started_wall, decision="wait:CORRELATION_WINDOW")
         assert entry["fallback_strategy"] == "InstanceReconfiguration"
-        cut.serving([0, 1, 2, 3], within=180)
+        # the L5 fault stands (the card must be reset before it is trusted again): the reconfiguration relaunches
+        # every rank but rank 1, and the instance serves scaled down without it
+        rebuilt = cut.serving([0, 2, 3], dead=[1], within=180)
+        assert rebuilt["relaunch"]["kind"] == "WITHOUT_RANKS", rebuilt["relaunch"]
+        assert (rebuilt["relaunch"]["ranks"], rebuilt["relaunch"]["reason_code"]) == (
+            [1],
+            "standing_fault_ranks_left_out",
+        )
+        assert rebuilt["standing_hardware_faults"] == rebuilt["relaunch"]["faults"] != []
         assert_rebuilt_without_a_round(sc.new_rounds())  # hardware ranks never enter removed_dp_ranks
         assert sc.inference(cut.baseline) == cut.baseline
+        assert "cleared" in sc.fault("hardware", "--rank", "1", "--cleared", target=[1])  # the card was reset
+        cut.restore_full_size()
 
 
-def hardware_report(cut: ClusterUnderTest, *, node: str, card: str) -> dict[str, Any]:
+def hardware_report(cut: ClusterUnderTest, *, node: str, card: str, cleared: bool = False) -> dict[str, Any]:
     with cut.client() as client:
         return client.report_hardware_fault(
             {
@@ -137,7 +148,7 @@ def hardware_report(cut: ClusterUnderTest, *, node: str, card: str) -> dict[str,
                 "level": 5,
                 "source": "acceptance",
                 "detail": "injected by the acceptance suite",
-                "cleared": False,
+                "cleared": cleared,
             }
         )
 
@@ -199,3 +210,5 @@ def test_a14_an_empty_card_name_maps_every_rank_of_the_node_and_a6_pod_kept(cut:
         matched = sc.sampled(lambda s: s.get("phase") == "SCALED_DOWN_RUNNING")
         assert matched is not None
         assert sc.inference(cut.baseline) == cut.baseline
+        hardware_report(cut, node=node, card="", cleared=True)  # the node was serviced: its cards stand no more
+        cut.standing_faults_cleared()

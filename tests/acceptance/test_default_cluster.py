@@ -2,7 +2,8 @@
 A1 + A5, A3 + A4, A13, A16, A11, A17, A10 + A6, and A10's "no survivor left".
 
 The rows share the cluster in this order because each leaves the state the next needs: two committed rounds
-([2], then [0, 2]: cumulative removal, the master moves to rank 1), a hardware fault on a committed rank, a third
+([2], then [0, 2]: cumulative removal, the master moves to rank 1), a hardware fault on a committed rank (cleared
+again at the row's end: an L5 fault stands and would keep rank 2 out of the next rebuild), a third
 removal the lone survivor cannot take (its expert slots run out: the engine fails after apply, the round aborts
 and the instance is rebuilt on 4 ranks), a hardware-first round, a controller killed mid-round (rebuilt again),
 two ranks at once, and the last two ranks dying together (rebuilt once more).
@@ -122,6 +123,13 @@ def test_a13_hardware_fault_on_a_committed_rank_is_handled_without_a_new_round(c
         assert sc.fact("controller_log_hardware_fault", logged[-1:])[0]["mapping"] == "MAPPED"
         assert cut.published() == [1, 3]
         assert sc.inference(cut.baseline) == cut.baseline
+        # an L5 fault stands until its source clears it: the operator reports the card healthy again, so that
+        # the next whole-instance relaunch starts rank 2 on it
+        standing = cut.status()
+        assert standing is not None
+        assert len(standing["standing_hardware_faults"]) == 1, standing
+        assert "cleared" in sc.fault("hardware", "--rank", "2", "--cleared", target=[2])
+        cut.standing_faults_cleared()
 
 
 def test_a16_engine_failure_after_apply_aborts_without_retry_and_falls_back(cut: ClusterUnderTest) -> None:
@@ -193,6 +201,8 @@ def test_a11_hardware_first_then_the_same_rank_dead_scales_down_matched(cut: Clu
         assert len(applies) == 2
         assert all(a["http_status"] == 202 and a["body"]["params"]["removed_dp_ranks"] == [2] for a in applies)
         assert sc.inference(cut.baseline) == cut.baseline
+        assert "cleared" in sc.fault("hardware", "--rank", "2", "--cleared", target=[2])  # the card is healthy again
+        cut.standing_faults_cleared()
 
 
 def test_a17_controller_killed_mid_round_never_replays_apply_and_falls_back(cut: ClusterUnderTest) -> None:

@@ -144,6 +144,7 @@ def test_a11_netns_via_mindcluster_hardware_first_then_rank_1_dead(cut: ClusterU
         scale_down_matched(cut, sc, rank=1, via="mindcluster", source=MINDCLUSTER, serving=[0, 2, 3])
         said = sc.fault("hardware", "--rank", "1", "--via", "mindcluster", "--cleared", target=[1])
         assert "no longer lists" in said, said
+        cut.standing_faults_cleared()
 
 
 def test_a3_a4_netns_rank_0_dead_moves_the_master_to_the_other_pods_address(cut: ClusterUnderTest) -> None:
