@@ -18,7 +18,7 @@ from heteroflow.core.ids import NodeId, Source
 from heteroflow.health.counters import Counters, parse_keys
 from heteroflow.health.gpu_metrics import GpuMetrics, MetricReading
 from heteroflow.health.heartbeat import parse_index, parse_time, parse_uuid
-from heteroflow.health.sample_times import SampleTimeWindow
+from heteroflow.health.sample_times import SampleTimeWindow, TimeFix
 from heteroflow.health.samples import CardKey, HealthReading
 
 
@@ -45,7 +45,9 @@ def beat_readings(
     metrics: list[MetricReading] = []
     seen: set[int] = set()
     invalid = 0
-    times: dict[str, datetime | None] = {}
+    # the agent sends one collection time for every card of a beat: each distinct text is parsed and checked
+    # against the window once, not once per card and side path
+    times: dict[str, tuple[datetime, TimeFix | None]] = {}
     for stat in stats:
         get = stat.get
         index = parse_index(get("index"))
@@ -55,11 +57,11 @@ def beat_readings(
         seen.add(index)
         key = CardKey(node_id=node_id, gpu_index=index, source=source)
         uuid = parse_uuid(get("uuid"))
-        claimed = _claimed(times, get("sampled_at"))
-        if window is None:
-            sampled_at, fix = claimed or received_at, None
-        else:
-            sampled_at, fix = window.reading_time(claimed, received_at=received_at)
+        raw = get("sampled_at")
+        timed = times.get(raw) if isinstance(raw, str) else None
+        if timed is None:
+            timed = _stored_time(times, raw, received_at=received_at, window=window)
+        sampled_at, fix = timed
         health.append(
             HealthReading(
                 key=key,
@@ -74,20 +76,29 @@ def beat_readings(
         if card_metrics.all_unknown:
             continue
         # the telemetry's own time: `sampled_at` is the health counters' (every 60 s, not every beat)
-        claimed = _claimed(times, get("telemetry_at"))
-        if window is None:
-            sampled_at, fix = claimed or received_at, None
-        else:
-            sampled_at, fix = window.reading_time(claimed, received_at=received_at)
+        raw = get("telemetry_at")
+        timed = times.get(raw) if isinstance(raw, str) else None
+        if timed is None:
+            timed = _stored_time(times, raw, received_at=received_at, window=window)
+        sampled_at, fix = timed
         metrics.append(MetricReading(key=key, uuid=uuid, sampled_at=sampled_at, metrics=card_metrics, time_fix=fix))
     return BeatReadings(health=health, metrics=metrics, invalid=invalid)
 
 
-def _claimed(parsed: dict[str, datetime | None], raw: object) -> datetime | None:
-    """``parse_time(raw)``, once per distinct text of the beat (anything but text is no time)."""
-    if not isinstance(raw, str):
-        return None
-    if raw in parsed:
-        return parsed[raw]
-    claimed = parsed[raw] = parse_time(raw)
-    return claimed
+def _stored_time(
+    known: dict[str, tuple[datetime, TimeFix | None]],
+    raw: object,
+    *,
+    received_at: datetime,
+    window: SampleTimeWindow | None,
+) -> tuple[datetime, TimeFix | None]:
+    """The time a reading claiming ``raw`` is stored under and its fix (anything but text claims no time);
+    remembered in ``known`` for the beat's other cards."""
+    claimed = parse_time(raw) if isinstance(raw, str) else None
+    if window is None:
+        timed: tuple[datetime, TimeFix | None] = (claimed or received_at, None)
+    else:
+        timed = window.reading_time(claimed, received_at=received_at)
+    if isinstance(raw, str):
+        known[raw] = timed
+    return timed

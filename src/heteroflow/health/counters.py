@@ -71,8 +71,7 @@ class Counters:
     @classmethod
     def from_wire(cls, stat: Mapping[str, object]) -> Counters:
         """The counters of one heartbeat stat; every malformed value becomes unknown, nothing raises."""
-        get = stat.get
-        raw = tuple([get(name) for name in HEALTH_KEYS])
+        raw = tuple(map(stat.get, HEALTH_KEYS))  # C-speed: no comprehension frame per card
         # a steady card sends what it sent before: wire integers (not booleans) and nulls only, found as they
         # are among the parsed values (no key holds a negative or oversized number, so those never match)
         if _PLAIN.issuperset(map(type, raw)):

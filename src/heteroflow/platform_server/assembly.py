@@ -252,6 +252,9 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
         # no "/nodes/" → "/nodes" redirect: Starlette builds its Location from the Host header, which any
         # client sets (an open redirect to another site)
         redirect_slashes=False,
+        # the platform's metrics are its own Prometheus registry; FastAPI's OpenTelemetry bridge, left on, asks
+        # the environment for a tracer, meter and logger provider on every request (~5 % of a steady beat's CPU)
+        telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.context = ctx
     app.state.controller_proxy = serving_routes.controller_proxy(ctx)

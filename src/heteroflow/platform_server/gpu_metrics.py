@@ -128,18 +128,21 @@ class GpuMetricsRecorder:
     def offer(self, node: NodeRecord, *, metrics: Sequence[MetricReading], health: Sequence[HealthReading]) -> None:
         """Take one beat's metrics (and health counters, for /metrics). Never raises, never touches the database."""
         now = self._clock.monotonic()
+        self._readings += len(metrics)
+        add = self._aggregator.add
+        find = self._known.get  # a steady card is found, not built: one lookup per card and side path
+        alerting = node.source == "real"  # simulated data never alerts
         for reading in metrics:
-            self._readings += 1
-            self._aggregator.add(reading)
-            known = self._known_card(node, reading.key)
+            add(reading)
+            known = find(reading.key) or self._known_card(node, reading.key)
             known.uuid, known.metrics, known.metrics_at = reading.uuid, reading.metrics, now
-            if node.source == "real":  # simulated data never alerts
+            if alerting:
                 self._tracker.observe(reading)
                 self._alerting_nodes[node.id] = (node.name, node.tenant_id)
         for health_reading in health:
             if health_reading.counters.all_unknown:
                 continue
-            known = self._known_card(node, health_reading.key)
+            known = find(health_reading.key) or self._known_card(node, health_reading.key)
             known.uuid, known.counters, known.counters_at = health_reading.uuid, health_reading.counters, now
 
     def _known_card(self, node: NodeRecord, key: CardKey) -> _Known:
