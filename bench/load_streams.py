@@ -10,7 +10,12 @@ Coordinator:
                the client's lanes sends its next request as soon as the previous one ends;
 2. scale-down - the same load for ``--seconds``; a third of the way in, rank 2's processes are killed (SIGKILL)
                and the round runs;
-3. overload  - ``--burst`` (default 2,000) requests at once against the Coordinator's concurrency bound
+3. management - the same load for ``--seconds`` while ``--ops`` rounds of SET, DEL and ADD (one after the
+               other) go to the management listener for a second instance (``probe``, another model, one
+               endpoint on an engine): how long each takes from the request sent to its answer, which the
+               Coordinator gives once the change is in force for routing (``docs/coordinator.md``), checked
+               against the views the answer returns;
+4. overload  - ``--burst`` (default 2,000) requests at once against the Coordinator's concurrency bound
                (``--max-concurrent``, default: the Coordinator's default, 1000).
 
 Per phase: requests started, how they ended (``done``: ``[DONE]`` received; ``error_event``: an error event ended
@@ -23,7 +28,7 @@ timeline. Ratios are against the baseline phase of the same run. The requests' e
 ``X-HeteroFlow-Endpoint`` answer header and the Coordinator's ``coordinator.upstream_failed`` log lines. Usage::
 
     .venv/bin/python bench/load_streams.py [--streams 200] [--seconds 20] [--max-tokens 32] [--burst 2000]
-                                           [--max-concurrent N]
+                                           [--max-concurrent N] [--ops 30]
 """
 
 from __future__ import annotations
@@ -39,11 +44,18 @@ from collections.abc import Awaitable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the shared scenario lives with the tests
 
 from tests.load.streams import Load, Record, Round, Stack, Verdict, judge, percentile, running, sample_rss
 
+from heteroflow.contracts.serving import COORDINATOR_ADD_PATH, COORDINATOR_DEL_PATH, COORDINATOR_SET_PATH
+
 DEAD_RANK = 2
+PROBE_INSTANCE = "probe"
+PROBE_MODEL = "heteroflow-probe"
+"""A model no load request names: the management operations on it change no route the load takes."""
 
 
 @dataclass
@@ -57,6 +69,8 @@ class Phase:
     peak_in_progress: int = 0
     verdict: Verdict | None = None
     round: Round | None = None
+    management_ms: dict[str, list[float]] = field(default_factory=dict)
+    """Per operation (SET, DEL, ADD): milliseconds from the request sent to its answer."""
 
     @property
     def outcomes(self) -> Counter[str]:
@@ -123,6 +137,49 @@ async def kept_through_a_round(stack: Stack, load: Load, phase: Phase, streams: 
     await lanes
 
 
+def management_ops(stack: Stack, phase: Phase, ops: int) -> None:
+    """``ops`` rounds of SET → DEL → ADD on the probe instance, one after the other, each timed.
+
+    Sent from a thread with a blocking client of its own: the load's 200 streams share the load generator's
+    event loop, whose lag is not the Coordinator's. Each answer must already show the change (the probe's
+    endpoint published after SET and ADD, withdrawn after DEL): the Coordinator answers once the views routing
+    reads have changed. The DEL carries the round's generation and the ADD the next one, as the controller
+    sends them.
+    """
+    endpoint = {"id": 0, "ip": "127.0.0.1", "port": stack.cluster.ports[0]}
+    with httpx.Client(base_url=stack.manage.base_url, headers=stack.manage.headers, timeout=30) as client:
+        for i in range(ops):
+            generation = 2 * i
+            steps = (
+                ("SET", COORDINATOR_SET_PATH, {"endpoints": [endpoint], "model": PROBE_MODEL}, generation, True),
+                ("DEL", COORDINATOR_DEL_PATH, {"endpoint_ids": [0]}, generation, False),
+                ("ADD", COORDINATOR_ADD_PATH, {"endpoints": [endpoint], "model": PROBE_MODEL}, generation + 1, True),
+            )
+            for op, path, fields, gen, published in steps:
+                body = {"instance_id": PROBE_INSTANCE, "request_id": f"probe-{i}", "generation": gen, **fields}
+                started = time.perf_counter()
+                answer = client.post(path, json=body)
+                elapsed_ms = (time.perf_counter() - started) * 1000
+                answer.raise_for_status()
+                views = {v["instance_id"]: v for v in answer.json()["instances"]}
+                shown = [e["id"] for e in views[PROBE_INSTANCE]["endpoints"]]
+                if shown != ([0] if published else []):
+                    raise RuntimeError(f"{op} answered before its change was in force: probe endpoints {shown}")
+                phase.management_ms.setdefault(op, []).append(elapsed_ms)
+            time.sleep(0.1)  # spread over the phase: each round meets the load at another moment
+
+
+async def kept_through_management(stack: Stack, load: Load, phase: Phase, streams: int, ops: int) -> None:
+    stop = asyncio.Event()
+    lanes = asyncio.create_task(load.keep(streams, stop))
+    await asyncio.sleep(1.0)  # the lanes are all in flight
+    try:
+        await asyncio.to_thread(management_ops, stack, phase, ops)
+    finally:
+        stop.set()
+        await lanes
+
+
 async def run(args: argparse.Namespace, workdir: Path) -> list[Phase]:
     env = {"HETEROFLOW_COORDINATOR_MAX_CONCURRENT_REQUESTS": str(args.max_concurrent)} if args.max_concurrent else {}
     async with running(workdir, coordinator_env=env) as stack:
@@ -133,12 +190,14 @@ async def run(args: argparse.Namespace, workdir: Path) -> list[Phase]:
             await measure(stack, fault, load, kept_through_a_round(stack, load, fault, args.streams, args.seconds))
             assert fault.round is not None
             fault.verdict = judge(fault.records, stack.failed_attempts(), fault.round)
+            manage = Phase("management ops")
+            await measure(stack, manage, load, kept_through_management(stack, load, manage, args.streams, args.ops))
             overload = await measure(stack, Phase(f"burst of {args.burst}"), load, load.burst(args.burst, tag="b"))
             alive = stack.coordinator_alive()
         finally:
             await load.aclose()
     print(f"Coordinator alive at the end: {alive}")
-    return [baseline, fault, overload]
+    return [baseline, fault, manage, overload]
 
 
 def report(phases: list[Phase], args: argparse.Namespace) -> None:
@@ -175,7 +234,12 @@ def report(phases: list[Phase], args: argparse.Namespace) -> None:
             f"requests on the dying rank: {dict(fault.verdict.on_dying_rank)}, of which moved to another endpoint "
             f"by the retry: {fault.verdict.retried_off_dying_rank}"
         )
-    refused = [r for r in phases[2].records if r.overloaded]
+    for op, values in phases[2].management_ms.items():
+        print(
+            f"management {op} under {args.streams} streams, request sent -> in force (ms), {len(values)} ops: "
+            f"p50 {percentile(values, 0.5):.1f} p95 {percentile(values, 0.95):.1f} max {max(values):.1f}"
+        )
+    refused = [r for r in phases[3].records if r.overloaded]
     print(
         f"burst: refused by the concurrency bound {len(refused)} (Retry-After "
         f"{dict(Counter(r.retry_after for r in refused))})"
@@ -189,6 +253,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=32)
     parser.add_argument("--burst", type=int, default=2000)
     parser.add_argument("--max-concurrent", type=int, default=None, help="the Coordinator's concurrency bound")
+    parser.add_argument("--ops", type=int, default=30, help="rounds of SET, DEL and ADD in the management phase")
     args = parser.parse_args()
     phases = asyncio.run(run(args, Path(tempfile.mkdtemp(prefix="hf-streams-"))))
     report(phases, args)

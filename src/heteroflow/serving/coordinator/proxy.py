@@ -319,7 +319,7 @@ class Forwarder:
                 async with asyncio.timeout_at(deadline) as scope:
                     watch = self._watch(lease.key, scope)
                     started = loop.time()
-                    response = await self._client.send(upstream, stream=True)
+                    response = await self._sent_upstream(upstream)
                     self._metrics.upstream_latency.labels(
                         instance=lease.key.instance_id, endpoint=str(lease.key.endpoint_id)
                     ).observe(loop.time() - started)
@@ -362,6 +362,21 @@ class Forwarder:
                         await response.aclose()
                 finally:
                     self._release(lease)
+
+    async def _sent_upstream(self, upstream: httpx.Request) -> httpx.Response:
+        """``client.send``, with what the transport stack raises besides its own errors made a transport failure.
+
+        A connection the engine closes while it is being opened can reach anyio with its socket already gone:
+        asking it for its TLS attributes then raises ``AttributeError`` (``'NoneType' object has no attribute
+        'getpeername'``), which httpx does not translate. For the request that is the same fault as a reset,
+        and is re-routed like one (reason ``disconnect``); left to propagate it would be the client's 500.
+        """
+        try:
+            return await self._client.send(upstream, stream=True)
+        except (httpx.HTTPError, WithdrawnBeforeSendError):
+            raise
+        except Exception as exc:  # any other failure of the send is this attempt's, never the client's
+            raise AttemptFailedError("disconnect", f"failed ({describe_error(exc)})") from exc
 
     async def _open(self, lease: Lease, response: httpx.Response) -> Segment:
         """Read a stream up to its first event with output; a fault before that is the attempt's failure."""

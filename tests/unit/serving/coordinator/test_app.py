@@ -993,3 +993,22 @@ def call_unauthenticated(app: Any, body: dict[str, Any]) -> int:
             return (await client.post(COORDINATOR_DEL_PATH, json=body)).status_code
 
     return asyncio.run(post())
+
+
+def test_a_connection_closed_under_the_transport_stack_is_a_fault_answer_never_a_500() -> None:
+    # what anyio raises when the engine closes a connection httpcore is still opening (its socket is gone when
+    # httpcore asks for the TLS attributes): not an httpx error, so it was the client's 500
+    async def closed_while_opening() -> None:
+        raise AttributeError("'NoneType' object has no attribute 'getpeername'")
+
+    async def scenario() -> None:
+        async with harness(engines=2) as h:
+            await h.publish((0, 1))
+            h.engine(0).before_headers = closed_while_opening
+            for stream in (False, True, False, True):
+                response = await h.complete(stream=stream)
+                assert response.status_code == 200, response.text
+                assert "e1" in response.text
+            assert h.metric('heteroflow_coordinator_retries_total{reason="disconnect"}') >= 1
+
+    run(scenario)
