@@ -40,6 +40,7 @@ from heteroflow.serving.node_manager.settings import NodeManagerSettings
 from heteroflow.serving.node_manager.spec import InstanceSpec, endpoint_url
 from heteroflow.serving.node_manager.supervisor import PopenLauncher, session_processes
 from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN, FakeController, FakeLauncher
+from tests.support.polling import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(180)]
 
@@ -296,5 +297,5 @@ def test_node_managers_supervise_real_engine_processes(tmp_path: Path) -> None:
 
     pids = asyncio.run(main())
     assert len(pids) == 4
-    leftovers = session_processes(list(pids.values()))
-    assert leftovers == {}, f"processes left behind: {leftovers}"
+    # a session's last SIGKILL is not waited for by stop(): a killed worker still exiting is listed for a moment
+    until(lambda: not session_processes(list(pids.values())), within=10, what="every engine session empty")
