@@ -10,11 +10,11 @@ Coordinator:
                the client's lanes sends its next request as soon as the previous one ends;
 2. scale-down - the same load for ``--seconds``; a third of the way in, rank 2's processes are killed (SIGKILL)
                and the round runs;
-3. management - the same load for ``--seconds`` while ``--ops`` rounds of SET, DEL and ADD (one after the
-               other) go to the management listener for a second instance (``probe``, another model, one
-               endpoint on an engine): how long each takes from the request sent to its answer, which the
-               Coordinator gives once the change is in force for routing (``docs/coordinator.md``), checked
-               against the views the answer returns;
+3. management - the same load while ``--ops`` rounds of SET, DEL and ADD (one after the other, sent from a
+               process of its own, as the controller's) go to the management listener for a second instance
+               (``probe``, another model, one endpoint on an engine): how long each takes from the request sent
+               to its answer, which the Coordinator gives once the change is in force for routing
+               (``docs/coordinator.md``), checked against the views the answer returns;
 4. overload  - ``--burst`` (default 2,000) requests at once against the Coordinator's concurrency bound
                (``--max-concurrent``, default: the Coordinator's default, 1000).
 
@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import multiprocessing
 import os
 import sys
 import tempfile
 import time
 from collections import Counter
 from collections.abc import Awaitable
+from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -137,17 +139,18 @@ async def kept_through_a_round(stack: Stack, load: Load, phase: Phase, streams: 
     await lanes
 
 
-def management_ops(stack: Stack, phase: Phase, ops: int) -> None:
-    """``ops`` rounds of SET → DEL → ADD on the probe instance, one after the other, each timed.
+def management_ops(base_url: str, headers: dict[str, str], engine_port: int, ops: int) -> dict[str, list[float]]:
+    """``ops`` rounds of SET → DEL → ADD on the probe instance, one after the other, each timed (ms per op).
 
-    Sent from a thread with a blocking client of its own: the load's 200 streams share the load generator's
-    event loop, whose lag is not the Coordinator's. Each answer must already show the change (the probe's
-    endpoint published after SET and ADD, withdrawn after DEL): the Coordinator answers once the views routing
-    reads have changed. The DEL carries the round's generation and the ADD the next one, as the controller
-    sends them.
+    Run in a process of its own, as the controller is: a thread of the load generator would share its
+    interpreter lock with the 200 streams' event loop, and that wait is not the Coordinator's. Each answer must
+    already show the change (the probe's endpoint published after SET and ADD, withdrawn after DEL): the
+    Coordinator answers once the views routing reads have changed. The DEL carries the round's generation and
+    the ADD the next one, as the controller sends them.
     """
-    endpoint = {"id": 0, "ip": "127.0.0.1", "port": stack.cluster.ports[0]}
-    with httpx.Client(base_url=stack.manage.base_url, headers=stack.manage.headers, timeout=30) as client:
+    timings: dict[str, list[float]] = {}
+    endpoint = {"id": 0, "ip": "127.0.0.1", "port": engine_port}
+    with httpx.Client(base_url=base_url, headers=headers, timeout=30) as client:
         for i in range(ops):
             generation = 2 * i
             steps = (
@@ -165,8 +168,9 @@ def management_ops(stack: Stack, phase: Phase, ops: int) -> None:
                 shown = [e["id"] for e in views[PROBE_INSTANCE]["endpoints"]]
                 if shown != ([0] if published else []):
                     raise RuntimeError(f"{op} answered before its change was in force: probe endpoints {shown}")
-                phase.management_ms.setdefault(op, []).append(elapsed_ms)
+                timings.setdefault(op, []).append(elapsed_ms)
             time.sleep(0.1)  # spread over the phase: each round meets the load at another moment
+    return timings
 
 
 async def kept_through_management(stack: Stack, load: Load, phase: Phase, streams: int, ops: int) -> None:
@@ -174,7 +178,9 @@ async def kept_through_management(stack: Stack, load: Load, phase: Phase, stream
     lanes = asyncio.create_task(load.keep(streams, stop))
     await asyncio.sleep(1.0)  # the lanes are all in flight
     try:
-        await asyncio.to_thread(management_ops, stack, phase, ops)
+        with ProcessPoolExecutor(max_workers=1, mp_context=multiprocessing.get_context("spawn")) as pool:
+            args = (str(stack.manage.base_url), dict(stack.manage.headers), stack.cluster.ports[0], ops)
+            phase.management_ms = await asyncio.get_running_loop().run_in_executor(pool, management_ops, *args)
     finally:
         stop.set()
         await lanes

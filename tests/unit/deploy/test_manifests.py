@@ -513,6 +513,23 @@ def test_the_server_reaches_the_controller_for_the_serving_dashboard(kustomizati
     assert token == secret_ref(controller["HETEROFLOW_CLUSTER_TOKEN"])
 
 
+@pytest.mark.parametrize("kustomization", [BASE, DEV, PRODUCTION])
+def test_the_controller_publishes_to_the_coordinators_management_listener(kustomization: str) -> None:
+    """DEL/ADD/SET go to the port the Coordinator serves from a thread and loop of their own, not to the OpenAI
+    listener's busy loop."""
+    from urllib.parse import urlsplit
+
+    documents = rendered(kustomization)
+    controller = env(container(one(documents, "Deployment", "heteroflow-controller"), "controller"))
+    coordinator = container(one(documents, "Deployment", "heteroflow-coordinator"), "coordinator")
+    url = urlsplit(controller["HETEROFLOW_CONTROLLER_COORDINATOR_URL"]["value"])
+    service = one(documents, "Service", url.hostname or "")
+    assert service["spec"]["selector"]["app.kubernetes.io/component"] == "coordinator"
+    (target,) = [port["targetPort"] for port in service["spec"]["ports"] if port["port"] == url.port]
+    (served,) = [port["containerPort"] for port in coordinator["ports"] if port["name"] == target]
+    assert str(served) == env(coordinator)["HETEROFLOW_COORDINATOR_MANAGEMENT_PORT"]["value"]
+
+
 @pytest.mark.parametrize(("kustomization", "replicas"), [(BASE, 2), (DEV, 1), (PRODUCTION, 2)])
 def test_controller_runs_active_standby(kustomization: str, replicas: int) -> None:
     controller = one(rendered(kustomization), "Deployment", "heteroflow-controller")
@@ -628,6 +645,7 @@ def test_network_policies_keep_internal_routes_internal() -> None:
     assert port_sources(node_manager, 8300) == {"controller"}
     assert port_sources(node_manager, 8000) == {"coordinator", "node-manager"}
     assert port_sources(policy_for(documents, "coordinator"), 8400) is None
+    assert port_sources(policy_for(documents, "coordinator"), 8401) == {"controller"}
     assert port_sources(policy_for(documents, "server"), 8080) is None
 
 

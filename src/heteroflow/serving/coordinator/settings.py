@@ -64,6 +64,18 @@ class CoordinatorSettings(LenientSettings):
             "routes are on the main port only; they stay there too when this is set)."
         ),
     )
+    management_nice: int = Field(
+        default=-10,
+        ge=-20,
+        le=19,
+        validation_alias=env_names("coordinator_management_nice"),
+        description=(
+            "Scheduling priority (nice value) of the management listener's thread (default -10: the CPU goes to "
+            "a DEL before the OpenAI traffic and the engines beside it). Raising a priority needs CAP_SYS_NICE "
+            "(root has it); without it the thread keeps the process's priority and the Coordinator logs "
+            "coordinator.management_priority_unchanged. 0 leaves it alone."
+        ),
+    )
     cluster_token: str | None = Field(
         default=None,
         validation_alias=env_names("cluster_token"),
