@@ -22,18 +22,15 @@ from typing import Any
 import pytest
 
 from heteroflow.core.testing import free_port
-from heteroflow.engine_sim.model import D_MODEL
-from heteroflow.engine_sim.worker import (
-    ANNOUNCE_STORE_TIMEOUT_SEC,
+from heteroflow.engine_sim.collectives import (
     FAULT_CHECK_AFTER_SEC,
-    IDLE_POLL_STORE_TIMEOUT_SEC,
     BoundedStore,
     PeerLeftError,
     StoreTimeoutError,
-    Worker,
-    WorkerConfig,
     wait_collective,
 )
+from heteroflow.engine_sim.model import D_MODEL
+from heteroflow.engine_sim.worker import ANNOUNCE_STORE_TIMEOUT_SEC, IDLE_POLL_STORE_TIMEOUT_SEC, Worker, WorkerConfig
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
