@@ -15,6 +15,19 @@ from heteroflow.serving.coordinator.relay_http import EventReader
 from heteroflow.serving.coordinator.streams import Event
 from heteroflow.serving.coordinator.views import Lease
 
+
+@dataclass(frozen=True, slots=True)
+class UpstreamTimeouts:
+    """Seconds: TCP connect; response headers and each later chunk; one whole request, retry included."""
+
+    connect: float = 2.0
+    first_byte: float = 60.0
+    total: float = 600.0
+
+    def httpx(self) -> httpx.Timeout:
+        return httpx.Timeout(connect=self.connect, read=self.first_byte, write=self.first_byte, pool=self.first_byte)
+
+
 FailureReason = Literal[
     "connect", "timeout", "disconnect", "upstream_503", "upstream_5xx", "abort", "error_event", "faulted_stall"
 ]

@@ -33,7 +33,6 @@ import asyncio
 import contextlib
 import json
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import httpx
@@ -44,6 +43,7 @@ from structlog.typing import FilteringBoundLogger
 from heteroflow.serving.coordinator.attempt import (
     AttemptFailedError,
     Segment,
+    UpstreamTimeouts,
     Watch,
     WithdrawnBeforeSendError,
     describe_error,
@@ -66,51 +66,9 @@ from heteroflow.serving.coordinator.relay_http import (
     upstream_headers,
 )
 from heteroflow.serving.coordinator.streams import DONE, Event, StreamContext, is_abort_answer
-from heteroflow.serving.coordinator.views import EndpointKey, Lease, ServingViews
+from heteroflow.serving.coordinator.views import EndpointKey, Lease, PublicationSignal, ServingViews
 
 _log = structlog.get_logger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class UpstreamTimeouts:
-    """Seconds: TCP connect; response headers and each later chunk; one whole request, retry included."""
-
-    connect: float = 2.0
-    first_byte: float = 60.0
-    total: float = 600.0
-
-    def httpx(self) -> httpx.Timeout:
-        return httpx.Timeout(connect=self.connect, read=self.first_byte, write=self.first_byte, pool=self.first_byte)
-
-
-class PublicationSignal:
-    """Wakes the requests that wait for a publication; take :meth:`current` before looking at the views."""
-
-    def __init__(self) -> None:
-        self._event = asyncio.Event()
-        self._waiting = 0
-
-    @property
-    def waiting(self) -> int:
-        """Requests waiting now for a publication (their model has no published endpoint)."""
-        return self._waiting
-
-    def current(self) -> asyncio.Event:
-        return self._event
-
-    def notify(self) -> None:
-        self._event.set()
-        self._event = asyncio.Event()
-
-    async def wait(self, seen: asyncio.Event, *, within: float) -> None:
-        """Return at the first publication after ``seen`` was taken, or after ``within`` seconds."""
-        self._waiting += 1
-        try:
-            with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(within):
-                    await seen.wait()
-        finally:
-            self._waiting -= 1
 
 
 class Forwarder:

@@ -17,15 +17,17 @@ from heteroflow.contracts.serving import ViewAddRequest, ViewDelRequest, ViewSet
 from heteroflow.core.admission import AdmissionGate, AdmissionStatus
 from heteroflow.core.client_limits import InFlightByKey
 from heteroflow.core.clock import Clock, SystemClock
+from heteroflow.serving.coordinator.attempt import UpstreamTimeouts
 from heteroflow.serving.coordinator.auth import ApiKeyVerifier, KeyChecker, PlatformKeyChecker
 from heteroflow.serving.coordinator.errors import ViewConflictError
 from heteroflow.serving.coordinator.metrics import CoordinatorMetrics
-from heteroflow.serving.coordinator.proxy import Forwarder, PublicationSignal, UpstreamTimeouts
+from heteroflow.serving.coordinator.proxy import Forwarder
 from heteroflow.serving.coordinator.settings import CoordinatorSettings
 from heteroflow.serving.coordinator.views import (
     InstanceView,
     Lease,
     ModelMismatchError,
+    PublicationSignal,
     ServingViews,
     ViewChange,
 )

@@ -1,4 +1,5 @@
-"""The published serving views and endpoint selection (``serving-ft.md`` F-40, F-41). No I/O.
+"""The published serving views, endpoint selection and the publication signal (``serving-ft.md`` F-40, F-41).
+No I/O.
 
 One lock guards the views, the in-flight counts and the dispatch leases, so that a view change and an endpoint
 selection are atomic with respect to each other: once :meth:`ServingViews.delete` (or a SET or ADD that drops
@@ -9,6 +10,9 @@ A lease walks ``SELECTED → SENDING → SENT`` and is then released. Only the `
 right before the request headers are written until they are written — can overlap a withdrawal; the change
 names those leases (:attr:`ViewChange.sending`) so that the caller can wait the few microseconds it takes
 before it reports the withdrawal as done. A lease withdrawn while still ``SELECTED`` never reaches the wire.
+
+:class:`PublicationSignal` wakes the requests held for a publication (its one ``asyncio.Event`` belongs to the
+OpenAI listener's loop).
 
 Operations (the controller sends them, ``wire.py``):
 
@@ -29,6 +33,8 @@ publications (:meth:`ServingViews.epoch`) so that "published again" is a compari
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import ipaddress
 import re
 import threading
@@ -421,3 +427,33 @@ class ServingViews:
             leases.discard(lease)
             if not leases:
                 del self._sending[lease.key]
+
+
+class PublicationSignal:
+    """Wakes the requests that wait for a publication; take :meth:`current` before looking at the views."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self._waiting = 0
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting now for a publication (their model has no published endpoint)."""
+        return self._waiting
+
+    def current(self) -> asyncio.Event:
+        return self._event
+
+    def notify(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, seen: asyncio.Event, *, within: float) -> None:
+        """Return at the first publication after ``seen`` was taken, or after ``within`` seconds."""
+        self._waiting += 1
+        try:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(within):
+                    await seen.wait()
+        finally:
+            self._waiting -= 1
