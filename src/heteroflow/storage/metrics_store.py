@@ -63,15 +63,15 @@ class SqlGpuMetricsStore:
         self._engine = engine
 
     def insert(self, rows: Sequence[MinuteRow]) -> int:
-        """Insert closed minutes in one transaction (COPY on PostgreSQL, else one executemany). Rows of deleted
-        nodes are skipped."""
+        """Insert closed minutes in one transaction (one JSON parameter on PostgreSQL, else one executemany:
+        :func:`~heteroflow.storage.db.insert_rows`). Rows of deleted nodes are skipped."""
         if not rows:
             return 0
         with unavailable_as_store_error(), self._engine.begin() as conn:
             node_ids = {row.key.node_id for row in rows}
             live = set(conn.scalars(sa.select(nodes_t.c.id).where(nodes_t.c.id.in_(node_ids))))
             kept = [_values(row) for row in rows if row.key.node_id in live]
-            insert_rows(conn, minutes_t, kept)  # COPY on PostgreSQL: a fleet's minute is 24,000 rows
+            insert_rows(conn, minutes_t, kept)  # a fleet's minute is 24,000 rows
         return len(kept)
 
     def read(
