@@ -111,8 +111,10 @@ _ESCAPED_BACKSLASH = re.compile(rb"\\\\")
 _SURROGATE_PAIR = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}")
 _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _NON_JSON_NUMBER = re.compile(rb"NaN|Infinity")
-_NOT_PLAIN = re.compile(rb"[^\x20-\x5b\x5d-\x7e]")
-"""A byte that is not printable ASCII, or a backslash (the start of every escape)."""
+_PLAIN_BYTES = bytes(range(0x20, 0x5C)) + bytes(range(0x5D, 0x7F))
+"""Printable ASCII but the backslash (the start of every escape): a body of these bytes alone is plain text.
+Deleting them (``bytes.translate``) leaves what is not plain: a table lookup per byte, where a regular expression
+search for the rest was ~10 times slower on a heartbeat's 3.4 KB."""
 
 
 def text_problem(raw: bytes) -> str | None:
@@ -219,7 +221,7 @@ def check_body(
         problem = text_problem(text)
         if problem is not None:
             raise InvalidJsonBodyError(f"the request body is not JSON: {problem}")
-    return _NOT_PLAIN.search(text) is None
+    return not text.translate(None, _PLAIN_BYTES)
 
 
 Render = Callable[[str, BodyError], dict[str, object]]

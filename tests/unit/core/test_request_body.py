@@ -101,6 +101,15 @@ def test_check_body_says_whether_the_body_is_plain_text(raw: bytes, plain: bool)
     assert check_body(raw, strict_text=False) is plain
 
 
+@pytest.mark.parametrize("byte", range(256))
+def test_plain_text_is_printable_ascii_without_a_backslash_byte_by_byte(byte: int) -> None:
+    raw = b'{"a": "x' + bytes([byte]) + b'y"}'
+    expected = 0x20 <= byte <= 0x7E and byte != 0x5C
+    if byte >= 0x80 or byte == 0x5C or byte == 0x22:  # not UTF-8 alone, an escape, or a quote that ends the string
+        raw = b"x" + bytes([byte]) + b"y"
+    assert check_body(raw, strict_text=False) is expected
+
+
 # == the middleware =========================================================================================
 class Echo:
     """An application that answers 200 with the body it read (and counts its calls)."""
