@@ -8,6 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from heteroflow.core.frozen import slot_builder
+from heteroflow.core.ids import NodeId
 from heteroflow.health.counters import Counters
 from heteroflow.health.sample_times import TimeFix
 from heteroflow.health.samples import CardKey, HealthReading
@@ -15,7 +16,7 @@ from heteroflow.health.samples import CardKey, HealthReading
 
 def test_a_built_reading_equals_the_constructed_one_and_stays_frozen() -> None:
     build = slot_builder(HealthReading, ("key", "uuid", "sampled_at", "counters", "time_fix", "semantics_unconfirmed"))
-    key = CardKey("n1", 3, "real")
+    key = CardKey(NodeId("n1"), 3, "real")
     at = datetime(2026, 3, 1, tzinfo=UTC)
     args = (key, "GPU-1", at, Counters(ecc_corrected_total=4), TimeFix.AHEAD, ("retired_pages",))
     built = build(*args)
