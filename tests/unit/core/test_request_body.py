@@ -153,6 +153,46 @@ def drive(
     return answer["status"], answer["body"]
 
 
+def test_a_body_that_does_not_arrive_in_time_is_answered_408_and_an_outside_cancellation_stays_one() -> None:
+    reading_started: list[asyncio.Event] = []
+
+    async def never() -> dict[str, Any]:
+        for started in reading_started:
+            started.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    answers: list[int] = []
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            answers.append(message["status"])
+
+    echo = Echo()
+    scope = {"type": "http", "method": "POST", "path": "/r", "headers": []}
+
+    async def slow_sender() -> None:
+        await BodyLimit(echo, render=render, read_timeout_sec=0.05)(scope, never, send)
+
+    asyncio.run(slow_sender())
+    assert answers == [408]
+    assert echo.calls == 0
+
+    async def cancelled_from_outside() -> bool:
+        reading_started.append(asyncio.Event())
+        reading = asyncio.create_task(BodyLimit(echo, render=render, read_timeout_sec=60)(scope, never, send))
+        await reading_started[0].wait()
+        reading.cancel()
+        try:
+            await reading
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    assert asyncio.run(cancelled_from_outside()) is True
+    assert answers == [408]  # nothing answered for the cancelled request
+
+
 def chunks(*parts: bytes) -> list[dict[str, Any]]:
     return [{"type": "http.request", "body": part, "more_body": i < len(parts) - 1} for i, part in enumerate(parts)]
 
