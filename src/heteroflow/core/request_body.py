@@ -111,8 +111,10 @@ _ESCAPED_BACKSLASH = re.compile(rb"\\\\")
 _SURROGATE_PAIR = re.compile(rb"\\u[dD][89abAB][0-9a-fA-F]{2}\\u[dD][c-fC-F][0-9a-fA-F]{2}")
 _SURROGATE = re.compile(rb"\\u[dD][89a-fA-F][0-9a-fA-F]{2}")
 _NON_JSON_NUMBER = re.compile(rb"NaN|Infinity")
-_NOT_PLAIN = re.compile(rb"[^\x20-\x5b\x5d-\x7e]")
-"""A byte that is not printable ASCII, or a backslash (the start of every escape)."""
+_PLAIN_BYTES = bytes(range(0x20, 0x5C)) + bytes(range(0x5D, 0x7F))
+"""Printable ASCII but the backslash (the start of every escape): a body of these bytes alone is plain text.
+Deleting them (``bytes.translate``) leaves what is not plain: a table lookup per byte, where a regular expression
+search for the rest was ~10 times slower on a heartbeat's 3.4 KB."""
 
 
 def text_problem(raw: bytes) -> str | None:
@@ -219,7 +221,7 @@ def check_body(
         problem = text_problem(text)
         if problem is not None:
             raise InvalidJsonBodyError(f"the request body is not JSON: {problem}")
-    return _NOT_PLAIN.search(text) is None
+    return not text.translate(None, _PLAIN_BYTES)
 
 
 Render = Callable[[str, BodyError], dict[str, object]]
@@ -269,13 +271,7 @@ class BodyLimit:
             await self.app(scope, receive, send)
             return
         try:
-            try:
-                async with asyncio.timeout(self.read_timeout_sec):
-                    body = await self._read(scope, receive)
-            except TimeoutError as exc:
-                raise BodyTimeoutError(
-                    f"the request body did not arrive within {self.read_timeout_sec:g} s; send it at once"
-                ) from exc
+            body = await self._read_within_deadline(scope, receive)
             if body is None:
                 return  # the client went away before its body ended: there is no one to answer
             clean = check_body(
@@ -300,6 +296,40 @@ class BodyLimit:
             return await receive()  # later calls wait for the disconnect, as a streaming response expects
 
         await self.app(scope, replay, send)
+
+    async def _read_within_deadline(self, scope: Scope, receive: Receive) -> bytes | None:
+        """:meth:`_read`, cut off after ``read_timeout_sec`` (:class:`BodyTimeoutError`).
+
+        What ``asyncio.timeout`` does, for this one use: a timer that cancels the reading task, and a cancellation
+        turned into the timeout only when the timer caused it (a cancellation from outside stays one). Its context
+        manager's state machine was a twentieth of a steady heartbeat's CPU, for a body that is nearly always there
+        at once."""
+        loop = asyncio.get_running_loop()
+        task = asyncio.current_task()
+        if task is None:  # pragma: no cover - an ASGI server always runs the app in a task
+            return await self._read(scope, receive)
+        cancelling = task.cancelling()
+        expired = False
+
+        def expire() -> None:
+            nonlocal expired
+            expired = True
+            task.cancel()
+
+        timer = loop.call_at(loop.time() + self.read_timeout_sec, expire)
+        try:
+            body = await self._read(scope, receive)
+        except asyncio.CancelledError as exc:
+            if expired and task.uncancel() <= cancelling:
+                raise BodyTimeoutError(
+                    f"the request body did not arrive within {self.read_timeout_sec:g} s; send it at once"
+                ) from exc
+            raise
+        finally:
+            timer.cancel()
+        if expired:  # the timer's cancellation was swallowed on the way: it is withdrawn, as asyncio.timeout does
+            task.uncancel()
+        return body
 
     async def _read(self, scope: Scope, receive: Receive) -> bytes | None:
         declared = _content_length(scope)

@@ -5,7 +5,8 @@
 needs both, so :func:`beat_readings` reads every stat once and gives the two lists those functions give (same
 rules: the declared index, never the position; a repeated index is ignored; unknown is ``None``, never 0). The
 readings of one card share their key, and the agent's times (one collection time for every card of a beat) are
-parsed once per distinct text.
+parsed once per distinct text. The readings are built through slot builders (``core/frozen.py``) and the card
+keys as plain tuples of their class: the same frozen objects, for a fraction of their generated ``__init__``.
 """
 
 from __future__ import annotations
@@ -14,12 +15,19 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 
+from heteroflow.core.frozen import slot_builder
 from heteroflow.core.ids import NodeId, Source
 from heteroflow.health.counters import Counters, parse_keys
 from heteroflow.health.gpu_metrics import GpuMetrics, MetricReading
-from heteroflow.health.heartbeat import parse_index, parse_time, parse_uuid
+from heteroflow.health.heartbeat import MAX_GPU_INDEX, parse_index, parse_time, parse_uuid
 from heteroflow.health.sample_times import SampleTimeWindow, TimeFix
 from heteroflow.health.samples import CardKey, HealthReading
+
+_health_reading = slot_builder(
+    HealthReading, ("key", "uuid", "sampled_at", "counters", "time_fix", "semantics_unconfirmed")
+)
+_metric_reading = slot_builder(MetricReading, ("key", "uuid", "sampled_at", "metrics", "time_fix"))
+_card_key = tuple.__new__  # CardKey is a named tuple: (CardKey, (node, index, source)) builds one in C
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,28 +58,22 @@ def beat_readings(
     times: dict[str, tuple[datetime, TimeFix | None]] = {}
     for stat in stats:
         get = stat.get
-        index = parse_index(get("index"))
+        index = get("index")
+        if type(index) is not int or not 0 <= index <= MAX_GPU_INDEX:  # the common case first (a bool is no int)
+            index = parse_index(index)
         if index is None or index in seen:
             invalid += 1
             continue
         seen.add(index)
-        key = CardKey(node_id=node_id, gpu_index=index, source=source)
+        key = _card_key(CardKey, (node_id, index, source))
         uuid = parse_uuid(get("uuid"))
         raw = get("sampled_at")
         timed = times.get(raw) if isinstance(raw, str) else None
         if timed is None:
             timed = _stored_time(times, raw, received_at=received_at, window=window)
-        sampled_at, fix = timed
-        health.append(
-            HealthReading(
-                key=key,
-                uuid=uuid,
-                sampled_at=sampled_at,
-                counters=Counters.from_wire(stat),
-                time_fix=fix,
-                semantics_unconfirmed=parse_keys(get("semantics_unconfirmed")),
-            )
-        )
+        unconfirmed = get("semantics_unconfirmed")  # absent for nearly every card: no call to parse nothing
+        semantics = () if unconfirmed is None else parse_keys(unconfirmed)
+        health.append(_health_reading(key, uuid, timed[0], Counters.from_wire(stat), timed[1], semantics))
         card_metrics = GpuMetrics.from_wire(stat)
         if card_metrics.all_unknown:
             continue
@@ -80,8 +82,7 @@ def beat_readings(
         timed = times.get(raw) if isinstance(raw, str) else None
         if timed is None:
             timed = _stored_time(times, raw, received_at=received_at, window=window)
-        sampled_at, fix = timed
-        metrics.append(MetricReading(key=key, uuid=uuid, sampled_at=sampled_at, metrics=card_metrics, time_fix=fix))
+        metrics.append(_metric_reading(key, uuid, timed[0], card_metrics, timed[1]))
     return BeatReadings(health=health, metrics=metrics, invalid=invalid)
 
 

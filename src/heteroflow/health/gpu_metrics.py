@@ -9,6 +9,7 @@ for a short retention, and a metric that is missing or malformed is unknown (``N
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -202,6 +203,10 @@ def minute_of(at: datetime) -> datetime:
     return at.replace(second=0, microsecond=0)
 
 
+_metric_values: Final = operator.attrgetter(*METRIC_KEYS)
+"""A :class:`GpuMetrics`' values in :data:`METRIC_KEYS` order, read in C."""
+
+
 @dataclass(slots=True)
 class _Bucket:
     samples: int = 0
@@ -212,15 +217,7 @@ class _Bucket:
     def add(self, metrics: GpuMetrics) -> None:
         self.samples += 1
         stats = self.stats
-        for position, value in enumerate(
-            (
-                metrics.temperature_c,
-                metrics.utilization_pct,
-                metrics.memory_used_mib,
-                metrics.memory_total_mib,
-                metrics.power_w,
-            )
-        ):
+        for position, value in enumerate(_metric_values(metrics)):
             if value is None:
                 continue  # unknown stays out of the aggregate, never counted as 0
             kept = stats[position]

@@ -101,6 +101,15 @@ def test_check_body_says_whether_the_body_is_plain_text(raw: bytes, plain: bool)
     assert check_body(raw, strict_text=False) is plain
 
 
+@pytest.mark.parametrize("byte", range(256))
+def test_plain_text_is_printable_ascii_without_a_backslash_byte_by_byte(byte: int) -> None:
+    raw = b'{"a": "x' + bytes([byte]) + b'y"}'
+    expected = 0x20 <= byte <= 0x7E and byte != 0x5C
+    if byte >= 0x80 or byte == 0x5C or byte == 0x22:  # not UTF-8 alone, an escape, or a quote that ends the string
+        raw = b"x" + bytes([byte]) + b"y"
+    assert check_body(raw, strict_text=False) is expected
+
+
 # == the middleware =========================================================================================
 class Echo:
     """An application that answers 200 with the body it read (and counts its calls)."""
@@ -142,6 +151,46 @@ def drive(
 
     asyncio.run(app(scope, receive, send))
     return answer["status"], answer["body"]
+
+
+def test_a_body_that_does_not_arrive_in_time_is_answered_408_and_an_outside_cancellation_stays_one() -> None:
+    reading_started: list[asyncio.Event] = []
+
+    async def never() -> dict[str, Any]:
+        for started in reading_started:
+            started.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+    answers: list[int] = []
+
+    async def send(message: MutableMapping[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            answers.append(message["status"])
+
+    echo = Echo()
+    scope = {"type": "http", "method": "POST", "path": "/r", "headers": []}
+
+    async def slow_sender() -> None:
+        await BodyLimit(echo, render=render, read_timeout_sec=0.05)(scope, never, send)
+
+    asyncio.run(slow_sender())
+    assert answers == [408]
+    assert echo.calls == 0
+
+    async def cancelled_from_outside() -> bool:
+        reading_started.append(asyncio.Event())
+        reading = asyncio.create_task(BodyLimit(echo, render=render, read_timeout_sec=60)(scope, never, send))
+        await reading_started[0].wait()
+        reading.cancel()
+        try:
+            await reading
+        except asyncio.CancelledError:
+            return True
+        return False
+
+    assert asyncio.run(cancelled_from_outside()) is True
+    assert answers == [408]  # nothing answered for the cancelled request
 
 
 def chunks(*parts: bytes) -> list[dict[str, Any]]:

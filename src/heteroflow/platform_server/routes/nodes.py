@@ -46,7 +46,6 @@ from heteroflow.platform.nodes import (
 from heteroflow.platform_server.auth import (
     SPEAKER_OPENAPI,
     context,
-    heartbeat_node_id,
     require,
     require_speaker,
     server_context,
@@ -403,7 +402,8 @@ class LeanHeartbeat:
         self.ctx = ctx
 
     async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
-        node = verified_speaker(scope) if scope["type"] == "http" and heartbeat_node_id(scope) else None
+        # verified_speaker is None for anything but a heartbeat whose path and credential check_before_work verified
+        node = verified_speaker(scope) if scope["type"] == "http" else None
         if node is None or not _declares_plain_json(scope):
             await self.app(scope, receive, send)
             return

@@ -1,0 +1,56 @@
+"""Slot builders: the same frozen dataclass as its own constructor builds, and a class they cannot fill refused."""
+
+from __future__ import annotations
+
+import dataclasses
+from datetime import UTC, datetime
+
+import pytest
+
+from heteroflow.core.frozen import slot_builder
+from heteroflow.core.ids import NodeId
+from heteroflow.health.counters import Counters
+from heteroflow.health.sample_times import TimeFix
+from heteroflow.health.samples import CardKey, HealthReading
+
+
+def test_a_built_reading_equals_the_constructed_one_and_stays_frozen() -> None:
+    build = slot_builder(HealthReading, ("key", "uuid", "sampled_at", "counters", "time_fix", "semantics_unconfirmed"))
+    key = CardKey(NodeId("n1"), 3, "real")
+    at = datetime(2026, 3, 1, tzinfo=UTC)
+    args = (key, "GPU-1", at, Counters(ecc_corrected_total=4), TimeFix.AHEAD, ("retired_pages",))
+    built = build(*args)
+    assert type(built) is HealthReading
+    assert built == HealthReading(*args)
+    assert hash(built) == hash(HealthReading(*args))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        built.uuid = "GPU-2"  # type: ignore[misc]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Four:
+    a: int
+    b: int
+    c: int
+    d: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Checked:
+    a: int
+    b: int
+    c: int
+    d: int
+
+    def __post_init__(self) -> None:
+        raise ValueError
+
+
+def test_fields_named_otherwise_or_a_post_init_are_refused() -> None:
+    assert slot_builder(_Four, ("a", "b", "c", "d"))(1, 2, 3, 4) == _Four(1, 2, 3, 4)
+    with pytest.raises(TypeError, match="fields"):
+        slot_builder(_Four, ("a", "b", "d", "c"))  # a field order that would swap two values
+    with pytest.raises(TypeError, match="fields"):
+        slot_builder(_Four, ("a", "b", "c"))  # a field left unset
+    with pytest.raises(TypeError, match="__post_init__"):
+        slot_builder(_Checked, ("a", "b", "c", "d"))
