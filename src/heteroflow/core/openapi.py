@@ -8,6 +8,8 @@ the model's own ``$defs`` would not resolve inside the larger OpenAPI document.
 
 from __future__ import annotations
 
+import copy
+import functools
 from typing import Any
 
 from pydantic import BaseModel
@@ -16,15 +18,24 @@ _DEFS_PREFIX = "#/$defs/"
 
 
 def json_request_body(model: type[BaseModel], *, required: bool = True) -> dict[str, Any]:
-    """``openapi_extra`` declaring an ``application/json`` body of ``model`` (validation mode)."""
-    schema = model.model_json_schema(mode="validation")
-    definitions: dict[str, Any] = schema.pop("$defs", {})
+    """``openapi_extra`` declaring an ``application/json`` body of ``model`` (validation mode).
+
+    A fresh copy each call (FastAPI merges it into the operation it builds); the schema itself is computed once
+    per model, since every app built (one per controller start) asks for the same few."""
     return {
         "requestBody": {
             "required": required,
-            "content": {"application/json": {"schema": _inline(schema, definitions, seen=())}},
+            "content": {"application/json": {"schema": copy.deepcopy(_inlined_schema(model))}},
         }
     }
+
+
+@functools.cache
+def _inlined_schema(model: type[BaseModel]) -> dict[str, Any]:
+    schema = model.model_json_schema(mode="validation")
+    definitions: dict[str, Any] = schema.pop("$defs", {})
+    inlined: dict[str, Any] = _inline(schema, definitions, seen=())
+    return inlined
 
 
 def _inline(node: Any, definitions: dict[str, Any], *, seen: tuple[str, ...]) -> Any:

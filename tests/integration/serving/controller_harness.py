@@ -386,6 +386,14 @@ async def _pump(cluster: FakeEngineCluster) -> None:
         cluster.tick()
 
 
+#: The in-process plane's NodeManagers: how often each polls a ready engine's FT status and how often it beats
+#: (the controller's registration answer sets the same period). On virtual time a wait costs nothing but every
+#: poll and beat is a request through the real routes: these two were most of the plane's CPU at 0.05 s and
+#: 0.1 s, and are still far inside every window the fast FT settings give a round (collection 3 s, deadline 5 s).
+#: (The process plane keeps 0.05 s and 0.1 s: there the time goes to the controller process, not to these.)
+NODE_MANAGER_POLL_SEC = 0.2
+HEARTBEAT_SEC = 0.25
+
 #: How often the in-process plane fires the fake engines' timeouts (their clock is the loop's own, so nothing
 #: else needs moving): a timeout fires at most this late, in virtual time. Each tick is a wake-up of the whole
 #: loop, and at 0.01 s the ticks were most of the plane's CPU.
@@ -411,7 +419,7 @@ async def open_plane(
     real_coordinator: bool = False,
     node_names: dict[str, str] | None = None,
     device_infos: dict[int, list[dict[str, Any]]] | None = None,
-    node_manager_poll_sec: float = 0.05,
+    node_manager_poll_sec: float = NODE_MANAGER_POLL_SEC,
     profile_name: ProfileName | None = None,
     crash_at: str | None = None,
 ) -> AsyncIterator[Plane]:
@@ -459,7 +467,7 @@ async def open_plane(
     def incarnation(link: ControllerLink, crash: str | None) -> Controller:
         config = ControllerConfig(
             settings=ControllerSettings.load(
-                cluster_token=cluster_token, heartbeat_interval_sec=0.1, crash_at_step=crash
+                cluster_token=cluster_token, heartbeat_interval_sec=HEARTBEAT_SEC, crash_at_step=crash
             ),
             ft=FaultToleranceConfig.load(**{**FAST_FT, **(ft or {})}),
         )
@@ -507,7 +515,7 @@ async def open_plane(
                     engine_ft_poll_interval_sec=node_manager_poll_sec,
                     engine_ft_status_timeout_sec=1.0,
                     engine_death_suicide_grace_sec=60.0,
-                    heartbeat_interval_sec=0.1,
+                    heartbeat_interval_sec=HEARTBEAT_SEC,
                 ),
                 pod=PodIdentity(
                     pod_id=f"pod-{name}",

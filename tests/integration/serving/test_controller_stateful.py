@@ -46,7 +46,7 @@ REFUSABLE = (NM_FT_GUARD_PATH, NM_FT_APPLY_PATH, NM_FT_FINALIZE_PATH, NM_FT_STAT
 SETTLE = st.sampled_from([0.5, 3.0, 6.0])
 """Virtual seconds a step lets pass after its change (a round takes a few)."""
 RE_REGISTER_SEC = 2.0
-"""Virtual seconds in which the NodeManagers register with a restarted controller (heartbeats every 0.1 s)."""
+"""Virtual seconds in which the NodeManagers register with a restarted controller (heartbeats every 0.25 s)."""
 pytestmark = pytest.mark.timeout(240)  # about 20 s of CPU: the default 120 s bound is tight on a busy machine
 STEP_LIMIT_SEC = 120.0
 """Virtual seconds one step may take (a wedged step fails the example instead of hanging the test)."""
