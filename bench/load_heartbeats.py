@@ -673,6 +673,10 @@ def main() -> None:
         "HETEROFLOW_LOG_LEVEL": "warning",
         # sized to the fleet as docs/operations.md says: nodes x 8 cards
         "HETEROFLOW_GPU_HEALTH_DEDUP_CACHE_ENTRIES": str(args.nodes * 8),
+        # one agent token registers the whole fleet here: its node and card quotas (5,000 / 40,000 by default)
+        # must not be what refuses a larger one
+        "HETEROFLOW_MAX_NODES_PER_TOKEN": str(max(5_000, args.nodes)),
+        "HETEROFLOW_MAX_CARDS_PER_TOKEN": str(max(40_000, args.nodes * 8)),
     }
     if args.max_in_flight is not None:
         server_env["HETEROFLOW_SERVER_MAX_IN_FLIGHT_HEARTBEATS"] = str(args.max_in_flight)
