@@ -11,6 +11,7 @@ refuses a class whose fields are not the ones named, so a field added later cann
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -23,63 +24,35 @@ def slot_builder(cls: type[T], names: tuple[str, ...]) -> Callable[..., T]:
     ``cls`` must be a frozen dataclass with ``slots=True`` whose fields are exactly ``names``, in order (no
     ``__post_init__``: it would not run)."""
     declared = tuple(field.name for field in dataclasses.fields(cls))  # type: ignore[arg-type]
-    if declared != names:
+    if not names or declared != names:
         raise TypeError(f"{cls.__name__} has the fields {declared}, not {names}")
     if hasattr(cls, "__post_init__"):
         raise TypeError(f"{cls.__name__} has a __post_init__, which a slot builder would skip")
     setters = tuple(cls.__dict__[name].__set__ for name in names)
     new = object.__new__
-    make = _BUILDERS.get(len(names))
-    if make is None:
-        raise TypeError(f"no slot builder for {len(names)} fields")
+    make = _unrolled(len(names))
     built: Callable[..., T] = make(cls, new, setters)
     return built
 
 
-def _builder4(cls: Any, new: Any, setters: Any) -> Callable[..., Any]:
-    s0, s1, s2, s3 = setters
-
-    def build(v0: object, v1: object, v2: object, v3: object) -> Any:
-        obj = new(cls)
-        s0(obj, v0)
-        s1(obj, v1)
-        s2(obj, v2)
-        s3(obj, v3)
-        return obj
-
-    return build
-
-
-def _builder5(cls: Any, new: Any, setters: Any) -> Callable[..., Any]:
-    s0, s1, s2, s3, s4 = setters
-
-    def build(v0: object, v1: object, v2: object, v3: object, v4: object) -> Any:
-        obj = new(cls)
-        s0(obj, v0)
-        s1(obj, v1)
-        s2(obj, v2)
-        s3(obj, v3)
-        s4(obj, v4)
-        return obj
-
-    return build
-
-
-def _builder6(cls: Any, new: Any, setters: Any) -> Callable[..., Any]:
-    s0, s1, s2, s3, s4, s5 = setters
-
-    def build(v0: object, v1: object, v2: object, v3: object, v4: object, v5: object) -> Any:
-        obj = new(cls)
-        s0(obj, v0)
-        s1(obj, v1)
-        s2(obj, v2)
-        s3(obj, v3)
-        s4(obj, v4)
-        s5(obj, v5)
-        return obj
-
-    return build
-
-
-_BUILDERS: dict[int, Callable[[Any, Any, Any], Callable[..., Any]]] = {4: _builder4, 5: _builder5, 6: _builder6}
-"""One unrolled builder per field count (a loop over the setters cost half of what the slots save)."""
+@functools.cache
+def _unrolled(count: int) -> Callable[[Any, Any, Any], Callable[..., Any]]:
+    """The maker of a builder for ``count`` fields, one slot store per line (written out and compiled once per
+    count, as ``dataclasses`` writes its ``__init__``): a loop over the setters cost half of what the slots save."""
+    names = [f"v{i}" for i in range(count)]
+    setters = [f"s{i}" for i in range(count)]
+    source = "\n".join(
+        [
+            "def make(cls, new, setters):",
+            f"    {', '.join(setters)}, = setters",
+            f"    def build({', '.join(names)}):",
+            "        obj = new(cls)",
+            *(f"        {setter}(obj, {name})" for setter, name in zip(setters, names, strict=True)),
+            "        return obj",
+            "    return build",
+        ]
+    )
+    namespace: dict[str, Any] = {}
+    exec(source, namespace)  # noqa: S102 - the text is built above from a field count alone, no input
+    make: Callable[[Any, Any, Any], Callable[..., Any]] = namespace["make"]
+    return make

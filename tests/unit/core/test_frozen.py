@@ -54,3 +54,36 @@ def test_fields_named_otherwise_or_a_post_init_are_refused() -> None:
         slot_builder(_Four, ("a", "b", "c"))  # a field left unset
     with pytest.raises(TypeError, match="__post_init__"):
         slot_builder(_Checked, ("a", "b", "c", "d"))
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _One:
+    a: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Nine:
+    a: int
+    b: int
+    c: int
+    d: int
+    e: int
+    f: int
+    g: int
+    h: int
+    i: int
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class _Empty:
+    pass
+
+
+def test_any_field_count_gets_a_builder_and_no_fields_is_refused() -> None:
+    assert slot_builder(_One, ("a",))(7) == _One(7)
+    nine = slot_builder(_Nine, tuple("abcdefghi"))(*range(9))
+    assert nine == _Nine(*range(9))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        nine.a = 1  # type: ignore[misc]
+    with pytest.raises(TypeError, match="fields"):
+        slot_builder(_Empty, ())
