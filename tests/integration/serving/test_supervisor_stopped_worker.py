@@ -1,14 +1,23 @@
-"""The ProcessSupervisor over real processes: a worker stopped with a real SIGSTOP is a death, and is killed."""
+"""The ProcessSupervisor over real processes: a worker stopped with a real SIGSTOP is a death, and is killed;
+a killed API server is reported with its exit code even when its subprocesses are seen gone first."""
 
 from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 
 from heteroflow.serving.node_manager.spec import EngineCommand
-from heteroflow.serving.node_manager.supervisor import PopenLauncher, ProcessSupervisor, pid_gone, pid_stopped
+from heteroflow.serving.node_manager.supervisor import (
+    PopenLauncher,
+    ProcessSupervisor,
+    pid_exiting,
+    pid_gone,
+    pid_stopped,
+)
+from heteroflow.serving.node_manager.testing import FakeLauncher
 from tests.support.polling import until
 
 # an "API server" that starts one worker subprocess and waits for it, as the simulator's rank does
@@ -97,3 +106,46 @@ def test_a_stopped_engine_session_is_a_stall_not_a_death(tmp_path: Path) -> None
         assert death.endpoint_id == 2
     finally:
         supervisor.stop_all(grace_sec=0)
+
+
+def test_an_exiting_process_is_told_from_a_running_one() -> None:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        until(lambda: pid_gone(child.pid), within=30, what="the child exited (a zombie nobody reaped yet)")
+        assert pid_exiting(child.pid)
+        assert not pid_exiting(os.getpid())
+    finally:
+        child.wait()
+    assert not pid_exiting(child.pid)  # reaped: no such process
+
+
+def test_a_killed_api_server_seen_after_its_subprocesses_is_reported_with_its_exit_code() -> None:
+    # the kernel kills a subprocess that dies with its parent while that parent is still being torn down: the
+    # supervisor may read the subprocess gone before the API server's exit code exists
+    launcher = FakeLauncher()
+    supervisor = ProcessSupervisor(launcher)
+    supervisor.launch(EngineCommand(endpoint_id=3, argv=("engine",), env=(), url="http://127.0.0.1:1"))
+    supervisor.mark_ready(3)
+    proc = launcher.current(3)
+    proc.kill_worker()
+    proc.exiting = True
+    assert supervisor.check(now=10.0) == []  # the same death, not yet reapable
+    proc.exit(-9)
+    (death,) = supervisor.check(now=10.1)
+    assert death.exit_code == -9
+    assert death.detail == f"API server (pid {proc.pid}) exited with code -9"
+
+
+def test_an_exit_stuck_in_the_kernel_does_not_hide_the_death() -> None:
+    launcher = FakeLauncher()
+    supervisor = ProcessSupervisor(launcher)
+    supervisor.launch(EngineCommand(endpoint_id=3, argv=("engine",), env=(), url="http://127.0.0.1:1"))
+    supervisor.mark_ready(3)
+    proc = launcher.current(3)
+    proc.kill_worker()
+    proc.exiting = True
+    assert supervisor.check(now=10.0) == []
+    assert supervisor.check(now=10.3) == []
+    (death,) = supervisor.check(now=10.5)
+    assert death.exit_code is None
+    assert death.detail == f"engine subprocess(es) [{proc.worker_pid}] of API server {proc.pid} exited"

@@ -43,6 +43,10 @@ from heteroflow.serving.node_manager.spec import EngineCommand
 
 _log = structlog.get_logger(__name__)
 
+_EXIT_SETTLE_SEC = 0.5
+"""How long a death whose API server is still exiting waits for that server's exit code before it is reported
+without one (an exit stuck in the kernel, e.g. on a driver, must not hide the death)."""
+
 
 class ProcessHandle(Protocol):
     @property
@@ -62,6 +66,10 @@ class ProcessHandle(Protocol):
 
     def is_stopped(self, pid: int) -> bool:
         """Whether a descendant is stopped now (SIGSTOP, a job-control or a tracer's stop)."""
+        ...
+
+    def is_exiting(self) -> bool:
+        """Whether the API server is exiting now: the kernel is tearing it down, its exit code follows."""
         ...
 
     def identity(self) -> EngineIdentity | None: ...
@@ -100,6 +108,8 @@ class _Incarnation:
     stopping: bool = False
     exited: EngineExit | None = None
     stopped_since: dict[int, float] = field(default_factory=dict)
+    exiting_since: float | None = None
+    """When the API server was first seen exiting with its subprocesses gone (``now`` of ``check``)."""
     """Adopted subprocesses seen stopped, since when (the ``now`` of :meth:`ProcessSupervisor.check`)."""
 
 
@@ -148,7 +158,13 @@ class ProcessSupervisor:
                 detail = f"API server (pid {inc.handle.pid}) exited with code {code}"
             else:
                 gone = sorted(pid for pid in inc.adopted if inc.handle.is_gone(pid))
-                if gone:
+                if gone and (code := inc.handle.exit_code()) is not None:
+                    # the API server died first and took its subprocesses with it (they die with their
+                    # parent): it became a zombie between the two reads
+                    detail = f"API server (pid {inc.handle.pid}) exited with code {code}"
+                elif gone and self._still_exiting(inc, now=now):
+                    continue  # the same death, still being torn down: reported with its exit code next time
+                elif gone:
                     detail = f"engine subprocess(es) {gone} of API server {inc.handle.pid} exited"
                 else:
                     detail = self._stopped_too_long(inc, now=now)
@@ -159,6 +175,15 @@ class ProcessSupervisor:
             )
             found.append(inc.exited)
         return found
+
+    @staticmethod
+    def _still_exiting(inc: _Incarnation, *, now: float) -> bool:
+        """The API server is in the kernel's exit path (not yet a zombie), for at most ``_EXIT_SETTLE_SEC``."""
+        if not inc.handle.is_exiting():
+            return False
+        if inc.exiting_since is None:
+            inc.exiting_since = now
+        return now - inc.exiting_since < _EXIT_SETTLE_SEC
 
     def _stopped_too_long(self, inc: _Incarnation, *, now: float) -> str | None:
         """A death when an adopted subprocess has been stopped ``stopped_dead_sec``; its session is killed."""
@@ -295,6 +320,15 @@ def pid_stopped(pid: int) -> bool:
     return fields is not None and fields[0] in ("T", "t")
 
 
+_PF_EXITING = 0x4  # include/linux/sched.h: set from the first step of do_exit()
+
+
+def pid_exiting(pid: int) -> bool:
+    """Whether ``pid`` is in the kernel's exit path (``PF_EXITING`` in ``/proc/<pid>/stat``'s flags)."""
+    fields = _stat_fields(pid)
+    return fields is not None and (fields[0] in ("Z", "X") or bool(int(fields[6]) & _PF_EXITING))
+
+
 class PopenHandle:
     def __init__(self, proc: subprocess.Popen[bytes]) -> None:
         self._proc = proc
@@ -315,6 +349,9 @@ class PopenHandle:
 
     def is_stopped(self, pid: int) -> bool:
         return pid_stopped(pid)
+
+    def is_exiting(self) -> bool:
+        return pid_exiting(self._proc.pid)
 
     def identity(self) -> EngineIdentity | None:
         return self._identity

@@ -159,6 +159,8 @@ class FakeProcess:
         self._on_kill = on_kill
         self.signals: list[signal.Signals] = []
         self.external_exit: Callable[[], bool] = lambda: False
+        self.exiting = False
+        """Set by a test: the API server is in the kernel's exit path (its exit code not yet readable)."""
 
     @property
     def pid(self) -> int:
@@ -186,6 +188,9 @@ class FakeProcess:
 
     def is_stopped(self, pid: int) -> bool:
         return pid == self.worker_pid and self.worker_stopped and not self._worker_gone
+
+    def is_exiting(self) -> bool:
+        return self.exiting
 
     def identity(self) -> EngineIdentity | None:
         return EngineIdentity(pid=self._pid, start_time=1_767_225_600.0 + self._pid)
