@@ -85,6 +85,10 @@ class EtcdServer:
             f"--initial-advertise-peer-urls={peer}",
             f"--initial-cluster=default={peer}",
             "--log-level=warn",
+            # a single member on loopback: it elects itself after one election timeout (1 s by default), paid at
+            # every start and restart of a test's etcd; 10 ms heartbeats and 100 ms keep the ratio etcd asks for
+            "--heartbeat-interval=10",
+            "--election-timeout=100",
         ]
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(  # noqa: S603 - our own binary and arguments
