@@ -325,3 +325,45 @@ def test_the_resource_monitor_route_shows_each_source_and_the_standing_faults(tm
         assert found["standing"] == ["NodeNotReady||node-x"]
 
     with_api(tmp_path, scenario, hardware_folder=folder)
+
+
+def test_two_controllers_in_one_process_each_answer_through_their_own_app(tmp_path: Path) -> None:
+    """The routers are built once per process: each app must still reach the controller it was made for."""
+
+    async def main() -> None:
+        controllers, clients = [], []
+        for name, interval in (("one", 0.5), ("two", 0.25)):
+            config = ControllerConfig(
+                settings=ControllerSettings.load(cluster_token=TOKEN),
+                ft=FaultToleranceConfig.load(enable_dp_scale_down=True, poll_interval_sec=interval),
+            )
+            controller = Controller(
+                config=config,
+                store=SqliteFtRuntimeStore(tmp_path / f"{name}.db"),
+                node_managers=NodeManagerClient(cluster_token=TOKEN),
+                coordinator=None,
+                clock=SystemClock(),
+            )
+            await controller.start(loops=False)
+            controllers.append(controller)
+            transport = httpx.ASGITransport(app=create_app(controller, cluster_token=TOKEN))
+            clients.append(
+                httpx.AsyncClient(
+                    transport=transport, base_url="http://controller", headers={"Authorization": f"Bearer {TOKEN}"}
+                )
+            )
+        try:
+            first, second = clients
+            assert (await first.post("/controller/node_manager/register", json=registration("a", [0, 1]))).is_success
+            assert set(controllers[0].pods) == {"a"}
+            assert controllers[1].pods == {}
+            intervals = [(await c.get("/controller/config")).json()["fault_tolerance_config"] for c in clients]
+            assert [found["poll_interval_sec"] for found in intervals] == [0.5, 0.25]
+            assert (await second.get("/controller/fault_tolerance/status")).json() == []
+        finally:
+            for client in clients:
+                await client.aclose()
+            for controller in controllers:
+                await controller.close()
+
+    asyncio.run(main())

@@ -35,9 +35,10 @@ pytestmark = [pytest.mark.anyio, pytest.mark.timeout(30)]
 
 MARGIN_SEC = 1.0
 """How much later than its ``timeout_sec`` a failing call may return (scheduling on a loaded 2-core machine)."""
-OUTAGE_SEC = 3.3
+OUTAGE_SEC = 1.3
 """How long the etcd outage test keeps calling a stopped etcd. gRPC's reconnect back-offs are 1 s, 1.6 s, 2.56 s
-(±20 %): a channel kept through 3.3 s of refusals next dials at 4.1 s or later, after etcd is back (~0.6 s)."""
+(±20 %): a channel kept through 1.3 s of refusals has dialled at 0 s and by 1.2 s and next dials at 2.08 s or later,
+after the test's etcd is back (0.1-0.2 s to start, with its 100 ms election timeout)."""
 
 
 @pytest.fixture

@@ -34,7 +34,7 @@ from heteroflow.http.gate import TokenGate, gate_middleware
 from heteroflow.http.probes import PROBE_PATHS, probes_router
 from heteroflow.serving.controller.leadership import LeaderElection
 from heteroflow.serving.controller.monitor import ResourceMonitor
-from heteroflow.serving.controller.routes import node_manager_router, operator_router
+from heteroflow.serving.controller.routes import ControllerContext, node_manager_router, operator_router, serve
 from heteroflow.serving.controller.service import Controller
 
 PROBES = PROBE_PATHS
@@ -94,6 +94,7 @@ def create_app(
             readiness=readiness, ready_description="Not acting yet, or a standby: the same body, ready false."
         )
     )
-    app.include_router(operator_router(controller, monitor=monitor, leadership_status=leadership_status))
-    app.include_router(node_manager_router(controller))
+    serve(app, ControllerContext(controller=controller, monitor=monitor, leadership_status=leadership_status))
+    app.include_router(operator_router())
+    app.include_router(node_manager_router())
     return app

@@ -1,10 +1,11 @@
 """The ports of the controller shell: what each part around the strategy center uses of the controller.
 
-A round, a fast recovery and a fallback (``strategy.py``, ``fallbacks.py``) get a :class:`StrategyPorts`; the
+A round, a fast recovery and a fallback (``strategy.py``, ``fast_recovery.py``, ``fallbacks.py``) get a
+:class:`StrategyPorts`; the serving view's publication (``serving_view.py``) a :class:`PublicationPorts`; the
 on-demand evidence (``evidence.py``) an :class:`EvidencePorts`; the status view (``status.py``) a
-:class:`StatusPorts`. All three extend :class:`ShellPorts`, what every part reads: the settings, the clock, the
+:class:`StatusPorts`. All of them extend :class:`ShellPorts`, what every part reads: the settings, the clock, the
 NodeManagers and the store's last error. :class:`~heteroflow.serving.controller.service.Controller` implements
-all three; the parts never import it, so the shell's modules form layers (``app`` → ``service`` → strategies →
+all of them; the parts never import it, so the shell's modules form layers (``app`` → ``service`` → strategies →
 ``ports`` → ``instance``), which an import contract in ``pyproject.toml`` keeps.
 """
 
@@ -81,6 +82,15 @@ class StrategyPorts(ShellPorts, Protocol):
     ) -> dict[str, bool]: ...
 
     async def run_fallback(self, inst: Instance, fallback: rt.FallbackStrategy) -> None: ...
+
+
+class PublicationPorts(StrategyPorts, Protocol):
+    """What the serving view's publication (``serving_view.py``) uses besides: the model an instance serves and
+    the side tasks (a faulted rank's DEL, a persist after a generation bump)."""
+
+    def model_of(self, inst: Instance) -> str: ...
+
+    def spawn(self, work: Coroutine[object, object, None], *, name: str) -> None: ...
 
 
 class EvidencePorts(ShellPorts, Protocol):

@@ -1,5 +1,10 @@
 """The controller's routers: thin handlers over :class:`~.service.Controller` (assembled in :mod:`.assembly`).
 
+Each router is built once per process (:func:`functools.cache`) and reaches the controller of the app serving the
+request through ``app.state`` (:class:`ControllerContext`, set by :func:`serve`): FastAPI's route building (the
+models of every route's body and answers) is most of an app's assembly, and a process that starts controllers
+again and again (the in-process test planes) would otherwise pay it at every start.
+
 - :func:`node_manager_router` — what the NodeManagers (and hardware-fault sources) send.
 - :func:`operator_router` — what an operator reads: status, rounds, resource monitor, config, leadership, metrics.
 
@@ -9,10 +14,11 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 from pydantic import BaseModel
@@ -53,6 +59,29 @@ _ERRORS: dict[int, str] = {
 }
 
 
+@dataclasses.dataclass(frozen=True)
+class ControllerContext:
+    """What the routers serve: the controller, its resource monitor and its leadership status."""
+
+    controller: Controller
+    monitor: ResourceMonitor | None
+    leadership_status: LeadershipStatus
+
+
+def serve(app: FastAPI, context: ControllerContext) -> None:
+    """Make ``app``'s routers serve ``context``."""
+    app.state.controller_context = context
+
+
+def _context(request: Request) -> ControllerContext:
+    context: ControllerContext = request.app.state.controller_context  # set by serve() before the app serves
+    return context
+
+
+def _controller(request: Request) -> Controller:
+    return _context(request).controller
+
+
 def _errors(*codes: int) -> dict[int | str, dict[str, Any]]:
     """The documented error answers of a guarded route (401 and ``codes``), each ``{"error", "detail"}``."""
     return {code: {"model": ErrorBody, "description": _ERRORS[code]} for code in sorted({401, *codes})}
@@ -63,7 +92,8 @@ async def _body(request: Request, model: type[_M]) -> _M:
     return await read_model(request, model, body_errors_as_bad_body=True)
 
 
-def node_manager_router(controller: Controller) -> APIRouter:
+@functools.cache
+def node_manager_router() -> APIRouter:
     """Registration, heartbeats and fault reports."""
     router = APIRouter()
 
@@ -74,7 +104,7 @@ def node_manager_router(controller: Controller) -> APIRouter:
     )
     async def register(request: Request) -> Response:
         try:
-            answer = await controller.register(await _body(request, RegisterRequest))
+            answer = await _controller(request).register(await _body(request, RegisterRequest))
         except RegistrationConflictError as exc:
             return error_response(409, "registration_conflict", str(exc))
         return JSONResponse(answer.model_dump(mode="json"))
@@ -85,7 +115,7 @@ def node_manager_router(controller: Controller) -> APIRouter:
         openapi_extra=json_request_body(HeartbeatRequest),
     )
     async def heartbeat(request: Request) -> Response:
-        answer = controller.heartbeat(await _body(request, HeartbeatRequest))
+        answer = _controller(request).heartbeat(await _body(request, HeartbeatRequest))
         return JSONResponse(answer.model_dump(mode="json"))
 
     @router.post(
@@ -96,7 +126,7 @@ def node_manager_router(controller: Controller) -> APIRouter:
     async def report(request: Request) -> Response:
         body = await _body(request, SoftwareFaultReport)
         try:
-            used = controller.report(body)
+            used = _controller(request).report(body)
         except UnknownInstanceError as exc:
             return error_response(404, "unknown_instance", str(exc))
         return JSONResponse({"accepted": True, "used": used})
@@ -108,7 +138,7 @@ def node_manager_router(controller: Controller) -> APIRouter:
     )
     async def report_hardware(request: Request) -> Response:
         body = await _body(request, HardwareFaultReport)
-        mappings = controller.hardware_fault(body)
+        mappings = _controller(request).hardware_fault(body)
         answer = HardwareFaultAnswer(
             key=f"{body.fault_code}|{body.card}|{body.node_name}",
             mappings={
@@ -121,32 +151,33 @@ def node_manager_router(controller: Controller) -> APIRouter:
     return router
 
 
-def operator_router(
-    controller: Controller, *, monitor: ResourceMonitor | None, leadership_status: LeadershipStatus
-) -> APIRouter:
+@functools.cache
+def operator_router() -> APIRouter:
     """The read-only routes: leadership, metrics, status, resource monitor, rounds, config."""
     router = APIRouter()
 
     @router.get("/controller/leadership", responses=_errors())
-    async def leadership_route() -> Response:
-        return JSONResponse(leadership_status())
+    async def leadership_route(request: Request) -> Response:
+        return JSONResponse(_context(request).leadership_status())
 
     @router.get("/metrics", response_class=Response, responses=_errors())
-    async def metrics() -> Response:
-        return Response(controller.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+    async def metrics(request: Request) -> Response:
+        return Response(_controller(request).metrics.render(), media_type=CONTENT_TYPE_LATEST)
 
     @router.get("/controller/fault_tolerance/status", responses=_errors(503))
-    async def ft_status() -> Response:
-        return JSONResponse(instance_statuses(controller))
+    async def ft_status(request: Request) -> Response:
+        return JSONResponse(instance_statuses(_controller(request)))
 
     @router.get("/controller/resource_monitor", responses=_errors(503))
-    async def resource_monitor() -> Response:
+    async def resource_monitor(request: Request) -> Response:
+        monitor = _context(request).monitor
         if monitor is None:
             return JSONResponse({"sources": [], "standing": [], "reports": 0, "sink_errors": 0})
         return JSONResponse(dataclasses.asdict(monitor.status()))
 
     @router.get("/controller/fault_tolerance/rounds", responses=_errors(503))
-    async def rounds(instance_id: str | None = None) -> Response:
+    async def rounds(request: Request, instance_id: str | None = None) -> Response:
+        controller = _controller(request)
         found = [
             {k: v for k, v in record.as_json().items() if k != "events"}
             for inst_id in ([instance_id] if instance_id else list(controller.instances))
@@ -155,14 +186,15 @@ def operator_router(
         return JSONResponse(found)
 
     @router.get("/controller/fault_tolerance/rounds/{request_id}", responses=_errors(404, 503))
-    async def round_timeline(request_id: str) -> Response:
-        record = controller.history.get(request_id)
+    async def round_timeline(request: Request, request_id: str) -> Response:
+        record = _controller(request).history.get(request_id)
         if record is None:
             return error_response(404, "unknown_round", f"no round {request_id!r} in this controller's history")
         return JSONResponse(record.as_json())
 
     @router.get("/controller/config", responses=_errors())
-    async def config() -> Response:
+    async def config(request: Request) -> Response:
+        controller = _controller(request)
         cfg = controller.config
         return JSONResponse(
             {

@@ -34,8 +34,8 @@ from heteroflow.contracts.serving import (
 )
 from heteroflow.core.clock import Clock
 from heteroflow.core.errors import StoreUnavailableError
-from heteroflow.serving.controller import evidence, fallbacks, finalization
-from heteroflow.serving.controller.clients import CoordinatorClient, NodeManagerClient, PeerError
+from heteroflow.serving.controller import evidence, fallbacks, finalization, serving_view
+from heteroflow.serving.controller.clients import CoordinatorClient, NodeManagerClient
 from heteroflow.serving.controller.config import ControllerConfig
 from heteroflow.serving.controller.core import normalizer, overlay
 from heteroflow.serving.controller.core import runtime as rt
@@ -59,15 +59,15 @@ from heteroflow.serving.controller.core.phase import ROUND_PHASES, FtPhase
 from heteroflow.serving.controller.core.ranks import DpRank, InstanceId, RequestId
 from heteroflow.serving.controller.core.topology import resolve_instance
 from heteroflow.serving.controller.crash_hook import CRASH_EXIT_CODE
+from heteroflow.serving.controller.fast_recovery import FastRecovery
 from heteroflow.serving.controller.hardware_faults import record_hardware_fault
 from heteroflow.serving.controller.history import RoundHistory
 from heteroflow.serving.controller.instance import Instance, PodState
 from heteroflow.serving.controller.metrics import ControllerMetrics
 from heteroflow.serving.controller.pod_replacement import PodReplacement
 from heteroflow.serving.controller.registration import check_reregistration, refresh_topology
-from heteroflow.serving.controller.serving_view import pods_ready, serving_endpoints
 from heteroflow.serving.controller.store import FtRuntimeStore, FtStoreError, NotLeaderError
-from heteroflow.serving.controller.strategy import FastRecovery, ScaleDownRound
+from heteroflow.serving.controller.strategy import ScaleDownRound
 
 _log = structlog.get_logger(__name__)
 
@@ -244,40 +244,7 @@ class Controller:
         return True
 
     def withdraw_faulted(self, inst: Instance, rank: DpRank) -> None:
-        """Stop the Coordinator sending to ``rank`` at once, at its first fault report (not when a round's DEL
-        comes): a DEL of that rank with the current generation and ``faulted`` (requests waiting on it go
-        elsewhere within the Coordinator's faulted bound)."""
-        if inst.runtime.phase == FtPhase.DISABLED or rank in inst.publication.fault_withdrawn:
-            return
-        inst.publication.fault_withdrawn = inst.publication.fault_withdrawn | {rank}
-        if rank not in inst.publication.published:
-            return
-        generation = inst.runtime.generation
-        inst.publication.held_generation = max(inst.publication.held_generation or 0, generation)
-        self.history.add(
-            inst.runtime.request_id if inst.strategy.running else None, "coordinator_del_faulted", endpoint_ids=[rank]
-        )
-        if self.coordinator is None:
-            inst.publication.published = inst.publication.published - {rank}
-            return
-        coordinator = self.coordinator
-
-        async def send() -> None:
-            try:
-                await coordinator.withdraw(
-                    inst.instance_id, [rank], request_id=None, generation=generation, faulted=True
-                )
-            except PeerError as exc:  # the periodic SET leaves the rank out: it is the retry
-                _log.warning(
-                    "controller.faulted_withdrawal_failed", instance_id=inst.instance_id, rank=rank, error=str(exc)
-                )
-                return
-            inst.publication.published = inst.publication.published - {rank}
-            _log.info(
-                "controller.faulted_rank_withdrawn", instance_id=inst.instance_id, rank=rank, generation=generation
-            )
-
-        self.spawn(send(), name=f"withdraw-{inst.instance_id}-{rank}")
+        serving_view.withdraw_faulted(self, inst, rank)
 
     def withdraw_evidence(self, inst: Instance, rank: DpRank, *, why: str) -> None:
         """Forget ``rank``'s DEAD-by-unreachability before any round started, and publish it again."""
@@ -538,61 +505,10 @@ class Controller:
         return self.config.instance(inst.instance_id).model or self.config.settings.default_model
 
     async def view(self, inst: Instance, op: overlay.CoordinatorOp, *, request_id: str | None = None) -> None:
-        """Send one overlay operation; raises :class:`PeerError` when the Coordinator did not take it."""
-        self.history.add(request_id, f"coordinator_{op.op.lower()}", endpoint_ids=sorted(op.endpoint_ids))
-        if self.coordinator is None:
-            inst.publication.published = (
-                op.endpoint_ids if op.op != "DEL" else inst.publication.published - op.endpoint_ids
-            )
-            return
-        if (
-            op.op != "DEL"
-            and inst.publication.held_generation is not None
-            and inst.runtime.generation <= inst.publication.held_generation
-        ):
-            # the Coordinator holds back what a DEL withdrew from every ADD/SET of no newer generation
-            self.set_runtime(inst, replace(inst.runtime, generation=inst.publication.held_generation + 1))
-            self.spawn(self.persist(inst, required=False), name=f"persist-{inst.instance_id}")
-        instance_id, generation = inst.instance_id, inst.runtime.generation
-        if op.op == "DEL":
-            await self.coordinator.withdraw(
-                instance_id, sorted(op.endpoint_ids), request_id=request_id, generation=generation
-            )
-            inst.publication.held_generation = max(inst.publication.held_generation or 0, generation)
-            inst.publication.published = inst.publication.published - op.endpoint_ids
-        elif op.op == "ADD":
-            endpoints = serving_endpoints(inst, op.endpoint_ids)
-            await self.coordinator.add(
-                instance_id, self.model_of(inst), endpoints, generation=generation, request_id=request_id
-            )
-            inst.publication.published = inst.publication.published | op.endpoint_ids
-        else:
-            endpoints = serving_endpoints(inst, op.endpoint_ids)
-            await self.coordinator.set(instance_id, self.model_of(inst), endpoints, generation=generation)
-            inst.publication.published = op.endpoint_ids
+        await serving_view.send(self, inst, op, request_id=request_id)
 
     async def refresh_view(self, inst: Instance, *, by_strategy: bool = False) -> None:
-        """The READY / RESUME / periodic SET, through the projection (F-40); ``serving_published`` follows.
-        ``by_strategy``: called by the running strategy itself as its last step (a rebuild publishes at once,
-        not at the next periodic SET)."""
-        if (inst.strategy.running is not None and not by_strategy) or inst.runtime.phase not in (
-            FtPhase.NORMAL,
-            FtPhase.SCALED_DOWN_RUNNING,
-            FtPhase.DISABLED,
-        ):
-            return
-        if not pods_ready(inst, self.pods):
-            return
-        op = overlay.refresh(inst.runtime)
-        if inst.publication.fault_withdrawn:
-            op = overlay.CoordinatorOp("SET", op.endpoint_ids - inst.publication.fault_withdrawn)
-        try:
-            await self.view(inst, op)
-        except PeerError as exc:
-            self.set_runtime(inst, rt.publish_result(inst.runtime, ok=False, error=f"SET failed: {exc}"))
-            return
-        if not inst.runtime.serving_published or inst.runtime.last_error is not None:
-            self.set_runtime(inst, rt.publish_result(inst.runtime, ok=True))
+        await serving_view.refresh(self, inst, by_strategy=by_strategy)
 
     async def _refresh_loop(self) -> None:
         while True:

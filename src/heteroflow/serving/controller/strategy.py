@@ -1,4 +1,4 @@
-"""DpScaleDownStrategy (one round, ``serving-ft.md`` F-20…F-27, F-50…F-58) and EngineFastRecovery (F-11, F-59).
+"""DpScaleDownStrategy: one round (``serving-ft.md`` F-20…F-27, F-50…F-58); the fast recovery is ``fast_recovery.py``.
 
 The round is a single transaction with side effects; every judgement in it is the pure core's
 (``gate.evaluate``, ``topology.plan_round``, ``readiness.before_apply`` / ``after_apply``, the ``runtime``
@@ -22,21 +22,15 @@ Any failure before commit: finalize(abort) on every pod in ``finally``, ``fail_r
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import uuid
 from collections.abc import Iterator
 
 import structlog
 
 from heteroflow.contracts.serving import (
-    ApplyInstructionParams,
     EndpointFtStatus,
     EngineIdentity,
     EnginesStopRequest,
     FinalizeRequest,
-    GuardRequest,
-    GuardResponse,
-    NmApplyRequest,
     ProbeRequest,
     ProbeResponse,
 )
@@ -44,19 +38,18 @@ from heteroflow.core.errors import StoreUnavailableError
 from heteroflow.serving.controller.clients import PeerError, PeerRejectedError
 from heteroflow.serving.controller.core import gate, overlay, readiness
 from heteroflow.serving.controller.core import runtime as rt
-from heteroflow.serving.controller.core.decision import after_fast_recovery
 from heteroflow.serving.controller.core.errors import CapabilityMismatchError, RoundStateError, TopologyError
 from heteroflow.serving.controller.core.phase import FtPhase
-from heteroflow.serving.controller.core.ranks import DpRank, RequestId, ranks
+from heteroflow.serving.controller.core.ranks import RequestId
 from heteroflow.serving.controller.core.readiness import PollLimits, PollVerdict
 from heteroflow.serving.controller.core.topology import (
     NodeManagerRole,
     RoundPlan,
     apply_request,
-    guard_lease_sec,
     plan_round,
     recyclable_pods,
 )
+from heteroflow.serving.controller.guard import RoundFailedError, RoundGuard
 from heteroflow.serving.controller.instance import Instance
 from heteroflow.serving.controller.ports import StrategyPorts
 from heteroflow.serving.controller.store import FtStoreError
@@ -85,61 +78,6 @@ def poll_pauses(period: float) -> Iterator[float]:
     while True:
         pause = min(pause * 2, period)
         yield pause
-
-
-class RoundFailedError(Exception):
-    """The round cannot go on; before commit this means abort + the frozen fallback."""
-
-
-class _Guard:
-    """Guards every pod of the round and renews the lease while the round runs (F-23, F-58)."""
-
-    def __init__(self, ctrl: StrategyPorts, inst: Instance, request_id: str) -> None:
-        self._ctrl, self._inst, self._request_id = ctrl, inst, request_id
-        self.lease_sec = guard_lease_sec(ctrl.ft.round_timings())
-        self._task: asyncio.Task[None] | None = None
-        self.renewal_error: str | None = None
-
-    async def acquire(self) -> None:
-        """Guard every pod at once (a guard only freezes a pod's local decisions, and a round that fails releases
-        every guard with finalize(abort) whichever pods it reached); the answers are judged in the pods' order."""
-        pods = self._inst.topology.pods
-        body = GuardRequest(request_id=self._request_id, lease_sec=self.lease_sec)
-
-        async def one(url: str) -> GuardResponse | PeerError:
-            try:
-                return await self._ctrl.nm.guard(url, body)
-            except PeerError as exc:
-                return exc
-
-        answers = await asyncio.gather(*(one(pod.node_manager_url) for pod in pods))
-        for pod, answer in zip(pods, answers, strict=True):
-            if isinstance(answer, PeerError):
-                self._ctrl.history.add(self._request_id, "guard_failed", pod_id=pod.pod_id, error=str(answer))
-                raise RoundFailedError(f"guard refused by pod {pod.pod_id}: {answer}") from answer
-            self._ctrl.history.add(
-                self._request_id, "guard", pod_id=pod.pod_id, lease_sec=self.lease_sec, renewed=answer.renewed
-            )
-        self._task = asyncio.create_task(self._renew())
-
-    async def _renew(self) -> None:
-        while True:
-            await self._ctrl.clock.sleep(self.lease_sec / 3)  # the renewal period, a third of the lease
-            for pod in self._inst.topology.pods:
-                try:
-                    await self._ctrl.nm.guard(
-                        pod.node_manager_url, GuardRequest(request_id=self._request_id, lease_sec=self.lease_sec)
-                    )
-                except PeerError as exc:
-                    self.renewal_error = f"lease renewal failed on pod {pod.pod_id}: {exc}"
-                    self._ctrl.history.add(self._request_id, "guard_renewal_failed", pod_id=pod.pod_id, error=str(exc))
-
-    async def release(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
-            self._task = None
 
 
 class ScaleDownRound:
@@ -193,7 +131,7 @@ class ScaleDownRound:
             return
         self._set(rt.start_round(inst.runtime, self.context))
         _log.info("round.started", request_id=self.request_id, instance_id=inst.instance_id)
-        guard = _Guard(ctrl, inst, self.request_id)
+        guard = RoundGuard(ctrl, inst, self.request_id)
         failure: str | None = None
         try:
             await self._write_ahead("before guard")
@@ -220,7 +158,7 @@ class ScaleDownRound:
         if failure is not None:
             await self._fail(failure)
 
-    def _check_guard(self, guard: _Guard) -> None:
+    def _check_guard(self, guard: RoundGuard) -> None:
         if guard.renewal_error is not None:
             raise RoundFailedError(guard.renewal_error)
 
@@ -529,73 +467,3 @@ class ScaleDownRound:
         self._outcome("failed")
         fallback = inst.runtime.fallback or rt.FallbackStrategy.INSTANCE_RECONFIGURATION
         await ctrl.run_fallback(inst, fallback)
-
-
-class FastRecovery:
-    """F-11 / A8: the engine's ``retry`` on every active rank after the stability window (F-59, in ``decide``).
-
-    Guarded like a round; success forgets the evidence; failure → whole-instance reconfiguration, never
-    scale-down (``after_fast_recovery``).
-    """
-
-    def __init__(self, ctrl: StrategyPorts, inst: Instance) -> None:
-        self.ctrl, self.inst = ctrl, inst
-        self.request_id = RequestId(f"fr-{uuid.uuid4().hex[:16]}")
-
-    async def run(self) -> None:
-        ctrl, inst = self.ctrl, self.inst
-        ctrl.history.begin(self.request_id, instance_id=inst.instance_id, kind="fast_recovery")
-        guard = _Guard(ctrl, inst, self.request_id)
-        active = inst.runtime.active_dp_ranks
-        ok = False
-        try:
-            await guard.acquire()
-            await self._retry(active)
-            ok = True
-        except (RoundFailedError, PeerError) as exc:
-            ctrl.history.add(self.request_id, "failed", error=str(exc))
-        finally:
-            await guard.release()
-            await ctrl.finalize_everywhere(inst, self.request_id, commit=ok, retired=inst.runtime.dead_committed)
-        ctrl.history.finish(self.request_id, "succeeded" if ok else "failed")
-        ctrl.metrics.rounds.labels(kind="fast_recovery", outcome="succeeded" if ok else "failed").inc()
-        if ok:
-            ctrl.reset_evidence(inst)
-            await ctrl.refresh_view(inst, by_strategy=True)  # what the first fault report withdrew comes back now
-            return
-        decision = after_fast_recovery(succeeded=False)
-        fallback = getattr(decision, "fallback", rt.FallbackStrategy.INSTANCE_RECONFIGURATION)
-        ctrl.set_runtime(inst, rt.start_reconfiguration(inst.runtime, fallback, "fast recovery failed"))
-        await ctrl.persist(inst, required=False)
-        await ctrl.run_fallback(inst, fallback)
-
-    async def _retry(self, active: frozenset[DpRank]) -> None:
-        ctrl, inst = self.ctrl, self.inst
-        timings = ctrl.ft.round_timings()
-        for pod in inst.topology.pods:
-            ids = sorted(pod.dp_ranks & active)
-            if not ids:
-                continue
-            body = NmApplyRequest(
-                instruction="retry", request_id=self.request_id, params=ApplyInstructionParams(), endpoint_ids=ids
-            )
-            try:
-                await ctrl.nm.apply(pod.node_manager_url, body)
-            except PeerError as exc:
-                raise RoundFailedError(f"retry not accepted by pod {pod.pod_id}: {exc}") from exc
-            ctrl.history.add(self.request_id, "apply", pod_id=pod.pod_id, body=body.model_dump(), http_status=202)
-        limits = PollLimits(deadline=ctrl.clock.monotonic() + timings.execution_deadline_sec)
-        while True:
-            await ctrl.clock.sleep(timings.poll_interval_sec)  # the spec's poll period
-            entries: list[EndpointFtStatus] = []
-            for pod in inst.topology.pods:
-                ids = sorted(pod.dp_ranks & active)
-                if ids:
-                    entries.extend((await ctrl.nm.status(pod.node_manager_url, ids)).entries)
-            verdict = readiness.after_apply(
-                entries, survivors=ranks(active), request_id=self.request_id, limits=limits, now=ctrl.clock.monotonic()
-            )
-            if verdict.verdict == "commit":
-                return
-            if verdict.verdict == "fail":
-                raise RoundFailedError(f"retry: {verdict.reason}")

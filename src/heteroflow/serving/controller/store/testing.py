@@ -85,6 +85,11 @@ class EtcdServer:
             f"--initial-advertise-peer-urls={peer}",
             f"--initial-cluster=default={peer}",
             "--log-level=warn",
+            # a single member on loopback: it elects itself after one election timeout (1 s by default), paid at
+            # every start and restart of a test's etcd (0.1-0.2 s to healthy instead of 0.8-1.6 s); 20 ms
+            # heartbeats keep the 5x ratio etcd asks for, at about 1 % of a core idle instead of 0.25 %
+            "--heartbeat-interval=20",
+            "--election-timeout=100",
         ]
         with self.log_path.open("ab") as log:
             self._process = subprocess.Popen(  # noqa: S603 - our own binary and arguments

@@ -1,0 +1,87 @@
+"""EngineFastRecovery (``serving-ft.md`` F-11, F-59): the engine's ``retry`` on every active rank, guarded like a
+round; the stability window that allows it is judged in the core's ``decide``."""
+
+from __future__ import annotations
+
+import uuid
+
+from heteroflow.contracts.serving import ApplyInstructionParams, EndpointFtStatus, NmApplyRequest
+from heteroflow.serving.controller.clients import PeerError
+from heteroflow.serving.controller.core import readiness
+from heteroflow.serving.controller.core import runtime as rt
+from heteroflow.serving.controller.core.decision import after_fast_recovery
+from heteroflow.serving.controller.core.ranks import DpRank, RequestId, ranks
+from heteroflow.serving.controller.core.readiness import PollLimits
+from heteroflow.serving.controller.guard import RoundFailedError, RoundGuard
+from heteroflow.serving.controller.instance import Instance
+from heteroflow.serving.controller.ports import StrategyPorts
+
+
+class FastRecovery:
+    """F-11 / A8: the engine's ``retry`` on every active rank after the stability window (F-59, in ``decide``).
+
+    Guarded like a round; success forgets the evidence; failure → whole-instance reconfiguration, never
+    scale-down (``after_fast_recovery``).
+    """
+
+    def __init__(self, ctrl: StrategyPorts, inst: Instance) -> None:
+        self.ctrl, self.inst = ctrl, inst
+        self.request_id = RequestId(f"fr-{uuid.uuid4().hex[:16]}")
+
+    async def run(self) -> None:
+        ctrl, inst = self.ctrl, self.inst
+        ctrl.history.begin(self.request_id, instance_id=inst.instance_id, kind="fast_recovery")
+        guard = RoundGuard(ctrl, inst, self.request_id)
+        active = inst.runtime.active_dp_ranks
+        ok = False
+        try:
+            await guard.acquire()
+            await self._retry(active)
+            ok = True
+        except (RoundFailedError, PeerError) as exc:
+            ctrl.history.add(self.request_id, "failed", error=str(exc))
+        finally:
+            await guard.release()
+            await ctrl.finalize_everywhere(inst, self.request_id, commit=ok, retired=inst.runtime.dead_committed)
+        ctrl.history.finish(self.request_id, "succeeded" if ok else "failed")
+        ctrl.metrics.rounds.labels(kind="fast_recovery", outcome="succeeded" if ok else "failed").inc()
+        if ok:
+            ctrl.reset_evidence(inst)
+            await ctrl.refresh_view(inst, by_strategy=True)  # what the first fault report withdrew comes back now
+            return
+        decision = after_fast_recovery(succeeded=False)
+        fallback = getattr(decision, "fallback", rt.FallbackStrategy.INSTANCE_RECONFIGURATION)
+        ctrl.set_runtime(inst, rt.start_reconfiguration(inst.runtime, fallback, "fast recovery failed"))
+        await ctrl.persist(inst, required=False)
+        await ctrl.run_fallback(inst, fallback)
+
+    async def _retry(self, active: frozenset[DpRank]) -> None:
+        ctrl, inst = self.ctrl, self.inst
+        timings = ctrl.ft.round_timings()
+        for pod in inst.topology.pods:
+            ids = sorted(pod.dp_ranks & active)
+            if not ids:
+                continue
+            body = NmApplyRequest(
+                instruction="retry", request_id=self.request_id, params=ApplyInstructionParams(), endpoint_ids=ids
+            )
+            try:
+                await ctrl.nm.apply(pod.node_manager_url, body)
+            except PeerError as exc:
+                raise RoundFailedError(f"retry not accepted by pod {pod.pod_id}: {exc}") from exc
+            ctrl.history.add(self.request_id, "apply", pod_id=pod.pod_id, body=body.model_dump(), http_status=202)
+        limits = PollLimits(deadline=ctrl.clock.monotonic() + timings.execution_deadline_sec)
+        while True:
+            await ctrl.clock.sleep(timings.poll_interval_sec)  # the spec's poll period
+            entries: list[EndpointFtStatus] = []
+            for pod in inst.topology.pods:
+                ids = sorted(pod.dp_ranks & active)
+                if ids:
+                    entries.extend((await ctrl.nm.status(pod.node_manager_url, ids)).entries)
+            verdict = readiness.after_apply(
+                entries, survivors=ranks(active), request_id=self.request_id, limits=limits, now=ctrl.clock.monotonic()
+            )
+            if verdict.verdict == "commit":
+                return
+            if verdict.verdict == "fail":
+                raise RoundFailedError(f"retry: {verdict.reason}")
