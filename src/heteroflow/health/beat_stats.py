@@ -5,8 +5,9 @@
 needs both, so :func:`beat_readings` reads every stat once and gives the two lists those functions give (same
 rules: the declared index, never the position; a repeated index is ignored; unknown is ``None``, never 0). The
 readings of one card share their key, and the agent's times (one collection time for every card of a beat) are
-parsed once per distinct text. The readings are built through slot builders (``core/frozen.py``) and the card
-keys as plain tuples of their class: the same frozen objects, for a fraction of their generated ``__init__``.
+parsed once per distinct text. The health readings are built through a slot builder (``core/frozen.py``), the card
+keys and the metric readings (named tuples) as plain tuples of their class: the same objects, for a fraction of
+their generated ``__init__``.
 """
 
 from __future__ import annotations
@@ -26,8 +27,9 @@ from heteroflow.health.samples import CardKey, HealthReading
 _health_reading = slot_builder(
     HealthReading, ("key", "uuid", "sampled_at", "counters", "time_fix", "semantics_unconfirmed")
 )
-_metric_reading = slot_builder(MetricReading, ("key", "uuid", "sampled_at", "metrics", "time_fix"))
-_card_key = tuple.__new__  # CardKey is a named tuple: (CardKey, (node, index, source)) builds one in C
+_tuple_of = (
+    tuple.__new__
+)  # CardKey and MetricReading are named tuples: (CardKey, (node, index, source)) builds one in C
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +67,7 @@ def beat_readings(
             invalid += 1
             continue
         seen.add(index)
-        key = _card_key(CardKey, (node_id, index, source))
+        key = _tuple_of(CardKey, (node_id, index, source))
         uuid = parse_uuid(get("uuid"))
         raw = get("sampled_at")
         timed = times.get(raw) if isinstance(raw, str) else None
@@ -82,7 +84,7 @@ def beat_readings(
         timed = times.get(raw) if isinstance(raw, str) else None
         if timed is None:
             timed = _stored_time(times, raw, received_at=received_at, window=window)
-        metrics.append(_metric_reading(key, uuid, timed[0], card_metrics, timed[1]))
+        metrics.append(_tuple_of(MetricReading, (key, uuid, timed[0], card_metrics, timed[1])))
     return BeatReadings(health=health, metrics=metrics, invalid=invalid)
 
 
