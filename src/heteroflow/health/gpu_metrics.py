@@ -82,16 +82,19 @@ class GpuMetrics:
 
     @classmethod
     def from_wire(cls, stat: Mapping[str, object]) -> GpuMetrics:
-        raw = tuple(map(stat.get, METRIC_KEYS))  # C-speed: no comprehension frame per card
-        # a card whose values did not move: wire floats and nulls only, found as they are among the parsed values
-        # (no key holds a non-finite or out-of-bounds number, so those never match)
-        if _PLAIN.issuperset(map(type, raw)):
-            known = _INTERNED.get(raw)  # type: ignore[arg-type]
-            if known is not None:
-                return known
-        return interned_metrics(
-            tuple([parse_metric(name, value) for name, value in zip(METRIC_KEYS, raw, strict=True)])
-        )
+        return metrics_from_values(tuple(map(stat.get, METRIC_KEYS)))  # C-speed: no comprehension frame per card
+
+
+def metrics_from_values(raw: tuple[object, ...]) -> GpuMetrics:
+    """The metrics of a stat's wire values in :data:`METRIC_KEYS` order (what :meth:`GpuMetrics.from_wire`
+    reads); a missing or malformed value is unknown."""
+    # a card whose values did not move: wire floats and nulls only, found as they are among the parsed values
+    # (no key holds a non-finite or out-of-bounds number, so those never match)
+    if _PLAIN.issuperset(map(type, raw)):
+        known = _INTERNED.get(raw)  # type: ignore[arg-type]
+        if known is not None:
+            return known
+    return interned_metrics(tuple([parse_metric(name, value) for name, value in zip(METRIC_KEYS, raw, strict=True)]))
 
 
 _PLAIN: Final = frozenset({float, type(None)})
