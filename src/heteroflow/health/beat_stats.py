@@ -5,9 +5,8 @@
 needs both, so :func:`beat_readings` reads every stat once and gives the two lists those functions give (same
 rules: the declared index, never the position; a repeated index is ignored; unknown is ``None``, never 0). The
 readings of one card share their key, and the agent's times (one collection time for every card of a beat) are
-parsed once per distinct text. The health readings are built through a slot builder (``core/frozen.py``), the card
-keys and the metric readings (named tuples) as plain tuples of their class: the same objects, for a fraction of
-their generated ``__init__``.
+parsed once per distinct text. The card keys and the readings are named tuples, built as plain tuples of their
+class in C: the same objects, for a fraction of a dataclass's generated ``__init__``.
 """
 
 from __future__ import annotations
@@ -17,7 +16,6 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Final
 
-from heteroflow.core.frozen import slot_builder
 from heteroflow.core.ids import NodeId, Source
 from heteroflow.health.counters import HEALTH_KEYS, counters_from_values, parse_keys
 from heteroflow.health.gpu_metrics import METRIC_KEYS, MetricReading, metrics_from_values
@@ -25,11 +23,9 @@ from heteroflow.health.heartbeat import MAX_GPU_INDEX, MAX_UUID_LENGTH, parse_in
 from heteroflow.health.sample_times import SampleTimeWindow, TimeFix
 from heteroflow.health.samples import CardKey, HealthReading
 
-_health_reading = slot_builder(
-    HealthReading, ("key", "uuid", "sampled_at", "counters", "time_fix", "semantics_unconfirmed")
-)
 _tuple_of = tuple.__new__
-"""CardKey and MetricReading are named tuples: ``_tuple_of(CardKey, (node, index, source))`` builds one in C."""
+"""CardKey, HealthReading and MetricReading are named tuples: ``_tuple_of(CardKey, (node, index, source))``
+builds one in C."""
 _STAT_KEYS: Final = ("index", "uuid", "sampled_at", "telemetry_at", "semantics_unconfirmed", *HEALTH_KEYS, *METRIC_KEYS)
 """What a card's stat is read for, in one ``map`` (the counters and the metrics are the two slices below)."""
 _COUNTERS: Final = slice(5, 5 + len(HEALTH_KEYS))
@@ -85,7 +81,9 @@ def beat_readings(
             timed = _stored_time(times, time_text, received_at=received_at, window=window)
         unconfirmed = raw[4]  # absent for nearly every card: no call to parse nothing
         semantics = () if unconfirmed is None else parse_keys(unconfirmed)
-        health.append(_health_reading(key, uuid, timed[0], counters_from_values(raw[_COUNTERS]), timed[1], semantics))
+        health.append(
+            _tuple_of(HealthReading, (key, uuid, timed[0], counters_from_values(raw[_COUNTERS]), timed[1], semantics))
+        )
         card_metrics = metrics_from_values(raw[_METRICS])
         if card_metrics.all_unknown:
             continue

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import structlog
@@ -373,7 +373,7 @@ class HealthIngestor:
                 # the agent's clock stepped back (within the tolerance): written before the newest row, the reading
                 # would never become the newest, and a changed card would be written again on every beat
                 moved += 1
-                reading = replace(reading, sampled_at=sampled_at, time_fix=fix)
+                reading = reading._replace(sampled_at=sampled_at, time_fix=fix)
             to_write.append(reading)
             # later readings of this card in the batch are judged against this one
             latest[reading.key] = StoredSample(
