@@ -40,6 +40,8 @@ class BeatReadings:
     """What :func:`~heteroflow.health.gpu_metrics.metric_readings_from_stats` gives."""
     invalid: int
     """Stats without a usable declared index (or repeating one)."""
+    corrected: bool = False
+    """Whether any reading's time was replaced (a :class:`TimeFix`): nearly never, and then the route counts them."""
 
 
 def beat_readings(
@@ -93,7 +95,9 @@ def beat_readings(
         if timed is None:
             timed = _stored_time(times, time_text, received_at=received_at, window=window)
         metrics.append(_tuple_of(MetricReading, (key, uuid, timed[0], card_metrics, timed[1])))
-    return BeatReadings(health=health, metrics=metrics, invalid=invalid)
+    # every time a reading carries came from `times` (a claim that was no text claims nothing: no fix)
+    corrected = any(fix is not None for _, fix in times.values())
+    return BeatReadings(health=health, metrics=metrics, invalid=invalid, corrected=corrected)
 
 
 def _stored_time(

@@ -256,8 +256,9 @@ async def record_beat(ctx: ServerContext, node: NodeRecord, body: Heartbeat, *, 
     if invalid:
         ctx.metrics.health_stats_invalid.inc(invalid)
     ctx.ingestor.offer(readings)
-    _count_time_fixes(ctx, "health", readings)
-    _count_time_fixes(ctx, "telemetry", metric_readings)
+    if parsed.corrected:  # nearly every beat: no counting at all
+        _count_time_fixes(ctx, "health", readings)
+        _count_time_fixes(ctx, "telemetry", metric_readings)
     ctx.metrics_recorder.offer(node, metrics=metric_readings, health=readings)
     ctx.xid_collection.record(node.id, parse_xid_collection(body.xid_collection), now=ctx.clock.monotonic())
     xid_result = await _store_xid_events(ctx, node, body, received_at=received_at, window=window, clean=clean)
