@@ -198,7 +198,7 @@ def _replay(trace: _Trace, settings: PredictionSettings, *, tick: timedelta) -> 
             ).node
             ids[name] = node_record.id
         rows = [
-            dataclasses.replace(r, key=CardKey(node_id=ids[name], gpu_index=r.key.gpu_index, source="real"))
+            r._replace(key=CardKey(node_id=ids[name], gpu_index=r.key.gpu_index, source="real"))
             for name, r in trace.readings
         ]
         samples = SqlHealthSampleStore(engine)

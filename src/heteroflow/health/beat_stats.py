@@ -5,8 +5,8 @@
 needs both, so :func:`beat_readings` reads every stat once and gives the two lists those functions give (same
 rules: the declared index, never the position; a repeated index is ignored; unknown is ``None``, never 0). The
 readings of one card share their key, and the agent's times (one collection time for every card of a beat) are
-parsed once per distinct text. The readings are built through slot builders (``core/frozen.py``) and the card
-keys as plain tuples of their class: the same frozen objects, for a fraction of their generated ``__init__``.
+parsed once per distinct text. The card keys and the readings are named tuples, built as plain tuples of their
+class in C: the same objects, for a fraction of a dataclass's generated ``__init__``.
 """
 
 from __future__ import annotations
@@ -14,20 +14,22 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Final
 
-from heteroflow.core.frozen import slot_builder
 from heteroflow.core.ids import NodeId, Source
-from heteroflow.health.counters import Counters, parse_keys
-from heteroflow.health.gpu_metrics import GpuMetrics, MetricReading
-from heteroflow.health.heartbeat import MAX_GPU_INDEX, parse_index, parse_time, parse_uuid
+from heteroflow.health.counters import HEALTH_KEYS, counters_from_values, parse_keys
+from heteroflow.health.gpu_metrics import METRIC_KEYS, MetricReading, metrics_from_values
+from heteroflow.health.heartbeat import MAX_GPU_INDEX, MAX_UUID_LENGTH, parse_index, parse_time, parse_uuid
 from heteroflow.health.sample_times import SampleTimeWindow, TimeFix
 from heteroflow.health.samples import CardKey, HealthReading
 
-_health_reading = slot_builder(
-    HealthReading, ("key", "uuid", "sampled_at", "counters", "time_fix", "semantics_unconfirmed")
-)
-_metric_reading = slot_builder(MetricReading, ("key", "uuid", "sampled_at", "metrics", "time_fix"))
-_card_key = tuple.__new__  # CardKey is a named tuple: (CardKey, (node, index, source)) builds one in C
+_tuple_of = tuple.__new__
+"""CardKey, HealthReading and MetricReading are named tuples: ``_tuple_of(CardKey, (node, index, source))``
+builds one in C."""
+_STAT_KEYS: Final = ("index", "uuid", "sampled_at", "telemetry_at", "semantics_unconfirmed", *HEALTH_KEYS, *METRIC_KEYS)
+"""What a card's stat is read for, in one ``map`` (the counters and the metrics are the two slices below)."""
+_COUNTERS: Final = slice(5, 5 + len(HEALTH_KEYS))
+_METRICS: Final = slice(5 + len(HEALTH_KEYS), None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,6 +40,8 @@ class BeatReadings:
     """What :func:`~heteroflow.health.gpu_metrics.metric_readings_from_stats` gives."""
     invalid: int
     """Stats without a usable declared index (or repeating one)."""
+    corrected: bool = False
+    """Whether any reading's time was replaced (a :class:`TimeFix`): nearly never, and then the route counts them."""
 
 
 def beat_readings(
@@ -57,33 +61,43 @@ def beat_readings(
     # against the window once, not once per card and side path
     times: dict[str, tuple[datetime, TimeFix | None]] = {}
     for stat in stats:
-        get = stat.get
-        index = get("index")
+        raw = tuple(map(stat.get, _STAT_KEYS))  # every value a card needs, read in C
+        index = raw[0]
         if type(index) is not int or not 0 <= index <= MAX_GPU_INDEX:  # the common case first (a bool is no int)
             index = parse_index(index)
         if index is None or index in seen:
             invalid += 1
             continue
         seen.add(index)
-        key = _card_key(CardKey, (node_id, index, source))
-        uuid = parse_uuid(get("uuid"))
-        raw = get("sampled_at")
-        timed = times.get(raw) if isinstance(raw, str) else None
+        key = _tuple_of(CardKey, (node_id, index, source))
+        uuid = raw[1]
+        if type(uuid) is str:  # parse_uuid, written out for the common case
+            uuid = uuid.strip()
+            if not 0 < len(uuid) <= MAX_UUID_LENGTH:
+                uuid = None
+        else:
+            uuid = parse_uuid(uuid)
+        time_text = raw[2]
+        timed = times.get(time_text) if type(time_text) is str else None
         if timed is None:
-            timed = _stored_time(times, raw, received_at=received_at, window=window)
-        unconfirmed = get("semantics_unconfirmed")  # absent for nearly every card: no call to parse nothing
+            timed = _stored_time(times, time_text, received_at=received_at, window=window)
+        unconfirmed = raw[4]  # absent for nearly every card: no call to parse nothing
         semantics = () if unconfirmed is None else parse_keys(unconfirmed)
-        health.append(_health_reading(key, uuid, timed[0], Counters.from_wire(stat), timed[1], semantics))
-        card_metrics = GpuMetrics.from_wire(stat)
+        health.append(
+            _tuple_of(HealthReading, (key, uuid, timed[0], counters_from_values(raw[_COUNTERS]), timed[1], semantics))
+        )
+        card_metrics = metrics_from_values(raw[_METRICS])
         if card_metrics.all_unknown:
             continue
         # the telemetry's own time: `sampled_at` is the health counters' (every 60 s, not every beat)
-        raw = get("telemetry_at")
-        timed = times.get(raw) if isinstance(raw, str) else None
+        time_text = raw[3]
+        timed = times.get(time_text) if type(time_text) is str else None
         if timed is None:
-            timed = _stored_time(times, raw, received_at=received_at, window=window)
-        metrics.append(_metric_reading(key, uuid, timed[0], card_metrics, timed[1]))
-    return BeatReadings(health=health, metrics=metrics, invalid=invalid)
+            timed = _stored_time(times, time_text, received_at=received_at, window=window)
+        metrics.append(_tuple_of(MetricReading, (key, uuid, timed[0], card_metrics, timed[1])))
+    # every time a reading carries came from `times` (a claim that was no text claims nothing: no fix)
+    corrected = any(fix is not None for _, fix in times.values())
+    return BeatReadings(health=health, metrics=metrics, invalid=invalid, corrected=corrected)
 
 
 def _stored_time(

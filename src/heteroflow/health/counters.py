@@ -71,14 +71,19 @@ class Counters:
     @classmethod
     def from_wire(cls, stat: Mapping[str, object]) -> Counters:
         """The counters of one heartbeat stat; every malformed value becomes unknown, nothing raises."""
-        raw = tuple(map(stat.get, HEALTH_KEYS))  # C-speed: no comprehension frame per card
-        # a steady card sends what it sent before: wire integers (not booleans) and nulls only, found as they
-        # are among the parsed values (no key holds a negative or oversized number, so those never match)
-        if _PLAIN.issuperset(map(type, raw)):
-            known = _INTERNED.get(raw)  # type: ignore[arg-type]
-            if known is not None:
-                return known
-        return interned_counters(tuple([parse_counter(value) for value in raw]))
+        return counters_from_values(tuple(map(stat.get, HEALTH_KEYS)))  # C-speed: no comprehension frame per card
+
+
+def counters_from_values(raw: tuple[object, ...]) -> Counters:
+    """The counters of a stat's wire values in :data:`HEALTH_KEYS` order (what :meth:`Counters.from_wire`
+    reads); every malformed value becomes unknown, nothing raises."""
+    # a steady card sends what it sent before: wire integers (not booleans) and nulls only, found as they
+    # are among the parsed values (no key holds a negative or oversized number, so those never match)
+    if _PLAIN.issuperset(map(type, raw)):
+        known = _INTERNED.get(raw)  # type: ignore[arg-type]
+        if known is not None:
+            return known
+    return interned_counters(tuple([parse_counter(value) for value in raw]))
 
 
 _PLAIN: Final = frozenset({int, type(None)})

@@ -11,9 +11,9 @@ from __future__ import annotations
 import math
 import operator
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Final
+from typing import Final, NamedTuple
 
 from heteroflow.core.ids import NodeId
 from heteroflow.health.heartbeat import parse_index, parse_time, parse_uuid
@@ -82,16 +82,19 @@ class GpuMetrics:
 
     @classmethod
     def from_wire(cls, stat: Mapping[str, object]) -> GpuMetrics:
-        raw = tuple(map(stat.get, METRIC_KEYS))  # C-speed: no comprehension frame per card
-        # a card whose values did not move: wire floats and nulls only, found as they are among the parsed values
-        # (no key holds a non-finite or out-of-bounds number, so those never match)
-        if _PLAIN.issuperset(map(type, raw)):
-            known = _INTERNED.get(raw)  # type: ignore[arg-type]
-            if known is not None:
-                return known
-        return interned_metrics(
-            tuple([parse_metric(name, value) for name, value in zip(METRIC_KEYS, raw, strict=True)])
-        )
+        return metrics_from_values(tuple(map(stat.get, METRIC_KEYS)))  # C-speed: no comprehension frame per card
+
+
+def metrics_from_values(raw: tuple[object, ...]) -> GpuMetrics:
+    """The metrics of a stat's wire values in :data:`METRIC_KEYS` order (what :meth:`GpuMetrics.from_wire`
+    reads); a missing or malformed value is unknown."""
+    # a card whose values did not move: wire floats and nulls only, found as they are among the parsed values
+    # (no key holds a non-finite or out-of-bounds number, so those never match)
+    if _PLAIN.issuperset(map(type, raw)):
+        known = _INTERNED.get(raw)  # type: ignore[arg-type]
+        if known is not None:
+            return known
+    return interned_metrics(tuple([parse_metric(name, value) for name, value in zip(METRIC_KEYS, raw, strict=True)]))
 
 
 _PLAIN: Final = frozenset({float, type(None)})
@@ -111,8 +114,10 @@ def interned_metrics(values: tuple[float | None, ...]) -> GpuMetrics:
     return metrics
 
 
-@dataclass(frozen=True, slots=True)
-class MetricReading:
+class MetricReading(NamedTuple):
+    """One card's metrics of one beat. A named tuple: a beat builds one per card, in C
+    (``tuple.__new__(MetricReading, (...))``), and the side path unpacks it without an attribute lookup."""
+
     key: CardKey
     uuid: str | None
     sampled_at: datetime
@@ -207,29 +212,62 @@ _metric_values: Final = operator.attrgetter(*METRIC_KEYS)
 """A :class:`GpuMetrics`' values in :data:`METRIC_KEYS` order, read in C."""
 
 
-@dataclass(slots=True)
+_FOLD_EVERY: Final = 16
+"""Readings a bucket keeps as they came before folding them into its running values: a card's minute at 5 s
+beats (12) is folded once, when the minute's row is built; a card beating faster keeps at most this many."""
+
+
 class _Bucket:
-    samples: int = 0
-    stats: list[list[float] | None] = field(default_factory=lambda: [None] * len(METRIC_KEYS))
-    """Per metric, in :data:`METRIC_KEYS` order: [sum, count, min, max] of the readings that knew it, ``None``
-    while none did (positions, not names: no dictionary lookup per value on the hot path)."""
+    """One card's readings of one minute. A beat only appends its (shared, immutable) :class:`GpuMetrics` to
+    ``pending``; the values are folded into ``stats`` a column at a time (``zip``, ``min``, ``max``, ``sum``: C
+    loops) when ``stats`` is read or ``pending`` is full, instead of five Python steps per card and beat."""
+
+    __slots__ = ("_stats", "folded", "pending")
+
+    def __init__(self) -> None:
+        self.folded = 0
+        """Readings already folded into ``_stats``."""
+        self.pending: list[GpuMetrics] = []
+        """Readings not folded yet, in arrival order."""
+        self._stats: list[list[float] | None] = [None] * len(METRIC_KEYS)
+
+    @property
+    def samples(self) -> int:
+        return self.folded + len(self.pending)
+
+    @property
+    def stats(self) -> list[list[float] | None]:
+        """Per metric, in :data:`METRIC_KEYS` order: [sum, count, min, max] of the readings that knew it,
+        ``None`` while none did."""
+        self.fold()
+        return self._stats
 
     def add(self, metrics: GpuMetrics) -> None:
-        self.samples += 1
-        stats = self.stats
-        for position, value in enumerate(_metric_values(metrics)):
-            if value is None:
-                continue  # unknown stays out of the aggregate, never counted as 0
+        pending = self.pending
+        pending.append(metrics)
+        if len(pending) >= _FOLD_EVERY:
+            self.fold()
+
+    def fold(self) -> None:
+        pending = self.pending
+        if not pending:
+            return
+        stats = self._stats
+        for position, column in enumerate(zip(*map(_metric_values, pending), strict=True)):
+            # unknown stays out of the aggregate, never counted as 0
+            known = column if None not in column else [value for value in column if value is not None]
+            if not known:
+                continue
             kept = stats[position]
             if kept is None:
-                stats[position] = [value, 1.0, value, value]
+                stats[position] = [sum(known, 0.0), float(len(known)), min(known), max(known)]
                 continue
-            kept[0] += value
-            kept[1] += 1.0
-            if value < kept[2]:
-                kept[2] = value
-            elif value > kept[3]:
-                kept[3] = value
+            kept[0] = sum(known, kept[0])  # left to right from the running sum, as one addition per reading
+            kept[1] += len(known)
+            kept[2] = min(kept[2], *known)
+            kept[3] = max(kept[3], *known)
+        self.folded += len(pending)
+        pending.clear()
 
     def aggregate(self, name: str) -> Aggregate | None:
         kept = self.stats[METRIC_KEYS.index(name)]
@@ -282,17 +320,24 @@ class MinuteAggregator:
         return sum(len(group) for group in self._minutes.values())
 
     def add(self, reading: MetricReading) -> None:
-        at = reading.sampled_at
-        group = self._last_group
-        if at is not self._last_at or group is None:
-            # a beat's cards share one parsed time: its minute (and the minute's group) is looked up once
-            self._last_at, self._last_minute = at, minute_of(at)
-            group = self._last_group = self._minutes.setdefault(self._last_minute, {})
-        slot = (reading.key, reading.uuid)
-        bucket = group.get(slot)
-        if bucket is None:
-            bucket = group[slot] = _Bucket()
-        bucket.add(reading.metrics)
+        self.add_beat((reading,))
+
+    def add_beat(self, readings: Iterable[MetricReading]) -> None:
+        """Take one beat's readings (or any readings): each appended to its card's bucket of its minute."""
+        for key, uuid, at, metrics, _ in readings:
+            group = self._last_group
+            if at is not self._last_at or group is None:
+                # a beat's cards share one parsed time: its minute (and the minute's group) is looked up once
+                self._last_at, self._last_minute = at, minute_of(at)
+                group = self._last_group = self._minutes.setdefault(self._last_minute, {})
+            slot = (key, uuid)
+            bucket = group.get(slot)
+            if bucket is None:
+                bucket = group[slot] = _Bucket()
+            pending = bucket.pending
+            pending.append(metrics)
+            if len(pending) >= _FOLD_EVERY:
+                bucket.fold()
 
     def close(self, *, now: datetime | None) -> list[MinuteRow]:
         """Remove and return the rows of every minute that ended before ``now - grace`` (all when ``None``)."""

@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 from collections import OrderedDict, deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import structlog
@@ -120,20 +120,23 @@ class HealthIngestor:
     def offer(self, readings: Iterable[HealthReading]) -> None:
         """Take one heartbeat's readings. Never raises, never touches the database."""
         now = self._clock.monotonic()
+        pending, in_flight, can_skip = self._pending, self._in_flight, self._cache.can_skip
+        offered = skipped = 0  # counted once per beat, not once per card
         for reading in readings:
-            self._offered += 1
+            offered += 1
             if reading.counters.all_unknown:
                 self._skipped_unknown += 1
                 continue
-            queue = self._pending.get(reading.key)
+            key = reading.key
+            queue = pending.get(key)
             # while a batch holding this card is being written, the cache may not show its newest row yet,
             # so only the writer (which sees the batch's outcome) may decide to skip
-            in_flight = reading.key in self._in_flight
-            if queue is None and not in_flight and self._cache.can_skip(reading, now=now):
-                self._skipped_dedup += 1
-                continue
-            if queue is not None and _same_values(queue[-1], reading):
-                self._skipped_dedup += 1  # already waiting with these values
+            if queue is None:
+                if key not in in_flight and can_skip(reading, now=now):
+                    skipped += 1
+                    continue
+            elif _same_values(queue[-1], reading):
+                skipped += 1  # already waiting with these values
                 continue
             if self._pending_count >= self._settings.max_pending_readings:
                 self._dropped += 1
@@ -144,6 +147,8 @@ class HealthIngestor:
             self._pending_count += 1
             self._idle_drained.clear()
             self._wake.set()
+        self._offered += offered
+        self._skipped_dedup += skipped
 
     def forget_node(self, node_id: NodeId) -> None:
         """Drop everything cached or waiting for a deleted node."""
@@ -368,7 +373,7 @@ class HealthIngestor:
                 # the agent's clock stepped back (within the tolerance): written before the newest row, the reading
                 # would never become the newest, and a changed card would be written again on every beat
                 moved += 1
-                reading = replace(reading, sampled_at=sampled_at, time_fix=fix)
+                reading = reading._replace(sampled_at=sampled_at, time_fix=fix)
             to_write.append(reading)
             # later readings of this card in the batch are judged against this one
             latest[reading.key] = StoredSample(
@@ -409,4 +414,5 @@ class HealthIngestor:
 
 
 def _same_values(a: HealthReading, b: HealthReading) -> bool:
-    return a.uuid == b.uuid and a.counters == b.counters
+    # a steady card's counters are one shared object (counters.interned_counters): compared by identity first
+    return a.uuid == b.uuid and (a.counters is b.counters or a.counters == b.counters)

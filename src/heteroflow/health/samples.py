@@ -30,9 +30,11 @@ class CardKey(NamedTuple):
     source: Source
 
 
-@dataclass(frozen=True, slots=True)
-class HealthReading:
-    """The counters of one card as one heartbeat reported them."""
+class HealthReading(NamedTuple):
+    """The counters of one card as one heartbeat reported them.
+
+    A named tuple, as :class:`CardKey`: every beat builds one per card, in C (``tuple.__new__(HealthReading,
+    (...))``); changed copies are made with ``_replace``."""
 
     key: CardKey
     uuid: str | None

@@ -27,7 +27,7 @@ def decide_write(reading: HealthReading, latest: StoredSample | None, *, keepali
         return WriteReason.FIRST
     if reading.uuid != latest.uuid:
         return WriteReason.UUID_CHANGED
-    if reading.counters != latest.counters:
+    if reading.counters is not latest.counters and reading.counters != latest.counters:  # shared when steady
         # unknown→known and known→unknown are both changes: None differs from every value.
         return WriteReason.CHANGED
     if reading.sampled_at - latest.sampled_at >= keepalive:

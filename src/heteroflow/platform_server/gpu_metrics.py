@@ -129,16 +129,16 @@ class GpuMetricsRecorder:
         """Take one beat's metrics (and health counters, for /metrics). Never raises, never touches the database."""
         now = self._clock.monotonic()
         self._readings += len(metrics)
-        add = self._aggregator.add
+        self._aggregator.add_beat(metrics)
         find = self._known.get  # a steady card is found, not built: one lookup per card and side path
-        alerting = node.source == "real"  # simulated data never alerts
-        for reading in metrics:
-            add(reading)
-            known = find(reading.key) or self._known_card(node, reading.key)
-            known.uuid, known.metrics, known.metrics_at = reading.uuid, reading.metrics, now
-            if alerting:
-                self._tracker.observe(reading)
-                self._alerting_nodes[node.id] = (node.name, node.tenant_id)
+        for key, uuid, _, card_metrics, _ in metrics:
+            known = find(key) or self._known_card(node, key)
+            known.uuid, known.metrics, known.metrics_at = uuid, card_metrics, now
+        if metrics and node.source == "real":  # simulated data never alerts
+            observe = self._tracker.observe
+            for reading in metrics:
+                observe(reading)
+            self._alerting_nodes[node.id] = (node.name, node.tenant_id)
         for health_reading in health:
             if health_reading.counters.all_unknown:
                 continue

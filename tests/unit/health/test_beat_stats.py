@@ -62,6 +62,8 @@ def test_the_same_readings_as_the_two_separate_parsers(beat: list[dict[str, obje
         assert parsed.health == health
         assert parsed.invalid == invalid
         assert parsed.metrics == metrics
+        fixes = [r.time_fix for r in parsed.health] + [r.time_fix for r in parsed.metrics]
+        assert parsed.corrected == any(fix is not None for fix in fixes)
 
 
 @settings(max_examples=300)

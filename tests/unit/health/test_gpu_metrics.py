@@ -162,3 +162,17 @@ def test_settings_fall_back_and_build_the_rule_parameters() -> None:
 def test_one_known_metric_of_any_kind_is_not_all_unknown(name: str) -> None:
     assert GpuMetrics().all_unknown
     assert not GpuMetrics(**{name: 0.0}).all_unknown
+
+
+def test_a_bucket_beyond_its_fold_gives_the_same_aggregate_as_one_value_at_a_time() -> None:
+    values = [40.0, None, 55.5, 39.0, None, 70.25, 41.0] * 5  # more readings than a bucket keeps unfolded
+    agg = MinuteAggregator()
+    for n, value in enumerate(values):
+        agg.add(reading(T0 + timedelta(milliseconds=n), temperature_c=value, power_w=None))
+    [row] = agg.close(now=None)
+    known = [value for value in values if value is not None]
+    assert row.samples == len(values)
+    assert row.values["temperature_c"] == Aggregate(
+        min=min(known), avg=sum(known) / len(known), max=max(known), count=len(known)
+    )
+    assert row.values["power_w"] is None  # unknown in every reading: no aggregate, never 0

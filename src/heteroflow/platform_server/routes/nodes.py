@@ -256,8 +256,9 @@ async def record_beat(ctx: ServerContext, node: NodeRecord, body: Heartbeat, *, 
     if invalid:
         ctx.metrics.health_stats_invalid.inc(invalid)
     ctx.ingestor.offer(readings)
-    _count_time_fixes(ctx, "health", readings)
-    _count_time_fixes(ctx, "telemetry", metric_readings)
+    if parsed.corrected:  # nearly every beat: no counting at all
+        _count_time_fixes(ctx, "health", readings)
+        _count_time_fixes(ctx, "telemetry", metric_readings)
     ctx.metrics_recorder.offer(node, metrics=metric_readings, health=readings)
     ctx.xid_collection.record(node.id, parse_xid_collection(body.xid_collection), now=ctx.clock.monotonic())
     xid_result = await _store_xid_events(ctx, node, body, received_at=received_at, window=window, clean=clean)
@@ -411,19 +412,35 @@ class LeanHeartbeat:
         message = await receive()
         # the body screen hands the body over in one message; anything else is the route's to read
         body = None
+        clean = scope.get("state", {}).get(CLEAN_TEXT, False)
         if message["type"] == "http.request" and not message.get("more_body", False):
-            try:
-                body = Heartbeat.model_validate(json.loads(message.get("body", b"")))
-            except ValueError:  # not JSON, or not a heartbeat (ValidationError): the route answers it
-                body = None
+            body = decoded_heartbeat(message.get("body", b""), clean=clean)
         if body is None:
             await self.app(scope, _replaying(message, receive), send)
             return
-        clean = scope.get("state", {}).get(CLEAN_TEXT, False)
         answer = await record_beat(self.ctx, node, body, clean=clean, started=started)
         headers = [(b"content-length", str(len(answer)).encode()), (b"content-type", b"application/json")]
         await send({"type": "http.response.start", "status": 200, "headers": headers})
         await send({"type": "http.response.body", "body": answer})
+
+
+def decoded_heartbeat(body: bytes, *, clean: bool) -> Heartbeat | None:
+    """The :class:`Heartbeat` the route would validate from ``body`` (``json.loads``, then the model), or ``None``
+    where the route would refuse it (not JSON, not a heartbeat: the route answers it).
+
+    A clean body (plain printable ASCII without an escape, ``core/request_body.py``) is decoded and validated in
+    one step by pydantic's own JSON parser, about a third of ``json.loads`` and the model's validation for an
+    agent's 3.4 KB beat. Where both accept a body they give the same model (a test compares them); where the
+    one-step parser refuses what ``json.loads`` takes (nesting deeper than its limit), the route's way decides."""
+    if clean:
+        try:
+            return Heartbeat.model_validate_json(body)
+        except ValueError:
+            pass  # decided below, exactly as the route decides
+    try:
+        return Heartbeat.model_validate(json.loads(body))
+    except ValueError:  # not JSON, or not a heartbeat (ValidationError)
+        return None
 
 
 def _declares_plain_json(scope: AsgiScope) -> bool:
