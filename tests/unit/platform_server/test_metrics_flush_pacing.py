@@ -186,3 +186,38 @@ def test_forgetting_a_node_drops_its_rows_not_yet_written() -> None:
     asyncio.run(rec.flush(paced=True))
     assert {row[0] for row in store.written()} == {NodeId(f"node-{n:03d}") for n in range(1, NODES - 1)}
     assert len(store.written()) == (NODES - 2) * CARDS
+
+
+class SignallingClock(FakeClock):
+    """A fake clock whose sleeps wait until it is moved, and say when one begins."""
+
+    def __init__(self) -> None:
+        super().__init__(T0)
+        self.sleeping = asyncio.Event()
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeping.set()
+        await super().sleep(seconds)
+
+
+def test_a_paced_flush_cancelled_between_slices_leaves_the_rest_to_the_final_flush() -> None:
+    clock, store = SignallingClock(), FakeStore()
+    rec = recorder(clock, store, flush_slice_rows=30, flush_spread_seconds=20)
+
+    async def main() -> None:
+        beat_fleet(rec, clock)
+        clock.advance(65)
+        paced = asyncio.create_task(rec.flush(paced=True))
+        pausing = asyncio.create_task(clock.sleeping.wait())
+        await asyncio.wait({paced, pausing}, return_when=asyncio.FIRST_COMPLETED)
+        assert not paced.done()  # the first slice is written; the flush waits for the clock
+        assert rec.status().rows_written_total == 30
+        paced.cancel()  # the server stops
+        with pytest.raises(asyncio.CancelledError):
+            await paced
+        await rec.flush(final=True)
+
+    asyncio.run(main())
+    written = store.written()
+    assert len(written) == len(set(written))
+    assert set(written) == fleet_cards(T0)
