@@ -15,7 +15,6 @@ from sqlalchemy.engine import Engine
 from heteroflow.core.ids import NodeId
 from heteroflow.health.gpu_metrics import GPU_MEMORY_HIGH, Aggregate, MinuteRow
 from heteroflow.health.samples import CardKey
-from heteroflow.platform_server import gpu_metrics as gpu_metrics_recorder
 from heteroflow.storage.metrics_store import SqlGpuMetricsStore
 from heteroflow.storage.schema import gpu_metrics_minutes
 from tests.conftest import StatementCounter
@@ -92,17 +91,15 @@ def test_beats_are_aggregated_per_minute_and_written_in_one_batch_without_a_stat
     assert point["memory_used_mib"]["avg"] == 1000
 
 
-def test_a_flush_writes_a_fleet_minute_in_chunks_of_bounded_size(
-    harness: Harness, engine: Engine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setattr(gpu_metrics_recorder, "WRITE_CHUNK_ROWS", 2)  # a fleet's minute, in miniature
-    token = harness.token("agent")
-    node = harness.register(token, "gpu-node-1")
-    assert harness.beat(token, node, [stat(i, **HEALTHY) for i in range(5)]).status_code == 200
-    harness.drain()
-    harness.clock.advance(65)
-    counter = StatementCounter(engine)
-    harness.flush_metrics()
+def test_a_flush_writes_a_fleet_minute_in_chunks_of_bounded_size(engine: Engine) -> None:
+    with running_server(engine, start=T0, gpu_metrics={"flush_slice_rows": 2}) as harness:  # a fleet, in miniature
+        token = harness.token("agent")
+        node = harness.register(token, "gpu-node-1")
+        assert harness.beat(token, node, [stat(i, **HEALTHY) for i in range(5)]).status_code == 200
+        harness.drain()
+        harness.clock.advance(65)
+        counter = StatementCounter(engine)
+        harness.flush_metrics()
     inserts = [s for s in counter.matching("INSERT") if "gpu_metrics_minutes" in s]
     assert len(inserts) == 3  # 2 + 2 + 1 rows: the peak is the chunk's, not the minute's
     assert sorted(r.gpu_index for r in metric_rows(engine)) == [0, 1, 2, 3, 4]

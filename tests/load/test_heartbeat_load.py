@@ -55,7 +55,7 @@ until the earlier one is flushed (24,000 cards; 60 MiB of growth measured over o
 Measured by the allocator's own counts (glibc ``mallinfo2`` beside VmRSS, once a second): the resident growth of a
 round was not retained objects but the high-water mark of the minute flush, which wrote a whole fleet's minute
 in one INSERT (malloc in use 83 → 134 → 92 MiB and RSS +100 MiB within 6 s, kept after the flush); the flush now
-writes in chunks of ``WRITE_CHUNK_ROWS``, so what is left per boundary is the buckets themselves."""
+writes in slices of ``flush_slice_rows``, so what is left per boundary is the buckets themselves."""
 TOTAL_GROWTH_MIB = 512
 """From registration to the end: the per-card state of 24,000 cards (about 6 KiB each, ~150 MiB measured) with
 room for a busy allocator; an unbounded queue of beats would pass it."""

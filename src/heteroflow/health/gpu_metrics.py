@@ -8,12 +8,13 @@ for a short retention, and a metric that is missing or malformed is unknown (``N
 
 from __future__ import annotations
 
+import itertools
 import math
 import operator
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 from heteroflow.core.ids import NodeId
 from heteroflow.health.heartbeat import parse_index, parse_time, parse_uuid
@@ -269,6 +270,17 @@ class _Bucket:
         self.folded += len(pending)
         pending.clear()
 
+    def columns(self) -> tuple[float | int | None, ...]:
+        """Per metric, in :data:`METRIC_KEYS` order: min, avg, max, count (four ``None`` for an unknown one)."""
+        flat: list[float | int | None] = []
+        for kept in self.stats:
+            if kept is None:
+                flat += _UNKNOWN_COLUMNS
+            else:
+                total, count, low, high = kept
+                flat += (low, total / count, high, int(count))
+        return tuple(flat)
+
     def aggregate(self, name: str) -> Aggregate | None:
         kept = self.stats[METRIC_KEYS.index(name)]
         if kept is None:
@@ -277,8 +289,38 @@ class _Bucket:
         return Aggregate(min=low, avg=total / count, max=high, count=int(count))
 
 
+_UNKNOWN_COLUMNS: Final = (None, None, None, None)
+
 ClosedMinute = tuple[datetime, dict[tuple[CardKey, str | None], _Bucket]]
 """A minute taken out of :class:`MinuteAggregator`: its start and its buckets by (card, uuid)."""
+
+ClosedSlot = tuple[datetime, tuple[tuple[CardKey, str | None], _Bucket]]
+"""One card's bucket of a closed minute, not yet made a row: (minute, ((card, uuid), bucket))."""
+
+FlatRow = tuple[Any, ...]
+"""One card's minute as plain values, no object per row: node id, gpu index, source, uuid, minute, samples, then
+per metric in :data:`METRIC_KEYS` order min, avg, max and count (``None`` for an unknown metric)."""
+
+
+def closed_slots(taken: Iterable[ClosedMinute]) -> Iterator[ClosedSlot]:
+    """The buckets of closed minutes, by minute, each minute's in the order its cards first reported: paired in
+    C (a fleet's minute is 24,000 buckets; sorting them cost 15-30 ms of the event loop in one stretch)."""
+    return itertools.chain.from_iterable(zip(itertools.repeat(minute), group.items()) for minute, group in taken)
+
+
+def flat_row(slot: ClosedSlot) -> FlatRow:
+    """The :data:`FlatRow` of one closed bucket (a few microseconds: rows are built a slice at a time)."""
+    minute, ((key, uuid), bucket) = slot
+    return (key.node_id, key.gpu_index, key.source, uuid, minute, bucket.samples, *bucket.columns())
+
+
+def flat_of(row: MinuteRow) -> FlatRow:
+    """The :data:`FlatRow` of a :class:`MinuteRow`."""
+    flat: list[Any] = [row.key.node_id, row.key.gpu_index, row.key.source, row.uuid, row.minute, row.samples]
+    for name in METRIC_KEYS:
+        agg = row.values.get(name)
+        flat += _UNKNOWN_COLUMNS if agg is None else (agg.min, agg.avg, agg.max, agg.count)
+    return tuple(flat)
 
 
 def minute_rows(taken: Sequence[ClosedMinute]) -> list[MinuteRow]:

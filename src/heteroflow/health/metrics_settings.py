@@ -30,8 +30,30 @@ class GpuMetricsSettings(LenientSettings):
         le=3600,
         validation_alias=env_names("gpu_metrics_flush_seconds"),
         description=(
-            "Seconds between two flushes of the closed minutes to the database, in one batch (default 15). "
+            "Seconds between two flushes of the closed minutes to the database (default 15), each written in "
+            "slices (flush_slice_rows, flush_spread_seconds). "
             "GPU_MEMORY_HIGH is decided at the same pace."
+        ),
+    )
+    flush_slice_rows: int = Field(
+        default=250,
+        ge=1,
+        le=100_000,
+        validation_alias=env_names("gpu_metrics_flush_slice_rows"),
+        description=(
+            "Closed minute rows built and written per transaction of a flush (default 250): a fleet's minute is "
+            "written a slice at a time, each a few milliseconds of the server's CPU."
+        ),
+    )
+    flush_spread_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        validation_alias=env_names("gpu_metrics_flush_spread_seconds"),
+        description=(
+            "Seconds over which the background flush spreads its slices (default 30, well within the minute): "
+            "the heartbeats are not queued behind one long burst of work. 0 writes them back to back; the final "
+            "flush at shutdown never pauses."
         ),
     )
     cleanup_interval_seconds: float = Field(

@@ -1,7 +1,8 @@
 """The heartbeat's metrics side path: aggregate per minute in memory, flush in batches, alert on full memory.
 
 The heartbeat handler calls :meth:`GpuMetricsRecorder.offer` and returns: no statement per beat. Every
-``flush_seconds`` a background task writes the minutes that closed in one transaction, decides
+``flush_seconds`` a background task writes the minutes that closed, a slice of rows per transaction spread over
+``flush_spread_seconds`` (a fleet's minute never holds the event loop or the interpreter in one stretch), decides
 GPU_MEMORY_HIGH per node (raise after the card stayed full for the configured time, resolve as soon as no card
 of the node is full) and, after rows were written, runs retention cleanup once per interval. A failed write
 keeps the rows (bounded) for the next flush and never reaches the heartbeat.
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -28,13 +28,15 @@ from heteroflow.health.counters import Counters
 from heteroflow.health.gpu_metrics import (
     GPU_MEMORY_HIGH,
     MEMORY_HIGH_RESOLUTION,
+    ClosedSlot,
+    FlatRow,
     GpuMetrics,
     MemoryHighTracker,
     MetricReading,
     MinuteAggregator,
-    MinuteRow,
+    closed_slots,
+    flat_row,
     memory_high_message,
-    minute_rows,
 )
 from heteroflow.health.metrics_settings import GpuMetricsSettings
 from heteroflow.health.samples import CardKey, HealthReading
@@ -44,8 +46,6 @@ from heteroflow.storage.alert_store import SYSTEM, AlertRecord, SqlAlertStore
 from heteroflow.storage.metrics_store import SqlGpuMetricsStore
 
 _log = structlog.get_logger(__name__)
-WRITE_CHUNK_ROWS = 1000
-"""Closed minute rows per INSERT transaction of a flush: the flush's memory peak is bounded by it, not the fleet."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,7 +106,9 @@ class GpuMetricsRecorder:
         self._tracker = MemoryHighTracker(settings.memory_high)
         self._known: dict[CardKey, _Known] = {}
         self._alerting_nodes: dict[NodeId, tuple[str, TenantId | None]] = {}
-        self._pending: deque[MinuteRow] = deque()
+        # closed minute rows, oldest first: built ones (a failed write keeps them), then buckets not yet built
+        self._pending: deque[FlatRow] = deque()
+        self._unbuilt: deque[ClosedSlot] = deque()
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._last_cleanup: datetime | None = None
@@ -158,7 +160,8 @@ class GpuMetricsRecorder:
         self._aggregator.forget_node(node_id)
         self._tracker.forget_node(node_id)
         self._alerting_nodes.pop(node_id, None)
-        self._pending = deque(row for row in self._pending if row.key.node_id != node_id)
+        self._pending = deque(row for row in self._pending if row[0] != node_id)
+        self._unbuilt = deque(slot for slot in self._unbuilt if slot[1][0][0].node_id != node_id)
 
     def latest(self) -> list[LatestCard]:
         """The newest values of every card heard of recently; stale parts are ``None`` (no series)."""
@@ -183,7 +186,7 @@ class GpuMetricsRecorder:
     def status(self) -> MetricsRecorderStatus:
         return MetricsRecorderStatus(
             open_minutes=len(self._aggregator),
-            pending_rows=len(self._pending),
+            pending_rows=len(self._pending) + len(self._unbuilt),
             readings_total=self._readings,
             rows_written_total=self._written,
             rows_dropped_total=self._dropped,
@@ -217,30 +220,37 @@ class GpuMetricsRecorder:
         while True:
             await asyncio.sleep(self._settings.flush_seconds)
             try:
-                await self.flush()
+                await self.flush(paced=True)
             except Exception as exc:  # pragma: no cover - flush logs its own failures
                 _log.warning("gpu_metrics.flush_failed", error=f"{type(exc).__name__}: {exc}"[:300])
 
-    async def flush(self, *, final: bool = False) -> None:
-        """Write the closed minutes in one batch, decide GPU_MEMORY_HIGH, expire old rows when due."""
+    async def flush(self, *, final: bool = False, paced: bool = False) -> None:
+        """Write the closed minutes, decide GPU_MEMORY_HIGH, expire old rows when due.
+
+        The rows are built and written a slice at a time (``flush_slice_rows``, one transaction each); ``paced``
+        (the background loop) spreads the slices over ``flush_spread_seconds``, so that a fleet's minute never
+        holds the event loop or the interpreter for long. ``final`` writes every open minute, without pauses.
+        """
         async with self._lock:
             self._flushes += 1
             now = self._clock.now()
             taken = self._aggregator.take_closed(now=None if final else now)
             if taken:
-                # a fleet's minute is 24,000 rows: built in a worker thread, not in one stretch of the event loop
-                self._pending.extend(await asyncio.to_thread(minute_rows, taken))
-            overflow = len(self._pending) - self._settings.max_pending_rows
-            for _ in range(max(overflow, 0)):
-                self._pending.popleft()
-                self._dropped += 1
-            if self._pending:
-                await self._write()
+                self._unbuilt.extend(closed_slots(taken))
+            self._drop_overflow()
+            if self._pending or self._unbuilt:
+                await self._write(paced=paced and not final)
             if self._settings.memory_high_alerts and not final:
                 await self._alert_upkeep(now)
             if self._written_since_cleanup and self._cleanup_due(now) and not final:
                 await self._cleanup(now)
             self._forget_silent_cards()
+
+    def _drop_overflow(self) -> None:
+        overflow = len(self._pending) + len(self._unbuilt) - self._settings.max_pending_rows
+        for _ in range(max(overflow, 0)):
+            (self._pending or self._unbuilt).popleft()
+            self._dropped += 1
 
     def _forget_silent_cards(self) -> None:
         """Drop the newest values of cards silent for ten export periods (memory stays bounded by the fleet)."""
@@ -248,23 +258,34 @@ class GpuMetricsRecorder:
         for key in [k for k, v in self._known.items() if max(v.counters_at, v.metrics_at) < cutoff]:
             del self._known[key]
 
-    async def _write(self) -> None:
-        # in chunks: a minute of a whole fleet at once (24,000 cards) built every row's parameters at the same
-        # time, a transient peak of ~100 MiB that the allocator kept as resident memory after the flush
-        while self._pending:
-            batch = list(itertools.islice(self._pending, WRITE_CHUNK_ROWS))
+    async def _write(self, *, paced: bool) -> None:
+        # a slice at a time: a fleet's minute (24,000 cards) built at once took ~0.4 s of Python in one stretch,
+        # and its rows' parameters at once a transient ~100 MiB peak the allocator kept as resident memory
+        size = self._settings.flush_slice_rows
+        slices = -(-(len(self._pending) + len(self._unbuilt)) // size)
+        pause = self._settings.flush_spread_seconds / slices if paced else 0.0
+        while self._pending or self._unbuilt:
+            missing = size - len(self._pending)
+            if missing > 0 and self._unbuilt:
+                unbuilt = self._unbuilt
+                self._pending.extend([flat_row(unbuilt.popleft()) for _ in range(min(missing, len(unbuilt)))])
+            batch = [self._pending[i] for i in range(min(size, len(self._pending)))]
             try:
-                written = await asyncio.to_thread(self._store.insert, batch)
+                written = await asyncio.to_thread(self._store.insert_flat, batch)
             except Exception as exc:  # kept for the next flush; the heartbeat never notices
                 self._write_failures += 1
                 self._last_error = f"{type(exc).__name__}: {exc}"[:500]
-                _log.warning("gpu_metrics.write_failed", error=self._last_error, rows=len(self._pending))
+                _log.warning(
+                    "gpu_metrics.write_failed", error=self._last_error, rows=len(self._pending) + len(self._unbuilt)
+                )
                 return
             for _ in batch:
                 self._pending.popleft()
             self._written += written
             self._written_since_cleanup += written
             self._last_error = None
+            if pause and (self._pending or self._unbuilt):
+                await self._clock.sleep(pause)
 
     async def _alert_upkeep(self, now: datetime) -> None:
         if not self._alerting_nodes:

@@ -1,38 +1,31 @@
-"""SQL storage of the per-minute GPU metrics: one batched write per flush, range reads, retention."""
+"""SQL storage of the per-minute GPU metrics: batched writes of plain-value rows, range reads, retention."""
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from heteroflow.core.ids import NodeId, Source
-from heteroflow.health.gpu_metrics import METRIC_KEYS, Aggregate, MinuteRow
+from heteroflow.health.gpu_metrics import METRIC_KEYS, Aggregate, FlatRow, MinuteRow, flat_of
 from heteroflow.health.samples import CardKey
 from heteroflow.storage.db import insert_rows, unavailable_as_store_error
 from heteroflow.storage.schema import gpu_metrics_minutes as minutes_t
 from heteroflow.storage.schema import nodes as nodes_t
 
-
-def _values(row: MinuteRow) -> dict[str, Any]:
-    values: dict[str, Any] = {
-        "node_id": row.key.node_id,
-        "gpu_index": row.key.gpu_index,
-        "source": row.key.source,
-        "uuid": row.uuid,
-        "minute": row.minute,
-        "samples": row.samples,
-    }
-    for name in METRIC_KEYS:
-        agg = row.values.get(name)
-        values[f"{name}_min"] = agg.min if agg else None
-        values[f"{name}_avg"] = agg.avg if agg else None
-        values[f"{name}_max"] = agg.max if agg else None
-        values[f"{name}_n"] = agg.count if agg else None
-    return values
+_COLUMNS: Final = (
+    "node_id",
+    "gpu_index",
+    "source",
+    "uuid",
+    "minute",
+    "samples",
+    *(f"{name}_{part}" for name in METRIC_KEYS for part in ("min", "avg", "max", "n")),
+)
+"""The table's columns in :data:`~heteroflow.health.gpu_metrics.FlatRow` order."""
 
 
 def _row(row: Any) -> MinuteRow:
@@ -63,15 +56,19 @@ class SqlGpuMetricsStore:
         self._engine = engine
 
     def insert(self, rows: Sequence[MinuteRow]) -> int:
-        """Insert closed minutes in one transaction (one JSON parameter on PostgreSQL, else one executemany:
-        :func:`~heteroflow.storage.db.insert_rows`). Rows of deleted nodes are skipped."""
+        """Insert closed minutes in one transaction (:meth:`insert_flat`). Rows of deleted nodes are skipped."""
+        return self.insert_flat([flat_of(row) for row in rows])
+
+    def insert_flat(self, rows: Sequence[FlatRow]) -> int:
+        """Insert closed minutes given as plain values in one transaction (one JSON parameter on PostgreSQL,
+        else one executemany: :func:`~heteroflow.storage.db.insert_rows`). Rows of deleted nodes are skipped."""
         if not rows:
             return 0
         with unavailable_as_store_error(), self._engine.begin() as conn:
-            node_ids = {row.key.node_id for row in rows}
+            node_ids = {row[0] for row in rows}
             live = set(conn.scalars(sa.select(nodes_t.c.id).where(nodes_t.c.id.in_(node_ids))))
-            kept = [_values(row) for row in rows if row.key.node_id in live]
-            insert_rows(conn, minutes_t, kept)  # a fleet's minute is 24,000 rows
+            kept = [dict(zip(_COLUMNS, row, strict=True)) for row in rows if row[0] in live]
+            insert_rows(conn, minutes_t, kept)
         return len(kept)
 
     def read(

@@ -49,6 +49,7 @@ SPECIAL = {
     "simulate_gpus": ["abc", "-5"],  # 0 is the default: real hardware
     "max_transient_query_errors": ["abc", "-1"],  # 0 is the RFC's default
     "fast_recovery_stability_sec": ["abc", "-1"],  # 0: dispatch at once
+    "flush_spread_seconds": ["abc", "-1"],  # 0: the slices back to back
     "collector": ["", "magic"],
 }
 
