@@ -654,6 +654,9 @@ def main() -> None:
         help="the server's per-address bound (default: above the run's connection count, all from one address)",
     )
     parser.add_argument("--shed-lag", type=float, default=None, help="the server's event-loop lag bound, seconds")
+    parser.add_argument(
+        "--gc-young-threshold", type=int, default=None, help="the server's collector setting (0: CPython's defaults)"
+    )
     parser.add_argument("--database-url", default=None, help="default: a fresh SQLite file")
     parser.add_argument("--postgres", action="store_true", help="start a private PostgreSQL server and use it")
     parser.add_argument("--workers", type=int, default=1, help="server worker processes (>1 needs PostgreSQL)")
@@ -685,6 +688,8 @@ def main() -> None:
     server_env["HETEROFLOW_SERVER_MAX_IN_FLIGHT_PER_PEER"] = str(args.max_in_flight_per_peer)
     if args.shed_lag is not None:
         server_env["HETEROFLOW_SERVER_HEARTBEAT_SHED_LAG_SECONDS"] = str(args.shed_lag)
+    if args.gc_young_threshold is not None:
+        server_env["HETEROFLOW_SERVER_GC_YOUNG_THRESHOLD"] = str(args.gc_young_threshold)
     server = subprocess.Popen(
         [
             *(sys.executable, "-m", "heteroflow", "server", "--port", str(port), "--database-url", database_url),

@@ -11,6 +11,7 @@ from typing import Annotated
 import typer
 from fastapi import FastAPI
 
+from heteroflow.core.collector import settle_after_start_up
 from heteroflow.core.logs import configure_logging
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform_server.settings import ServerSettings
@@ -42,7 +43,9 @@ def server(
     configure_logging(level=settings.log_level)
     if settings.workers == 1:
         ctx = build_context(settings=settings, health_settings=HealthStorageSettings.load())
-        serve(create_app(ctx), host=settings.host, port=settings.port, lifespan="on")
+        app = create_app(ctx)
+        settle_after_start_up(young_threshold=settings.gc_young_threshold)
+        serve(app, host=settings.host, port=settings.port, lifespan="on")
         return
     if normalise_url(settings.database_url).get_backend_name() != "postgresql":
         typer.echo(
@@ -88,4 +91,6 @@ def worker_app() -> FastAPI:
     directory = worker_directory()
     if directory is not None:
         ctx.siblings = SiblingMetrics(directory, ctx.metrics.render)
-    return create_app(ctx, migrate=False)
+    app = create_app(ctx, migrate=False)
+    settle_after_start_up(young_threshold=settings.gc_young_threshold)
+    return app

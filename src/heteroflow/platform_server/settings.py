@@ -39,6 +39,18 @@ class ServerSettings(LenientSettings):
             "needs PostgreSQL: SQLite takes one writer at a time."
         ),
     )
+    gc_young_threshold: int = Field(
+        default=50_000,
+        ge=0,
+        le=10_000_000,
+        validation_alias=env_names("server_gc_young_threshold"),
+        description=(
+            "After start-up, freeze the start-up objects out of the garbage collector's scans and collect the "
+            "young generation every this many new objects (default 50,000; CPython's is 700), so that full "
+            "collections, which pause every request, come seldom (core/collector.py). 0 leaves the collector "
+            "as it is."
+        ),
+    )
     database_url: str = Field(
         default_factory=default_database_url,
         min_length=1,

@@ -50,6 +50,7 @@ SPECIAL = {
     "max_transient_query_errors": ["abc", "-1"],  # 0 is the RFC's default
     "fast_recovery_stability_sec": ["abc", "-1"],  # 0: dispatch at once
     "flush_spread_seconds": ["abc", "-1"],  # 0: the slices back to back
+    "gc_young_threshold": ["abc", "-1"],  # 0: the collector left as it is
     "collector": ["", "magic"],
 }
 
