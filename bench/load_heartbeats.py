@@ -153,6 +153,10 @@ class Phase:
     """Every node sends its first beat in this phase: all its latencies count as first beats."""
     refused: dict[str, int] = field(default_factory=dict)
     """Heartbeats the server's admission gate refused in this phase, by reason."""
+    full_collections: int = 0
+    """The server's full garbage collections in this phase (``heteroflow_gc_pause_seconds``, generation 2)."""
+    gc_pause_sec: float = 0.0
+    """How long the server's garbage collections of every generation held it in this phase, seconds."""
 
     @property
     def beats(self) -> int:
@@ -310,6 +314,18 @@ class Fleet:
         body: dict[str, Any] = (await self.admin.get("/api/v1/server/status")).json()
         return body
 
+    async def collections(self) -> dict[str, tuple[float, float]]:
+        """The server's garbage collections so far: generation -> (count, seconds), from its /metrics."""
+        text = (await self.admin.get("/metrics")).text
+        found: dict[str, list[float]] = {}
+        for line in text.splitlines():
+            for part, slot in (("_count", 0), ("_sum", 1)):
+                prefix = f'heteroflow_gc_pause_seconds{part}{{generation="'
+                if line.startswith(prefix):
+                    generation = line[len(prefix) :].split('"', 1)[0]
+                    found.setdefault(generation, [0.0, 0.0])[slot] = float(line.rsplit(" ", 1)[1])
+        return {generation: (count, seconds) for generation, (count, seconds) in found.items()}
+
     async def drain(self) -> None:
         deadline = time.monotonic() + 300
         while (await self.ingest_status())["health_ingest"]["pending_readings"]:
@@ -409,6 +425,7 @@ class Fleet:
     async def measure(self, phase: Phase, load: Any, *, report_every: float = 0.0) -> Phase:
         await self.drain()
         before = await self.ingest_status()
+        collections_before = await self.collections()
         phase.rss_start_kib = proc_status_kib(self.pid, "VmRSS")
         cpu, client_cpu = cpu_seconds(self.pid), time.process_time()
         stop = asyncio.Event()
@@ -427,6 +444,11 @@ class Fleet:
         await self.drain()  # the writer's work for this phase is billed to it
         phase.server_cpu_sec = cpu_seconds(self.pid) - cpu
         after = await self.ingest_status()
+        collections = await self.collections()
+        phase.full_collections = round(collections.get("2", (0.0, 0.0))[0] - collections_before.get("2", (0.0, 0.0))[0])
+        phase.gc_pause_sec = sum(seconds for _, seconds in collections.values()) - sum(
+            seconds for _, seconds in collections_before.values()
+        )
         phase.rows_written = after["health_ingest"]["written_total"] - before["health_ingest"]["written_total"]
         phase.readings_offered = after["health_ingest"]["offered_total"] - before["health_ingest"]["offered_total"]
         gate, gate_before = after["heartbeat_admission"], before["heartbeat_admission"]
@@ -595,7 +617,8 @@ def report(phases: list[Phase], args: argparse.Namespace, backend: str) -> None:
     head = (
         f"{'phase':<26} {'offered/s':>9} {'ok/s':>7} {'x base':>6} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} "
         f"{'p99 repeat':>10} {'skipped':>7} {'rss MiB start/end/peak':>22} {'srv cpu ms/beat':>15} {'rows/beat':>9} "
-        f"{'probe worst ms':>14} {'peak in flight':>14} {'peak lag ms':>11} {'client cpu %':>12}  answers"
+        f"{'probe worst ms':>14} {'peak in flight':>14} {'peak lag ms':>11} {'client cpu %':>12} "
+        f"{'full gc':>7} {'gc pause ms':>11}  answers"
     )
     print(head)
     base = phases[0]
@@ -610,7 +633,8 @@ def report(phases: list[Phase], args: argparse.Namespace, backend: str) -> None:
             f"{p.skipped:>7} {rss:>22} "
             f"{p.server_cpu_sec / max(1, p.beats) * 1000:>15.2f} {p.rows_written / max(1, p.ok):>9.3f} "
             f"{p.probe_worst_sec * 1000:>14.0f} {p.peak_in_flight:>14} {p.peak_lag_sec * 1000:>11.0f} "
-            f"{p.client_cpu_sec / p.seconds * 100:>12.0f}  {answers}{retry} refused {p.refused}"
+            f"{p.client_cpu_sec / p.seconds * 100:>12.0f} {p.full_collections:>7} {p.gc_pause_sec * 1000:>11.0f}  "
+            f"{answers}{retry} refused {p.refused}"
         )
     for p in phases[1:]:
         cpu_ratio = (p.server_cpu_sec / max(1, p.beats)) / (base.server_cpu_sec / max(1, base.beats))
@@ -669,7 +693,9 @@ def main() -> None:
     database_url = postgres.create_database() if postgres else args.database_url or f"sqlite:///{workdir}/load.db"
     env = {k: v for k, v in os.environ.items() if not k.startswith("HETEROFLOW_")}
     agent_token = heteroflow("admin", "create-token", "--scopes", "agent", "--database-url", database_url, env=env)
-    admin_token = heteroflow("admin", "create-token", "--scopes", "admin", "--database-url", database_url, env=env)
+    admin_token = heteroflow(
+        "admin", "create-token", "--scopes", "admin,metrics:read", "--database-url", database_url, env=env
+    )
     port = free_port()
     server_env = {
         **env,

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -30,14 +32,16 @@ def create_token(database_url: str, scopes: str, *extra: str) -> str:
     return result.stdout.strip().splitlines()[-1]
 
 
-@pytest.fixture
-def server(database_url: str) -> Iterator[tuple[str, str, subprocess.Popen[bytes]]]:
-    token = create_token(database_url, "agent,nodes:read")
+@contextlib.contextmanager
+def running_server(
+    database_url: str, token: str, env: dict[str, str] | None = None
+) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "heteroflow", "server", "--port", str(port), "--database-url", database_url],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
+        env=None if env is None else {**os.environ, **env},
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -52,13 +56,32 @@ def server(database_url: str) -> Iterator[tuple[str, str, subprocess.Popen[bytes
             raise AssertionError(f"server did not start: {process.stderr.read() if process.stderr else ''!r}")
         time.sleep(0.1)
     try:
-        yield url, token, process
+        yield url, process
     finally:
         if process.poll() is None:
             process.kill()
             process.wait(10)
         if process.stderr is not None:
             process.stderr.close()
+
+
+@pytest.fixture
+def server(database_url: str) -> Iterator[tuple[str, str, subprocess.Popen[bytes]]]:
+    token = create_token(database_url, "agent,nodes:read")
+    with running_server(database_url, token) as (url, process):
+        yield url, token, process
+
+
+def test_the_server_process_exports_how_long_its_garbage_collections_held_it(database_url: str) -> None:
+    # with CPython's own thresholds (the setting at 0) a server's start-up alone runs many young collections
+    token = create_token(database_url, "metrics:read")
+    with running_server(database_url, token, {"HETEROFLOW_SERVER_GC_YOUNG_THRESHOLD": "0"}) as (url, _):
+        text = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=10).text
+    assert "# TYPE heteroflow_gc_pause_seconds histogram" in text
+    (count,) = [
+        line for line in text.splitlines() if line.startswith('heteroflow_gc_pause_seconds_count{generation="0"}')
+    ]
+    assert float(count.split()[-1]) > 0
 
 
 def test_token_register_heartbeat_and_read_back_over_http(server: tuple[str, str, subprocess.Popen[bytes]]) -> None:

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 from fastapi import FastAPI
 
-from heteroflow.core.collector import settle_after_start_up
+from heteroflow.core.collector import settle_after_start_up, watch_pauses
 from heteroflow.core.logs import configure_logging
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform_server.settings import ServerSettings
@@ -45,6 +45,7 @@ def server(
         ctx = build_context(settings=settings, health_settings=HealthStorageSettings.load())
         app = create_app(ctx)
         settle_after_start_up(young_threshold=settings.gc_young_threshold)
+        watch_pauses(ctx.metrics.observe_gc_pause)
         serve(app, host=settings.host, port=settings.port, lifespan="on")
         return
     if normalise_url(settings.database_url).get_backend_name() != "postgresql":
@@ -93,4 +94,5 @@ def worker_app() -> FastAPI:
         ctx.siblings = SiblingMetrics(directory, ctx.metrics.render)
     app = create_app(ctx, migrate=False)
     settle_after_start_up(young_threshold=settings.gc_young_threshold)
+    watch_pauses(ctx.metrics.observe_gc_pause)
     return app

@@ -13,6 +13,9 @@ quarter, comes seldom. Cyclic garbage is still collected; only later.
 from __future__ import annotations
 
 import gc
+import time
+from collections.abc import Callable
+from typing import Any
 
 import structlog
 
@@ -28,3 +31,18 @@ def settle_after_start_up(*, young_threshold: int) -> None:
     _, middle, old = gc.get_threshold()
     gc.set_threshold(young_threshold, middle, old)
     _log.info("gc.settled", frozen_objects=gc.get_freeze_count(), thresholds=gc.get_threshold())
+
+
+def watch_pauses(record: Callable[[int, float], None]) -> Callable[[], None]:
+    """Call ``record(generation, seconds)`` after every collection with how long it held the interpreter;
+    returns the function that stops watching."""
+    started = [0.0]
+
+    def on_collection(phase: str, info: dict[str, Any]) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+        else:
+            record(int(info["generation"]), time.perf_counter() - started[0])
+
+    gc.callbacks.append(on_collection)
+    return lambda: gc.callbacks.remove(on_collection)

@@ -86,6 +86,18 @@ class ServerMetrics:
             registry=self.registry,
         )
 
+        self.gc_pauses = Histogram(
+            "heteroflow_gc_pause_seconds",
+            "How long each garbage collection of this process held the interpreter (no request is answered "
+            "meanwhile), seconds, by generation (2: a full collection).",
+            ["generation"],
+            buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5),
+            registry=self.registry,
+        )
+
+    def observe_gc_pause(self, generation: int, seconds: float) -> None:
+        self.gc_pauses.labels(generation=str(generation)).observe(seconds)
+
     def watch(self, ingest: Callable[[], IngestStatus], liveness: Callable[[], LivenessStatus]) -> None:
         self.registry.register(_StatusCollector(ingest, liveness))
 

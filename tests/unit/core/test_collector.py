@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
+
+from heteroflow.core.collector import watch_pauses
 
 _PROBE = """
 import gc, json, sys
@@ -49,3 +52,17 @@ def test_zero_leaves_the_collector_as_it_is() -> None:
     assert result["after"] == result["before"]
     assert result["frozen"] == 0
     assert result["cycle_freed"] is True
+
+
+def test_every_collection_is_recorded_with_its_pause_until_the_watch_stops() -> None:
+    seen: list[tuple[int, float]] = []
+    stop = watch_pauses(lambda generation, seconds: seen.append((generation, seconds)))
+    try:
+        gc.collect()
+    finally:
+        stop()
+    assert (2, seen[-1][1]) == seen[-1]
+    assert seen[-1][1] >= 0.0
+    count = len(seen)
+    gc.collect()
+    assert len(seen) == count
