@@ -49,7 +49,7 @@ ATTEMPTS = 10
 STEADY_GROWTH_MIB = 48
 """Once every node has beaten, the server holds its per-card state (dedup cache, latest values, liveness): a later
 round of the same nodes adds beats, not state. What the resident size still does between two such rounds without
-a minute boundary, measured on a quiet machine: +21.0 to +25.8 MiB over six runs (the server's collector policy on
+a minute boundary, measured on a quiet machine: +21.0 to +25.8 MiB over five runs (the server's collector policy on
 and off alike, and the tree before it), +34.7 MiB once in a whole-suite run; a leak of 2 KiB a beat (24,000 beats a
 round) still fails."""
 MINUTE_BUCKETS_MIB = 72
