@@ -17,7 +17,7 @@ from heteroflow.serving.node_manager.supervisor import (
     pid_gone,
     pid_stopped,
 )
-from heteroflow.serving.node_manager.testing import FakeLauncher
+from heteroflow.serving.node_manager.testing import FakeLauncher, FakeProcess
 from tests.support.polling import until
 
 # an "API server" that starts one worker subprocess and waits for it, as the simulator's rank does
@@ -119,9 +119,8 @@ def test_an_exiting_process_is_told_from_a_running_one() -> None:
     assert not pid_exiting(child.pid)  # reaped: no such process
 
 
-def test_a_killed_api_server_seen_after_its_subprocesses_is_reported_with_its_exit_code() -> None:
-    # the kernel kills a subprocess that dies with its parent while that parent is still being torn down: the
-    # supervisor may read the subprocess gone before the API server's exit code exists
+def _worker_gone_while_the_api_server_exits() -> tuple[ProcessSupervisor, FakeProcess]:
+    """A fake engine whose worker is gone while its API server is still in the kernel's exit path."""
     launcher = FakeLauncher()
     supervisor = ProcessSupervisor(launcher)
     supervisor.launch(EngineCommand(endpoint_id=3, argv=("engine",), env=(), url="http://127.0.0.1:1"))
@@ -129,6 +128,13 @@ def test_a_killed_api_server_seen_after_its_subprocesses_is_reported_with_its_ex
     proc = launcher.current(3)
     proc.kill_worker()
     proc.exiting = True
+    return supervisor, proc
+
+
+def test_a_killed_api_server_seen_after_its_subprocesses_is_reported_with_its_exit_code() -> None:
+    # the kernel kills a subprocess that dies with its parent while that parent is still being torn down: the
+    # supervisor may read the subprocess gone before the API server's exit code exists
+    supervisor, proc = _worker_gone_while_the_api_server_exits()
     assert supervisor.check(now=10.0) == []  # the same death, not yet reapable
     proc.exit(-9)
     (death,) = supervisor.check(now=10.1)
@@ -137,13 +143,7 @@ def test_a_killed_api_server_seen_after_its_subprocesses_is_reported_with_its_ex
 
 
 def test_an_exit_stuck_in_the_kernel_does_not_hide_the_death() -> None:
-    launcher = FakeLauncher()
-    supervisor = ProcessSupervisor(launcher)
-    supervisor.launch(EngineCommand(endpoint_id=3, argv=("engine",), env=(), url="http://127.0.0.1:1"))
-    supervisor.mark_ready(3)
-    proc = launcher.current(3)
-    proc.kill_worker()
-    proc.exiting = True
+    supervisor, proc = _worker_gone_while_the_api_server_exits()
     assert supervisor.check(now=10.0) == []
     assert supervisor.check(now=10.3) == []
     (death,) = supervisor.check(now=10.5)
