@@ -31,7 +31,7 @@ from heteroflow.agent.heartbeat import heartbeat_body
 from heteroflow.agent.runner import registration_for
 from heteroflow.agent.simulated import SimulatedCollector
 from heteroflow.core.clock import SystemClock
-from heteroflow.health import counters, gpu_metrics
+from heteroflow.health import counters
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform.auth import parse_scopes
 from heteroflow.platform.nodes import NODE_CREDENTIAL_HEADER
@@ -54,7 +54,6 @@ def held(ctx: ServerContext) -> dict[str, Any]:
     """Sizes of the in-memory state a beat adds to."""
     return {
         "minute_buckets": len(ctx.metrics_recorder._aggregator),
-        "interned_metrics": len(gpu_metrics._INTERNED),
         "interned_counters": len(counters._INTERNED),
         "metric_rows_pending": ctx.metrics_recorder.status().pending_rows,
         "health_pending": ctx.ingestor.status().pending_readings,

@@ -22,7 +22,11 @@ DEFAULT_IDLE_SEC = 30 * 60
 
 
 class DedupCache:
-    """LRU of :class:`StoredSample` by :class:`CardKey`, with idle eviction on a monotonic clock."""
+    """LRU of :class:`StoredSample` by :class:`CardKey`, with idle eviction on a monotonic clock.
+
+    A use moves the entry to the end and writes its time into a dict of floats: no object the garbage
+    collector tracks is made per card and beat (a (sample, time) pair per use was: a fleet's worth, each
+    living a beat's interval, walked by every collection that ran meanwhile)."""
 
     def __init__(
         self,
@@ -36,7 +40,10 @@ class DedupCache:
         self._keepalive = keepalive
         self._max = max_entries
         self._idle = idle_sec
-        self._entries: OrderedDict[CardKey, tuple[StoredSample, float]] = OrderedDict()
+        self._entries: OrderedDict[CardKey, StoredSample] = OrderedDict()
+        """In order of last use, oldest first."""
+        self._used: dict[CardKey, float] = {}
+        """When each entry was last used (monotonic seconds)."""
         self.capacity_evictions = 0
         """Entries pushed out by the size bound: steadily rising means the cache is smaller than the fleet
         (cards = nodes x GPUs) and steady beats are costing SELECTs."""
@@ -45,14 +52,13 @@ class DedupCache:
         return len(self._entries)
 
     def get(self, key: CardKey, *, now: float) -> StoredSample | None:
-        entry = self._entries.get(key)
-        if entry is None:
+        sample = self._entries.get(key)
+        if sample is None:
             return None
-        sample, used = entry
-        if now - used > self._idle:
-            del self._entries[key]
+        if now - self._used[key] > self._idle:
+            del self._entries[key], self._used[key]
             return None
-        self._entries[key] = (sample, now)
+        self._used[key] = now
         self._entries.move_to_end(key)
         return sample
 
@@ -64,12 +70,13 @@ class DedupCache:
     def confirm(self, sample: StoredSample, *, now: float) -> None:
         """Record a row the store reported as the newest of its card."""
         current = self._entries.get(sample.key)
-        if current is not None and current[0].sampled_at > sample.sampled_at:
+        if current is not None and current.sampled_at > sample.sampled_at:
             return  # an older confirmation arriving late never replaces a newer one
-        self._entries[sample.key] = (sample, now)
+        self._entries[sample.key] = sample
+        self._used[sample.key] = now
         self._entries.move_to_end(sample.key)
         while len(self._entries) > self._max:
-            self._entries.popitem(last=False)
+            del self._used[self._entries.popitem(last=False)[0]]
             self.capacity_evictions += 1
 
     def evict_idle(self, *, now: float) -> int:
@@ -82,16 +89,17 @@ class DedupCache:
         """
         evicted = 0
         while self._entries:
-            key, (_, used) = next(iter(self._entries.items()))
-            if now - used <= self._idle:
+            key = next(iter(self._entries))
+            if now - self._used[key] <= self._idle:
                 break
-            del self._entries[key]
+            del self._entries[key], self._used[key]
             evicted += 1
         return evicted
 
     def forget(self, keys: Iterable[CardKey]) -> None:
         for key in keys:
             self._entries.pop(key, None)
+            self._used.pop(key, None)
 
     def forget_node(self, node_id: NodeId) -> None:
         self.forget([key for key in self._entries if key.node_id == node_id])

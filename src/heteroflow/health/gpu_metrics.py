@@ -49,9 +49,12 @@ def parse_metric(name: str, value: object) -> float | None:
     return number
 
 
-@dataclass(frozen=True, slots=True)
-class GpuMetrics:
-    """One beat's metrics of one card; ``None`` = unknown."""
+class GpuMetrics(NamedTuple):
+    """One beat's metrics of one card; ``None`` = unknown.
+
+    A named tuple built in C (``tuple.__new__(GpuMetrics, values)``): every beat builds one per card, and a
+    card's telemetry moves from beat to beat, so a shared copy is seldom found (an interning table of them kept
+    tens of thousands alive for seconds, and every one of them was walked by the garbage collector)."""
 
     temperature_c: float | None = None
     utilization_pct: float | None = None
@@ -61,14 +64,7 @@ class GpuMetrics:
 
     @property
     def all_unknown(self) -> bool:
-        # field by field (the first known one answers): comparing with an all-unknown instance built two tuples
-        return (
-            self.temperature_c is None
-            and self.utilization_pct is None
-            and self.memory_used_mib is None
-            and self.memory_total_mib is None
-            and self.power_w is None
-        )
+        return self.count(None) == len(METRIC_KEYS)
 
     @property
     def memory_share(self) -> float | None:
@@ -86,33 +82,28 @@ class GpuMetrics:
         return metrics_from_values(tuple(map(stat.get, METRIC_KEYS)))  # C-speed: no comprehension frame per card
 
 
+_tuple_of = tuple.__new__
+_LOWS: Final = tuple(_BOUNDS[name][0] for name in METRIC_KEYS)
+_HIGHS: Final = tuple(_BOUNDS[name][1] for name in METRIC_KEYS)
+_FLOATS: Final = frozenset({float})
+
+
 def metrics_from_values(raw: tuple[object, ...]) -> GpuMetrics:
     """The metrics of a stat's wire values in :data:`METRIC_KEYS` order (what :meth:`GpuMetrics.from_wire`
     reads); a missing or malformed value is unknown."""
-    # a card whose values did not move: wire floats and nulls only, found as they are among the parsed values
-    # (no key holds a non-finite or out-of-bounds number, so those never match)
-    if _PLAIN.issuperset(map(type, raw)):
-        known = _INTERNED.get(raw)  # type: ignore[arg-type]
-        if known is not None:
-            return known
-    return interned_metrics(tuple([parse_metric(name, value) for name, value in zip(METRIC_KEYS, raw, strict=True)]))
+    # the common card: five floats within their bounds, checked in C (a NaN or an infinity fails a comparison
+    # and takes the slow path, which makes it unknown)
+    if _FLOATS.issuperset(map(type, raw)) and _within(raw):
+        return _tuple_of(GpuMetrics, raw)
+    parsed = [parse_metric(name, value) for name, value in zip(METRIC_KEYS, raw, strict=True)]
+    return _tuple_of(GpuMetrics, parsed)
 
 
-_PLAIN: Final = frozenset({float, type(None)})
-_INTERNED: dict[tuple[float | None, ...], GpuMetrics] = {}
-_INTERNED_MAX: Final = 65_536
-
-
-def interned_metrics(values: tuple[float | None, ...]) -> GpuMetrics:
-    """The :class:`GpuMetrics` of ``values`` (parsed, in :data:`METRIC_KEYS` order), shared between readings: a
-    card whose values did not move since its last beat finds its object here instead of building one. Emptied
-    when full; it only ever holds immutable values."""
-    metrics = _INTERNED.get(values)
-    if metrics is None:
-        if len(_INTERNED) >= _INTERNED_MAX:
-            _INTERNED.clear()
-        metrics = _INTERNED[values] = GpuMetrics(*values)
-    return metrics
+def _within(values: tuple[object, ...]) -> bool:
+    """Whether floats in :data:`METRIC_KEYS` order are each within their metric's bounds (two C loops)."""
+    lows: Iterable[bool] = map(operator.le, _LOWS, values)  # type: ignore[arg-type]
+    highs: Iterable[bool] = map(operator.le, values, _HIGHS)  # type: ignore[arg-type]
+    return all(lows) and all(highs)
 
 
 class MetricReading(NamedTuple):
@@ -209,66 +200,70 @@ def minute_of(at: datetime) -> datetime:
     return at.replace(second=0, microsecond=0)
 
 
-_metric_values: Final = operator.attrgetter(*METRIC_KEYS)
-"""A :class:`GpuMetrics`' values in :data:`METRIC_KEYS` order, read in C."""
+_WIDTH: Final = len(METRIC_KEYS)
+_FOLD_AT: Final = 16 * _WIDTH
+"""Values (16 readings) a bucket keeps as they came before folding them into its running values: a card's minute
+at 5 s beats (12 readings) is folded once, when the minute's row is built; a card beating faster keeps at most
+this many."""
 
 
-_FOLD_EVERY: Final = 16
-"""Readings a bucket keeps as they came before folding them into its running values: a card's minute at 5 s
-beats (12) is folded once, when the minute's row is built; a card beating faster keeps at most this many."""
+class _Bucket(list[float | None]):
+    """One card's readings of one minute: the list holds the values of the readings not folded yet, in arrival
+    order, :data:`METRIC_KEYS` after :data:`METRIC_KEYS` (``extend``: floats and ``None``, nothing the garbage
+    collector tracks, so a fleet's open minutes are not walked by every collection while they fill; a tuple per
+    reading was, until the collector had seen it once). The values are folded into ``stats`` a column at a time
+    (slices, ``min``, ``max``, ``sum``: C loops) when ``stats`` is read or the list is full, instead of five Python
+    steps per card and beat."""
 
-
-class _Bucket:
-    """One card's readings of one minute. A beat only appends its (shared, immutable) :class:`GpuMetrics` to
-    ``pending``; the values are folded into ``stats`` a column at a time (``zip``, ``min``, ``max``, ``sum``: C
-    loops) when ``stats`` is read or ``pending`` is full, instead of five Python steps per card and beat."""
-
-    __slots__ = ("_stats", "folded", "pending")
+    __slots__ = ("_stats", "folded")
 
     def __init__(self) -> None:
+        super().__init__()
         self.folded = 0
         """Readings already folded into ``_stats``."""
-        self.pending: list[GpuMetrics] = []
-        """Readings not folded yet, in arrival order."""
-        self._stats: list[list[float] | None] = [None] * len(METRIC_KEYS)
+        self._stats: list[list[float] | None] | None = None
+        """Made at the first fold: a card's minute at the agent's cadence is folded only when its row is built."""
 
     @property
     def samples(self) -> int:
-        return self.folded + len(self.pending)
+        return self.folded + len(self) // _WIDTH
 
     @property
     def stats(self) -> list[list[float] | None]:
         """Per metric, in :data:`METRIC_KEYS` order: [sum, count, min, max] of the readings that knew it,
         ``None`` while none did."""
         self.fold()
+        if self._stats is None:
+            self._stats = [None] * len(METRIC_KEYS)
         return self._stats
 
     def add(self, metrics: GpuMetrics) -> None:
-        pending = self.pending
-        pending.append(metrics)
-        if len(pending) >= _FOLD_EVERY:
+        self.extend(metrics)
+        if len(self) >= _FOLD_AT:
             self.fold()
 
     def fold(self) -> None:
-        pending = self.pending
-        if not pending:
+        if not self:
             return
+        if self._stats is None:
+            self._stats = [None] * len(METRIC_KEYS)
         stats = self._stats
-        for position, column in enumerate(zip(*map(_metric_values, pending), strict=True)):
+        for position in range(_WIDTH):
+            column = self[position::_WIDTH]
             # unknown stays out of the aggregate, never counted as 0
-            known = column if None not in column else [value for value in column if value is not None]
+            known: list[float] = column if None not in column else [v for v in column if v is not None]  # type: ignore[assignment]
             if not known:
                 continue
             kept = stats[position]
             if kept is None:
                 stats[position] = [sum(known, 0.0), float(len(known)), min(known), max(known)]
                 continue
-            kept[0] = sum(known, kept[0])  # left to right from the running sum, as one addition per reading
+            kept[0] = sum(known, kept[0])  # left to right from the running sum
             kept[1] += len(known)
             kept[2] = min(kept[2], *known)
             kept[3] = max(kept[3], *known)
-        self.folded += len(pending)
-        pending.clear()
+        self.folded += len(self) // _WIDTH
+        self.clear()
 
     def columns(self) -> tuple[float | int | None, ...]:
         """Per metric, in :data:`METRIC_KEYS` order: min, avg, max, count (four ``None`` for an unknown one)."""
@@ -291,11 +286,15 @@ class _Bucket:
 
 _UNKNOWN_COLUMNS: Final = (None, None, None, None)
 
-ClosedMinute = tuple[datetime, dict[tuple[CardKey, str | None], _Bucket]]
+SlotKey = tuple[NodeId, int, Source, str | None]
+"""A bucket's card and uuid as one plain tuple of plain values, (node id, gpu index, source, uuid): built by
+``(*key, uuid)`` in C, and, holding nothing the collector tracks, untracked by it like the readings."""
+
+ClosedMinute = tuple[datetime, dict[SlotKey, _Bucket]]
 """A minute taken out of :class:`MinuteAggregator`: its start and its buckets by (card, uuid)."""
 
-ClosedSlot = tuple[datetime, tuple[tuple[CardKey, str | None], _Bucket]]
-"""One card's bucket of a closed minute, not yet made a row: (minute, ((card, uuid), bucket))."""
+ClosedSlot = tuple[datetime, tuple[SlotKey, _Bucket]]
+"""One card's bucket of a closed minute, not yet made a row: (minute, ((node, gpu, source, uuid), bucket))."""
 
 FlatRow = tuple[Any, ...]
 """One card's minute as plain values, no object per row: node id, gpu index, source, uuid, minute, samples, then
@@ -310,8 +309,8 @@ def closed_slots(taken: Iterable[ClosedMinute]) -> Iterator[ClosedSlot]:
 
 def flat_row(slot: ClosedSlot) -> FlatRow:
     """The :data:`FlatRow` of one closed bucket (a few microseconds: rows are built a slice at a time)."""
-    minute, ((key, uuid), bucket) = slot
-    return (key.node_id, key.gpu_index, key.source, uuid, minute, bucket.samples, *bucket.columns())
+    minute, (card, bucket) = slot
+    return (*card, minute, bucket.samples, *bucket.columns())
 
 
 def flat_of(row: MinuteRow) -> FlatRow:
@@ -329,15 +328,13 @@ def minute_rows(taken: Sequence[ClosedMinute]) -> list[MinuteRow]:
     for minute, group in taken:
         rows.extend(
             MinuteRow(
-                key=key,
+                key=CardKey(node_id=node_id, gpu_index=gpu_index, source=source),
                 uuid=uuid,
                 minute=minute,
                 samples=bucket.samples,
                 values={name: bucket.aggregate(name) for name in METRIC_KEYS},
             )
-            for (key, uuid), bucket in sorted(
-                group.items(), key=lambda item: (item[0][0].node_id, item[0][0].gpu_index)
-            )
+            for (node_id, gpu_index, source, uuid), bucket in sorted(group.items(), key=lambda item: item[0][:2])
         )
     return rows
 
@@ -353,10 +350,10 @@ class MinuteAggregator:
         self._grace = grace
         # by minute, then by card: closing a minute takes its whole group, and a flush looks at the open
         # minutes (two or three), not at every card's bucket (24,000 for a fleet) on the event loop
-        self._minutes: dict[datetime, dict[tuple[CardKey, str | None], _Bucket]] = {}
+        self._minutes: dict[datetime, dict[SlotKey, _Bucket]] = {}
         self._last_at: datetime | None = None
         self._last_minute = datetime.min
-        self._last_group: dict[tuple[CardKey, str | None], _Bucket] | None = None
+        self._last_group: dict[SlotKey, _Bucket] | None = None
 
     def __len__(self) -> int:
         return sum(len(group) for group in self._minutes.values())
@@ -372,13 +369,12 @@ class MinuteAggregator:
                 # a beat's cards share one parsed time: its minute (and the minute's group) is looked up once
                 self._last_at, self._last_minute = at, minute_of(at)
                 group = self._last_group = self._minutes.setdefault(self._last_minute, {})
-            slot = (key, uuid)
+            slot = (*key, uuid)
             bucket = group.get(slot)
             if bucket is None:
                 bucket = group[slot] = _Bucket()
-            pending = bucket.pending
-            pending.append(metrics)
-            if len(pending) >= _FOLD_EVERY:
+            bucket.extend(metrics)  # five floats: nothing made that the collector tracks
+            if len(bucket) >= _FOLD_AT:
                 bucket.fold()
 
     def close(self, *, now: datetime | None) -> list[MinuteRow]:
@@ -400,7 +396,7 @@ class MinuteAggregator:
 
     def forget_node(self, node_id: NodeId) -> None:
         for group in self._minutes.values():
-            for slot in [slot for slot in group if slot[0].node_id == node_id]:
+            for slot in [slot for slot in group if slot[0] == node_id]:
                 del group[slot]
 
 

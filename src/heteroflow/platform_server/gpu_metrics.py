@@ -161,7 +161,7 @@ class GpuMetricsRecorder:
         self._tracker.forget_node(node_id)
         self._alerting_nodes.pop(node_id, None)
         self._pending = deque(row for row in self._pending if row[0] != node_id)
-        self._unbuilt = deque(slot for slot in self._unbuilt if slot[1][0][0].node_id != node_id)
+        self._unbuilt = deque(slot for slot in self._unbuilt if slot[1][0][0] != node_id)
 
     def latest(self) -> list[LatestCard]:
         """The newest values of every card heard of recently; stale parts are ``None`` (no series)."""

@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import gc
 from datetime import UTC, datetime, timedelta
 
 from heteroflow.core.ids import NodeId
@@ -77,3 +78,24 @@ def test_forget_node() -> None:
     c.forget_node(NodeId("a"))
     assert c.get(key("a"), now=0) is None
     assert c.get(key("b"), now=0) is not None
+
+
+def test_a_use_makes_nothing_the_collector_tracks() -> None:
+    """Every steady beat uses each of its cards' entries: a fleet's worth of new tracked objects per beat
+    interval would be walked by every collection meanwhile."""
+    c = cache()
+    keys = [key(f"n{i}", g) for i in range(50) for g in range(8)]
+    for k in keys:
+        c.confirm(row(k), now=0)
+    c.get(keys[0], now=0.5)  # whatever a first use makes once (a float, a dict resize) is made now
+    gc.collect()
+    gc.disable()
+    try:
+        young = len(gc.get_objects(generation=0))  # tracked, and made since the collection
+        for k in keys:
+            assert c.get(k, now=1.0) is not None
+        assert len(gc.get_objects(generation=0)) == young
+    finally:
+        gc.enable()
+    assert c.evict_idle(now=1.0 + 1800.5) == len(keys)
+    assert len(c) == 0

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -20,6 +21,7 @@ from heteroflow.health.gpu_metrics import (
     MinuteRow,
     downsample,
     metric_readings_from_stats,
+    metrics_from_values,
     parse_metric,
 )
 from heteroflow.health.metrics_settings import GpuMetricsSettings
@@ -176,3 +178,40 @@ def test_a_bucket_beyond_its_fold_gives_the_same_aggregate_as_one_value_at_a_tim
         min=min(known), avg=sum(known) / len(known), max=max(known), count=len(known)
     )
     assert row.values["power_w"] is None  # unknown in every reading: no aggregate, never 0
+
+
+_WIRE_VALUE = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.sampled_from([-50.0, 200.0, 0.0, 100.0, 16_777_216.0, 100_000.0, -0.0]),  # the bounds themselves
+    st.none(),
+    st.integers(min_value=-(10**6), max_value=10**6),
+    st.booleans(),
+    st.text(max_size=3),
+)
+
+
+@given(st.tuples(*[_WIRE_VALUE] * len(METRIC_KEYS)))
+def test_the_float_fast_path_reads_every_value_as_parse_metric_does(raw: tuple[object, ...]) -> None:
+    metrics = metrics_from_values(raw)
+    expected = tuple(parse_metric(name, value) for name, value in zip(METRIC_KEYS, raw, strict=True))
+    assert type(metrics) is GpuMetrics
+    assert [(type(v), v) for v in metrics] == [(type(v), v) for v in expected]
+
+
+def test_an_open_minute_holds_nothing_the_collector_walks_but_one_bucket_per_card() -> None:
+    """A fleet's open minutes are hundreds of thousands of readings: kept as floats in one list per card, keyed
+    by a plain tuple of plain values, which the collector stops tracking once it has seen it."""
+    agg = MinuteAggregator()
+    for second in range(0, 60, 5):
+        agg.add_beat([reading(T0 + timedelta(seconds=second), temperature_c=40.0 + second, power_w=300.0)])
+    gc.collect()
+    [group] = agg._minutes.values()
+    [(slot, bucket)] = group.items()
+    assert slot == (KEY.node_id, KEY.gpu_index, KEY.source, "GPU-a")
+    assert not gc.is_tracked(slot)
+    assert bucket.samples == 12
+    assert not any(gc.is_tracked(value) for value in bucket)
+    [row] = agg.close(now=None)
+    assert row.key == KEY
+    assert row.samples == 12
+    assert row.values["temperature_c"] == Aggregate(40.0, 67.5, 95.0, 12)
