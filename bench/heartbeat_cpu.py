@@ -102,7 +102,7 @@ async def rounds(
         profiler.enable()
         await drive(server)
         profiler.disable()
-        pstats.Stats(profiler).sort_stats("cumulative").print_stats(args.profile)
+        pstats.Stats(profiler).sort_stats(os.environ.get("PROFILE_SORT", "cumulative")).print_stats(args.profile)
     measured: tuple[list[float], list[float]] = ([], [])
     for _ in range(args.rounds):
         measured[0].append(await drive(server))

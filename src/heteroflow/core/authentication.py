@@ -57,12 +57,22 @@ Render = Callable[[Scope, Denial], dict[str, object]]
 """A service's error body for a denial: ``(scope, denial) → JSON object``."""
 
 
+_HEADER_TABLE: Final = "heteroflow.header_table"
+"""Scope key: ``(headers, {lower-case name: first value})``, made at a request's first :func:`header` lookup; a
+heartbeat's middleware stack asks for half a dozen headers, each a walk of the list without it."""
+
+
 def header(scope: Scope, name: bytes) -> bytes | None:
     """The first value of header ``name`` (lower case), or ``None``."""
-    for key, value in scope.get("headers", ()):
-        if key.lower() == name:
-            return bytes(value)
-    return None
+    headers = scope.get("headers", ())
+    cached = scope.get(_HEADER_TABLE)
+    if cached is None or cached[0] is not headers:  # the first lookup, or the list was replaced since
+        table: dict[bytes, bytes] = {}
+        for key, value in reversed(headers):  # the first value of a repeated header wins
+            table[bytes(key).lower()] = bytes(value)
+        cached = scope[_HEADER_TABLE] = (headers, table)
+    found: bytes | None = cached[1].get(name)
+    return found
 
 
 def bearer_of(scope: Scope) -> str | None:

@@ -36,6 +36,8 @@ import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any, ClassVar, Final
 
+from heteroflow.core.authentication import header
+
 MAX_BODY_BYTES: Final = 1 << 20
 """Largest request body, bytes (1 MiB): the controller's limit, shared by every service that had none."""
 
@@ -333,7 +335,7 @@ class BodyLimit:
 
     async def _read(self, scope: Scope, receive: Receive) -> bytes | None:
         declared = _content_length(scope)
-        if declared is None and self.strict_length and _has_header(scope, b"content-length"):
+        if declared is None and self.strict_length and header(scope, b"content-length") is not None:
             raise InvalidJsonBodyError("the Content-Length header is not a number")
         if declared is not None:
             check_size(declared, max_bytes=self.max_bytes)
@@ -362,25 +364,19 @@ class BodyLimit:
 
 def _declares_json(scope: Scope) -> bool:
     """``Content-Type: application/json`` or ``application/…+json``, as FastAPI decides to parse a body."""
-    for name, value in scope.get("headers", ()):
-        if name.lower() == b"content-type":
-            media_type: str = value.decode("latin-1").split(";", 1)[0].strip().lower()
-            return media_type == "application/json" or (
-                media_type.startswith("application/") and media_type.endswith("+json")
-            )
-    return False
-
-
-def _has_header(scope: Scope, name: bytes) -> bool:
-    return any(key.lower() == name for key, _ in scope.get("headers", ()))
+    value = header(scope, b"content-type")
+    if value is None:
+        return False
+    media_type = value.decode("latin-1").split(";", 1)[0].strip().lower()
+    return media_type == "application/json" or (media_type.startswith("application/") and media_type.endswith("+json"))
 
 
 def _content_length(scope: Scope) -> int | None:
-    for name, value in scope.get("headers", ()):
-        if name.lower() == b"content-length":
-            text = value.decode("latin-1").strip()
-            if not (text.isascii() and text.isdigit()):
-                return None  # not a length: the bytes received are counted instead
-            # int() refuses strings of thousands of digits; anything past 18 digits is too large anyway
-            return int(text) if len(text) <= 18 else 10**18
-    return None
+    value = header(scope, b"content-length")
+    if value is None:
+        return None
+    text = value.decode("latin-1").strip()
+    if not (text.isascii() and text.isdigit()):
+        return None  # not a length: the bytes received are counted instead
+    # int() refuses strings of thousands of digits; anything past 18 digits is too large anyway
+    return int(text) if len(text) <= 18 else 10**18

@@ -14,11 +14,20 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from operator import le
 from typing import Final
 
 from heteroflow.core.ids import NodeId, Source
 from heteroflow.health.counters import HEALTH_KEYS, counters_from_values, parse_keys
-from heteroflow.health.gpu_metrics import METRIC_KEYS, MetricReading, metrics_from_values
+from heteroflow.health.gpu_metrics import (
+    FLOAT_ONLY,
+    METRIC_HIGHS,
+    METRIC_KEYS,
+    METRIC_LOWS,
+    GpuMetrics,
+    MetricReading,
+    metrics_from_values,
+)
 from heteroflow.health.heartbeat import MAX_GPU_INDEX, MAX_UUID_LENGTH, parse_index, parse_time, parse_uuid
 from heteroflow.health.sample_times import SampleTimeWindow, TimeFix
 from heteroflow.health.samples import CardKey, HealthReading
@@ -86,9 +95,20 @@ def beat_readings(
         health.append(
             _tuple_of(HealthReading, (key, uuid, timed[0], counters_from_values(raw[_COUNTERS]), timed[1], semantics))
         )
-        card_metrics = metrics_from_values(raw[_METRICS])
-        if card_metrics.all_unknown:
-            continue
+        values = raw[_METRICS]
+        # the common card, written out: five floats within their bounds, checked in C (a NaN or an infinity
+        # fails a comparison); anything else is parsed value by value (gpu_metrics.metrics_from_values)
+        floats: tuple[float, ...] = values  # type: ignore[assignment]  # checked first below, in C
+        if (
+            FLOAT_ONLY.issuperset(map(type, values))
+            and all(map(le, METRIC_LOWS, floats))
+            and all(map(le, floats, METRIC_HIGHS))
+        ):
+            card_metrics: GpuMetrics = _tuple_of(GpuMetrics, values)
+        else:
+            card_metrics = metrics_from_values(values)
+            if card_metrics.all_unknown:
+                continue
         # the telemetry's own time: `sampled_at` is the health counters' (every 60 s, not every beat)
         time_text = raw[3]
         timed = times.get(time_text) if type(time_text) is str else None

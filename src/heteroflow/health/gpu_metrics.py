@@ -83,9 +83,12 @@ class GpuMetrics(NamedTuple):
 
 
 _tuple_of = tuple.__new__
-_LOWS: Final = tuple(_BOUNDS[name][0] for name in METRIC_KEYS)
-_HIGHS: Final = tuple(_BOUNDS[name][1] for name in METRIC_KEYS)
-_FLOATS: Final = frozenset({float})
+METRIC_LOWS: Final = tuple(_BOUNDS[name][0] for name in METRIC_KEYS)
+"""Each metric's lowest plausible value, in :data:`METRIC_KEYS` order."""
+METRIC_HIGHS: Final = tuple(_BOUNDS[name][1] for name in METRIC_KEYS)
+"""Each metric's highest plausible value, in :data:`METRIC_KEYS` order."""
+FLOAT_ONLY: Final = frozenset({float})
+"""``FLOAT_ONLY.issuperset(map(type, values))``: every value a float, checked in C."""
 
 
 def metrics_from_values(raw: tuple[object, ...]) -> GpuMetrics:
@@ -93,7 +96,7 @@ def metrics_from_values(raw: tuple[object, ...]) -> GpuMetrics:
     reads); a missing or malformed value is unknown."""
     # the common card: five floats within their bounds, checked in C (a NaN or an infinity fails a comparison
     # and takes the slow path, which makes it unknown)
-    if _FLOATS.issuperset(map(type, raw)) and _within(raw):
+    if FLOAT_ONLY.issuperset(map(type, raw)) and _within(raw):
         return _tuple_of(GpuMetrics, raw)
     parsed = [parse_metric(name, value) for name, value in zip(METRIC_KEYS, raw, strict=True)]
     return _tuple_of(GpuMetrics, parsed)
@@ -101,8 +104,8 @@ def metrics_from_values(raw: tuple[object, ...]) -> GpuMetrics:
 
 def _within(values: tuple[object, ...]) -> bool:
     """Whether floats in :data:`METRIC_KEYS` order are each within their metric's bounds (two C loops)."""
-    lows: Iterable[bool] = map(operator.le, _LOWS, values)  # type: ignore[arg-type]
-    highs: Iterable[bool] = map(operator.le, values, _HIGHS)  # type: ignore[arg-type]
+    lows: Iterable[bool] = map(operator.le, METRIC_LOWS, values)  # type: ignore[arg-type]
+    highs: Iterable[bool] = map(operator.le, values, METRIC_HIGHS)  # type: ignore[arg-type]
     return all(lows) and all(highs)
 
 

@@ -97,13 +97,26 @@ _HEARTBEAT_SUFFIX = "/heartbeat"
 _CREDENTIAL_HEADER = NODE_CREDENTIAL_HEADER.lower().encode()
 
 
+_HEARTBEAT_OF = "heteroflow.heartbeat_of"
+"""Scope key: ``(method, path, node id or None)`` of :func:`heartbeat_node_id`, which five layers of the middleware
+stack ask for every request."""
+
+
 def heartbeat_node_id(scope: AsgiScope) -> str | None:
     """The node id of a heartbeat request (``POST /api/v1/nodes/{id}/heartbeat``), or ``None``."""
+    method = scope.get("method")
     path: str = scope.get("path", "")
-    if scope.get("method") != "POST" or not (path.startswith(_NODES_PREFIX) and path.endswith(_HEARTBEAT_SUFFIX)):
-        return None
-    node_id = path[len(_NODES_PREFIX) : -len(_HEARTBEAT_SUFFIX)]
-    return node_id if node_id and "/" not in node_id else None
+    known = scope.get(_HEARTBEAT_OF)
+    if known is not None and known[0] is method and known[1] is path:
+        found: str | None = known[2]
+        return found
+    node_id: str | None = None
+    if method == "POST" and path.startswith(_NODES_PREFIX) and path.endswith(_HEARTBEAT_SUFFIX):
+        node_id = path[len(_NODES_PREFIX) : -len(_HEARTBEAT_SUFFIX)]
+        if not node_id or "/" in node_id:
+            node_id = None
+    scope[_HEARTBEAT_OF] = (method, path, node_id)
+    return node_id
 
 
 async def check_before_work(ctx: ServerContext, scope: AsgiScope) -> Denial | None:

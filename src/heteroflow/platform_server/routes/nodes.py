@@ -262,8 +262,7 @@ async def record_beat(ctx: ServerContext, node: NodeRecord, body: Heartbeat, *, 
     ctx.metrics_recorder.offer(node, metrics=metric_readings, health=readings)
     ctx.xid_collection.record(node.id, parse_xid_collection(body.xid_collection), now=ctx.clock.monotonic())
     xid_result = await _store_xid_events(ctx, node, body, received_at=received_at, window=window, clean=clean)
-    ctx.metrics.heartbeats.inc()
-    ctx.metrics.heartbeat_seconds.observe(time.perf_counter() - started)
+    ctx.metrics.beats.observe(time.perf_counter() - started)
     return accepted_json(received_at, xid_result)
 
 
