@@ -7,7 +7,7 @@ in-memory work. The two are measured in alternating rounds (a busy neighbour slo
 and median of the rounds are printed, with the ratio to the floor (``bench/floor_app.py``: token check, JSON
 decode, the ``Heartbeat`` schema). ``bench/ingest.py`` measures the same over HTTP. Usage::
 
-    .venv/bin/python bench/heartbeat_cpu.py [--beats 500] [--rounds 7] [--nodes 50] [--profile 40]
+    .venv/bin/python bench/heartbeat_cpu.py [--beats 500] [--rounds 7] [--nodes 50] [--profile 40 [--profile-sort tottime]]
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ async def rounds(
         profiler.enable()
         await drive(server)
         profiler.disable()
-        pstats.Stats(profiler).sort_stats(os.environ.get("PROFILE_SORT", "cumulative")).print_stats(args.profile)
+        pstats.Stats(profiler).sort_stats(args.profile_sort).print_stats(args.profile)
     measured: tuple[list[float], list[float]] = ([], [])
     for _ in range(args.rounds):
         measured[0].append(await drive(server))
@@ -154,4 +154,5 @@ if __name__ == "__main__":
     parser.add_argument("--rounds", type=int, default=7)
     parser.add_argument("--nodes", type=int, default=50)
     parser.add_argument("--profile", type=int, default=0, help="print this many cProfile rows of one server round")
+    parser.add_argument("--profile-sort", default="cumulative", help="the rows' order: cumulative, tottime, calls")
     asyncio.run(main(parser.parse_args()))
