@@ -264,3 +264,45 @@ def test_other_scopes_pass_through() -> None:
 
     asyncio.run(BodyLimit(app, render=render)({"type": "lifespan"}, nothing, ignore))
     assert seen == ["lifespan"]
+
+
+def test_slow_and_prompt_bodies_read_at_once_share_one_deadline_timer() -> None:
+    """Twenty senders that never finish and twenty that send at once, through one middleware: the slow ones are
+    answered 408 within the deadline and one sweep period, the prompt ones reach the application, and once nothing
+    is being read the loop keeps no deadline timer."""
+
+    async def scenario() -> tuple[list[int], float, int, int, bool]:
+        echo = Echo()
+        limit = BodyLimit(echo, render=render, read_timeout_sec=0.2)
+        statuses: list[int] = []
+        gate = asyncio.Event()
+
+        async def slow() -> dict[str, Any]:
+            await gate.wait()  # never set: the body never arrives
+            raise AssertionError("unreachable")
+
+        async def prompt() -> dict[str, Any]:
+            return {"type": "http.request", "body": b"{}", "more_body": False}
+
+        async def send(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                statuses.append(message["status"])
+
+        scope = {"type": "http", "method": "POST", "path": "/r", "headers": [(b"content-type", b"application/json")]}
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        await asyncio.gather(
+            *(limit(dict(scope), slow, send) for _ in range(20)), *(limit(dict(scope), prompt, send) for _ in range(20))
+        )
+        took = loop.time() - started
+        deadlines = limit.deadlines
+        assert deadlines is not None
+        # the sweep that cancelled the last slow read found nothing else watched: it set no new timer
+        return statuses, took, len(deadlines), echo.calls, deadlines.armed
+
+    statuses, took, still_watched, reached, armed = asyncio.run(scenario())
+    assert sorted(statuses) == [200] * 20 + [408] * 20
+    assert reached == 20
+    assert 0.2 <= took < 0.2 + 0.05 + 1.0  # the deadline, one sweep period (0.05 s), slack for a loaded machine
+    assert still_watched == 0
+    assert not armed
