@@ -7,7 +7,8 @@ in-memory work. The two are measured in alternating rounds (a busy neighbour slo
 and median of the rounds are printed, with the ratio to the floor (``bench/floor_app.py``: token check, JSON
 decode, the ``Heartbeat`` schema). ``bench/ingest.py`` measures the same over HTTP. Usage::
 
-    .venv/bin/python bench/heartbeat_cpu.py [--beats 500] [--rounds 7] [--nodes 50] [--profile 40 [--profile-sort tottime]]
+    .venv/bin/python bench/heartbeat_cpu.py [--beats 500] [--rounds 7] [--nodes 50]
+                                            [--profile 40 [--profile-sort tottime]]
 """
 
 from __future__ import annotations
