@@ -45,6 +45,7 @@ from heteroflow.agent.runner import registration_for
 from heteroflow.agent.simulated import SimulatedCollector
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.testing import free_port
+from heteroflow.http.tls import client_tls
 from heteroflow.storage.testing import PostgresServer
 
 # placeholders in the pre-rendered agent bodies, replaced per request (cheaper than a json.dumps per beat)
@@ -291,8 +292,12 @@ async def run(
 ) -> tuple[list[PhaseResult], list[str]]:
     url = f"http://127.0.0.1:{port}"
     async with (
-        httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {agent_token}"}, timeout=30) as client,
-        httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=30) as admin,
+        httpx.AsyncClient(
+            base_url=url, headers={"Authorization": f"Bearer {agent_token}"}, timeout=30, verify=client_tls()
+        ) as client,
+        httpx.AsyncClient(
+            base_url=url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=30, verify=client_tls()
+        ) as admin,
     ):
         node_ids: list[str] = []
         for start in range(0, len(agents), 50):
@@ -347,7 +352,7 @@ def wait_answering(url: str, token: str, *, what: str, status: int | None = 200)
     deadline = time.monotonic() + 30
     while True:
         try:
-            answer = httpx.get(url, headers={"Authorization": f"Bearer {token}"})
+            answer = httpx.get(url, headers={"Authorization": f"Bearer {token}"}, verify=client_tls())
             if status is None or answer.status_code == status:
                 return
         except httpx.TransportError:

@@ -78,6 +78,7 @@ from heteroflow.agent.simulated import SimulatedCollector
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.ids import NodeId
 from heteroflow.core.testing import free_port
+from heteroflow.http.tls import client_tls
 from heteroflow.storage.testing import PostgresServer
 
 AGENT_TIMEOUT_SEC = 5.0
@@ -281,10 +282,13 @@ class Fleet:
                 limits=httpx.Limits(
                     max_connections=POOL_SIZE, max_keepalive_connections=POOL_SIZE, keepalive_expiry=2.0
                 ),
+                verify=client_tls(),
             )
             for _ in range(-(-concurrency // POOL_SIZE))
         ]
-        self.admin = httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=60)
+        self.admin = httpx.AsyncClient(
+            base_url=url, headers={"Authorization": f"Bearer {admin_token}"}, timeout=60, verify=client_tls()
+        )
         self.clock = SystemClock()
         self.started_at = self.clock.now()
 
@@ -730,7 +734,12 @@ def main() -> None:
         deadline = time.monotonic() + 30
         while True:
             try:
-                if httpx.get(f"{url}/healthz", headers={"Authorization": f"Bearer {agent_token}"}).status_code == 200:
+                if (
+                    httpx.get(
+                        f"{url}/healthz", headers={"Authorization": f"Bearer {agent_token}"}, verify=client_tls()
+                    ).status_code
+                    == 200
+                ):
                     break
             except httpx.TransportError:
                 if time.monotonic() > deadline:

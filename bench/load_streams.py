@@ -48,6 +48,8 @@ from pathlib import Path
 
 import httpx
 
+from heteroflow.http.tls import client_tls
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the shared scenario lives with the tests
 
 from tests.load.streams import Load, Record, Round, Stack, Verdict, judge, percentile, running, sample_rss
@@ -150,7 +152,7 @@ def management_ops(base_url: str, headers: dict[str, str], engine_port: int, ops
     """
     timings: dict[str, list[float]] = {}
     endpoint = {"id": 0, "ip": "127.0.0.1", "port": engine_port}
-    with httpx.Client(base_url=base_url, headers=headers, timeout=30) as client:
+    with httpx.Client(base_url=base_url, headers=headers, timeout=30, verify=client_tls()) as client:
         for i in range(ops):
             generation = 2 * i
             steps = (

@@ -83,6 +83,8 @@ from typing import Any
 import httpx
 import yaml
 
+from heteroflow.http.tls import client_tls
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: the acceptance harness
 
 from tests.acceptance.harness import COLLECTIVE_TIMEOUT_SEC, TIMINGS, timestamp
@@ -200,7 +202,9 @@ class Traffic:
         route = "/v1/chat/completions" if chat else "/v1/completions"
         model = self.state.instances[0].model
         headers = {"Authorization": f"Bearer {self.state.api_key or self.state.admin_token}"}
-        with httpx.Client(base_url=self.state.coordinator_url, headers=headers, timeout=120, trust_env=False) as http:
+        with httpx.Client(
+            base_url=self.state.coordinator_url, headers=headers, timeout=120, trust_env=False, verify=client_tls()
+        ) as http:
             for i in itertools.count():
                 if self.stop.is_set():
                     return

@@ -26,6 +26,7 @@ import httpx
 import pytest
 import yaml
 
+from heteroflow.http.tls import client_tls
 from heteroflow.local import ClusterOptions, ClusterState, LocalCluster
 from heteroflow.local.client import ClusterAuth, ClusterClient, ClusterUnreachableError
 from heteroflow.local.hardware import inject as inject_hardware
@@ -176,7 +177,7 @@ class ClusterUnderTest:
 
     def http(self, *, timeout_sec: float = 10.0) -> httpx.Client:
         """A plain client with each destination's credential, for the routes :class:`ClusterClient` lacks."""
-        return httpx.Client(auth=ClusterAuth(self.state), timeout=timeout_sec, trust_env=False)
+        return httpx.Client(auth=ClusterAuth(self.state), timeout=timeout_sec, trust_env=False, verify=client_tls())
 
     # -- the controller's view ------------------------------------------------------------------------------------
     def status(self) -> dict[str, Any] | None:

@@ -32,6 +32,7 @@ import httpx
 import pytest
 import yaml
 
+from heteroflow.http.tls import client_tls
 from heteroflow.local import ClusterOptions, ClusterState, LocalCluster, netns, read_state
 from heteroflow.local.client import ClusterAuth, ClusterClient, ClusterUnreachableError
 from heteroflow.local.cluster import NETWORK_RECORD
@@ -149,7 +150,7 @@ def test_local_cluster_scales_down_twice_under_traffic_and_stops_clean(tmp_path:
         ]
         assert all(e.device_infos and e.device_infos[0].device_id.startswith("GPU-") for e in inst.endpoints)
         cluster.wait_ready(timeout_sec=180)
-        with httpx.Client(auth=ClusterAuth(state), timeout=10) as http:
+        with httpx.Client(auth=ClusterAuth(state), timeout=10, verify=client_tls()) as http:
             effective = http.get(f"{state.controller_url}/controller/config").json()["fault_tolerance_config"]
         assert effective["enable_dp_scale_down"] is True  # generated
         assert effective["poll_interval_sec"] == 0.5  # the operator's file wins

@@ -16,6 +16,7 @@ import httpx
 import pytest
 
 from heteroflow.core.testing import free_port
+from heteroflow.http.tls import client_tls
 
 pytestmark = pytest.mark.e2e
 
@@ -47,7 +48,12 @@ def running_server(
     deadline = time.monotonic() + 30
     while True:
         try:
-            if httpx.get(f"{url}/healthz", headers={"Authorization": f"Bearer {token}"}).status_code == 200:
+            if (
+                httpx.get(
+                    f"{url}/healthz", headers={"Authorization": f"Bearer {token}"}, verify=client_tls()
+                ).status_code
+                == 200
+            ):
                 break
         except httpx.TransportError:
             pass
@@ -76,7 +82,9 @@ def test_the_server_process_exports_how_long_its_garbage_collections_held_it(dat
     # with CPython's own thresholds (the setting at 0) a server's start-up alone runs many young collections
     token = create_token(database_url, "metrics:read")
     with running_server(database_url, token, {"HETEROFLOW_SERVER_GC_YOUNG_THRESHOLD": "0"}) as (url, _):
-        text = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=10).text
+        text = httpx.get(
+            f"{url}/metrics", headers={"Authorization": f"Bearer {token}"}, timeout=10, verify=client_tls()
+        ).text
     assert "# TYPE heteroflow_gc_pause_seconds histogram" in text
     (count,) = [
         line for line in text.splitlines() if line.startswith('heteroflow_gc_pause_seconds_count{generation="0"}')
@@ -87,8 +95,8 @@ def test_the_server_process_exports_how_long_its_garbage_collections_held_it(dat
 def test_token_register_heartbeat_and_read_back_over_http(server: tuple[str, str, subprocess.Popen[bytes]]) -> None:
     url, token, process = server
     headers = {"Authorization": f"Bearer {token}"}
-    with httpx.Client(base_url=url, headers=headers, timeout=10) as client:
-        assert httpx.get(f"{url}/api/v1/nodes").status_code == 401
+    with httpx.Client(base_url=url, headers=headers, timeout=10, verify=client_tls()) as client:
+        assert httpx.get(f"{url}/api/v1/nodes", verify=client_tls()).status_code == 401
         registered = client.post(
             "/api/v1/nodes/register", json={"hostname": "gpu-a", "vendor": "nvidia", "gpu_count": 1}
         ).json()
@@ -168,7 +176,7 @@ def test_up_runs_the_local_platform_and_stops_cleanly_on_ctrl_c(tmp_path: Path) 
         headers = {"Authorization": f"Bearer {state['admin_token']}"}
         while True:
             try:
-                response = httpx.get(f"{state['server_url']}/api/v1/nodes", headers=headers)
+                response = httpx.get(f"{state['server_url']}/api/v1/nodes", headers=headers, verify=client_tls())
                 break
             except httpx.TransportError:
                 assert time.monotonic() < deadline, "server did not answer"
@@ -177,9 +185,14 @@ def test_up_runs_the_local_platform_and_stops_cleanly_on_ctrl_c(tmp_path: Path) 
         assert state["server_url"] == f"http://127.0.0.1:{port}"
         # the simulated GPU nodes register and report simulated samples
         while True:
-            nodes = httpx.get(f"{state['server_url']}/api/v1/nodes", headers=headers).json()["items"]
+            nodes = httpx.get(f"{state['server_url']}/api/v1/nodes", headers=headers, verify=client_tls()).json()[
+                "items"
+            ]
             caps = httpx.get(
-                f"{state['server_url']}/api/v1/gpu-health/capabilities", params={"source": "simulated"}, headers=headers
+                f"{state['server_url']}/api/v1/gpu-health/capabilities",
+                params={"source": "simulated"},
+                headers=headers,
+                verify=client_tls(),
             ).json()["cards"]
             if len(nodes) == 2 and len(caps) == 16:
                 break

@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from heteroflow.agent.client import NODE_CREDENTIAL_HEADER, HttpPlatformClient, Registration
 from heteroflow.core.testing import free_port
+from heteroflow.http.tls import client_tls
 from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.testing import PostgresServer
 from tests.integration.test_two_servers import CARDS, beat_body, create_token, settled
@@ -48,7 +49,7 @@ class Host:
     def fresh(self, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """One request on a new connection (the kernel hands each new connection to one worker)."""
         headers = {"Authorization": f"Bearer {self.admin}", "Connection": "close"}
-        with httpx.Client(base_url=self.url, headers=headers, timeout=10) as client:
+        with httpx.Client(base_url=self.url, headers=headers, timeout=10, verify=client_tls()) as client:
             return client.request(method, path, **kwargs)
 
     def status(self) -> dict[str, Any]:
@@ -150,6 +151,7 @@ def test_every_scrape_counts_every_worker_beats(host: Host) -> None:
                 "Connection": "close",
             },
             timeout=10,
+            verify=client_tls(),
         )
         assert response.status_code == 200, response.text
     statuses = host.statuses_by_worker()

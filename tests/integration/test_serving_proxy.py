@@ -25,6 +25,7 @@ from sqlalchemy.engine import Engine
 
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.testing import free_port
+from heteroflow.http.tls import client_tls
 from heteroflow.platform_server.errors import ServiceUnavailable
 from heteroflow.platform_server.routes.serving import ControllerProxy
 from heteroflow.platform_server.settings import ServerSettings
@@ -61,11 +62,14 @@ class LiveController:
             f"{self.url}/controller/node_manager/register",
             json=registration(pod, ids),
             headers={"Authorization": f"Bearer {CLUSTER_TOKEN}"},
+            verify=client_tls(),
         )
         assert response.status_code == 200, response.text
 
     def direct(self, path: str, **params: Any) -> Any:
-        response = httpx.get(self.url + path, params=params, headers={"Authorization": f"Bearer {CLUSTER_TOKEN}"})
+        response = httpx.get(
+            self.url + path, params=params, headers={"Authorization": f"Bearer {CLUSTER_TOKEN}"}, verify=client_tls()
+        )
         assert response.status_code == 200, response.text
         return response.json()
 

@@ -37,6 +37,7 @@ from heteroflow.core.clock import SystemClock
 from heteroflow.core.ids import NodeId
 from heteroflow.core.testing import free_port
 from heteroflow.health.counters import Counters
+from heteroflow.http.tls import client_tls
 from heteroflow.platform.auth import parse_scopes
 from heteroflow.platform_server.prediction_worker import LEASE_NAME
 from heteroflow.storage.db import create_db_engine, upgrade_database
@@ -74,7 +75,9 @@ class Backend:
     log: Path
 
     def get(self, path: str, token: str) -> Any:
-        response = httpx.get(f"{self.url}{path}", headers={"Authorization": f"Bearer {token}"}, timeout=10)
+        response = httpx.get(
+            f"{self.url}{path}", headers={"Authorization": f"Bearer {token}"}, timeout=10, verify=client_tls()
+        )
         assert response.status_code == 200, response.text
         return response.json()
 
@@ -87,7 +90,12 @@ class Backend:
         if self.process.poll() is not None:
             return True
         try:
-            return httpx.get(f"{self.url}/healthz", headers={"Authorization": f"Bearer {token}"}).status_code == 200
+            return (
+                httpx.get(
+                    f"{self.url}/healthz", headers={"Authorization": f"Bearer {token}"}, verify=client_tls()
+                ).status_code
+                == 200
+            )
         except httpx.TransportError:
             return False
 

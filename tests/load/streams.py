@@ -41,6 +41,7 @@ from heteroflow.contracts.serving import COORDINATOR_ADD_PATH, COORDINATOR_DEL_P
 from heteroflow.core.testing import free_port
 from heteroflow.engine_sim import conformance
 from heteroflow.engine_sim.testing import SimProcessCluster, rss_kib
+from heteroflow.http.tls import client_tls
 from heteroflow.serving.coordinator.settings import CoordinatorSettings
 from heteroflow.serving.coordinator.testing import TEST_API_KEY, TEST_API_KEY_SHA256
 
@@ -132,8 +133,10 @@ class Stack:
         self.coordinator: subprocess.Popen[bytes] | None = None
         self.published = list(self.cluster.ports)
         auth = {"Authorization": f"Bearer {self.cluster.cluster_token}"}
-        self.manage = httpx.AsyncClient(base_url=f"http://127.0.0.1:{self.management_port}", headers=auth, timeout=30)
-        self.scrape = httpx.AsyncClient(base_url=self.url, headers=auth, timeout=30)
+        self.manage = httpx.AsyncClient(
+            base_url=f"http://127.0.0.1:{self.management_port}", headers=auth, timeout=30, verify=client_tls()
+        )
+        self.scrape = httpx.AsyncClient(base_url=self.url, headers=auth, timeout=30, verify=client_tls())
 
     def start(self) -> None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HETEROFLOW_")}
@@ -164,7 +167,7 @@ class Stack:
         while True:
             try:
                 if all(
-                    httpx.get(f"http://127.0.0.1:{port}/health", timeout=2).status_code == 200
+                    httpx.get(f"http://127.0.0.1:{port}/health", timeout=2, verify=client_tls()).status_code == 200
                     for port in (self.port, self.management_port)
                 ):
                     return
@@ -301,6 +304,7 @@ class Load:
                 headers={"Authorization": f"Bearer {TEST_API_KEY}"},
                 timeout=httpx.Timeout(timeout_sec, connect=10.0),
                 limits=httpx.Limits(max_connections=POOL_SIZE, max_keepalive_connections=POOL_SIZE),
+                verify=client_tls(),
             )
             for _ in range(-(-concurrency // POOL_SIZE))
         ]

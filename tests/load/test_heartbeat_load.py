@@ -32,6 +32,7 @@ from heteroflow.agent.runner import registration_for
 from heteroflow.agent.simulated import SimulatedCollector
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.testing import free_port
+from heteroflow.http.tls import client_tls
 from heteroflow.platform.nodes import NODE_CREDENTIAL_HEADER
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
@@ -113,7 +114,12 @@ def server(tmp_path: Path) -> Iterator[Server]:
     deadline = time.monotonic() + 60
     while True:
         try:
-            if httpx.get(f"{url}/healthz", headers={"Authorization": f"Bearer {admin_token}"}).status_code == 200:
+            if (
+                httpx.get(
+                    f"{url}/healthz", headers={"Authorization": f"Bearer {admin_token}"}, verify=client_tls()
+                ).status_code
+                == 200
+            ):
                 break
         except httpx.TransportError:
             pass
@@ -190,7 +196,9 @@ async def beat(client: httpx.AsyncClient, node: Node, tally: Tally, gate: asynci
 
 async def probe(url: str, token: str, tally: Tally, stop: asyncio.Event) -> None:
     """The liveness route while the beats run: it must keep answering (a generous timeout, not a speed test)."""
-    async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30) as client:
+    async with httpx.AsyncClient(
+        base_url=url, headers={"Authorization": f"Bearer {token}"}, timeout=30, verify=client_tls()
+    ) as client:
         while not stop.is_set():
             tally.probes += 1
             try:
@@ -216,9 +224,14 @@ def test_three_thousand_nodes_beat_and_the_server_answers_every_one(server: Serv
             max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY, keepalive_expiry=KEEPALIVE_SEC
         )
         async with (
-            httpx.AsyncClient(base_url=server.url, headers=headers, limits=limits, timeout=DEADLINE_SEC) as agents,
             httpx.AsyncClient(
-                base_url=server.url, headers={"Authorization": f"Bearer {server.admin_token}"}, timeout=60
+                base_url=server.url, headers=headers, limits=limits, timeout=DEADLINE_SEC, verify=client_tls()
+            ) as agents,
+            httpx.AsyncClient(
+                base_url=server.url,
+                headers={"Authorization": f"Bearer {server.admin_token}"},
+                timeout=60,
+                verify=client_tls(),
             ) as admin,
         ):
             gate = asyncio.Semaphore(CONCURRENCY)

@@ -18,6 +18,7 @@ from pathlib import Path
 import httpx
 import pytest
 
+from heteroflow.http.tls import client_tls
 from tests.load.streams import Load, Record, clean, endpoint_label, judge, running, sample_rss
 from tests.support.polling import eventually
 
@@ -86,7 +87,7 @@ def test_streams_through_a_scale_down_never_reach_a_withdrawn_endpoint(tmp_path:
             after = await load.one(0, tag="after")
             await load.aclose()
             assert stack.coordinator_alive()
-            async with httpx.AsyncClient(base_url=stack.url) as probe:
+            async with httpx.AsyncClient(base_url=stack.url, verify=client_tls()) as probe:
                 assert (await probe.get("/health")).status_code == 200
             metrics = await stack.coordinator_status()
             verdict = judge(load.records, stack.failed_attempts(), round_)

@@ -24,6 +24,7 @@ from heteroflow.agent.client import HttpPlatformClient, Registration
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.ids import NodeId
 from heteroflow.core.testing import free_port
+from heteroflow.http.tls import client_tls
 from heteroflow.platform.auth import parse_scopes
 from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.token_store import SqlTokenStore
@@ -52,7 +53,9 @@ class Platform:
         raise AssertionError("no VmRSS")
 
     def node_online(self, name: str) -> bool:
-        answer = httpx.get(f"{self.server.url}/api/v1/nodes", headers=auth(self.admin), timeout=10).json()
+        answer = httpx.get(
+            f"{self.server.url}/api/v1/nodes", headers=auth(self.admin), timeout=10, verify=client_tls()
+        ).json()
         return any(node["name"] == name and node["online"] for node in answer["items"])
 
 
@@ -208,8 +211,11 @@ def test_a_slow_body_flood_with_a_valid_agent_token_leaves_real_heartbeats_at_20
         json={"hostname": "attacker-slow", "vendor": "x", "gpu_count": 0},
         headers=auth(fleet),
         timeout=10,
+        verify=client_tls(),
     ).json()
-    nodes = httpx.get(f"{url}/api/v1/nodes", headers=auth(platform.admin), timeout=10).json()["items"]
+    nodes = httpx.get(f"{url}/api/v1/nodes", headers=auth(platform.admin), timeout=10, verify=client_tls()).json()[
+        "items"
+    ]
     real = next(node for node in nodes if node["name"] == "real-agent")
 
     def head(node_id: str, credential: str | None) -> bytes:
@@ -256,7 +262,7 @@ def test_a_slow_body_flood_with_a_valid_agent_token_leaves_real_heartbeats_at_20
     assert all(a.startswith(b"HTTP/1.1 404") for a in answers["victim"] + answers["missing"]), statuses
     probe.assert_all_ok(at_least=6)
     assert platform.node_online("real-agent")
-    metrics = httpx.get(f"{url}/metrics", headers=auth(platform.admin), timeout=10).text
+    metrics = httpx.get(f"{url}/metrics", headers=auth(platform.admin), timeout=10, verify=client_tls()).text
     assert 'heteroflow_requests_limited_total{limit="node"} 252.0' in metrics
 
 
@@ -338,7 +344,12 @@ def test_a_huge_request_head_is_refused_431_without_growing_the_server(platform:
     assert grown_mib < 32, f"the server grew by {grown_mib:.0f} MiB"
     probe.assert_all_ok(at_least=2)
     # a head under the limit is still served
-    assert httpx.get(f"{platform.server.url}/health", headers={"X-Fine": "b" * 30_000}, timeout=5).status_code == 200
+    assert (
+        httpx.get(
+            f"{platform.server.url}/health", headers={"X-Fine": "b" * 30_000}, timeout=5, verify=client_tls()
+        ).status_code
+        == 200
+    )
 
 
 def _token(platform: Platform, scopes: str, *, tenant: str | None = None) -> str:
@@ -358,8 +369,10 @@ def test_a_stolen_agent_token_neither_takes_over_a_node_nor_storms_its_cards(pla
     yields events the controller's source does not take as evidence."""
     url, fleet = platform.server.url, platform.agent_token
     now = SystemClock().now().strftime("%Y-%m-%dT%H:%M:%SZ")
-    with httpx.Client(base_url=url, headers=auth(fleet), timeout=10) as http:
-        nodes = httpx.get(f"{url}/api/v1/nodes", headers=auth(platform.admin), timeout=10).json()["items"]
+    with httpx.Client(base_url=url, headers=auth(fleet), timeout=10, verify=client_tls()) as http:
+        nodes = httpx.get(f"{url}/api/v1/nodes", headers=auth(platform.admin), timeout=10, verify=client_tls()).json()[
+            "items"
+        ]
         real = next(node for node in nodes if node["name"] == "real-agent")
         forged = http.post("/api/v1/nodes/register", json={"hostname": "real-agent", "vendor": "x", "gpu_count": 256})
         assert forged.status_code == 409
@@ -378,12 +391,17 @@ def test_a_stolen_agent_token_neither_takes_over_a_node_nor_storms_its_cards(pla
         assert beat.json()["xid_events"]["stored"] > 0, beat.text
     reader = _token(platform, "nodes:read")
     events = httpx.get(
-        f"{url}/api/v1/hardware-events", params={"since": "2000-01-01T00:00:00Z", "limit": 1000}, headers=auth(reader)
+        f"{url}/api/v1/hardware-events",
+        params={"since": "2000-01-01T00:00:00Z", "limit": 1000},
+        headers=auth(reader),
+        verify=client_tls(),
     ).json()["events"]
     invented = [e for e in events if e["node_id"] == node]
     assert invented, "the storm's events were not stored"
     assert not any(e["card_known"] for e in invented)  # never a fault key at the controller
-    after = httpx.get(f"{url}/api/v1/nodes/{real['id']}", headers=auth(platform.admin), timeout=10).json()
+    after = httpx.get(
+        f"{url}/api/v1/nodes/{real['id']}", headers=auth(platform.admin), timeout=10, verify=client_tls()
+    ).json()
     assert (after["vendor"], after["gpu_count"]) == (real["vendor"], real["gpu_count"])
     assert platform.node_online("real-agent")
 
@@ -399,14 +417,24 @@ def test_another_tenant_cannot_squat_or_capture_a_hostname_even_after_its_node_i
         json={"hostname": "real-agent", "vendor": "x", "gpu_count": 1},
         headers=auth(intruder),
         timeout=10,
+        verify=client_tls(),
     )
     assert theirs.status_code == 200  # their own node of that name: no "registered in another scope" oracle
-    nodes = httpx.get(f"{url}/api/v1/nodes", headers=auth(platform.admin), timeout=10).json()["items"]
+    nodes = httpx.get(f"{url}/api/v1/nodes", headers=auth(platform.admin), timeout=10, verify=client_tls()).json()[
+        "items"
+    ]
     ours = next(n for n in nodes if n["name"] == "real-agent" and n["id"] != theirs.json()["node_id"])
-    assert httpx.delete(f"{url}/api/v1/nodes/{ours['id']}", headers=auth(platform.admin), timeout=10).status_code == 204
+    assert (
+        httpx.delete(
+            f"{url}/api/v1/nodes/{ours['id']}", headers=auth(platform.admin), timeout=10, verify=client_tls()
+        ).status_code
+        == 204
+    )
     deadline = time.monotonic() + 30
     while True:  # the real agent gets 404, registers again in its own scope and beats on
-        nodes = httpx.get(f"{url}/api/v1/nodes", headers=auth(platform.admin), timeout=10).json()["items"]
+        nodes = httpx.get(f"{url}/api/v1/nodes", headers=auth(platform.admin), timeout=10, verify=client_tls()).json()[
+            "items"
+        ]
         again = [
             n for n in nodes if n["name"] == "real-agent" and n["id"] not in (ours["id"], theirs.json()["node_id"])
         ]
@@ -438,7 +466,9 @@ def test_an_agent_that_lost_its_credential_waits_and_reclaims_its_node_without_c
     args += ["--heartbeat-interval", "0.5"]
 
     def lost_agent() -> dict[str, object] | None:
-        nodes = httpx.get(f"{url}/api/v1/nodes", headers=auth(platform.admin), timeout=10).json()["items"]
+        nodes = httpx.get(f"{url}/api/v1/nodes", headers=auth(platform.admin), timeout=10, verify=client_tls()).json()[
+            "items"
+        ]
         return next((node for node in nodes if node["name"] == "lost-agent"), None)
 
     first = start("agent-lost-1", args, env=env, folder=platform.folder, port=0)
@@ -471,6 +501,7 @@ def test_an_agent_that_lost_its_credential_waits_and_reclaims_its_node_without_c
                 json={"hostname": "lost-agent", "vendor": "x", "gpu_count": 1},
                 headers=auth(other),
                 timeout=10,
+                verify=client_tls(),
             )
             assert forged.status_code == 409, forged.text  # only the node's own token may reclaim it
             assert str(node["id"]) not in forged.text
@@ -481,6 +512,7 @@ def test_an_agent_that_lost_its_credential_waits_and_reclaims_its_node_without_c
             json={"hostname": "lost-agent", "vendor": "x", "gpu_count": 1},
             headers=auth(intruder),
             timeout=10,
+            verify=client_tls(),
         )
         assert theirs.status_code == 200  # their own node of that name, not ours
         assert theirs.json()["node_id"] != node["id"]

@@ -22,6 +22,7 @@ import pytest
 
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.testing import free_port
+from heteroflow.http.tls import client_tls
 from heteroflow.platform.auth import generate_token, parse_scopes
 from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.token_store import SqlTokenStore
@@ -77,7 +78,7 @@ def wait_until_up(running: Running, path: str, headers: dict[str, str]) -> None:
     deadline = time.monotonic() + STARTUP_SEC
     while True:
         try:
-            if httpx.get(running.url + path, headers=headers, timeout=2).status_code == 200:
+            if httpx.get(running.url + path, headers=headers, timeout=2, verify=client_tls()).status_code == 200:
                 return
         except httpx.TransportError:
             pass
@@ -195,7 +196,7 @@ def test_a_service_started_without_host_options_listens_on_loopback_only(pair: P
 
 def test_no_token_reaches_the_output_of_either_process(pair: Pair) -> None:
     server, controller = pair.server.url, pair.controller.url
-    with httpx.Client(timeout=10) as http:
+    with httpx.Client(timeout=10, verify=client_tls()) as http:
         # the platform: right, wrong and foreign tokens, in headers, query strings and bodies
         assert http.get(f"{server}/api/v1/serving/status", headers=auth(pair.admin)).status_code == 200  # proxied
         for token in (WRONG_TOKEN, CLUSTER_TOKEN, MONITOR_TOKEN):

@@ -22,6 +22,7 @@ import pytest
 import yaml
 
 from heteroflow.core.testing import free_port
+from heteroflow.http.tls import client_tls
 
 REPO = Path(__file__).resolve().parents[2]
 RULES = REPO / "deploy" / "prometheus" / "heteroflow-alerts.yaml"
@@ -65,7 +66,7 @@ def _wait_ready(url: str, process: subprocess.Popen[bytes], log: Path, *, within
         if process.poll() is not None:
             raise RuntimeError(f"{url} exited with {process.returncode}: {log.read_text()[-2000:]}")
         with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/-/ready", timeout=2).status_code == 200:
+            if httpx.get(f"{url}/-/ready", timeout=2, verify=client_tls()).status_code == 200:
                 return
         if time.monotonic() > deadline:
             raise TimeoutError(f"{url} not ready within {within} s: {log.read_text()[-2000:]}")
@@ -101,7 +102,7 @@ class Prometheus:
     url: str
 
     def query(self, expr: str) -> dict[str, Any]:
-        response = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10)
+        response = httpx.get(f"{self.url}/api/v1/query", params={"query": expr}, timeout=10, verify=client_tls())
         body: dict[str, Any] = response.json()
         return body
 
@@ -112,19 +113,23 @@ class Prometheus:
         return result
 
     def targets(self) -> list[dict[str, Any]]:
-        body = httpx.get(f"{self.url}/api/v1/targets", timeout=10).json()
+        body = httpx.get(f"{self.url}/api/v1/targets", timeout=10, verify=client_tls()).json()
         active: list[dict[str, Any]] = body["data"]["activeTargets"]
         return active
 
     def metric_names(self) -> set[str]:
         """Every name with a stored sample, and every family the targets declared (``# TYPE``), samples or not
         (a labelled counter has no sample until its first increment)."""
-        stored = set(httpx.get(f"{self.url}/api/v1/label/__name__/values", timeout=10).json()["data"])
-        declared = httpx.get(f"{self.url}/api/v1/metadata", timeout=10).json()["data"]
+        stored = set(
+            httpx.get(f"{self.url}/api/v1/label/__name__/values", timeout=10, verify=client_tls()).json()["data"]
+        )
+        declared = httpx.get(f"{self.url}/api/v1/metadata", timeout=10, verify=client_tls()).json()["data"]
         return stored | set(declared)
 
     def rule_groups(self) -> list[dict[str, Any]]:
-        groups: list[dict[str, Any]] = httpx.get(f"{self.url}/api/v1/rules", timeout=10).json()["data"]["groups"]
+        groups: list[dict[str, Any]] = httpx.get(f"{self.url}/api/v1/rules", timeout=10, verify=client_tls()).json()[
+            "data"
+        ]["groups"]
         return groups
 
 
@@ -170,7 +175,7 @@ class Alertmanager:
     url: str
 
     def alerts(self, **filters: str) -> list[dict[str, Any]]:
-        response = httpx.get(f"{self.url}/api/v2/alerts", params=filters, timeout=10)
+        response = httpx.get(f"{self.url}/api/v2/alerts", params=filters, timeout=10, verify=client_tls())
         response.raise_for_status()
         found: list[dict[str, Any]] = response.json()
         return found

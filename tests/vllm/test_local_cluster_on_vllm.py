@@ -29,6 +29,7 @@ import httpx
 import pytest
 import yaml
 
+from heteroflow.http.tls import client_tls
 from heteroflow.local.client import ClusterClient, ClusterUnreachableError
 from heteroflow.local.cluster import ClusterOptions, LocalCluster
 from heteroflow.serving.coordinator.settings import CoordinatorSettings
@@ -110,7 +111,12 @@ def client_figures(requests: list[Timed], *, killed_sec: float, serving_sec: flo
 
 def coordinator_retries(coordinator_url: str, cluster_token: str) -> dict[str, float]:
     """``heteroflow_coordinator_retries_total`` by reason: the fault answers the Coordinator kept from the clients."""
-    answer = httpx.get(f"{coordinator_url}/metrics", headers={"Authorization": f"Bearer {cluster_token}"}, timeout=10)
+    answer = httpx.get(
+        f"{coordinator_url}/metrics",
+        headers={"Authorization": f"Bearer {cluster_token}"},
+        timeout=10,
+        verify=client_tls(),
+    )
     answer.raise_for_status()
     found: dict[str, float] = {}
     for line in answer.text.splitlines():
@@ -168,6 +174,7 @@ def test_a_killed_real_rank_is_restored_by_the_whole_instance_fallback(
                 json={"model": state.instances[0].model, "prompt": "hello world", "max_tokens": 4},
                 headers={"Authorization": f"Bearer {state.api_key or state.admin_token}"},
                 timeout=90,
+                verify=client_tls(),
             )
             return answer.status_code == 200 and answer.json()["choices"][0]["finish_reason"] in {"length", "stop"}
 

@@ -24,6 +24,7 @@ from heteroflow.contracts.serving import FaultEvidence, FtFlags, FtStatusRequest
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.testing import free_port
 from heteroflow.engine_sim import released_conformance
+from heteroflow.http.tls import client_tls
 from heteroflow.local import vllm
 from heteroflow.serving.node_manager.daemon import NodeManager, PodIdentity
 from heteroflow.serving.node_manager.engines import HttpEngineClient
@@ -68,7 +69,10 @@ class RealRanks:
         self.dp_size = 2
         self._clients = {
             r: httpx.AsyncClient(
-                base_url=f"http://127.0.0.1:{p}", headers={"Authorization": f"Bearer {TOKEN}"}, timeout=60.0
+                base_url=f"http://127.0.0.1:{p}",
+                headers={"Authorization": f"Bearer {TOKEN}"},
+                timeout=60.0,
+                verify=client_tls(),
             )
             for r, p in ports.items()
         }

@@ -29,6 +29,7 @@ from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.samples import Card, CardKey, HealthReading
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.health.simulation import Profile, series
+from heteroflow.http.tls import client_tls
 from heteroflow.platform.auth import parse_scopes
 from heteroflow.platform_server.alert_delivery import AlertDeliverySettings
 from heteroflow.platform_server.assembly import build_context, create_app
@@ -70,6 +71,7 @@ class Seeded:
             f"{self.base_url}/api/v1/nodes/{self.nodes[node]}/heartbeat",
             json={"gpu_stats": []},
             headers={"Authorization": f"Bearer {self.agent}"},
+            verify=client_tls(),
         )
         response.raise_for_status()
 

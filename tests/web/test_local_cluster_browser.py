@@ -21,6 +21,7 @@ import pytest
 import yaml
 
 from heteroflow.core.clock import SystemClock
+from heteroflow.http.tls import client_tls
 from heteroflow.local import ClusterOptions, ClusterState, LocalCluster
 from heteroflow.local.faults import KillMode, kill
 from heteroflow.platform.auth import parse_scopes
@@ -80,7 +81,9 @@ def serving_reader(state: ClusterState) -> str:
 
 def controller_status(state: ClusterState) -> dict[str, Any]:
     headers = {"Authorization": f"Bearer {state.cluster_token or state.admin_token}"}
-    [entry] = httpx.get(f"{state.controller_url}/controller/fault_tolerance/status", headers=headers).json()
+    [entry] = httpx.get(
+        f"{state.controller_url}/controller/fault_tolerance/status", headers=headers, verify=client_tls()
+    ).json()
     return dict(entry)
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from heteroflow.core.ids import NodeId
 from heteroflow.health.samples import CardKey
+from heteroflow.http.tls import client_tls
 from tests.web.seed import Seeded
 from tests.web.session import sign_in
 
@@ -74,7 +75,10 @@ def open_page(browser: Any, seeded: Seeded) -> Iterator[Open]:
 
 def api(seeded: Seeded, path: str, token: str | None = None, **params: Any) -> Any:
     response = httpx.get(
-        seeded.base_url + path, params=params, headers={"Authorization": f"Bearer {token or seeded.reader}"}
+        seeded.base_url + path,
+        params=params,
+        headers={"Authorization": f"Bearer {token or seeded.reader}"},
+        verify=client_tls(),
     )
     response.raise_for_status()
     return response.json()

@@ -22,6 +22,7 @@ from heteroflow.core.clock import SystemClock
 from heteroflow.core.testing import free_port
 from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
+from heteroflow.http.tls import client_tls
 from heteroflow.platform.auth import parse_scopes
 from heteroflow.platform_server.alert_delivery import AlertDeliverySettings
 from heteroflow.platform_server.assembly import build_context
@@ -103,7 +104,9 @@ def open_page(browser: Any) -> Iterator[Open]:
 
 
 def controller(serving: ServingSeeded, path: str) -> Any:
-    response = httpx.get(serving.controller_url + path, headers={"Authorization": f"Bearer {TEST_CLUSTER_TOKEN}"})
+    response = httpx.get(
+        serving.controller_url + path, headers={"Authorization": f"Bearer {TEST_CLUSTER_TOKEN}"}, verify=client_tls()
+    )
     response.raise_for_status()
     return response.json()
 

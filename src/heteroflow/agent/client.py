@@ -36,6 +36,7 @@ from pydantic import ValidationError
 from heteroflow.contracts.heartbeat import NodeRegistration
 from heteroflow.core.ids import NodeId, Source
 from heteroflow.http.peer import PeerError, Rejected, Unavailable, detail_of, parse_retry_after
+from heteroflow.http.tls import client_tls
 
 
 class PlatformError(PeerError):
@@ -127,6 +128,7 @@ class HttpPlatformClient:
             headers={"Authorization": f"Bearer {token}"},
             timeout=timeout_sec,
             transport=transport,
+            verify=client_tls(),
         )
 
     def _post(self, path: str, body: Mapping[str, Any], *, credential: str | None) -> httpx.Response:

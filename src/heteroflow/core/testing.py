@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import heapq
+import os
 import random
 import selectors
 import socket
@@ -161,16 +162,30 @@ def run_virtual(main: Coroutine[Any, Any, T], *, debug: bool = False) -> T:
         return runner.run(main)
 
 
+def _worker_slice() -> tuple[int, int]:
+    """(index, count) of this pytest-xdist worker, ``(0, 1)`` outside one (the variables xdist sets)."""
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    count = os.environ.get("PYTEST_XDIST_WORKER_COUNT", "")
+    if worker.startswith("gw") and worker[2:].isdigit() and count.isdigit() and int(count) > 0:
+        return int(worker[2:]) % int(count), int(count)
+    return 0, 1
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """A TCP port free on ``host`` now, chosen below the kernel's ephemeral range.
 
     A port picked there cannot be taken by an outgoing connection or a ``bind(0)`` (gloo, HTTP clients)
-    between the moment it is chosen and the moment the process under test binds it.
+    between the moment it is chosen and the moment the process under test binds it. Test workers running side
+    by side (pytest-xdist) draw from disjoint slices of that range, so two of them never pick the same port
+    in the moment before it is bound.
     """
     low = 32768
     with contextlib.suppress(OSError, ValueError, IndexError):
         low = int(_PORT_RANGE_FILE.read_text().split()[0])
     floor = 10000 if low > 12000 else 1024
+    index, count = _worker_slice()
+    width = max(1, (low - floor) // count)
+    floor, low = floor + index * width, floor + (index + 1) * width
     for _ in range(200):
         port = random.randrange(floor, max(low, floor + 1))
         with socket.socket() as sock:

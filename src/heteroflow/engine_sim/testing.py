@@ -34,6 +34,7 @@ from heteroflow.engine_sim.engine import EngineCore, EngineTimeouts
 from heteroflow.engine_sim.fake import FakeGroup, FakeWorkerBackend
 from heteroflow.engine_sim.placement import default_slots_per_rank
 from heteroflow.engine_sim.state import initial_state
+from heteroflow.http.tls import client_tls
 
 TEST_CLUSTER_TOKEN = "engine-sim-test-token"  # noqa: S105 - a fixture value, not a secret
 
@@ -296,7 +297,7 @@ class SimProcessCluster:
                 if proc.poll() is not None:
                     raise RuntimeError(f"engine {rank} exited during start-up with code {proc.returncode}")
                 try:
-                    if httpx.get(f"{self.url(rank)}/health", timeout=1.0).status_code == 200:
+                    if httpx.get(f"{self.url(rank)}/health", timeout=1.0, verify=client_tls()).status_code == 200:
                         pending.discard(rank)
                 except httpx.HTTPError:
                     pass
@@ -315,6 +316,7 @@ class SimProcessCluster:
             client = httpx.AsyncClient(
                 base_url=self.url(rank),
                 timeout=httpx.Timeout(30.0, connect=2.0),
+                verify=client_tls(),
                 headers=auth_headers(self.cluster_token),
             )
             self._clients[rank] = client

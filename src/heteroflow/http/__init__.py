@@ -8,4 +8,5 @@
 - :mod:`.probes` — the liveness and readiness routes.
 - :mod:`.peer` — one pooled JSON client per peer, whose errors say whether to retry (``Unavailable``) or not
   (``Rejected``).
+- :mod:`.tls` — one verifying TLS context per process, handed to every HTTP client instead of one per client.
 """

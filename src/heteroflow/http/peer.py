@@ -21,6 +21,8 @@ from typing import Any, TypeVar
 import httpx
 from pydantic import BaseModel, ValidationError
 
+from heteroflow.http.tls import client_tls
+
 _M = TypeVar("_M", bound=BaseModel)
 _JSON = {"Content-Type": "application/json"}
 
@@ -113,7 +115,11 @@ class JsonPeer:
         if client is None:
             transport = self._transport_for(base) if self._transport_for is not None else None
             client = httpx.AsyncClient(
-                base_url=base, headers=self._headers, timeout=self._timeout_s, transport=transport
+                base_url=base,
+                headers=self._headers,
+                timeout=self._timeout_s,
+                transport=transport,
+                verify=client_tls(),
             )
             self._clients[base] = client
         return client

@@ -18,6 +18,7 @@ from heteroflow.contracts.serving import (
     NM_STATUS_PATH,
     REPORT_HARDWARE_FAULT_PATH,
 )
+from heteroflow.http.tls import client_tls
 from heteroflow.local.state import ClusterState
 
 CONTROLLER_STATUS_PATH = "/controller/fault_tolerance/status"
@@ -52,7 +53,9 @@ class ClusterAuth(httpx.Auth):
 class ClusterClient:
     def __init__(self, state: ClusterState, *, timeout_sec: float = 5.0) -> None:
         self.state = state
-        self._http = httpx.Client(auth=ClusterAuth(state), timeout=timeout_sec, trust_env=False)
+        self._http = httpx.Client(
+            auth=ClusterAuth(state), timeout=timeout_sec, trust_env=False, verify=client_tls(trust_env=False)
+        )
 
     def close(self) -> None:
         self._http.close()

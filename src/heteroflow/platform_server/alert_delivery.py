@@ -19,6 +19,7 @@ import structlog
 from pydantic import Field
 
 from heteroflow.core.settings import LenientSettings, env_names
+from heteroflow.http.tls import client_tls
 from heteroflow.storage.alert_store import AlertRecord
 
 _log = structlog.get_logger(__name__)
@@ -180,7 +181,7 @@ class AlertNotifier:
 
     async def _run(self) -> None:
         assert self._queue is not None
-        async with httpx.AsyncClient(timeout=10, transport=self._transport) as client:
+        async with httpx.AsyncClient(timeout=10, transport=self._transport, verify=client_tls()) as client:
             while True:
                 event, target, attempt = await self._queue.get()
                 self._in_flight += 1

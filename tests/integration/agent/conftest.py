@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from heteroflow.core.testing import free_port
+from heteroflow.http.tls import client_tls
 
 REPO = Path(__file__).resolve().parents[3]
 SHARED_FIXTURES = REPO.parent / "shared" / "fixtures"
@@ -56,7 +57,7 @@ class ServerProcess:
         deadline = time.monotonic() + 30
         while True:
             try:
-                response = httpx.get(f"{self.url}/healthz", headers=self.headers, timeout=2)
+                response = httpx.get(f"{self.url}/healthz", headers=self.headers, timeout=2, verify=client_tls())
                 if response.status_code == 200:
                     return
             except httpx.TransportError:
@@ -77,7 +78,7 @@ class ServerProcess:
         return {"Authorization": f"Bearer {self.token}"}
 
     def get(self, path: str, **params: object) -> httpx.Response:
-        return httpx.get(f"{self.url}{path}", params=params, headers=self.headers, timeout=10)  # type: ignore[arg-type]
+        return httpx.get(f"{self.url}{path}", params=params, headers=self.headers, timeout=10, verify=client_tls())  # type: ignore[arg-type]
 
 
 def start_server(tmp: Path) -> ServerProcess:

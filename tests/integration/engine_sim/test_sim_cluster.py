@@ -27,6 +27,7 @@ import pytest
 from heteroflow.core.testing import free_port
 from heteroflow.engine_sim import conformance
 from heteroflow.engine_sim.testing import SimProcessCluster, rss_kib, session_pids
+from heteroflow.http.tls import client_tls
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(240)]
 
@@ -85,9 +86,9 @@ def test_fault_chain_on_four_ranks(cluster_factory: list[SimProcessCluster], tmp
     assert len(session) == 8  # an API server and a worker per rank
     assert listening_addresses(session) == {"127.0.0.1"}
     # the cluster token guards the OpenAI and FT routes (it is set for this cluster); liveness stays open
-    assert httpx.get(f"{cluster.url(0)}/v1/models", timeout=5).status_code == 401
-    assert httpx.get(f"{cluster.url(0)}/v1/fault_tolerance/status", timeout=5).status_code == 401
-    assert httpx.get(f"{cluster.url(0)}/health", timeout=5).status_code == 200
+    assert httpx.get(f"{cluster.url(0)}/v1/models", timeout=5, verify=client_tls()).status_code == 401
+    assert httpx.get(f"{cluster.url(0)}/v1/fault_tolerance/status", timeout=5, verify=client_tls()).status_code == 401
+    assert httpx.get(f"{cluster.url(0)}/health", timeout=5, verify=client_tls()).status_code == 200
     memory = {rank: sum(rss_kib(p) or 0 for p in session_pids(pid)) for rank, pid in cluster.pids().items()}
     assert all(kib < 800 * 1024 for kib in memory.values()), memory
 
@@ -188,7 +189,7 @@ def test_a_rank_whose_peers_never_come_exits_non_zero(tmp_path: Path) -> None:
             time.sleep(0.05)
         assert proc.poll() is None
         with pytest.raises(httpx.ConnectError):
-            httpx.get(f"http://127.0.0.1:{http}/health", timeout=5)
+            httpx.get(f"http://127.0.0.1:{http}/health", timeout=5, verify=client_tls())
         assert proc.wait(timeout=90) == 1
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -23,6 +23,7 @@ import pytest
 import yaml
 
 from heteroflow.core.clock import SystemClock
+from heteroflow.http.tls import client_tls
 from heteroflow.local import ClusterOptions, ClusterState, LocalCluster
 from heteroflow.platform.auth import parse_scopes
 from heteroflow.storage.db import create_db_engine
@@ -87,7 +88,10 @@ def test_every_service_metrics_pass_promtool(cluster: ClusterState) -> None:
     for job in jobs_of(cluster, token):
         for target in job.targets:
             response = httpx.get(
-                f"http://{target}/metrics", headers={"Authorization": f"Bearer {job.token}"}, timeout=10
+                f"http://{target}/metrics",
+                headers={"Authorization": f"Bearer {job.token}"},
+                timeout=10,
+                verify=client_tls(),
             )
             assert response.status_code == 200, (job.name, response.text[:300])
             assert response.headers["content-type"].startswith("text/plain")

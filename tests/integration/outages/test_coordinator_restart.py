@@ -35,6 +35,7 @@ from heteroflow.core.testing import free_port
 from heteroflow.engine_sim import conformance
 from heteroflow.engine_sim.assembly import create_app as engine_app
 from heteroflow.engine_sim.testing import FakeEngineCluster
+from heteroflow.http.tls import client_tls
 from heteroflow.serving.controller.clients import CoordinatorClient
 from heteroflow.serving.coordinator.testing import TEST_API_KEY, TEST_API_KEY_SHA256
 from heteroflow.serving.node_manager.assembly import create_app as node_manager_app
@@ -122,12 +123,12 @@ class CoordinatorProcess:
         assert self.process is not None
         assert self.process.poll() is None, "the coordinator exited"
         with contextlib.suppress(httpx.HTTPError):
-            async with httpx.AsyncClient(timeout=1.0) as http:
+            async with httpx.AsyncClient(timeout=1.0, verify=client_tls()) as http:
                 return (await http.get(f"{self.url}/health")).status_code == 200
         return False
 
     async def published(self) -> list[int] | None:
-        async with httpx.AsyncClient(timeout=2.0) as http:
+        async with httpx.AsyncClient(timeout=2.0, verify=client_tls()) as http:
             body = (await http.get(self.url + COORDINATOR_INSTANCES_PATH, headers=MANAGE)).json()
         views = {view["instance_id"]: view for view in body["instances"]}
         return sorted(e["id"] for e in views["inst-1"]["endpoints"]) if "inst-1" in views else None
@@ -174,7 +175,7 @@ class Load:
         return sum(1 for o in self.outcomes if o.ok and o.started >= after)
 
     async def _client(self) -> None:
-        async with httpx.AsyncClient(base_url=self.url, headers=KEY, timeout=10.0) as http:
+        async with httpx.AsyncClient(base_url=self.url, headers=KEY, timeout=10.0, verify=client_tls()) as http:
             while not self.stop.is_set():
                 seq = next(self._seqs)
                 stream = seq % 2 == 0

@@ -34,6 +34,7 @@ import pytest
 
 from heteroflow.contracts.serving import NM_FT_GUARD_PATH, NM_STATUS_PATH
 from heteroflow.core.testing import free_port
+from heteroflow.http.tls import client_tls
 from heteroflow.local.processes import CLUSTER_ID_ENV, kill_marked, marked_processes
 from heteroflow.serving.controller.clients import CoordinatorClient
 from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN
@@ -104,7 +105,7 @@ class NodeManagerProcess:
 
     async def status(self) -> dict[str, Any] | None:
         try:
-            async with httpx.AsyncClient(timeout=2.0) as http:
+            async with httpx.AsyncClient(timeout=2.0, verify=client_tls()) as http:
                 response = await http.get(self.url + NM_STATUS_PATH, headers=AUTH)
         except httpx.TransportError:
             return None
@@ -131,7 +132,7 @@ def spec(rank: int, *, ports: dict[int, int], rpc_port: int, store_port: int) ->
 async def completion(port: int) -> int | None:
     """One completion straight to an engine; its HTTP status (``None``: unreachable)."""
     try:
-        async with httpx.AsyncClient(timeout=30.0) as http:
+        async with httpx.AsyncClient(timeout=30.0, verify=client_tls()) as http:
             response = await http.post(
                 f"http://127.0.0.1:{port}/v1/completions",
                 json={"prompt": "traffic", "max_tokens": 4},
@@ -145,7 +146,7 @@ async def completion(port: int) -> int | None:
 async def engine_status(port: int, expected: str) -> bool:
     """Whether the engine on ``port`` reports ``expected`` on its FT status route."""
     with contextlib.suppress(httpx.HTTPError):
-        async with httpx.AsyncClient(timeout=5.0) as http:
+        async with httpx.AsyncClient(timeout=5.0, verify=client_tls()) as http:
             body = (await http.get(f"http://127.0.0.1:{port}/v1/fault_tolerance/status", headers=AUTH)).json()
         return any(engine["status"] == expected for engine in body["engines"])
     return False
@@ -224,7 +225,7 @@ def test_a_node_manager_killed_while_guarded_and_restarted_ends_in_a_clean_recon
 
                 plane.after_hooks.append(kill_a_once_guarded)
                 # the fault: rank 1's worker dies; traffic on rank 0 meets the broken collective
-                async with httpx.AsyncClient(timeout=10.0) as http:
+                async with httpx.AsyncClient(timeout=10.0, verify=client_tls()) as http:
                     injected = await http.post(
                         f"http://127.0.0.1:{engine_ports[1]}/sim/faults", json={"kind": "kill_worker"}, headers=AUTH
                     )

@@ -46,6 +46,7 @@ from heteroflow.core.errors import StoreUnavailableError
 from heteroflow.core.testing import LoopClock, run_virtual
 from heteroflow.engine_sim import conformance
 from heteroflow.engine_sim.testing import FakeEngineCluster
+from heteroflow.http.tls import client_tls
 from heteroflow.serving.controller.assembly import create_app as controller_app
 from heteroflow.serving.controller.clients import CoordinatorClient, NodeManagerClient
 from heteroflow.serving.controller.config import ControllerConfig, ControllerSettings, FaultToleranceConfig
@@ -647,7 +648,9 @@ class ProcessPlane:
         return self.logs[index].read_text(errors="replace")
 
     async def get(self, path: str, *, index: int = 0) -> httpx.Response | None:
-        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {TEST_CLUSTER_TOKEN}"}) as http:
+        async with httpx.AsyncClient(
+            headers={"Authorization": f"Bearer {TEST_CLUSTER_TOKEN}"}, verify=client_tls()
+        ) as http:
             try:
                 return await http.get(self.url_of(index) + path, timeout=2.0)
             except httpx.TransportError:

@@ -42,6 +42,7 @@ from heteroflow.contracts.serving import (
     COORDINATOR_SET_PATH,
 )
 from heteroflow.core.testing import free_port
+from heteroflow.http.tls import client_tls
 from heteroflow.serving.coordinator.testing import TEST_API_KEY, TEST_API_KEY_SHA256, TEST_CLUSTER_TOKEN
 from tests.support.polling import until
 
@@ -256,7 +257,7 @@ def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     def healthy() -> bool:
         assert process.poll() is None, f"the coordinator exited: {log.read_text()}"
         with contextlib.suppress(httpx.HTTPError):
-            return httpx.get(f"{url}/health", timeout=1).status_code == 200
+            return httpx.get(f"{url}/health", timeout=1, verify=client_tls()).status_code == 200
         return False
 
     try:
@@ -276,7 +277,7 @@ def coordinator(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 
 def manage(url: str, path: str, body: dict[str, Any]) -> httpx.Response:
-    response = httpx.post(f"{url}{path}", headers=MANAGE, json=body, timeout=10)
+    response = httpx.post(f"{url}{path}", headers=MANAGE, json=body, timeout=10, verify=client_tls())
     assert response.status_code == 200, response.text
     return response
 
@@ -290,11 +291,17 @@ def publish(url: str, instance: str, model: str, endpoints: list[dict[str, Any]]
 
 
 def complete(url: str, model: str, **extra: Any) -> httpx.Response:
-    return httpx.post(f"{url}/v1/completions", headers=KEY, json={"model": model, "prompt": "hi", **extra}, timeout=15)
+    return httpx.post(
+        f"{url}/v1/completions",
+        headers=KEY,
+        json={"model": model, "prompt": "hi", **extra},
+        timeout=15,
+        verify=client_tls(),
+    )
 
 
 def metric(url: str, sample: str) -> float:
-    text = httpx.get(f"{url}/metrics", headers=MANAGE, timeout=5).text
+    text = httpx.get(f"{url}/metrics", headers=MANAGE, timeout=5, verify=client_tls()).text
     for line in text.splitlines():
         if line.startswith(sample + " "):
             return float(line.rsplit(" ", 1)[1])
@@ -311,9 +318,11 @@ def test_routing_and_balancing_across_published_endpoints(coordinator: str, flee
     assert sorted(answers) == sorted(["bal-0", "bal-1", "bal-2"] * 10)
     assert [e.count for e in engines] == [10, 10, 10]
     assert other.count == 0
-    models = httpx.get(f"{coordinator}/v1/models", headers=KEY, timeout=5).json()["data"]
+    models = httpx.get(f"{coordinator}/v1/models", headers=KEY, timeout=5, verify=client_tls()).json()["data"]
     assert {"model-bal", "model-other"} <= {m["id"] for m in models}
-    listed = httpx.get(f"{coordinator}{COORDINATOR_INSTANCES_PATH}", headers=MANAGE, timeout=5).json()
+    listed = httpx.get(
+        f"{coordinator}{COORDINATOR_INSTANCES_PATH}", headers=MANAGE, timeout=5, verify=client_tls()
+    ).json()
     assert {i["instance_id"] for i in listed["instances"]} >= {"bal", "bal-2"}
 
 
@@ -378,8 +387,8 @@ def test_no_new_request_reaches_a_withdrawn_endpoint_under_concurrent_load(coord
 
         limits = httpx.Limits(max_connections=40)
         async with (
-            httpx.AsyncClient(base_url=coordinator, timeout=15, limits=limits) as client,
-            httpx.AsyncClient(base_url=coordinator, timeout=15) as manager,
+            httpx.AsyncClient(base_url=coordinator, timeout=15, limits=limits, verify=client_tls()) as client,
+            httpx.AsyncClient(base_url=coordinator, timeout=15, verify=client_tls()) as manager,
         ):
             workers = [asyncio.create_task(client_loop(client)) for _ in range(20)]
             await progress(60)
@@ -477,6 +486,7 @@ def test_streaming_pass_through_and_a_mid_stream_failure(coordinator: str, fleet
             headers=KEY,
             json={"model": "model-stream", "messages": [{"role": "user", "content": "hi"}], "stream": True},
             timeout=10,
+            verify=client_tls(),
         ) as response:
             assert response.headers["content-type"].startswith("text/event-stream")
             lines = [line for line in response.iter_lines() if line]
@@ -503,7 +513,12 @@ def test_a_client_that_leaves_mid_stream_frees_its_endpoint(coordinator: str, fl
     gone = 'heteroflow_coordinator_requests_total{outcome="client_gone",route="completions"}'
     before = metric(coordinator, gone)
     with httpx.stream(
-        "POST", f"{coordinator}/v1/completions", headers=KEY, json={"model": "model-leave", "stream": True}, timeout=10
+        "POST",
+        f"{coordinator}/v1/completions",
+        headers=KEY,
+        json={"model": "model-leave", "stream": True},
+        timeout=10,
+        verify=client_tls(),
     ) as response:
         first = next(line for line in response.iter_lines() if line)
         assert first.startswith("data: ")
@@ -517,7 +532,11 @@ def test_upstream_4xx_is_passed_through_unchanged(coordinator: str, fleet: Fleet
     engines = [fleet.start(f"reject-{i}") for i in range(2)]
     publish(coordinator, "reject", "model-reject", [e.endpoint(i) for i, e in enumerate(engines)])
     response = httpx.post(
-        f"{coordinator}/v1/completions", headers=KEY, json={"model": "model-reject", "prompt": "reject"}, timeout=10
+        f"{coordinator}/v1/completions",
+        headers=KEY,
+        json={"model": "model-reject", "prompt": "reject"},
+        timeout=10,
+        verify=client_tls(),
     )
     assert response.status_code == 400
     assert response.json()["error"]["message"].startswith("rejected by reject-")
@@ -536,12 +555,19 @@ def test_unknown_model_empty_view_and_auth(coordinator: str, fleet: Fleet) -> No
     assert empty.headers["retry-after"]
     body = {"model": "model-empty", "prompt": "x"}
     for headers in ({}, {"Authorization": "Bearer wrong"}, MANAGE):
-        assert httpx.post(f"{coordinator}/v1/completions", headers=headers, json=body, timeout=5).status_code == 401
+        assert (
+            httpx.post(
+                f"{coordinator}/v1/completions", headers=headers, json=body, timeout=5, verify=client_tls()
+            ).status_code
+            == 401
+        )
     for headers in ({}, {"Authorization": "Bearer wrong"}, KEY):
-        refused = httpx.get(f"{coordinator}{COORDINATOR_INSTANCES_PATH}", headers=headers, timeout=5)
+        refused = httpx.get(
+            f"{coordinator}{COORDINATOR_INSTANCES_PATH}", headers=headers, timeout=5, verify=client_tls()
+        )
         assert refused.status_code == 401
-        assert httpx.get(f"{coordinator}/metrics", headers=headers, timeout=5).status_code == 401
-    assert httpx.get(f"{coordinator}/health", timeout=5).status_code == 200
+        assert httpx.get(f"{coordinator}/metrics", headers=headers, timeout=5, verify=client_tls()).status_code == 401
+    assert httpx.get(f"{coordinator}/health", timeout=5, verify=client_tls()).status_code == 200
 
 
 def test_oversized_deep_and_malformed_bodies_are_4xx(coordinator: str, fleet: Fleet) -> None:
@@ -552,7 +578,9 @@ def test_oversized_deep_and_malformed_bodies_are_4xx(coordinator: str, fleet: Fl
     deep = b'{"model": "model-bodies", "x": ' + b"[" * 5000 + b"]" * 5000 + b"}"
     cases = [(huge, 413), (deep, 400), (b'{"model": ', 400), (b'{"prompt": "x"}', 400), (b"\xff\xfe", 400)]
     for content, status in cases:
-        response = httpx.post(url, headers={**KEY, "content-type": "application/json"}, content=content, timeout=10)
+        response = httpx.post(
+            url, headers={**KEY, "content-type": "application/json"}, content=content, timeout=10, verify=client_tls()
+        )
         assert response.status_code == status, (content[:40], response.text)
         assert response.json()["error"]["message"]
     assert engine.count == 0
@@ -577,15 +605,23 @@ def test_the_management_listener_serves_the_views_and_a_taken_port_stops_the_sta
         def up() -> bool:
             assert process.poll() is None
             with contextlib.suppress(httpx.HTTPError):
-                return all(httpx.get(f"{u}/health", timeout=1).status_code == 200 for u in (url, manage_url))
+                return all(
+                    httpx.get(f"{u}/health", timeout=1, verify=client_tls()).status_code == 200
+                    for u in (url, manage_url)
+                )
             return False
 
         until(up, within=30, what="both listeners up")
         engine = fleet.start("managed-0")
         publish(manage_url, "managed", "model-managed", [engine.endpoint(0)])
         assert complete(url, "model-managed").json()["choices"][0]["text"] == "managed-0"
-        assert httpx.get(f"{manage_url}/metrics", headers=MANAGE, timeout=5).status_code == 404  # views only
-        assert httpx.post(f"{manage_url}{COORDINATOR_SET_PATH}", json={}, timeout=5).status_code == 401
+        assert (
+            httpx.get(f"{manage_url}/metrics", headers=MANAGE, timeout=5, verify=client_tls()).status_code == 404
+        )  # views only
+        assert (
+            httpx.post(f"{manage_url}{COORDINATOR_SET_PATH}", json={}, timeout=5, verify=client_tls()).status_code
+            == 401
+        )
         # a second Coordinator whose management port is taken says so and exits instead of running without it
         taken = subprocess.run(
             [sys.executable, "-m", "heteroflow.cli.main", "coordinator", "--port", str(free_port())],

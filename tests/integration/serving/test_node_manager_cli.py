@@ -30,6 +30,7 @@ from heteroflow.contracts.serving import (
     FtFlags,
 )
 from heteroflow.core.testing import free_port
+from heteroflow.http.tls import client_tls
 from heteroflow.serving.node_manager.supervisor import session_processes
 from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN, FakeController
 from tests.support.polling import until
@@ -115,7 +116,7 @@ def test_node_manager_command_with_the_proxy_off(tmp_path: Path, controller: tup
 
         def both_ready() -> bool:
             try:
-                status = httpx.get(base + NM_STATUS_PATH, headers=AUTH, timeout=2).json()
+                status = httpx.get(base + NM_STATUS_PATH, headers=AUTH, timeout=2, verify=client_tls()).json()
             except httpx.HTTPError:
                 return False
             engine_pids[:] = [e["pid"] for e in status["endpoints"] if e["pid"]]
@@ -134,14 +135,17 @@ def test_node_manager_command_with_the_proxy_off(tmp_path: Path, controller: tup
         until(lambda: len(fake.heartbeats) >= beats + 2, within=5, what="heartbeats")
         assert all(b.complete and b.request.endpoint_ids == [0, 1] for b in fake.heartbeats[beats:])
         for path in (NM_FT_STATUS_PATH, NM_FT_APPLY_PATH, NM_FT_GUARD_PATH, NM_FT_FINALIZE_PATH):
-            response = httpx.post(base + path, json={"request_id": "r", "lease_sec": 5}, headers=AUTH, timeout=5)
+            response = httpx.post(
+                base + path, json={"request_id": "r", "lease_sec": 5}, headers=AUTH, timeout=5, verify=client_tls()
+            )
             assert response.status_code == 404, (path, response.text)
-        assert httpx.get(base + NM_STATUS_PATH, timeout=5).status_code == 401
+        assert httpx.get(base + NM_STATUS_PATH, timeout=5, verify=client_tls()).status_code == 401
         completion = httpx.post(
             f"http://127.0.0.1:{ports[1]}/v1/completions",
             json={"prompt": "hello", "max_tokens": 4},
             headers=AUTH,
             timeout=30,
+            verify=client_tls(),
         )
         assert completion.status_code == 200
         assert fake.reports == []

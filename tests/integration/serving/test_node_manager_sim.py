@@ -33,6 +33,7 @@ from heteroflow.contracts.serving import (
 )
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.testing import free_port
+from heteroflow.http.tls import client_tls
 from heteroflow.serving.node_manager.assembly import create_app
 from heteroflow.serving.node_manager.daemon import NodeManager, PodIdentity
 from heteroflow.serving.node_manager.engines import HttpEngineClient
@@ -168,7 +169,7 @@ async def scale_down_round(
 
 
 async def scenario(tmp_path: Path, pods: dict[str, Pod], controller: FakeController, ports: dict[int, int]) -> None:
-    engines = httpx.AsyncClient(headers=AUTH, timeout=10.0)
+    engines = httpx.AsyncClient(headers=AUTH, timeout=10.0, verify=client_tls())
     try:
         await run_scenarios(tmp_path, pods, controller, ports, engines)
     finally:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import socket
 from pathlib import Path
 
+import pytest
+
 from heteroflow.core.testing import free_port
 
 
@@ -30,3 +32,16 @@ def test_a_port_in_use_is_never_returned() -> None:
     finally:
         for sock in held:
             sock.close()
+
+
+def test_side_by_side_test_workers_draw_from_disjoint_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    low = int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    floor = 10000 if low > 12000 else 1024
+    monkeypatch.setenv("PYTEST_XDIST_WORKER_COUNT", "2")
+    drawn: dict[str, set[int]] = {}
+    for worker in ("gw0", "gw1"):
+        monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+        drawn[worker] = {free_port() for _ in range(40)}
+    middle = floor + (low - floor) // 2
+    assert all(floor <= port < middle for port in drawn["gw0"]), sorted(drawn["gw0"])
+    assert all(middle <= port < low for port in drawn["gw1"]), sorted(drawn["gw1"])

@@ -30,6 +30,7 @@ import httpx
 from fastapi import APIRouter, Depends, Query, Request
 from fastapi.responses import JSONResponse
 
+from heteroflow.http.tls import client_tls
 from heteroflow.platform.auth import Principal, Scope
 from heteroflow.platform_server.auth import require_cluster_wide
 from heteroflow.platform_server.context import ServerContext
@@ -88,7 +89,11 @@ class ControllerProxy:
             headers["Authorization"] = f"Bearer {self._token}"
         if self._client is None:
             self._client = httpx.AsyncClient(
-                base_url=base_url, timeout=self._timeout, transport=self._transport, follow_redirects=False
+                base_url=base_url,
+                timeout=self._timeout,
+                transport=self._transport,
+                follow_redirects=False,
+                verify=client_tls(),
             )
         try:
             response = await self._client.get(path, params=params, headers=headers)

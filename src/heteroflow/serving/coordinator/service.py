@@ -17,6 +17,7 @@ from heteroflow.contracts.serving import ViewAddRequest, ViewDelRequest, ViewSet
 from heteroflow.core.admission import AdmissionGate, AdmissionStatus
 from heteroflow.core.client_limits import InFlightByKey
 from heteroflow.core.clock import Clock, SystemClock
+from heteroflow.http.tls import client_tls
 from heteroflow.serving.coordinator.attempt import UpstreamTimeouts
 from heteroflow.serving.coordinator.auth import ApiKeyVerifier, KeyChecker, PlatformKeyChecker
 from heteroflow.serving.coordinator.errors import ViewConflictError
@@ -77,6 +78,7 @@ class Coordinator:
             total=settings.upstream_total_timeout_sec,
         )
         self._client = httpx.AsyncClient(
+            verify=client_tls(),
             timeout=timeouts.httpx(),
             limits=httpx.Limits(
                 max_connections=settings.upstream_max_connections,

@@ -37,6 +37,7 @@ from heteroflow.contracts.engine_protocol import (
     select_engine,
     status_path,
 )
+from heteroflow.http.tls import client_tls
 
 
 class EngineCallError(Exception):
@@ -122,7 +123,9 @@ class HttpEngineClient:
         def client_for(endpoint_id: int) -> httpx.AsyncClient:
             client = clients.get(endpoint_id)
             if client is None:
-                client = httpx.AsyncClient(base_url=urls[endpoint_id], headers=headers, timeout=10.0)
+                client = httpx.AsyncClient(
+                    base_url=urls[endpoint_id], headers=headers, timeout=10.0, verify=client_tls()
+                )
                 clients[endpoint_id] = client
             return client
 
