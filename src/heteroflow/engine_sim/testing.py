@@ -156,7 +156,10 @@ class FakeEngineCluster:
             )
             transport = _UnreachableTransport(app, functools.partial(self.is_gone, rank))
             self._clients[rank] = httpx.AsyncClient(
-                transport=transport, base_url=f"http://engine-{rank}", headers=auth_headers(self.cluster_token)
+                transport=transport,
+                base_url=f"http://engine-{rank}",
+                headers=auth_headers(self.cluster_token),
+                verify=client_tls(),
             )
 
     async def close(self) -> None:

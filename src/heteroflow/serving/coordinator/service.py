@@ -78,7 +78,7 @@ class Coordinator:
             total=settings.upstream_total_timeout_sec,
         )
         self._client = httpx.AsyncClient(
-            verify=client_tls(),
+            verify=client_tls(trust_env=False),
             timeout=timeouts.httpx(),
             limits=httpx.Limits(
                 max_connections=settings.upstream_max_connections,
