@@ -4,9 +4,14 @@ Starts a real ``heteroflow server`` process, registers N nodes of 8 simulated ca
 heartbeats from asyncio. Registrations and heartbeat bodies come from the agent's own code: each node is a
 :class:`~heteroflow.agent.simulated.SimulatedCollector` (seeded by its hostname, so the fleet is the same run
 after run), registered with :func:`~heteroflow.agent.runner.registration_for` and beating
-:func:`~heteroflow.agent.heartbeat.heartbeat_body` — telemetry fresh every beat, health counters re-read every
-60 s, as the agent's scheduler does. Like the agent, a node never has two beats in flight: a beat that is due
-while the node's previous one is unanswered is skipped (and counted).
+:func:`~heteroflow.agent.heartbeat.heartbeat_body` — health counters re-read every 60 s, as the agent's
+scheduler does. A node's body is built in full (collector read, ``heartbeat_body``, JSON) when it re-reads its
+health counters; the beats between send that body again with the send time as each card's ``telemetry_at``
+(the same telemetry values for up to a minute, where the agent reads fresh ones: the server's side paths cost
+the same for any value). A full build costs the load generator about as much CPU as the server spends on the
+beat, and a fleet's agents do not run on the server's cores; ``--live-bodies`` builds every beat in full. Like
+the agent, a node never has two beats in flight: a beat that is due while the node's previous one is unanswered
+is skipped (and counted).
 
 Phases, one server, one run:
 
@@ -35,11 +40,13 @@ worst latency, the admission gate's peak in-flight count, the phase's peak event
 when it rose in the phase, else the highest of the twice-a-second samples of the current lag) and refusals, and
 the load generator's own CPU. Ratios are against the baseline phase of the same run. A phase longer than
 ``--report-every`` seconds (default 60) also prints one line per such window while it runs (answered beats,
-p50/p99, the server's CPU per beat and RSS), so a long run (``--seconds 1200``) shows growth. Usage::
+p50/p99, the server's CPU per beat and RSS, and what shared the cores in the window: the CPU of the load
+generator, the server and PostgreSQL in cores, the hypervisor's steal, PostgreSQL's checkpoints and
+autovacuum runs), so a long run (``--seconds 1200``) shows growth and what came with it. Usage::
 
     .venv/bin/python bench/load_heartbeats.py [--nodes 3000] [--seconds 60] [--baseline-nodes 300]
         [--baseline-seconds 20] [--warmup-seconds 30] [--report-every 60]
-        [--concurrency 64] [--client raw|httpx] [--overload-concurrency 1024]
+        [--concurrency 64] [--client raw|httpx] [--live-bodies] [--overload-concurrency 1024]
         [--overload-seconds 15] [--max-in-flight N] [--max-in-flight-per-peer N] [--shed-lag S]
         [--postgres | --database-url postgresql://…] [--workers N]
 
@@ -70,6 +77,8 @@ from datetime import datetime
 from typing import Any
 
 import httpx
+import psycopg
+import uvloop
 
 from heteroflow.agent.heartbeat import heartbeat_body
 from heteroflow.agent.readings import HealthCollection
@@ -100,6 +109,7 @@ class SimulatedNode:
         self._clock = clock
         self._health: HealthCollection | None = None
         self._health_read = -HEALTH_INTERVAL_SEC
+        self._template: list[bytes] | None = None
         self.in_flight = False
 
     def registration(self) -> dict[str, Any]:
@@ -113,12 +123,26 @@ class SimulatedNode:
             "source": reg.source,
         }
 
-    def body(self) -> bytes:
+    def body(self, *, live: bool = False) -> bytes:
+        """The agent's body for a beat sent now.
+
+        Built in full — the collector read, :func:`heartbeat_body`, ``json.dumps`` — whenever the agent re-reads
+        the health counters (every 60 s), and every beat with ``live``. Between full builds a beat is the last
+        build's bytes with the send time as each card's ``telemetry_at``: the agent's body with telemetry values
+        repeated for up to a minute (the server's side paths treat any value alike), for a fraction of the
+        load generator's CPU (docs/benchmarks.md).
+        """
         now = self._clock.monotonic()
-        if now - self._health_read >= HEALTH_INTERVAL_SEC:
-            self._health, self._health_read = self.collector.read_health(), now
-        body = heartbeat_body(health=self._health, telemetry=self.collector.read_telemetry(), xid_events=())
-        return json.dumps(body).encode()
+        if live or now - self._health_read >= HEALTH_INTERVAL_SEC or self._template is None:
+            if now - self._health_read >= HEALTH_INTERVAL_SEC:
+                self._health, self._health_read = self.collector.read_health(), now
+            telemetry = self.collector.read_telemetry()
+            body = json.dumps(heartbeat_body(health=self._health, telemetry=telemetry, xid_events=())).encode()
+            # the collection time's text, once per card: the points where a later beat puts its send time
+            parts = body.split(json.dumps(telemetry.collected_at.isoformat()).encode())
+            self._template = parts if len(parts) == len(telemetry.gpus) + 1 else None
+            return body
+        return json.dumps(self._clock.now().isoformat()).encode().join(self._template)
 
 
 @dataclass
@@ -205,8 +229,8 @@ class RawConnection:
         self.writer.close()
 
 
-def beat_request(port: int, authorization: str, node: SimulatedNode) -> bytes:
-    body = node.body()
+def beat_request(port: int, authorization: str, node: SimulatedNode, *, live: bool = False) -> bytes:
+    body = node.body(live=live)
     head = (
         f"POST /api/v1/nodes/{node.node_id}/heartbeat HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n"
         f"Authorization: {authorization}\r\nX-HeteroFlow-Node-Credential: {node.credential}\r\n"
@@ -253,6 +277,36 @@ def cpu_seconds(pid: int) -> float:
     return total / os.sysconf("SC_CLK_TCK")
 
 
+def cpu_ticks() -> tuple[int, int]:
+    """All CPUs' time since boot and the part of it the hypervisor took (steal), in ticks, from ``/proc/stat``."""
+    with open("/proc/stat") as stat:
+        fields = [int(value) for value in stat.readline().split()[1:]]
+    # user nice system idle iowait irq softirq steal (guest time is counted in user already)
+    return sum(fields[:8]), fields[7]
+
+
+def postgres_activity(postgres: PostgresServer, database_url: str) -> dict[str, float]:
+    """PostgreSQL's CPU seconds (every process, ended backends included), checkpoints and autovacuum runs so far."""
+    with open(postgres.data_dir / "postmaster.pid") as pidfile:
+        postmaster = int(pidfile.readline())
+    with open(f"/proc/{postmaster}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    ended = (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # children waited for: ended backends
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        try:
+            checkpoints = conn.execute("SELECT num_timed + num_requested FROM pg_stat_checkpointer").fetchone()
+        except psycopg.errors.UndefinedTable:  # before PostgreSQL 17
+            checkpoints = conn.execute("SELECT checkpoints_timed + checkpoints_req FROM pg_stat_bgwriter").fetchone()
+        vacuums = conn.execute(
+            "SELECT coalesce(sum(autovacuum_count + autoanalyze_count), 0) FROM pg_stat_all_tables"
+        ).fetchone()
+    return {
+        "postgres": cpu_seconds(postmaster) + ended,
+        "checkpoints": float(checkpoints[0] if checkpoints else 0),
+        "autovacuum": float(vacuums[0] if vacuums else 0),
+    }
+
+
 def heteroflow(*args: str, env: dict[str, str]) -> str:
     result = subprocess.run(
         [sys.executable, "-m", "heteroflow", *args], capture_output=True, text=True, check=True, env=env
@@ -265,9 +319,23 @@ Lanes = asyncio.Semaphore | asyncio.Queue[RawConnection | None]
 
 class Fleet:
     def __init__(
-        self, *, url: str, agent_token: str, admin_token: str, pid: int, concurrency: int, client: str
+        self,
+        *,
+        url: str,
+        agent_token: str,
+        admin_token: str,
+        pid: int,
+        concurrency: int,
+        client: str,
+        live_bodies: bool = False,
+        postgres: PostgresServer | None = None,
+        database_url: str = "",
     ) -> None:
         self.pid = pid
+        self.live_bodies = live_bodies
+        self.postgres = postgres
+        """The private PostgreSQL server of ``--postgres`` (its CPU and activity are reported per window)."""
+        self.database_url = database_url
         self.url = url
         self.port = int(url.rsplit(":", 1)[1])
         self.authorization = f"Bearer {agent_token}"
@@ -370,7 +438,7 @@ class Fleet:
         async with gate, asyncio.timeout(AGENT_TIMEOUT_SEC):
             answer = await self.agents[lane % len(self.agents)].post(
                 f"/api/v1/nodes/{node.node_id}/heartbeat",
-                content=node.body(),
+                content=node.body(live=self.live_bodies),
                 headers={"X-HeteroFlow-Node-Credential": node.credential},
             )
         return answer.status_code, answer.headers.get("retry-after")
@@ -380,7 +448,7 @@ class Fleet:
         try:
             async with asyncio.timeout(AGENT_TIMEOUT_SEC):
                 connection = connection or await RawConnection.open(self.port)
-                answer = await connection.send(beat_request(self.port, self.authorization, node))
+                answer = await connection.send(beat_request(self.port, self.authorization, node, live=self.live_bodies))
         except BaseException:
             if connection is not None:
                 connection.close()  # a late answer must never be read as the next beat's
@@ -407,24 +475,54 @@ class Fleet:
             await asyncio.sleep(0.5)
 
     async def windows(self, phase: Phase, every: float, stop: asyncio.Event) -> None:
-        """One line per ``every`` seconds of the phase: its beats, latency, server CPU per beat and RSS."""
-        started, seen, cpu = time.perf_counter(), 0, cpu_seconds(self.pid)
+        """One line per ``every`` seconds of the phase: its beats, latency, server CPU per beat and RSS.
+
+        And what shares the cores with it over the same window: the CPU of the load generator, the server and
+        PostgreSQL (its processes, those that ended included) in cores, the share of all CPUs' time the
+        hypervisor took (steal, ``/proc/stat``), and with PostgreSQL its checkpoints and autovacuum/autoanalyze
+        runs in the window.
+        """
+        started, seen = time.perf_counter(), 0
+        usage = await asyncio.to_thread(self.usage)
         while not stop.is_set():
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), every)
             if stop.is_set():
                 return
             window, seen = sorted(phase.latencies[seen:]), len(phase.latencies)
-            now_cpu = cpu_seconds(self.pid)
+            now = await asyncio.to_thread(self.usage)
+            spent = {name: now[name] - usage[name] for name in now}
             p50, p99 = (window[int(q * (len(window) - 1))] * 1000 if window else float("nan") for q in (0.5, 0.99))
+            shared = (
+                f"steal {spent['steal'] / max(1.0, spent['ticks']) * 100:3.0f} %, CPU cores client "
+                f"{spent['client'] / every:4.2f} server {spent['server'] / every:4.2f}"
+            )
+            if self.postgres is not None:
+                shared += (
+                    f" postgres {spent['postgres'] / every:4.2f}, checkpoints {spent['checkpoints']:.0f}, "
+                    f"autovacuum {spent['autovacuum']:.0f}"
+                )
             print(
                 f"  {phase.name} +{time.perf_counter() - started:5.0f} s: {len(window) / every:6.0f} answered/s, "
                 f"p50 {p50:7.1f} ms, p99 {p99:7.1f} ms, max {window[-1] * 1000 if window else float('nan'):7.1f} ms, "
-                f"server CPU {(now_cpu - cpu) / max(1, len(window)) * 1000:5.2f} ms/beat, "
-                f"RSS {proc_status_kib(self.pid, 'VmRSS') / 1024:5.0f} MiB",
+                f"server CPU {spent['server'] / max(1, len(window)) * 1000:5.2f} ms/beat, "
+                f"RSS {proc_status_kib(self.pid, 'VmRSS') / 1024:5.0f} MiB; {shared}",
                 flush=True,
             )
-            cpu = now_cpu
+            usage = now
+
+    def usage(self) -> dict[str, float]:
+        """Counters read at a window's edges: CPU seconds by party, CPU ticks and steal, PostgreSQL's activity."""
+        ticks, steal = cpu_ticks()
+        found = {
+            "ticks": float(ticks),
+            "steal": float(steal),
+            "client": time.process_time(),
+            "server": cpu_seconds(self.pid),
+        }
+        if self.postgres is not None:
+            found.update(postgres_activity(self.postgres, self.database_url))
+        return found
 
     async def measure(self, phase: Phase, load: Any, *, report_every: float = 0.0) -> Phase:
         await self.drain()
@@ -560,10 +658,27 @@ class Fleet:
         await asyncio.gather(*(worker() for _ in range(concurrency)))
 
 
-async def run(args: argparse.Namespace, url: str, agent_token: str, admin_token: str, pid: int) -> list[Phase]:
+async def run(
+    args: argparse.Namespace,
+    url: str,
+    agent_token: str,
+    admin_token: str,
+    pid: int,
+    *,
+    postgres: PostgresServer | None,
+    database_url: str,
+) -> list[Phase]:
     concurrency = max(args.concurrency, args.overload_concurrency)
     fleet = Fleet(
-        url=url, agent_token=agent_token, admin_token=admin_token, pid=pid, concurrency=concurrency, client=args.client
+        url=url,
+        agent_token=agent_token,
+        admin_token=admin_token,
+        pid=pid,
+        concurrency=concurrency,
+        client=args.client,
+        live_bodies=args.live_bodies,
+        postgres=postgres,
+        database_url=database_url,
     )
     try:
         nodes = fleet.nodes(args.nodes, "load")
@@ -613,7 +728,8 @@ def report(phases: list[Phase], args: argparse.Namespace, backend: str) -> None:
     print(
         f"heartbeats at the agent's cadence ({args.interval:g} s), 8 simulated cards per node, {backend}, "
         f"{args.workers} server worker process(es), "
-        f"{args.client} client, concurrency {args.concurrency} (overload {args.overload_concurrency}), "
+        f"{args.client} client on uvloop, concurrency {args.concurrency} (overload {args.overload_concurrency}), "
+        f"bodies {'built in full every beat' if args.live_bodies else 'built in full once a minute per node'}, "
         f"per-address bound {args.max_in_flight_per_peer}, agent timeout {AGENT_TIMEOUT_SEC:g} s, "
         f"{os.cpu_count()} CPUs shared by the load generator and the server; "
         f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
@@ -671,6 +787,12 @@ def main() -> None:
         choices=("raw", "httpx"),
         default="raw",
         help="client of the cadence phases: minimal keep-alive connections (default), or httpx as the agent uses",
+    )
+    parser.add_argument(
+        "--live-bodies",
+        action="store_true",
+        help="build every beat's body in full as the agent does (default: in full once a minute per node, when "
+        "the agent re-reads its health counters; between, the same telemetry values with the send time)",
     )
     parser.add_argument("--overload-concurrency", type=int, default=1024)
     parser.add_argument("--overload-seconds", type=float, default=15.0, help="0 skips the overload phase")
@@ -745,7 +867,11 @@ def main() -> None:
                 if time.monotonic() > deadline:
                     raise
             time.sleep(0.1)
-        phases = asyncio.run(run(args, url, agent_token, admin_token, server.pid))
+        # the event loop the server's uvicorn picks ("auto": uvloop, installed with uvicorn[standard])
+        with asyncio.Runner(loop_factory=uvloop.new_event_loop) as runner:
+            phases = runner.run(
+                run(args, url, agent_token, admin_token, server.pid, postgres=postgres, database_url=database_url)
+            )
         alive = server.poll() is None
     finally:
         server.terminate()
