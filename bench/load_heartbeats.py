@@ -84,7 +84,7 @@ from heteroflow.agent.heartbeat import heartbeat_body
 from heteroflow.agent.readings import HealthCollection
 from heteroflow.agent.runner import registration_for
 from heteroflow.agent.simulated import SimulatedCollector
-from heteroflow.core.clock import SystemClock
+from heteroflow.core.clock import Clock, SystemClock
 from heteroflow.core.ids import NodeId
 from heteroflow.core.testing import free_port
 from heteroflow.http.tls import client_tls
@@ -101,7 +101,7 @@ POOL_SIZE = 32
 class SimulatedNode:
     """One agent's payloads: a seeded simulated collector, read the way the agent's scheduler reads it."""
 
-    def __init__(self, hostname: str, *, cards: int, clock: SystemClock, started_at: datetime) -> None:
+    def __init__(self, hostname: str, *, cards: int, clock: Clock, started_at: datetime) -> None:
         self.hostname = hostname
         self.node_id: NodeId | None = None
         self.credential = ""
@@ -138,11 +138,16 @@ class SimulatedNode:
                 self._health, self._health_read = self.collector.read_health(), now
             telemetry = self.collector.read_telemetry()
             body = json.dumps(heartbeat_body(health=self._health, telemetry=telemetry, xid_events=())).encode()
-            # the collection time's text, once per card: the points where a later beat puts its send time
-            parts = body.split(json.dumps(telemetry.collected_at.isoformat()).encode())
+            # each card's telemetry time, once per card: the points where a later beat puts its send time
+            parts = body.split(_telemetry_at(telemetry.collected_at))
             self._template = parts if len(parts) == len(telemetry.gpus) + 1 else None
             return body
-        return json.dumps(self._clock.now().isoformat()).encode().join(self._template)
+        return _telemetry_at(self._clock.now()).join(self._template)
+
+
+def _telemetry_at(at: datetime) -> bytes:
+    """A card's ``telemetry_at`` member as ``json.dumps`` writes it in a body."""
+    return b'"telemetry_at": ' + json.dumps(at.isoformat()).encode()
 
 
 @dataclass
