@@ -93,19 +93,25 @@ from heteroflow.storage.testing import PostgresServer
 AGENT_TIMEOUT_SEC = 5.0
 """The agent's HTTP timeout (``HttpPlatformClient``): a beat not answered within it is a failed beat."""
 HEALTH_INTERVAL_SEC = 60.0
+"""The agent's health-counter period; telemetry rides every beat."""
 POOL_SIZE = 32
 """Connections per ``httpx`` client of the load generator."""
-"""The agent's health-counter period; telemetry rides every beat."""
+SIMULATED_SPEED = 60.0
+"""Simulated hours of the cards' error counters per real hour (the agent's ``simulate_speed`` default)."""
+STOP_WAIT_SEC = 300.0
+"""How long the server may take to stop when told to (it writes what it holds first) before it is killed."""
 
 
 class SimulatedNode:
     """One agent's payloads: a seeded simulated collector, read the way the agent's scheduler reads it."""
 
-    def __init__(self, hostname: str, *, cards: int, clock: Clock, started_at: datetime) -> None:
+    def __init__(
+        self, hostname: str, *, cards: int, clock: Clock, started_at: datetime, speed: float = SIMULATED_SPEED
+    ) -> None:
         self.hostname = hostname
         self.node_id: NodeId | None = None
         self.credential = ""
-        self.collector = SimulatedCollector(clock=clock, count=cards, seed=hostname, started_at=started_at)
+        self.collector = SimulatedCollector(clock=clock, count=cards, seed=hostname, started_at=started_at, speed=speed)
         self._clock = clock
         self._health: HealthCollection | None = None
         self._health_read = -HEALTH_INTERVAL_SEC
@@ -333,11 +339,13 @@ class Fleet:
         concurrency: int,
         client: str,
         live_bodies: bool = False,
+        speed: float = SIMULATED_SPEED,
         postgres: PostgresServer | None = None,
         database_url: str = "",
     ) -> None:
         self.pid = pid
         self.live_bodies = live_bodies
+        self.speed = speed
         self.postgres = postgres
         """The private PostgreSQL server of ``--postgres`` (its CPU and activity are reported per window)."""
         self.database_url = database_url
@@ -372,7 +380,7 @@ class Fleet:
 
     def nodes(self, count: int, prefix: str) -> list[SimulatedNode]:
         return [
-            SimulatedNode(f"{prefix}-{i:05d}", cards=8, clock=self.clock, started_at=self.started_at)
+            SimulatedNode(f"{prefix}-{i:05d}", cards=8, clock=self.clock, started_at=self.started_at, speed=self.speed)
             for i in range(count)
         ]
 
@@ -682,6 +690,7 @@ async def run(
         concurrency=concurrency,
         client=args.client,
         live_bodies=args.live_bodies,
+        speed=args.simulated_speed,
         postgres=postgres,
         database_url=database_url,
     )
@@ -735,6 +744,7 @@ def report(phases: list[Phase], args: argparse.Namespace, backend: str) -> None:
         f"{args.workers} server worker process(es), "
         f"{args.client} client on uvloop, concurrency {args.concurrency} (overload {args.overload_concurrency}), "
         f"bodies {'built in full every beat' if args.live_bodies else 'built in full once a minute per node'}, "
+        f"simulated speed {args.simulated_speed:g}, "
         f"per-address bound {args.max_in_flight_per_peer}, agent timeout {AGENT_TIMEOUT_SEC:g} s, "
         f"{os.cpu_count()} CPUs shared by the load generator and the server; "
         f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
@@ -798,6 +808,13 @@ def main() -> None:
         action="store_true",
         help="build every beat's body in full as the agent does (default: in full once a minute per node, when "
         "the agent re-reads its health counters; between, the same telemetry values with the send time)",
+    )
+    parser.add_argument(
+        "--simulated-speed",
+        type=float,
+        default=SIMULATED_SPEED,
+        help="simulated hours of the cards' error counters per real hour (default 60: 7 of every node's 8 cards "
+        "follow a fault profile and most of them change every minute, a write-heavy fleet; 0: steady counters)",
     )
     parser.add_argument("--overload-concurrency", type=int, default=1024)
     parser.add_argument("--overload-seconds", type=float, default=15.0, help="0 skips the overload phase")
@@ -879,11 +896,18 @@ def main() -> None:
             )
         alive = server.poll() is None
     finally:
+        stopping = time.perf_counter()
         server.terminate()
-        server.wait(15)
+        try:
+            server.wait(STOP_WAIT_SEC)
+            stopped = f"stopped {time.perf_counter() - stopping:.1f} s after SIGTERM (its final flush)"
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+            stopped = f"still running {STOP_WAIT_SEC:g} s after SIGTERM: killed"
         if postgres is not None:
             postgres.close()
-    print(f"server process alive at the end: {alive}")
+    print(f"server process alive at the end: {alive}; {stopped}")
     report(phases, args, database_url.split(":", 1)[0])
 
 
