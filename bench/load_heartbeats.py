@@ -282,8 +282,11 @@ def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process and its living children, from /proc (Linux)."""
     total = 0
     for member in process_tree(pid):
-        with open(f"/proc/{member}/stat") as stat:
-            fields = stat.read().rsplit(")", 1)[1].split()
+        try:
+            with open(f"/proc/{member}/stat") as stat:
+                fields = stat.read().rsplit(")", 1)[1].split()
+        except (FileNotFoundError, ProcessLookupError):
+            continue  # it ended since the tree was read (PostgreSQL's backends and autovacuum workers come and go)
         total += int(fields[11]) + int(fields[12])
     return total / os.sysconf("SC_CLK_TCK")
 
@@ -504,7 +507,8 @@ class Fleet:
                 return
             window, seen = sorted(phase.latencies[seen:]), len(phase.latencies)
             now = await asyncio.to_thread(self.usage)
-            spent = {name: now[name] - usage[name] for name in now}
+            spent = {name: now[name] - usage[name] if name in usage else float("nan") for name in now}
+            spent.update({name: float("nan") for name in usage.keys() - now.keys()})
             p50, p99 = (window[int(q * (len(window) - 1))] * 1000 if window else float("nan") for q in (0.5, 0.99))
             shared = (
                 f"steal {spent['steal'] / max(1.0, spent['ticks']) * 100:3.0f} %, CPU cores client "
@@ -534,7 +538,10 @@ class Fleet:
             "server": cpu_seconds(self.pid),
         }
         if self.postgres is not None:
-            found.update(postgres_activity(self.postgres, self.database_url))
+            try:
+                found.update(postgres_activity(self.postgres, self.database_url))
+            except (OSError, psycopg.Error) as exc:  # the window's line goes out without them, the run goes on
+                print(f"  (PostgreSQL's activity not read: {type(exc).__name__}: {exc})", flush=True)
         return found
 
     async def measure(self, phase: Phase, load: Any, *, report_every: float = 0.0) -> Phase:
