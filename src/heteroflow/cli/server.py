@@ -91,7 +91,7 @@ def worker_app() -> FastAPI:
     ctx = build_context(settings=settings, health_settings=HealthStorageSettings.load())
     directory = worker_directory()
     if directory is not None:
-        ctx.siblings = SiblingMetrics(directory, ctx.metrics.render)
+        ctx.siblings = SiblingMetrics(directory, ctx.metrics.scrape)
     app = create_app(ctx, migrate=False)
     settle_after_start_up(young_threshold=settings.gc_young_threshold)
     watch_pauses(ctx.metrics.observe_gc_pause)

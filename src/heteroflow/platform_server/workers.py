@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Final
 
@@ -93,7 +93,7 @@ class SiblingMetrics:
     def __init__(
         self,
         directory: Path,
-        render_own: Callable[[], bytes],
+        render_own: Callable[[], Awaitable[bytes]],
         *,
         name: str | None = None,
         timeout_sec: float = SIBLING_TIMEOUT_SEC,
@@ -120,7 +120,7 @@ class SiblingMetrics:
         with contextlib.suppress(FileNotFoundError):
             self._path.unlink()
 
-    def _local(self) -> bytes:
+    async def _local(self) -> bytes:
         """This worker's own series, with its count of siblings it could not hear (summed like any counter)."""
         unanswered = (
             "# HELP heteroflow_server_workers_unanswered_total Sibling worker renders left out of a scrape this worker "
@@ -128,11 +128,11 @@ class SiblingMetrics:
             "# TYPE heteroflow_server_workers_unanswered_total counter\n"
             f"heteroflow_server_workers_unanswered_total {self.unanswered_total}\n"
         )
-        return self._render_own() + unanswered.encode()
+        return await self._render_own() + unanswered.encode()
 
     async def _answer(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
-            writer.write(self._local())
+            writer.write(await self._local())
             await writer.drain()
         except (ConnectionError, OSError):
             pass  # the asking worker gave up (timeout): nothing to do
@@ -148,7 +148,7 @@ class SiblingMetrics:
     async def render(self) -> bytes:
         """This host's metrics: this worker's and every sibling's that answered, merged."""
         answers = await asyncio.gather(*(self._ask(path) for path in self.siblings()))
-        own = self._local().decode()  # after the asks: it counts this scrape's unanswered siblings
+        own = (await self._local()).decode()  # after the asks: it counts this scrape's unanswered siblings
         texts = [own, *(answer for answer in answers if answer is not None)]
         workers = (
             "# HELP heteroflow_server_workers Server worker processes whose metrics this scrape includes.\n"

@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import asyncio
 import socket
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
@@ -25,6 +27,15 @@ def worker(*, beats: int, pending: int, newest: float, ecc: dict[str, int], seco
     for node, value in ecc.items():
         cards.labels(node=node, gpu="0", uuid=f"GPU-{node}").set(value)
     return generate_latest(registry)
+
+
+def renders(**figures: Any) -> Callable[[], Awaitable[bytes]]:
+    """A worker's own render, as the server hands it to :class:`SiblingMetrics` (a coroutine function)."""
+
+    async def render() -> bytes:
+        return worker(**figures)
+
+    return render
 
 
 def samples(text: bytes) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
@@ -64,8 +75,8 @@ def test_one_exposition_merges_to_itself() -> None:
 
 def test_a_scrape_on_one_worker_includes_its_siblings_and_leaves_out_a_dead_or_stalled_one(tmp_path: Path) -> None:
     async def scenario() -> None:
-        first = SiblingMetrics(tmp_path, lambda: worker(beats=3, pending=1, newest=1, ecc={}, seconds=[]), name="a")
-        second = SiblingMetrics(tmp_path, lambda: worker(beats=4, pending=1, newest=2, ecc={}, seconds=[]), name="b")
+        first = SiblingMetrics(tmp_path, renders(beats=3, pending=1, newest=1, ecc={}, seconds=[]), name="a")
+        second = SiblingMetrics(tmp_path, renders(beats=4, pending=1, newest=2, ecc={}, seconds=[]), name="b")
         await first.start()
         await second.start()
         assert oct((tmp_path / "a.sock").stat().st_mode & 0o777) == "0o600"
@@ -87,7 +98,7 @@ def test_a_scrape_on_one_worker_includes_its_siblings_and_leaves_out_a_dead_or_s
 
         stalled = await asyncio.start_unix_server(never_answer, path=str(tmp_path / "slow.sock"))
         impatient = SiblingMetrics(
-            tmp_path, lambda: worker(beats=1, pending=0, newest=0, ecc={}, seconds=[]), name="c", timeout_sec=0.2
+            tmp_path, renders(beats=1, pending=0, newest=0, ecc={}, seconds=[]), name="c", timeout_sec=0.2
         )
         await impatient.start()
         try:

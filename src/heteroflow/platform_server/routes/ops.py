@@ -56,7 +56,7 @@ async def metrics(ctx: Ctx, _: Annotated[Principal, Depends(require_cluster_wide
         snapshot = await asyncio.to_thread(SqlFleetStore(ctx.engine).snapshot)
     except StoreUnavailableError:  # the in-memory series still answer; the fleet ones say they are missing
         snapshot = None
-    own = ctx.metrics.render() if ctx.siblings is None else await ctx.siblings.render()
+    own = await ctx.metrics.scrape() if ctx.siblings is None else await ctx.siblings.render()
     return Response(own + render_fleet(snapshot), media_type=CONTENT_TYPE_LATEST)
 
 

@@ -1,0 +1,106 @@
+"""The per-GPU series of /metrics, written out (``metrics.gpu_exposition``): byte for byte ``prometheus_client``'s."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator, Sequence
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from heteroflow.core.text import printable
+from heteroflow.health.counters import HEALTH_KEYS, Counters
+from heteroflow.health.gpu_metrics import GpuMetrics
+from heteroflow.platform_server import metrics as metrics_module
+from heteroflow.platform_server.gpu_metrics import LatestCard
+from heteroflow.platform_server.metrics import _COUNTER_GAUGES, _METRIC_GAUGES, ServerMetrics, gpu_exposition
+
+
+class _LibraryGpuCollector(Collector):
+    """The same families through the library's own metric families and ``generate_latest``: the reference."""
+
+    def __init__(self, cards: Sequence[LatestCard]) -> None:
+        self._cards = cards
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        labels = ["node", "gpu", "uuid"]
+        for name, help_text, attribute in _COUNTER_GAUGES:
+            family: GaugeMetricFamily | CounterMetricFamily = (
+                CounterMetricFamily(name.removesuffix("_total"), help_text, labels=labels)
+                if name.endswith("_total")
+                else GaugeMetricFamily(name, help_text, labels=labels)
+            )
+            for card in self._cards:
+                value = getattr(card.counters, attribute) if card.counters is not None else None
+                if value is not None:
+                    family.add_metric(self._labels(card), float(value))
+            yield family
+        for name, help_text, attribute, scale in _METRIC_GAUGES:
+            family = GaugeMetricFamily(name, help_text, labels=labels)
+            for card in self._cards:
+                value = card.metrics.value(attribute) if card.metrics is not None else None
+                if value is not None:
+                    family.add_metric(self._labels(card), value * scale)
+            yield family
+
+    @staticmethod
+    def _labels(card: LatestCard) -> list[str]:
+        return [printable(card.node_name), str(card.gpu_index), printable(card.uuid or "")]
+
+
+def _library(cards: Sequence[LatestCard]) -> bytes:
+    registry = CollectorRegistry()
+    registry.register(_LibraryGpuCollector(cards))
+    return generate_latest(registry)
+
+
+_counts = st.none() | st.integers(min_value=0, max_value=10**15)
+_values = st.none() | st.floats(allow_nan=False, min_value=-1e9, max_value=1e12)
+_cards = st.builds(
+    LatestCard,
+    node_name=st.text(max_size=12),  # quotes, backslashes, newlines, controls and bidi overrides included
+    gpu_index=st.integers(min_value=0, max_value=1023),
+    uuid=st.none() | st.text(max_size=12),
+    counters=st.none() | st.builds(Counters, **dict.fromkeys(HEALTH_KEYS, _counts)),
+    metrics=st.none() | st.builds(GpuMetrics, _values, _values, _values, _values, _values),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_cards, max_size=6))
+def test_the_written_out_series_are_the_librarys_to_the_byte(cards: list[LatestCard]) -> None:
+    assert gpu_exposition(cards) == _library(cards)
+
+
+def test_a_scrape_formats_the_cards_in_a_worker_thread_and_says_what_render_says(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    cards = [
+        LatestCard("node-a", 0, "GPU-1", Counters(0, 3, 1, 0, 0), GpuMetrics(41.0, 99.0, 1024.0, 81559.0, 350.5)),
+        LatestCard('we"ird\n\u202e', 1, None, None, GpuMetrics(None, 5.0, None, None, None)),
+    ]
+    metrics = ServerMetrics()
+    metrics.watch_gpus(lambda: cards)
+    threads: dict[str, int] = {}
+
+    def watched(found: Sequence[LatestCard]) -> bytes:
+        threads["formatted"] = threading.get_ident()
+        return gpu_exposition(found)
+
+    async def scrape() -> bytes:
+        threads["loop"] = threading.get_ident()
+        return await metrics.scrape()
+
+    monkeypatch.setattr(metrics_module, "gpu_exposition", watched)
+    scraped = asyncio.run(scrape())
+
+    assert threads["formatted"] != threads["loop"]
+    assert scraped == metrics.render()
+    assert b'heteroflow_gpu_temperature_celsius{gpu="0",node="node-a",uuid="GPU-1"} 41.0\n' in scraped
+    # the refused characters shown by their escapes, then escaped for the format: \" and \\
+    assert b'heteroflow_gpu_utilization_percent{gpu="1",node="we\\"ird\\\\n\\\\u202e",uuid=""} 5.0\n' in scraped
