@@ -24,6 +24,10 @@ Phases, one server, one run:
 4. overload    - the fleet's beats back to back (closed loop) from ``--overload-concurrency`` connections, far
                  above what the server can answer within the agent's 5 s timeout.
 
+While a phase runs the bench reads the server's ``/metrics`` every ``--scrape-every`` seconds (default 15, as a
+Prometheus server scraping the platform would; 0: never): at fleet scale the per-GPU series are most of what the
+server writes (3,000 nodes: 24,000 cards, 240,000 lines), and the phase reports the scrapes' count and worst time.
+
 The client: ``--concurrency`` lanes (the bound on beats in flight). ``--client raw`` (the default) sends each
 beat over a minimal keep-alive HTTP/1.1 connection; ``--client httpx`` uses ``httpx.AsyncClient`` as the agent
 does (several small pools: ``httpx`` scans its pool on every request). On two shared cores ``httpx`` costs more
@@ -47,7 +51,7 @@ autovacuum runs), so a long run (``--seconds 1200``) shows growth and what came 
     .venv/bin/python bench/load_heartbeats.py [--nodes 3000] [--seconds 60] [--baseline-nodes 300]
         [--baseline-seconds 20] [--warmup-seconds 30] [--report-every 60]
         [--concurrency 64] [--client raw|httpx] [--live-bodies] [--overload-concurrency 1024]
-        [--overload-seconds 15] [--max-in-flight N] [--max-in-flight-per-peer N] [--shed-lag S]
+        [--overload-seconds 15] [--max-in-flight N] [--max-in-flight-per-peer N] [--shed-lag S] [--scrape-every 15]
         [--postgres | --database-url postgresql://…] [--workers N]
 
 Every beat of the bench comes from one address (127.0.0.1), where a fleet's come from one address per node: the
@@ -179,6 +183,8 @@ class Phase:
     readings_offered: int = 0
     probe_worst_sec: float = 0.0
     probe_failures: int = 0
+    scrapes: list[float] = field(default_factory=list)
+    """How long each of the phase's ``/metrics`` scrapes took, seconds (``--scrape-every``)."""
     peak_in_flight: int = 0
     """The server's own count: the most heartbeats it worked on at once (since it started)."""
     peak_lag_sec: float = 0.0
@@ -343,12 +349,14 @@ class Fleet:
         client: str,
         live_bodies: bool = False,
         speed: float = SIMULATED_SPEED,
+        scrape_every: float = 0.0,
         postgres: PostgresServer | None = None,
         database_url: str = "",
     ) -> None:
         self.pid = pid
         self.live_bodies = live_bodies
         self.speed = speed
+        self.scrape_every = scrape_every
         self.postgres = postgres
         """The private PostgreSQL server of ``--postgres`` (its CPU and activity are reported per window)."""
         self.database_url = database_url
@@ -490,6 +498,18 @@ class Fleet:
                 pass
             await asyncio.sleep(0.5)
 
+    async def scrape(self, phase: Phase, stop: asyncio.Event) -> None:
+        """``/metrics`` every ``scrape_every`` seconds while the phase runs (the first one a period in): each
+        scrape's time, the body read whole, as a Prometheus server scraping the platform would."""
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.scrape_every)
+            if stop.is_set():
+                return
+            started = time.perf_counter()
+            (await self.admin.get("/metrics")).raise_for_status()
+            phase.scrapes.append(time.perf_counter() - started)
+
     async def windows(self, phase: Phase, every: float, stop: asyncio.Event) -> None:
         """One line per ``every`` seconds of the phase: its beats, latency, server CPU per beat and RSS.
 
@@ -552,12 +572,15 @@ class Fleet:
         cpu, client_cpu = cpu_seconds(self.pid), time.process_time()
         stop = asyncio.Event()
         prober = asyncio.create_task(self.probe(phase, stop))
+        scraper = asyncio.create_task(self.scrape(phase, stop)) if self.scrape_every > 0 else None
         reporter = asyncio.create_task(self.windows(phase, report_every, stop)) if report_every > 0 else None
         started = time.perf_counter()
         await load(phase)
         phase.seconds = time.perf_counter() - started
         stop.set()
         await prober
+        if scraper is not None:
+            await scraper
         if reporter is not None:
             await reporter
         phase.client_cpu_sec = time.process_time() - client_cpu
@@ -698,6 +721,7 @@ async def run(
         client=args.client,
         live_bodies=args.live_bodies,
         speed=args.simulated_speed,
+        scrape_every=args.scrape_every,
         postgres=postgres,
         database_url=database_url,
     )
@@ -751,7 +775,7 @@ def report(phases: list[Phase], args: argparse.Namespace, backend: str) -> None:
         f"{args.workers} server worker process(es), "
         f"{args.client} client on uvloop, concurrency {args.concurrency} (overload {args.overload_concurrency}), "
         f"bodies {'built in full every beat' if args.live_bodies else 'built in full once a minute per node'}, "
-        f"simulated speed {args.simulated_speed:g}, "
+        f"simulated speed {args.simulated_speed:g}, /metrics scraped every {args.scrape_every:g} s, "
         f"per-address bound {args.max_in_flight_per_peer}, agent timeout {AGENT_TIMEOUT_SEC:g} s, "
         f"{os.cpu_count()} CPUs shared by the load generator and the server; "
         f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
@@ -759,7 +783,8 @@ def report(phases: list[Phase], args: argparse.Namespace, backend: str) -> None:
     head = (
         f"{'phase':<26} {'offered/s':>9} {'ok/s':>7} {'x base':>6} {'p50 ms':>8} {'p95 ms':>8} {'p99 ms':>8} "
         f"{'p99 repeat':>10} {'skipped':>7} {'rss MiB start/end/peak':>22} {'srv cpu ms/beat':>15} {'rows/beat':>9} "
-        f"{'probe worst ms':>14} {'peak in flight':>14} {'peak lag ms':>11} {'client cpu %':>12} "
+        f"{'probe worst ms':>14} {'scrapes':>7} {'scrape worst ms':>15} {'peak in flight':>14} {'peak lag ms':>11} "
+        f"{'client cpu %':>12} "
         f"{'full gc':>7} {'gc pause ms':>11}  answers"
     )
     print(head)
@@ -774,7 +799,8 @@ def report(phases: list[Phase], args: argparse.Namespace, backend: str) -> None:
             f"{p.percentile(0.95):>8.1f} {p.percentile(0.99):>8.1f} {p.percentile(0.99, repeats_only=True):>10.1f} "
             f"{p.skipped:>7} {rss:>22} "
             f"{p.server_cpu_sec / max(1, p.beats) * 1000:>15.2f} {p.rows_written / max(1, p.ok):>9.3f} "
-            f"{p.probe_worst_sec * 1000:>14.0f} {p.peak_in_flight:>14} {p.peak_lag_sec * 1000:>11.0f} "
+            f"{p.probe_worst_sec * 1000:>14.0f} {len(p.scrapes):>7} {max(p.scrapes, default=0) * 1000:>15.0f} "
+            f"{p.peak_in_flight:>14} {p.peak_lag_sec * 1000:>11.0f} "
             f"{p.client_cpu_sec / p.seconds * 100:>12.0f} {p.full_collections:>7} {p.gc_pause_sec * 1000:>11.0f}  "
             f"{answers}{retry} refused {p.refused}"
         )
@@ -833,6 +859,12 @@ def main() -> None:
         help="the server's per-address bound (default: above the run's connection count, all from one address)",
     )
     parser.add_argument("--shed-lag", type=float, default=None, help="the server's event-loop lag bound, seconds")
+    parser.add_argument(
+        "--scrape-every",
+        type=float,
+        default=15.0,
+        help="read the server's /metrics this often while a phase runs, as Prometheus would (0: never)",
+    )
     parser.add_argument(
         "--gc-young-threshold", type=int, default=None, help="the server's collector setting (0: CPython's defaults)"
     )
