@@ -10,6 +10,7 @@ import asyncio
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
+from operator import attrgetter
 from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
@@ -117,7 +118,10 @@ class ServerMetrics:
         """What :meth:`render` returns, with the per-GPU series formatted in a worker thread: the event loop only
         copies the cards' newest values (its own state), and heartbeats go on while a fleet's lines are written."""
         own, cards = generate_latest(self.registry), self._latest_gpus()
-        return own + await asyncio.to_thread(gpu_exposition, cards)
+        labels = await asyncio.to_thread(gpu_labels, cards)
+        # one family per step (a fleet's family: ~20 ms): between steps the loop has the interpreter to itself
+        families = [await asyncio.to_thread(gpu_family, family, cards, labels) for family in range(GPU_FAMILIES)]
+        return own + "".join(families).encode()
 
 
 class BeatTally(Collector):
@@ -180,7 +184,8 @@ _METRIC_GAUGES = [
     ("heteroflow_gpu_memory_total_bytes", "GPU memory in total, bytes.", "memory_total_mib", 1048576.0),
     ("heteroflow_gpu_power_watts", "GPU power draw, watts.", "power_w", 1.0),
 ]
-_GPU_LABELS = ["node", "gpu", "uuid"]
+GPU_FAMILIES = len(_COUNTER_GAUGES) + len(_METRIC_GAUGES)
+"""Per-GPU metric families: the health counters', then the telemetry's."""
 
 
 def gpu_exposition(cards: Sequence[GpuValues]) -> bytes:
@@ -189,33 +194,61 @@ def gpu_exposition(cards: Sequence[GpuValues]) -> bytes:
 
     Written out because a fleet's cards make most of a scrape (3,000 nodes: 24,000 cards, 240,000 lines): through
     metric-family and sample objects that took seconds of the interpreter per scrape; here each card's label text
-    is made once for its ten lines. Pure: :meth:`ServerMetrics.scrape` runs it in a worker thread.
+    is made once for its lines. :meth:`ServerMetrics.scrape` runs the same steps in worker threads.
     """
-    labels = [
+    labels = gpu_labels(cards)
+    return "".join(gpu_family(family, cards, labels) for family in range(GPU_FAMILIES)).encode()
+
+
+def gpu_labels(cards: Sequence[GpuValues]) -> list[str]:
+    """Each card's label set as written after the series name (sorted by label name, as the library does)."""
+    return [
         f'{{gpu="{card.gpu_index}",node="{_label_value(card.node_name)}",uuid="{_label_value(card.uuid or "")}"}} '
         for card in cards
     ]
+
+
+def gpu_family(family: int, cards: Sequence[GpuValues], labels: Sequence[str]) -> str:
+    """The text of per-GPU family number ``family`` (of :data:`GPU_FAMILIES`): its header and a line per card
+    that knows the value (an unknown value has no series, never a 0)."""
     out: list[str] = []
-    for name, help_text, attribute in _COUNTER_GAUGES:
+    if family < len(_COUNTER_GAUGES):
+        name, help_text, attribute = _COUNTER_GAUGES[family]
         # the two ECC totals only grow on a card (a new uuid is a new series): Prometheus counters, whose
         # exposition keeps the ``_total`` name; a gauge must not carry that suffix (promtool check metrics)
         kind = "counter" if name.endswith("_total") else "gauge"
         out.append(f"# HELP {name} {_help_text(help_text)}\n# TYPE {name} {kind}\n")
+        read = attrgetter(attribute)
+        texts: dict[float, str] = {}  # a fleet's counters take few values (mostly 0): each written once
         for card, label in zip(cards, labels, strict=True):
-            value = getattr(card.counters, attribute) if card.counters is not None else None
+            value = read(card.counters) if card.counters is not None else None
             if value is not None:
-                out.append(f"{name}{label}{_go_float(value)}\n")
-    for name, help_text, attribute, scale in _METRIC_GAUGES:
+                text = texts.get(value)
+                if text is None:
+                    text = texts[value] = _go_float(value)
+                out.append(f"{name}{label}{text}\n")
+    else:
+        name, help_text, attribute, scale = _METRIC_GAUGES[family - len(_COUNTER_GAUGES)]
         out.append(f"# HELP {name} {_help_text(help_text)}\n# TYPE {name} gauge\n")
+        read = attrgetter(attribute)
         for card, label in zip(cards, labels, strict=True):
-            value = card.metrics.value(attribute) if card.metrics is not None else None
+            value = read(card.metrics) if card.metrics is not None else None
             if value is not None:
                 out.append(f"{name}{label}{_go_float(value * scale)}\n")
-    return "".join(out).encode()
+    return "".join(out)
 
 
-_go_float: Callable[[float], str] = floatToGoString
-"""``prometheus_client``'s sample value text (``1.0``, ``+Inf``, ``1.5e+06``)."""
+_library_float: Callable[[float], str] = floatToGoString
+
+
+def _go_float(value: float) -> str:
+    """``prometheus_client``'s sample value text (``1.0``, ``+Inf``, ``1.5e+06``), its common case in C: a
+    float's ``repr`` with a point in its first six characters, or not positive, is the library's text as it is."""
+    text = repr(value)
+    dot = text.find(".")
+    if dot < 0 or (dot > 6 and value > 0):  # an int, inf, nan, an exponent, or Go's exponent from 1e6 up
+        return _library_float(value)
+    return text
 
 
 def _label_value(value: str) -> str:

@@ -18,7 +18,13 @@ from heteroflow.health.counters import HEALTH_KEYS, Counters
 from heteroflow.health.gpu_metrics import GpuMetrics
 from heteroflow.platform_server import metrics as metrics_module
 from heteroflow.platform_server.gpu_metrics import LatestCard
-from heteroflow.platform_server.metrics import _COUNTER_GAUGES, _METRIC_GAUGES, ServerMetrics, gpu_exposition
+from heteroflow.platform_server.metrics import (
+    _COUNTER_GAUGES,
+    _METRIC_GAUGES,
+    ServerMetrics,
+    gpu_exposition,
+    gpu_family,
+)
 
 
 class _LibraryGpuCollector(Collector):
@@ -77,7 +83,7 @@ def test_the_written_out_series_are_the_librarys_to_the_byte(cards: list[LatestC
     assert gpu_exposition(cards) == _library(cards)
 
 
-def test_a_scrape_formats_the_cards_in_a_worker_thread_and_says_what_render_says(
+def test_a_scrape_formats_the_cards_in_worker_threads_and_says_what_render_says(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     cards = [
@@ -88,15 +94,15 @@ def test_a_scrape_formats_the_cards_in_a_worker_thread_and_says_what_render_says
     metrics.watch_gpus(lambda: cards)
     threads: dict[str, int] = {}
 
-    def watched(found: Sequence[LatestCard]) -> bytes:
+    def watched(family: int, found: Sequence[LatestCard], labels: Sequence[str]) -> str:
         threads["formatted"] = threading.get_ident()
-        return gpu_exposition(found)
+        return gpu_family(family, found, labels)
 
     async def scrape() -> bytes:
         threads["loop"] = threading.get_ident()
         return await metrics.scrape()
 
-    monkeypatch.setattr(metrics_module, "gpu_exposition", watched)
+    monkeypatch.setattr(metrics_module, "gpu_family", watched)
     scraped = asyncio.run(scrape())
 
     assert threads["formatted"] != threads["loop"]
