@@ -155,7 +155,8 @@ class SiblingMetrics:
             "# TYPE heteroflow_server_workers gauge\n"
             f"heteroflow_server_workers {len(texts)}\n"
         )
-        return merge_expositions(texts) + workers.encode()
+        # parsing and merging a fleet's per-GPU lines is seconds of Python: off the loop that answers heartbeats
+        return await asyncio.to_thread(merge_expositions, texts) + workers.encode()
 
     async def _ask(self, path: Path) -> str | None:
         try:

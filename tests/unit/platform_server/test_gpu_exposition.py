@@ -27,7 +27,7 @@ from heteroflow.platform_server.metrics import (
 )
 
 
-class _LibraryGpuCollector(Collector):
+class LibraryGpuCollector(Collector):
     """The same families through the library's own metric families and ``generate_latest``: the reference."""
 
     def __init__(self, cards: Sequence[LatestCard]) -> None:
@@ -59,9 +59,9 @@ class _LibraryGpuCollector(Collector):
         return [printable(card.node_name), str(card.gpu_index), printable(card.uuid or "")]
 
 
-def _library(cards: Sequence[LatestCard]) -> bytes:
+def library_exposition(cards: Sequence[LatestCard]) -> bytes:
     registry = CollectorRegistry()
-    registry.register(_LibraryGpuCollector(cards))
+    registry.register(LibraryGpuCollector(cards))
     return generate_latest(registry)
 
 
@@ -80,7 +80,7 @@ _cards = st.builds(
 @settings(max_examples=300, deadline=None)
 @given(st.lists(_cards, max_size=6))
 def test_the_written_out_series_are_the_librarys_to_the_byte(cards: list[LatestCard]) -> None:
-    assert gpu_exposition(cards) == _library(cards)
+    assert gpu_exposition(cards) == library_exposition(cards)
 
 
 def test_a_scrape_formats_the_cards_in_worker_threads_and_says_what_render_says(
