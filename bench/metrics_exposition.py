@@ -13,9 +13,12 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the reference lives with the tests
 from tests.unit.platform_server.test_gpu_exposition import library_exposition
 
 from heteroflow.health.counters import Counters

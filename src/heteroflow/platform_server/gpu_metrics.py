@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -163,11 +163,19 @@ class GpuMetricsRecorder:
         self._pending = deque(row for row in self._pending if row[0] != node_id)
         self._unbuilt = deque(slot for slot in self._unbuilt if slot[1][0][0] != node_id)
 
-    def latest(self) -> list[LatestCard]:
-        """The newest values of every card heard of recently; stale parts are ``None`` (no series)."""
+    def latest(self, *, slice_cards: int = 2_000) -> Iterator[list[LatestCard]]:
+        """The newest values of every card heard of recently, ``slice_cards`` at a time; stale parts are ``None``
+        (no series). The card table is copied at the first step, so a scrape may build one slice, let the event
+        loop answer what is ready, and build the next."""
         cutoff = self._clock.monotonic() - self._settings.export_stale_seconds
+        table = list(self._known.items())
+        for start in range(0, len(table), slice_cards):
+            yield self._latest_cards(table[start : start + slice_cards], cutoff)
+
+    @staticmethod
+    def _latest_cards(table: list[tuple[CardKey, _Known]], cutoff: float) -> list[LatestCard]:
         cards: list[LatestCard] = []
-        for key, known in self._known.items():
+        for key, known in table:
             counters = known.counters if known.counters_at >= cutoff else None
             metrics = known.metrics if known.metrics_at >= cutoff else None
             if counters is None and metrics is None:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from bisect import bisect_left
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import attrgetter
 from typing import Protocol
 
@@ -29,7 +29,7 @@ from heteroflow.platform.liveness import LivenessStatus
 class ServerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self._latest_gpus: Callable[[], Sequence[GpuValues]] = list
+        self._latest_gpus: Callable[[], Iterable[Sequence[GpuValues]]] = list
         """The cards' newest values for the per-GPU series (:meth:`watch_gpus`; none until then)."""
         self.beats = BeatTally(buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0))
         """Accepted heartbeats and their handling time (``heteroflow_heartbeats_total``,
@@ -106,18 +106,22 @@ class ServerMetrics:
     def watch(self, ingest: Callable[[], IngestStatus], liveness: Callable[[], LivenessStatus]) -> None:
         self.registry.register(_StatusCollector(ingest, liveness))
 
-    def watch_gpus(self, latest: Callable[[], Sequence[GpuValues]]) -> None:
-        """Per-GPU gauges read at scrape time from the newest values the server holds in memory."""
+    def watch_gpus(self, latest: Callable[[], Iterable[Sequence[GpuValues]]]) -> None:
+        """Per-GPU gauges read at scrape time from the newest values the server holds in memory (slices of cards)."""
         self._latest_gpus = latest
 
     def render(self) -> bytes:
         """The whole exposition: the registry's series, then the per-GPU ones (:func:`gpu_exposition`)."""
-        return generate_latest(self.registry) + gpu_exposition(self._latest_gpus())
+        cards = [card for part in self._latest_gpus() for card in part]
+        return generate_latest(self.registry) + gpu_exposition(cards)
 
     async def scrape(self) -> bytes:
         """What :meth:`render` returns, with the per-GPU series formatted in a worker thread: the event loop only
         copies the cards' newest values (its own state), and heartbeats go on while a fleet's lines are written."""
-        own, cards = generate_latest(self.registry), self._latest_gpus()
+        own, cards = generate_latest(self.registry), list[GpuValues]()
+        for part in self._latest_gpus():
+            cards.extend(part)
+            await asyncio.sleep(0)  # a slice of cards at a time: the loop answers what is ready between slices
         labels = await asyncio.to_thread(gpu_labels, cards)
         # one family per step (a fleet's family: ~20 ms): between steps the loop has the interpreter to itself
         families = [await asyncio.to_thread(gpu_family, family, cards, labels) for family in range(GPU_FAMILIES)]

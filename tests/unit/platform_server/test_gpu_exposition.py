@@ -91,7 +91,7 @@ def test_a_scrape_formats_the_cards_in_worker_threads_and_says_what_render_says(
         LatestCard('we"ird\n\u202e', 1, None, None, GpuMetrics(None, 5.0, None, None, None)),
     ]
     metrics = ServerMetrics()
-    metrics.watch_gpus(lambda: cards)
+    metrics.watch_gpus(lambda: [cards[:1], cards[1:]])
     threads: dict[str, int] = {}
 
     def watched(family: int, found: Sequence[LatestCard], labels: Sequence[str]) -> str:
