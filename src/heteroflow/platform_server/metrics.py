@@ -116,8 +116,9 @@ class ServerMetrics:
         return generate_latest(self.registry) + gpu_exposition(cards)
 
     async def scrape(self) -> bytes:
-        """What :meth:`render` returns, with the per-GPU series formatted in a worker thread: the event loop only
-        copies the cards' newest values (its own state), and heartbeats go on while a fleet's lines are written."""
+        """What :meth:`render` returns, with the per-GPU series formatted in worker threads: the event loop only
+        copies the cards' newest values (its own state, a slice at a time), and heartbeats go on while a fleet's
+        lines are written."""
         own, cards = generate_latest(self.registry), list[GpuValues]()
         for part in self._latest_gpus():
             cards.extend(part)
