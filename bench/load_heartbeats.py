@@ -184,7 +184,9 @@ class Phase:
     probe_worst_sec: float = 0.0
     probe_failures: int = 0
     scrapes: list[float] = field(default_factory=list)
-    """How long each of the phase's ``/metrics`` scrapes took, seconds (``--scrape-every``)."""
+    """How long each of the phase's answered ``/metrics`` scrapes took, seconds (``--scrape-every``)."""
+    scrape_failures: Counter[str] = field(default_factory=Counter)
+    """The phase's scrapes that got no 200, by exception name."""
     peak_in_flight: int = 0
     """The server's own count: the most heartbeats it worked on at once (since it started)."""
     peak_lag_sec: float = 0.0
@@ -507,7 +509,11 @@ class Fleet:
             if stop.is_set():
                 return
             started = time.perf_counter()
-            (await self.admin.get("/metrics")).raise_for_status()
+            try:
+                (await self.admin.get("/metrics")).raise_for_status()
+            except httpx.HTTPError as exc:  # counted and reported: a scrape that fails is a finding, not a crash
+                phase.scrape_failures[type(exc).__name__] += 1
+                continue
             phase.scrapes.append(time.perf_counter() - started)
 
     async def windows(self, phase: Phase, every: float, stop: asyncio.Event) -> None:
@@ -792,6 +798,7 @@ def report(phases: list[Phase], args: argparse.Namespace, backend: str) -> None:
     for p in phases:
         answers = " ".join(f"{status}:{n}" for status, n in sorted(p.answers.items()))
         retry = f" retry-after {dict(p.retry_after)}" if p.retry_after else ""
+        retry += f" scrape failures {dict(p.scrape_failures)}" if p.scrape_failures else ""
         rss = f"{p.rss_start_kib / 1024:.0f}/{p.rss_end_kib / 1024:.0f}/{p.rss_peak_kib / 1024:.0f}"
         offered = f"{p.offered:.0f}" if p.offered else "closed"
         print(
