@@ -5,6 +5,7 @@ and the slot comes back when the held beat ends."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import httpx2 as httpx
@@ -58,3 +59,18 @@ def test_a_beat_beyond_the_bound_is_503_with_retry_after_and_the_slot_comes_back
     assert (admission.in_flight, admission.peak_in_flight, admission.refused_busy_total) == (0, 1, 1)
     metrics = harness.ctx.metrics.render().decode()
     assert 'heteroflow_heartbeats_refused_total{reason="busy"} 1.0' in metrics
+
+
+def test_the_harness_never_sheds_for_a_stalled_loop(engine: Engine) -> None:
+    """The in-process server's loop lag is real time while its tests run on a fake clock: one stall of the test
+    process (a collection of a large heap, the process descheduled on busy cores) refused the beats sent right
+    after it, and a retention test found one of its three beats offered. The harness sets the bound out of reach;
+    the shedding itself is tested on the gate (tests/unit/core/test_admission.py) and on a real server
+    (tests/load)."""
+    with running_server(engine) as h:
+        token = h.token("agent")
+        node = h.register(token, "gpu-a")
+        h.client.portal.call(time.sleep, 2.2)  # the loop held past the product's 2 s bound
+        answer = h.beat(token, node, [STAT])
+        assert answer.status_code == 200, answer.text
+        assert h.ctx.heartbeat_admission.status().refused_lagging_total == 0

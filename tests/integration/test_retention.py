@@ -73,7 +73,7 @@ def test_invalid_retention_falls_back_to_180_days_and_keeps_younger_rows(
         # clock is a wrong clock and is not believed)
         for value, age_days in enumerate((200, 100)):
             h.clock.advance((T0 - timedelta(days=age_days) - h.clock.now()).total_seconds())
-            h.beat(
+            answer = h.beat(
                 agent,
                 node,
                 [
@@ -85,10 +85,13 @@ def test_invalid_retention_falls_back_to_180_days_and_keeps_younger_rows(
                     }
                 ],
             )
+            assert answer.status_code == 200, answer.text
             h.drain()
         h.clock.advance((T0 - h.clock.now()).total_seconds())
-        h.beat(agent, node, [{"index": 0, "uuid": "G", "ecc_corrected_total": 7}])
+        answer = h.beat(agent, node, [{"index": 0, "uuid": "G", "ecc_corrected_total": 7}])
+        assert answer.status_code == 200, answer.text
         h.drain()
         h.client.portal.call(h.ctx.ingestor.cleanup_finished)  # type: ignore[union-attr]
+        assert h.ctx.ingestor.status().offered_total == 3, h.ctx.ingestor.status()
         assert h.ctx.ingestor.status().cleanup_deleted_total == 1  # only the 200-day-old row
     assert count_rows(engine) == 2

@@ -118,9 +118,21 @@ def running_server(
     clock: Clock | None = None,
     run_worker: bool = False,
 ) -> Iterator[Harness]:
-    """A server on ``engine`` whose liveness flusher never fires by itself (tests flush explicitly)."""
+    """A server on ``engine`` whose liveness flusher never fires by itself (tests flush explicitly).
+
+    Its heartbeat gate never sheds for the event loop's lag: that lag is real time (the loop's timer), not the
+    test's clock, and in a suite on two busy cores one stall of the whole process (a collection of a large heap,
+    the process descheduled) refused the beats sent right after it. The shedding itself is tested on the gate
+    (tests/unit/core/test_admission.py) and against a real server process (tests/load)."""
     clock = clock or FakeClock(start)
-    settings = ServerSettings.load(database_url=str(engine.url), liveness_flush_seconds=3600.0, **(server or {}))
+    settings = ServerSettings.load(
+        **{
+            "database_url": str(engine.url),
+            "liveness_flush_seconds": 3600.0,
+            "heartbeat_shed_lag_seconds": 3600.0,
+            **(server or {}),
+        }
+    )
     ctx = build_context(
         settings=settings,
         health_settings=HealthStorageSettings.load(**(health or {})),
