@@ -19,6 +19,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
+from heteroflow.core.collector import collections_deferred
 from heteroflow.core.text import printable
 from heteroflow.health.counters import HEALTH_KEYS, Counters
 from heteroflow.health.gpu_metrics import GpuMetrics
@@ -118,15 +119,18 @@ class ServerMetrics:
     async def scrape(self) -> bytes:
         """What :meth:`render` returns, with the per-GPU series formatted in worker threads: the event loop only
         copies the cards' newest values (its own state, a slice at a time), and heartbeats go on while a fleet's
-        lines are written."""
-        own, cards = generate_latest(self.registry), list[GpuValues]()
-        for part in self._latest_gpus():
-            cards.extend(part)
-            await asyncio.sleep(0)  # a slice of cards at a time: the loop answers what is ready between slices
-        labels = await asyncio.to_thread(gpu_labels, cards)
-        # one family per step (a fleet's family: ~20 ms): between steps the loop has the interpreter to itself
-        families = [await asyncio.to_thread(gpu_family, family, cards, labels) for family in range(GPU_FAMILIES)]
-        return own + "".join(families).encode()
+        lines are written. The card copies die together when the text is made: no cyclic collection walks them
+        meanwhile (:func:`~heteroflow.core.collector.collections_deferred`)."""
+        with collections_deferred():
+            own, cards = generate_latest(self.registry), list[GpuValues]()
+            for part in self._latest_gpus():
+                cards.extend(part)
+                await asyncio.sleep(0)  # a slice of cards at a time: the loop answers what is ready between slices
+            labels = await asyncio.to_thread(gpu_labels, cards)
+            # one family per step (a fleet's family: ~20 ms): between steps the loop has the interpreter to itself
+            families = [await asyncio.to_thread(gpu_family, family, cards, labels) for family in range(GPU_FAMILIES)]
+            del cards, labels  # freed here, while collections are still held off
+            return own + "".join(families).encode()
 
 
 class BeatTally(Collector):

@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+import pytest
+from bench import load_heartbeats
 from bench.load_heartbeats import HEALTH_INTERVAL_SEC, SimulatedNode
 
 from heteroflow.agent.heartbeat import heartbeat_body
@@ -65,3 +67,22 @@ def test_live_bodies_read_the_collector_every_beat() -> None:
     live = node.body(live=True)
     assert live == json.dumps(expected).encode()
     assert _without_telemetry_time(live) != _without_telemetry_time(first)  # fresh values, not the last build's
+
+
+def test_a_body_whose_card_times_cannot_be_found_is_built_in_full_every_beat(monkeypatch: pytest.MonkeyPatch) -> None:
+    # the send time goes where each card's telemetry time was; a build where those points are not one per card
+    # (here: none found) makes no template, and every beat is the agent's own full build
+    monkeypatch.setattr(load_heartbeats, "_telemetry_at", lambda at: b'"never in a body": 0')
+    clock, twin_clock = FakeClock(), FakeClock()
+    node, twin = _node(clock), _node(twin_clock)
+    node.body()
+    health = twin.collector.read_health()
+    twin.collector.read_telemetry()
+    clock.advance(5.0)
+    twin_clock.advance(5.0)
+
+    later = node.body()
+    assert (
+        later
+        == json.dumps(heartbeat_body(health=health, telemetry=twin.collector.read_telemetry(), xid_events=())).encode()
+    )

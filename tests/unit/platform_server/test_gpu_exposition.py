@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 from collections.abc import Iterator, Sequence
 
@@ -21,6 +22,7 @@ from heteroflow.platform_server.gpu_metrics import LatestCard
 from heteroflow.platform_server.metrics import (
     _COUNTER_GAUGES,
     _METRIC_GAUGES,
+    GPU_FAMILIES,
     ServerMetrics,
     gpu_exposition,
     gpu_family,
@@ -94,8 +96,11 @@ def test_a_scrape_formats_the_cards_in_worker_threads_and_says_what_render_says(
     metrics.watch_gpus(lambda: [cards[:1], cards[1:]])
     threads: dict[str, int] = {}
 
+    collecting: list[bool] = []
+
     def watched(family: int, found: Sequence[LatestCard], labels: Sequence[str]) -> str:
         threads["formatted"] = threading.get_ident()
+        collecting.append(gc.isenabled())
         return gpu_family(family, found, labels)
 
     async def scrape() -> bytes:
@@ -106,6 +111,9 @@ def test_a_scrape_formats_the_cards_in_worker_threads_and_says_what_render_says(
     scraped = asyncio.run(scrape())
 
     assert threads["formatted"] != threads["loop"]
+    # no cyclic collection walks the card copies while the text is made; the collector is back on after
+    assert collecting == [False] * GPU_FAMILIES
+    assert gc.isenabled()
     assert scraped == metrics.render()
     assert b'heteroflow_gpu_temperature_celsius{gpu="0",node="node-a",uuid="GPU-1"} 41.0\n' in scraped
     # the refused characters shown by their escapes, then escaped for the format: \" and \\
