@@ -19,11 +19,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the reference lives with the tests
-from tests.unit.platform_server.test_gpu_exposition import library_exposition
+from tests.unit.platform_server.test_gpu_exposition import LatestCard, library_exposition
 
 from heteroflow.health.counters import Counters
 from heteroflow.health.gpu_metrics import GpuMetrics
-from heteroflow.platform_server.gpu_metrics import LatestCard
 from heteroflow.platform_server.metrics import gpu_exposition
 
 

@@ -8,21 +8,13 @@ over, :func:`settle_after_start_up` moves what start-up built (modules, classes,
 collector's scans (``gc.freeze``) and makes young collections rarer, so that fewer objects are promoted to the
 old generation and a full collection, which CPython already postpones until the old generation has grown by a
 quarter, comes seldom. Cyclic garbage is still collected; only later.
-
-A burst of short-lived objects (a ``/metrics`` scrape copies every card's newest values, tens of thousands of
-objects that die together when the answer is sent) is the other case: a young collection in the middle of it
-walks all of them, finds them alive and promotes them, so that the next middle collection walks them again — the
-longest pauses a heartbeat saw while the fleet was scraped. :func:`collections_deferred` holds the collector off
-for such a stretch: its objects are freed by reference counting when it ends, and the collection that was due
-runs at the next allocation after it, over what is still alive.
 """
 
 from __future__ import annotations
 
-import contextlib
 import gc
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -54,28 +46,3 @@ def watch_pauses(record: Callable[[int, float], None]) -> Callable[[], None]:
 
     gc.callbacks.append(on_collection)
     return lambda: gc.callbacks.remove(on_collection)
-
-
-_deferred = 0
-"""Stretches inside :func:`collections_deferred` right now (they may overlap: two scrapes at once)."""
-_enable_after = False
-"""Whether the collector was on when the first of them began (off stays off: the process's own choice)."""
-
-
-@contextlib.contextmanager
-def collections_deferred() -> Iterator[None]:
-    """No cyclic collection while the block runs (nor while another such block runs); the collector is on again
-    when the last one ends, if it was on when the first began. For the event loop's thread: the count is not
-    locked, and a block that awaits lets every other task allocate without collections meanwhile — keep it to
-    a stretch of bounded length."""
-    global _deferred, _enable_after
-    if _deferred == 0:
-        _enable_after = gc.isenabled()
-        gc.disable()
-    _deferred += 1
-    try:
-        yield
-    finally:
-        _deferred -= 1
-        if _deferred == 0 and _enable_after:
-            gc.enable()

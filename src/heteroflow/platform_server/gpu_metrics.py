@@ -42,21 +42,11 @@ from heteroflow.health.metrics_settings import GpuMetricsSettings
 from heteroflow.health.samples import CardKey, HealthReading
 from heteroflow.platform.nodes import NodeRecord
 from heteroflow.platform_server.alert_delivery import AlertNotifier
+from heteroflow.platform_server.metrics import FlatCards
 from heteroflow.storage.alert_store import SYSTEM, AlertRecord, SqlAlertStore
 from heteroflow.storage.metrics_store import SqlGpuMetricsStore
 
 _log = structlog.get_logger(__name__)
-
-
-@dataclass(frozen=True, slots=True)
-class LatestCard:
-    """The newest known values of one card, for /metrics. ``None`` = unknown or no longer reported."""
-
-    node_name: str
-    gpu_index: int
-    uuid: str | None
-    counters: Counters | None
-    metrics: GpuMetrics | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -163,33 +153,26 @@ class GpuMetricsRecorder:
         self._pending = deque(row for row in self._pending if row[0] != node_id)
         self._unbuilt = deque(slot for slot in self._unbuilt if slot[1][0][0] != node_id)
 
-    def latest(self, *, slice_cards: int = 2_000) -> Iterator[list[LatestCard]]:
-        """The newest values of every card heard of recently, ``slice_cards`` at a time; stale parts are ``None``
-        (no series). The card table is copied at the first step, so a scrape may build one slice, let the event
-        loop answer what is ready, and build the next."""
+    def latest(self, *, slice_cards: int = 2_000) -> Iterator[FlatCards]:
+        """The newest values of every card heard of recently, ``slice_cards`` at a time, as :data:`FlatCards`
+        (the cards' own values, no object per card); stale parts are ``None`` (no series). The card table is copied
+        at the first step (its keys and its values: two lists), so a scrape may copy one slice, let the event loop
+        answer what is ready, and copy the next."""
         cutoff = self._clock.monotonic() - self._settings.export_stale_seconds
-        table = list(self._known.items())
-        for start in range(0, len(table), slice_cards):
-            yield self._latest_cards(table[start : start + slice_cards], cutoff)
+        keys, cards = list(self._known), list(self._known.values())
+        for start in range(0, len(keys), slice_cards):
+            end = start + slice_cards
+            yield self._latest_cards(keys[start:end], cards[start:end], cutoff)
 
     @staticmethod
-    def _latest_cards(table: list[tuple[CardKey, _Known]], cutoff: float) -> list[LatestCard]:
-        cards: list[LatestCard] = []
-        for key, known in table:
+    def _latest_cards(keys: list[CardKey], cards: list[_Known], cutoff: float) -> FlatCards:
+        flat: FlatCards = []
+        for key, known in zip(keys, cards, strict=True):
             counters = known.counters if known.counters_at >= cutoff else None
             metrics = known.metrics if known.metrics_at >= cutoff else None
-            if counters is None and metrics is None:
-                continue
-            cards.append(
-                LatestCard(
-                    node_name=known.node_name,
-                    gpu_index=key.gpu_index,
-                    uuid=known.uuid,
-                    counters=counters,
-                    metrics=metrics,
-                )
-            )
-        return cards
+            if counters is not None or metrics is not None:
+                flat += (known.node_name, key.gpu_index, known.uuid, counters, metrics)
+        return flat
 
     def status(self) -> MetricsRecorderStatus:
         return MetricsRecorderStatus(

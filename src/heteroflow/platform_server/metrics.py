@@ -7,11 +7,12 @@ scrape time by a collector, so each number has exactly one owner.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import attrgetter
-from typing import Protocol
+from typing import Any, Protocol, TypeAlias
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -19,7 +20,6 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
-from heteroflow.core.collector import collections_deferred
 from heteroflow.core.text import printable
 from heteroflow.health.counters import HEALTH_KEYS, Counters
 from heteroflow.health.gpu_metrics import GpuMetrics
@@ -30,7 +30,7 @@ from heteroflow.platform.liveness import LivenessStatus
 class ServerMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
-        self._latest_gpus: Callable[[], Iterable[Sequence[GpuValues]]] = list
+        self._latest_gpus: Callable[[], Iterable[FlatCards]] = list
         """The cards' newest values for the per-GPU series (:meth:`watch_gpus`; none until then)."""
         self.beats = BeatTally(buckets=(0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1.0))
         """Accepted heartbeats and their handling time (``heteroflow_heartbeats_total``,
@@ -107,30 +107,30 @@ class ServerMetrics:
     def watch(self, ingest: Callable[[], IngestStatus], liveness: Callable[[], LivenessStatus]) -> None:
         self.registry.register(_StatusCollector(ingest, liveness))
 
-    def watch_gpus(self, latest: Callable[[], Iterable[Sequence[GpuValues]]]) -> None:
-        """Per-GPU gauges read at scrape time from the newest values the server holds in memory (slices of cards)."""
+    def watch_gpus(self, latest: Callable[[], Iterable[FlatCards]]) -> None:
+        """Per-GPU gauges read at scrape time from the newest values the server holds in memory (slices of cards,
+        each a :data:`FlatCards` list)."""
         self._latest_gpus = latest
 
     def render(self) -> bytes:
         """The whole exposition: the registry's series, then the per-GPU ones (:func:`gpu_exposition`)."""
-        cards = [card for part in self._latest_gpus() for card in part]
-        return generate_latest(self.registry) + gpu_exposition(cards)
+        cards = list(itertools.chain.from_iterable(self._latest_gpus()))
+        labels = gpu_labels(cards)
+        families = "".join(gpu_family(family, cards, labels) for family in range(GPU_FAMILIES))
+        return generate_latest(self.registry) + families.encode()
 
     async def scrape(self) -> bytes:
         """What :meth:`render` returns, with the per-GPU series formatted in worker threads: the event loop only
         copies the cards' newest values (its own state, a slice at a time), and heartbeats go on while a fleet's
-        lines are written. The card copies die together when the text is made: no cyclic collection walks them
-        meanwhile (:func:`~heteroflow.core.collector.collections_deferred`)."""
-        with collections_deferred():
-            own, cards = generate_latest(self.registry), list[GpuValues]()
-            for part in self._latest_gpus():
-                cards.extend(part)
-                await asyncio.sleep(0)  # a slice of cards at a time: the loop answers what is ready between slices
-            labels = await asyncio.to_thread(gpu_labels, cards)
-            # one family per step (a fleet's family: ~20 ms): between steps the loop has the interpreter to itself
-            families = [await asyncio.to_thread(gpu_family, family, cards, labels) for family in range(GPU_FAMILIES)]
-            del cards, labels  # freed here, while collections are still held off
-            return own + "".join(families).encode()
+        lines are written."""
+        own, cards = generate_latest(self.registry), FlatCards()
+        for part in self._latest_gpus():
+            cards += part
+            await asyncio.sleep(0)  # a slice of cards at a time: the loop answers what is ready between slices
+        labels = await asyncio.to_thread(gpu_labels, cards)
+        # one family per step (a fleet's family: ~20 ms): between steps the loop has the interpreter to itself
+        families = [await asyncio.to_thread(gpu_family, family, cards, labels) for family in range(GPU_FAMILIES)]
+        return own + "".join(families).encode()
 
 
 class BeatTally(Collector):
@@ -197,6 +197,23 @@ GPU_FAMILIES = len(_COUNTER_GAUGES) + len(_METRIC_GAUGES)
 """Per-GPU metric families: the health counters', then the telemetry's."""
 
 
+FlatCards: TypeAlias = list[Any]
+"""A scrape's cards in one flat list, :data:`CARD_ITEMS` items a card: node name, index, uuid, counters, metrics
+(``None``: unknown or no longer reported). Made of the cards' own values without an object per card, so that a
+fleet's scrape (24,000 cards) gives the cyclic collector nothing to walk: with an object per card, the young
+collections that ran while a scrape was written walked them all and promoted them to older generations, the
+longest pauses a heartbeat saw while the fleet was scraped."""
+CARD_ITEMS = 5
+
+
+def flat_cards(cards: Iterable[GpuValues]) -> FlatCards:
+    """``cards`` as :data:`FlatCards`."""
+    flat: FlatCards = []
+    for card in cards:
+        flat += (card.node_name, card.gpu_index, card.uuid, card.counters, card.metrics)
+    return flat
+
+
 def gpu_exposition(cards: Sequence[GpuValues]) -> bytes:
     """The per-GPU series of ``cards`` in the Prometheus text format, byte for byte what ``prometheus_client``'s
     ``generate_latest`` writes for the same families (a hypothesis test holds the two equal).
@@ -205,21 +222,23 @@ def gpu_exposition(cards: Sequence[GpuValues]) -> bytes:
     metric-family and sample objects that took seconds of the interpreter per scrape; here each card's label text
     is made once for its lines. :meth:`ServerMetrics.scrape` runs the same steps in worker threads.
     """
-    labels = gpu_labels(cards)
-    return "".join(gpu_family(family, cards, labels) for family in range(GPU_FAMILIES)).encode()
+    flat = flat_cards(cards)
+    labels = gpu_labels(flat)
+    return "".join(gpu_family(family, flat, labels) for family in range(GPU_FAMILIES)).encode()
 
 
-def gpu_labels(cards: Sequence[GpuValues]) -> list[str]:
+def gpu_labels(cards: FlatCards) -> list[str]:
     """Each card's label set as written after the series name (sorted by label name, as the library does)."""
+    names, indexes, uuids = cards[0::CARD_ITEMS], cards[1::CARD_ITEMS], cards[2::CARD_ITEMS]
     return [
-        f'{{gpu="{card.gpu_index}",node="{_label_value(card.node_name)}",uuid="{_label_value(card.uuid or "")}"}} '
-        for card in cards
+        f'{{gpu="{index}",node="{_label_value(name)}",uuid="{_label_value(uuid or "")}"}} '
+        for name, index, uuid in zip(names, indexes, uuids, strict=True)
     ]
 
 
-def gpu_family(family: int, cards: Sequence[GpuValues], labels: Sequence[str]) -> str:
-    """The text of per-GPU family number ``family`` (of :data:`GPU_FAMILIES`): its header and a line per card
-    that knows the value (an unknown value has no series, never a 0)."""
+def gpu_family(family: int, cards: FlatCards, labels: Sequence[str]) -> str:
+    """The text of per-GPU family number ``family`` (of :data:`GPU_FAMILIES`) of :data:`FlatCards`: its header
+    and a line per card that knows the value (an unknown value has no series, never a 0)."""
     out: list[str] = []
     if family < len(_COUNTER_GAUGES):
         name, help_text, attribute = _COUNTER_GAUGES[family]
@@ -229,8 +248,8 @@ def gpu_family(family: int, cards: Sequence[GpuValues], labels: Sequence[str]) -
         out.append(f"# HELP {name} {_help_text(help_text)}\n# TYPE {name} {kind}\n")
         read = attrgetter(attribute)
         texts: dict[float, str] = {}  # a fleet's counters take few values (mostly 0): each written once
-        for card, label in zip(cards, labels, strict=True):
-            value = read(card.counters) if card.counters is not None else None
+        for counters, label in zip(cards[3::CARD_ITEMS], labels, strict=True):
+            value = read(counters) if counters is not None else None
             if value is not None:
                 text = texts.get(value)
                 if text is None:
@@ -240,8 +259,8 @@ def gpu_family(family: int, cards: Sequence[GpuValues], labels: Sequence[str]) -
         name, help_text, attribute, scale = _METRIC_GAUGES[family - len(_COUNTER_GAUGES)]
         out.append(f"# HELP {name} {_help_text(help_text)}\n# TYPE {name} gauge\n")
         read = attrgetter(attribute)
-        for card, label in zip(cards, labels, strict=True):
-            value = read(card.metrics) if card.metrics is not None else None
+        for metrics, label in zip(cards[4::CARD_ITEMS], labels, strict=True):
+            value = read(metrics) if metrics is not None else None
             if value is not None:
                 out.append(f"{name}{label}{_go_float(value * scale)}\n")
     return "".join(out)

@@ -7,7 +7,7 @@ import json
 import subprocess
 import sys
 
-from heteroflow.core.collector import collections_deferred, watch_pauses
+from heteroflow.core.collector import watch_pauses
 
 _PROBE = """
 import gc, json, sys
@@ -66,48 +66,3 @@ def test_every_collection_is_recorded_with_its_pause_until_the_watch_stops() -> 
     count = len(seen)
     gc.collect()
     assert len(seen) == count
-
-
-class _Cell:
-    """A container object: one the collector tracks."""
-
-
-def test_no_collection_runs_inside_a_deferred_stretch_and_the_one_due_runs_after_it() -> None:
-    assert gc.isenabled()
-    threshold = gc.get_threshold()[0]
-    seen: list[tuple[int, float]] = []
-    stop = watch_pauses(lambda generation, seconds: seen.append((generation, seconds)))
-    try:
-        with collections_deferred():
-            made = [_Cell() for _ in range(5 * threshold)]  # five young generations' worth
-            assert not gc.isenabled()
-            del made
-        inside = len(seen)
-        after = [_Cell() for _ in range(2 * threshold)]
-    finally:
-        stop()
-    assert inside == 0
-    assert len(seen) > inside  # the collector is back: allocations past the threshold collect again
-    assert gc.isenabled()
-    del after
-
-
-def test_overlapping_stretches_hold_it_off_until_the_last_ends_even_when_one_fails() -> None:
-    first, second = collections_deferred(), collections_deferred()
-    first.__enter__()
-    second.__enter__()
-    first.__exit__(None, None, None)  # the first to begin ends first: the other still runs
-    assert not gc.isenabled()
-    failure = RuntimeError("a scrape that failed")
-    assert second.__exit__(RuntimeError, failure, None) is False  # the failure goes on up
-    assert gc.isenabled()
-
-
-def test_a_collector_that_was_off_stays_off() -> None:
-    gc.disable()
-    try:
-        with collections_deferred():
-            assert not gc.isenabled()
-        assert not gc.isenabled()
-    finally:
-        gc.enable()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from heteroflow.cli.main import app
@@ -18,10 +19,11 @@ def test_a_spec_is_required() -> None:
     assert "instance spec is required" in result.output
 
 
-def test_an_invalid_spec_is_a_usage_error(tmp_path: Path) -> None:
-    config = tmp_path / "pod.json"
-    config.write_text(json.dumps({"instance_id": "i", "dp_size": 2, "endpoints": []}))
-    result = CliRunner().invoke(app, [*BASE, "--config", str(config)])
+def test_an_invalid_spec_is_a_usage_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "pod.json").write_text(json.dumps({"instance_id": "i", "dp_size": 2, "endpoints": []}))
+    # a relative path: the error box wraps long lines, and a long temporary path split the name across two
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(app, [*BASE, "--config", "pod.json"])
     assert result.exit_code == 2
     assert "pod.json" in result.output
 

@@ -10,7 +10,6 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Response
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from heteroflow.core.collector import collections_deferred
 from heteroflow.core.errors import StoreUnavailableError
 from heteroflow.platform.auth import Principal, Scope
 from heteroflow.platform_server.auth import authenticate, context, require_cluster_wide
@@ -57,12 +56,8 @@ async def metrics(ctx: Ctx, _: Annotated[Principal, Depends(require_cluster_wide
         snapshot = await asyncio.to_thread(SqlFleetStore(ctx.engine).snapshot)
     except StoreUnavailableError:  # the in-memory series still answer; the fleet ones say they are missing
         snapshot = None
-    # what the rendering makes (a copy per card, the workers' texts, a line per node) dies together when it ends:
-    # no cyclic collection walks and promotes it meanwhile (core/collector.py); the database's wait is outside
-    with collections_deferred():
-        own = await ctx.metrics.scrape() if ctx.siblings is None else await ctx.siblings.render()
-        fleet = await asyncio.to_thread(render_fleet, snapshot)  # a line per node: off the loop, like the cards'
-        del snapshot
+    own = await ctx.metrics.scrape() if ctx.siblings is None else await ctx.siblings.render()
+    fleet = await asyncio.to_thread(render_fleet, snapshot)  # a line per node: off the loop, like the cards'
     return Response(own + fleet, media_type=CONTENT_TYPE_LATEST)
 
 
