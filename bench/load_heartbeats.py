@@ -102,6 +102,8 @@ POOL_SIZE = 32
 """Connections per ``httpx`` client of the load generator."""
 SIMULATED_SPEED = 60.0
 """Simulated hours of the cards' error counters per real hour (the agent's ``simulate_speed`` default)."""
+SLOW_BEAT_SEC = 0.05
+"""A beat slower than this (the p99 target at fleet load) is counted and held against the scrapes and the minute."""
 STOP_WAIT_SEC = 300.0
 """How long the server may take to stop when told to (it writes what it holds first) before it is killed."""
 
@@ -187,6 +189,10 @@ class Phase:
     """How long each of the phase's answered ``/metrics`` scrapes took, seconds (``--scrape-every``)."""
     scrape_failures: Counter[str] = field(default_factory=Counter)
     """The phase's scrapes that got no 200, by exception name."""
+    scrape_spans: list[tuple[float, float]] = field(default_factory=list)
+    """When each scrape was sent and answered (``perf_counter``): what a slow beat is held against."""
+    slow_beats: list[tuple[float, float]] = field(default_factory=list)
+    """When each beat slower than :data:`SLOW_BEAT_SEC` was scheduled and answered (``perf_counter``)."""
     peak_in_flight: int = 0
     """The server's own count: the most heartbeats it worked on at once (since it started)."""
     peak_lag_sec: float = 0.0
@@ -453,7 +459,10 @@ class Fleet:
             return
         finally:
             node.in_flight = False
-        phase.latencies.append(time.perf_counter() - scheduled)
+        answered = time.perf_counter()
+        phase.latencies.append(answered - scheduled)
+        if answered - scheduled > SLOW_BEAT_SEC:
+            phase.slow_beats.append((scheduled, answered))
         if repeat:
             phase.repeat_latencies.append(phase.latencies[-1])
         phase.answers[str(status)] += 1
@@ -515,6 +524,7 @@ class Fleet:
                 phase.scrape_failures[type(exc).__name__] += 1
                 continue
             phase.scrapes.append(time.perf_counter() - started)
+            phase.scrape_spans.append((started, started + phase.scrapes[-1]))
 
     async def windows(self, phase: Phase, every: float, stop: asyncio.Event) -> None:
         """One line per ``every`` seconds of the phase: its beats, latency, server CPU per beat and RSS.
@@ -811,6 +821,9 @@ def report(phases: list[Phase], args: argparse.Namespace, backend: str) -> None:
             f"{p.client_cpu_sec / p.seconds * 100:>12.0f} {p.full_collections:>7} {p.gc_pause_sec * 1000:>11.0f}  "
             f"{answers}{retry} refused {p.refused}"
         )
+    for p in phases:
+        if p.slow_beats:
+            print(slow_beats_line(p))
     for p in phases[1:]:
         cpu_ratio = (p.server_cpu_sec / max(1, p.beats)) / (base.server_cpu_sec / max(1, base.beats))
         print(
@@ -818,6 +831,24 @@ def report(phases: list[Phase], args: argparse.Namespace, backend: str) -> None:
             f"p99 x{p.percentile(0.99) / base.percentile(0.99):.2f}, server CPU/beat x{cpu_ratio:.2f}, "
             f"RSS end x{p.rss_end_kib / base.rss_end_kib:.2f}"
         )
+
+
+def slow_beats_line(phase: Phase) -> str:
+    """How many beats took longer than :data:`SLOW_BEAT_SEC`, and how many of them overlapped a scrape of
+    ``/metrics``, against the share of the phase the scrapes took: where the tail comes from."""
+    during = sum(
+        1 for sent, done in phase.slow_beats if any(sent < end and start < done for start, end in phase.scrape_spans)
+    )
+    scraping = sum(end - start for start, end in phase.scrape_spans) / max(phase.seconds, 1e-9)
+    # and by when in the wall-clock minute they were sent: the server's minute work (the closed minute's rows, the
+    # new minute's buckets) starts at the minute
+    wall = time.time() - time.perf_counter()
+    tens = Counter(int((sent + wall) % 60 // 10) for sent, _ in phase.slow_beats)
+    by_ten = " ".join(f"{ten * 10:02d}s:{tens[ten]}" for ten in range(6))
+    return (
+        f"{phase.name}: {len(phase.slow_beats)} beats over {SLOW_BEAT_SEC * 1000:.0f} ms, {during} of them during a "
+        f"scrape of /metrics (scrapes took {scraping * 100:.1f} % of the phase); by second of the minute {by_ten}"
+    )
 
 
 def main() -> None:
