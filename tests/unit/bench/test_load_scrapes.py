@@ -1,44 +1,84 @@
-"""The fleet bench's scrapes of ``/metrics``: a failed one is counted by its error and the run goes on."""
+"""The fleet bench's scrapes of ``/metrics``, from a process of their own: a failed one is counted by its error
+and the run goes on; a slow beat is held against the scrape it overlapped."""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
 
-import httpx
-from bench.load_heartbeats import Fleet, Phase, slow_beats_line
+from bench.load_heartbeats import SCRAPER, Fleet, Phase, slow_beats_line
+
+from heteroflow.core.testing import free_port
 
 
-def test_a_failed_scrape_is_counted_and_the_next_one_is_timed() -> None:
-    statuses = [503, 200, 200]  # the server refused the first scrape, then answered two
-    asked: list[str] = []
-    third = asyncio.Event()
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        asked.append(request.url.path)
-        if len(asked) == len(statuses):
-            third.set()
-        return httpx.Response(statuses[min(len(asked), len(statuses)) - 1], text="# metrics\n")
+def test_a_failed_scrape_is_counted_the_next_ones_timed_and_a_scraper_that_exits_ends_the_scrapes() -> None:
+    # a scraper that answers a refused scrape, then two good ones, then exits
+    fake = (
+        "import sys\n"
+        "for answer in ('HTTPStatusError', 'ok', 'ok'):\n"
+        "    sys.stdin.readline()\n"
+        "    print(answer, flush=True)\n"
+    )
 
     async def run() -> Phase:
         fleet = Fleet(
             url="http://127.0.0.1:9", agent_token="a", admin_token="b", pid=0, concurrency=1, client="raw",
             scrape_every=0.001,
         )  # fmt: skip
-        await fleet.admin.aclose()
-        fleet.admin = httpx.AsyncClient(base_url=fleet.url, transport=httpx.MockTransport(handler))
-        phase, stop = Phase(name="fleet", nodes=1), asyncio.Event()
-        scraping = asyncio.create_task(fleet.scrape(phase, stop))
-        await third.wait()
-        stop.set()  # the scrape in flight ends and is timed; no other begins
-        await scraping
+        fleet.scraper_command = [sys.executable, "-c", fake]
+        phase = Phase(name="fleet", nodes=1)
+        await fleet.scrape(phase, asyncio.Event())  # returns when the scraper is gone
         await fleet.aclose()
         return phase
 
     phase = asyncio.run(run())
-    assert asked == ["/metrics"] * 3
-    assert dict(phase.scrape_failures) == {"HTTPStatusError": 1}
+    assert dict(phase.scrape_failures) == {"HTTPStatusError": 1, "scraper exited": 1}
     assert len(phase.scrapes) == 2
-    assert all(seconds >= 0 for seconds in phase.scrapes)
+    assert [end - start for start, end in phase.scrape_spans] == phase.scrapes
+
+
+def test_the_scraper_reads_metrics_and_names_a_refusal(tmp_path: Path) -> None:
+    (tmp_path / "metrics").write_text("# a scrape's text\n")
+    port = free_port()
+    server = subprocess.Popen(
+        [sys.executable, "-m", "http.server", str(port), "--bind", "127.0.0.1", "--directory", str(tmp_path)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        deadline = time.monotonic() + 30
+        while True:  # until the server listens
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                assert time.monotonic() < deadline, "the file server never listened"
+                time.sleep(0.05)
+        env = {**os.environ, "HF_SCRAPE_URL": f"http://127.0.0.1:{port}", "HF_SCRAPE_TOKEN": "t"}
+        scraper = subprocess.Popen(
+            [sys.executable, "-c", SCRAPER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env
+        )
+        assert scraper.stdin is not None
+        assert scraper.stdout is not None
+        scraper.stdin.write("scrape\n")
+        scraper.stdin.flush()
+        first = scraper.stdout.readline().strip()
+        (tmp_path / "metrics").unlink()  # now 404
+        scraper.stdin.write("scrape\n")
+        scraper.stdin.flush()
+        second = scraper.stdout.readline().strip()
+        scraper.stdin.close()
+        assert scraper.wait(30) == 0
+        scraper.stdout.close()
+    finally:
+        server.kill()
+        server.wait(10)
+    assert (first, second) == ("ok", "HTTPStatusError")
 
 
 def test_a_slow_beat_is_held_against_the_scrape_it_overlapped() -> None:
