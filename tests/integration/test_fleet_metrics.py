@@ -6,6 +6,7 @@ from __future__ import annotations
 import re
 from datetime import UTC, datetime
 
+from prometheus_client import CONTENT_TYPE_LATEST
 from sqlalchemy.engine import Engine
 
 from heteroflow.platform_server.fleet_metrics import render_fleet
@@ -22,6 +23,10 @@ def series(text: str, name: str) -> dict[str, float]:
 def scrape(h: Harness) -> str:
     response = h.get(h.token("metrics:read"), "/metrics")
     assert response.status_code == 200, response.text
+    # sent in parts (never joined on the event loop), with the whole length announced, not chunked
+    assert response.headers["content-length"] == str(len(response.content))
+    assert "transfer-encoding" not in response.headers
+    assert response.headers["content-type"] == CONTENT_TYPE_LATEST
     return response.text
 
 

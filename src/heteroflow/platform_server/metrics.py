@@ -119,17 +119,27 @@ class ServerMetrics:
         )
 
     async def scrape(self) -> bytes:
-        """What :meth:`render` returns, with the per-GPU series formatted in worker threads: the event loop only
+        """What :meth:`render` returns, made by :meth:`scrape_parts` (joined in a worker thread)."""
+        return await asyncio.to_thread(b"".join, await self.scrape_parts())
+
+    async def scrape_parts(self) -> list[bytes]:
+        """What :meth:`render` returns, in parts (the registry's series, then a part per per-GPU family) to be sent
+        one after another: the per-GPU series are formatted and encoded in worker threads, the event loop only
         copies the cards' newest values (its own state, a slice at a time), and heartbeats go on while a fleet's
-        lines are written."""
+        lines are written. Never joined on the loop: at 3,000 nodes the joined text is 28 MB, and joining,
+        encoding and adding to it there held the loop for ~70 ms per scrape (docs/benchmarks.md)."""
         own, cards = generate_latest(self.registry), FlatCards()
         for part in self._latest_gpus():
             cards += part
             await asyncio.sleep(0)  # a slice of cards at a time: the loop answers what is ready between slices
         labels = await asyncio.to_thread(gpu_labels, cards)
         # one family per step (a fleet's family: ~20 ms): between steps the loop has the interpreter to itself
-        families = [await asyncio.to_thread(gpu_family, family, cards, labels) for family in range(GPU_FAMILIES)]
-        return own + "".join(families).encode()
+        families = [await asyncio.to_thread(_family_bytes, family, cards, labels) for family in range(GPU_FAMILIES)]
+        return [own, *families]
+
+
+def _family_bytes(family: int, cards: FlatCards, labels: Sequence[str]) -> bytes:
+    return gpu_family(family, cards, labels).encode()
 
 
 class BeatTally(Collector):
