@@ -69,9 +69,9 @@ def exposition(parts: list[bytes]) -> Response:
 
 
 class _PartsResponse(Response):
-    """A body sent as several ``http.response.body`` messages under one ``Content-Length``. Not a
-    ``StreamingResponse``: that one also listens for the client's disconnect, and a test client whose ``receive``
-    answers at once (schemathesis's) turned the listening into a loop that filled the memory."""
+    """A body sent as several ``http.response.body`` messages under one ``Content-Length``: nothing more. Not a
+    ``StreamingResponse``, which also runs a task listening for the client's disconnect, work a scrape needs not
+    (and the one suspect, unconfirmed, of a suite run killed for memory while it was in use)."""
 
     def __init__(self, parts: list[bytes], *, media_type: str) -> None:
         self._parts = parts or [b""]
