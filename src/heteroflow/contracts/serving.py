@@ -29,6 +29,10 @@ from heteroflow.contracts.engine_protocol import EngineStatusEntry, Instruction,
 EndpointId = NewType("EndpointId", int)
 """An endpoint's id: the original global DP rank of the engine behind it."""
 
+MAX_DP_SIZE = 65536
+"""Most DP ranks one instance may declare: far above any expert-parallel deployment, and small enough that the
+controller can hold a set of every rank (an unbounded size from one registration would exhaust its memory)."""
+
 MAX_LEASE_SEC = 3600.0
 """Upper bound of a guard lease (F-23): a round never freezes a NodeManager for longer than an hour."""
 
@@ -55,8 +59,8 @@ _STRICT = ConfigDict(frozen=True, extra="forbid")
 
 
 def _unique_ranks(values: list[int]) -> list[int]:
-    if any(value < 0 for value in values):
-        raise ValueError("endpoint ids are non-negative DP ranks")
+    if any(not 0 <= value < MAX_DP_SIZE for value in values):
+        raise ValueError(f"endpoint ids are DP ranks: 0 <= id < {MAX_DP_SIZE}")
     if len(set(values)) != len(values):
         raise ValueError("endpoint ids must not repeat")
     return sorted(values)
@@ -77,7 +81,7 @@ class EndpointInfo(BaseModel):
 
     model_config = _FROZEN
 
-    id: StrictInt = Field(ge=0, description="Original global DP rank (the engine's FT id).")
+    id: StrictInt = Field(ge=0, lt=MAX_DP_SIZE, description="Original global DP rank (the engine's FT id).")
     ip: str = Field(min_length=1)
     port: StrictInt = Field(ge=1, le=65535)
     device_infos: list[DeviceInfo] = Field(default_factory=list)
@@ -121,7 +125,7 @@ class RegisterRequest(BaseModel):
     node_manager_url: str = Field(min_length=1, description="Where the controller reaches this NodeManager.")
     instance_id: str = Field(min_length=1)
     role: Literal["prefill", "decode", "both"] = "both"
-    dp_size: StrictInt = Field(ge=1)
+    dp_size: StrictInt = Field(ge=1, le=MAX_DP_SIZE)
     endpoints: list[EndpointInfo]
     ft_capability: FtCapability
 

@@ -12,6 +12,7 @@ from typing import Any
 import httpx
 import pytest
 
+from heteroflow.contracts.serving import MAX_DP_SIZE
 from heteroflow.core.clock import SystemClock
 from heteroflow.serving.controller.assembly import create_app
 from heteroflow.serving.controller.clients import NodeManagerClient
@@ -176,6 +177,27 @@ def test_malformed_bodies_are_400_with_a_message(tmp_path: Path, path: str, cont
         response = await client.post(path, content=content, headers={"Content-Type": "application/json"})
         assert response.status_code == 400, response.text
         assert fragment in response.json()["detail"]
+
+    with_api(tmp_path, scenario)
+
+
+def test_a_registration_declaring_absurd_ranks_is_400_and_the_instance_still_assembles(tmp_path: Path) -> None:
+    """One pod's dp_size or rank out of bounds is refused at the door; it never reaches the topology, which would
+    otherwise hold a set of every declared rank (2**40 of them exhausted the controller's memory)."""
+
+    async def scenario(client: httpx.AsyncClient, _: Controller) -> None:
+        for body, fragment in (
+            (registration("a", [0, 1], dp_size=2**40), f"dp_size: Input should be less than or equal to {MAX_DP_SIZE}"),
+            (registration("a", [0, MAX_DP_SIZE]), f"endpoints.1.id: Input should be less than {MAX_DP_SIZE}"),
+            (registration("a", [0, -1]), "endpoints.1.id: Input should be greater than or equal to 0"),
+        ):
+            refused = await client.post("/controller/node_manager/register", json=body)
+            assert refused.status_code == 400, refused.text
+            assert fragment in refused.json()["detail"]
+        for pod, ids in (("a", [0, 1]), ("b", [2, 3])):
+            assert (await client.post("/controller/node_manager/register", json=registration(pod, ids))).is_success
+        [entry] = (await client.get("/controller/fault_tolerance/status")).json()
+        assert entry["original_dp_ranks"] == [0, 1, 2, 3]
 
     with_api(tmp_path, scenario)
 

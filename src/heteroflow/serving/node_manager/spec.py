@@ -24,7 +24,7 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, model_validator
 
 from heteroflow.contracts.engine_protocol import PROFILES, EngineProfile, ProfileName, normalize_prefix
-from heteroflow.contracts.serving import DeviceInfo, EndpointInfo, FtCapability
+from heteroflow.contracts.serving import MAX_DP_SIZE, DeviceInfo, EndpointInfo, FtCapability
 
 Backend = Literal["sim", "vllm"]
 
@@ -84,7 +84,7 @@ class InstanceSpec(BaseModel):
     instance_id: str = Field(min_length=1)
     role: Literal["prefill", "decode", "both"] = "both"
     backend: Backend = "sim"
-    dp_size: StrictInt = Field(ge=1, description="Every rank the instance ever had.")
+    dp_size: StrictInt = Field(ge=1, le=MAX_DP_SIZE, description="Every rank the instance ever had.")
     dp_master_ip: str = Field(min_length=1, description="IP of the DP master (min alive rank's pod).")
     dp_rpc_port: StrictInt = Field(ge=1, le=65535, description="--data-parallel-rpc-port (the first store).")
     dp_store_port: StrictInt = Field(

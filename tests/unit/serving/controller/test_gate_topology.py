@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from heteroflow.contracts.serving import MAX_DP_SIZE
 from heteroflow.serving.controller.core.errors import CapabilityMismatchError, TopologyError
 from heteroflow.serving.controller.core.gate import GateFlags, GateReason, evaluate
 from heteroflow.serving.controller.core.ranks import RequestId
@@ -108,6 +109,18 @@ def test_f21_capabilities_must_agree_across_pods() -> None:
 def test_f22_missing_or_inconsistent_topology_fails_closed(regs: list[object]) -> None:
     with pytest.raises(TopologyError):
         resolve_instance(regs)  # type: ignore[arg-type]
+
+
+def test_f22_an_incomplete_instance_names_a_few_missing_ranks_and_counts_the_rest() -> None:
+    """The largest dp_size a pod may declare, two ranks registered: the error is short and built without a set
+    of every rank."""
+    with pytest.raises(TopologyError) as raised:
+        resolve_instance([registration("pod-a", (0, 1), dp_size=MAX_DP_SIZE)])
+    message = str(raised.value)
+    assert f"{MAX_DP_SIZE - 2} ranks missing (first {list(range(2, 18))})" in message
+    assert len(message) < 200
+    with pytest.raises(TopologyError, match=r"1 ranks missing \(first \[3\]\), unknown \[7\]"):
+        resolve_instance([registration("pod-a", (0, 1)), registration("pod-b", (2, 7))])
 
 
 def test_f22_every_pod_is_guarded_only_routable_survivors_get_apply() -> None:

@@ -6,6 +6,7 @@ missing or inconsistent fails closed (:class:`TopologyError`), so a round never 
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -21,6 +22,9 @@ from heteroflow.contracts.serving import (
 
 from .errors import CapabilityMismatchError, TopologyError
 from .ranks import DpRank, InstanceId, PodId, RequestId, ranks
+
+_NAMED_RANKS = 16
+"""Ranks an incomplete-instance error names (the count says how many more)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,10 +97,14 @@ def resolve_instance(registrations: Iterable[RegisterRequest]) -> InstanceTopolo
         if ids & seen:
             raise TopologyError(f"ranks {sorted(ids & seen)} registered by more than one pod")
         seen |= ids
-    if seen != set(range(first.dp_size)):
-        missing = sorted(set(range(first.dp_size)) - seen)
-        extra = sorted(seen - set(range(first.dp_size)))
-        raise TopologyError(f"instance {first.instance_id!r} incomplete: missing ranks {missing}, unknown {extra}")
+    extra = sorted(rank for rank in seen if rank >= first.dp_size)
+    if extra or len(seen) != first.dp_size:
+        # a pod's registration bounds dp_size, not how many ranks are missing: name the first few only
+        missing = itertools.islice((rank for rank in range(first.dp_size) if rank not in seen), _NAMED_RANKS)
+        raise TopologyError(
+            f"instance {first.instance_id!r} incomplete: {first.dp_size - len(seen) + len(extra)} ranks missing "
+            f"(first {list(missing)}), unknown {extra[:_NAMED_RANKS]}"
+        )
     pods = tuple(
         PodTopology(
             pod_id=PodId(reg.pod_id),
