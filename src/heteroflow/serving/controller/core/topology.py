@@ -6,7 +6,6 @@ missing or inconsistent fails closed (:class:`TopologyError`), so a round never 
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Iterable
 from dataclasses import dataclass
 
@@ -99,11 +98,11 @@ def resolve_instance(registrations: Iterable[RegisterRequest]) -> InstanceTopolo
         seen |= ids
     extra = sorted(rank for rank in seen if rank >= first.dp_size)
     if extra or len(seen) != first.dp_size:
-        # a pod's registration bounds dp_size, not how many ranks are missing: name the first few only
-        missing = itertools.islice((rank for rank in range(first.dp_size) if rank not in seen), _NAMED_RANKS)
+        # dp_size is bounded by the contract (MAX_DP_SIZE), the message is not: name the first few ranks only
+        missing = [rank for rank in range(first.dp_size) if rank not in seen]
         raise TopologyError(
-            f"instance {first.instance_id!r} incomplete: {first.dp_size - len(seen) + len(extra)} ranks missing "
-            f"(first {list(missing)}), unknown {extra[:_NAMED_RANKS]}"
+            f"instance {first.instance_id!r} incomplete: {len(missing)} ranks missing "
+            f"(first {missing[:_NAMED_RANKS]}), unknown {extra[:_NAMED_RANKS]}"
         )
     pods = tuple(
         PodTopology(
