@@ -44,9 +44,11 @@ worst latency, the admission gate's peak in-flight count, the phase's peak event
 when it rose in the phase, else the highest of the twice-a-second samples of the current lag) and refusals, and
 the load generator's own CPU. Ratios are against the baseline phase of the same run. A phase longer than
 ``--report-every`` seconds (default 60) also prints one line per such window while it runs (answered beats,
-p50/p99, the server's CPU per beat and RSS, and what shared the cores in the window: the CPU of the load
-generator, the server and PostgreSQL in cores, the hypervisor's steal, PostgreSQL's checkpoints and
-autovacuum runs), so a long run (``--seconds 1200``) shows growth and what came with it. Usage::
+p50/p99, the server's CPU per beat, also as a multiple of the load generator's, and RSS, and what shared the
+cores in the window: the CPU of the load generator, the server and PostgreSQL in cores, the hypervisor's steal,
+PostgreSQL's checkpoints and autovacuum runs), so a long run (``--seconds 1200``) shows growth and what came with
+it; with six windows or more the last third of them is compared with the first: the server's CPU per beat against
+the load generator's, whose work per beat is fixed, so that the machine slowing is told from the server. Usage::
 
     .venv/bin/python bench/load_heartbeats.py [--nodes 3000] [--seconds 60] [--baseline-nodes 300]
         [--baseline-seconds 20] [--warmup-seconds 30] [--report-every 60]
@@ -206,6 +208,8 @@ class Phase:
     scrape_spans: list[tuple[float, float]] = field(default_factory=list)
     """When each scrape was sent and answered (``perf_counter``): what a slow beat is held against."""
     slow_beats: list[tuple[float, float]] = field(default_factory=list)
+    windows: list[tuple[float, float, float]] = field(default_factory=list)
+    """Each report window's server and load-generator CPU per beat and p99, ms (``--report-every``)."""
     """When each beat slower than :data:`SLOW_BEAT_SEC` was scheduled and answered (``perf_counter``)."""
     peak_in_flight: int = 0
     """The server's own count: the most heartbeats it worked on at once (since it started)."""
@@ -594,10 +598,12 @@ class Fleet:
                     f" postgres {spent['postgres'] / every:4.2f}, checkpoints {spent['checkpoints']:.0f}, "
                     f"autovacuum {spent['autovacuum']:.0f}"
                 )
+            server_ms, client_ms = (spent[party] / max(1, len(window)) * 1000 for party in ("server", "client"))
+            phase.windows.append((server_ms, client_ms, p99))
             print(
                 f"  {phase.name} +{time.perf_counter() - started:5.0f} s: {len(window) / every:6.0f} answered/s, "
                 f"p50 {p50:7.1f} ms, p99 {p99:7.1f} ms, max {window[-1] * 1000 if window else float('nan'):7.1f} ms, "
-                f"server CPU {spent['server'] / max(1, len(window)) * 1000:5.2f} ms/beat, "
+                f"server CPU {server_ms:5.2f} ms/beat (x{server_ms / max(client_ms, 1e-9):4.2f} the load generator's), "
                 f"RSS {proc_status_kib(self.pid, 'VmRSS') / 1024:5.0f} MiB; {shared}",
                 flush=True,
             )
@@ -863,6 +869,8 @@ def report(phases: list[Phase], args: argparse.Namespace, backend: str) -> None:
     for p in phases:
         if p.slow_beats:
             print(slow_beats_line(p))
+        if len(p.windows) >= DRIFT_WINDOWS:
+            print(drift_line(p))
     for p in phases[1:]:
         cpu_ratio = (p.server_cpu_sec / max(1, p.beats)) / (base.server_cpu_sec / max(1, base.beats))
         print(
@@ -870,6 +878,35 @@ def report(phases: list[Phase], args: argparse.Namespace, backend: str) -> None:
             f"p99 x{p.percentile(0.99) / base.percentile(0.99):.2f}, server CPU/beat x{cpu_ratio:.2f}, "
             f"RSS end x{p.rss_end_kib / base.rss_end_kib:.2f}"
         )
+
+
+DRIFT_WINDOWS = 6
+"""Report windows a phase needs before its first and last thirds are compared (:func:`drift_line`)."""
+
+
+def drift_line(phase: Phase) -> str:
+    """Whether the server's CPU per beat and p99 grew over the phase, and whether the machine slowed with them.
+
+    The first window is left out (the phase's start). Against the server's growth stands the load generator's CPU
+    per beat: the same work for every beat (requests built once a minute, one response read), so its growth is
+    the machine's (other tenants of the host, caches, clocks), and the ratio of the two is the server's own.
+    """
+    windows = phase.windows[1:]
+    third = len(windows) // 3
+    first, last = windows[:third], windows[-third:]
+
+    def mean(rows: list[tuple[float, float, float]], column: int) -> float:
+        return sum(row[column] for row in rows) / len(rows)
+
+    def median_p99(rows: list[tuple[float, float, float]]) -> float:
+        return sorted(row[2] for row in rows)[len(rows) // 2]
+
+    server, client = (mean(last, c) / max(mean(first, c), 1e-9) for c in (0, 1))
+    return (
+        f"{phase.name}, last third of the windows against the first ({third} each): server CPU/beat x{server:.2f}, "
+        f"the load generator's (the same work per beat) x{client:.2f}, the server's own x{server / client:.2f}; "
+        f"median window p99 {median_p99(first):.1f} -> {median_p99(last):.1f} ms"
+    )
 
 
 def slow_beats_line(phase: Phase) -> str:

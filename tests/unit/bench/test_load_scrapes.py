@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.load_heartbeats import SCRAPER, Fleet, Phase, slow_beats_line
+from bench.load_heartbeats import SCRAPER, Fleet, Phase, drift_line, slow_beats_line
 
 from heteroflow.core.testing import free_port
 
@@ -90,3 +90,15 @@ def test_a_slow_beat_is_held_against_the_scrape_it_overlapped() -> None:
     line = slow_beats_line(phase)
     assert "fleet: 3 beats over 50 ms, 2 of them during a scrape of /metrics (scrapes took 2.0 % of the phase)" in line
     assert sum(int(part.split(":")[1]) for part in line.split("minute ")[1].split()) == 3  # each in one ten seconds
+
+
+def test_the_drift_line_holds_the_servers_growth_against_the_load_generators() -> None:
+    phase = Phase(name="fleet", nodes=1)
+    # a first window left out, then three windows a third: the machine 20 % slower at the end, the server 32 %
+    phase.windows = [(9.0, 9.0, 900.0)] + [(0.5, 0.2, 20.0)] * 3 + [(0.6, 0.22, 30.0)] * 3 + [(0.66, 0.24, 40.0)] * 3
+    line = drift_line(phase)
+    assert "(3 each)" in line
+    assert "server CPU/beat x1.32" in line
+    assert "the load generator's (the same work per beat) x1.20" in line
+    assert "the server's own x1.10" in line
+    assert "median window p99 20.0 -> 40.0 ms" in line
