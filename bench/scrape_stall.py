@@ -2,12 +2,16 @@
 
 The platform server's ASGI app in this process (SQLite), its GPU metrics recorder holding ``--nodes`` nodes of 8
 cards (each card's telemetry and health counters), scraped ``--scrapes`` times through the app while a task on
-the same event loop ticks every millisecond: the longest gaps between ticks are the longest stretches in which
-the loop answered nothing (a heartbeat arriving then waits as long). Printed against two baselines measured in
-the same run: the longest gap over the same time with no scrape, and what joining the scrape's parts into one
-text on the loop takes (what the route did before it sent the parts one after another). Usage::
+the same event loop ticks every millisecond. The longest gaps between ticks are the longest stretches in which
+the loop answered nothing (a heartbeat arriving then waits as long); their mean is what a scrape adds to each
+turn of the loop: a heartbeat gives the loop up at every socket read and write and waits that long again each
+time, and a worker thread that holds the interpreter lock makes the loop wait for the lock after each tick, up
+to the switch interval (the server's ``switch_interval_ms``, or ``--switch-interval``; Python's default is 5 ms).
+Printed against two baselines measured in the same run: the gaps over the same time with no scrape, and what
+joining the scrape's parts into one text on the loop takes (what the route did before it sent the parts one
+after another). Usage::
 
-    .venv/bin/python bench/scrape_stall.py [--nodes 3000] [--scrapes 5]
+    .venv/bin/python bench/scrape_stall.py [--nodes 3000] [--scrapes 5] [--switch-interval SECONDS]
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from typing import Any
 import uvloop
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
-from heteroflow.core.collector import settle_after_start_up
+from heteroflow.cli.server import tune_interpreter
 from heteroflow.core.ids import NodeId
 from heteroflow.health.counters import Counters
 from heteroflow.health.gpu_metrics import GpuMetrics, MetricReading
@@ -120,7 +124,9 @@ async def main(args: argparse.Namespace) -> None:
             name="bench", scopes=parse_scopes("metrics:read"), tenant_id=None, now=datetime.now(UTC)
         )
         fill(ctx, args.nodes)
-        settle_after_start_up(young_threshold=50_000)  # as the server process does
+        tune_interpreter(ctx.settings)  # as the server process does
+        if args.switch_interval is not None:
+            sys.setswitchinterval(args.switch_interval)
         for round_ in range(args.scrapes):
             started = time.perf_counter()
             get = asyncio.ensure_future(get_metrics(app, token))
@@ -136,17 +142,28 @@ async def main(args: argparse.Namespace) -> None:
             joined_at = time.perf_counter()
             _ = b"".join(parts)
             joined = time.perf_counter() - joined_at
+            mean, quiet_mean = (sum(found) / len(found) * 1000 for found in (gaps, quiet))
             print(
                 f"scrape {round_ + 1}: {size / 1e6:.1f} MB in {took * 1000:.0f} ms; longest loop gaps "
-                f"{', '.join(f'{gap * 1000:.0f}' for gap in gaps[:3])} ms; no scrape: {quiet[0] * 1000:.0f} ms "
-                f"(x{gaps[0] / quiet[0]:.1f}); joining the parts on the loop: {joined * 1000:.0f} ms",
+                f"{', '.join(f'{gap * 1000:.0f}' for gap in gaps[:3])} ms, mean {mean:.2f} ms; no scrape: "
+                f"{quiet[0] * 1000:.0f} ms, mean {quiet_mean:.2f} ms (longest x{gaps[0] / quiet[0]:.1f}, mean "
+                f"x{mean / quiet_mean:.1f}); joining the parts on the loop: {joined * 1000:.0f} ms",
                 flush=True,
             )
-    print(f"{args.nodes} nodes x {CARDS} cards; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print(
+        f"{args.nodes} nodes x {CARDS} cards; switch interval {sys.getswitchinterval() * 1000:g} ms; "
+        f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"
+    )
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--nodes", type=int, default=3000)
     parser.add_argument("--scrapes", type=int, default=5)
+    parser.add_argument(
+        "--switch-interval",
+        type=float,
+        default=None,
+        help="the interpreter's thread switch interval, seconds (default: the server's setting)",
+    )
     uvloop.run(main(parser.parse_args()))

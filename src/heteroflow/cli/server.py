@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Annotated
@@ -44,7 +45,7 @@ def server(
     if settings.workers == 1:
         ctx = build_context(settings=settings, health_settings=HealthStorageSettings.load())
         app = create_app(ctx)
-        settle_after_start_up(young_threshold=settings.gc_young_threshold)
+        tune_interpreter(settings)
         watch_pauses(ctx.metrics.observe_gc_pause)
         serve(app, host=settings.host, port=settings.port, lifespan="on")
         return
@@ -81,6 +82,13 @@ def server(
         shutil.rmtree(directory, ignore_errors=True)
 
 
+def tune_interpreter(settings: ServerSettings) -> None:
+    """Once start-up is over: the collector's policy (``core/collector.py``) and the thread switch interval
+    (``switch_interval_ms``: the event loop gets the interpreter lock back sooner from a worker thread)."""
+    settle_after_start_up(young_threshold=settings.gc_young_threshold)
+    sys.setswitchinterval(settings.switch_interval_ms / 1000)
+
+
 def worker_app() -> FastAPI:
     """One worker's app (a uvicorn factory, called in each worker process): the same server, with its
     siblings' metrics socket directory."""
@@ -93,6 +101,6 @@ def worker_app() -> FastAPI:
     if directory is not None:
         ctx.siblings = SiblingMetrics(directory, ctx.metrics.scrape)
     app = create_app(ctx, migrate=False)
-    settle_after_start_up(young_threshold=settings.gc_young_threshold)
+    tune_interpreter(settings)
     watch_pauses(ctx.metrics.observe_gc_pause)
     return app

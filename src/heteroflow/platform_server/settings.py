@@ -51,6 +51,19 @@ class ServerSettings(LenientSettings):
             "as it is."
         ),
     )
+    switch_interval_ms: float = Field(
+        default=0.5,
+        gt=0,
+        le=100,
+        validation_alias=env_names("server_switch_interval_ms"),
+        description=(
+            "The interpreter's thread switch interval, milliseconds (default 0.5; Python's own is 5). The event "
+            "loop gives the interpreter lock up at every socket read and write, and while a worker thread runs "
+            "Python (a /metrics scrape's formatting, the minute flush's rows) it waits up to this long to get it "
+            "back each time: at 5 ms the loop's turns during a fleet's scrape took 4.7-5.5 ms instead of 1.1 "
+            "(bench/scrape_stall.py, docs/benchmarks.md)."
+        ),
+    )
     database_url: str = Field(
         default_factory=default_database_url,
         min_length=1,
