@@ -54,6 +54,7 @@ the load generator's, whose work per beat is fixed, so that the machine slowing 
         [--baseline-seconds 20] [--warmup-seconds 30] [--report-every 60]
         [--concurrency 64] [--client raw|httpx] [--live-bodies] [--overload-concurrency 1024]
         [--overload-seconds 15] [--max-in-flight N] [--max-in-flight-per-peer N] [--shed-lag S] [--scrape-every 15]
+        [--gc-young-threshold N] [--switch-interval-ms 0.5]
         [--postgres | --database-url postgresql://…] [--workers N]
 
 Every beat of the bench comes from one address (127.0.0.1), where a fleet's come from one address per node: the
@@ -982,6 +983,9 @@ def main() -> None:
     parser.add_argument(
         "--gc-young-threshold", type=int, default=None, help="the server's collector setting (0: CPython's defaults)"
     )
+    parser.add_argument(
+        "--switch-interval-ms", type=float, default=None, help="the server's thread switch interval (default 0.5)"
+    )
     parser.add_argument("--database-url", default=None, help="default: a fresh SQLite file")
     parser.add_argument("--postgres", action="store_true", help="start a private PostgreSQL server and use it")
     parser.add_argument("--workers", type=int, default=1, help="server worker processes (>1 needs PostgreSQL)")
@@ -1017,6 +1021,8 @@ def main() -> None:
         server_env["HETEROFLOW_SERVER_HEARTBEAT_SHED_LAG_SECONDS"] = str(args.shed_lag)
     if args.gc_young_threshold is not None:
         server_env["HETEROFLOW_SERVER_GC_YOUNG_THRESHOLD"] = str(args.gc_young_threshold)
+    if args.switch_interval_ms is not None:
+        server_env["HETEROFLOW_SERVER_SWITCH_INTERVAL_MS"] = str(args.switch_interval_ms)
     server = subprocess.Popen(
         [
             *(sys.executable, "-m", "heteroflow", "server", "--port", str(port), "--database-url", database_url),
