@@ -127,9 +127,9 @@ class ServerMetrics:
         one after another: the per-GPU series are formatted and encoded in worker threads, the event loop only
         copies the cards' newest values (its own state, a slice at a time), and heartbeats go on while a fleet's
         lines are written (the loop waits for the interpreter lock after each turn meanwhile: at most the server's
-        switch interval, 0.5 ms, where Python's 5 ms made each turn 5 ms long). Never joined on the loop: at 3,000 nodes the joined text is 28 MB, and joining, encoding
-        and adding to it there made the loop's longest stretch in a scrape 12-24 ms instead of 7-8 ms
-        (``bench/scrape_stall.py``)."""
+        switch interval, 0.5 ms, where Python's 5 ms made each turn 5 ms long). Never joined on the loop: at 3,000
+        nodes the joined text is 28 MB, and joining, encoding and adding to it there made the loop's longest
+        stretch in a scrape 12-24 ms instead of 7-8 ms (``bench/scrape_stall.py``)."""
         own, cards = generate_latest(self.registry), FlatCards()
         for part in self._latest_gpus():
             cards += part
