@@ -903,9 +903,10 @@ def drift_line(phase: Phase) -> str:
         return sorted(row[2] for row in rows)[len(rows) // 2]
 
     server, client = (mean(last, c) / max(mean(first, c), 1e-9) for c in (0, 1))
+    own = server / max(client, 1e-9)
     return (
         f"{phase.name}, last third of the windows against the first ({third} each): server CPU/beat x{server:.2f}, "
-        f"the load generator's (the same work per beat) x{client:.2f}, the server's own x{server / client:.2f}; "
+        f"the load generator's (the same work per beat) x{client:.2f}, the server's own x{own:.2f}; "
         f"median window p99 {median_p99(first):.1f} -> {median_p99(last):.1f} ms"
     )
 
