@@ -70,8 +70,7 @@ def exposition(parts: list[bytes]) -> Response:
 
 class _PartsResponse(Response):
     """A body sent as several ``http.response.body`` messages under one ``Content-Length``: nothing more. Not a
-    ``StreamingResponse``, which also runs a task listening for the client's disconnect, work a scrape needs not
-    (and the one suspect, unconfirmed, of a suite run killed for memory while it was in use)."""
+    ``StreamingResponse``, which also runs a task listening for the client's disconnect, work a scrape needs not."""
 
     def __init__(self, parts: list[bytes], *, media_type: str) -> None:
         self._parts = parts or [b""]
