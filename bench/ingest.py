@@ -341,9 +341,11 @@ async def run_floor(
     )
 
 
-def start_profiler(path: str, pid: int, seconds: float) -> subprocess.Popen[bytes]:
-    """py-spy sampling the server for ``seconds``, written as folded stacks (one ``frames count`` line each)."""
+def start_profiler(path: str, pid: int, seconds: float, *, gil: bool = False) -> subprocess.Popen[bytes]:
+    """py-spy sampling the server for ``seconds``, written as folded stacks (one ``frames count`` line each);
+    with ``gil``, only the samples of the thread holding the interpreter lock."""
     command = ["py-spy", "record", "--pid", str(pid), "--duration", str(int(seconds)), "--format", "raw"]
+    command += ["--gil"] if gil else []
     return subprocess.Popen([*command, "--output", path, "--nonblocking"], stdout=subprocess.DEVNULL)
 
 

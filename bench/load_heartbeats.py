@@ -55,7 +55,11 @@ the load generator's, whose work per beat is fixed, so that the machine slowing 
         [--concurrency 64] [--client raw|httpx] [--live-bodies] [--overload-concurrency 1024]
         [--overload-seconds 15] [--max-in-flight N] [--max-in-flight-per-peer N] [--shed-lag S] [--scrape-every 15]
         [--gc-young-threshold N] [--switch-interval-ms 0.5]
-        [--postgres | --database-url postgresql://…] [--workers N]
+        [--postgres | --database-url postgresql://…] [--workers N] [--profile FILE]
+
+``--profile FILE`` records the server's stacks over the fleet phase with py-spy (on PATH), only while the server
+holds the interpreter lock (``--gil``), so that the shares are of its Python CPU and not of threads waiting for
+the lock or for the database; folded stacks, one ``frames count`` line each.
 
 Every beat of the bench comes from one address (127.0.0.1), where a fleet's come from one address per node: the
 server's per-address bound (``HETEROFLOW_SERVER_MAX_IN_FLIGHT_PER_PEER``, default 128) would answer the overload
@@ -81,12 +85,15 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import httpx
 import psycopg
 import uvloop
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.ingest
+from bench.ingest import start_profiler
 from heteroflow.agent.heartbeat import heartbeat_body
 from heteroflow.agent.readings import HealthCollection
 from heteroflow.agent.runner import registration_for
@@ -808,9 +815,13 @@ async def run(
             )
 
         async def everyone(phase: Phase) -> None:
+            # py-spy, on PATH, samples the server only while it holds the interpreter: where its CPU goes
+            profiler = start_profiler(args.profile, pid, args.seconds, gil=True) if args.profile else None
             await fleet.cadence(
                 phase, nodes, seconds=args.seconds, interval=args.interval, concurrency=args.concurrency
             )
+            if profiler is not None:
+                profiler.wait(60)
 
         async def overload(phase: Phase) -> None:
             await fleet.closed_loop(phase, nodes, seconds=args.overload_seconds, concurrency=args.overload_concurrency)
@@ -990,6 +1001,7 @@ def main() -> None:
     parser.add_argument("--database-url", default=None, help="default: a fresh SQLite file")
     parser.add_argument("--postgres", action="store_true", help="start a private PostgreSQL server and use it")
     parser.add_argument("--workers", type=int, default=1, help="server worker processes (>1 needs PostgreSQL)")
+    parser.add_argument("--profile", default=None, help="py-spy the server over the fleet phase into FILE")
     args = parser.parse_args()
 
     workdir = tempfile.mkdtemp(prefix="hf-load-")

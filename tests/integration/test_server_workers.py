@@ -1,7 +1,8 @@
 """``heteroflow server --workers 2`` on PostgreSQL: two worker processes on one port, as one server.
 
 Checked on the real command: new connections reach both workers; every scrape of /metrics, whichever worker
-answers it, counts every heartbeat the host accepted and passes ``promtool check metrics``; a worker killed with
+answers it, counts every heartbeat the host accepted, reports a card both workers heard once (its ECC total as
+the card reported it, not doubled) and passes ``promtool check metrics``; a worker killed with
 SIGKILL is replaced by the supervisor while the other keeps answering; and several workers on SQLite are refused
 with a clear message before anything starts.
 """
@@ -34,6 +35,7 @@ from tests.support.polling import until
 pytestmark = [pytest.mark.postgres, pytest.mark.e2e, pytest.mark.timeout(180)]
 
 BEATS = 60
+CORRECTED = 7
 _SETTINGS_PREFIXES = ("HETEROFLOW_", "GPU_")
 
 
@@ -77,6 +79,15 @@ class Host:
             for family in text_string_to_metric_families(response.text)
             for sample in family.samples
             if not sample.labels
+        }
+
+    def card_values(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        """The last scrape's per-GPU samples, by name and sorted labels."""
+        return {
+            (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+            for family in text_string_to_metric_families(self.last_scrape.decode())
+            for sample in family.samples
+            if family.name.startswith("heteroflow_gpu_")
         }
 
 
@@ -144,7 +155,7 @@ def test_every_scrape_counts_every_worker_beats(host: Host) -> None:
     for _ in range(BEATS):  # each on a new connection, so over both workers
         response = httpx.post(
             f"{host.url}/api/v1/nodes/{node_id}/heartbeat",
-            json=beat_body(0, corrected=0),
+            json=beat_body(0, corrected=CORRECTED),  # card 3 reports CORRECTED, the others 0
             headers={
                 "Authorization": f"Bearer {agent_token}",
                 NODE_CREDENTIAL_HEADER: credential,
@@ -161,10 +172,13 @@ def test_every_scrape_counts_every_worker_beats(host: Host) -> None:
     assert len(offered) == 2
     assert all(count > 0 for count in offered.values()), offered  # both workers took beats
 
+    card = ("heteroflow_gpu_ecc_corrected_total", (("gpu", "3"), ("node", "gpu-w"), ("uuid", "GPU-0-3")))
     for _ in range(6):  # whichever worker answers the scrape
         scraped = host.scrape()
         assert scraped["heteroflow_server_workers"] == 2
         assert scraped["heteroflow_heartbeats_total"] - before == BEATS
+        # both workers hold the card: the host reports it once, with what it reported, never the two summed
+        assert host.card_values()[card] == CORRECTED
     checked = promtool("check", "metrics", stdin=host.last_scrape)
     assert checked.returncode == 0, checked.stdout + checked.stderr
 

@@ -99,7 +99,7 @@ def worker_app() -> FastAPI:
     ctx = build_context(settings=settings, health_settings=HealthStorageSettings.load())
     directory = worker_directory()
     if directory is not None:
-        ctx.siblings = SiblingMetrics(directory, ctx.metrics.scrape)
+        ctx.siblings = SiblingMetrics(directory, ctx.metrics.own)
     app = create_app(ctx, migrate=False)
     tune_interpreter(settings)
     watch_pauses(ctx.metrics.observe_gc_pause)

@@ -130,14 +130,24 @@ class ServerMetrics:
         switch interval, 0.5 ms, where Python's 5 ms made each turn 5 ms long). Never joined on the loop: at 3,000
         nodes the joined text is 28 MB, and joining, encoding and adding to it there made the loop's longest
         stretch in a scrape 12-24 ms instead of 7-8 ms (``bench/scrape_stall.py``)."""
+        own, cards = await self.own()
+        return [own, *await card_parts(cards)]
+
+    async def own(self) -> tuple[bytes, FlatCards]:
+        """This process's registry series (text) and its cards' newest values (:data:`FlatCards`, copied a slice at
+        a time: the loop answers what is ready between slices): what a sibling worker merges with its own."""
         own, cards = generate_latest(self.registry), FlatCards()
         for part in self._latest_gpus():
             cards += part
-            await asyncio.sleep(0)  # a slice of cards at a time: the loop answers what is ready between slices
-        labels = await asyncio.to_thread(gpu_labels, cards)
-        # one family per step (a fleet's family: ~20 ms): between steps the loop has the interpreter to itself
-        families = [await asyncio.to_thread(_family_bytes, family, cards, labels) for family in range(GPU_FAMILIES)]
-        return [own, *families]
+            await asyncio.sleep(0)
+        return own, cards
+
+
+async def card_parts(cards: FlatCards) -> list[bytes]:
+    """The per-GPU series of ``cards``, a part per family, each formatted and encoded in a worker thread."""
+    labels = await asyncio.to_thread(gpu_labels, cards)
+    # one family per step (a fleet's family: ~20 ms): between steps the loop has the interpreter to itself
+    return [await asyncio.to_thread(_family_bytes, family, cards, labels) for family in range(GPU_FAMILIES)]
 
 
 def _family_bytes(family: int, cards: FlatCards, labels: Sequence[str]) -> bytes:

@@ -8,10 +8,20 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from heteroflow.platform_server.workers import SiblingMetrics, merge_expositions
+from heteroflow.health.counters import Counters
+from heteroflow.health.gpu_metrics import GpuMetrics
+from heteroflow.platform_server.metrics import FlatCards, flat_exposition
+from heteroflow.platform_server.workers import (
+    SiblingMetrics,
+    decode_answer,
+    encode_answer,
+    merge_cards,
+    merge_expositions,
+)
 
 
 def worker(*, beats: int, pending: int, newest: float, ecc: dict[str, int], seconds: list[float]) -> bytes:
@@ -29,11 +39,12 @@ def worker(*, beats: int, pending: int, newest: float, ecc: dict[str, int], seco
     return generate_latest(registry)
 
 
-def renders(**figures: Any) -> Callable[[], Awaitable[bytes]]:
-    """A worker's own render, as the server hands it to :class:`SiblingMetrics` (a coroutine function)."""
+def renders(cards: FlatCards | None = None, **figures: Any) -> Callable[[], Awaitable[tuple[bytes, FlatCards]]]:
+    """A worker's own series and cards, as the server hands them to :class:`SiblingMetrics` (a coroutine
+    function, as ``ServerMetrics.own``)."""
 
-    async def render() -> bytes:
-        return worker(**figures)
+    async def render() -> tuple[bytes, FlatCards]:
+        return worker(**figures), list(cards or [])
 
     return render
 
@@ -81,10 +92,10 @@ def test_a_scrape_on_one_worker_includes_its_siblings_and_leaves_out_a_dead_or_s
         await second.start()
         assert oct((tmp_path / "a.sock").stat().st_mode & 0o777) == "0o600"
 
-        merged = samples(await first.render())
+        merged = samples(b"".join(await first.render()))
         assert merged[("heteroflow_heartbeats_total", ())] == 7
         assert merged[("heteroflow_server_workers", ())] == 2
-        assert samples(await second.render())[("heteroflow_heartbeats_total", ())] == 7  # either worker answers
+        assert samples(b"".join(await second.render()))[("heteroflow_heartbeats_total", ())] == 7  # either worker
 
         # a killed worker leaves its socket file behind: nobody listens there
         dead = socket.socket(socket.AF_UNIX)
@@ -102,7 +113,7 @@ def test_a_scrape_on_one_worker_includes_its_siblings_and_leaves_out_a_dead_or_s
         )
         await impatient.start()
         try:
-            merged = samples(await impatient.render())
+            merged = samples(b"".join(await impatient.render()))
         finally:
             for writer in held:
                 writer.close()
@@ -115,8 +126,111 @@ def test_a_scrape_on_one_worker_includes_its_siblings_and_leaves_out_a_dead_or_s
 
         await second.stop()
         assert not (tmp_path / "b.sock").exists()
-        assert samples(await first.render())[("heteroflow_heartbeats_total", ())] == 3 + 1
+        assert samples(b"".join(await first.render()))[("heteroflow_heartbeats_total", ())] == 3 + 1
         await first.stop()
         await impatient.stop()
 
     asyncio.run(scenario())
+
+
+def card(node: str, counters: Counters | None, metrics: GpuMetrics | None, *, uuid: str | None = "GPU-1") -> FlatCards:
+    return [node, 0, uuid, counters, metrics]
+
+
+def test_a_card_two_workers_heard_is_one_card_with_the_larger_values_never_their_sum() -> None:
+    # the node's connection moved from worker a to worker b: both hold the card, b the newer reading
+    a = card("n1", Counters(ecc_uncorrected_total=3, ecc_corrected_total=10), GpuMetrics(41.0, 90.0, None, 1.0, 300.0))
+    b = card("n1", Counters(ecc_uncorrected_total=4, ecc_corrected_total=10, retired_pages=None), GpuMetrics(40.0))
+    only_b = card("n2", Counters(retired_pages=2), None)
+
+    merged = merge_cards([a, b + only_b])
+
+    assert merged == [
+        "n1",
+        0,
+        "GPU-1",
+        Counters(ecc_uncorrected_total=4, ecc_corrected_total=10),  # unknown in both stays unknown: no 0
+        GpuMetrics(41.0, 90.0, None, 1.0, 300.0),  # what only a knew is kept
+        *only_b,
+    ]
+    # a new uuid in the same slot is another card (another series)
+    assert len(merge_cards([a, card("n1", Counters(ecc_uncorrected_total=0), None, uuid="GPU-2")])) == 10
+
+
+def test_the_host_scrape_counts_a_shared_card_once_and_reads_as_one_process_would(tmp_path: Path) -> None:
+    shared = Counters(ecc_uncorrected_total=3, ecc_corrected_total=10, retired_pages=1)
+    newer = Counters(ecc_uncorrected_total=5, ecc_corrected_total=10, retired_pages=1)
+    first_cards = card("n1", shared, GpuMetrics(41.0)) + card("n2", Counters(ecc_corrected_total=1), None)
+    second_cards = card("n1", newer, GpuMetrics(43.0))
+
+    async def scenario() -> bytes:
+        first = SiblingMetrics(
+            tmp_path, renders(first_cards, beats=1, pending=0, newest=1, ecc={}, seconds=[]), name="a"
+        )
+        second = SiblingMetrics(
+            tmp_path, renders(second_cards, beats=1, pending=0, newest=1, ecc={}, seconds=[]), name="b"
+        )
+        await first.start()
+        await second.start()
+        try:
+            return b"".join(await first.render())
+        finally:
+            await first.stop()
+            await second.stop()
+
+    scraped = asyncio.run(scenario())
+    alone = flat_exposition(card("n1", newer, GpuMetrics(43.0)) + card("n2", Counters(ecc_corrected_total=1), None))
+    # the per-GPU lines are those one process holding the merged cards writes, byte for byte
+    assert alone in scraped
+    merged = samples(scraped)
+    ecc = ("heteroflow_gpu_ecc_uncorrected_total", (("gpu", "0"), ("node", "n1"), ("uuid", "GPU-1")))
+    assert merged[ecc] == 5  # the newer count, not 3 + 5
+
+
+def test_a_sibling_answer_survives_the_wire_and_a_broken_one_is_refused_as_a_whole() -> None:
+    cards = card('we"ird\n\u202e', Counters(1, None, 2), GpuMetrics(None, 5.5, 1e6, None, 0.0), uuid=None)
+    own = b"# TYPE x counter\nx_total 1.0\n"
+    assert decode_answer(encode_answer(own, cards)) == (own.decode(), cards)
+
+    answer = encode_answer(own, cards)
+    broken = [
+        answer[:5],  # ends inside the length
+        answer[:12],  # shorter than the registry text it announces
+        answer[:-3],  # the cards cut off: not JSON
+        answer[: -len(b"]")] + b',"extra"]',  # not whole cards
+        encode_answer(own, [])[:-2] + b'["n",0,null,[1,2],null]',  # counters of the wrong size
+        encode_answer(own, [])[:-2] + b'["n",0,null,null,{"t":1}]',  # metrics that are not values
+        answer[:8] + b"\xff" + answer[9:],  # the text is not UTF-8
+        encode_answer(own, [])[:-2] + b"[7,0,null,null,null]",  # a name that is no text
+        encode_answer(own, [])[:-2] + b'["n",0,null,[1,2,"3",4,5,6,7,8,9],null]',  # a counter that is no number
+    ]
+    for wire in broken:
+        with pytest.raises(ValueError, match="a sibling's"):
+            decode_answer(wire)
+    # the cards of the last cases are well-formed JSON: refused for what they hold
+    assert decode_answer(encode_answer(own, [])[:-2] + b'["n",0,null,[1,2,3,4,5,6,7,8,9],null]')[1][3] == Counters(
+        1, 2, 3, 4, 5, 6, 7, 8, 9
+    )
+
+
+def test_a_sibling_answering_garbage_is_left_out_and_counted(tmp_path: Path) -> None:
+    async def scenario() -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+        async def garbage(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            writer.write(b"\x00\x00\x00\x00\x00\x00\x00\x02{}not json")
+            await writer.drain()
+            writer.close()
+
+        bad = await asyncio.start_unix_server(garbage, path=str(tmp_path / "bad.sock"))
+        good = SiblingMetrics(tmp_path, renders(beats=2, pending=0, newest=1, ecc={}, seconds=[]), name="good")
+        await good.start()
+        try:
+            return samples(b"".join(await good.render()))
+        finally:
+            await good.stop()
+            bad.close()
+            await bad.wait_closed()
+
+    merged = asyncio.run(scenario())
+    assert merged[("heteroflow_heartbeats_total", ())] == 2
+    assert merged[("heteroflow_server_workers", ())] == 1
+    assert merged[("heteroflow_server_workers_unanswered_total", ())] == 1

@@ -57,7 +57,7 @@ async def metrics(ctx: Ctx, _: Annotated[Principal, Depends(require_cluster_wide
         snapshot = await asyncio.to_thread(SqlFleetStore(ctx.engine).snapshot)
     except StoreUnavailableError:  # the in-memory series still answer; the fleet ones say they are missing
         snapshot = None
-    parts = await ctx.metrics.scrape_parts() if ctx.siblings is None else [await ctx.siblings.render()]
+    parts = await ctx.metrics.scrape_parts() if ctx.siblings is None else await ctx.siblings.render()
     parts.append(await asyncio.to_thread(render_fleet, snapshot))  # a line per node: off the loop, like the cards'
     return exposition(parts)
 
