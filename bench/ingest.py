@@ -20,7 +20,7 @@ measured in the same run. Usage::
 
     .venv/bin/python bench/ingest.py [--nodes 3000] [--seconds 15] [--concurrency 16] [--rate 600]
                                      [--postgres | --database-url postgresql://…] [--no-floor]
-                                     [--profile FILE]   # py-spy (on PATH) over the dedup phase
+                                     [--profile FILE]   # py-spy (on PATH) over the dedup phase, --gil
 """
 
 from __future__ import annotations
@@ -316,7 +316,7 @@ async def run(
             lambda r: bench.closed_loop(r, seconds=args.seconds, concurrency=args.concurrency, changing=True),
         )
         await bench.prime()  # counters settle back: the stored rows are steady again
-        profiler = start_profiler(args.profile, pid, args.seconds) if args.profile else None
+        profiler = start_profiler(args.profile, pid, args.seconds, gil=True) if args.profile else None
         dedup = await bench.measure(
             PhaseResult("dedup: steady counters"),
             lambda r: bench.closed_loop(r, seconds=args.seconds, concurrency=args.concurrency, changing=False),
@@ -404,7 +404,8 @@ def main() -> None:
     parser.add_argument(
         "--profile",
         metavar="FILE",
-        help="record the server's stacks with py-spy (on PATH) during the dedup phase into FILE (folded stacks)",
+        help="record the server's stacks with py-spy (on PATH) during the dedup phase into FILE (folded stacks; "
+        "only while it holds the interpreter lock: shares of its Python CPU)",
     )
     args = parser.parse_args()
     cache_entries = args.cache_entries or args.nodes * 8
