@@ -136,9 +136,7 @@ async def main(args: argparse.Namespace) -> None:
                 raise RuntimeError(f"/metrics answered {status}")
             took = time.perf_counter() - started
             quiet = await longest_gaps(took)  # baseline: the same time, no scrape
-            # the tree before the parts (run from a worktree) has no scrape_parts: its route joined on the loop
-            scrape_parts = getattr(ctx.metrics, "scrape_parts", None)
-            parts = await scrape_parts() if scrape_parts is not None else [await ctx.metrics.scrape()]
+            parts = await ctx.metrics.scrape_parts()
             joined_at = time.perf_counter()
             _ = b"".join(parts)
             joined = time.perf_counter() - joined_at

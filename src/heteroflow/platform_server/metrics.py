@@ -118,10 +118,6 @@ class ServerMetrics:
             list(itertools.chain.from_iterable(self._latest_gpus()))
         )
 
-    async def scrape(self) -> bytes:
-        """What :meth:`render` returns, made by :meth:`scrape_parts` (joined in a worker thread)."""
-        return await asyncio.to_thread(b"".join, await self.scrape_parts())
-
     async def scrape_parts(self) -> list[bytes]:
         """What :meth:`render` returns, in parts (the registry's series, then a part per per-GPU family) to be sent
         one after another: the per-GPU series are formatted and encoded in worker threads, the event loop only

@@ -164,6 +164,11 @@ def decode_answer(answer: bytes) -> tuple[str, FlatCards]:
         wire = json.loads(answer[8 + size :])
     except ValueError as exc:  # not UTF-8, not JSON
         raise ValueError(f"a sibling's answer is broken: {exc}") from exc
+    try:  # read here, in the asking worker's thread: a text the merge cannot read is this sibling's answer refused
+        for _ in text_string_to_metric_families(text):
+            pass
+    except Exception as exc:  # the parser's errors are not all ValueErrors
+        raise ValueError(f"a sibling's series are not in the text format: {exc!r:.200}") from exc
     if not isinstance(wire, list) or len(wire) % CARD_ITEMS:
         raise ValueError("a sibling's cards are not a list of whole cards")
     cards: FlatCards = []

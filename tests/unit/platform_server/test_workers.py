@@ -202,6 +202,7 @@ def test_a_sibling_answer_survives_the_wire_and_a_broken_one_is_refused_as_a_who
         encode_answer(own, [])[:-2] + b'["n",0,null,null,{"t":1}]',  # metrics that are not values
         answer[:8] + b"\xff" + answer[9:],  # the text is not UTF-8
         encode_answer(own, [])[:-2] + b"[7,0,null,null,null]",  # a name that is no text
+        encode_answer(b"x_total{le= 1\n", cards),  # series the merge could not read
         encode_answer(own, [])[:-2] + b'["n",0,null,[1,2,"3",4,5,6,7,8,9],null]',  # a counter that is no number
     ]
     for wire in broken:
