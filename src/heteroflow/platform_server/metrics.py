@@ -237,7 +237,7 @@ def gpu_exposition(cards: Sequence[GpuValues]) -> bytes:
 
     Written out because a fleet's cards make most of a scrape (3,000 nodes: 24,000 cards, 240,000 lines): through
     metric-family and sample objects that took seconds of the interpreter per scrape; here each card's label text
-    is made once for its lines. :meth:`ServerMetrics.scrape` runs the same steps in worker threads.
+    is made once for its lines. :meth:`ServerMetrics.scrape_parts` runs the same steps in worker threads.
     """
     return flat_exposition(flat_cards(cards))
 
