@@ -280,10 +280,19 @@ def gpu_family(family: int, cards: FlatCards, labels: Sequence[str]) -> str:
         name, help_text, attribute, scale = _METRIC_GAUGES[family - len(_COUNTER_GAUGES)]
         out.append(f"# HELP {name} {_help_text(help_text)}\n# TYPE {name} gauge\n")
         read = attrgetter(attribute)
+        # a fleet's cards share many values (one memory size per model, whole-percent utilisation, whole degrees):
+        # each distinct value is written once per scrape, then found; never a zero, whose sign the text keeps
+        # (0.0 and -0.0 are one key)
+        written: dict[float, str] = {}
         for metrics, label in zip(cards[4::CARD_ITEMS], labels, strict=True):
             value = read(metrics) if metrics is not None else None
             if value is not None:
-                out.append(f"{name}{label}{_go_float(value * scale)}\n")
+                text = written.get(value) if value else None
+                if text is None:
+                    text = _go_float(value * scale)
+                    if value:
+                        written[value] = text
+                out.append(f"{name}{label}{text}\n")
     return "".join(out)
 
 

@@ -98,6 +98,24 @@ def test_the_written_out_series_are_the_librarys_to_the_byte(cards: list[LatestC
     assert gpu_exposition(cards) == library_exposition(cards)
 
 
+# a fleet's cards repeat values (the exposition writes each once per scrape): zeros of both signs among them
+_shared = st.none() | st.sampled_from([0.0, -0.0, 0, 1.5, 100, 100.0, 81559.0, 999_999.0, 1e6, 8.5e10])
+_fleet_cards = st.builds(
+    LatestCard,
+    node_name=st.sampled_from(["a", "b"]),
+    gpu_index=st.integers(min_value=0, max_value=7),
+    uuid=st.none(),
+    counters=st.none(),
+    metrics=st.builds(GpuMetrics, _shared, _shared, _shared, _shared, _shared),
+)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(_fleet_cards, min_size=2, max_size=24))
+def test_values_many_cards_share_are_written_as_the_library_writes_each(cards: list[LatestCard]) -> None:
+    assert gpu_exposition(cards) == library_exposition(cards)
+
+
 def test_a_scrape_formats_the_cards_in_worker_threads_and_says_what_render_says(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
