@@ -104,7 +104,7 @@ def merge_cards(parts: Sequence[FlatCards]) -> FlatCards:
     worker knows it). Summing them, as the counter-typed ECC totals would be as series, counted the card twice."""
     if len(parts) == 1:
         return parts[0]
-    merged: dict[tuple[object, ...], list[object]] = {}
+    merged: dict[tuple[object, ...], list[Any]] = {}
     for cards in parts:
         for start in range(0, len(cards), CARD_ITEMS):
             name, index, uuid, counters, metrics = cards[start : start + CARD_ITEMS]
@@ -112,8 +112,8 @@ def merge_cards(parts: Sequence[FlatCards]) -> FlatCards:
             if known is None:
                 merged[(name, index, uuid)] = [counters, metrics]
             else:
-                known[0] = _larger_counters(known[0], counters)  # type: ignore[arg-type]
-                known[1] = _larger_metrics(known[1], metrics)  # type: ignore[arg-type]
+                known[0] = _larger_counters(known[0], counters)
+                known[1] = _larger_metrics(known[1], metrics)
     flat: FlatCards = []
     for (name, index, uuid), (counters, metrics) in merged.items():
         flat += (name, index, uuid, counters, metrics)
