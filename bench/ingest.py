@@ -2,7 +2,7 @@
 
 Starts a real ``heteroflow server`` process, registers nodes, then drives the real HTTP heartbeat route with the
 agent's own bodies (``SimulatedCollector`` + ``heartbeat_body``: 8 cards with health counters and telemetry,
-~3.4 KB, fresh ``sampled_at``/``telemetry_at`` on every beat) in four phases:
+~3.4 KB, fresh ``sampled_at``/``telemetry_at`` on every beat) in five phases:
 
 1. baseline  - every beat changes a counter on every card, so every beat writes 8 rows;
 2. dedup     - the same closed-loop load with steady counters: the dedup cache skips the database;
@@ -10,7 +10,11 @@ agent's own bodies (``SimulatedCollector`` + ``heartbeat_body``: 8 cards with he
                latency is measured from each request's scheduled time, so queueing is not hidden;
 4. floor     - the dedup phase's load against ``bench/floor_app.py`` (bare Starlette on the same uvicorn:
                token check, JSON decode, the project's ``Heartbeat`` schema, nothing else): what no heartbeat
-               route on this stack can avoid. The dedup phase's CPU per beat is printed as a ratio of it.
+               route on this stack can avoid. The dedup phase's CPU per beat is printed as a ratio of it;
+5. same load - the server and the floor each offered the same open loop at each of ``--equal-rates`` (default
+               600/s and 2,000/s), alternating, twice: CPU per beat at one load. Either app's CPU per beat
+               falls as its own rate rises (more requests per turn of the event loop), so phases 2 and 4, each
+               as fast as it goes, compare the server at its rate with the floor at two or three times it.
 
 The load generator is a minimal HTTP/1.1 keep-alive client on asyncio streams with pre-built requests: on a
 2-core machine a general-purpose client would spend more CPU per request than the server does and measure
@@ -20,13 +24,14 @@ measured in the same run. Usage::
 
     .venv/bin/python bench/ingest.py [--nodes 3000] [--seconds 15] [--concurrency 16] [--rate 600]
                                      [--postgres | --database-url postgresql://…] [--no-floor]
-                                     [--profile FILE]   # py-spy (on PATH) over the dedup phase, --gil
+                                     [--profile FILE]   # py-spy (on PATH), --gil: dedup phase; FILE.floor: floor
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import os
 import subprocess
@@ -331,14 +336,48 @@ async def run(
 
 
 async def run_floor(
-    args: argparse.Namespace, port: int, token: str, pid: int, agents: list[AgentNode], node_ids: list[str]
-) -> PhaseResult:
-    bench = Bench(port=port, token=token, admin=None, node_ids=node_ids, agents=agents, server_pid=pid)
-    await bench.prime()
-    return await bench.measure(
+    args: argparse.Namespace,
+    *,
+    token: str,
+    floor: tuple[int, int],
+    server: tuple[int, int],
+    agents: list[AgentNode],
+    node_ids: list[str],
+) -> tuple[PhaseResult, dict[float, dict[str, float]]]:
+    """The floor's closed-loop phase, then both apps at each of ``--equal-rates``: ``floor`` and ``server`` are
+    (port, pid), the platform server idle during the floor's phases."""
+    benches = {
+        name: Bench(port=port, token=token, admin=None, node_ids=node_ids, agents=agents, server_pid=pid)
+        for name, (port, pid) in (("server", server), ("floor", floor))
+    }
+    await benches["floor"].prime()
+    profiler = start_profiler(f"{args.profile}.floor", floor[1], args.seconds, gil=True) if args.profile else None
+    closed = await benches["floor"].measure(
         PhaseResult("floor: decode + validate"),
-        lambda r: bench.closed_loop(r, seconds=args.seconds, concurrency=args.concurrency, changing=False),
+        lambda r: benches["floor"].closed_loop(r, seconds=args.seconds, concurrency=args.concurrency, changing=False),
     )
+    if profiler is not None:
+        profiler.wait(60)
+    return closed, await equal_load(args, benches)
+
+
+async def equal_load(args: argparse.Namespace, benches: dict[str, Bench]) -> dict[float, dict[str, float]]:
+    """CPU ms per beat of each app at each rate of ``--equal-rates``: the same open loop offered to each, the apps
+    alternating, twice; the lower of each app's two is kept (a busy neighbour only adds)."""
+    measured: dict[float, dict[str, float]] = {}
+    for rate in args.equal_rates:
+        cpu: dict[str, list[float]] = {name: [] for name in benches}
+        for _ in range(2):
+            for name, bench in benches.items():
+                load = functools.partial(
+                    bench.open_loop, seconds=args.seconds, rate=rate, connections=args.concurrency * 4
+                )
+                result = await bench.measure(PhaseResult(f"{name} at {rate:.0f}/s"), load)
+                if result.errors:
+                    raise RuntimeError(f"{result.name}: {result.errors} beats not answered 200")
+                cpu[name].append(result.cpu_ms_per_beat)
+        measured[rate] = {name: min(values) for name, values in cpu.items()}
+    return measured
 
 
 def start_profiler(path: str, pid: int, seconds: float, *, gil: bool = False) -> subprocess.Popen[bytes]:
@@ -400,12 +439,19 @@ def main() -> None:
     parser.add_argument("--database-url", default=None, help="default: a fresh SQLite file")
     parser.add_argument("--postgres", action="store_true", help="start a private PostgreSQL server and use it")
     parser.add_argument("--cache-entries", type=int, default=0, help="dedup cache size (default nodes x 8)")
-    parser.add_argument("--no-floor", action="store_true", help="skip the floor phase")
+    parser.add_argument("--no-floor", action="store_true", help="skip the floor phases")
+    parser.add_argument(
+        "--equal-rates",
+        type=lambda text: [float(rate) for rate in text.split(",") if rate],
+        default=[600.0, 2000.0],
+        help="offered rates (beats/s, comma-separated) at which the server and the floor are also driven alike, "
+        "open loop, to compare their CPU per beat at one load ('' for none; default 600,2000)",
+    )
     parser.add_argument(
         "--profile",
         metavar="FILE",
-        help="record the server's stacks with py-spy (on PATH) during the dedup phase into FILE (folded stacks; "
-        "only while it holds the interpreter lock: shares of its Python CPU)",
+        help="record the server's stacks with py-spy (on PATH) during the dedup phase into FILE, and the "
+        "floor's into FILE.floor (folded stacks; only while it holds the interpreter lock: shares of its Python CPU)",
     )
     args = parser.parse_args()
     cache_entries = args.cache_entries or args.nodes * 8
@@ -432,21 +478,31 @@ def main() -> None:
     )
     agents = agent_nodes(args.nodes)
     floor: PhaseResult | None = None
+    equal: dict[float, dict[str, float]] = {}
     try:
         wait_answering(f"http://127.0.0.1:{port}/healthz", agent_token, what="the server")
         results, node_ids = asyncio.run(run(args, port, agent_token, admin_token, server.pid, agents))
+        if not args.no_floor:  # the platform server stays up, idle (about 1 % of a core) while the floor runs
+            floor_process, floor_port = start_floor(agent_token, env)
+            try:
+                floor, equal = asyncio.run(
+                    run_floor(
+                        args,
+                        token=agent_token,
+                        floor=(floor_port, floor_process.pid),
+                        server=(port, server.pid),
+                        agents=agents,
+                        node_ids=node_ids,
+                    )
+                )
+            finally:
+                floor_process.terminate()
+                floor_process.wait(15)
     finally:
         server.terminate()
         server.wait(15)
         if postgres is not None:
             postgres.close()
-    if not args.no_floor:  # the platform server is stopped first: the floor has the cores the server had
-        floor_process, floor_port = start_floor(agent_token, env)
-        try:
-            floor = asyncio.run(run_floor(args, floor_port, agent_token, floor_process.pid, agents, node_ids))
-        finally:
-            floor_process.terminate()
-            floor_process.wait(15)
 
     backend = database_url.split(":", 1)[0]
     print(
@@ -470,7 +526,12 @@ def main() -> None:
         dedup = results[1]
         print(
             f"dedup / floor: CPU per beat x{dedup.cpu_ms_per_beat / floor.cpu_ms_per_beat:.2f}, "
-            f"throughput x{dedup.rate / floor.rate:.2f}"
+            f"throughput x{dedup.rate / floor.rate:.2f} (each as fast as it goes)"
+        )
+    for rate, cpu in equal.items():
+        print(
+            f"same offered load {rate:.0f}/s (open loop, alternating, lower of two): server {cpu['server']:.3f}, "
+            f"floor {cpu['floor']:.3f} ms/beat: CPU per beat x{cpu['server'] / cpu['floor']:.2f}"
         )
 
 
