@@ -8,7 +8,11 @@ and median of the rounds are printed, with the ratio to the floor (``bench/floor
 decode, the ``Heartbeat`` schema). ``bench/ingest.py`` measures the same over HTTP. Usage::
 
     .venv/bin/python bench/heartbeat_cpu.py [--beats 500] [--rounds 7] [--nodes 50]
-                                            [--profile 40 [--profile-sort tottime]]
+                                            [--profile 40 [--profile-sort tottime]] [--stages]
+
+``--stages`` wraps the route's stages (the credential check, the body read and screen, decode and validation, the
+per-card parse, the side paths, the answer) with wall-clock timers and prints each one's time per beat over one
+more round of the server.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import cProfile
+import inspect
 import os
 import pstats
 import statistics
@@ -31,10 +36,14 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.ingest, bench.floor_app
 from bench.ingest import AgentNode, agent_nodes
+from heteroflow.core import request_body
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform.auth import parse_scopes
 from heteroflow.platform.nodes import NODE_CREDENTIAL_HEADER
+from heteroflow.platform_server import assembly
 from heteroflow.platform_server.assembly import build_context, create_app
+from heteroflow.platform_server.context import ServerContext
+from heteroflow.platform_server.routes import nodes as node_routes
 from heteroflow.platform_server.settings import ServerSettings
 from heteroflow.storage.token_store import SqlTokenStore
 
@@ -108,7 +117,67 @@ async def rounds(
     for _ in range(args.rounds):
         measured[0].append(await drive(server))
         measured[1].append(await drive(floor))
+    if args.stages:  # last: the timers stay
+        spent = timed_stages(server_ctx(server))
+        started = time.perf_counter()
+        await drive(server)
+        total = time.perf_counter() - started
+        print(f"stages of the server's beat, wall time per beat of one round ({beats} beats):")
+        print(f"  {'everything':<34} {total / beats * 1e6:7.1f} us")
+        for name, seconds in spent.items():
+            print(f"  {name:<34} {seconds / beats * 1e6:7.1f} us  {seconds / total * 100:5.1f} %")
     return measured
+
+
+def timed_stages(ctx: ServerContext) -> dict[str, float]:
+    """Wrap the heartbeat route's stages with wall-clock timers (for the rest of the process); their totals."""
+    spent: dict[str, float] = {}
+
+    def timed(name: str, function: Callable[..., Any]) -> Callable[..., Any]:
+        spent[name] = 0.0  # printed in this order
+        if inspect.iscoroutinefunction(function):
+
+            async def waited(*args: Any, **kwargs: Any) -> Any:
+                started = time.perf_counter()
+                try:
+                    return await function(*args, **kwargs)
+                finally:
+                    spent[name] += time.perf_counter() - started
+
+            return waited
+
+        def called(*args: Any, **kwargs: Any) -> Any:
+            started = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                spent[name] += time.perf_counter() - started
+
+        return called
+
+    for module, attribute, name in (
+        (assembly, "check_before_work", "credential check"),
+        (request_body.BodyLimit, "_read_within_deadline", "body read (with its deadline)"),
+        (request_body, "check_body", "body screen (size, depth, text)"),
+        (node_routes, "decoded_heartbeat", "decode + validate"),
+        (node_routes, "record_beat", "record_beat (the rows below)"),
+        (node_routes, "beat_readings", "  per-card parse (beat_readings)"),
+        (node_routes, "accepted_json", "  the answer's JSON"),
+    ):
+        setattr(module, attribute, timed(name, getattr(module, attribute)))
+    for owner, attribute, name in (
+        (ctx.ingestor, "offer", "  health dedup (ingestor)"),
+        (ctx.metrics_recorder, "offer", "  metrics recorder"),
+        (ctx.liveness, "beat", "  liveness"),
+        (ctx.xid_collection, "record", "  XID collection state"),
+    ):
+        setattr(owner, attribute, timed(name, getattr(owner, attribute)))
+    return spent
+
+
+def server_ctx(app: Any) -> ServerContext:
+    context: ServerContext = app.state.context
+    return context
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -156,4 +225,5 @@ if __name__ == "__main__":
     parser.add_argument("--nodes", type=int, default=50)
     parser.add_argument("--profile", type=int, default=0, help="print this many cProfile rows of one server round")
     parser.add_argument("--profile-sort", default="cumulative", help="the rows' order: cumulative, tottime, calls")
+    parser.add_argument("--stages", action="store_true", help="time the route's stages over one more server round")
     asyncio.run(main(parser.parse_args()))
