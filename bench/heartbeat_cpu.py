@@ -87,9 +87,16 @@ async def beat(app: App, *, path: str, headers: list[tuple[bytes, bytes]], body:
 
 
 async def rounds(
-    *, server: App, floor: App, token: str, nodes: list[tuple[str, str]], agents: list[AgentNode], args: Any
+    *,
+    server: App,
+    floor: App,
+    ctx: ServerContext,
+    token: str,
+    nodes: list[tuple[str, str]],
+    agents: list[AgentNode],
+    args: Any,
 ) -> tuple[list[float], list[float]]:
-    """CPU ms per beat of each round, server and floor alternating."""
+    """CPU ms per beat of each round, server (over ``ctx``) and floor alternating."""
     bearer = (b"authorization", f"Bearer {token}".encode())
 
     beats: int = args.beats
@@ -118,7 +125,7 @@ async def rounds(
         measured[0].append(await drive(server))
         measured[1].append(await drive(floor))
     if args.stages:  # last: the timers stay
-        spent = timed_stages(server_ctx(server))
+        spent = timed_stages(ctx)
         started = time.perf_counter()
         await drive(server)
         total = time.perf_counter() - started
@@ -175,11 +182,6 @@ def timed_stages(ctx: ServerContext) -> dict[str, float]:
     return spent
 
 
-def server_ctx(app: Any) -> ServerContext:
-    context: ServerContext = app.state.context
-    return context
-
-
 async def main(args: argparse.Namespace) -> None:
     folder = tempfile.mkdtemp(prefix="hf-bench-")
     ctx = build_context(
@@ -205,7 +207,7 @@ async def main(args: argparse.Namespace) -> None:
                 registered = answer.raise_for_status().json()
                 nodes.append((registered["node_id"], registered["node_credential"]))
         ours, floor = await rounds(
-            server=server, floor=floor_app.app, token=token, nodes=nodes, agents=agents, args=args
+            server=server, floor=floor_app.app, ctx=ctx, token=token, nodes=nodes, agents=agents, args=args
         )
     print(f"heartbeat CPU in one process, {args.beats} beats x {args.rounds} rounds, {args.nodes} nodes x 8 cards")
     print(f"{'app':<28} {'min ms/beat':>11} {'median ms/beat':>14}")
