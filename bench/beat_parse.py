@@ -3,7 +3,8 @@
 A quarter of the heartbeat route's time in process (``bench/heartbeat_cpu.py --stages``). This times it on one
 node's body of 8 cards (``bench/ingest.py``'s ``agent_nodes``, fresh sample times, the server's default sample
 time window) and says whether the module it timed was compiled, so that a build of the module (mypyc, an
-extension) can be compared with the source on the same machine, alternating::
+extension) can be compared with the source on the same machine, alternating. The baseline of the same run is the
+body's one-step decode and validation (``Heartbeat.model_validate_json``), which the parse follows on the route::
 
     .venv/bin/python bench/beat_parse.py [--number 3000] [--repeat 7]
     PYTHONPATH=<a tree with a compiled beat_stats>/src .venv/bin/python bench/beat_parse.py
@@ -30,7 +31,8 @@ def main() -> None:
     parser.add_argument("--number", type=int, default=3000, help="parses per timing")
     parser.add_argument("--repeat", type=int, default=7, help="timings; the fastest is printed")
     args = parser.parse_args()
-    beat = Heartbeat.model_validate_json(agent_nodes(1)[0].body(None))
+    body = agent_nodes(1)[0].body(None)
+    beat = Heartbeat.model_validate_json(body)
     window = HealthStorageSettings.load().sample_time_window()
     received_at = datetime.now(UTC)
 
@@ -39,9 +41,16 @@ def main() -> None:
             beat.gpu_stats, node_id=NodeId("bench"), source="simulated", received_at=received_at, window=window
         )
 
+    def decode() -> None:
+        Heartbeat.model_validate_json(body)
+
     best = min(timeit.repeat(parse, number=args.number, repeat=args.repeat)) / args.number
+    floor = min(timeit.repeat(decode, number=args.number, repeat=args.repeat)) / args.number
     built = "compiled" if not str(beat_stats.__file__).endswith(".py") else "source"
-    print(f"beat_readings, {len(beat.gpu_stats)} cards: {best * 1e6:.2f} us per beat ({built}: {beat_stats.__file__})")
+    print(
+        f"beat_readings, {len(beat.gpu_stats)} cards: {best * 1e6:.2f} us per beat, x{best / floor:.2f} of decoding "
+        f"and validating the same body ({floor * 1e6:.2f} us); {built}: {beat_stats.__file__}"
+    )
 
 
 if __name__ == "__main__":
