@@ -11,6 +11,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
+import struct
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -204,87 +205,106 @@ def minute_of(at: datetime) -> datetime:
 
 
 _WIDTH: Final = len(METRIC_KEYS)
-_FOLD_AT: Final = 16 * _WIDTH
-"""Values (16 readings) a bucket keeps as they came before folding them into its running values: a card's minute
-at 5 s beats (12 readings) is folded once, when the minute's row is built; a card beating faster keeps at most
-this many."""
+_FOLD_AT: Final = 16
+"""Readings a bucket keeps as they came before folding them into its running values: a card's minute at 5 s
+beats (12 readings) is folded once, when the minute's row is built; a card beating faster keeps at most this
+many."""
+
+_HEAD: Final = struct.Struct(f"<{1 + 4 * _WIDTH}d")
+"""A bucket's running values: the readings folded so far, then per metric in :data:`METRIC_KEYS` order the sum,
+count, min and max of the folded readings that knew it."""
+_READING: Final = struct.Struct(f"<{_WIDTH}d")
+"""One reading as a bucket holds it until folded: its five values, NaN for unknown (a metric is never NaN)."""
+_EMPTY: Final = _HEAD.pack(0.0, *[0.0, 0.0, math.inf, -math.inf] * _WIDTH)
+_FOLD_BYTES: Final = _HEAD.size + _FOLD_AT * _READING.size
+_NAN: Final = math.nan
+
+Bucket = bytearray
+"""One card's readings of one minute in plain bytes (:data:`_HEAD`, then the readings not folded yet, each
+:data:`_READING`): a ``bytearray`` holds no object, so the collector neither tracks nor walks it. A fleet's open
+minutes are tens of thousands of buckets that live a minute and more; as objects (a list of floats per card) every
+young collection walked the new ones and promoted them, and each middle collection walked them again (pauses of
+40-150 ms at 10,000 nodes, docs/benchmarks.md). The readings are folded into the running values a column at a time
+(``sum``, ``min``, ``max``: C loops) when the row is built or the bucket is full."""
 
 
-class _Bucket(list[float | None]):
-    """One card's readings of one minute: the list holds the values of the readings not folded yet, in arrival
-    order, :data:`METRIC_KEYS` after :data:`METRIC_KEYS` (``extend``: floats and ``None``, nothing the garbage
-    collector tracks, so a fleet's open minutes are not walked by every collection while they fill; a tuple per
-    reading was, until the collector had seen it once). The values are folded into ``stats`` a column at a time
-    (slices, ``min``, ``max``, ``sum``: C loops) when ``stats`` is read or the list is full, instead of five Python
-    steps per card and beat."""
+def _known_or_nan(metrics: GpuMetrics) -> list[float]:
+    return [_NAN if value is None else value for value in metrics]
 
-    __slots__ = ("_stats", "folded")
 
-    def __init__(self) -> None:
-        super().__init__()
-        self.folded = 0
-        """Readings already folded into ``_stats``."""
-        self._stats: list[list[float] | None] | None = None
-        """Made at the first fold: a card's minute at the agent's cadence is folded only when its row is built."""
+def new_metric_values() -> bytearray:
+    """A card's newest metrics as :func:`write_metric_values` keeps them: all unknown."""
+    return bytearray(_READING.pack(*[_NAN] * _WIDTH))
 
-    @property
-    def samples(self) -> int:
-        return self.folded + len(self) // _WIDTH
 
-    @property
-    def stats(self) -> list[list[float] | None]:
-        """Per metric, in :data:`METRIC_KEYS` order: [sum, count, min, max] of the readings that knew it,
-        ``None`` while none did."""
-        self.fold()
-        if self._stats is None:
-            self._stats = [None] * len(METRIC_KEYS)
-        return self._stats
+def write_metric_values(into: bytearray, metrics: GpuMetrics) -> None:
+    """Overwrite ``into`` (from :func:`new_metric_values`) with ``metrics``: doubles, NaN for unknown (a metric is
+    never NaN). Nothing is made that the collector tracks."""
+    if None in metrics:
+        _READING.pack_into(into, 0, *_known_or_nan(metrics))
+    else:
+        _READING.pack_into(into, 0, *metrics)
 
-    def add(self, metrics: GpuMetrics) -> None:
-        self.extend(metrics)
-        if len(self) >= _FOLD_AT:
-            self.fold()
 
-    def fold(self) -> None:
-        if not self:
-            return
-        if self._stats is None:
-            self._stats = [None] * len(METRIC_KEYS)
-        stats = self._stats
-        for position in range(_WIDTH):
-            column = self[position::_WIDTH]
-            # unknown stays out of the aggregate, never counted as 0
-            known: list[float] = column if None not in column else [v for v in column if v is not None]  # type: ignore[assignment]
-            if not known:
+def read_metric_values(values: bytearray) -> tuple[float | None, ...]:
+    """What :func:`write_metric_values` wrote, in :data:`METRIC_KEYS` order, unknown as ``None``: a plain tuple of
+    plain values, which the collector stops tracking the first time it sees it."""
+    read = _READING.unpack(values)
+    total = sum(read)
+    if total == total:  # no NaN: every value known
+        return read
+    return tuple(None if value != value else value for value in read)
+
+
+def _fold(bucket: Bucket) -> list[float]:
+    """Fold the readings kept as they came into the running values; returns the running values (:data:`_HEAD`)."""
+    head = list(_HEAD.unpack_from(bucket))
+    pending = (len(bucket) - _HEAD.size) // _READING.size
+    if not pending:
+        return head
+    values = struct.unpack_from(f"<{pending * _WIDTH}d", bucket, _HEAD.size)
+    for position in range(_WIDTH):
+        base = 1 + 4 * position
+        column = values[position::_WIDTH]
+        total = sum(column, head[base])  # left to right from the running sum
+        if total != total:  # an unknown value (NaN) stays out of the aggregate, never counted as 0
+            column = tuple(value for value in column if value == value)
+            if not column:
                 continue
-            kept = stats[position]
-            if kept is None:
-                stats[position] = [sum(known, 0.0), float(len(known)), min(known), max(known)]
-                continue
-            kept[0] = sum(known, kept[0])  # left to right from the running sum
-            kept[1] += len(known)
-            kept[2] = min(kept[2], *known)
-            kept[3] = max(kept[3], *known)
-        self.folded += len(self) // _WIDTH
-        self.clear()
+            total = sum(column, head[base])
+        head[base] = total
+        head[base + 1] += len(column)
+        head[base + 2] = min(head[base + 2], *column)
+        head[base + 3] = max(head[base + 3], *column)
+    head[0] += pending
+    _HEAD.pack_into(bucket, 0, *head)
+    del bucket[_HEAD.size :]
+    return head
 
-    def columns(self) -> tuple[float | int | None, ...]:
-        """Per metric, in :data:`METRIC_KEYS` order: min, avg, max, count (four ``None`` for an unknown one)."""
-        flat: list[float | int | None] = []
-        for kept in self.stats:
-            if kept is None:
-                flat += _UNKNOWN_COLUMNS
-            else:
-                total, count, low, high = kept
-                flat += (low, total / count, high, int(count))
-        return tuple(flat)
 
-    def aggregate(self, name: str) -> Aggregate | None:
-        kept = self.stats[METRIC_KEYS.index(name)]
-        if kept is None:
-            return None
-        total, count, low, high = kept
-        return Aggregate(min=low, avg=total / count, max=high, count=int(count))
+def bucket_samples(bucket: Bucket) -> int:
+    """The readings a bucket holds, folded or not."""
+    return int(_HEAD.unpack_from(bucket)[0]) + (len(bucket) - _HEAD.size) // _READING.size
+
+
+def bucket_columns(bucket: Bucket) -> tuple[float | int | None, ...]:
+    """Per metric, in :data:`METRIC_KEYS` order: min, avg, max, count (four ``None`` for an unknown one)."""
+    head = _fold(bucket)
+    flat: list[float | int | None] = []
+    for base in range(1, len(head), 4):
+        total, count, low, high = head[base : base + 4]
+        flat += _UNKNOWN_COLUMNS if not count else (low, total / count, high, int(count))
+    return tuple(flat)
+
+
+def bucket_aggregates(bucket: Bucket) -> dict[str, Aggregate | None]:
+    """Per metric name: its :class:`Aggregate`, ``None`` for an unknown one."""
+    columns = bucket_columns(bucket)
+    aggregates: dict[str, Aggregate | None] = {}
+    for position, name in enumerate(METRIC_KEYS):
+        low, avg, high, count = columns[4 * position : 4 * position + 4]
+        aggregates[name] = None if count is None else Aggregate(min=low, avg=avg, max=high, count=count)  # type: ignore[arg-type]
+    return aggregates
 
 
 _UNKNOWN_COLUMNS: Final = (None, None, None, None)
@@ -293,10 +313,10 @@ SlotKey = tuple[NodeId, int, Source, str | None]
 """A bucket's card and uuid as one plain tuple of plain values, (node id, gpu index, source, uuid): built by
 ``(*key, uuid)`` in C, and, holding nothing the collector tracks, untracked by it like the readings."""
 
-ClosedMinute = tuple[datetime, dict[SlotKey, _Bucket]]
+ClosedMinute = tuple[datetime, dict[SlotKey, Bucket]]
 """A minute taken out of :class:`MinuteAggregator`: its start and its buckets by (card, uuid)."""
 
-ClosedSlot = tuple[datetime, tuple[SlotKey, _Bucket]]
+ClosedSlot = tuple[datetime, tuple[SlotKey, Bucket]]
 """One card's bucket of a closed minute, not yet made a row: (minute, ((node, gpu, source, uuid), bucket))."""
 
 FlatRow = tuple[Any, ...]
@@ -313,7 +333,7 @@ def closed_slots(taken: Iterable[ClosedMinute]) -> Iterator[ClosedSlot]:
 def flat_row(slot: ClosedSlot) -> FlatRow:
     """The :data:`FlatRow` of one closed bucket (a few microseconds: rows are built a slice at a time)."""
     minute, (card, bucket) = slot
-    return (*card, minute, bucket.samples, *bucket.columns())
+    return (*card, minute, bucket_samples(bucket), *bucket_columns(bucket))
 
 
 def flat_of(row: MinuteRow) -> FlatRow:
@@ -334,8 +354,8 @@ def minute_rows(taken: Sequence[ClosedMinute]) -> list[MinuteRow]:
                 key=CardKey(node_id=node_id, gpu_index=gpu_index, source=source),
                 uuid=uuid,
                 minute=minute,
-                samples=bucket.samples,
-                values={name: bucket.aggregate(name) for name in METRIC_KEYS},
+                samples=bucket_samples(bucket),
+                values=bucket_aggregates(bucket),
             )
             for (node_id, gpu_index, source, uuid), bucket in sorted(group.items(), key=lambda item: item[0][:2])
         )
@@ -353,10 +373,10 @@ class MinuteAggregator:
         self._grace = grace
         # by minute, then by card: closing a minute takes its whole group, and a flush looks at the open
         # minutes (two or three), not at every card's bucket (24,000 for a fleet) on the event loop
-        self._minutes: dict[datetime, dict[SlotKey, _Bucket]] = {}
+        self._minutes: dict[datetime, dict[SlotKey, Bucket]] = {}
         self._last_at: datetime | None = None
         self._last_minute = datetime.min
-        self._last_group: dict[SlotKey, _Bucket] | None = None
+        self._last_group: dict[SlotKey, Bucket] | None = None
 
     def __len__(self) -> int:
         return sum(len(group) for group in self._minutes.values())
@@ -375,10 +395,11 @@ class MinuteAggregator:
             slot = (*key, uuid)
             bucket = group.get(slot)
             if bucket is None:
-                bucket = group[slot] = _Bucket()
-            bucket.extend(metrics)  # five floats: nothing made that the collector tracks
-            if len(bucket) >= _FOLD_AT:
-                bucket.fold()
+                bucket = group[slot] = bytearray(_EMPTY)
+            # five doubles, unknown as NaN: nothing made that the collector tracks
+            bucket += _READING.pack(*metrics) if None not in metrics else _READING.pack(*_known_or_nan(metrics))
+            if len(bucket) >= _FOLD_BYTES:
+                _fold(bucket)
 
     def close(self, *, now: datetime | None) -> list[MinuteRow]:
         """Remove and return the rows of every minute that ended before ``now - grace`` (all when ``None``)."""

@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 import structlog
@@ -30,19 +31,21 @@ from heteroflow.health.gpu_metrics import (
     MEMORY_HIGH_RESOLUTION,
     ClosedSlot,
     FlatRow,
-    GpuMetrics,
     MemoryHighTracker,
     MetricReading,
     MinuteAggregator,
     closed_slots,
     flat_row,
     memory_high_message,
+    new_metric_values,
+    read_metric_values,
+    write_metric_values,
 )
 from heteroflow.health.metrics_settings import GpuMetricsSettings
 from heteroflow.health.samples import CardKey, HealthReading
 from heteroflow.platform.nodes import NodeRecord
 from heteroflow.platform_server.alert_delivery import AlertNotifier
-from heteroflow.platform_server.metrics import FlatCards
+from heteroflow.platform_server.metrics import NO_METRICS, FlatCards
 from heteroflow.storage.alert_store import SYSTEM, AlertRecord, SqlAlertStore
 from heteroflow.storage.metrics_store import SqlGpuMetricsStore
 
@@ -73,8 +76,12 @@ class _Known:
     uuid: str | None = None
     counters: Counters | None = None
     counters_at: float = 0.0
-    metrics: GpuMetrics | None = None
-    metrics_at: float = 0.0
+    metrics: bytearray = field(default_factory=new_metric_values)
+    """The newest metrics as plain bytes (``write_metric_values``), rewritten in place by every beat: a fleet's
+    newest values are no object that the collector tracks. As one object per card and beat they were tens of
+    thousands of new objects every few seconds, each living until its card's next beat, which every young
+    collection walked and promoted (docs/benchmarks.md)."""
+    metrics_at: float = -math.inf
 
 
 class GpuMetricsRecorder:
@@ -125,7 +132,8 @@ class GpuMetricsRecorder:
         find = self._known.get  # a steady card is found, not built: one lookup per card and side path
         for key, uuid, _, card_metrics, _ in metrics:
             known = find(key) or self._known_card(node, key)
-            known.uuid, known.metrics, known.metrics_at = uuid, card_metrics, now
+            known.uuid, known.metrics_at = uuid, now
+            write_metric_values(known.metrics, card_metrics)
         if metrics and node.source == "real":  # simulated data never alerts
             observe = self._tracker.observe
             for reading in metrics:
@@ -169,9 +177,10 @@ class GpuMetricsRecorder:
         flat: FlatCards = []
         for key, known in zip(keys, cards, strict=True):
             counters = known.counters if known.counters_at >= cutoff else None
-            metrics = known.metrics if known.metrics_at >= cutoff else None
-            if counters is not None or metrics is not None:
-                flat += (known.node_name, key.gpu_index, known.uuid, counters, metrics)
+            if known.metrics_at >= cutoff:  # the values are added to the list one by one: no object per card
+                flat += (known.node_name, key.gpu_index, known.uuid, counters, *read_metric_values(known.metrics))
+            elif counters is not None:
+                flat += (known.node_name, key.gpu_index, known.uuid, counters, *NO_METRICS)
         return flat
 
     def status(self) -> MetricsRecorderStatus:
@@ -235,7 +244,7 @@ class GpuMetricsRecorder:
                 await self._alert_upkeep(now)
             if self._written_since_cleanup and self._cleanup_due(now) and not final:
                 await self._cleanup(now)
-            self._forget_silent_cards()
+            await self._forget_silent_cards()
 
     def _drop_overflow(self) -> None:
         overflow = len(self._pending) + len(self._unbuilt) - self._settings.max_pending_rows
@@ -243,11 +252,18 @@ class GpuMetricsRecorder:
             (self._pending or self._unbuilt).popleft()
             self._dropped += 1
 
-    def _forget_silent_cards(self) -> None:
-        """Drop the newest values of cards silent for ten export periods (memory stays bounded by the fleet)."""
+    async def _forget_silent_cards(self, *, slice_cards: int = 5_000) -> None:
+        """Drop the newest values of cards silent for ten export periods (memory stays bounded by the fleet),
+        ``slice_cards`` at a time, the event loop answering between slices (a fleet's 80,000 cards at once held it
+        for 25-50 ms)."""
         cutoff = self._clock.monotonic() - 10 * self._settings.export_stale_seconds
-        for key in [k for k, v in self._known.items() if max(v.counters_at, v.metrics_at) < cutoff]:
-            del self._known[key]
+        keys, cards = list(self._known), list(self._known.values())
+        for start in range(0, len(keys), slice_cards):
+            if start:
+                await asyncio.sleep(0)
+            for key, known in zip(keys[start : start + slice_cards], cards[start : start + slice_cards], strict=True):
+                if max(known.counters_at, known.metrics_at) < cutoff and self._known.get(key) is known:
+                    del self._known[key]
 
     async def _write(self, *, paced: bool) -> None:
         # a slice at a time: a fleet's minute (24,000 cards) built at once took ~0.4 s of Python in one stretch,

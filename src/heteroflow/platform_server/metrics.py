@@ -12,7 +12,7 @@ import time
 from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import attrgetter
-from typing import Any, Protocol, TypeAlias
+from typing import Any, Final, Protocol, TypeAlias
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
@@ -22,7 +22,7 @@ from prometheus_client.utils import floatToGoString
 
 from heteroflow.core.text import printable
 from heteroflow.health.counters import HEALTH_KEYS, Counters
-from heteroflow.health.gpu_metrics import GpuMetrics
+from heteroflow.health.gpu_metrics import METRIC_KEYS, GpuMetrics
 from heteroflow.health.ingest import IngestStatus
 from heteroflow.platform.liveness import LivenessStatus
 
@@ -215,19 +215,21 @@ GPU_FAMILIES = len(_COUNTER_GAUGES) + len(_METRIC_GAUGES)
 
 
 FlatCards: TypeAlias = list[Any]
-"""A scrape's cards in one flat list, :data:`CARD_ITEMS` items a card: node name, index, uuid, counters, metrics
-(``None``: unknown or no longer reported). Made of the cards' own values without an object per card, so that a
-fleet's scrape (24,000 cards) gives the cyclic collector nothing to walk: with an object per card, the young
-collections that ran while a scrape was written walked them all and promoted them to older generations (12 to 61 ms
-pauses during scrapes at 3,000 nodes, docs/benchmarks.md)."""
-CARD_ITEMS = 5
+"""A scrape's cards in one flat list, :data:`CARD_ITEMS` items a card: node name, index, uuid, counters, then the
+metrics' values in :data:`METRIC_KEYS` order (``None``: unknown or no longer reported). Made of the cards' own
+values without an object per card, so that a fleet's scrape (24,000 cards) gives the cyclic collector nothing to
+walk: with an object per card, the young collections that ran while a scrape was written walked them all and
+promoted them to older generations (12 to 61 ms pauses during scrapes at 3,000 nodes, docs/benchmarks.md)."""
+CARD_ITEMS = 4 + len(METRIC_KEYS)
+NO_METRICS: Final = (None,) * len(METRIC_KEYS)
+"""A card's metric values in :data:`FlatCards` while none is known."""
 
 
 def flat_cards(cards: Iterable[GpuValues]) -> FlatCards:
     """``cards`` as :data:`FlatCards`."""
     flat: FlatCards = []
     for card in cards:
-        flat += (card.node_name, card.gpu_index, card.uuid, card.counters, card.metrics)
+        flat += (card.node_name, card.gpu_index, card.uuid, card.counters, *(card.metrics or NO_METRICS))
     return flat
 
 
@@ -279,13 +281,11 @@ def gpu_family(family: int, cards: FlatCards, labels: Sequence[str]) -> str:
     else:
         name, help_text, attribute, scale = _METRIC_GAUGES[family - len(_COUNTER_GAUGES)]
         out.append(f"# HELP {name} {_help_text(help_text)}\n# TYPE {name} gauge\n")
-        read = attrgetter(attribute)
         # a fleet's cards share many values (one memory size per model, whole-percent utilisation, whole degrees):
         # each distinct value is written once per scrape, then found; never a zero, whose sign the text keeps
         # (0.0 and -0.0 are one key)
         written: dict[float, str] = {}
-        for metrics, label in zip(cards[4::CARD_ITEMS], labels, strict=True):
-            value = read(metrics) if metrics is not None else None
+        for value, label in zip(cards[4 + METRIC_KEYS.index(attribute) :: CARD_ITEMS], labels, strict=True):
             if value is not None:
                 text = written.get(value) if value else None
                 if text is None:

@@ -34,8 +34,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import Collector
 
 from heteroflow.health.counters import HEALTH_KEYS, Counters
-from heteroflow.health.gpu_metrics import METRIC_KEYS, GpuMetrics
-from heteroflow.platform_server.metrics import CARD_ITEMS, FlatCards, card_parts
+from heteroflow.health.gpu_metrics import METRIC_KEYS
+from heteroflow.platform_server.metrics import CARD_ITEMS, NO_METRICS, FlatCards, card_parts
 
 _log = structlog.get_logger(__name__)
 
@@ -107,16 +107,16 @@ def merge_cards(parts: Sequence[FlatCards]) -> FlatCards:
     merged: dict[tuple[object, ...], list[Any]] = {}
     for cards in parts:
         for start in range(0, len(cards), CARD_ITEMS):
-            name, index, uuid, counters, metrics = cards[start : start + CARD_ITEMS]
+            name, index, uuid, counters, *metrics = cards[start : start + CARD_ITEMS]
             known = merged.get((name, index, uuid))
             if known is None:
                 merged[(name, index, uuid)] = [counters, metrics]
             else:
                 known[0] = _larger_counters(known[0], counters)
-                known[1] = _larger_metrics(known[1], metrics)
+                known[1] = _larger_values(known[1], metrics)
     flat: FlatCards = []
     for (name, index, uuid), (counters, metrics) in merged.items():
-        flat += (name, index, uuid, counters, metrics)
+        flat += (name, index, uuid, counters, *metrics)
     return flat
 
 
@@ -124,12 +124,6 @@ def _larger_counters(a: Counters | None, b: Counters | None) -> Counters | None:
     if a is None or b is None:
         return b if a is None else a
     return Counters(*_larger_values(_counter_values(a), _counter_values(b)))
-
-
-def _larger_metrics(a: GpuMetrics | None, b: GpuMetrics | None) -> GpuMetrics | None:
-    if a is None or b is None:
-        return b if a is None else a
-    return GpuMetrics(*_larger_values(a, b))
 
 
 def _larger_values(a: Sequence[float | None], b: Sequence[float | None]) -> list[Any]:
@@ -146,7 +140,7 @@ def encode_answer(own: bytes, cards: FlatCards) -> bytes:
     unknown): a fraction of what parsing the per-GPU lines of a fleet back from text costs."""
     wire: list[object] = []
     for start in range(0, len(cards), CARD_ITEMS):
-        name, index, uuid, counters, metrics = cards[start : start + CARD_ITEMS]
+        name, index, uuid, counters, *metrics = cards[start : start + CARD_ITEMS]
         wire += (name, index, uuid, None if counters is None else _counter_values(counters), metrics)
     return struct.pack("!Q", len(own)) + own + json.dumps(wire, separators=(",", ":")).encode()
 
@@ -169,11 +163,11 @@ def decode_answer(answer: bytes) -> tuple[str, FlatCards]:
             pass
     except Exception as exc:  # the parser's errors are not all ValueErrors
         raise ValueError(f"a sibling's series are not in the text format: {exc!r:.200}") from exc
-    if not isinstance(wire, list) or len(wire) % CARD_ITEMS:
+    if not isinstance(wire, list) or len(wire) % _WIRE_ITEMS:
         raise ValueError("a sibling's cards are not a list of whole cards")
     cards: FlatCards = []
-    for start in range(0, len(wire), CARD_ITEMS):
-        name, index, uuid, counters, metrics = wire[start : start + CARD_ITEMS]
+    for start in range(0, len(wire), _WIRE_ITEMS):
+        name, index, uuid, counters, metrics = wire[start : start + _WIRE_ITEMS]
         if type(name) is not str or type(index) is not int or not (uuid is None or type(uuid) is str):
             raise ValueError(f"a sibling's card is not (name, index, uuid, ...): {wire[start : start + 3]!r:.200}")
         cards += (
@@ -181,11 +175,13 @@ def decode_answer(answer: bytes) -> tuple[str, FlatCards]:
             index,
             uuid,
             None if counters is None else Counters(*_values(counters, len(HEALTH_KEYS), _COUNTER_TYPES)),
-            None if metrics is None else GpuMetrics(*_values(metrics, len(METRIC_KEYS), _METRIC_TYPES)),
+            *(NO_METRICS if metrics is None else _values(metrics, len(METRIC_KEYS), _METRIC_TYPES)),
         )
     return text, cards
 
 
+_WIRE_ITEMS: Final = 5
+"""A card on the wire: name, index, uuid, its counters' values (or null), its metrics' values."""
 _COUNTER_TYPES: Final[frozenset[type]] = frozenset({int, type(None)})
 _METRIC_TYPES: Final[frozenset[type]] = frozenset({float, int, type(None)})
 

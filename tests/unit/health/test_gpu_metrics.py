@@ -19,10 +19,16 @@ from heteroflow.health.gpu_metrics import (
     MetricReading,
     MinuteAggregator,
     MinuteRow,
+    bucket_samples,
+    closed_slots,
     downsample,
+    flat_row,
     metric_readings_from_stats,
     metrics_from_values,
     parse_metric,
+)
+from heteroflow.health.gpu_metrics import (
+    minute_rows as rows_of_minutes,
 )
 from heteroflow.health.metrics_settings import GpuMetricsSettings
 from heteroflow.health.samples import CardKey
@@ -180,6 +186,29 @@ def test_a_bucket_beyond_its_fold_gives_the_same_aggregate_as_one_value_at_a_tim
     assert row.values["power_w"] is None  # unknown in every reading: no aggregate, never 0
 
 
+_METRIC_VALUE = st.one_of(st.none(), st.floats(min_value=0.0, max_value=100.0), st.sampled_from([0.0, -0.0, 100.0]))
+
+
+@given(st.lists(st.tuples(*[_METRIC_VALUE] * len(METRIC_KEYS)), min_size=1, max_size=40))
+def test_a_minute_row_aggregates_exactly_the_known_values_of_each_metric(beats: list[tuple[float | None, ...]]) -> None:
+    """Whatever the mix of unknown values and however often the bucket folded, each metric's row is the min, mean
+    and max of the readings that knew it, added left to right; a metric no reading knew is unknown."""
+    agg = MinuteAggregator()
+    for n, values in enumerate(beats):
+        agg.add(reading(T0 + timedelta(milliseconds=n), **dict(zip(METRIC_KEYS, values, strict=True))))
+    [taken] = agg.take_closed(now=None)
+    [slot] = closed_slots([taken])
+    [row] = rows_of_minutes([taken])
+    assert row.samples == len(beats)
+    flat: list[object] = [*KEY, "GPU-a", T0.replace(second=0, microsecond=0), len(beats)]
+    for position, name in enumerate(METRIC_KEYS):
+        known = [value for values in beats if (value := values[position]) is not None]
+        expected = Aggregate(min(known), sum(known) / len(known), max(known), len(known)) if known else None
+        assert row.values[name] == expected
+        flat += (None,) * 4 if expected is None else (expected.min, expected.avg, expected.max, expected.count)
+    assert flat_row(slot) == tuple(flat)
+
+
 _WIRE_VALUE = st.one_of(
     st.floats(allow_nan=True, allow_infinity=True),
     st.sampled_from([-50.0, 200.0, 0.0, 100.0, 16_777_216.0, 100_000.0, -0.0]),  # the bounds themselves
@@ -199,8 +228,9 @@ def test_the_float_fast_path_reads_every_value_as_parse_metric_does(raw: tuple[o
 
 
 def test_an_open_minute_holds_nothing_the_collector_walks_but_one_bucket_per_card() -> None:
-    """A fleet's open minutes are hundreds of thousands of readings: kept as floats in one list per card, keyed
-    by a plain tuple of plain values, which the collector stops tracking once it has seen it."""
+    """A fleet's open minutes are hundreds of thousands of readings: kept as plain bytes, one buffer per card
+    that the collector never tracks, keyed by a plain tuple of plain values, which it stops tracking once it
+    has seen it."""
     agg = MinuteAggregator()
     for second in range(0, 60, 5):
         agg.add_beat([reading(T0 + timedelta(seconds=second), temperature_c=40.0 + second, power_w=300.0)])
@@ -209,8 +239,8 @@ def test_an_open_minute_holds_nothing_the_collector_walks_but_one_bucket_per_car
     [(slot, bucket)] = group.items()
     assert slot == (KEY.node_id, KEY.gpu_index, KEY.source, "GPU-a")
     assert not gc.is_tracked(slot)
-    assert bucket.samples == 12
-    assert not any(gc.is_tracked(value) for value in bucket)
+    assert bucket_samples(bucket) == 12
+    assert not gc.is_tracked(bucket)
     [row] = agg.close(now=None)
     assert row.key == KEY
     assert row.samples == 12

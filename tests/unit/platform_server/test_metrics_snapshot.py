@@ -35,9 +35,12 @@ def test_the_copy_is_the_cards_own_values_without_an_object_per_card() -> None:
     assert len(copied) == NODES * CARDS * CARD_ITEMS
     assert tracked < 50  # a handful (the lists, freelists), whatever the number of cards: not one per card (200)
     first = LatestCard("node-000", 0, "GPU-0-0", None, GpuMetrics(40.0, 50.0, 1000.0, 80_000.0, 300.0))
-    assert copied[:CARD_ITEMS] == [first.node_name, first.gpu_index, first.uuid, first.counters, first.metrics]
+    assert copied[:CARD_ITEMS] == [first.node_name, first.gpu_index, first.uuid, first.counters, *(first.metrics or ())]
     # the scrape writes from it what it writes from the cards themselves
-    cards = [LatestCard(*copied[i : i + CARD_ITEMS]) for i in range(0, len(copied), CARD_ITEMS)]
+    cards = [
+        LatestCard(copied[i], copied[i + 1], copied[i + 2], copied[i + 3], GpuMetrics(*copied[i + 4 : i + CARD_ITEMS]))
+        for i in range(0, len(copied), CARD_ITEMS)
+    ]
     assert b'heteroflow_gpu_temperature_celsius{gpu="0",node="node-000",uuid="GPU-0-0"} 40.0\n' in gpu_exposition(cards)
 
 

@@ -14,7 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from heteroflow.health.counters import Counters
 from heteroflow.health.gpu_metrics import GpuMetrics
-from heteroflow.platform_server.metrics import FlatCards, flat_exposition
+from heteroflow.platform_server.metrics import CARD_ITEMS, NO_METRICS, FlatCards, flat_exposition
 from heteroflow.platform_server.workers import (
     SiblingMetrics,
     decode_answer,
@@ -134,7 +134,7 @@ def test_a_scrape_on_one_worker_includes_its_siblings_and_leaves_out_a_dead_or_s
 
 
 def card(node: str, counters: Counters | None, metrics: GpuMetrics | None, *, uuid: str | None = "GPU-1") -> FlatCards:
-    return [node, 0, uuid, counters, metrics]
+    return [node, 0, uuid, counters, *(metrics or NO_METRICS)]
 
 
 def test_a_card_two_workers_heard_is_one_card_with_the_larger_values_never_their_sum() -> None:
@@ -150,11 +150,11 @@ def test_a_card_two_workers_heard_is_one_card_with_the_larger_values_never_their
         0,
         "GPU-1",
         Counters(ecc_uncorrected_total=4, ecc_corrected_total=10),  # unknown in both stays unknown: no 0
-        GpuMetrics(41.0, 90.0, None, 1.0, 300.0),  # what only a knew is kept
+        *GpuMetrics(41.0, 90.0, None, 1.0, 300.0),  # what only a knew is kept
         *only_b,
     ]
     # a new uuid in the same slot is another card (another series)
-    assert len(merge_cards([a, card("n1", Counters(ecc_uncorrected_total=0), None, uuid="GPU-2")])) == 10
+    assert len(merge_cards([a, card("n1", Counters(ecc_uncorrected_total=0), None, uuid="GPU-2")])) == 2 * CARD_ITEMS
 
 
 def test_the_host_scrape_counts_a_shared_card_once_and_reads_as_one_process_would(tmp_path: Path) -> None:
