@@ -8,11 +8,10 @@ for a short retention, and a metric that is missing or malformed is unknown (``N
 
 from __future__ import annotations
 
-import itertools
 import math
 import operator
 import struct
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, Final, NamedTuple
@@ -322,12 +321,6 @@ ClosedSlot = tuple[datetime, tuple[SlotKey, Bucket]]
 FlatRow = tuple[Any, ...]
 """One card's minute as plain values, no object per row: node id, gpu index, source, uuid, minute, samples, then
 per metric in :data:`METRIC_KEYS` order min, avg, max and count (``None`` for an unknown metric)."""
-
-
-def closed_slots(taken: Iterable[ClosedMinute]) -> Iterator[ClosedSlot]:
-    """The buckets of closed minutes, by minute, each minute's in the order its cards first reported: paired in
-    C (a fleet's minute is 24,000 buckets; sorting them cost 15-30 ms of the event loop in one stretch)."""
-    return itertools.chain.from_iterable(zip(itertools.repeat(minute), group.items()) for minute, group in taken)
 
 
 def flat_row(slot: ClosedSlot) -> FlatRow:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import math
 from collections import deque
 from collections.abc import Iterator, Sequence
@@ -29,12 +30,11 @@ from heteroflow.health.counters import Counters
 from heteroflow.health.gpu_metrics import (
     GPU_MEMORY_HIGH,
     MEMORY_HIGH_RESOLUTION,
-    ClosedSlot,
+    ClosedMinute,
     FlatRow,
     MemoryHighTracker,
     MetricReading,
     MinuteAggregator,
-    closed_slots,
     flat_row,
     memory_high_message,
     new_metric_values,
@@ -103,9 +103,11 @@ class GpuMetricsRecorder:
         self._tracker = MemoryHighTracker(settings.memory_high)
         self._known: dict[CardKey, _Known] = {}
         self._alerting_nodes: dict[NodeId, tuple[str, TenantId | None]] = {}
-        # closed minute rows, oldest first: built ones (a failed write keeps them), then buckets not yet built
+        # closed minute rows, oldest first: built ones (a failed write keeps them), then the closed minutes whose
+        # buckets are not built yet, each minute's dict emptied a bucket at a time as its rows are built (an item
+        # per bucket made at once, a fleet's minute of them, set the young collections off in one stretch)
         self._pending: deque[FlatRow] = deque()
-        self._unbuilt: deque[ClosedSlot] = deque()
+        self._unbuilt: deque[ClosedMinute] = deque()
         self._task: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
         self._last_cleanup: datetime | None = None
@@ -159,7 +161,9 @@ class GpuMetricsRecorder:
         self._tracker.forget_node(node_id)
         self._alerting_nodes.pop(node_id, None)
         self._pending = deque(row for row in self._pending if row[0] != node_id)
-        self._unbuilt = deque(slot for slot in self._unbuilt if slot[1][0][0] != node_id)
+        for _, group in self._unbuilt:
+            for slot in [slot for slot in group if slot[0] == node_id]:
+                del group[slot]
 
     def latest(self, *, slice_cards: int = 2_000) -> Iterator[FlatCards]:
         """The newest values of every card heard of recently, ``slice_cards`` at a time, as :data:`FlatCards`
@@ -186,7 +190,7 @@ class GpuMetricsRecorder:
     def status(self) -> MetricsRecorderStatus:
         return MetricsRecorderStatus(
             open_minutes=len(self._aggregator),
-            pending_rows=len(self._pending) + len(self._unbuilt),
+            pending_rows=len(self._pending) + self._unbuilt_rows(),
             readings_total=self._readings,
             rows_written_total=self._written,
             rows_dropped_total=self._dropped,
@@ -235,8 +239,7 @@ class GpuMetricsRecorder:
             self._flushes += 1
             now = self._clock.now()
             taken = self._aggregator.take_closed(now=None if final else now)
-            if taken:
-                self._unbuilt.extend(closed_slots(taken))
+            self._unbuilt.extend(taken)
             self._drop_overflow()
             if self._pending or self._unbuilt:
                 await self._write(paced=paced and not final)
@@ -247,10 +250,34 @@ class GpuMetricsRecorder:
             await self._forget_silent_cards()
 
     def _drop_overflow(self) -> None:
-        overflow = len(self._pending) + len(self._unbuilt) - self._settings.max_pending_rows
-        for _ in range(max(overflow, 0)):
-            (self._pending or self._unbuilt).popleft()
+        overflow = len(self._pending) + self._unbuilt_rows() - self._settings.max_pending_rows
+        while overflow > 0 and self._pending:
+            self._pending.popleft()
             self._dropped += 1
+            overflow -= 1
+        while overflow > 0 and self._unbuilt:
+            _, group = self._unbuilt[0]
+            for slot in list(itertools.islice(group, overflow)):
+                del group[slot]
+                self._dropped += 1
+                overflow -= 1
+            if not group:
+                self._unbuilt.popleft()
+
+    def _unbuilt_rows(self) -> int:
+        return sum(len(group) for _, group in self._unbuilt)
+
+    def _build(self, count: int) -> list[FlatRow]:
+        """Up to ``count`` rows of the oldest buckets not built yet, in the order their cards first reported; each
+        bucket leaves its minute as its row is built."""
+        rows: list[FlatRow] = []
+        while len(rows) < count and self._unbuilt:
+            minute, group = self._unbuilt[0]
+            for slot in list(itertools.islice(group, count - len(rows))):
+                rows.append(flat_row((minute, (slot, group.pop(slot)))))
+            if not group:
+                self._unbuilt.popleft()
+        return rows
 
     async def _forget_silent_cards(self, *, slice_cards: int = 5_000) -> None:
         """Drop the newest values of cards silent for ten export periods (memory stays bounded by the fleet),
@@ -269,13 +296,14 @@ class GpuMetricsRecorder:
         # a slice at a time: a fleet's minute (24,000 cards) built at once took ~0.4 s of Python in one stretch,
         # and its rows' parameters at once a transient ~100 MiB peak the allocator kept as resident memory
         size = self._settings.flush_slice_rows
-        slices = -(-(len(self._pending) + len(self._unbuilt)) // size)
+        slices = -(-(len(self._pending) + self._unbuilt_rows()) // size)
         pause = self._settings.flush_spread_seconds / slices if paced else 0.0
         while self._pending or self._unbuilt:
             missing = size - len(self._pending)
             if missing > 0 and self._unbuilt:
-                unbuilt = self._unbuilt
-                self._pending.extend([flat_row(unbuilt.popleft()) for _ in range(min(missing, len(unbuilt)))])
+                self._pending.extend(self._build(missing))
+            if not self._pending:  # only emptied minutes were left
+                break
             batch = [self._pending[i] for i in range(min(size, len(self._pending)))]
             try:
                 written = await asyncio.to_thread(self._store.insert_flat, batch)
@@ -283,7 +311,7 @@ class GpuMetricsRecorder:
                 self._write_failures += 1
                 self._last_error = f"{type(exc).__name__}: {exc}"[:500]
                 _log.warning(
-                    "gpu_metrics.write_failed", error=self._last_error, rows=len(self._pending) + len(self._unbuilt)
+                    "gpu_metrics.write_failed", error=self._last_error, rows=len(self._pending) + self._unbuilt_rows()
                 )
                 return
             for _ in batch:

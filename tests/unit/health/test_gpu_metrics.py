@@ -20,7 +20,6 @@ from heteroflow.health.gpu_metrics import (
     MinuteAggregator,
     MinuteRow,
     bucket_samples,
-    closed_slots,
     downsample,
     flat_row,
     metric_readings_from_stats,
@@ -197,7 +196,7 @@ def test_a_minute_row_aggregates_exactly_the_known_values_of_each_metric(beats: 
     for n, values in enumerate(beats):
         agg.add(reading(T0 + timedelta(milliseconds=n), **dict(zip(METRIC_KEYS, values, strict=True))))
     [taken] = agg.take_closed(now=None)
-    [slot] = closed_slots([taken])
+    [(slot, bucket)] = taken[1].items()
     [row] = rows_of_minutes([taken])
     assert row.samples == len(beats)
     flat: list[object] = [*KEY, "GPU-a", T0.replace(second=0, microsecond=0), len(beats)]
@@ -206,7 +205,7 @@ def test_a_minute_row_aggregates_exactly_the_known_values_of_each_metric(beats: 
         expected = Aggregate(min(known), sum(known) / len(known), max(known), len(known)) if known else None
         assert row.values[name] == expected
         flat += (None,) * 4 if expected is None else (expected.min, expected.avg, expected.max, expected.count)
-    assert flat_row(slot) == tuple(flat)
+    assert flat_row((taken[0], (slot, bucket))) == tuple(flat)
 
 
 _WIRE_VALUE = st.one_of(
