@@ -314,7 +314,10 @@ class GpuMetricsRecorder:
                     "gpu_metrics.write_failed", error=self._last_error, rows=len(self._pending) + self._unbuilt_rows()
                 )
                 return
-            for _ in batch:
+            # the written rows leave the front; a node deleted meanwhile (forget_node) took its rows out already,
+            # so the batch's rows still there are counted by identity, never by the batch's length
+            sent = {id(row) for row in batch}
+            while self._pending and id(self._pending[0]) in sent:
                 self._pending.popleft()
             self._written += written
             self._written_since_cleanup += written

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -241,3 +242,40 @@ def test_taking_a_closed_minute_makes_no_object_per_card_for_the_collector() -> 
         gc.enable()
     assert rec.status().pending_rows == NODES * CARDS
     assert made < NODES * CARDS  # the kept slice's rows and the loop's own, not one per card (200)
+
+
+class BlockingStore(FakeStore):
+    """A store whose first write waits until released, as a slow database holds a worker thread."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.release = threading.Event()
+
+    def insert_flat(self, rows: Sequence[FlatRow]) -> int:
+        if self.calls == 0:
+            self.entered.set()
+            self.release.wait(10)
+        return super().insert_flat(rows)
+
+
+def test_a_node_deleted_while_a_slice_is_written_costs_no_other_node_its_rows() -> None:
+    clock, store = PausesClock(), BlockingStore()
+    rec = recorder(clock, store, flush_slice_rows=30)
+    gone = NodeId("node-001")  # its 8 rows are in the first slice, with node-000's, node-002's and 6 of node-003's
+
+    async def main() -> None:
+        beat_fleet(rec, clock)
+        clock.advance(65)
+        flush = asyncio.create_task(rec.flush())
+        await asyncio.to_thread(store.entered.wait, 10)
+        rec.forget_node(gone)  # on the event loop, while the slice is in the worker thread
+        store.release.set()
+        await flush
+
+    asyncio.run(main())
+    others = {card for card in fleet_cards(T0) if card[0] != gone}
+    written = store.written()
+    assert others <= set(written)  # every other node's minute written
+    assert len(written) == len(set(written))
+    assert rec.status().pending_rows == 0
