@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 
 import pytest
@@ -31,9 +32,18 @@ def test_every_node_of_a_flush_spanning_several_encoder_chunks_is_written_and_na
         for n in range(7)
     ]
     monkeypatch.setattr(node_store, "LIVENESS_ENCODE_CHUNK", 3)  # 7 nodes and a missing one: three chunks
+    encoded: list[int] = []
+    dumps = json.dumps
+
+    def counted(value: list[object]) -> str:
+        encoded.append(len(value))
+        return dumps(value)
+
+    monkeypatch.setattr(json, "dumps", counted)
     beats = {node: T0 + timedelta(seconds=n) for n, node in enumerate(ids)} | {NodeId("gone"): T0}
 
     assert store.record_heartbeats(beats) == set(ids)  # the missing node is not named
+    assert encoded == [3, 3, 2]
     with engine.connect() as conn:
         stored = dict(conn.execute(sa.select(nodes_t.c.id, nodes_t.c.last_heartbeat_at)).all())
     assert {node: stored[node].replace(tzinfo=UTC) for node in ids} == {node: beats[node] for node in ids}
