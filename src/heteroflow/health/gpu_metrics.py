@@ -246,8 +246,8 @@ def write_metric_values(into: bytearray, metrics: GpuMetrics) -> None:
 
 
 def read_metric_values(values: bytearray) -> tuple[float | None, ...]:
-    """What :func:`write_metric_values` wrote, in :data:`METRIC_KEYS` order, unknown as ``None``: a plain tuple of
-    plain values, which the collector stops tracking the first time it sees it."""
+    """What :func:`write_metric_values` wrote, in :data:`METRIC_KEYS` order, unknown as ``None`` (a scrape adds the
+    values to its flat list one by one and drops the tuple)."""
     read = _READING.unpack(values)
     total = sum(read)
     if total == total:  # no NaN: every value known
