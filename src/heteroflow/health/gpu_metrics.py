@@ -227,8 +227,11 @@ young collection walked the new ones and promoted them, and each middle collecti
 (``sum``, ``min``, ``max``: C loops) when the row is built or the bucket is full."""
 
 
-def _known_or_nan(metrics: GpuMetrics) -> list[float]:
-    return [_NAN if value is None else value for value in metrics]
+def _packed(metrics: GpuMetrics) -> bytes:
+    """One reading's values as :data:`_READING`: doubles, NaN for unknown (a metric is never NaN)."""
+    if None in metrics:
+        return _READING.pack(*[_NAN if value is None else value for value in metrics])
+    return _READING.pack(*metrics)
 
 
 def new_metric_values() -> bytearray:
@@ -237,12 +240,9 @@ def new_metric_values() -> bytearray:
 
 
 def write_metric_values(into: bytearray, metrics: GpuMetrics) -> None:
-    """Overwrite ``into`` (from :func:`new_metric_values`) with ``metrics``: doubles, NaN for unknown (a metric is
-    never NaN). Nothing is made that the collector tracks."""
-    if None in metrics:
-        _READING.pack_into(into, 0, *_known_or_nan(metrics))
-    else:
-        _READING.pack_into(into, 0, *metrics)
+    """Overwrite ``into`` (from :func:`new_metric_values`) with ``metrics`` in place: nothing is made that the
+    collector tracks."""
+    into[:] = _packed(metrics)
 
 
 def read_metric_values(values: bytearray) -> tuple[float | None, ...]:
@@ -390,7 +390,7 @@ class MinuteAggregator:
             if bucket is None:
                 bucket = group[slot] = bytearray(_EMPTY)
             # five doubles, unknown as NaN: nothing made that the collector tracks
-            bucket += _READING.pack(*metrics) if None not in metrics else _READING.pack(*_known_or_nan(metrics))
+            bucket += _packed(metrics)
             if len(bucket) >= _FOLD_BYTES:
                 _fold(bucket)
 

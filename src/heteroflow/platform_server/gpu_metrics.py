@@ -171,10 +171,15 @@ class GpuMetricsRecorder:
         at the first step (its keys and its values: two lists), so a scrape may copy one slice, let the event loop
         answer what is ready, and copy the next."""
         cutoff = self._clock.monotonic() - self._settings.export_stale_seconds
+        for keys, cards in self._known_slices(slice_cards):
+            yield self._latest_cards(keys, cards, cutoff)
+
+    def _known_slices(self, size: int) -> Iterator[tuple[list[CardKey], list[_Known]]]:
+        """The card table copied at the first step (its keys and its values: two lists), then ``size`` cards at a
+        time: the caller may let the event loop run between slices."""
         keys, cards = list(self._known), list(self._known.values())
-        for start in range(0, len(keys), slice_cards):
-            end = start + slice_cards
-            yield self._latest_cards(keys[start:end], cards[start:end], cutoff)
+        for start in range(0, len(keys), size):
+            yield keys[start : start + size], cards[start : start + size]
 
     @staticmethod
     def _latest_cards(keys: list[CardKey], cards: list[_Known], cutoff: float) -> FlatCards:
@@ -284,11 +289,10 @@ class GpuMetricsRecorder:
         ``slice_cards`` at a time, the event loop answering between slices (a fleet's 80,000 cards at once held it
         for 25-50 ms)."""
         cutoff = self._clock.monotonic() - 10 * self._settings.export_stale_seconds
-        keys, cards = list(self._known), list(self._known.values())
-        for start in range(0, len(keys), slice_cards):
-            if start:
+        for number, (keys, cards) in enumerate(self._known_slices(slice_cards)):
+            if number:
                 await asyncio.sleep(0)
-            for key, known in zip(keys[start : start + slice_cards], cards[start : start + slice_cards], strict=True):
+            for key, known in zip(keys, cards, strict=True):
                 if max(known.counters_at, known.metrics_at) < cutoff and self._known.get(key) is known:
                     del self._known[key]
 
