@@ -12,13 +12,18 @@ class in C: the same objects, for a fraction of a dataclass's generated ``__init
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime
-from operator import le
-from typing import Final
+from operator import itemgetter, le
+from typing import Final, NamedTuple
 
 from heteroflow.core.ids import NodeId, Source
-from heteroflow.health.counters import HEALTH_KEYS, counters_from_values, parse_keys
+from heteroflow.health.counters import (
+    HEALTH_KEYS,
+    PLAIN_WIRE_TYPES,
+    counters_from_values,
+    parse_keys,
+    shared_counters,
+)
 from heteroflow.health.gpu_metrics import (
     FLOAT_ONLY,
     METRIC_HIGHS,
@@ -37,12 +42,15 @@ _tuple_of = tuple.__new__
 builds one in C."""
 _STAT_KEYS: Final = ("index", "uuid", "sampled_at", "telemetry_at", "semantics_unconfirmed", *HEALTH_KEYS, *METRIC_KEYS)
 """What a card's stat is read for, in one ``map`` (the counters and the metrics are the two slices below)."""
+_FIX: Final = itemgetter(1)
+"""A remembered time's fix (``None``, or a :class:`TimeFix`)."""
 _COUNTERS: Final = slice(5, 5 + len(HEALTH_KEYS))
 _METRICS: Final = slice(5 + len(HEALTH_KEYS), None)
 
 
-@dataclass(frozen=True, slots=True)
-class BeatReadings:
+class BeatReadings(NamedTuple):
+    """One beat's readings for the two side paths. A named tuple: one per beat, built in C."""
+
     health: list[HealthReading]
     """What :func:`~heteroflow.health.heartbeat.readings_from_stats` gives."""
     metrics: list[MetricReading]
@@ -92,9 +100,11 @@ def beat_readings(
             timed = _stored_time(times, time_text, received_at=received_at, window=window)
         unconfirmed = raw[4]  # absent for nearly every card: no call to parse nothing
         semantics = () if unconfirmed is None else parse_keys(unconfirmed)
-        health.append(
-            _tuple_of(HealthReading, (key, uuid, timed[0], counters_from_values(raw[_COUNTERS]), timed[1], semantics))
-        )
+        # a steady card's counters are found among the shared ones in C, without a call (counters_from_values)
+        counter_values: tuple[int | None, ...] = raw[_COUNTERS]  # type: ignore[assignment]  # types checked first
+        plain = PLAIN_WIRE_TYPES.issuperset(map(type, counter_values))
+        counters = (plain and shared_counters(counter_values)) or counters_from_values(counter_values)
+        health.append(_tuple_of(HealthReading, (key, uuid, timed[0], counters, timed[1], semantics)))
         values = raw[_METRICS]
         # the common card, written out: five floats within their bounds, checked in C (a NaN or an infinity
         # fails a comparison); anything else is parsed value by value (gpu_metrics.metrics_from_values)
@@ -115,9 +125,10 @@ def beat_readings(
         if timed is None:
             timed = _stored_time(times, time_text, received_at=received_at, window=window)
         metrics.append(_tuple_of(MetricReading, (key, uuid, timed[0], card_metrics, timed[1])))
-    # every time a reading carries came from `times` (a claim that was no text claims nothing: no fix)
-    corrected = any(fix is not None for _, fix in times.values())
-    return BeatReadings(health=health, metrics=metrics, invalid=invalid, corrected=corrected)
+    # every time a reading carries came from `times` (a claim that was no text claims nothing: no fix; a fix is
+    # a non-empty string, so true)
+    corrected = any(map(_FIX, times.values()))
+    return _tuple_of(BeatReadings, (health, metrics, invalid, corrected))
 
 
 def _stored_time(

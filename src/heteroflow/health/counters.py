@@ -79,16 +79,22 @@ def counters_from_values(raw: tuple[object, ...]) -> Counters:
     reads); every malformed value becomes unknown, nothing raises."""
     # a steady card sends what it sent before: wire integers (not booleans) and nulls only, found as they
     # are among the parsed values (no key holds a negative or oversized number, so those never match)
-    if _PLAIN.issuperset(map(type, raw)):
-        known = _INTERNED.get(raw)  # type: ignore[arg-type]
+    if PLAIN_WIRE_TYPES.issuperset(map(type, raw)):
+        known = shared_counters(raw)  # type: ignore[arg-type]
         if known is not None:
             return known
     return interned_counters(tuple([parse_counter(value) for value in raw]))
 
 
-_PLAIN: Final = frozenset({int, type(None)})
 _INTERNED: dict[tuple[int | None, ...], Counters] = {}
 _INTERNED_MAX: Final = 65_536
+PLAIN_WIRE_TYPES: Final = frozenset({int, type(None)})
+"""The wire types of a steady card's counters: integers (not booleans) and nulls."""
+shared_counters: Final = _INTERNED.get
+"""The shared :class:`Counters` of wire values whose types are all :data:`PLAIN_WIRE_TYPES`, when a card sent
+them before, else ``None``; in C (what :func:`counters_from_values` tries first, for a caller that reads a beat's
+cards in one loop without a call per card). No key holds a negative or oversized number, so those never match;
+the table is emptied in place, so this stays its lookup."""
 
 
 def interned_counters(values: tuple[int | None, ...]) -> Counters:

@@ -204,34 +204,43 @@ def minute_of(at: datetime) -> datetime:
 
 
 _WIDTH: Final = len(METRIC_KEYS)
-_FOLD_AT: Final = 16
+_FOLD_AT: Final = 12
 """Readings a bucket keeps as they came before folding them into its running values: a card's minute at 5 s
-beats (12 readings) is folded once, when the minute's row is built; a card beating faster keeps at most this
-many."""
+beats (12 readings) is folded once, when the last one arrives; a card beating faster every 12 readings."""
 
 _HEAD: Final = struct.Struct(f"<{1 + 4 * _WIDTH}d")
-"""A bucket's running values: the readings folded so far, then per metric in :data:`METRIC_KEYS` order the sum,
-count, min and max of the folded readings that knew it."""
+"""A bucket's running values, from :data:`_HEAD_AT`: the readings folded so far, then per metric in
+:data:`METRIC_KEYS` order the sum, count, min and max of the folded readings that knew it."""
 _READING: Final = struct.Struct(f"<{_WIDTH}d")
 """One reading as a bucket holds it until folded: its five values, NaN for unknown (a metric is never NaN)."""
-_EMPTY: Final = _HEAD.pack(0.0, *[0.0, 0.0, math.inf, -math.inf] * _WIDTH)
-_FOLD_BYTES: Final = _HEAD.size + _FOLD_AT * _READING.size
+_HEAD_AT: Final = 1
+"""A bucket's first byte counts the readings kept as they came (at most :data:`_FOLD_AT`); the running values
+follow."""
+_READINGS_AT: Final = _HEAD_AT + _HEAD.size
+_EMPTY: Final = (
+    bytes(_HEAD_AT) + _HEAD.pack(0.0, *[0.0, 0.0, math.inf, -math.inf] * _WIDTH) + bytes(_FOLD_AT * _READING.size)
+)
 _NAN: Final = math.nan
+_MINUTE: Final = timedelta(minutes=1)
+_pack_into: Final = _READING.pack_into
+_READING_SIZE: Final = _READING.size
 
 Bucket = bytearray
-"""One card's readings of one minute in plain bytes (:data:`_HEAD`, then the readings not folded yet, each
-:data:`_READING`): a ``bytearray`` holds no object, so the collector neither tracks nor walks it. A fleet's open
-minutes are tens of thousands of buckets that live a minute and more; as objects (a list of floats per card) every
-young collection walked the new ones and promoted them, and each middle collection walked them again (pauses of
-40-150 ms at 10,000 nodes, docs/benchmarks.md). The readings are folded into the running values a column at a time
-(``sum``, ``min``, ``max``: C loops) when the row is built or the bucket is full."""
+"""One card's readings of one minute in plain bytes of a fixed size: the count of readings not folded yet (one
+byte), the running values (:data:`_HEAD`), then room for :data:`_FOLD_AT` readings (:data:`_READING`). A
+``bytearray`` holds no object, so the collector neither tracks nor walks it. A fleet's open minutes are tens of
+thousands of buckets that live a minute and more; as objects (a list of floats per card) every young collection
+walked the new ones and promoted them, and each middle collection walked them again (pauses of 40-150 ms at
+10,000 nodes, docs/benchmarks.md). A reading is written into its place (``pack_into``: nothing allocated, the
+bucket never grows); the readings are folded into the running values a column at a time (``sum``, ``min``,
+``max``: C loops) when the bucket is full or its row is built."""
 
 
-def _packed(metrics: GpuMetrics) -> bytes:
-    """One reading's values as :data:`_READING`: doubles, NaN for unknown (a metric is never NaN)."""
+def _known_values(metrics: GpuMetrics) -> GpuMetrics | list[float]:
+    """A reading's values as :data:`_READING` packs them: unknown as NaN (a metric is never NaN)."""
     if None in metrics:
-        return _READING.pack(*[_NAN if value is None else value for value in metrics])
-    return _READING.pack(*metrics)
+        return [_NAN if value is None else value for value in metrics]
+    return metrics
 
 
 def new_metric_values() -> bytearray:
@@ -242,7 +251,7 @@ def new_metric_values() -> bytearray:
 def write_metric_values(into: bytearray, metrics: GpuMetrics) -> None:
     """Overwrite ``into`` (from :func:`new_metric_values`) with ``metrics`` in place: nothing is made that the
     collector tracks."""
-    into[:] = _packed(metrics)
+    _pack_into(into, 0, *_known_values(metrics))
 
 
 def read_metric_values(values: bytearray) -> tuple[float | None, ...]:
@@ -257,11 +266,11 @@ def read_metric_values(values: bytearray) -> tuple[float | None, ...]:
 
 def _fold(bucket: Bucket) -> list[float]:
     """Fold the readings kept as they came into the running values; returns the running values (:data:`_HEAD`)."""
-    head = list(_HEAD.unpack_from(bucket))
-    pending = (len(bucket) - _HEAD.size) // _READING.size
+    head = list(_HEAD.unpack_from(bucket, _HEAD_AT))
+    pending = bucket[0]
     if not pending:
         return head
-    values = struct.unpack_from(f"<{pending * _WIDTH}d", bucket, _HEAD.size)
+    values = struct.unpack_from(f"<{pending * _WIDTH}d", bucket, _READINGS_AT)
     for position in range(_WIDTH):
         base = 1 + 4 * position
         column = values[position::_WIDTH]
@@ -276,14 +285,14 @@ def _fold(bucket: Bucket) -> list[float]:
         head[base + 2] = min(head[base + 2], *column)
         head[base + 3] = max(head[base + 3], *column)
     head[0] += pending
-    _HEAD.pack_into(bucket, 0, *head)
-    del bucket[_HEAD.size :]
+    _HEAD.pack_into(bucket, _HEAD_AT, *head)
+    bucket[0] = 0
     return head
 
 
 def bucket_samples(bucket: Bucket) -> int:
     """The readings a bucket holds, folded or not."""
-    return int(_HEAD.unpack_from(bucket)[0]) + (len(bucket) - _HEAD.size) // _READING.size
+    return int(_HEAD.unpack_from(bucket, _HEAD_AT)[0]) + bucket[0]
 
 
 def bucket_columns(bucket: Bucket) -> tuple[float | int | None, ...]:
@@ -368,7 +377,7 @@ class MinuteAggregator:
         # minutes (two or three), not at every card's bucket (24,000 for a fleet) on the event loop
         self._minutes: dict[datetime, dict[SlotKey, Bucket]] = {}
         self._last_at: datetime | None = None
-        self._last_minute = datetime.min
+        self._last_minute = self._next_minute = datetime.min
         self._last_group: dict[SlotKey, Bucket] | None = None
 
     def __len__(self) -> int:
@@ -382,16 +391,22 @@ class MinuteAggregator:
         for key, uuid, at, metrics, _ in readings:
             group = self._last_group
             if at is not self._last_at or group is None:
-                # a beat's cards share one parsed time: its minute (and the minute's group) is looked up once
-                self._last_at, self._last_minute = at, minute_of(at)
-                group = self._last_group = self._minutes.setdefault(self._last_minute, {})
+                # a beat's cards share one parsed time, and most beats fall in the minute of the one before: its
+                # group is looked up again only when the minute changes
+                if group is None or not self._last_minute <= at < self._next_minute:
+                    minute = minute_of(at)
+                    self._last_minute, self._next_minute = minute, minute + _MINUTE
+                    group = self._last_group = self._minutes.setdefault(minute, {})
+                self._last_at = at
             slot = (*key, uuid)
             bucket = group.get(slot)
             if bucket is None:
                 bucket = group[slot] = bytearray(_EMPTY)
-            # five doubles, unknown as NaN: nothing made that the collector tracks
-            bucket += _packed(metrics)
-            if len(bucket) >= _FOLD_BYTES:
+            # five doubles, unknown as NaN, written into the bucket's next free place: nothing allocated
+            kept = bucket[0]
+            _pack_into(bucket, _READINGS_AT + kept * _READING_SIZE, *_known_values(metrics))
+            bucket[0] = kept + 1
+            if kept + 1 == _FOLD_AT:
                 _fold(bucket)
 
     def close(self, *, now: datetime | None) -> list[MinuteRow]:
