@@ -204,43 +204,35 @@ def minute_of(at: datetime) -> datetime:
 
 
 _WIDTH: Final = len(METRIC_KEYS)
-_FOLD_AT: Final = 12
+_FOLD_AT: Final = 16
 """Readings a bucket keeps as they came before folding them into its running values: a card's minute at 5 s
-beats (12 readings) is folded once, when the last one arrives; a card beating faster every 12 readings."""
+beats (12 readings) is folded once, when the minute's row is built; a card beating faster keeps at most this
+many."""
 
 _HEAD: Final = struct.Struct(f"<{1 + 4 * _WIDTH}d")
-"""A bucket's running values, from :data:`_HEAD_AT`: the readings folded so far, then per metric in
-:data:`METRIC_KEYS` order the sum, count, min and max of the folded readings that knew it."""
+"""A bucket's running values: the readings folded so far, then per metric in :data:`METRIC_KEYS` order the sum,
+count, min and max of the folded readings that knew it."""
 _READING: Final = struct.Struct(f"<{_WIDTH}d")
 """One reading as a bucket holds it until folded: its five values, NaN for unknown (a metric is never NaN)."""
-_HEAD_AT: Final = 1
-"""A bucket's first byte counts the readings kept as they came (at most :data:`_FOLD_AT`); the running values
-follow."""
-_READINGS_AT: Final = _HEAD_AT + _HEAD.size
-_EMPTY: Final = (
-    bytes(_HEAD_AT) + _HEAD.pack(0.0, *[0.0, 0.0, math.inf, -math.inf] * _WIDTH) + bytes(_FOLD_AT * _READING.size)
-)
+_EMPTY: Final = _HEAD.pack(0.0, *[0.0, 0.0, math.inf, -math.inf] * _WIDTH)
+_FOLD_BYTES: Final = _HEAD.size + _FOLD_AT * _READING.size
 _NAN: Final = math.nan
 _MINUTE: Final = timedelta(minutes=1)
-_pack_into: Final = _READING.pack_into
-_READING_SIZE: Final = _READING.size
 
 Bucket = bytearray
-"""One card's readings of one minute in plain bytes of a fixed size: the count of readings not folded yet (one
-byte), the running values (:data:`_HEAD`), then room for :data:`_FOLD_AT` readings (:data:`_READING`). A
-``bytearray`` holds no object, so the collector neither tracks nor walks it. A fleet's open minutes are tens of
-thousands of buckets that live a minute and more; as objects (a list of floats per card) every young collection
-walked the new ones and promoted them, and each middle collection walked them again (pauses of 40-150 ms at
-10,000 nodes, docs/benchmarks.md). A reading is written into its place (``pack_into``: nothing allocated, the
-bucket never grows); the readings are folded into the running values a column at a time (``sum``, ``min``,
-``max``: C loops) when the bucket is full or its row is built."""
+"""One card's readings of one minute in plain bytes (:data:`_HEAD`, then the readings not folded yet, each
+:data:`_READING`): a ``bytearray`` holds no object, so the collector neither tracks nor walks it. A fleet's open
+minutes are tens of thousands of buckets that live a minute and more; as objects (a list of floats per card) every
+young collection walked the new ones and promoted them, and each middle collection walked them again (pauses of
+40-150 ms at 10,000 nodes, docs/benchmarks.md). The readings are folded into the running values a column at a time
+(``sum``, ``min``, ``max``: C loops) when the row is built or the bucket is full."""
 
 
-def _known_values(metrics: GpuMetrics) -> GpuMetrics | list[float]:
-    """A reading's values as :data:`_READING` packs them: unknown as NaN (a metric is never NaN)."""
+def _packed(metrics: GpuMetrics) -> bytes:
+    """One reading's values as :data:`_READING`: doubles, NaN for unknown (a metric is never NaN)."""
     if None in metrics:
-        return [_NAN if value is None else value for value in metrics]
-    return metrics
+        return _READING.pack(*[_NAN if value is None else value for value in metrics])
+    return _READING.pack(*metrics)
 
 
 def new_metric_values() -> bytearray:
@@ -251,7 +243,10 @@ def new_metric_values() -> bytearray:
 def write_metric_values(into: bytearray, metrics: GpuMetrics) -> None:
     """Overwrite ``into`` (from :func:`new_metric_values`) with ``metrics`` in place: nothing is made that the
     collector tracks."""
-    _pack_into(into, 0, *_known_values(metrics))
+    if None in metrics:
+        _READING.pack_into(into, 0, *[_NAN if value is None else value for value in metrics])
+    else:
+        _READING.pack_into(into, 0, *metrics)
 
 
 def read_metric_values(values: bytearray) -> tuple[float | None, ...]:
@@ -266,11 +261,11 @@ def read_metric_values(values: bytearray) -> tuple[float | None, ...]:
 
 def _fold(bucket: Bucket) -> list[float]:
     """Fold the readings kept as they came into the running values; returns the running values (:data:`_HEAD`)."""
-    head = list(_HEAD.unpack_from(bucket, _HEAD_AT))
-    pending = bucket[0]
+    head = list(_HEAD.unpack_from(bucket))
+    pending = (len(bucket) - _HEAD.size) // _READING.size
     if not pending:
         return head
-    values = struct.unpack_from(f"<{pending * _WIDTH}d", bucket, _READINGS_AT)
+    values = struct.unpack_from(f"<{pending * _WIDTH}d", bucket, _HEAD.size)
     for position in range(_WIDTH):
         base = 1 + 4 * position
         column = values[position::_WIDTH]
@@ -285,14 +280,14 @@ def _fold(bucket: Bucket) -> list[float]:
         head[base + 2] = min(head[base + 2], *column)
         head[base + 3] = max(head[base + 3], *column)
     head[0] += pending
-    _HEAD.pack_into(bucket, _HEAD_AT, *head)
-    bucket[0] = 0
+    _HEAD.pack_into(bucket, 0, *head)
+    del bucket[_HEAD.size :]
     return head
 
 
 def bucket_samples(bucket: Bucket) -> int:
     """The readings a bucket holds, folded or not."""
-    return int(_HEAD.unpack_from(bucket, _HEAD_AT)[0]) + bucket[0]
+    return int(_HEAD.unpack_from(bucket)[0]) + (len(bucket) - _HEAD.size) // _READING.size
 
 
 def bucket_columns(bucket: Bucket) -> tuple[float | int | None, ...]:
@@ -402,11 +397,9 @@ class MinuteAggregator:
             bucket = group.get(slot)
             if bucket is None:
                 bucket = group[slot] = bytearray(_EMPTY)
-            # five doubles, unknown as NaN, written into the bucket's next free place: nothing allocated
-            kept = bucket[0]
-            _pack_into(bucket, _READINGS_AT + kept * _READING_SIZE, *_known_values(metrics))
-            bucket[0] = kept + 1
-            if kept + 1 == _FOLD_AT:
+            # five doubles, unknown as NaN: nothing made that the collector tracks
+            bucket += _packed(metrics)
+            if len(bucket) >= _FOLD_BYTES:
                 _fold(bucket)
 
     def close(self, *, now: datetime | None) -> list[MinuteRow]:
