@@ -243,10 +243,7 @@ def new_metric_values() -> bytearray:
 def write_metric_values(into: bytearray, metrics: GpuMetrics) -> None:
     """Overwrite ``into`` (from :func:`new_metric_values`) with ``metrics`` in place: nothing is made that the
     collector tracks."""
-    if None in metrics:
-        _READING.pack_into(into, 0, *[_NAN if value is None else value for value in metrics])
-    else:
-        _READING.pack_into(into, 0, *metrics)
+    into[:] = _packed(metrics)
 
 
 def read_metric_values(values: bytearray) -> tuple[float | None, ...]:

@@ -185,6 +185,26 @@ def test_a_bucket_beyond_its_fold_gives_the_same_aggregate_as_one_value_at_a_tim
     assert row.values["power_w"] is None  # unknown in every reading: no aggregate, never 0
 
 
+@given(st.lists(st.integers(min_value=-90, max_value=179), min_size=1, max_size=60))
+def test_readings_in_any_order_of_times_land_in_their_own_minutes(seconds: list[int]) -> None:
+    """The aggregator looks a minute's group up again only when a reading leaves the minute of the one before:
+    readings that go back and forth between minutes (late beats, a clock stepping) still land in their own."""
+    agg = MinuteAggregator()
+    for offset in seconds:
+        agg.add(reading(T0 + timedelta(seconds=offset), temperature_c=float(offset % 60)))
+    rows = agg.close(now=None)
+    expected: dict[datetime, list[float]] = {}
+    for offset in seconds:
+        at = T0 + timedelta(seconds=offset)
+        expected.setdefault(at.replace(second=0), []).append(float(offset % 60))
+    assert {row.minute: row.samples for row in rows} == {minute: len(values) for minute, values in expected.items()}
+    for row in rows:
+        values = expected[row.minute]
+        assert row.values["temperature_c"] == Aggregate(
+            min=min(values), avg=sum(values) / len(values), max=max(values), count=len(values)
+        )
+
+
 _METRIC_VALUE = st.one_of(st.none(), st.floats(min_value=0.0, max_value=100.0), st.sampled_from([0.0, -0.0, 100.0]))
 
 
