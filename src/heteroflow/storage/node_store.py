@@ -201,7 +201,7 @@ class SqlNodeStore:
             {"id": node_id, "ts": at.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")} for node_id, at in beats.items()
         ]
         chunk = LIVENESS_ENCODE_CHUNK
-        payload = "[" + ",".join(json.dumps(items[at : at + chunk])[1:-1] for at in range(0, len(items), chunk)) + "]"
+        payload = "[" + ",".join(json.dumps(items[i : i + chunk])[1:-1] for i in range(0, len(items), chunk)) + "]"
         with unavailable_as_store_error(), self._engine.begin() as conn:
             result = conn.execute(_LIVENESS_SQL[conn.dialect.name], {"beats": payload})
             return {NodeId(row[0]) for row in result}
