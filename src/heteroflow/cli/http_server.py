@@ -4,12 +4,14 @@ uvicorn's httptools protocol sets no limit on the size of a request line and hea
 receives until the head ends, so four clients sending 128 MiB headers cost the server half a gigabyte before any
 middleware (the token check included) sees the request. :class:`BoundedHttpToolsProtocol` counts the bytes of
 each request head as they arrive and answers 431 and closes the connection once a head passes
-:data:`MAX_HEADER_BYTES`. Every service's command builds its server with :func:`server_config`.
+:data:`MAX_HEADER_BYTES`. It also sends a response's head and body in one write (:class:`HeadWithBody`). Every
+service's command builds its server with :func:`server_config`.
 """
 
 from __future__ import annotations
 
-from typing import Any, Final
+import asyncio
+from typing import Any, Final, cast
 
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -33,8 +35,73 @@ def _refusal() -> bytes:
     return _REFUSAL % (len(body), body)
 
 
+class HeadWithBody:
+    """A connection's transport that sends a response's head and its body in one write.
+
+    uvicorn writes a response's status line and headers as soon as the application starts the response, and the
+    body in a second write: two ``send`` system calls, and two TCP segments for the client to take in, for an
+    answer of a few hundred bytes (a heartbeat's). This transport keeps a write made while nothing is held until
+    the end of the event loop's turn: a write in the same turn (the body, which a plain response sends right
+    after its start) goes out with it in one ``send``; otherwise the turn's end sends it alone. Nothing waits
+    past the turn in which it was written (a stream's head leaves before its first chunk is made), and the order
+    of the bytes is the order of the writes: closing, or any other way of writing, sends what is held first.
+    Everything else is the transport's own.
+    """
+
+    __slots__ = ("_held", "_loop", "_transport")
+
+    def __init__(self, transport: asyncio.Transport, loop: asyncio.AbstractEventLoop) -> None:
+        self._transport = transport
+        self._loop = loop
+        self._held: bytes | None = None
+        """``None``: nothing held and no send due; the bytes held for the send due at the turn's end (empty: the
+        turn's writes went out already)."""
+
+    def write(self, data: bytes | bytearray | memoryview) -> None:
+        held = self._held
+        if held is None:  # the turn's first write: held (a copy, should the caller reuse a buffer)
+            self._held = bytes(data)
+            self._loop.call_soon(self._send_held)
+        elif held:  # the second: both in one send
+            self._held = b""
+            self._transport.write(held + data)
+        else:
+            self._transport.write(data)
+
+    def _send_held(self) -> None:
+        held, self._held = self._held, None
+        if held and not self._transport.is_closing():
+            self._transport.write(held)
+
+    def _release(self) -> None:
+        """Send what is held now (before a write by other means, or closing); the turn's end has nothing left."""
+        held = self._held
+        if held:
+            self._held = b""
+            self._transport.write(held)
+
+    def writelines(self, data: Any) -> None:
+        self._release()
+        self._transport.writelines(data)
+
+    def write_eof(self) -> None:
+        self._release()
+        self._transport.write_eof()
+
+    def close(self) -> None:
+        self._release()
+        self._transport.close()
+
+    def get_write_buffer_size(self) -> int:
+        return self._transport.get_write_buffer_size() + len(self._held or b"")
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
 class BoundedHttpToolsProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol, with at most :data:`MAX_HEADER_BYTES` of request head per request."""
+    """uvicorn's httptools protocol, with at most :data:`MAX_HEADER_BYTES` of request head per request, and each
+    response's head sent with its body (:class:`HeadWithBody`)."""
 
     max_header_bytes: int = MAX_HEADER_BYTES
 
@@ -42,6 +109,9 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         super().__init__(*args, **kwargs)
         self._head_bytes = 0
         self._in_body = False
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
+        super().connection_made(cast(asyncio.Transport, HeadWithBody(transport, self.loop)))
 
     def data_received(self, data: bytes) -> None:
         counting = not self._in_body

@@ -235,20 +235,14 @@ def _packed(metrics: GpuMetrics) -> bytes:
     return _READING.pack(*metrics)
 
 
-def new_metric_values() -> bytearray:
-    """A card's newest metrics as :func:`write_metric_values` keeps them: all unknown."""
-    return bytearray(_READING.pack(*[_NAN] * _WIDTH))
+NO_METRIC_VALUES: Final = _READING.pack(*[_NAN] * _WIDTH)
+"""A card's newest metrics before its first reading, as :meth:`MinuteAggregator.add_beat` packs them: all
+unknown."""
 
 
-def write_metric_values(into: bytearray, metrics: GpuMetrics) -> None:
-    """Overwrite ``into`` (from :func:`new_metric_values`) with ``metrics`` in place: nothing is made that the
-    collector tracks."""
-    into[:] = _packed(metrics)
-
-
-def read_metric_values(values: bytearray) -> tuple[float | None, ...]:
-    """What :func:`write_metric_values` wrote, in :data:`METRIC_KEYS` order, unknown as ``None`` (a scrape adds the
-    values to its flat list one by one and drops the tuple)."""
+def read_metric_values(values: bytes) -> tuple[float | None, ...]:
+    """A reading's values as :meth:`MinuteAggregator.add_beat` packed them, in :data:`METRIC_KEYS` order, unknown as
+    ``None`` (a scrape adds the values to its flat list one by one and drops the tuple)."""
     read = _READING.unpack(values)
     total = sum(read)
     if total == total:  # no NaN: every value known
@@ -378,8 +372,11 @@ class MinuteAggregator:
     def add(self, reading: MetricReading) -> None:
         self.add_beat((reading,))
 
-    def add_beat(self, readings: Iterable[MetricReading]) -> None:
-        """Take one beat's readings (or any readings): each appended to its card's bucket of its minute."""
+    def add_beat(self, readings: Iterable[MetricReading]) -> list[bytes]:
+        """Take one beat's readings (or any readings): each appended to its card's bucket of its minute. Returns
+        each reading's values as appended (:func:`read_metric_values` reads them), in the readings' order: a
+        card's newest values, packed once for both."""
+        appended: list[bytes] = []
         for key, uuid, at, metrics, _ in readings:
             group = self._last_group
             if at is not self._last_at or group is None:
@@ -395,9 +392,12 @@ class MinuteAggregator:
             if bucket is None:
                 bucket = group[slot] = bytearray(_EMPTY)
             # five doubles, unknown as NaN: nothing made that the collector tracks
-            bucket += _packed(metrics)
+            values = _packed(metrics)
+            bucket += values
             if len(bucket) >= _FOLD_BYTES:
                 _fold(bucket)
+            appended.append(values)
+        return appended
 
     def close(self, *, now: datetime | None) -> list[MinuteRow]:
         """Remove and return the rows of every minute that ended before ``now - grace`` (all when ``None``)."""

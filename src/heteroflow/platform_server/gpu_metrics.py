@@ -19,7 +19,7 @@ import itertools
 import math
 from collections import deque
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 import structlog
@@ -30,6 +30,7 @@ from heteroflow.health.counters import Counters
 from heteroflow.health.gpu_metrics import (
     GPU_MEMORY_HIGH,
     MEMORY_HIGH_RESOLUTION,
+    NO_METRIC_VALUES,
     ClosedMinute,
     FlatRow,
     MemoryHighTracker,
@@ -37,9 +38,7 @@ from heteroflow.health.gpu_metrics import (
     MinuteAggregator,
     flat_row,
     memory_high_message,
-    new_metric_values,
     read_metric_values,
-    write_metric_values,
 )
 from heteroflow.health.metrics_settings import GpuMetricsSettings
 from heteroflow.health.samples import CardKey, HealthReading
@@ -76,9 +75,9 @@ class _Known:
     uuid: str | None = None
     counters: Counters | None = None
     counters_at: float = 0.0
-    metrics: bytearray = field(default_factory=new_metric_values)
-    """The newest metrics as plain bytes (``write_metric_values``), rewritten in place by every beat: a fleet's
-    newest values are no object that the collector tracks. As one object per card and beat they were tens of
+    metrics: bytes = NO_METRIC_VALUES
+    """The newest metrics as plain bytes, the ones the minute bucket took (``MinuteAggregator.add_beat``): a
+    fleet's newest values are no object that the collector tracks. As one object per card and beat they were tens of
     thousands of new objects every few seconds, each living until its card's next beat, which every young
     collection walked and promoted (docs/benchmarks.md)."""
     metrics_at: float = -math.inf
@@ -130,12 +129,11 @@ class GpuMetricsRecorder:
         """Take one beat's metrics (and health counters, for /metrics). Never raises, never touches the database."""
         now = self._clock.monotonic()
         self._readings += len(metrics)
-        self._aggregator.add_beat(metrics)
+        packed = self._aggregator.add_beat(metrics)
         find = self._known.get  # a steady card is found, not built: one lookup per card and side path
-        for key, uuid, _, card_metrics, _ in metrics:
+        for (key, uuid, _, _, _), values in zip(metrics, packed, strict=True):
             known = find(key) or self._known_card(node, key)
-            known.uuid, known.metrics_at = uuid, now
-            write_metric_values(known.metrics, card_metrics)
+            known.uuid, known.metrics_at, known.metrics = uuid, now, values
         if metrics and node.source == "real":  # simulated data never alerts
             observe = self._tracker.observe
             for reading in metrics:

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from heteroflow.core.ids import NodeId
 from heteroflow.health.gpu_metrics import (
     METRIC_KEYS,
+    NO_METRIC_VALUES,
     Aggregate,
     GpuMetrics,
     MemoryHighParams,
@@ -25,6 +26,7 @@ from heteroflow.health.gpu_metrics import (
     metric_readings_from_stats,
     metrics_from_values,
     parse_metric,
+    read_metric_values,
 )
 from heteroflow.health.gpu_metrics import (
     minute_rows as rows_of_minutes,
@@ -244,6 +246,19 @@ def test_the_float_fast_path_reads_every_value_as_parse_metric_does(raw: tuple[o
     expected = tuple(parse_metric(name, value) for name, value in zip(METRIC_KEYS, raw, strict=True))
     assert type(metrics) is GpuMetrics
     assert [(type(v), v) for v in metrics] == [(type(v), v) for v in expected]
+
+
+def test_a_beat_gives_back_each_readings_values_as_its_bucket_took_them() -> None:
+    """The recorder keeps a card's newest values as the bytes its minute bucket took: read back, they are the
+    reading's values, an unknown one unknown (never 0); before any reading, all unknown."""
+    agg = MinuteAggregator()
+    first = reading(T0, temperature_c=41.5, power_w=None)
+    second = reading(T0 + timedelta(seconds=5), temperature_c=42.0, power_w=310.0)
+    packed = agg.add_beat([first, second])
+    assert [read_metric_values(values) for values in packed] == [tuple(first.metrics), tuple(second.metrics)]
+    assert read_metric_values(packed[0])[METRIC_KEYS.index("power_w")] is None
+    assert not any(gc.is_tracked(values) for values in packed)
+    assert read_metric_values(NO_METRIC_VALUES) == (None,) * len(METRIC_KEYS)
 
 
 def test_an_open_minute_holds_nothing_the_collector_walks_but_one_bucket_per_card() -> None:

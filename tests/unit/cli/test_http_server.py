@@ -1,0 +1,170 @@
+"""The transport every service answers through: a response's head and body in one write, nothing held past the
+event loop's turn, the bytes in the order they were written (``cli/http_server.py``)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from typing import Any, cast
+
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, StreamingResponse
+from starlette.routing import Route
+from uvicorn.server import ServerState
+
+from heteroflow.cli.http_server import BoundedHttpToolsProtocol, HeadWithBody, server_config
+
+
+class RecordingTransport(asyncio.Transport):
+    """What a connection's socket would send, one entry per ``write`` (as one ``send``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.writes: list[bytes] = []
+        self.lines: list[list[bytes]] = []
+        self.closed = False
+        self.wrote = asyncio.Event()
+
+    def write(self, data: Any) -> None:
+        self.writes.append(bytes(data))
+        self.wrote.set()
+
+    def writelines(self, list_of_data: Any) -> None:
+        self.lines.append([bytes(data) for data in list_of_data])
+
+    def close(self) -> None:
+        self.closed = True
+
+    def is_closing(self) -> bool:
+        return self.closed
+
+    def get_extra_info(self, name: str, default: Any = None) -> Any:
+        return {"peername": ("127.0.0.1", 50000), "sockname": ("127.0.0.1", 8000)}.get(name, default)
+
+    def get_write_buffer_size(self) -> int:
+        return 0  # every write sent at once
+
+    def pause_reading(self) -> None:
+        pass
+
+    def resume_reading(self) -> None:
+        pass
+
+    async def next_write(self) -> bytes:
+        """The next write, waited for (the transport's own signal, bounded)."""
+        seen = len(self.writes)
+        while len(self.writes) == seen:
+            self.wrote.clear()
+            await asyncio.wait_for(self.wrote.wait(), timeout=5)
+        return self.writes[seen]
+
+
+def _connection(app: Starlette) -> tuple[BoundedHttpToolsProtocol, RecordingTransport]:
+    config: uvicorn.Config = server_config(app, host="127.0.0.1", port=0)
+    protocol = BoundedHttpToolsProtocol(config=config, server_state=ServerState(), app_state={})
+    transport = RecordingTransport()
+    protocol.connection_made(transport)
+    return protocol, transport
+
+
+def _post(path: str, body: bytes = b"{}") -> bytes:
+    return b"POST %s HTTP/1.1\r\nhost: x\r\ncontent-length: %d\r\n\r\n%s" % (path.encode(), len(body), body)
+
+
+def test_a_response_goes_out_in_one_write_head_and_body() -> None:
+    asyncio.run(_one_write_each())
+
+
+async def _one_write_each() -> None:
+    async def answer(request: Request) -> JSONResponse:
+        return JSONResponse({"status": "ok", "got": len(await request.body())})
+
+    protocol, transport = _connection(Starlette(routes=[Route("/beat", answer, methods=["POST"])]))
+    for _ in range(3):  # keep-alive: every response of the connection, not only the first
+        protocol.data_received(_post("/beat", b'{"a": 1}'))
+        written = await transport.next_write()
+        head, _, body = written.partition(b"\r\n\r\n")
+        assert head.startswith(b"HTTP/1.1 200 OK")
+        assert b"content-length: 23" in head
+        assert body == b'{"status":"ok","got":8}'
+    assert len(transport.writes) == 3, transport.writes
+
+
+def test_a_streams_head_leaves_before_its_first_chunk_is_made() -> None:
+    asyncio.run(_stream_head_first())
+
+
+async def _stream_head_first() -> None:
+    release = asyncio.Event()
+
+    async def chunks() -> AsyncIterator[bytes]:
+        await release.wait()
+        yield b"data: 1\n\n"
+
+    async def stream(request: Request) -> StreamingResponse:
+        return StreamingResponse(chunks(), media_type="text/event-stream")
+
+    protocol, transport = _connection(Starlette(routes=[Route("/stream", stream, methods=["POST"])]))
+    protocol.data_received(_post("/stream"))
+    head = await transport.next_write()  # the chunk is not made yet: the head went out alone
+    assert head.startswith(b"HTTP/1.1 200 OK")
+    assert head.endswith(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head
+    release.set()
+    assert (await transport.next_write()).startswith(b"9\r\ndata: 1")
+
+
+def test_closing_or_writing_lines_sends_what_is_held_first() -> None:
+    asyncio.run(_held_first())
+
+
+async def _held_first() -> None:
+    loop = asyncio.get_running_loop()
+    transport = RecordingTransport()
+    held = HeadWithBody(transport, loop)
+    held.write(b"head")
+    held.writelines([b"a", b"b"])
+    assert transport.writes == [b"head"]
+    assert transport.lines == [[b"a", b"b"]]
+    held.write(b"more")  # after the turn's held bytes left, a write of the same turn goes straight out
+    assert transport.writes == [b"head", b"more"]
+    await asyncio.sleep(0)  # the turn ends: nothing left to send twice
+    assert transport.writes == [b"head", b"more"]
+
+    held.write(b"last")
+    held.close()
+    assert transport.writes[-1] == b"last"
+    assert transport.closed
+    await asyncio.sleep(0)
+    assert transport.writes.count(b"last") == 1
+
+
+def test_held_bytes_are_a_copy_and_a_closed_connection_is_not_written() -> None:
+    asyncio.run(_copy_and_closed())
+
+
+async def _copy_and_closed() -> None:
+    loop = asyncio.get_running_loop()
+    transport = RecordingTransport()
+    held = HeadWithBody(transport, loop)
+    buffer = bytearray(b"head")
+    held.write(buffer)
+    buffer[:] = b"XXXX"  # the caller reuses its buffer within the turn
+    assert held.get_write_buffer_size() == 4
+    await asyncio.sleep(0)
+    assert transport.writes == [b"head"]
+
+    held.write(b"late")
+    transport.close()  # the connection went away in the same turn (the transport closed under it)
+    await asyncio.sleep(0)
+    assert transport.writes == [b"head"]
+
+
+@pytest.mark.parametrize("name", ["get_extra_info", "pause_reading", "is_closing"])
+def test_everything_else_is_the_transports_own(name: str) -> None:
+    transport = RecordingTransport()
+    held = HeadWithBody(transport, cast(asyncio.AbstractEventLoop, None))
+    assert getattr(held, name) == getattr(transport, name)
