@@ -18,7 +18,8 @@ agent's own bodies (``SimulatedCollector`` + ``heartbeat_body``: 8 cards with he
 
 The load generator is a minimal HTTP/1.1 keep-alive client on asyncio streams with pre-built requests: on a
 2-core machine a general-purpose client would spend more CPU per request than the server does and measure
-itself. The server's own CPU time per beat (from /proc) and its SQL statements per beat (its
+itself. The server's own CPU time per beat (from /proc: user and system, and of it the system time), its write
+system calls per beat (``syscw`` of /proc/PID/io: a socket write is one) and its SQL statements per beat (its
 ``heteroflow_db_statements_total`` counter) are reported for each phase; ratios are against the baseline
 measured in the same run. Usage::
 
@@ -67,6 +68,10 @@ class PhaseResult:
     latencies: list[float] = field(default_factory=list)
     statements: float = 0.0
     server_cpu: float = 0.0
+    server_system: float = 0.0
+    """The part of ``server_cpu`` spent in the kernel (system time)."""
+    server_writes: int = 0
+    """Write system calls the server made over the phase."""
     beside_cpu: float = 0.0
     """The platform server's CPU seconds over a floor phase, while it sat idle beside the floor."""
 
@@ -77,6 +82,14 @@ class PhaseResult:
     @property
     def cpu_ms_per_beat(self) -> float:
         return self.server_cpu / max(1, self.beats) * 1000
+
+    @property
+    def system_ms_per_beat(self) -> float:
+        return self.server_system / max(1, self.beats) * 1000
+
+    @property
+    def writes_per_beat(self) -> float:
+        return self.server_writes / max(1, self.beats)
 
     def percentile(self, q: float) -> float:
         ordered = sorted(self.latencies)
@@ -164,9 +177,21 @@ def agent_nodes(count: int) -> list[AgentNode]:
 
 def cpu_seconds(pid: int) -> float:
     """User + system CPU time of a process, from /proc (Linux)."""
+    return sum(cpu_split(pid))
+
+
+def cpu_split(pid: int) -> tuple[float, float]:
+    """User and system CPU time of a process, seconds, from /proc (Linux)."""
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return int(fields[11]) / os.sysconf("SC_CLK_TCK"), int(fields[12]) / os.sysconf("SC_CLK_TCK")
+
+
+def write_calls(pid: int) -> int:
+    """The write system calls a process made so far (``syscw`` of /proc/PID/io: a socket's ``write``/``send``
+    among them)."""
+    with open(f"/proc/{pid}/io") as io:
+        return next(int(line.split()[1]) for line in io if line.startswith("syscw:"))
 
 
 def heteroflow(*args: str, env: dict[str, str]) -> str:
@@ -234,10 +259,17 @@ class Bench:
 
     async def measure(self, result: PhaseResult, load: Any) -> PhaseResult:
         await self.drain()
-        statements, cpu = await self.statements(), cpu_seconds(self.server_pid)
+        statements, (user, system), writes = (
+            await self.statements(),
+            cpu_split(self.server_pid),
+            write_calls(self.server_pid),
+        )
         await load(result)
         await self.drain()  # the writer's work for this phase is billed to it
-        result.server_cpu = cpu_seconds(self.server_pid) - cpu
+        user_after, system_after = cpu_split(self.server_pid)
+        result.server_cpu = user_after + system_after - user - system
+        result.server_system = system_after - system
+        result.server_writes = write_calls(self.server_pid) - writes
         result.statements = (await self.statements() - statements) / max(1, result.beats)
         return result
 
@@ -515,13 +547,14 @@ def main() -> None:
     )
     print(
         f"{'phase':<30} {'beats/s':>8} {'x base':>7} {'p50 ms':>7} {'p99 ms':>7} {'stmts/beat':>10} "
-        f"{'srv cpu ms/beat':>15} {'errors':>6}"
+        f"{'srv cpu ms/beat':>15} {'of it sys':>9} {'writes/beat':>11} {'errors':>6}"
     )
     base = results[0].rate
     for r in [*results, *([floor] if floor else [])]:
         print(
             f"{r.name:<30} {r.rate:>8.0f} {r.rate / base:>7.2f} {r.percentile(0.50):>7.1f} {r.percentile(0.99):>7.1f} "
-            f"{r.statements:>10.3f} {r.cpu_ms_per_beat:>15.2f} {r.errors:>6}"
+            f"{r.statements:>10.3f} {r.cpu_ms_per_beat:>15.3f} {r.system_ms_per_beat:>9.3f} {r.writes_per_beat:>11.2f} "
+            f"{r.errors:>6}"
         )
 
     body = sum(len(agent.body(None)) for agent in agents) / len(agents)
