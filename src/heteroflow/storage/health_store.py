@@ -20,6 +20,7 @@ from heteroflow.health.samples import CardKey, HealthReading, StoredSample
 from heteroflow.platform.auth import NodeScope
 from heteroflow.storage.db import insert_rows, unavailable_as_store_error
 from heteroflow.storage.health_buckets import CapabilityQuery, add_to_buckets, capability_query, cut_buckets
+from heteroflow.storage.schema import EXISTING_NODE_IDS
 from heteroflow.storage.schema import gpu_health_samples as samples_t
 from heteroflow.storage.schema import gpu_xid_events as xid_t
 from heteroflow.storage.schema import nodes as nodes_t
@@ -220,7 +221,7 @@ class SqlHealthSampleStore:
         node_ids = {r.key.node_id for r in readings}
         with unavailable_as_store_error(), self._engine.begin() as conn:
             # a node deleted meanwhile (perhaps through another server) loses its readings, not the batch
-            existing = set(conn.scalars(sa.select(nodes_t.c.id).where(nodes_t.c.id.in_(node_ids))))
+            existing = set(conn.scalars(EXISTING_NODE_IDS, {"ids": list(node_ids)}))
             chain: dict[CardKey, tuple[str | None, Counters] | None] = {}
             rows = []
             stored = []

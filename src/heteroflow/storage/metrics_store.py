@@ -13,8 +13,8 @@ from heteroflow.core.ids import NodeId, Source
 from heteroflow.health.gpu_metrics import METRIC_KEYS, Aggregate, FlatRow, MinuteRow, flat_of
 from heteroflow.health.samples import CardKey
 from heteroflow.storage.db import insert_rows, unavailable_as_store_error
+from heteroflow.storage.schema import EXISTING_NODE_IDS
 from heteroflow.storage.schema import gpu_metrics_minutes as minutes_t
-from heteroflow.storage.schema import nodes as nodes_t
 
 _COLUMNS: Final = (
     "node_id",
@@ -66,7 +66,7 @@ class SqlGpuMetricsStore:
             return 0
         with unavailable_as_store_error(), self._engine.begin() as conn:
             node_ids = {row[0] for row in rows}
-            live = set(conn.scalars(sa.select(nodes_t.c.id).where(nodes_t.c.id.in_(node_ids))))
+            live = set(conn.scalars(EXISTING_NODE_IDS, {"ids": list(node_ids)}))
             kept = [dict(zip(_COLUMNS, row, strict=True)) for row in rows if row[0] in live]
             insert_rows(conn, minutes_t, kept)
         return len(kept)

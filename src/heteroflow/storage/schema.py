@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Final
 
 import sqlalchemy as sa
 from sqlalchemy.engine import Dialect
@@ -106,6 +106,10 @@ nodes = sa.Table(
     sa.Index(None, "tenant_id"),
     sa.Index(None, "registered_by"),
 )
+
+EXISTING_NODE_IDS: Final = sa.select(nodes.c.id).where(nodes.c.id.in_(sa.bindparam("ids", expanding=True)))
+"""The ids, among the bound list ``ids``, of nodes that exist: the writers' check that a node was not deleted
+meanwhile (perhaps through another server). Built once: built per batch, each left cyclic garbage."""
 
 gpu_health_samples = sa.Table(
     "gpu_health_samples",
