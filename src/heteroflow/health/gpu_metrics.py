@@ -240,7 +240,7 @@ NO_METRIC_VALUES: Final = _READING.pack(*[_NAN] * _WIDTH)
 unknown."""
 
 
-def read_metric_values(values: bytes) -> tuple[float | None, ...]:
+def read_metric_values(values: bytes | bytearray) -> tuple[float | None, ...]:
     """A reading's values as :meth:`MinuteAggregator.add_beat` packed them, in :data:`METRIC_KEYS` order, unknown as
     ``None`` (a scrape adds the values to its flat list one by one and drops the tuple)."""
     read = _READING.unpack(values)
