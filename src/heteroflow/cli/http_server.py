@@ -35,6 +35,12 @@ def _refusal() -> bytes:
     return _REFUSAL % (len(body), body)
 
 
+JOINED_AT_MOST: Final = 16 * 1024
+"""Largest body joined to its head (a copy of both). A larger one (a fleet's ``/metrics``: tens of megabytes) goes
+in a write of its own: its copy, made a few times a minute, left the server ~130 MiB larger, the allocator keeping
+the memory it had served it from (docs/benchmarks.md)."""
+
+
 class HeadWithBody:
     """A connection's transport that sends a response's head and its body in one write.
 
@@ -42,7 +48,8 @@ class HeadWithBody:
     body in a second write: two ``send`` system calls, and two TCP segments for the client to take in, for an
     answer of a few hundred bytes (a heartbeat's). This transport keeps a write made while nothing is held until
     the end of the event loop's turn: a write in the same turn (the body, which a plain response sends right
-    after its start) goes out with it in one ``send``; otherwise the turn's end sends it alone. Nothing waits
+    after its start) goes out with it in one ``send`` when it is at most :data:`JOINED_AT_MOST` bytes; otherwise
+    the turn's end sends it alone. Nothing waits
     past the turn in which it was written (a stream's head leaves before its first chunk is made), and the order
     of the bytes is the order of the writes: closing, or any other way of writing, sends what is held first.
     Everything else is the transport's own.
@@ -62,9 +69,13 @@ class HeadWithBody:
         if held is None:  # the turn's first write: held (a copy, should the caller reuse a buffer)
             self._held = bytes(data)
             self._loop.call_soon(self._send_held)
-        elif held:  # the second: both in one send
+        elif held:  # the second: both in one send, unless it is large
             self._held = b""
-            self._transport.write(held + data)
+            if len(data) <= JOINED_AT_MOST:
+                self._transport.write(held + data)
+            else:
+                self._transport.write(held)
+                self._transport.write(data)
         else:
             self._transport.write(data)
 

@@ -15,7 +15,7 @@ from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
 from uvicorn.server import ServerState
 
-from heteroflow.cli.http_server import BoundedHttpToolsProtocol, HeadWithBody, server_config
+from heteroflow.cli.http_server import JOINED_AT_MOST, BoundedHttpToolsProtocol, HeadWithBody, server_config
 
 
 class RecordingTransport(asyncio.Transport):
@@ -140,6 +140,27 @@ async def _held_first() -> None:
     assert transport.closed
     await asyncio.sleep(0)
     assert transport.writes.count(b"last") == 1
+
+
+def test_a_large_body_is_written_as_it_is_after_its_head() -> None:
+    asyncio.run(_large_body())
+
+
+async def _large_body() -> None:
+    """A scrape's tens of megabytes are not copied to save one system call."""
+    loop = asyncio.get_running_loop()
+    transport = RecordingTransport()
+    held = HeadWithBody(transport, loop)
+    body = b"x" * (JOINED_AT_MOST + 1)
+    held.write(b"head")
+    held.write(body)
+    assert transport.writes == [b"head", body]
+    assert transport.writes[1] is body  # not a copy
+    small = b"y" * JOINED_AT_MOST
+    await asyncio.sleep(0)
+    held.write(b"head")
+    held.write(small)
+    assert transport.writes[2:] == [b"head" + small]
 
 
 def test_held_bytes_are_a_copy_and_a_closed_connection_is_not_written() -> None:
