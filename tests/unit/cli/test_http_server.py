@@ -117,14 +117,17 @@ async def _stream_head_first() -> None:
     assert (await transport.next_write()).startswith(b"9\r\ndata: 1")
 
 
+def _held_on_this_loop() -> tuple[RecordingTransport, HeadWithBody]:
+    transport = RecordingTransport()
+    return transport, HeadWithBody(transport, asyncio.get_running_loop())
+
+
 def test_closing_or_writing_lines_sends_what_is_held_first() -> None:
     asyncio.run(_held_first())
 
 
 async def _held_first() -> None:
-    loop = asyncio.get_running_loop()
-    transport = RecordingTransport()
-    held = HeadWithBody(transport, loop)
+    transport, held = _held_on_this_loop()
     held.write(b"head")
     held.writelines([b"a", b"b"])
     assert transport.writes == [b"head"]
@@ -148,9 +151,7 @@ def test_a_large_body_is_written_as_it_is_after_its_head() -> None:
 
 async def _large_body() -> None:
     """A scrape's tens of megabytes are not copied to save one system call."""
-    loop = asyncio.get_running_loop()
-    transport = RecordingTransport()
-    held = HeadWithBody(transport, loop)
+    transport, held = _held_on_this_loop()
     body = b"x" * (JOINED_AT_MOST + 1)
     held.write(b"head")
     held.write(body)
@@ -168,9 +169,7 @@ def test_held_bytes_are_a_copy_and_a_closed_connection_is_not_written() -> None:
 
 
 async def _copy_and_closed() -> None:
-    loop = asyncio.get_running_loop()
-    transport = RecordingTransport()
-    held = HeadWithBody(transport, loop)
+    transport, held = _held_on_this_loop()
     buffer = bytearray(b"head")
     held.write(buffer)
     buffer[:] = b"XXXX"  # the caller reuses its buffer within the turn
