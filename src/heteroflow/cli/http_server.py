@@ -47,12 +47,11 @@ class HeadWithBody:
     uvicorn writes a response's status line and headers as soon as the application starts the response, and the
     body in a second write: two ``send`` system calls, and two TCP segments for the client to take in, for an
     answer of a few hundred bytes (a heartbeat's). This transport keeps a write made while nothing is held until
-    the end of the event loop's turn: a write in the same turn (the body, which a plain response sends right
-    after its start) goes out with it in one ``send`` when it is at most :data:`JOINED_AT_MOST` bytes; otherwise
-    the turn's end sends it alone. Nothing waits
-    past the turn in which it was written (a stream's head leaves before its first chunk is made), and the order
-    of the bytes is the order of the writes: closing, or any other way of writing, sends what is held first.
-    Everything else is the transport's own.
+    the end of the event loop's turn: a write in the same turn (the body, which a plain response sends right after
+    its start) goes out with it in one ``send`` when it is at most :data:`JOINED_AT_MOST` bytes; otherwise the
+    turn's end sends it alone. Nothing waits past the turn in which it was written (a stream's head leaves before
+    its first chunk is made), and the order of the bytes is the order of the writes: closing, or any other way of
+    writing, sends what is held first. Everything else is the transport's own.
     """
 
     __slots__ = ("_held", "_loop", "_transport")

@@ -78,12 +78,10 @@ class _Known:
     counters_at: float = 0.0
     metrics: bytearray = field(default_factory=functools.partial(bytearray, NO_METRIC_VALUES))
     """The newest metrics as plain bytes, a copy of those the minute bucket took (``MinuteAggregator.add_beat``),
-    written in place by every beat. Kept in place, not replaced: a new object per card and beat, each living until
-    its card's next beat among the beat's short-lived objects of its size, kept the allocator from reusing their
-    memory (a 10,000-node fleet's server ended ~130 MiB larger, docs/benchmarks.md). A fleet's newest values are no
-    object that the collector tracks. As one object per card and beat they were tens of
-    thousands of new objects every few seconds, each living until its card's next beat, which every young
-    collection walked and promoted (docs/benchmarks.md)."""
+    written in place by every beat: a fleet's newest values are no object that the collector tracks, and no object
+    made by a beat outlives it. As one object per card and beat they were tens of thousands of new objects every few
+    seconds, each living until its card's next beat, which every young collection walked and promoted
+    (docs/benchmarks.md)."""
     metrics_at: float = -math.inf
 
 
