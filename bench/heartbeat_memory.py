@@ -64,7 +64,14 @@ def held(ctx: ServerContext) -> dict[str, Any]:
 async def main(args: argparse.Namespace) -> None:
     folder = tempfile.mkdtemp(prefix="hf-bench-")
     ctx = build_context(
-        settings=ServerSettings.load(database_url=f"sqlite:///{folder}/bench.db", log_level="warning"),
+        # one agent token registers the whole fleet: its quotas raised to the fleet (their defaults stop at 5,000
+        # nodes and 40,000 cards), as bench/load_heartbeats.py does
+        settings=ServerSettings.load(
+            database_url=f"sqlite:///{folder}/bench.db",
+            log_level="warning",
+            max_nodes_per_token=max(5_000, args.nodes),
+            max_cards_per_token=max(40_000, args.nodes * CARDS),
+        ),
         health_settings=HealthStorageSettings.load(dedup_cache_entries=args.nodes * CARDS),
     )
     app = create_app(ctx, run_worker=False)
