@@ -273,7 +273,11 @@ class Bench:
         result.statements = (await self.statements() - statements) / max(1, result.beats)
         return result
 
-    async def closed_loop(self, result: PhaseResult, *, seconds: float, concurrency: int, changing: bool) -> None:
+    async def closed_loop(
+        self, result: PhaseResult, *, seconds: float, concurrency: int, changing: bool, fresh: bool = False
+    ) -> None:
+        """``concurrency`` keep-alive connections beating as fast as they are answered (``fresh``: each beat on
+        a connection of its own, opened for it and closed after its answer)."""
         deadline = time.perf_counter() + seconds
         counter = 0
 
@@ -285,6 +289,9 @@ class Bench:
                     counter += 1
                     request = self.request(counter % len(self.node_ids), counter if changing else None)
                     started = time.perf_counter()
+                    if fresh:
+                        connection.close()
+                        connection = await Connection.open(self.port)
                     status = await connection.send(request)
                     result.latencies.append(time.perf_counter() - started)
                     result.beats += 1
@@ -362,11 +369,23 @@ async def run(
         )
         if profiler is not None:
             profiler.wait(60)
+        fresh = (
+            [
+                await bench.measure(
+                    PhaseResult("dedup, a connection per beat"),
+                    lambda r: bench.closed_loop(
+                        r, seconds=args.seconds, concurrency=args.concurrency, changing=False, fresh=True
+                    ),
+                )
+            ]
+            if args.connection_per_beat
+            else []
+        )
         target = await bench.measure(
             PhaseResult(f"target {args.rate:.0f}/s (open loop)"),
             lambda r: bench.open_loop(r, seconds=args.seconds, rate=args.rate, connections=args.concurrency * 4),
         )
-        return [baseline, dedup, target], node_ids
+        return [baseline, dedup, *fresh, target], node_ids
 
 
 async def run_floor(
@@ -476,6 +495,12 @@ def main() -> None:
     parser.add_argument("--postgres", action="store_true", help="start a private PostgreSQL server and use it")
     parser.add_argument("--cache-entries", type=int, default=0, help="dedup cache size (default nodes x 8)")
     parser.add_argument("--no-floor", action="store_true", help="skip the floor phases")
+    parser.add_argument(
+        "--connection-per-beat",
+        action="store_true",
+        help="after the dedup phase, the same load with each beat on a new connection (what an agent does whose "
+        "idle connection expired between two beats)",
+    )
     parser.add_argument(
         "--equal-rates",
         type=lambda text: [float(rate) for rate in text.split(",") if rate],

@@ -404,7 +404,7 @@ class Fleet:
             httpx.AsyncClient(
                 base_url=url,
                 headers={"Authorization": f"Bearer {agent_token}", "Content-Type": "application/json"},
-                # idle connections expire before the server's 5 s keep-alive closes them (no reuse race)
+                # idle connections expire before the server's keep-alive (30 s) closes them (no reuse race)
                 limits=httpx.Limits(
                     max_connections=POOL_SIZE, max_keepalive_connections=POOL_SIZE, keepalive_expiry=2.0
                 ),

@@ -2,19 +2,28 @@
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
+import resource
+import selectors
 import signal
+import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import httpx
 import pytest
 
+from heteroflow.agent.client import HttpPlatformClient
+from heteroflow.agent.heartbeat import heartbeat_body
+from heteroflow.agent.runner import registration_for
+from heteroflow.agent.simulated import SimulatedCollector
+from heteroflow.core.clock import SystemClock
 from heteroflow.core.testing import free_port
 from heteroflow.http.tls import client_tls
 
@@ -35,7 +44,11 @@ def create_token(database_url: str, scopes: str, *extra: str) -> str:
 
 @contextlib.contextmanager
 def running_server(
-    database_url: str, token: str, env: dict[str, str] | None = None
+    database_url: str,
+    token: str,
+    env: dict[str, str] | None = None,
+    *,
+    preexec_fn: Callable[[], object] | None = None,
 ) -> Iterator[tuple[str, subprocess.Popen[bytes]]]:
     port = free_port()
     process = subprocess.Popen(
@@ -43,6 +56,7 @@ def running_server(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env=None if env is None else {**os.environ, **env},
+        preexec_fn=preexec_fn,
     )
     url = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + 30
@@ -90,6 +104,86 @@ def test_the_server_process_exports_how_long_its_garbage_collections_held_it(dat
         line for line in text.splitlines() if line.startswith('heteroflow_gc_pause_seconds_count{generation="0"}')
     ]
     assert float(count.split()[-1]) > 0
+
+
+def status_lines(sockets: list[socket.socket], *, within_sec: float) -> list[bytes]:
+    """The first line each socket answers (``b""``: closed, or nothing before the deadline), waited for together."""
+    lines = dict.fromkeys(sockets, b"")
+    with selectors.DefaultSelector() as selector:
+        for sock in sockets:
+            sock.setblocking(False)
+            selector.register(sock, selectors.EVENT_READ)
+        deadline = time.monotonic() + within_sec
+        while selector.get_map() and (left := deadline - time.monotonic()) > 0:
+            for key, _ in selector.select(timeout=left):
+                ready = key.fileobj
+                assert isinstance(ready, socket.socket)
+                with contextlib.suppress(OSError):
+                    lines[ready] = ready.recv(4096).split(b"\r\n", 1)[0]
+                selector.unregister(ready)
+    return [lines[sock] for sock in sockets]
+
+
+def test_a_server_started_under_a_low_open_file_limit_answers_more_connections_than_it(tmp_path: Path) -> None:
+    """Every agent keeps a connection open, and a service's usual soft limit on open files is 1,024. Started with
+    a soft limit of 256, the server raises it to the hard limit and answers 400 connections held open at once
+    (under the limit it was started with, 161 of 400 went unanswered)."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and hard < 1024:
+        pytest.skip(f"this machine's hard limit on open files ({hard}) leaves no room over 400 connections")
+    if soft != resource.RLIM_INFINITY and soft < 1024:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (min(hard, 4096), hard))  # this test's own 400 sockets
+    database_url = f"sqlite:///{tmp_path / 'limits.db'}"
+    token = create_token(database_url, "agent")
+    request = f"GET /healthz HTTP/1.1\r\nHost: t\r\nAuthorization: Bearer {token}\r\n\r\n".encode()
+    with running_server(
+        database_url, token, preexec_fn=lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))
+    ) as (url, process):
+        limits = Path(f"/proc/{process.pid}/limits").read_text()
+        (line,) = [line for line in limits.splitlines() if line.startswith("Max open files")]
+        if hard != resource.RLIM_INFINITY:
+            assert line.split()[3:5] == [str(hard), str(hard)], line  # soft raised to hard
+        port = int(url.rsplit(":", 1)[1])
+        sockets: list[socket.socket] = []
+        try:
+            for _ in range(400):
+                sockets.append(socket.create_connection(("127.0.0.1", port), timeout=10))
+                sockets[-1].sendall(request)
+            lines = status_lines(sockets, within_sec=60)
+        finally:
+            for sock in sockets:
+                sock.close()
+    assert lines.count(b"HTTP/1.1 200 OK") == 400, collections.Counter(lines)
+
+
+def test_an_agent_beats_over_the_connection_it_kept_since_its_last_beat(tmp_path: Path) -> None:
+    """Beats 6 s apart (the agent's default interval is 5 s, and httpx and uvicorn each drop an idle connection
+    after 5 s by default) go over one connection: the agent keeps it (``IDLE_CONNECTION_SEC``) and so does the
+    server (``keep_alive_timeout_seconds``). Before, every beat of an agent opened a connection."""
+    database_url = f"sqlite:///{tmp_path / 'agent.db'}"
+    token = create_token(database_url, "agent")
+    collector = SimulatedCollector(clock=SystemClock(), count=2, seed="kept")
+    with running_server(database_url, token) as (url, _):
+        agent = HttpPlatformClient(base_url=url, token=token)
+        local_ports: list[int] = []
+        agent._http.event_hooks["response"].append(  # which connection each answer came over
+            lambda response: local_ports.append(response.extensions["network_stream"].get_extra_info("client_addr")[1])
+        )
+        try:
+            health, telemetry = collector.read_health(), collector.read_telemetry()
+            node = agent.register(
+                registration_for(hostname="kept-1", source="simulated", health=health, telemetry=telemetry)
+            ).node_id
+            for _ in range(2):
+                time.sleep(6)  # the idle time between two beats is the subject here, not a wait for an event
+                agent.heartbeat(
+                    node,
+                    heartbeat_body(health=collector.read_health(), telemetry=collector.read_telemetry(), xid_events=()),
+                )
+        finally:
+            agent.close()
+    assert len(local_ports) == 3
+    assert len(set(local_ports)) == 1, local_ports
 
 
 def test_token_register_heartbeat_and_read_back_over_http(server: tuple[str, str, subprocess.Popen[bytes]]) -> None:

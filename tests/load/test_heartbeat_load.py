@@ -3,10 +3,11 @@
 Registrations and heartbeat bodies come from the agent's own code (a seeded simulated collector per node, 8
 cards each). Every node beats a few rounds from an asyncio ``httpx`` client with bounded concurrency; like the
 agent, a node whose beat is refused with 503 beats again after the Retry-After. Asserted: every beat is
-answered 200 or 503 with Retry-After (no other 5xx, no connection error), the refusals the client saw are the
-ones the server counted, ``/healthz`` answers during and after, the server's memory stops growing once every
-node is known (bound below), and every node is known and online afterwards. Nothing here asserts speed: the
-figures are ``bench/load_heartbeats.py``'s job.
+answered 200 or 503 with Retry-After (no other 5xx; a beat whose connection is lost before its answer is sent
+again, and such losses stay rare: ``LOST_AT_MOST``), the refusals the client saw are the ones the server
+counted, ``/healthz`` answers during and after, the server's memory stops growing once every node is known
+(bound below), and every node is known and online afterwards. Nothing here asserts speed: the figures are
+``bench/load_heartbeats.py``'s job.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -44,9 +45,16 @@ CONCURRENCY = 128
 DEADLINE_SEC = 60.0
 """Per attempt of a beat: generous, because the machine may be busy (this is no speed test)."""
 KEEPALIVE_SEC = 2.0
-"""How long the client keeps an idle connection: under uvicorn's 5 s keep-alive timeout."""
+"""How long the client keeps an idle connection: under the server's keep-alive (``keep_alive_timeout_seconds``)."""
 ATTEMPTS = 10
 """Attempts of one beat while the server refuses it with 503 (the agent would go on; a test must end)."""
+LOST_AT_MOST = 3
+"""Beats whose connection was lost before an answer (a transport error: reset, closed) and which got through when
+sent again, as the agent beats again after one. Once, in a whole-suite run on another machine, one beat of 6,000
+was lost that way (a ``ReadError``). It did not recur here in 264,000 beats under a CPU burner (half of them with
+the one-write answers of ``cli/http_server.py`` switched off, to no difference), and a probe in the server saw it
+close no connection that held a request (36,000 of them). A server that drops connections drops more than this:
+one beat in a thousand fails the test with a probability of 85 %."""
 STEADY_GROWTH_MIB = 48
 """Once every node has beaten, the server holds its per-card state (dedup cache, latest values, liveness): a later
 round of the same nodes adds beats, not state. What the resident size still does between two such rounds without
@@ -163,6 +171,8 @@ class Node:
 @dataclass
 class Tally:
     answers: Counter[str]
+    lost: list[str] = field(default_factory=list)
+    """Each transport error a beat survived by being sent again: its kind, and what the socket said."""
     refused: int = 0
     refused_without_retry_after: int = 0
     probe_failures: int = 0
@@ -170,7 +180,8 @@ class Tally:
 
 
 async def beat(client: httpx.AsyncClient, node: Node, tally: Tally, gate: asyncio.Semaphore) -> None:
-    """One agent beat: sent, and sent again after the Retry-After while the server refuses it with 503."""
+    """One agent beat: sent, and sent again after the Retry-After while the server refuses it with 503, or at
+    once when its connection was lost before an answer (the agent beats again after a lost connection too)."""
     for _ in range(ATTEMPTS):
         async with gate:
             try:
@@ -180,6 +191,9 @@ async def beat(client: httpx.AsyncClient, node: Node, tally: Tally, gate: asynci
                         content=node.body(),
                         headers={NODE_CREDENTIAL_HEADER: node.credential},
                     )
+            except httpx.TransportError as exc:
+                tally.lost.append(f"{type(exc).__name__} ({exc.__cause__ or exc.__context__!r})")
+                continue
             except (httpx.HTTPError, TimeoutError) as exc:
                 tally.answers[type(exc).__name__] += 1
                 return
@@ -218,7 +232,7 @@ def test_three_thousand_nodes_beat_and_the_server_answers_every_one(server: Serv
 
     async def scenario() -> dict[str, Any]:
         headers = {"Authorization": f"Bearer {server.agent_token}", "Content-Type": "application/json"}
-        # idle connections expire before the server's 5 s keep-alive closes them: reusing one the server is
+        # idle connections expire before the server's keep-alive closes them: reusing one the server is
         # closing at that very moment is a race of the client's making, not an answer of the server
         limits = httpx.Limits(
             max_connections=CONCURRENCY, max_keepalive_connections=CONCURRENCY, keepalive_expiry=KEEPALIVE_SEC
@@ -274,6 +288,7 @@ def test_three_thousand_nodes_beat_and_the_server_answers_every_one(server: Serv
     result = asyncio.run(scenario())
     assert server.process.poll() is None, "the server process died"
     assert set(tally.answers) <= {"200", "503"}, tally.answers
+    assert len(tally.lost) <= LOST_AT_MOST, tally.lost
     assert tally.answers["200"] == NODES * ROUNDS  # every beat got through in the end
     assert tally.refused_without_retry_after == 0
     gate_status = result["status"]["heartbeat_admission"]

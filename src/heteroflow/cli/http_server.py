@@ -5,16 +5,21 @@ receives until the head ends, so four clients sending 128 MiB headers cost the s
 middleware (the token check included) sees the request. :class:`BoundedHttpToolsProtocol` counts the bytes of
 each request head as they arrive and answers 431 and closes the connection once a head passes
 :data:`MAX_HEADER_BYTES`. It also sends a response's head and body in one write (:class:`HeadWithBody`). Every
-service's command builds its server with :func:`server_config`.
+service's command builds its server with :func:`server_config`, which also raises the process's limit on open
+files (:func:`raise_open_file_limit`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import resource
 from typing import Any, Final, cast
 
+import structlog
 import uvicorn
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+_log = structlog.get_logger(__name__)
 
 MAX_HEADER_BYTES: Final = 64 * 1024
 """Largest request line plus headers, bytes (64 KiB: four times h11's default; our largest header, a bearer
@@ -149,9 +154,43 @@ class BoundedHttpToolsProtocol(HttpToolsProtocol):
         self._in_body = False
 
 
+FLEET_OPEN_FILES: Final = 16_384
+"""Open files under which a server warns at start: a 10,000-node fleet's agents hold 10,000 connections to the
+platform server (with room for the database, the logs and the clients of the web UI)."""
+
+
+def raise_open_file_limit() -> int:
+    """Raise this process's soft limit on open files to its hard limit, and say what it is; returns the limit.
+
+    Every socket is an open file, and every agent keeps a connection to the platform server: one a node, nearly
+    all the time (each beat's connection stays open until the server's keep-alive closes it). The usual soft limit
+    is 1,024 (systemd's default for a service, and most shells'), and past it the server cannot accept: uvloop
+    closes the new connections unanswered, and nothing is logged (a server started under a soft limit of 256
+    closed 161 of 400 connections held open at once; ``tests/e2e/test_server_process.py``). The hard limit is the
+    operator's (``LimitNOFILE=`` of a systemd unit, ``ulimit -Hn``); a process may raise its soft limit up to it."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft != resource.RLIM_INFINITY and soft < wanted:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (wanted, hard))
+            soft = wanted
+        except (ValueError, OSError) as exc:
+            _log.warning("http.open_files_not_raised", soft=soft, hard=hard, error=str(exc))
+    if soft != resource.RLIM_INFINITY and soft < FLEET_OPEN_FILES:
+        _log.warning(
+            "http.open_files_low",
+            limit=soft,
+            hint=f"each agent keeps a connection open, and past this limit new connections wait unanswered: "
+            f"raise the hard limit to at least {FLEET_OPEN_FILES} for a fleet (LimitNOFILE= in the systemd unit, "
+            "ulimit -Hn)",
+        )
+    return soft
+
+
 def server_config(app: Any, *, host: str, port: int, **options: Any) -> uvicorn.Config:
     """A uvicorn configuration for one of our services: our logging (``log_config=None``), no access log, and
-    the bounded request head."""
+    the bounded request head. The process's open-file limit is raised first (:func:`raise_open_file_limit`)."""
+    raise_open_file_limit()
     return uvicorn.Config(
         app, host=host, port=port, http=BoundedHttpToolsProtocol, log_config=None, access_log=False, **options
     )

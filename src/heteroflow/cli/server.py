@@ -47,7 +47,13 @@ def server(
         app = create_app(ctx)
         tune_interpreter(settings)
         watch_pauses(ctx.metrics.observe_gc_pause)
-        serve(app, host=settings.host, port=settings.port, lifespan="on")
+        serve(
+            app,
+            host=settings.host,
+            port=settings.port,
+            lifespan="on",
+            timeout_keep_alive=settings.keep_alive_timeout_seconds,
+        )
         return
     if normalise_url(settings.database_url).get_backend_name() != "postgresql":
         typer.echo(
@@ -77,6 +83,7 @@ def server(
             port=settings.port,
             workers=settings.workers,
             lifespan="on",
+            timeout_keep_alive=settings.keep_alive_timeout_seconds,
         )
     finally:
         shutil.rmtree(directory, ignore_errors=True)

@@ -64,6 +64,19 @@ class ServerSettings(LenientSettings):
             "(bench/scrape_stall.py, docs/benchmarks.md)."
         ),
     )
+    keep_alive_timeout_seconds: int = Field(
+        default=30,
+        ge=25,
+        le=3600,
+        validation_alias=env_names("server_keep_alive_timeout_seconds"),
+        description=(
+            "How long an idle client connection is kept open (default 30 s; at least 25). An agent keeps its "
+            "connection between beats for up to 20 s, so that each beat reuses it instead of opening one (a "
+            "beat on a connection of its own costs the server about 1.6 times the CPU: docs/benchmarks.md). "
+            "Longer than that, so that no agent sends a beat on a connection the server is closing at that "
+            "moment (it would see a reset instead of an answer)."
+        ),
+    )
     database_url: str = Field(
         default_factory=default_database_url,
         min_length=1,
