@@ -16,6 +16,10 @@ agent's own bodies (``SimulatedCollector`` + ``heartbeat_body``: 8 cards with he
                falls as its own rate rises (more requests per turn of the event loop), so phases 2 and 4, each
                as fast as it goes, compare the server at its rate with the floor at two or three times it.
 
+With ``--connection-per-beat``, a phase after the target phase offers the same open loop with each beat on a
+connection of its own, opened for it and closed after its answer: what an agent costs the server when its idle
+connection expires between two beats.
+
 The load generator is a minimal HTTP/1.1 keep-alive client on asyncio streams with pre-built requests: on a
 2-core machine a general-purpose client would spend more CPU per request than the server does and measure
 itself. The server's own CPU time per beat (from /proc: user and system, and of it the system time), its write
@@ -25,6 +29,7 @@ measured in the same run. Usage::
 
     .venv/bin/python bench/ingest.py [--nodes 3000] [--seconds 15] [--concurrency 16] [--rate 600]
                                      [--postgres | --database-url postgresql://…] [--no-floor]
+                                     [--connection-per-beat]
                                      [--profile FILE]   # py-spy (on PATH), --gil: dedup phase; FILE.floor: floor
 """
 
@@ -273,11 +278,7 @@ class Bench:
         result.statements = (await self.statements() - statements) / max(1, result.beats)
         return result
 
-    async def closed_loop(
-        self, result: PhaseResult, *, seconds: float, concurrency: int, changing: bool, fresh: bool = False
-    ) -> None:
-        """``concurrency`` keep-alive connections beating as fast as they are answered (``fresh``: each beat on
-        a connection of its own, opened for it and closed after its answer)."""
+    async def closed_loop(self, result: PhaseResult, *, seconds: float, concurrency: int, changing: bool) -> None:
         deadline = time.perf_counter() + seconds
         counter = 0
 
@@ -289,9 +290,6 @@ class Bench:
                     counter += 1
                     request = self.request(counter % len(self.node_ids), counter if changing else None)
                     started = time.perf_counter()
-                    if fresh:
-                        connection.close()
-                        connection = await Connection.open(self.port)
                     status = await connection.send(request)
                     result.latencies.append(time.perf_counter() - started)
                     result.beats += 1
@@ -303,17 +301,24 @@ class Bench:
         await asyncio.gather(*(worker() for _ in range(concurrency)))
         result.seconds = time.perf_counter() - started
 
-    async def open_loop(self, result: PhaseResult, *, seconds: float, rate: float, connections: int) -> None:
+    async def open_loop(
+        self, result: PhaseResult, *, seconds: float, rate: float, connections: int, fresh: bool = False
+    ) -> None:
+        """Beats at ``rate`` over a pool of ``connections`` keep-alive connections (``fresh``: each beat on a
+        connection of its own, opened for it and closed after its answer)."""
         pool: asyncio.Queue[Connection] = asyncio.Queue()
-        for _ in range(connections):
+        for _ in range(0 if fresh else connections):
             pool.put_nowait(await Connection.open(self.port))
 
         async def one(step: int, scheduled: float) -> None:
-            connection = await pool.get()
+            connection = await (Connection.open(self.port) if fresh else pool.get())
             try:
                 status = await connection.send(self.request(step % len(self.node_ids), None))
             finally:
-                pool.put_nowait(connection)
+                if fresh:
+                    connection.close()
+                else:
+                    pool.put_nowait(connection)
             # from the scheduled time: waiting for a free connection is latency too
             result.latencies.append(time.perf_counter() - scheduled)
             result.beats += 1
@@ -369,23 +374,23 @@ async def run(
         )
         if profiler is not None:
             profiler.wait(60)
+        target = await bench.measure(
+            PhaseResult(f"target {args.rate:.0f}/s (open loop)"),
+            lambda r: bench.open_loop(r, seconds=args.seconds, rate=args.rate, connections=args.concurrency * 4),
+        )
         fresh = (
             [
                 await bench.measure(
-                    PhaseResult("dedup, a connection per beat"),
-                    lambda r: bench.closed_loop(
-                        r, seconds=args.seconds, concurrency=args.concurrency, changing=False, fresh=True
+                    PhaseResult(f"{args.rate:.0f}/s, a connection per beat"),
+                    lambda r: bench.open_loop(
+                        r, seconds=args.seconds, rate=args.rate, connections=args.concurrency * 4, fresh=True
                     ),
                 )
             ]
             if args.connection_per_beat
             else []
         )
-        target = await bench.measure(
-            PhaseResult(f"target {args.rate:.0f}/s (open loop)"),
-            lambda r: bench.open_loop(r, seconds=args.seconds, rate=args.rate, connections=args.concurrency * 4),
-        )
-        return [baseline, dedup, *fresh, target], node_ids
+        return [baseline, dedup, target, *fresh], node_ids
 
 
 async def run_floor(
@@ -498,8 +503,8 @@ def main() -> None:
     parser.add_argument(
         "--connection-per-beat",
         action="store_true",
-        help="after the dedup phase, the same load with each beat on a new connection (what an agent does whose "
-        "idle connection expired between two beats)",
+        help="after the target phase, the same open loop with each beat on a new connection (what an agent does "
+        "whose idle connection expired between two beats)",
     )
     parser.add_argument(
         "--equal-rates",

@@ -74,9 +74,9 @@ NODE_CREDENTIAL_HEADER = "X-HeteroFlow-Node-Credential"
 
 IDLE_CONNECTION_SEC: Final = 20.0
 """How long the agent keeps its idle connection to the server: across the 5 s between two beats (httpx's own 5 s
-expired it just before each beat, and every beat opened a connection, which costs the server about 1.6 times the
-CPU of a beat on a kept one: docs/benchmarks.md), and under the server's keep-alive (``keep_alive_timeout_seconds``,
-at least 25 s), so that a beat never goes out on a connection the server is closing at that moment. An agent that
+expired it just before each beat, and every beat opened a connection, which costs the server 1.3-1.4 times the CPU
+of a beat on a kept one: docs/benchmarks.md), and under the server's keep-alive (``keep_alive_timeout_seconds``, at
+least 25 s), so that a beat never goes out on a connection the server is closing at that moment. An agent that
 beats less often than this opens a connection per beat."""
 
 

@@ -72,7 +72,7 @@ class ServerSettings(LenientSettings):
         description=(
             "How long an idle client connection is kept open (default 30 s; at least 25). An agent keeps its "
             "connection between beats for up to 20 s, so that each beat reuses it instead of opening one (a "
-            "beat on a connection of its own costs the server about 1.6 times the CPU: docs/benchmarks.md). "
+            "beat on a connection of its own costs the server 1.3-1.4 times the CPU: docs/benchmarks.md). "
             "Longer than that, so that no agent sends a beat on a connection the server is closing at that "
             "moment (it would see a reset instead of an answer)."
         ),
