@@ -162,12 +162,12 @@ platform server (with room for the database, the logs and the clients of the web
 def raise_open_file_limit() -> int:
     """Raise this process's soft limit on open files to its hard limit, and say what it is; returns the limit.
 
-    Every socket is an open file, and every agent keeps a connection to the platform server: one a node, nearly
-    all the time (each beat's connection stays open until the server's keep-alive closes it). The usual soft limit
-    is 1,024 (systemd's default for a service, and most shells'), and past it the server cannot accept: uvloop
-    closes the new connections unanswered, and nothing is logged (a server started under a soft limit of 256
-    closed 161 of 400 connections held open at once; ``tests/e2e/test_server_process.py``). The hard limit is the
-    operator's (``LimitNOFILE=`` of a systemd unit, ``ulimit -Hn``); a process may raise its soft limit up to it."""
+    Every socket is an open file, and every agent keeps a connection to the platform server: one a node, all the
+    time (it keeps its connection between beats: ``agent/client.py``). The usual soft limit is 1,024 (systemd's
+    default for a service, and most shells'), and past it the server cannot accept: uvloop closes the new
+    connections unanswered, and nothing is logged (a server started under a soft limit of 256 closed 161 of 400
+    connections held open at once; ``tests/e2e/test_server_process.py``). The hard limit is the operator's
+    (``LimitNOFILE=`` of a systemd unit, ``ulimit -Hn``); a process may raise its soft limit up to it."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     wanted = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
     if soft != resource.RLIM_INFINITY and soft < wanted:
@@ -180,9 +180,9 @@ def raise_open_file_limit() -> int:
         _log.warning(
             "http.open_files_low",
             limit=soft,
-            hint=f"each agent keeps a connection open, and past this limit new connections wait unanswered: "
-            f"raise the hard limit to at least {FLEET_OPEN_FILES} for a fleet (LimitNOFILE= in the systemd unit, "
-            "ulimit -Hn)",
+            hint="each agent or client keeps a connection open, and past this limit new connections are closed "
+            f"unanswered: raise the hard limit to at least {FLEET_OPEN_FILES} for a fleet (LimitNOFILE= in the "
+            "systemd unit, ulimit -Hn)",
         )
     return soft
 

@@ -1,10 +1,12 @@
 """The transport every service answers through: a response's head and body in one write, nothing held past the
-event loop's turn, the bytes in the order they were written (``cli/http_server.py``)."""
+event loop's turn, the bytes in the order they were written; and the open-file limit every service raises at start
+(``cli/http_server.py``)."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import resource
 import socket
 import struct
 from collections.abc import AsyncIterator
@@ -16,9 +18,16 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, StreamingResponse
 from starlette.routing import Route
+from structlog.testing import capture_logs
 from uvicorn.server import ServerState
 
-from heteroflow.cli.http_server import JOINED_AT_MOST, BoundedHttpToolsProtocol, HeadWithBody, server_config
+from heteroflow.cli.http_server import (
+    JOINED_AT_MOST,
+    BoundedHttpToolsProtocol,
+    HeadWithBody,
+    raise_open_file_limit,
+    server_config,
+)
 from heteroflow.core.testing import free_port
 
 
@@ -238,3 +247,42 @@ async def _resets() -> None:
     finally:
         server.should_exit = True
         await task
+
+
+class Limits:
+    """The process's open-file limits as ``resource`` shows them, kept here (``fail``: setting them is refused)."""
+
+    def __init__(self, soft: int, hard: int, *, fail: bool = False) -> None:
+        self.soft, self.hard, self.fail = soft, hard, fail
+
+    def get(self, which: int) -> tuple[int, int]:
+        assert which == resource.RLIMIT_NOFILE
+        return self.soft, self.hard
+
+    def set(self, which: int, limits: tuple[int, int]) -> None:
+        assert which == resource.RLIMIT_NOFILE
+        if self.fail:
+            raise ValueError("not allowed")
+        self.soft, self.hard = limits
+
+
+@pytest.mark.parametrize(
+    ("soft", "hard", "fail", "expected", "events"),
+    [
+        (1024, 65536, False, 65536, []),  # systemd's soft limit under its hard one: raised, nothing to say
+        (65536, 65536, False, 65536, []),
+        (256, 4096, False, 4096, ["http.open_files_low"]),  # raised, and still short of a fleet
+        (256, 65536, True, 256, ["http.open_files_not_raised", "http.open_files_low"]),
+    ],
+)
+def test_the_open_file_limit_is_raised_to_the_hard_one_and_a_short_one_is_said(
+    monkeypatch: pytest.MonkeyPatch, soft: int, hard: int, fail: bool, expected: int, events: list[str]
+) -> None:
+    limits = Limits(soft, hard, fail=fail)
+    monkeypatch.setattr(resource, "getrlimit", limits.get)
+    monkeypatch.setattr(resource, "setrlimit", limits.set)
+    with capture_logs() as logged:
+        assert raise_open_file_limit() == expected
+    assert (limits.soft, limits.hard) == (soft if fail else expected, hard)
+    assert [entry["event"] for entry in logged] == events
+    assert all(entry["log_level"] == "warning" for entry in logged)
