@@ -5,10 +5,13 @@ event loop's turn, the bytes in the order they were written; and the open-file l
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import gc
 import logging
 import resource
 import socket
 import struct
+import weakref
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
@@ -247,6 +250,91 @@ async def _resets() -> None:
     finally:
         server.should_exit = True
         await task
+
+
+class Marker:
+    """Put into a request's scope by the application: whether anything still holds the scope (a weak reference)."""
+
+
+@contextlib.asynccontextmanager
+async def serving(app: Starlette) -> AsyncIterator[int]:
+    """``app`` served by a real uvicorn server with :func:`server_config`, on this loop; yields its port."""
+    port = free_port()
+    server = uvicorn.Server(server_config(app, host="127.0.0.1", port=port, lifespan="off"))
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:  # the server's own flag, bounded by the test timeout
+            assert not task.done(), task
+            await asyncio.sleep(0.01)
+        yield port
+    finally:
+        server.should_exit = True
+        await task
+
+
+async def _answer(reader: asyncio.StreamReader) -> bytes:
+    """One answer's status line and body (a JSON body with a content-length)."""
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
+    length = int(head.lower().split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
+    return head.split(b"\r\n", 1)[0] + b" " + await asyncio.wait_for(reader.readexactly(length), timeout=5)
+
+
+def test_an_idle_connection_keeps_nothing_of_the_request_it_answered() -> None:
+    """Every agent keeps its connection open between beats: what the connection holds while it waits is held once
+    per node. The answered request's scope (and so whatever the application kept in it) is let go."""
+    asyncio.run(_idle_keeps_nothing())
+
+
+async def _idle_keeps_nothing() -> None:
+    kept: list[weakref.ref[Marker]] = []
+
+    async def beat(request: Request) -> JSONResponse:
+        marker = Marker()
+        request.scope["marker"] = marker
+        kept.append(weakref.ref(marker))
+        return JSONResponse({"status": "ok"})
+
+    async with serving(Starlette(routes=[Route("/beat", beat, methods=["POST"])])) as port:
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        for _ in range(2):
+            writer.write(_post("/beat"))
+            assert await _answer(reader) == b'HTTP/1.1 200 OK {"status":"ok"}'
+        gc.collect()
+        assert [ref() for ref in kept] == [None, None]  # the connection is open and idle
+        writer.close()
+
+
+def test_requests_queued_or_begun_while_one_is_answered_are_answered_in_order() -> None:
+    """Letting go of an answered request's scope must not touch the next one: a whole request queued behind it
+    (pipelined), or the first bytes of the next head, arriving before the answer is complete."""
+    asyncio.run(_queued_and_begun())
+
+
+async def _queued_and_begun() -> None:
+    entered, answering = asyncio.Event(), asyncio.Event()
+
+    async def slow(request: Request) -> JSONResponse:
+        entered.set()
+        await answering.wait()
+        return JSONResponse({"path": "slow"})
+
+    async def fast(request: Request) -> JSONResponse:
+        return JSONResponse({"path": request.url.path, "header": request.headers.get("x-next", "")})
+
+    routes = [Route("/slow", slow, methods=["POST"]), Route("/fast", fast, methods=["POST"])]
+    async with serving(Starlette(routes=routes)) as port:
+        for split in (None, 20):  # the next request whole, or only its first 20 bytes, before the answer
+            entered.clear()
+            answering.clear()
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            following = b"POST /fast HTTP/1.1\r\nhost: x\r\nx-next: yes\r\ncontent-length: 0\r\n\r\n"
+            writer.write(_post("/slow") + following[:split])
+            await asyncio.wait_for(entered.wait(), timeout=5)
+            answering.set()
+            assert await _answer(reader) == b'HTTP/1.1 200 OK {"path":"slow"}'
+            writer.write(following[split:] if split else b"")
+            assert await _answer(reader) == b'HTTP/1.1 200 OK {"path":"/fast","header":"yes"}'
+            writer.close()
 
 
 class Limits:
