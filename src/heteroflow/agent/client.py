@@ -79,6 +79,12 @@ of a beat on a kept one: docs/benchmarks.md), and under the server's keep-alive 
 least 25 s), so that a beat never goes out on a connection the server is closing at that moment. An agent that
 beats less often than this opens a connection per beat."""
 
+LOST_CONNECTION: Final = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+"""A connection that closed or reset under the request, before an answer: a kept connection that the server or a
+balancer closed as the request went out (a server older than its 30 s keep-alive keeps an idle connection 5 s,
+the agent's interval). A beat is sent once more, on a new connection; a registration is not (its answer carries a
+credential shown once)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Registered:
@@ -141,10 +147,17 @@ class HttpPlatformClient:
             verify=client_tls(),
         )
 
-    def _post(self, path: str, body: Mapping[str, Any], *, credential: str | None) -> httpx.Response:
+    def _post(
+        self, path: str, body: Mapping[str, Any], *, credential: str | None, resend_when_lost: bool = False
+    ) -> httpx.Response:
         headers = {NODE_CREDENTIAL_HEADER: credential} if credential else None
         try:
-            response = self._http.post(path, json=dict(body), headers=headers)
+            try:
+                response = self._http.post(path, json=dict(body), headers=headers)
+            except LOST_CONNECTION:
+                if not resend_when_lost:
+                    raise
+                response = self._http.post(path, json=dict(body), headers=headers)  # the pool opens a new one
         except httpx.HTTPError as exc:
             raise ServerUnavailableError(f"{type(exc).__name__}: {exc}") from exc
         if response.status_code >= 500 or response.status_code == 429:
@@ -199,7 +212,10 @@ class HttpPlatformClient:
 
     def heartbeat(self, node_id: NodeId, body: Mapping[str, Any]) -> BeatResult:
         response = self._post(
-            f"/api/v1/nodes/{node_id}/heartbeat", body, credential=self._by_node.get(node_id) or self._kept
+            f"/api/v1/nodes/{node_id}/heartbeat",
+            body,
+            credential=self._by_node.get(node_id) or self._kept,
+            resend_when_lost=True,
         )
         if response.status_code == 404:
             raise NodeGoneError(f"node {node_id} is unknown to the server", status=404)

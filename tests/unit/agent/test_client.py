@@ -133,6 +133,40 @@ def test_connection_errors_are_unavailable() -> None:
     client.close()
 
 
+BEAT_ANSWER = {"status": "ok", "xid_events": {"received": 0, "stored": 0, "rejected": [], "retry": False}}
+
+
+@pytest.mark.parametrize("lost", [httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError])
+def test_a_beat_whose_connection_is_lost_before_its_answer_is_sent_once_more(lost: type[httpx.TransportError]) -> None:
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        if len(seen) == 1:
+            raise lost("closed under the request", request=request)
+        return httpx.Response(200, json=BEAT_ANSWER)
+
+    client = client_for(httpx.MockTransport(handler))
+    assert client.heartbeat(NodeId("abc"), {"gpu_stats": []}).xid_stored == 0
+    assert seen == ["/api/v1/nodes/abc/heartbeat"] * 2
+
+
+def test_a_beat_lost_twice_and_a_lost_registration_are_unavailable_at_once() -> None:
+    seen: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.path)
+        raise httpx.ReadError("reset", request=request)
+
+    client = client_for(httpx.MockTransport(handler))
+    with pytest.raises(ServerUnavailableError, match="ReadError"):
+        client.heartbeat(NodeId("abc"), {"gpu_stats": []})
+    assert len(seen) == 2  # once more, not again and again: the agent's own backoff takes it from there
+    with pytest.raises(ServerUnavailableError, match="ReadError"):
+        client.register(REG)  # its answer would carry a credential shown once: never sent twice
+    assert seen[2:] == ["/api/v1/nodes/register"]
+
+
 def test_the_node_credential_is_sent_on_every_later_call_and_kept_owner_only(tmp_path: Path) -> None:
     seen: list[httpx.Request] = []
 
