@@ -206,56 +206,6 @@ def test_everything_else_is_the_transports_own(name: str) -> None:
     assert getattr(held, name) == getattr(transport, name)
 
 
-def test_a_client_that_resets_its_connection_costs_only_its_own_answer(caplog: pytest.LogCaptureFixture) -> None:
-    """The real failure: clients reset their connections (RST) before their answers are written; the server
-    writes nothing after, raises nothing, and answers the next client in one piece."""
-    asyncio.run(_resets())
-    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
-
-
-async def _resets() -> None:
-    answering = asyncio.Event()
-    answered = 0
-
-    async def slow(request: Request) -> JSONResponse:
-        nonlocal answered
-        await answering.wait()  # the client has gone by now
-        answered += 1
-        return JSONResponse({"status": "ok"})
-
-    app = Starlette(routes=[Route("/beat", slow, methods=["POST"])])
-    port = free_port()
-    server = uvicorn.Server(server_config(app, host="127.0.0.1", port=port, lifespan="off"))
-    task = asyncio.create_task(server.serve())
-    try:
-        while not server.started:  # the server's own flag, bounded by the test timeout
-            assert not task.done(), task
-            await asyncio.sleep(0.01)
-        for _ in range(5):
-            _, writer = await asyncio.open_connection("127.0.0.1", port)
-            writer.write(_post("/beat"))
-            await writer.drain()
-            sock = writer.get_extra_info("socket")
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
-            writer.transport.abort()
-        answering.set()
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(_post("/beat"))
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
-        assert head.startswith(b"HTTP/1.1 200 OK")
-        assert await asyncio.wait_for(reader.readexactly(15), timeout=5) == b'{"status":"ok"}'
-        writer.close()
-        assert not task.done()
-        assert answered == 6  # every reset client's handler ran to its end
-    finally:
-        server.should_exit = True
-        await task
-
-
-class Marker:
-    """Put into a request's scope by the application: whether anything still holds the scope (a weak reference)."""
-
-
 @contextlib.asynccontextmanager
 async def serving(app: Starlette) -> AsyncIterator[int]:
     """``app`` served by a real uvicorn server with :func:`server_config`, on this loop; yields its port."""
@@ -277,6 +227,43 @@ async def _answer(reader: asyncio.StreamReader) -> bytes:
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), timeout=5)
     length = int(head.lower().split(b"content-length: ", 1)[1].split(b"\r\n", 1)[0])
     return head.split(b"\r\n", 1)[0] + b" " + await asyncio.wait_for(reader.readexactly(length), timeout=5)
+
+
+def test_a_client_that_resets_its_connection_costs_only_its_own_answer(caplog: pytest.LogCaptureFixture) -> None:
+    """The real failure: clients reset their connections (RST) before their answers are written; the server
+    writes nothing after, raises nothing, and answers the next client in one piece."""
+    asyncio.run(_resets())
+    assert not [record for record in caplog.records if record.levelno >= logging.ERROR]
+
+
+async def _resets() -> None:
+    answering = asyncio.Event()
+    answered = 0
+
+    async def slow(request: Request) -> JSONResponse:
+        nonlocal answered
+        await answering.wait()  # the client has gone by now
+        answered += 1
+        return JSONResponse({"status": "ok"})
+
+    async with serving(Starlette(routes=[Route("/beat", slow, methods=["POST"])])) as port:
+        for _ in range(5):
+            _, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(_post("/beat"))
+            await writer.drain()
+            sock = writer.get_extra_info("socket")
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = RST
+            writer.transport.abort()
+        answering.set()
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(_post("/beat"))
+        assert await _answer(reader) == b'HTTP/1.1 200 OK {"status":"ok"}'
+        writer.close()
+        assert answered == 6  # every reset client's handler ran to its end
+
+
+class Marker:
+    """Put into a request's scope by the application: whether anything still holds the scope (a weak reference)."""
 
 
 def test_an_idle_connection_keeps_nothing_of_the_request_it_answered() -> None:
