@@ -81,8 +81,8 @@ beats less often than this opens a connection per beat."""
 
 LOST_CONNECTION: Final = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
 """A connection that closed or reset under the request, before an answer: a kept connection that the server or a
-balancer closed as the request went out (a server older than its 30 s keep-alive keeps an idle connection 5 s,
-the agent's interval). A beat is sent once more, on a new connection; a registration is not (its answer carries a
+balancer closed as the request went out (a server of an earlier version keeps an idle connection only 5 s, the
+agent's interval). A beat is sent once more, on a new connection; a registration is not (its answer carries a
 credential shown once)."""
 
 

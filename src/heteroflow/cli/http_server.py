@@ -178,7 +178,8 @@ platform server (with room for the database, the logs and the clients of the web
 
 
 def raise_open_file_limit() -> int:
-    """Raise this process's soft limit on open files to its hard limit, and say what it is; returns the limit.
+    """Raise this process's soft limit on open files to its hard limit and return it; warn when it stays short of
+    :data:`FLEET_OPEN_FILES`, or cannot be raised.
 
     Every socket is an open file, and every agent keeps a connection to the platform server: one a node, all the
     time (it keeps its connection between beats: ``agent/client.py``). The usual soft limit is 1,024 (systemd's
