@@ -22,14 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root: bench.ingest
 from bench.ingest import heteroflow, wait_answering
+from bench.soak_report import rss_mib
 from heteroflow.core.testing import free_port
-
-
-def rss_mib(pid: int) -> float:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
-            return int(line.split()[1]) / 1024
-    raise RuntimeError(f"no VmRSS for pid {pid}")
 
 
 def main() -> None:
@@ -69,6 +63,8 @@ def main() -> None:
             sock.close()
         server.terminate()
         server.wait(15)
+    if before is None or after is None:
+        raise SystemExit("the server had gone before its resident size was read")
     print(f"{args.connections} idle connections, {answered} answered 200")
     print(
         f"server RSS {before:.1f} -> {after:.1f} MiB: +{after - before:.1f} MiB, "
