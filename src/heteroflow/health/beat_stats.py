@@ -7,6 +7,13 @@ rules: the declared index, never the position; a repeated index is ignored; unkn
 readings of one card share their key, and the agent's times (one collection time for every card of a beat) are
 parsed once per distinct text. The card keys and the readings are named tuples, built as plain tuples of their
 class in C: the same objects, for a fraction of a dataclass's generated ``__init__``.
+
+A clean agent body (``core/request_body.py``) is first decoded by :data:`WIRE_BEAT` (msgspec, native code) into
+:class:`WireStat` records: every value of the common card (an index in range, counters that are plain non-negative
+64-bit integers, metrics within their bounds) is typed and bounded while it is parsed, so their reading here skips
+the checks. Any body that decoder refuses (an odd value anywhere, a string where a number belongs) takes the
+general path, which reads each value leniently; where both accept a body they give the same readings (a test
+compares them).
 """
 
 from __future__ import annotations
@@ -14,13 +21,19 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from operator import itemgetter, le
-from typing import Final, NamedTuple
+from typing import Annotated, Any, Final, NamedTuple
 
+import msgspec
+from msgspec.structs import astuple
+
+from heteroflow.contracts.heartbeat import MAX_GPU_STATS, MAX_XID_EVENTS
 from heteroflow.core.ids import NodeId, Source
 from heteroflow.health.counters import (
+    COUNTER_MAX,
     HEALTH_KEYS,
     PLAIN_WIRE_TYPES,
     counters_from_values,
+    interned_counters,
     parse_keys,
     shared_counters,
 )
@@ -47,6 +60,43 @@ _FIX: Final = itemgetter(1)
 _COUNTERS: Final = slice(5, 5 + len(HEALTH_KEYS))
 _METRICS: Final = slice(5 + len(HEALTH_KEYS), None)
 
+_Counter = Annotated[int, msgspec.Meta(ge=0, le=COUNTER_MAX)] | None
+WireStat: Final = msgspec.defstruct(
+    "WireStat",
+    [
+        ("index", Annotated[int, msgspec.Meta(ge=0, le=MAX_GPU_INDEX)]),
+        ("uuid", str | None, None),
+        ("sampled_at", str | None, None),
+        ("telemetry_at", str | None, None),
+        ("semantics_unconfirmed", Any, None),  # read leniently below (parse_keys), as on the general path
+        *((name, _Counter, None) for name in HEALTH_KEYS),
+        *(
+            (name, Annotated[float, msgspec.Meta(ge=low, le=high)] | None, None)
+            for name, low, high in zip(METRIC_KEYS, METRIC_LOWS, METRIC_HIGHS, strict=True)
+        ),
+    ],
+    module=__name__,
+)
+"""A card's stat as the common agent sends it, typed and bounded as it is decoded; its fields in
+:data:`_STAT_KEYS` order, so that ``astuple`` gives what the general path reads with ``map(stat.get, ...)``. An
+integer for a metric is taken as its float (as :func:`~heteroflow.health.gpu_metrics.parse_metric` does); an
+integral float for a counter or an index, a boolean, a string where a number belongs, or a value out of bounds
+is refused, and the body takes the general path."""
+
+
+class WireBeat(msgspec.Struct):
+    """A clean heartbeat body as :data:`WIRE_BEAT` decodes it: what the route reads of a
+    :class:`~heteroflow.contracts.heartbeat.Heartbeat`, with the stats typed."""
+
+    gpu_stats: Annotated[list[WireStat], msgspec.Meta(max_length=MAX_GPU_STATS)] = []  # type: ignore[valid-type]
+    xid_events: Annotated[list[dict[str, Any]], msgspec.Meta(max_length=MAX_XID_EVENTS)] = []
+    xid_collection: Any = None
+
+
+WIRE_BEAT: Final = msgspec.json.Decoder(WireBeat)
+"""``WIRE_BEAT.decode(body)``: a :class:`WireBeat`, or ``msgspec.DecodeError`` (its ``ValidationError`` included)
+for any body it does not take as the common agent's."""
+
 
 class BeatReadings(NamedTuple):
     """One beat's readings for the two side paths. A named tuple: one per beat, built in C."""
@@ -62,14 +112,16 @@ class BeatReadings(NamedTuple):
 
 
 def beat_readings(
-    stats: Sequence[Mapping[str, object]],
+    stats: Sequence[Mapping[str, object]] | Sequence[Any],
     *,
     node_id: NodeId,
     source: Source,
     received_at: datetime,
     window: SampleTimeWindow | None = None,
 ) -> BeatReadings:
-    """The health and the metric readings of one beat's stats, each stat read once."""
+    """The health and the metric readings of one beat's stats (wire objects, or :class:`WireStat` records that
+    :data:`WIRE_BEAT` decoded, all of one kind), each stat read once."""
+    typed = bool(stats) and type(stats[0]) is WireStat
     health: list[HealthReading] = []
     metrics: list[MetricReading] = []
     seen: set[int] = set()
@@ -78,7 +130,8 @@ def beat_readings(
     # against the window once, not once per card and side path
     times: dict[str, tuple[datetime, TimeFix | None]] = {}
     for stat in stats:
-        raw = tuple(map(stat.get, _STAT_KEYS))  # every value a card needs, read in C
+        # every value a card needs, read in C
+        raw: tuple[object, ...] = astuple(stat) if typed else tuple(map(stat.get, _STAT_KEYS))  # type: ignore[arg-type]
         index = raw[0]
         if type(index) is not int or not 0 <= index <= MAX_GPU_INDEX:  # the common case first (a bool is no int)
             index = parse_index(index)
@@ -102,19 +155,26 @@ def beat_readings(
         semantics = () if unconfirmed is None else parse_keys(unconfirmed)
         # a steady card's counters are found among the shared ones in C, without a call (counters_from_values)
         counter_values: tuple[int | None, ...] = raw[_COUNTERS]  # type: ignore[assignment]  # types checked first
-        plain = PLAIN_WIRE_TYPES.issuperset(map(type, counter_values))
-        counters = (plain and shared_counters(counter_values)) or counters_from_values(counter_values)
+        if typed:  # plain non-negative 64-bit integers and nulls: what counters_from_values would keep as they are
+            counters = shared_counters(counter_values) or interned_counters(counter_values)
+        else:
+            plain = PLAIN_WIRE_TYPES.issuperset(map(type, counter_values))
+            counters = (plain and shared_counters(counter_values)) or counters_from_values(counter_values)
         health.append(_tuple_of(HealthReading, (key, uuid, timed[0], counters, timed[1], semantics)))
         values = raw[_METRICS]
         # the common card, written out: five floats within their bounds, checked in C (a NaN or an infinity
         # fails a comparison); anything else is parsed value by value (gpu_metrics.metrics_from_values)
         floats: tuple[float, ...] = values  # type: ignore[assignment]  # checked first below, in C
-        if (
+        if typed:  # floats within their bounds, or nulls: what metrics_from_values would keep as they are
+            card_metrics: GpuMetrics = _tuple_of(GpuMetrics, values)
+            if None in values and card_metrics.all_unknown:
+                continue
+        elif (
             FLOAT_ONLY.issuperset(map(type, values))
             and all(map(le, METRIC_LOWS, floats))
             and all(map(le, floats, METRIC_HIGHS))
         ):
-            card_metrics: GpuMetrics = _tuple_of(GpuMetrics, values)
+            card_metrics = _tuple_of(GpuMetrics, values)
         else:
             card_metrics = metrics_from_values(values)
             if card_metrics.all_unknown:

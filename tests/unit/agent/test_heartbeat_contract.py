@@ -40,7 +40,7 @@ from heteroflow.contracts.heartbeat import (
 )
 from heteroflow.core.ids import NodeId, Source
 from heteroflow.core.testing import FakeClock
-from heteroflow.health.beat_stats import beat_readings
+from heteroflow.health.beat_stats import WIRE_BEAT, beat_readings
 from heteroflow.health.gpu_metrics import GpuMetrics
 from heteroflow.health.heartbeat import xid_events_from_wire
 from heteroflow.health.xid_collection import parse_xid_collection
@@ -186,6 +186,11 @@ def test_every_collectors_beat_is_what_the_server_reads(shared_fixtures: Path, c
             power_w=card.power_w,
         )
         assert metrics.get(card.index, GpuMetrics()) == expected
+
+    # every collector's beat takes the server's typed one-step decode, and reads the same there
+    wired = WIRE_BEAT.decode(sent)
+    assert beat_readings(wired.gpu_stats, node_id=NODE, source="real", received_at=RECEIVED_AT) == read
+    assert (wired.xid_events, wired.xid_collection) == (beat.xid_events, beat.xid_collection)
 
     events, rejected = xid_events_from_wire(beat.xid_events)
     assert rejected == []
