@@ -10,7 +10,8 @@ agent's own bodies (``SimulatedCollector`` + ``heartbeat_body``: 8 cards with he
                latency is measured from each request's scheduled time, so queueing is not hidden;
 4. floor     - the dedup phase's load against ``bench/floor_app.py`` (bare Starlette on the same uvicorn:
                token check, JSON decode, the project's ``Heartbeat`` schema, nothing else): what no heartbeat
-               route on this stack can avoid. The dedup phase's CPU per beat is printed as a ratio of it;
+               route on this stack can avoid. The dedup phase's CPU per beat is printed as a ratio of it.
+               ``--floor-decoder typed`` makes it decode with the server's own typed decoder instead;
 5. same load - the server and the floor each offered the same open loop at each of ``--equal-rates`` (default
                600/s and 2,000/s), alternating, twice: CPU per beat at one load. Either app's CPU per beat
                falls as its own rate rises (more requests per turn of the event loop), so phases 2 and 4, each
@@ -29,6 +30,7 @@ measured in the same run. Usage::
 
     .venv/bin/python bench/ingest.py [--nodes 3000] [--seconds 15] [--concurrency 16] [--rate 600]
                                      [--postgres | --database-url postgresql://…] [--no-floor]
+                                     [--floor-decoder schema|typed]
                                      [--connection-per-beat]
                                      [--profile FILE]   # py-spy (on PATH), --gil: dedup phase; FILE.floor: floor
 """
@@ -412,7 +414,7 @@ async def run_floor(
     profiler = start_profiler(f"{args.profile}.floor", floor[1], args.seconds, gil=True) if args.profile else None
     beside = cpu_seconds(server[1])
     closed = await benches["floor"].measure(
-        PhaseResult("floor: decode + validate"),
+        PhaseResult("floor: typed decode" if args.floor_decoder == "typed" else "floor: decode + validate"),
         lambda r: benches["floor"].closed_loop(r, seconds=args.seconds, concurrency=args.concurrency, changing=False),
     )
     closed.beside_cpu = cpu_seconds(server[1]) - beside
@@ -463,7 +465,7 @@ def wait_answering(url: str, token: str, *, what: str, status: int | None = 200)
         time.sleep(0.1)
 
 
-def start_floor(token: str, env: dict[str, str]) -> tuple[subprocess.Popen[bytes], int]:
+def start_floor(token: str, env: dict[str, str], decoder: str) -> tuple[subprocess.Popen[bytes], int]:
     """The floor app on the same uvicorn (and HTTP parser) the platform server runs on."""
     port = free_port()
     process = subprocess.Popen(
@@ -482,7 +484,7 @@ def start_floor(token: str, env: dict[str, str]) -> tuple[subprocess.Popen[bytes
             "warning",
             "--no-access-log",
         ],
-        env={**env, "FLOOR_TOKEN": token},
+        env={**env, "FLOOR_TOKEN": token, "FLOOR_DECODER": decoder},
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
@@ -500,6 +502,13 @@ def main() -> None:
     parser.add_argument("--postgres", action="store_true", help="start a private PostgreSQL server and use it")
     parser.add_argument("--cache-entries", type=int, default=0, help="dedup cache size (default nodes x 8)")
     parser.add_argument("--no-floor", action="store_true", help="skip the floor phases")
+    parser.add_argument(
+        "--floor-decoder",
+        choices=("schema", "typed"),
+        default="schema",
+        help="the floor's decode: json.loads and the Heartbeat schema (default), or the server's own typed decoder of "
+        "the common agent body (bench/floor_app.py)",
+    )
     parser.add_argument(
         "--connection-per-beat",
         action="store_true",
@@ -549,7 +558,7 @@ def main() -> None:
         wait_answering(f"http://127.0.0.1:{port}/healthz", agent_token, what="the server")
         results, node_ids = asyncio.run(run(args, port, agent_token, admin_token, server.pid, agents))
         if not args.no_floor:  # the platform server stays up, idle, beside the floor (its CPU meanwhile is printed)
-            floor_process, floor_port = start_floor(agent_token, env)
+            floor_process, floor_port = start_floor(agent_token, env, args.floor_decoder)
             try:
                 floor, equal = asyncio.run(
                     run_floor(
