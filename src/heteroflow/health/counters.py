@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field
 from typing import Final
 
 #: Largest value a counter column holds (64-bit signed). Larger readings are unknown, not clamped.
@@ -49,11 +49,13 @@ class Counters:
     """Uncorrectable ECC errors of on-die SRAM, where the driver splits them from DRAM."""
     ecc_sram_corrected_total: int | None = None
     """Correctable ECC errors of on-die SRAM, where the driver splits them from DRAM."""
+    all_unknown: bool = field(init=False, repr=False, compare=False)
+    """Whether every counter is unknown: worked out once, when the object is made. A beat asks it of every card
+    twice (the health dedup and the newest values for /metrics), and a steady card's object is shared
+    (:func:`interned_counters`): as a property it was a Python call each time."""
 
-    @property
-    def all_unknown(self) -> bool:
-        # field by field (the first known one answers): comparing with an all-unknown instance built two tuples
-        return (
+    def __post_init__(self) -> None:
+        unknown = (  # field by field: the first known one answers
             self.ecc_uncorrected_total is None
             and self.ecc_corrected_total is None
             and self.retired_pages is None
@@ -64,9 +66,10 @@ class Counters:
             and self.ecc_sram_uncorrected_total is None
             and self.ecc_sram_corrected_total is None
         )
+        object.__setattr__(self, "all_unknown", unknown)
 
     def as_dict(self) -> dict[str, int | None]:
-        return {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: getattr(self, name) for name in HEALTH_KEYS}
 
     @classmethod
     def from_wire(cls, stat: Mapping[str, object]) -> Counters:

@@ -214,6 +214,7 @@ _HEAD: Final = struct.Struct(f"<{1 + 4 * _WIDTH}d")
 count, min and max of the folded readings that knew it."""
 _READING: Final = struct.Struct(f"<{_WIDTH}d")
 """One reading as a bucket holds it until folded: its five values, NaN for unknown (a metric is never NaN)."""
+_pack_reading: Final = _READING.pack
 _EMPTY: Final = _HEAD.pack(0.0, *[0.0, 0.0, math.inf, -math.inf] * _WIDTH)
 _FOLD_BYTES: Final = _HEAD.size + _FOLD_AT * _READING.size
 _NAN: Final = math.nan
@@ -391,8 +392,8 @@ class MinuteAggregator:
             bucket = group.get(slot)
             if bucket is None:
                 bucket = group[slot] = bytearray(_EMPTY)
-            # five doubles, unknown as NaN: nothing made that the collector tracks
-            values = _packed(metrics)
+            # five doubles, unknown as NaN: nothing made that the collector tracks (a known reading packed in line)
+            values = _pack_reading(*metrics) if None not in metrics else _packed(metrics)
             bucket += values
             if len(bucket) >= _FOLD_BYTES:
                 _fold(bucket)

@@ -142,11 +142,11 @@ class GpuMetricsRecorder:
             for reading in metrics:
                 observe(reading)
             self._alerting_nodes[node.id] = (node.name, node.tenant_id)
-        for health_reading in health:
-            if health_reading.counters.all_unknown:
+        for key, uuid, _, counters, _, _ in health:  # unpacked: no attribute lookups
+            if counters.all_unknown:
                 continue
-            known = find(health_reading.key) or self._known_card(node, health_reading.key)
-            known.uuid, known.counters, known.counters_at = health_reading.uuid, health_reading.counters, now
+            known = find(key) or self._known_card(node, key)
+            known.uuid, known.counters, known.counters_at = uuid, counters, now
 
     def _known_card(self, node: NodeRecord, key: CardKey) -> _Known:
         known = self._known.get(key)

@@ -1,12 +1,13 @@
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from heteroflow.health.counters import COUNTER_MAX, HEALTH_KEYS, Counters, parse_counter
+from heteroflow.health.counters import COUNTER_MAX, HEALTH_KEYS, Counters, interned_counters, parse_counter
 
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
@@ -42,6 +43,11 @@ def test_counters_from_any_stat(stat: dict[str, object]) -> None:
 def test_all_unknown() -> None:
     assert Counters().all_unknown
     assert not Counters(retired_pages=0).all_unknown  # a known zero is knowledge, not absence
+    # worked out when the object is made: a changed copy has its own answer, and it is no counter
+    assert dataclasses.replace(Counters(retired_pages=0), retired_pages=None).all_unknown
+    assert not dataclasses.replace(Counters(), retired_pages=0).all_unknown
+    assert list(Counters().as_dict()) == list(HEALTH_KEYS)
+    assert Counters() == interned_counters((None,) * len(HEALTH_KEYS))
 
 
 @pytest.mark.parametrize("name", HEALTH_KEYS)
