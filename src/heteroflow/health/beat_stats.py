@@ -76,15 +76,17 @@ WireStat: Final = msgspec.defstruct(
         ),
     ],
     module=__name__,
+    gc=False,
 )
 """A card's stat as the common agent sends it, typed and bounded as it is decoded; its fields in
-:data:`_STAT_KEYS` order, so that ``astuple`` gives what the general path reads with ``map(stat.get, ...)``. An
+:data:`_STAT_KEYS` order, so that ``astuple`` gives what the general path reads with ``map(stat.get, ...)``. Not
+tracked by the garbage collector (``gc=False``: decoded JSON holds no cycle), like the readings made of it. An
 integer for a metric is taken as its float (as :func:`~heteroflow.health.gpu_metrics.parse_metric` does); an
 integral float for a counter or an index, a boolean, a string where a number belongs, or a value out of bounds
 is refused, and the body takes the general path."""
 
 
-class WireBeat(msgspec.Struct):
+class WireBeat(msgspec.Struct, gc=False):
     """A clean heartbeat body as :data:`WIRE_BEAT` decodes it: what the route reads of a
     :class:`~heteroflow.contracts.heartbeat.Heartbeat`, with the stats typed."""
 
