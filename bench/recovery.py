@@ -75,7 +75,7 @@ STAGES = ("detect", "collect", "ready", "apply", "rebuild", "commit", "total", "
 KILL_ORDER = (2, 1, 3, 0)
 """Ranks killed in turn; two per restore (the second round moves the master when it removes rank 0)."""
 TARGET_CONTROL_P50 = {"default": 1.5, "fast": 0.5}
-"""The issue's targets: seconds the control plane may add to recovery at p50."""
+"""The targets: seconds the control plane may add to recovery at p50."""
 
 
 @dataclass(frozen=True)

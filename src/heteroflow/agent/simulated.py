@@ -1,8 +1,7 @@
 """Simulated cards, so a local platform has live data without hardware (H-17, H-70 profile names).
 
-The prediction issue's simulation generator does not exist yet, so this is the minimal profile set. Every
-value is a pure function of the simulated time since start (wall time x ``speed``), the card index and a
-seed, so two runs with the same inputs report the same counters.
+This is the minimal profile set. Every value is a pure function of the simulated time since start (wall time x
+``speed``), the card index and a seed, so two runs with the same inputs report the same counters.
 """
 
 from __future__ import annotations
