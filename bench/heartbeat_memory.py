@@ -30,8 +30,8 @@ from bench.heartbeat_cpu import beat
 from heteroflow.agent.heartbeat import heartbeat_body
 from heteroflow.agent.runner import registration_for
 from heteroflow.agent.simulated import SimulatedCollector
+from heteroflow.contracts import counters
 from heteroflow.core.clock import SystemClock
-from heteroflow.health import counters
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.platform.auth import parse_scopes
 from heteroflow.platform.nodes import NODE_CREDENTIAL_HEADER

@@ -25,9 +25,9 @@ from heteroflow.agent.settings import AgentSettings
 from heteroflow.agent.simulated import SimulatedCollector
 from heteroflow.agent.xid_queue import XidQueue
 from heteroflow.agent.xid_status import XID_NEEDS_NVML, XidCollectionStatus, not_collected, with_kernel_log
+from heteroflow.contracts.counters import HEALTH_KEYS
 from heteroflow.core.clock import Clock
 from heteroflow.core.ids import Source
-from heteroflow.health.counters import HEALTH_KEYS
 
 
 def probe_report(

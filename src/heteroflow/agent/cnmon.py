@@ -24,8 +24,8 @@ from heteroflow.agent.readings import (
     VendorTable,
 )
 from heteroflow.agent.tables import banner_line, cells, device_head, find_box_table, locate, value_at
+from heteroflow.contracts.counters import Counters
 from heteroflow.core.clock import Clock
-from heteroflow.health.counters import Counters
 
 TOOL: Final = "cnmon"
 UNCONFIRMED: Final = ("ecc_uncorrected_total",)

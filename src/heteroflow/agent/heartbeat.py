@@ -17,8 +17,8 @@ from typing import Any
 from heteroflow.agent.readings import GpuHealth, GpuTelemetry, HealthCollection, TelemetryCollection
 from heteroflow.agent.xid_queue import Pending
 from heteroflow.agent.xid_status import XidCollectionStatus
+from heteroflow.contracts.counters import HEALTH_KEYS
 from heteroflow.contracts.heartbeat import MAX_XID_EVENTS, GpuStat, Heartbeat, XidEventIn
-from heteroflow.health.counters import HEALTH_KEYS
 
 MAX_XID_EVENTS_PER_BEAT = MAX_XID_EVENTS
 """The server accepts at most this many events in one beat; the rest wait for the next."""

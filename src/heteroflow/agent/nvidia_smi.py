@@ -27,8 +27,8 @@ from heteroflow.agent.readings import (
     HealthCollection,
     TelemetryCollection,
 )
+from heteroflow.contracts.counters import Counters
 from heteroflow.core.clock import Clock
-from heteroflow.health.counters import Counters
 
 TOOL: Final = "nvidia-smi"
 PROBE_TTL_SEC: Final = 1800.0

@@ -33,8 +33,8 @@ from heteroflow.agent.readings import (
     XidEvent,
 )
 from heteroflow.agent.xid_status import XidCollectionStatus, not_collected, watcher_status
+from heteroflow.contracts.counters import COUNTER_MAX, Counters
 from heteroflow.core.clock import Clock
-from heteroflow.health.counters import COUNTER_MAX, Counters
 
 # NVML return codes (nvml.h); the numbers are part of the C API and never change.
 NOT_SUPPORTED: Final = 3

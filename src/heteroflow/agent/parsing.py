@@ -11,7 +11,7 @@ import math
 import re
 from typing import Final
 
-from heteroflow.health.counters import COUNTER_MAX
+from heteroflow.contracts.counters import COUNTER_MAX
 
 #: Texts the vendor tools print instead of a value (compared case-insensitively, brackets optional).
 SENTINELS: Final = frozenset(

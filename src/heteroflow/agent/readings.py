@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Literal
 
-from heteroflow.health.counters import Counters
+from heteroflow.contracts.counters import Counters
 
 CollectorName = Literal["nvml", "nvidia-smi", "xpu-smi", "cnmon", "simulated", "none"]
 """Which collector produced a collection (shown by ``agent probe``)."""

@@ -19,8 +19,8 @@ from heteroflow.agent.readings import (
     HealthCollection,
     TelemetryCollection,
 )
+from heteroflow.contracts.counters import Counters
 from heteroflow.core.clock import Clock
-from heteroflow.health.counters import Counters
 
 Profile = Literal["healthy", "degrading", "sudden_ue", "remap_pending", "remap_failure"]
 PROFILES: Final[tuple[Profile, ...]] = ("healthy", "degrading", "sudden_ue", "remap_pending", "remap_failure")

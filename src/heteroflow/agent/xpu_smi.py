@@ -28,8 +28,8 @@ from heteroflow.agent.readings import (
 )
 from heteroflow.agent.tables import banner_line, cells, device_head, find_box_table, locate, value_at
 from heteroflow.agent.xpu_query import XpuQueryCard, bus_id_in, parse_xpu_query
+from heteroflow.contracts.counters import Counters
 from heteroflow.core.clock import Clock
-from heteroflow.health.counters import Counters
 
 TOOL: Final = "xpu-smi"
 QUERY_RETRY_SEC: Final = 1800.0
