@@ -13,6 +13,7 @@ from heteroflow.agent.collectors import CHOICES, CollectorChoice
 from heteroflow.agent.commands import SubprocessRunner
 from heteroflow.agent.runner import install_stop_signals
 from heteroflow.agent.settings import AgentSettings
+from heteroflow.cli.errors import http_url_problem
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.logs import configure_logging
 
@@ -72,6 +73,8 @@ def run(
             "letters, digits, '.', '_' and '-', starting with a letter or digit", param_hint="--node-name"
         )
     settings = AgentSettings.load(**overrides)
+    if (problem := http_url_problem(settings.server_url)) is not None:
+        raise typer.BadParameter(problem, param_hint="--server / HETEROFLOW_AGENT_SERVER_URL")
     configure_logging(level=settings.log_level)
     if not settings.token:
         raise typer.BadParameter("a token is required (--token or HETEROFLOW_AGENT_TOKEN)", param_hint="--token")

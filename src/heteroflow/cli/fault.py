@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 
+from heteroflow.cli.errors import FAILED_EXIT_CODE
 from heteroflow.local import faults
 from heteroflow.local.client import ClusterClient, ClusterUnreachableError
 from heteroflow.local.hardware import HardwareVia
@@ -27,7 +28,7 @@ DEFAULT_STATE = Path("var/local/state.json")
 
 
 def _run(state_file: Path, instance: str | None, act: Callable[[ClusterClient, InstanceState], str]) -> None:
-    """Load the state, run one injection, print what it did; every known failure is one line and exit 1."""
+    """Load the state, run one injection, print what it did; every known failure is one line and exit code 2."""
     try:
         state = read_state(state_file)
         inst = state.instance(instance)
@@ -35,7 +36,7 @@ def _run(state_file: Path, instance: str | None, act: Callable[[ClusterClient, I
             typer.echo(act(client, inst))
     except (StateFileError, faults.FaultError, ClusterUnreachableError) as exc:  # hardware's errors included
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
+        raise typer.Exit(FAILED_EXIT_CODE) from exc
 
 
 @app.command()
@@ -118,10 +119,10 @@ def status(
             snapshot = take_snapshot(client)
     except (StateFileError, ClusterUnreachableError) as exc:
         typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
+        raise typer.Exit(FAILED_EXIT_CODE) from exc
     if snapshot.error is not None:
         typer.echo(f"error: {snapshot.error}", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(FAILED_EXIT_CODE)
     from rich.console import Console
 
     Console().print(render(snapshot, state))

@@ -9,12 +9,16 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator, MutableMapping
-from typing import Any, Final
+from typing import Annotated, Any, Final
 
 import typer
+from typer._click import Context  # the click that typer vendors and runs (not the click package)
 from typer.core import TyperGroup
 
+from heteroflow.cli.errors import DEBUG_ENV, FAILED_EXIT_CODE, debug_requested, one_line
 from heteroflow.core.logs import configure_logging
+
+_DEBUG_KEY: Final = "heteroflow.debug"
 
 COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "admin": ("heteroflow.cli.admin", "app"),
@@ -79,11 +83,23 @@ class LazyCommandMap(MutableMapping[str, Any]):
 
 
 class LazyCommands(TyperGroup):
-    """The top-level group, its commands a :class:`LazyCommandMap`."""
+    """The top-level group, its commands a :class:`LazyCommandMap`; a failure the operator can fix is one line."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.commands = LazyCommandMap()
+
+    def invoke(self, ctx: Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (typer.Exit, typer.Abort):
+            raise
+        except Exception as exc:
+            line = one_line(exc)
+            if line is None or debug_requested(bool(ctx.meta.get(_DEBUG_KEY))):
+                raise
+            typer.echo(f"error: {line}", err=True)
+            raise typer.Exit(FAILED_EXIT_CODE) from exc
 
 
 app = typer.Typer(
@@ -96,8 +112,14 @@ app = typer.Typer(
 
 
 @app.callback()
-def _quiet_logs_on_stderr() -> None:
+def _quiet_logs_on_stderr(
+    ctx: typer.Context,
+    debug: Annotated[
+        bool, typer.Option("--debug", help=f"Show the traceback of a failure instead of one line [env {DEBUG_ENV}=1]")
+    ] = False,
+) -> None:
     """HeteroFlow keeps large GPU/NPU inference fleets serving through hardware faults."""
+    ctx.meta[_DEBUG_KEY] = debug
     # commands print their results on stdout; logs go to stderr, warnings and above unless a command says otherwise
     configure_logging(level="warning", json=False)
 

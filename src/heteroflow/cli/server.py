@@ -44,6 +44,8 @@ def server(
     configure_logging(level=settings.log_level)
     if settings.workers == 1:
         ctx = build_context(settings=settings, health_settings=HealthStorageSettings.load())
+        with ctx.engine.connect():  # reached now, so a database that is away is told in one line, not at start-up
+            pass
         app = create_app(ctx)
         tune_interpreter(settings)
         watch_pauses(ctx.metrics.observe_gc_pause)
