@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import sys
 import threading
@@ -157,16 +158,33 @@ def _announce(state: ClusterState, state_path: Path) -> None:
         typer.echo(f"{name:<{width}}  {value}")
 
 
+def command_prefix(argv0: str, *, cwd: Path, executable: str, on_path: str | None) -> str:
+    """How to run this same ``heteroflow`` again from ``cwd``, so that a printed hint runs as printed.
+
+    ``on_path`` is what ``heteroflow`` resolves to on ``PATH`` (``None``: not there). The plain name only when it is
+    this program; a script by its path (relative to ``cwd`` when inside it, e.g. ``.venv/bin/heteroflow``);
+    ``python -m heteroflow`` with this interpreter when run as a module."""
+    program = Path(argv0)
+    if program.name in {"__main__.py", "main.py"}:
+        return f"{executable} -m heteroflow"
+    resolved = (cwd / program).resolve() if "/" in argv0 else None
+    if resolved is None or (on_path is not None and Path(on_path).resolve() == resolved):
+        return "heteroflow" if on_path is not None else f"{executable} -m heteroflow"
+    return str(resolved.relative_to(cwd)) if resolved.is_relative_to(cwd) else str(resolved)
+
+
 def _serving_hint(state: ClusterState, state_path: Path) -> str:
     inst = state.instances[0]
     body = json.dumps({"model": inst.model, "prompt": "hello", "max_tokens": 8})
+    program = command_prefix(sys.argv[0], cwd=Path.cwd(), executable=sys.executable, on_path=shutil.which("heteroflow"))
     return (
         "serving. try:\n"
         f"  curl -s {state.coordinator_url}/v1/completions "
         f"-H 'Authorization: Bearer {state.api_key or state.admin_token}' \\\n"
         f"       -H 'content-type: application/json' -d '{body}'\n"
-        f"  heteroflow fault kill --state-file {state_path} --instance {inst.instance_id} --rank 2\n"
-        f"  heteroflow status --state-file {state_path}"
+        f"  {program} fault kill --state-file {state_path} --instance {inst.instance_id} --rank 2\n"
+        f"  {program} status --state-file {state_path}\n"
+        f"web UI: {state.server_url}/ (sign in with the admin token above)"
     )
 
 
