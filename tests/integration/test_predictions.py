@@ -126,6 +126,31 @@ def test_simulated_predictions_exist_but_never_alert_or_count(harness: Harness) 
     assert harness.get(reader, "/api/v1/gpu-health/prediction-stats", source="all").status_code == 400
 
 
+def test_prediction_stats_say_which_source_they_report_when_the_other_has_predictions(harness: Harness) -> None:
+    agent, reader = harness.token("agent"), harness.token("nodes:read")
+    before = harness.get(reader, "/api/v1/gpu-health/prediction-stats").json()
+    assert (before["source"], before["other_source"]) == ("real", None)  # nothing elsewhere: nothing to say
+    node = harness.register(agent, "sim-1", source="simulated")
+    write_profile(harness, node, 0, "degrading", source="simulated")
+    assert harness.ctx.worker.tick().predictions_created == {"simulated": 1}
+    real = harness.get(reader, "/api/v1/gpu-health/prediction-stats").json()
+    assert real["source"] == "real"
+    assert real["other_source"] == {
+        "source": "simulated",
+        "predictions": 1,
+        "note": "These statistics are of real predictions only; 1 simulated prediction(s) exist in the period: "
+        "ask with source=simulated.",
+        "note_code": "stats.other_source",
+    }
+    simulated = harness.get(reader, "/api/v1/gpu-health/prediction-stats", source="simulated").json()
+    assert simulated["source"] == "simulated"
+    assert simulated["windows"][0]["pending"] == 1
+    assert simulated["other_source"] is None  # no real prediction exists
+    # another tenant's reader sees neither the predictions nor that they exist
+    outsider = harness.token("nodes:read", tenant="team-b")
+    assert harness.get(outsider, "/api/v1/gpu-health/prediction-stats").json()["other_source"] is None
+
+
 def test_backfill_hit_keeps_the_alert_open_until_a_manual_resolve(harness: Harness) -> None:
     agent, reader = harness.token("agent"), harness.token("nodes:read")
     operator = harness.token("alerts:write,nodes:read")

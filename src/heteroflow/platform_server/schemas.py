@@ -218,8 +218,19 @@ class BandOut(BaseModel):
     )
 
 
+class OtherSourceOut(BaseModel):
+    """Predictions of the source the statistics do not report, so that a reader knows which one they are of."""
+
+    source: Source = Field(description="The source these statistics are not of.")
+    predictions: int = Field(description="Its predictions since `since` (by t0), in the caller's scope.")
+    note: str = Field(description="One English sentence: which source is reported, and how to ask for the other.")
+    note_code: Literal["stats.other_source"] = Field(
+        default="stats.other_source", description="A stable code for `note` (parameters: source, other, count)."
+    )
+
+
 class PredictionStatsOut(BaseModel):
-    source: Source
+    source: Source = Field(description="The source these statistics are of: `real` unless asked otherwise.")
     since: datetime
     until: datetime
     rule_version: str
@@ -233,6 +244,13 @@ class PredictionStatsOut(BaseModel):
     disclaimer_code: str = Field(
         default="prediction.uncalibrated",
         description="A stable code for `disclaimer` (its parameters are min_matured and min_span_days).",
+    )
+    other_source: OtherSourceOut | None = Field(
+        default=None,
+        description=(
+            "Set when the other source has predictions in the period: these statistics are not of them "
+            "(ask again with `source`). Null when it has none."
+        ),
     )
 
 

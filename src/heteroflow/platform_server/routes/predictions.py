@@ -12,6 +12,7 @@ from fastapi import APIRouter, Depends, Query
 from fastapi.responses import Response
 
 from heteroflow.core.clock import utc
+from heteroflow.core.ids import Source
 from heteroflow.health.predictions import STATUSES, PredictionStatus
 from heteroflow.health.rules import RULE_VERSION
 from heteroflow.health.statistics import band_statistics, disclaimer
@@ -23,6 +24,7 @@ from heteroflow.platform_server.errors import BadRequest, error_responses
 from heteroflow.platform_server.routes.gpu_health import SourceParam, parse_source
 from heteroflow.platform_server.schemas import (
     BandOut,
+    OtherSourceOut,
     PredictionList,
     PredictionOut,
     PredictionStatsOut,
@@ -180,6 +182,10 @@ async def prediction_stats(
     counts, exposure = await asyncio.to_thread(
         ctx.predictions.statistics, source=chosen, scope=scope, since=start, now=now, window_days=BANDS
     )
+    other: Source = "simulated" if chosen == "real" else "real"
+    _, others = await asyncio.to_thread(
+        ctx.predictions.list, PredictionFilter(source=other, scope=scope, since=start), limit=1, offset=0
+    )
     settings = ctx.prediction_settings
     bands = []
     for n in BANDS:
@@ -218,6 +224,21 @@ async def prediction_stats(
         min_span_days=settings.min_span_days,
         windows=bands,
         disclaimer=disclaimer(min_matured=settings.min_matured, min_span_days=settings.min_span_days),
+        other_source=_other_source(chosen, other, others),
+    )
+
+
+def _other_source(chosen: Source, other: Source, predictions: int) -> OtherSourceOut | None:
+    """What says which source the statistics are of, when the other one has predictions too (none: ``None``)."""
+    if predictions == 0:
+        return None
+    return OtherSourceOut(
+        source=other,
+        predictions=predictions,
+        note=(
+            f"These statistics are of {chosen} predictions only; {predictions} {other} prediction(s) exist in the "
+            f"period: ask with source={other}."
+        ),
     )
 
 
