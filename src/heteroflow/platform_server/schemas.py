@@ -225,7 +225,10 @@ class OtherSourceOut(BaseModel):
     predictions: int = Field(description="Its predictions since `since` (by t0), in the caller's scope.")
     note: str = Field(description="One English sentence: which source is reported, and how to ask for the other.")
     note_code: Literal["stats.other_source"] = Field(
-        default="stats.other_source", description="A stable code for `note` (parameters: source, other, count)."
+        default="stats.other_source",
+        description=(
+            "A stable code for `note`; its parameters are the answer's `source`, and `source` and `predictions` here."
+        ),
     )
 
 
