@@ -748,6 +748,22 @@ def test_alerts_resolve_with_a_reason_and_audit_trail(open_page: Open, seeded: S
     assert detail["alert"]["status"] == "resolved"
 
 
+def test_an_alert_shows_its_runbook_in_both_languages(open_page: Open, seeded: Seeded) -> None:
+    from playwright.sync_api import expect
+
+    page = open_page(f"/alerts?alert={seeded.resolvable_alert}")  # a GPU_FAULT_PREDICTED alert
+    runbook = page.locator("#alert-runbook")
+    expect(runbook).to_have_attribute("data-type", "GPU_FAULT_PREDICTED")
+    expect(runbook.locator("h3")).to_have_text("What to do")
+    expect(runbook.locator("li")).to_have_count(4)
+    expect(runbook.locator("li").nth(2)).to_contain_text("Never reset a card with pending remaps before it is drained")
+    expect(runbook).to_contain_text("docs/runbooks/platform/GPU_FAULT_PREDICTED.md")
+    page.select_option("#lang", "zh")
+    expect(runbook.locator("h3")).to_have_text("处置步骤")
+    expect(runbook.locator("li").nth(2)).to_contain_text("排空之前切勿重置")
+    expect(runbook).to_contain_text("docs/runbooks/platform/GPU_FAULT_PREDICTED.md")
+
+
 # ---- language, layout, schemes -------------------------------------------------------------------------------
 def test_language_switch_english_and_chinese(open_page: Open, seeded: Seeded) -> None:
     from playwright.sync_api import expect

@@ -4,10 +4,24 @@ import { ApiError, api } from "../api.js";
 import { h, replace } from "../dom.js";
 import { fmtTime } from "../format.js";
 import { t } from "../i18n.js";
+import { runbookOf } from "../logic/runbooks.js";
 import { activatable, apiCoded, blockStatus, errorText, idle, loading, table } from "./common.js";
 
 const LIMIT = 500;
 const SEVERITIES = ["WARN"];
+
+/** The short form of the alert type's runbook in the page's language, with its page; null for a type without one. */
+function runbookSection(type) {
+  const runbook = runbookOf(type);
+  if (runbook === null) return null;
+  return h(
+    "section",
+    { class: "runbook", id: "alert-runbook", dataset: { type } },
+    h("h3", {}, t("alerts.runbook")),
+    h("ol", {}, ...runbook.keys.map((key) => h("li", {}, t(key)))),
+    h("p", { class: "muted small" }, t("alerts.runbook.source", { path: runbook.path })),
+  );
+}
 
 /** An alert's message in the page's language (by its code), the English text when it has none. */
 function alertMessage(alert) {
@@ -258,6 +272,7 @@ export function createAlertsPage(main) {
       ),
       h("p", { class: "message", dataset: { code: alert.message_code?.code ?? "" } }, alertMessage(alert)),
       message,
+      runbookSection(alert.type),
       h("h3", {}, t("alerts.history")),
       trail,
       form,
