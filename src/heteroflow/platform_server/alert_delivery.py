@@ -11,7 +11,7 @@ import asyncio
 import contextlib
 import threading
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Final, Literal
 from urllib.parse import urlsplit
 
 import httpx
@@ -19,6 +19,8 @@ import structlog
 from pydantic import Field
 
 from heteroflow.core.settings import LenientSettings, env_names
+from heteroflow.health.alerts import GPU_FAULT_PREDICTED
+from heteroflow.health.gpu_metrics import GPU_MEMORY_HIGH
 from heteroflow.http.tls import client_tls
 from heteroflow.storage.alert_store import AlertRecord
 
@@ -96,6 +98,14 @@ def webhook_payload(event: AlertEventOut) -> dict[str, Any]:
     }
 
 
+RUNBOOK_PAGES: Final = {
+    GPU_FAULT_PREDICTED: "docs/runbooks/platform/GPU_FAULT_PREDICTED.md",
+    GPU_MEMORY_HIGH: "docs/runbooks/platform/GPU_MEMORY_HIGH.md",
+}
+"""Each platform alert type's runbook, as the path of its page in the repository (as the Prometheus rules'
+``runbook_url`` annotations give theirs): sent as the alert's ``runbook_url`` annotation."""
+
+
 def alertmanager_payload(event: AlertEventOut) -> list[dict[str, Any]]:
     a = event.alert
     alert: dict[str, Any] = {
@@ -109,6 +119,8 @@ def alertmanager_payload(event: AlertEventOut) -> list[dict[str, Any]]:
         "annotations": {"summary": a.message, "backlog": "true" if a.backlog_since else "false"},
         "startsAt": a.created_at.isoformat(),
     }
+    if a.type in RUNBOOK_PAGES:
+        alert["annotations"]["runbook_url"] = RUNBOOK_PAGES[a.type]
     if a.resolved_at is not None:
         alert["endsAt"] = a.resolved_at.isoformat()
     return [alert]

@@ -105,6 +105,7 @@ def test_gpu_fault_predicted_reaches_alertmanager_and_an_all_miss_resolves_it(
         assert alert["status"]["state"] == "active"
         assert "predicted" in alert["annotations"]["summary"]
         assert alert["annotations"]["backlog"] == "false"
+        assert alert["annotations"]["runbook_url"] == "docs/runbooks/platform/GPU_FAULT_PREDICTED.md"
 
         # the window passes with a sample and no uncorrectable growth: an all-miss, resolved by the system
         reader = h.token("nodes:read")

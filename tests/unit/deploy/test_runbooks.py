@@ -17,6 +17,7 @@ import yaml
 
 from heteroflow.health.alerts import GPU_FAULT_PREDICTED
 from heteroflow.health.gpu_metrics import GPU_MEMORY_HIGH
+from heteroflow.platform_server.alert_delivery import RUNBOOK_PAGES
 
 REPO = Path(__file__).resolve().parents[3]
 RULES = REPO / "deploy" / "prometheus" / "heteroflow-alerts.yaml"
@@ -77,6 +78,13 @@ def test_a_rule_without_runbook_url_and_a_page_without_rule_fail() -> None:
 def test_every_platform_alert_type_has_its_page() -> None:
     pages = {page.stem for page in (RUNBOOKS / "platform").glob("*.md")}
     assert pages == PLATFORM_ALERT_TYPES
+
+
+def test_the_platform_sends_each_alert_type_with_its_page() -> None:
+    """What reaches an Alertmanager directly names the same pages (``runbook_url``)."""
+    assert set(RUNBOOK_PAGES) == PLATFORM_ALERT_TYPES
+    assert all(RUNBOOK_PAGES[kind] == f"docs/runbooks/platform/{kind}.md" for kind in RUNBOOK_PAGES)
+    assert all((REPO / path).is_file() for path in RUNBOOK_PAGES.values())
 
 
 def _pages() -> list[Path]:
