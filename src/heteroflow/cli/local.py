@@ -167,10 +167,12 @@ def command_prefix(argv0: str, *, cwd: Path, executable: str, on_path: str | Non
     program = Path(argv0)
     if program.name in {"__main__.py", "main.py"}:
         return f"{executable} -m heteroflow"
-    resolved = (cwd / program).resolve() if "/" in argv0 else None
-    if resolved is None or (on_path is not None and Path(on_path).resolve() == resolved):
+    if "/" not in argv0:  # found on PATH when it started
         return "heteroflow" if on_path is not None else f"{executable} -m heteroflow"
-    return str(resolved.relative_to(cwd)) if resolved.is_relative_to(cwd) else str(resolved)
+    script = Path(os.path.normpath(cwd / program))  # as named, links kept: `.venv` may be a link
+    if on_path is not None and Path(on_path).resolve() == script.resolve():
+        return "heteroflow"
+    return str(script.relative_to(cwd)) if script.is_relative_to(cwd) else str(script)
 
 
 def _serving_hint(state: ClusterState, state_path: Path) -> str:

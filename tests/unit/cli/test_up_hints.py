@@ -28,6 +28,14 @@ def test_a_script_not_on_path_is_named_by_its_path_from_the_working_directory(tm
     )
 
 
+def test_a_virtualenv_behind_a_link_keeps_its_name(tmp_path: Path) -> None:
+    shared = _script(tmp_path / "shared")
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / ".venv").symlink_to(shared.parents[1])
+    assert command_prefix(".venv/bin/heteroflow", cwd=work, executable="/py", on_path=None) == ".venv/bin/heteroflow"
+
+
 def test_another_heteroflow_on_path_is_not_this_one(tmp_path: Path) -> None:
     _script(tmp_path)
     other = tmp_path / "other-heteroflow"
