@@ -27,6 +27,16 @@ Rank = Annotated[int, typer.Option(min=0, help="Original global DP rank")]
 DEFAULT_STATE = Path("var/local/state.json")
 
 
+_CHECK_CLUSTER = "is the local cluster of this state file (`heteroflow up`) still running?"
+
+
+def _with_check(exc: Exception) -> str:
+    """The failure and, for a cluster that does not answer, what to check."""
+    if isinstance(exc, ClusterUnreachableError):
+        return f"{exc}; {_CHECK_CLUSTER}"
+    return str(exc)
+
+
 def _run(state_file: Path, instance: str | None, act: Callable[[ClusterClient, InstanceState], str]) -> None:
     """Load the state, run one injection, print what it did; every known failure is one line and exit code 2."""
     try:
@@ -35,7 +45,7 @@ def _run(state_file: Path, instance: str | None, act: Callable[[ClusterClient, I
         with ClusterClient(state) as client:
             typer.echo(act(client, inst))
     except (StateFileError, faults.FaultError, ClusterUnreachableError) as exc:  # hardware's errors included
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(f"error: {_with_check(exc)}", err=True)
         raise typer.Exit(FAILED_EXIT_CODE) from exc
 
 
@@ -118,10 +128,10 @@ def status(
                 return
             snapshot = take_snapshot(client)
     except (StateFileError, ClusterUnreachableError) as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(f"error: {_with_check(exc)}", err=True)
         raise typer.Exit(FAILED_EXIT_CODE) from exc
     if snapshot.error is not None:
-        typer.echo(f"error: {snapshot.error}", err=True)
+        typer.echo(f"error: the controller is unreachable: {snapshot.error}; {_CHECK_CLUSTER}", err=True)
         raise typer.Exit(FAILED_EXIT_CODE)
     from rich.console import Console
 

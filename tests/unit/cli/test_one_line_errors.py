@@ -155,6 +155,7 @@ def _state_file(tmp_path: Path) -> Path:
 def test_a_cluster_that_is_gone_is_one_line(command: list[str], tmp_path: Path) -> None:
     line = _one_error_line(_run([*command, "--state-file", str(_state_file(tmp_path))]))
     assert "127.0.0.1" in line
+    assert "still running?" in line
 
 
 @pytest.mark.parametrize("url", ["notaurl", "ftp://server", "http://", "http://server:99999"])
