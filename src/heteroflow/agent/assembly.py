@@ -110,7 +110,9 @@ def probe_xids(selection: Selection, clock: Clock, kernel_log: KernelLog | None 
         kernel = reader.status()
     finally:
         reader.close()
-    return with_kernel_log(status, readable=kernel.readable, reason=kernel.reason, cards=kernel.cards, nvml=nvml)
+    return with_kernel_log(
+        status, readable=kernel.readable, reason=kernel.reason, cards=kernel.cards, nvml=nvml, lost=kernel.lost
+    )
 
 
 def run_probe(

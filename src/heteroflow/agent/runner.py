@@ -215,6 +215,7 @@ class Agent:
             reason=kernel.reason,
             cards=kernel.cards,
             nvml=self._xid_watcher is not None,
+            lost=kernel.lost,
         )
 
     @property

@@ -45,3 +45,20 @@ def test_probe_reports_remaps_of_an_r535_tool(tmp_path: Path) -> None:
     assert (gpus[1]["remapped_rows_pending"], gpus[1]["remapped_rows_uncorrectable"]) == (1, 2)
     assert gpus[2]["remapped_rows_failure"] == 1
     assert gpus[3]["remapped_rows_pending"] is None
+
+
+def test_probe_reports_a_card_lost_without_an_xid_number(tmp_path: Path) -> None:
+    kmsg = tmp_path / "kmsg"
+    kmsg.write_text(
+        "6,1,1000,-;Linux version 6.8.0\n"
+        "3,812,1843308145,-;NVRM: The NVIDIA GPU 0000:0f:00.0\\x0aNVRM: (PCI ID: 10de:20b2) installed in this "
+        "system has\\x0aNVRM: fallen off the bus and is not responding to commands.\n"
+        "3,813,1843308200,-;NVRM: The NVIDIA GPU 0000:0f:00.0 (PCI ID: 10de:20b2) installed in this system has\n"
+        "3,814,1843308201,-;NVRM: fallen off the bus and is not responding to commands.\n"
+    )
+    report = probe(r535_env(tmp_path, HETEROFLOW_AGENT_KERNEL_LOG=str(kmsg)))
+    xid = report["xid_events"]
+    assert xid["lost"] == [1]  # type: ignore[index]
+    assert xid["state"] == "partial"  # type: ignore[index]
+    assert "kernel_log" in xid["sources"]  # type: ignore[index]
+    assert any("GPU 1 lost (fallen off the bus, kernel log)" in w for w in report["warnings"])  # type: ignore[attr-defined]
