@@ -48,6 +48,12 @@ class XidCollectionOut(BaseModel):
     )
 
 
+class ToolStallOut(BaseModel):
+    tool: str = Field(description="The vendor tool (nvidia-smi, xpu-smi, cnmon) or in-process library (nvml).")
+    since: datetime = Field(description="Its first timed-out call without an answer since (the agent's clock).")
+    timeouts: int | None = Field(description="Timed-out calls since then; null when the agent did not say.")
+
+
 class NodeOut(BaseModel):
     id: str
     name: str
@@ -61,6 +67,11 @@ class NodeOut(BaseModel):
     online: bool
     xid_events: XidCollectionOut | None = Field(
         default=None, description="Whether the node's XID events are collected; null when the agent has not said."
+    )
+    tool_stalls: list[ToolStallOut] | None = Field(
+        default=None,
+        description="Vendor tools whose calls time out on the node without an answer since, and since when; "
+        "null when the node's last beat named none.",
     )
 
 
