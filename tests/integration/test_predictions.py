@@ -604,6 +604,8 @@ def test_cambricons_unconfirmed_semantics_reach_the_evidence_the_alert_the_recal
     stats = harness.get(reader, "/api/v1/gpu-health/prediction-stats", since=start.isoformat()).json()
     assert {band["failed_cards"] for band in stats["windows"]} == {1}
     assert {band["unconfirmed_failed_cards"] for band in stats["windows"]} == {1}
+    # 0 → 3: the card's first uncorrectable error, so a first failure too
+    assert {band["first_failure"]["failed_cards"] for band in stats["windows"]} == {1}
 
 
 def test_uncorrectable_row_remaps_are_stored_predicted_on_and_counted_as_failures(harness: Harness) -> None:
@@ -648,3 +650,9 @@ def test_uncorrectable_row_remaps_are_stored_predicted_on_and_counted_as_failure
     assert "rows remapped after uncorrectable errors grew from 4 to 5" in judged["conclusion"]
     stats = harness.get(reader, "/api/v1/gpu-health/prediction-stats", since=start.isoformat()).json()
     assert {band["failed_cards"] for band in stats["windows"]} == {1}
+    # the card had 4 uncorrectable remaps before: a recurrence, predicted on a card that had already failed
+    seven = next(band for band in stats["windows"] if band["window_days"] == 7)
+    assert (seven["hit"], seven["first_failure"]["hit"], seven["first_failure"]["miss"]) == (1, 0, 0)
+    assert seven["first_failure"]["failed_cards"] == 0
+    assert seven["first_failure"]["precision"] is None  # below the evidence gate: null, never 0
+    assert seven["first_failure"]["first_failure"] is None

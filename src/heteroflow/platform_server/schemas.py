@@ -227,6 +227,14 @@ class BandOut(BaseModel):
     insufficient_codes: list[CodedTextOut] = Field(
         default_factory=list, description="`insufficient` item by item, each with its code and parameters."
     )
+    first_failure: BandOut | None = Field(
+        default=None,
+        description=(
+            "The same figures for first failures only: predictions of cards with no uncorrectable error seen at "
+            "their t0, and failed cards whose first failure in the period was their first uncorrectable error "
+            "(same evidence gate; its own ratios null below it)."
+        ),
+    )
 
 
 class PredictionStatsOut(BaseModel):
