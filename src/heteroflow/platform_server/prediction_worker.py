@@ -77,6 +77,7 @@ def rule_params(settings: PredictionSettings) -> RuleParams:
         min_increase=settings.min_increase,
         observation=timedelta(days=settings.observation_days),
         staleness=timedelta(minutes=settings.boundary_staleness_minutes),
+        ce_flood_per_sec=settings.ce_flood_per_second,
     )
 
 

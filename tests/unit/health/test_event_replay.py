@@ -37,9 +37,9 @@ def synthetic_log() -> str:
     writer = csv.writer(out)
     writer.writerow(["Datacenter", "Server", "Name", "Stack", "SID", "PcId", "BankGroup", "BankArray", "Col", "Row",
                      "Time", "EccType"])  # fmt: skip
-    for dc, server, name, day, kind in rows:
+    for dc, server, name, when, kind in rows:
         writer.writerow([dc, server, name, "0x0", "0x0", "0x1", "0x2", "0x1", "0x54", "0x3e2b",
-                         int(_at(day).timestamp()), kind])  # fmt: skip
+                         int(_at(when).timestamp()), kind])  # fmt: skip
     writer.writerow(["Datacenter1", "0.0.0.9", "DSA9", "", "", "", "", "", "", "", "not-a-time", "CE"])
     writer.writerow(["Datacenter1", "0.0.0.9", "DSA9", "", "", "", "", "", "", "", "1672531200", "XE"])
     return out.getvalue()

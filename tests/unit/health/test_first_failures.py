@@ -18,7 +18,10 @@ def test_first_failures_keep_each_cards_earliest_event_where_it_was_the_first_un
         FailureEvent("n", 1, "GPU-b", T + 5 * H),  # count above 0 before: a recurrence
         FailureEvent("n", 2, "GPU-c", T + 3 * H),  # an XID, no count ever above 0: first
     ]
-    first_seen = {("n", 0, "GPU-a"): T + 5 * H, ("n", 1, "GPU-b"): T + 1 * H}
+    first_seen: dict[tuple[str, int, str | None], datetime] = {
+        ("n", 0, "GPU-a"): T + 5 * H,
+        ("n", 1, "GPU-b"): T + 1 * H,
+    }
     firsts = first_failures(events, first_seen)
     assert sorted((e.gpu_index, e.at) for e in firsts) == [(0, T + 5 * H), (2, T + 3 * H)]
     windows = [
