@@ -106,6 +106,12 @@ class SamplesOut(BaseModel):
     samples: list[SampleOut]
 
 
+class CeFloodOut(BaseModel):
+    evidence: EvidenceLineOut = Field(description="The weak signal's evidence line, with its code and parameters.")
+    since: datetime = Field(description="The first evaluation in a row that found the flood (its sample time).")
+    evaluated_at: datetime = Field(description="The newest evaluation that found it (its sample time).")
+
+
 class CardCapabilityOut(BaseModel):
     node_id: str
     gpu_index: int
@@ -123,6 +129,13 @@ class CardCapabilityOut(BaseModel):
         default="unknown", description="Whether this card's XID events are collected (unknown: the agent has not said)."
     )
     xid_events_reason: str | None = Field(default=None, description="Why XID events are not collected.")
+    ce_flood: CeFloodOut | None = Field(
+        default=None,
+        description=(
+            "The card's corrected ECC grew faster than the flood rate at the prediction worker's last evaluation: "
+            "weak evidence (a degrading card can wedge its tools), never a prediction by itself; null otherwise."
+        ),
+    )
 
 
 class CapabilitiesOut(BaseModel):
