@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -307,3 +308,47 @@ def test_xids_in_the_kernel_log_before_start_are_stored_once_and_the_node_names_
     finally:
         engine.dispose()
         server.stop()
+
+
+def test_a_hung_tool_shows_in_the_node_status_within_two_health_intervals_and_beats_go_on(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    env = agent_env(
+        fake_smi_path(tmp_path),
+        FAKE_NVIDIA_SMI_HELP=str(OWN_FIXTURES / "help-query-gpu.synthetic.txt"),
+        FAKE_NVIDIA_SMI_CSV=str(OWN_FIXTURES / "query-gpu.synthetic.csv"),
+        FAKE_NVIDIA_SMI_HANG="1",  # every call hangs, as on a card that wedges its tool
+    )
+    health_interval = 3.0
+    agent = subprocess.Popen(
+        [
+            sys.executable, "-m", "heteroflow", "agent", "run", "--collector", "nvidia-smi",
+            "--server", server.url, "--token", server.token, "--node-name", "e2e-hung-tool",
+            "--heartbeat-interval", "0.2", "--health-interval", str(health_interval), "--tick-timeout", "1",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        node_id = str(poll(lambda: node_id_of(server, "e2e-hung-tool")))
+        registered = time.monotonic()
+
+        def node() -> dict[str, object]:
+            body: dict[str, object] = server.get(f"/api/v1/nodes/{node_id}").json()
+            return body
+
+        stalls = poll(lambda: node()["tool_stalls"], timeout_sec=2 * health_interval)
+        assert isinstance(stalls, list)
+        assert time.monotonic() - registered <= 2 * health_interval
+        (stall,) = stalls
+        assert stall["tool"] == "nvidia-smi"
+        assert stall["timeouts"] >= 1
+        first_beat = node()["last_heartbeat"]
+        assert poll(lambda: node()["last_heartbeat"] != first_beat, timeout_sec=10)  # the beats go on
+        assert node()["online"] is True
+    finally:
+        if agent.poll() is None:
+            stderr = stop_agent(agent)
+            assert "Traceback" not in stderr
