@@ -260,7 +260,11 @@ def test_xids_in_the_kernel_log_before_start_are_stored_once_and_the_node_names_
     kmsg = tmp_path / "kmsg"
     kmsg.write_text(
         "6,1,1000,-;Linux version 6.8.0\n"
-        "4,2,3600000000,-;NVRM: Xid (PCI:0000:02:00): 48, pid=7, name=python3, An uncorrectable double bit error\n",
+        "4,2,3600000000,-;NVRM: Xid (PCI:0000:02:00): 48, pid=7, name=python3, An uncorrectable double bit error\n"
+        # card 0 falls off the bus without an XID number: the split sentence, then the short line; one loss
+        "3,3,3700000000,-;NVRM: The NVIDIA GPU 0000:01:00.0 (PCI ID: 10de:2330) installed in this system has\n"
+        "3,4,3700000001,-;NVRM: fallen off the bus and is not responding to commands.\n"
+        "3,5,3700000500,-;NVRM: GPU 0000:01:00.0: GPU has fallen off the bus.\n",
         encoding="utf-8",
     )
     server = start_server(tmp_path)
@@ -283,7 +287,7 @@ def test_xids_in_the_kernel_log_before_start_are_stored_once_and_the_node_names_
         thread = threading.Thread(target=agent.run)
         thread.start()
         try:
-            poll(lambda: agent.status().xid.delivered >= 1)
+            poll(lambda: agent.status().xid.delivered >= 2)
             poll(lambda: agent.status().beats_sent >= 2)
         finally:
             agent.stop_event.set()
@@ -296,15 +300,17 @@ def test_xids_in_the_kernel_log_before_start_are_stored_once_and_the_node_names_
 
     try:
         run_once()
-        assert poll(stored) == [(1, 48, "GPU-k1")]
+        # the lost card is XID 79 on its card, stored once: what the serving controller reads as an L6 card fault
+        assert sorted(poll(stored)) == [(0, 79, "GPU-k0"), (1, 48, "GPU-k1")]
         node_id = str(node_id_of(server, "e2e-kmsg"))
         xids = server.get(f"/api/v1/nodes/{node_id}").json()["xid_events"]
         assert xids["sources"] == ["nvml", "kernel_log"]
         assert xids["kernel_log"] is None
-        assert xids["state"] == "collected"
+        assert xids["state"] == "partial"  # card 0 is lost, by the kernel log's word
+        assert xids["lost"] == [0]
         assert xids["watched"] == [0, 1]
-        run_once()  # restarted: the ring buffer still holds the record
-        assert stored() == [(1, 48, "GPU-k1")]
+        run_once()  # restarted: the ring buffer still holds the records
+        assert sorted(stored()) == [(0, 79, "GPU-k0"), (1, 48, "GPU-k1")]
     finally:
         engine.dispose()
         server.stop()
