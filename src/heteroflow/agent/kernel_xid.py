@@ -191,9 +191,9 @@ class CardLostTracker:
             if xid.xid != CARD_LOST_XID:
                 return xid
             return self._report(xid.pci, record)
+        if self._pending is None and "NVRM" not in record.message:
+            return None  # nearly every kernel line: nothing to do
         text = record.message.replace("\\x0a", "\n")
-        if "NVRM" not in text and self._pending is None:
-            return None
         found = self._match(text, record)
         if found is not None:
             self._pending = None
