@@ -33,7 +33,16 @@ from pydantic_settings import BaseSettings
 import heteroflow
 from heteroflow.agent.cnmon import CnmonCollector
 from heteroflow.agent.commands import CommandResult
-from heteroflow.agent.kernel_xid import DevKmsg, KernelXidReader, PciAddress, parse_bus_id, parse_record, parse_xid
+from heteroflow.agent.kernel_xid import (
+    CardLostTracker,
+    DevKmsg,
+    KernelXidReader,
+    PciAddress,
+    parse_bus_id,
+    parse_record,
+    parse_xid,
+    xid_of,
+)
 from heteroflow.agent.nvidia_smi import NvidiaSmiCollector, parse_bus_rows
 from heteroflow.agent.nvml import NvmlCollector, XidWatcher
 from heteroflow.agent.readings import HealthCollection, TelemetryCollection
@@ -564,6 +573,29 @@ def test_any_kernel_log_line_is_an_xid_in_range_or_none(line: str) -> None:
         assert 0 <= parsed.pci.device <= 0xFF
         assert parsed.usec is None or parsed.usec >= 0
         assert parse_bus_id(str(parsed.pci)) == parsed.pci
+
+
+_lost_lines = st.sampled_from(
+    [
+        "NVRM: The NVIDIA GPU 0000:b3:00.0 (PCI ID: 10de:26b5) installed in this system has",
+        "NVRM: fallen off the bus and is not responding to commands.",
+        "NVRM: GPU 0000:29:00.0: GPU has fallen off the bus.",
+        "NVRM: Xid (PCI:0000:29:00): 79, GPU has fallen off the bus.",
+        "4,1,5,-;NVRM: The NVIDIA GPU 0000:01:00.0\\x0aNVRM: fallen off the bus",
+    ]
+)
+
+
+@given(st.lists(_lost_lines | st.text(max_size=120), max_size=30))
+def test_card_lost_lines_never_raise_and_report_each_address_at_most_once_without_times(lines: list[str]) -> None:
+    tracker = CardLostTracker()
+    reported: list[PciAddress] = []
+    for line in lines:
+        record = parse_record(line)
+        event = tracker.feed(record, xid_of(record))
+        if event is not None and event.xid == 79 and event.usec is None:
+            reported.append(event.pci)
+    assert len(reported) == len(set(reported))
 
 
 @given(st.text(max_size=400))

@@ -629,6 +629,8 @@ def test_cambricons_unconfirmed_semantics_reach_the_evidence_the_alert_the_recal
     stats = harness.get(reader, "/api/v1/gpu-health/prediction-stats", since=start.isoformat()).json()
     assert {band["failed_cards"] for band in stats["windows"]} == {1}
     assert {band["unconfirmed_failed_cards"] for band in stats["windows"]} == {1}
+    # 0 → 3: the card's first uncorrectable error, so a first failure too
+    assert {band["first_failure"]["failed_cards"] for band in stats["windows"]} == {1}
 
 
 def test_uncorrectable_row_remaps_are_stored_predicted_on_and_counted_as_failures(harness: Harness) -> None:
@@ -673,3 +675,54 @@ def test_uncorrectable_row_remaps_are_stored_predicted_on_and_counted_as_failure
     assert "rows remapped after uncorrectable errors grew from 4 to 5" in judged["conclusion"]
     stats = harness.get(reader, "/api/v1/gpu-health/prediction-stats", since=start.isoformat()).json()
     assert {band["failed_cards"] for band in stats["windows"]} == {1}
+    # the card had 4 uncorrectable remaps before: a recurrence, predicted on a card that had already failed
+    seven = next(band for band in stats["windows"] if band["window_days"] == 7)
+    assert (seven["hit"], seven["first_failure"]["hit"], seven["first_failure"]["miss"]) == (1, 0, 0)
+    assert seven["first_failure"]["failed_cards"] == 0
+    assert seven["first_failure"]["precision"] is None  # below the evidence gate: null, never 0
+    assert seven["first_failure"]["first_failure"] is None
+
+
+def test_a_correctable_error_flood_shows_on_the_card_without_a_prediction(harness: Harness) -> None:
+    """A steady flood with no uncorrectable error (the field case: billions of CEs, 0 UEs): no prediction, and the
+    card carries the flood as weak evidence in the capability matrix until it stops."""
+    agent, reader = harness.token("agent"), harness.token("nodes:read")
+    node = harness.register(agent, "gb200-node")
+    start = harness.clock.now() - timedelta(days=2)
+    per_half_hour = 17_700 * 1800
+    rows = [
+        (
+            start + timedelta(minutes=30 * k),
+            "GPU-flood",
+            {"ecc_corrected_total": k * per_half_hour, "ecc_uncorrected_total": 0},
+        )
+        for k in range(2 * 48 + 1)
+    ]
+    write(harness, node, 0, rows)
+    harness.clock.advance(60)
+    assert harness.ctx.worker.tick().predictions_created == {}  # a weak signal never predicts alone
+    (card,) = harness.get(reader, "/api/v1/gpu-health/capabilities").json()["cards"]
+    flood = card["ce_flood"]
+    assert flood["evidence"]["code"] == "evidence.corrected_flood"
+    assert flood["evidence"]["signal"] == "corrected_ecc_flood"
+    assert float(flood["evidence"]["params"]["rate"]) == pytest.approx(17_700, rel=0.01)
+    # the flood stops: a day later the card's count has not moved, and the flag is gone at the next evaluation
+    last = rows[-1][2]["ecc_corrected_total"]
+    quiet_start = rows[-1][0]
+    write(
+        harness,
+        node,
+        0,
+        [
+            (
+                quiet_start + timedelta(minutes=30 * k),
+                "GPU-flood",
+                {"ecc_corrected_total": last, "ecc_uncorrected_total": 0},
+            )
+            for k in range(1, 50)
+        ],
+    )
+    harness.clock.advance(86400)
+    harness.ctx.worker.tick()
+    (card,) = harness.get(reader, "/api/v1/gpu-health/capabilities").json()["cards"]
+    assert card["ce_flood"] is None

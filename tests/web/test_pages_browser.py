@@ -279,6 +279,12 @@ def test_stats_cards_show_ratios_only_when_sufficient_and_raw_counts_always(open
             expect(card.locator(f'[data-key="{key}"]')).to_have_text(str(band[key]))
         expect(card.locator('[data-key="monitorable_cards"]')).to_have_text(str(stats["monitorable_cards"]))
         expect(card.locator('[data-key="span_days"]')).to_contain_text("days")
+        # first failures: their own counts, their own gate
+        first = band["first_failure"]
+        expect(card.locator('[data-part="first_failure"]')).to_contain_text("First failures")
+        expect(card.locator('[data-key="first_failure_failed_cards"]')).to_have_text(str(first["failed_cards"]))
+        if first["precision"] is None:
+            expect(card.locator('[data-key="first_failure_precision"]')).to_have_text("not enough samples")
     assert not UNKNOWN_IS_NEVER_ZERO.search(page.locator("#stats").inner_text())
 
 

@@ -23,6 +23,7 @@ from heteroflow.agent.runner import Agent
 from heteroflow.agent.scheduler import CollectionService
 from heteroflow.agent.settings import AgentSettings
 from heteroflow.agent.simulated import SimulatedCollector
+from heteroflow.agent.tool_stalls import ToolStallTracker, WatchedRunner
 from heteroflow.agent.xid_queue import XidQueue
 from heteroflow.agent.xid_status import XID_NEEDS_NVML, XidCollectionStatus, not_collected, with_kernel_log
 from heteroflow.contracts.counters import HEALTH_KEYS
@@ -110,7 +111,9 @@ def probe_xids(selection: Selection, clock: Clock, kernel_log: KernelLog | None 
         kernel = reader.status()
     finally:
         reader.close()
-    return with_kernel_log(status, readable=kernel.readable, reason=kernel.reason, cards=kernel.cards, nvml=nvml)
+    return with_kernel_log(
+        status, readable=kernel.readable, reason=kernel.reason, cards=kernel.cards, nvml=nvml, lost=kernel.lost
+    )
 
 
 def run_probe(
@@ -148,6 +151,8 @@ def build_agent(
     """``kernel_log``: where the driver's ``NVRM: Xid`` lines are read (the CLI passes ``settings.kernel_log``)."""
     simulated = settings.simulate_gpus > 0
     source: Source = "simulated" if simulated else "real"
+    stalls = ToolStallTracker(now=clock.now)
+    runner = WatchedRunner(runner, stalls)  # every vendor-tool call says whether it answered or timed out
     hostname = settings.node_name or default_node_name(simulated=simulated)
 
     def select() -> Selection:
@@ -172,6 +177,7 @@ def build_agent(
         health_interval_sec=settings.health_interval_seconds,
         tick_timeout_sec=settings.tick_timeout_seconds,
         reselect=select if settings.collector == "auto" and not simulated else None,
+        stalls=stalls,
     )
     watcher = None
     if isinstance(selection.collector, NvmlCollector) and selection.collector.api is not None:

@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from heteroflow.agent.readings import GpuHealth, GpuTelemetry, HealthCollection, TelemetryCollection
+from heteroflow.agent.tool_stalls import ToolStall
 from heteroflow.agent.xid_queue import Pending
 from heteroflow.agent.xid_status import XidCollectionStatus
 from heteroflow.contracts.counters import HEALTH_KEYS
@@ -75,6 +76,7 @@ def heartbeat(
     telemetry: TelemetryCollection | None,
     xid_events: Sequence[Pending],
     xid_collection: XidCollectionStatus | None = None,
+    tool_stalls: Sequence[ToolStall] = (),
 ) -> Heartbeat:
     """The beat as the server's model: each stat and event carries exactly the values the agent set."""
     fields: dict[str, Any] = {
@@ -83,6 +85,8 @@ def heartbeat(
     }
     if xid_collection is not None:
         fields["xid_collection"] = xid_collection.to_wire()
+    if tool_stalls:  # absent while every tool answers: the common beat stays as it was
+        fields["tool_stalls"] = [stall.to_wire() for stall in tool_stalls]
     return Heartbeat.model_validate(fields)
 
 
@@ -92,7 +96,14 @@ def heartbeat_body(
     telemetry: TelemetryCollection | None,
     xid_events: Sequence[Pending],
     xid_collection: XidCollectionStatus | None = None,
+    tool_stalls: Sequence[ToolStall] = (),
 ) -> dict[str, Any]:
     """The JSON body of one beat: :func:`heartbeat` without the fields the agent did not set."""
-    beat = heartbeat(health=health, telemetry=telemetry, xid_events=xid_events, xid_collection=xid_collection)
+    beat = heartbeat(
+        health=health,
+        telemetry=telemetry,
+        xid_events=xid_events,
+        xid_collection=xid_collection,
+        tool_stalls=tool_stalls,
+    )
     return beat.model_dump(mode="json", exclude_unset=True)

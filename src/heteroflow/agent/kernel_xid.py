@@ -14,6 +14,23 @@ XID source there is. The line formats seen on real drivers (public captures):
 behind ``/dev/kmsg``'s ``priority,sequence,usec,flags[,…];`` record prefix, dmesg's ``[seconds.micros]`` prefix
 or the journal's ``kernel:`` prefix. The parser is pure and never raises; the reader is a small port
 (:class:`KernelLog`) so tests feed it a temporary file.
+
+A card lost from the bus without an XID number (:class:`CardLostTracker`, pure, never raises). The driver
+does not always print ``NVRM: Xid (…): 79`` when a card falls off the bus. Real logs show:
+
+- ``NVRM: The NVIDIA GPU 0000:b3:00.0 (PCI ID: 10de:26b5) installed in this system has`` /
+  ``NVRM: fallen off the bus and is not responding to commands.`` — one ``printk`` whose text carries newlines
+  (driver 570.158.01; the open kernel modules print ``The NVIDIA GPU %04x:%02x:%02x.%x\\n(PCI ID: …) installed in
+  this system has\\nfallen off the bus…``): ``/dev/kmsg`` escapes the newlines as ``\\x0a`` in one record, dmesg
+  shows two or three lines (the later ones without a timestamp), the journal one entry with real newlines;
+- the same sentence on one line (``… installed in this system has fallen off the bus and is not responding …``);
+- ``NVRM: GPU 0000:29:00.0: GPU has fallen off the bus.`` (other drivers, one line), and
+  ``NVRM: GPU at PCI:0000:29:00: GPU-…`` lines around an ``Xid … 79``.
+
+Each becomes the same card-lost event as XID 79 on that PCI address. One loss prints several such lines (the
+sentence, an ``Xid 79``, and a flapping eGPU link thousands of times), so a card-lost event is reported once per
+address: another one is reported only after :data:`LOST_REPEAT_USEC` of record time (or, where records carry no
+time, after :data:`LOST_REPEAT_LINES` lines).
 """
 
 from __future__ import annotations
@@ -24,7 +41,7 @@ import os
 import re
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Final, Protocol
 
@@ -107,7 +124,13 @@ def parse_xid(line: str) -> KernelXid | None:
     """The XID of one kernel log line, or ``None`` when the line is not an ``NVRM: Xid`` line. Never raises."""
     if "Xid" not in line:
         return None
-    record = parse_record(line)
+    return xid_of(parse_record(line))
+
+
+def xid_of(record: KernelRecord) -> KernelXid | None:
+    """The XID of one parsed record, or ``None``. Never raises."""
+    if "Xid" not in record.message:
+        return None
     match = _XID.search(record.message)
     if match is None:
         return None
@@ -116,6 +139,99 @@ def parse_xid(line: str) -> KernelXid | None:
         return None
     pci = PciAddress(int(match.group(1), 16), int(match.group(2), 16), int(match.group(3), 16))
     return KernelXid(pci=pci, xid=xid, usec=record.usec, sequence=record.sequence)
+
+
+CARD_LOST_XID: Final = 79
+"""The XID a lost card is reported as: the controller's L6 card fault, stored and shown as XID 79."""
+LOST_REPEAT_USEC: Final = 3_600 * 1_000_000
+"""A second loss of the same address within an hour of record time is the same loss (a card lost from the bus
+stays lost until the node is serviced; an hour keeps a re-seated card's next loss visible)."""
+LOST_REPEAT_LINES: Final = 10_000
+"""Without record times (bare lines), the same address is reported again only after this many lines."""
+PENDING_RECORDS: Final = 4
+"""How many records after ``The NVIDIA GPU <addr>`` may carry ``fallen off the bus`` (the split sentence)."""
+
+_ADDRESS: Final = r"(?:PCI:)?([0-9a-fA-F]{4,8}):([0-9a-fA-F]{2}):([0-9a-fA-F]{2})(?:\.[0-7])?"
+_THE_GPU: Final = re.compile(r"NVRM: The NVIDIA GPU " + _ADDRESS)
+_GPU_PREFIX: Final = re.compile(r"NVRM: GPU (?:at )?" + _ADDRESS + r":")
+_FALLEN: Final = "fallen off the bus"
+
+
+def _address(match: re.Match[str]) -> PciAddress:
+    return PciAddress(int(match.group(1), 16), int(match.group(2), 16), int(match.group(3), 16))
+
+
+@dataclass(frozen=True, slots=True)
+class _Pending:
+    pci: PciAddress
+    record: KernelRecord
+    left: int
+
+
+@dataclass(slots=True)
+class CardLostTracker:
+    """Reads kernel records in order and says when one (or a few) of them report a card lost from the bus.
+
+    :meth:`feed` takes each record's message (XID lines included, so an ``Xid 79`` and the sentence that
+    follows it are one loss) and returns the card-lost event to report, or ``None``.
+    """
+
+    _pending: _Pending | None = None
+    _reported: dict[PciAddress, tuple[int | None, int]] = field(default_factory=dict)
+    _lines: int = 0
+
+    def feed(self, record: KernelRecord, xid: KernelXid | None = None) -> KernelXid | None:
+        """The card-lost event this record completes, if it is not a repeat of a loss already reported.
+
+        ``xid``: the record's ``NVRM: Xid`` reading, when it has one; an XID 79 is returned (or suppressed as a
+        repeat) here too, so that the caller reports every card loss through one gate.
+        """
+        self._lines += 1
+        if xid is not None:
+            if xid.xid != CARD_LOST_XID:
+                return xid
+            return self._report(xid.pci, record)
+        if self._pending is None and "NVRM" not in record.message:
+            return None  # nearly every kernel line: nothing to do
+        text = record.message.replace("\\x0a", "\n")
+        found = self._match(text, record)
+        if found is not None:
+            self._pending = None
+            return self._report(found[0], found[1])
+        return None
+
+    def _match(self, text: str, record: KernelRecord) -> tuple[PciAddress, KernelRecord] | None:
+        the_gpu = _THE_GPU.search(text)
+        if the_gpu is not None:
+            if _FALLEN in text[the_gpu.end() :]:
+                return _address(the_gpu), record
+            self._pending = _Pending(_address(the_gpu), record, PENDING_RECORDS)  # the sentence goes on
+            return None
+        if _FALLEN in text:
+            prefixed = _GPU_PREFIX.search(text)
+            if prefixed is not None:
+                return _address(prefixed), record
+            if self._pending is not None:
+                return self._pending.pci, self._pending.record  # the time of the sentence's first line
+            return None
+        if self._pending is not None:
+            left = self._pending.left - 1
+            self._pending = _Pending(self._pending.pci, self._pending.record, left) if left > 0 else None
+        return None
+
+    def _report(self, pci: PciAddress, record: KernelRecord) -> KernelXid | None:
+        last = self._reported.get(pci)
+        if last is not None:
+            last_usec, last_line = last
+            if record.usec is not None and last_usec is not None:
+                if 0 <= record.usec - last_usec < LOST_REPEAT_USEC:
+                    return None
+            elif self._lines - last_line < LOST_REPEAT_LINES:
+                return None
+        if len(self._reported) >= 4096:
+            self._reported.clear()
+        self._reported[pci] = (record.usec, self._lines)
+        return KernelXid(pci=pci, xid=CARD_LOST_XID, usec=record.usec, sequence=record.sequence)
 
 
 class KernelLog(Protocol):
@@ -239,6 +355,8 @@ class KernelLogStatus:
     xids_read: int = 0
     unmapped: int = 0
     """XID lines whose PCI address matches no card (reported nowhere, counted here)."""
+    lost: tuple[int, ...] = ()
+    """Card indexes the kernel log reported lost from the bus (XID 79 or the card-lost lines) since it was opened."""
 
 
 class KernelXidReader:
@@ -276,6 +394,8 @@ class KernelXidReader:
         self._xids = 0
         self._unmapped = 0
         self._unmapped_addresses: set[PciAddress] = set()
+        self._lost = CardLostTracker()
+        self._lost_cards: set[int] = set()
 
     def start(self) -> bool:
         """Open the log at the first record still buffered; ``False`` (with the reason in :meth:`status`) if not."""
@@ -299,7 +419,9 @@ class KernelXidReader:
         except Exception:  # a failing collector seam must not stop the reader
             cards = {}
         with self._lock:
-            self._cards = dict(cards)
+            # merged, not replaced: a card lost from the bus drops out of the tool's answer, and the lines that
+            # report its loss still name its address
+            self._cards = {**self._cards, **cards}
             self._mapped_at = self._monotonic()
 
     def status(self) -> KernelLogStatus:
@@ -314,6 +436,7 @@ class KernelXidReader:
                 cards=tuple(sorted(index for index, _ in self._cards.values())),
                 xids_read=self._xids,
                 unmapped=self._unmapped,
+                lost=tuple(sorted(self._lost_cards)),
             )
 
     def poll(self) -> list[XidEvent]:
@@ -334,7 +457,8 @@ class KernelXidReader:
             return []
         events: list[XidEvent] = []
         for line in lines:
-            parsed = parse_xid(line)
+            record = parse_record(line)
+            parsed = self._lost.feed(record, xid_of(record))  # XID 79 and the card-lost sentences: once per loss
             if parsed is None:
                 continue
             event = self._event(parsed)
@@ -361,6 +485,9 @@ class KernelXidReader:
             except OverflowError:
                 occurred_at = self._now()
         index, uuid = card
+        if parsed.xid == CARD_LOST_XID:
+            with self._lock:
+                self._lost_cards.add(index)
         return XidEvent(index=index, uuid=uuid, xid=parsed.xid, occurred_at=occurred_at)
 
     def close(self) -> None:

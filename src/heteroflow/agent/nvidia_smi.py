@@ -1,10 +1,17 @@
 """The nvidia-smi collector: probe the driver's field list, query only listed fields (H-11).
 
 One invalid field fails a whole ``--query-gpu`` call, and field names move between drivers
-(``retired_pages.double_bit.count`` is not ``double_bit_ecc``; old drivers have no ``remapped_rows``). So the
-field names are never trusted blindly: ``--help-query-gpu`` is read (cached 30 minutes), and a health field
-the help text does not list is simply not queried — its key stays unknown. Columns are mapped by the
-requested order with ``--format=csv,noheader,nounits`` (the ``csv`` header carries unit suffixes).
+(``retired_pages.double_bit.count`` is not ``double_bit_ecc``). So the field names are never trusted blindly:
+``--help-query-gpu`` is read (cached 30 minutes), and a health field the help text does not list is simply not
+queried — its key stays unknown. Columns are mapped by the requested order with
+``--format=csv,noheader,nounits`` (the ``csv`` header carries unit suffixes).
+
+Row remapping moved between switches: the R535 branch's ``--help-query-gpu`` lists no ``remapped_rows.*`` field,
+while its ``--query-remapped-rows=`` switch (fields listed by ``--help-query-remapped-rows``) answers them, one
+row per GPU keyed by ``gpu_uuid`` / ``gpu_bus_id``. Where the main help lacks them, that switch's help is probed
+and cached like the main one, and its rows are joined to the GPUs by uuid (PCI address where a uuid is missing)
+— one extra call per tick at most. Retired pages need no such switch: every branch's ``--help-query-gpu`` lists
+their counts (``--query-retired-pages`` lists the pages themselves, one row per page).
 
 The parsing functions are pure; :class:`NvidiaSmiCollector` is the thin shell around the tool.
 """
@@ -72,6 +79,12 @@ HEALTH_FIELDS: Final = (
 EXTRA_FIELDS: Final = (("retired_pages.pending",),)
 EXTRA_KEYS: Final = ("retired_pages_pending",)
 
+#: The remap keys, by index into :data:`HEALTH_FIELDS`, that the ``--query-remapped-rows`` switch can answer.
+REMAP_SLOTS: Final = (4, 5, 6, 7)
+#: What identifies a GPU in a ``--query-remapped-rows`` row (this switch has no ``index`` field).
+REMAP_UUID: Final = ("gpu_uuid", "uuid")
+REMAP_BUS_ID: Final = ("gpu_bus_id", "pci.bus_id")
+
 _HELP_FIELD_LINE = re.compile(r'^"([A-Za-z0-9_.\-]+)"(?:\s+or\s+"([A-Za-z0-9_.\-]+)")*\s*$')
 _QUOTED = re.compile(r'"([A-Za-z0-9_.\-]+)"')
 _INVALID_FIELD = re.compile(r'Field "([^"]*)" is not a valid field to query', re.IGNORECASE)
@@ -99,8 +112,67 @@ def choose_fields(available: frozenset[str], wanted: Sequence[tuple[str, ...]]) 
     return chosen
 
 
-def query_argv(fields: Sequence[str]) -> list[str]:
-    return [TOOL, f"--query-gpu={','.join(fields)}", "--format=csv,noheader,nounits"]
+def query_argv(fields: Sequence[str], *, switch: str = "--query-gpu") -> list[str]:
+    return [TOOL, f"{switch}={','.join(fields)}", "--format=csv,noheader,nounits"]
+
+
+def _join_key(row: Mapping[str, str], uuid_name: str | None, bus_name: str | None) -> tuple[str, object] | None:
+    if uuid_name is not None:
+        uuid = row.get(uuid_name, "")
+        if uuid.startswith(("GPU-", "MIG-")):
+            return "uuid", uuid
+    if bus_name is not None:
+        address = parse_bus_id(row.get(bus_name, ""))
+        if address is not None:
+            return "bus", address
+    return None
+
+
+def join_remap_rows(
+    rows: Sequence[Mapping[str, str]],
+    chosen: Mapping[tuple[str, ...], str],
+    remap_rows: Sequence[Mapping[str, str]],
+    remap_chosen: Mapping[tuple[str, ...], str],
+) -> tuple[list[dict[str, str]], dict[tuple[str, ...], str], int]:
+    """The main query's rows with each GPU's ``--query-remapped-rows`` values added, the field choice that reads
+    them, and how many GPU rows found no remap row (their remap keys stay unknown). Pure.
+
+    A remap row is matched by uuid, or by PCI address where either side lacks a readable uuid; a remap row that
+    matches no GPU, or two GPUs' keys that collide, add nothing — a value is never given to the wrong card.
+    """
+    main_uuid = chosen.get(("uuid", "gpu_uuid"))
+    main_bus = chosen.get(("pci.bus_id",))
+    by_key: dict[tuple[str, object], Mapping[str, str] | None] = {}
+    for remap in remap_rows:
+        for key in (
+            _join_key(remap, remap_chosen.get(REMAP_UUID), None),
+            _join_key(remap, None, remap_chosen.get(REMAP_BUS_ID)),
+        ):
+            if key is not None:
+                by_key[key] = None if key in by_key else remap  # a duplicate key matches nothing
+    merged_chosen = dict(chosen)
+    for slot in REMAP_SLOTS:
+        candidates = HEALTH_FIELDS[slot]
+        if candidates in remap_chosen:
+            merged_chosen[candidates] = f"remap:{remap_chosen[candidates]}"
+    merged: list[dict[str, str]] = []
+    unmatched = 0
+    for row in rows:
+        found: Mapping[str, str] | None = None
+        for key in (_join_key(row, main_uuid, None), _join_key(row, None, main_bus)):
+            if key is not None and by_key.get(key) is not None:
+                found = by_key[key]
+                break
+        extended = dict(row)
+        if found is None:
+            unmatched += 1
+        else:
+            for slot in REMAP_SLOTS:
+                name = remap_chosen.get(HEALTH_FIELDS[slot])
+                if name is not None:
+                    extended[f"remap:{name}"] = found.get(name, "")
+        merged.append(extended)
+    return merged, merged_chosen, unmatched
 
 
 def parse_query_rows(stdout: str, fields: Sequence[str]) -> tuple[list[dict[str, str]], list[str]]:
@@ -210,6 +282,18 @@ class _Probe:
     at_monotonic: float
 
 
+@dataclass(frozen=True, slots=True)
+class _ProbeTarget:
+    """One help switch and what it answers for (the main query, or the remapped rows)."""
+
+    help_flag: str
+    what: str
+
+
+_MAIN: Final = _ProbeTarget("--help-query-gpu", "main")
+_REMAP: Final = _ProbeTarget("--help-query-remapped-rows", "remap")
+
+
 class NvidiaSmiCollector:
     """Reads all NVIDIA GPUs with one ``nvidia-smi --query-gpu`` call per tick.
 
@@ -233,8 +317,11 @@ class NvidiaSmiCollector:
         self._probe_ttl_s = probe_ttl_sec
         self._probe: _Probe | None = None
         self._probe_failure: tuple[str, float] | None = None
+        self._remap_probe: _Probe | None = None
         self.probe_runs = 0
         """How many times ``--help-query-gpu`` ran (tests pin the 30-minute cache with it)."""
+        self.remap_probe_runs = 0
+        """How many times ``--help-query-remapped-rows`` ran (cached like the main probe)."""
 
     def available(self) -> tuple[bool, str]:
         if self._runner.which(TOOL) is None:
@@ -266,13 +353,65 @@ class NvidiaSmiCollector:
         self._probe_failure = (why, now)
         return BASE_FIELDS, why
 
+    def _remap_fields(self) -> frozenset[str]:
+        """The fields ``--help-query-remapped-rows`` lists (cached like the main probe; a failure or a driver
+        without that switch lists nothing, also cached, so a pre-Ampere node does not pay a call per tick)."""
+        now = self._clock.monotonic()
+        if self._remap_probe is not None and now - self._remap_probe.at_monotonic < self._probe_ttl_s:
+            return self._remap_probe.fields
+        self.remap_probe_runs += 1
+        try:
+            result = self._runner.run([TOOL, _REMAP.help_flag], timeout_sec=self._timeout_s)
+        except CommandError:
+            fields: frozenset[str] = frozenset()
+            self._remap_probe = _Probe(fields=fields, at_monotonic=now - self._probe_ttl_s + PROBE_RETRY_SEC)
+            return fields
+        fields = parse_help_fields(result.stdout) if result.returncode == 0 else frozenset()
+        self._remap_probe = _Probe(fields=fields, at_monotonic=now)
+        return fields
+
+    def _query_remaps(
+        self, rows: list[dict[str, str]], chosen: dict[tuple[str, ...], str], warnings: list[str]
+    ) -> tuple[list[dict[str, str]], dict[tuple[str, ...], str]]:
+        """Where the main help lists no remap field, read them through ``--query-remapped-rows`` (R535)."""
+        if any(HEALTH_FIELDS[slot] in chosen for slot in REMAP_SLOTS) or not rows:
+            return rows, chosen
+        available = self._remap_fields()
+        wanted = [HEALTH_FIELDS[slot] for slot in REMAP_SLOTS]
+        remap_chosen = choose_fields(available, [REMAP_UUID, REMAP_BUS_ID, *wanted])
+        if not any(names in remap_chosen for names in wanted):
+            return rows, chosen
+        if REMAP_UUID not in remap_chosen and REMAP_BUS_ID not in remap_chosen:
+            warnings.append("nvidia-smi --query-remapped-rows lists no GPU uuid or bus id; remap keys unknown")
+            return rows, chosen
+        fields = list(dict.fromkeys(remap_chosen.values()))
+        try:
+            result = self._runner.run(query_argv(fields, switch="--query-remapped-rows"), timeout_sec=self._timeout_s)
+        except CommandError as exc:
+            warnings.append(f"nvidia-smi --query-remapped-rows failed ({exc}); remap keys unknown")
+            return rows, chosen
+        if result.returncode != 0:
+            if invalid_field_in(result.stdout + result.stderr) is not None:
+                self._remap_probe = None  # the driver disagrees with its help text: re-probe next tick
+            warnings.append(f"nvidia-smi --query-remapped-rows exited {result.returncode}; remap keys unknown")
+            return rows, chosen
+        remap_rows, remap_warnings = parse_query_rows(result.stdout, fields)
+        warnings.extend(remap_warnings)
+        merged, merged_chosen, unmatched = join_remap_rows(rows, chosen, remap_rows, remap_chosen)
+        if unmatched:
+            warnings.append(f"nvidia-smi --query-remapped-rows had no row for {unmatched} GPU(s); their remaps unknown")
+        return merged, merged_chosen
+
     def _query(
         self, wanted: Sequence[tuple[str, ...]]
     ) -> tuple[list[dict[str, str]], dict[tuple[str, ...], str], list[str]]:
         available, probe_failed = self._fields()
         if probe_failed is not None and self._runner.which(TOOL) is None:
             raise CommandError(probe_failed)  # the tool itself is gone: nothing to query
-        chosen = choose_fields(available, [*IDENTITY_FIELDS, *wanted])
+        identity = list(IDENTITY_FIELDS)
+        if HEALTH_FIELDS[REMAP_SLOTS[0]] in wanted and not any(name.startswith("remapped_rows.") for name in available):
+            identity.append(("pci.bus_id",))  # to join the remap switch's rows where a uuid is unreadable
+        chosen = choose_fields(available, [*identity, *wanted])
         if ("index",) not in chosen:
             raise CommandError("nvidia-smi does not list the field 'index'; GPUs cannot be told apart")
         fields = list(dict.fromkeys(chosen.values()))
@@ -294,6 +433,7 @@ class NvidiaSmiCollector:
             rows, chosen, warnings = self._query((*HEALTH_FIELDS, *EXTRA_FIELDS))
         except CommandError as exc:  # missing, hung, or a field the driver refused
             return HealthCollection(collector="nvidia-smi", collected_at=now, warnings=(str(exc),))
+        rows, chosen = self._query_remaps(rows, chosen, warnings)
         missing = [names[0] for names in HEALTH_FIELDS if names not in chosen]
         if missing and len(missing) < len(HEALTH_FIELDS):
             warnings.append(f"nvidia-smi does not list {', '.join(missing)}; those keys are unknown")

@@ -155,7 +155,11 @@ class Agent:
         health, telemetry = self._collection.snapshot()
         pending = self._xids.peek(MAX_XID_EVENTS_PER_BEAT)
         body = heartbeat_body(
-            health=health, telemetry=telemetry, xid_events=pending, xid_collection=self.xid_collection()
+            health=health,
+            telemetry=telemetry,
+            xid_events=pending,
+            xid_collection=self.xid_collection(),
+            tool_stalls=self._collection.stalls.stalls(),
         )
         try:
             result = self._client.heartbeat(node_id, body)
@@ -215,6 +219,7 @@ class Agent:
             reason=kernel.reason,
             cards=kernel.cards,
             nvml=self._xid_watcher is not None,
+            lost=kernel.lost,
         )
 
     @property

@@ -18,6 +18,7 @@ import structlog
 from heteroflow.agent.collectors import Collector, Selection
 from heteroflow.agent.freshness import Cached, fresh
 from heteroflow.agent.readings import CollectorName, HealthCollection, TelemetryCollection
+from heteroflow.agent.tool_stalls import ToolStall, ToolStallTracker
 from heteroflow.core.clock import Clock
 
 _log = structlog.get_logger(__name__)
@@ -73,6 +74,8 @@ class CollectionStatus:
     telemetry_timeouts: int
     last_health_at: str | None
     warnings: tuple[str, ...]
+    tool_stalls: tuple[ToolStall, ...] = ()
+    """Tools whose last call timed out, and since when (:mod:`heteroflow.agent.tool_stalls`)."""
 
 
 class CollectionService:
@@ -91,8 +94,11 @@ class CollectionService:
         health_interval_sec: float,
         tick_timeout_sec: float,
         reselect: Callable[[], Selection] | None = None,
+        stalls: ToolStallTracker | None = None,
     ) -> None:
         self._clock = clock
+        self.stalls = stalls or ToolStallTracker(now=clock.now)
+        """Fed by the vendor-tool runner (:class:`~heteroflow.agent.tool_stalls.WatchedRunner`) and by overrun ticks."""
         self._collector: Collector = selection.collector
         self._selection_warnings = selection.warnings
         self.heartbeat_interval_sec = heartbeat_interval_sec
@@ -127,6 +133,7 @@ class CollectionService:
                 self._selection_warnings = selection.warnings
                 _log.info("agent.collector_selected", collector=selection.collector.name)
         result = self._health_worker.run(self._collector.read_health, timeout_sec=self._tick_timeout_s)
+        self._tick_outcome(result)
         with self._lock:
             self._counts["health"] += 1
             if result is None:
@@ -139,6 +146,7 @@ class CollectionService:
 
     def tick_telemetry(self) -> TelemetryCollection | None:
         result = self._telemetry_worker.run(self._collector.read_telemetry, timeout_sec=self._tick_timeout_s)
+        self._tick_outcome(result)
         with self._lock:
             self._counts["telemetry"] += 1
             if result is None:
@@ -146,6 +154,16 @@ class CollectionService:
                 return None
             self._telemetry = Cached(value=result, at_monotonic=self._clock.monotonic())
         return result
+
+    def _tick_outcome(self, result: HealthCollection | TelemetryCollection | None) -> None:
+        """An overrun tick (a call still stuck, e.g. NVML inside the driver) is a stall of the collector; a tick
+        that returned says nothing here — the runner reports each tool call's answer or timeout itself."""
+        if self._collector.name == "none":
+            return
+        if result is None:
+            self.stalls.timed_out(self._collector.name)
+        elif self._collector.name in ("nvml", "simulated"):  # in-process: the tick's return is the answer
+            self.stalls.answered(self._collector.name)
 
     def snapshot(self) -> tuple[HealthCollection | None, TelemetryCollection | None]:
         """What a beat may report now: each collection only while fresh (3 of its periods)."""
@@ -172,6 +190,7 @@ class CollectionService:
             telemetry_timeouts=counts["telemetry_timeouts"],
             last_health_at=health.value.collected_at.isoformat() if health is not None else None,
             warnings=tuple(warnings),
+            tool_stalls=self.stalls.stalls(),
         )
 
     def _loop(self, tick: Callable[[], object], interval_sec: float, *, first_delay_sec: float) -> None:

@@ -106,10 +106,12 @@ def with_kernel_log(
     reason: str | None,
     cards: tuple[int, ...],
     nvml: bool,
+    lost: tuple[int, ...] = (),
 ) -> XidCollectionStatus:
     """The XID state once the kernel log is added to ``base`` (the NVML watcher's state, or a collector's
     without events): the kernel log covers every card whose PCI address is known, lost cards included (XID 79
-    is logged when a card falls off the bus)."""
+    is logged when a card falls off the bus). ``lost``: the cards the kernel log reported lost from the bus —
+    under the nvidia-smi collector the only word there is of a lost card."""
     if not readable:
         why = reason or "not read"
         if base.state == "collected" or (nvml and base.sources):
@@ -128,10 +130,14 @@ def with_kernel_log(
         problems.append(f"{len(unwatched)} card(s) read by neither source")
     if reason:
         problems.append(f"kernel log: {reason}")
+    all_lost = tuple(sorted(set(base.lost) | set(lost)))
+    kernel_only = [index for index in all_lost if index not in base.lost]
+    if kernel_only:
+        problems.append(f"GPU {', '.join(str(i) for i in kernel_only)} lost (fallen off the bus, kernel log)")
     if not covered and not base.sources:
         state: XidState = "not_collected"
         problems.append("the kernel log is read but no card's PCI address is known")
-    elif unwatched or base.lost:
+    elif unwatched or all_lost:
         state = "partial"
     else:
         state = "collected"
@@ -140,7 +146,7 @@ def with_kernel_log(
         reason="; ".join(problems) or None,
         watched=watched,
         unwatched=unwatched,
-        lost=base.lost,
+        lost=all_lost,
         wait_failures_total=base.wait_failures_total,
         sources=(*base.sources, "kernel_log"),
         kernel_log=None,

@@ -19,14 +19,16 @@ from heteroflow.cli.admin import DatabaseUrl, engine_for
 from heteroflow.core.ids import NodeId
 from heteroflow.core.testing import FakeClock
 from heteroflow.health.counters import HEALTH_KEYS, Counters
+from heteroflow.health.event_replay import parse_event_rows, replay
 from heteroflow.health.heartbeat import parse_index, parse_time, parse_uuid
 from heteroflow.health.metrics_settings import GpuMetricsSettings
 from heteroflow.health.prediction_settings import PredictionSettings
+from heteroflow.health.rules import RULE_VERSION
 from heteroflow.health.samples import CardKey, HealthReading
 from heteroflow.health.statistics import band_statistics
 from heteroflow.platform.auth import NodeScope
 from heteroflow.platform_server.alert_delivery import AlertDeliverySettings, AlertNotifier
-from heteroflow.platform_server.prediction_worker import PredictionWorker
+from heteroflow.platform_server.prediction_worker import PredictionWorker, rule_params
 from heteroflow.storage.alert_store import SqlAlertStore
 from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.health_store import SqlHealthSampleStore
@@ -122,17 +124,35 @@ def _counter(text: str | None) -> int | None:
 @app.command()
 def backtest(
     trace: Annotated[
-        Path, typer.Option(exists=True, dir_okay=False, help="CSV: node,index,uuid,sampled_at,<five keys>")
-    ],
+        Path | None,
+        typer.Option(exists=True, dir_okay=False, help="CSV: node,index,uuid,sampled_at,<five keys>"),
+    ] = None,
+    events: Annotated[
+        Path | None,
+        typer.Option(
+            exists=True,
+            dir_okay=False,
+            help="Error-event log CSV, one row per error: device,time,type (CE/UE), or the Calchas shape "
+            "(Datacenter,Server,Name,...,Time,EccType)",
+        ),
+    ] = None,
     param: Annotated[list[str] | None, typer.Option(help="Override a rule setting, e.g. --param ratio=1.5")] = None,
     tick_minutes: Annotated[float, typer.Option(min=1, help="Simulated minutes between worker ticks")] = 60,
+    step_minutes: Annotated[
+        float, typer.Option(min=1, max=1440, help="--events: minutes between the replayed counter samples")
+    ] = 60,
     as_json: Annotated[bool, typer.Option("--json", help="Print the result as JSON")] = False,
 ) -> None:
-    """Replay a counters trace through the same rules, backfill and statistics as production.
+    """Replay a counters trace through the same rules, backfill and statistics as production, or an error-event
+    log (--events) as cumulative counters through the same rules.
 
     Prints precision, recall, missed cards and lead times per rule, so thresholds can be calibrated on your own
-    history before changing them. An invalid --param falls back to the default with a warning, as in production.
+    history before changing them. With --events: overall and first-failure precision and recall with 95%
+    intervals over devices, beside an any-correctable-error baseline at the same alert rate. An invalid --param
+    falls back to the default with a warning, as in production.
     """
+    if (trace is None) == (events is None):
+        raise typer.BadParameter("give exactly one of --trace (a counters trace) and --events (an error-event log)")
     overrides: dict[str, str] = {}
     for item in param or []:
         name, sep, value = item.partition("=")
@@ -144,6 +164,10 @@ def backtest(
     settings = PredictionSettings.load(**overrides, alert_enabled="false")
     for warning in settings.config_warnings:
         typer.echo(f"warning: {warning}", err=True)
+    if events is not None:
+        _backtest_events(events, settings, step=timedelta(minutes=step_minutes), as_json=as_json)
+        return
+    assert trace is not None
     loaded = _read_trace(trace)
     if not loaded.readings:
         raise typer.BadParameter(f"{trace}: no usable rows ({loaded.skipped} skipped)")
@@ -176,6 +200,69 @@ def backtest(
 
 def _ratio(value: float | None) -> str:
     return "n/a" if value is None else f"{value:.1%}"
+
+
+def _backtest_events(path: Path, settings: PredictionSettings, *, step: timedelta, as_json: bool) -> None:
+    with path.open(newline="", encoding="utf-8", errors="replace") as handle:
+        events, skipped = parse_event_rows(csv.DictReader(handle))
+    if not events:
+        raise typer.BadParameter(f"{path}: no usable event rows ({skipped} skipped)")
+    result = replay(
+        events,
+        params=rule_params(settings),
+        window_days=settings.window_days,
+        step=step,
+        min_matured=settings.min_matured,
+        min_span_days=settings.min_span_days,
+    )
+    document = {
+        "events": len(events),
+        "skipped_rows": skipped,
+        "devices": result.devices,
+        "failing_devices": result.failing_devices,
+        "failing_devices_without_earlier_ce": result.failing_without_earlier_ce,
+        "span_days": round(result.span_days, 2),
+        "step_minutes": step / timedelta(minutes=1),
+        "samples_per_device": result.samples_per_device,
+        "rule_version": RULE_VERSION,
+        "window_days": settings.window_days,
+        "overall": result.overall.to_json(),
+        "first_failure": result.first_failure.to_json(),
+        "baseline": {
+            "rule": f"at least {result.baseline_threshold} new correctable error(s) in the last "
+            f"{settings.growth_window_hours:g} h (the threshold closest to the rules' alert count)",
+            "threshold": result.baseline_threshold,
+            "overall": result.baseline_overall.to_json(),
+            "first_failure": result.baseline_first_failure.to_json(),
+        },
+    }
+    if as_json:
+        typer.echo(json.dumps(document, indent=2))
+        return
+    typer.echo(
+        f"events: {len(events)} ({skipped} rows skipped), {result.devices} devices, {result.failing_devices} "
+        f"failing ({result.failing_without_earlier_ce} without a correctable error before their first "
+        f"uncorrectable one), {result.span_days:.0f} days sampled every {step / timedelta(minutes=1):g} min"
+    )
+    typer.echo(f"rules: {RULE_VERSION} (experimental), window {settings.window_days} days")
+    for name, figures in (
+        ("rules, overall", document["overall"]),
+        ("rules, first failure", document["first_failure"]),
+        (f"baseline k={result.baseline_threshold}, overall", document["baseline"]["overall"]),  # type: ignore[index]
+        (f"baseline k={result.baseline_threshold}, first failure", document["baseline"]["first_failure"]),  # type: ignore[index]
+    ):
+        assert isinstance(figures, dict)
+        typer.echo(
+            f"{name:<32} {figures['predictions']:>5} predictions ({figures['hit']} hit, {figures['miss']} miss, "
+            f"{figures['pending']} pending)  precision {_ratio(figures['precision'])} "
+            f"{_interval(figures['precision_ci95'])}  recall {_ratio(figures['recall'])} "
+            f"{_interval(figures['recall_ci95'])} of {figures['failed_devices']} devices"
+            + (f"  [{'; '.join(figures['insufficient'])}]" if figures["insufficient"] else "")
+        )
+
+
+def _interval(bounds: list[float] | None) -> str:
+    return "" if bounds is None else f"[{bounds[0]:.0%}-{bounds[1]:.0%}]"
 
 
 def _replay(trace: _Trace, settings: PredictionSettings, *, tick: timedelta) -> dict[str, Any]:

@@ -132,6 +132,13 @@ class Heartbeat(BaseModel):
             "kernel_log}. Read leniently; absent = unknown."
         ),
     )
+    tool_stalls: JsonValue = Field(
+        default=None,
+        description=(
+            "Vendor tools whose last call timed out on this node: [{tool, since (ISO time of the first timed-out "
+            "call without an answer since), timeouts}]; absent while every tool answers. Read leniently."
+        ),
+    )
 
 
 class XidEventsResult(BaseModel):

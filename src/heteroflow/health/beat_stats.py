@@ -93,6 +93,7 @@ class WireBeat(msgspec.Struct, gc=False):
     gpu_stats: Annotated[list[WireStat], msgspec.Meta(max_length=MAX_GPU_STATS)] = []  # type: ignore[valid-type]
     xid_events: Annotated[list[dict[str, Any]], msgspec.Meta(max_length=MAX_XID_EVENTS)] = []
     xid_collection: Any = None
+    tool_stalls: Any = None
 
 
 WIRE_BEAT: Final = msgspec.json.Decoder(WireBeat)

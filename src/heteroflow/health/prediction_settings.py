@@ -50,6 +50,15 @@ class PredictionSettings(LenientSettings):
             "acceleration from a one-off burst."
         ),
     )
+    ce_flood_per_second: float = Field(
+        default=10.0,
+        gt=0,
+        validation_alias=env_names("gpu_fault_predict_ce_flood_per_second", "GPU_FAULT_PREDICT_CE_FLOOD_PER_SECOND"),
+        description=(
+            "Corrected-ECC rate, per second over the last growth window, flagged as a flood (default 10): weak "
+            "evidence on a prediction, never a prediction by itself."
+        ),
+    )
     baseline_days: float = Field(
         default=7.0,
         gt=0,

@@ -9,8 +9,12 @@ Three layers:
            (the same way; an extension of the seed's F1); row-remap failure > 0. Each fires alone.
 * trend  — corrected-ECC growth (two conditions, below); pending remaps grew in the observation period and are
            > 0 now; retired pages grew in the observation period and are > 0 now. Each fires alone.
-* weak   — reserved (temperature, power…). A weak signal can never fire alone: it is evidence beside a strong
-           or trend signal, nothing more. A test pins this gate.
+* weak   — temperature, power (``weak_signals.py``) and a correctable-error flood: corrected ECC growing faster
+           than a configurable rate over the last growth window. A weak signal can never fire alone: it is evidence
+           beside a strong or trend signal, nothing more. A test pins this gate. The flood is weak on purpose: in the
+           field a card has logged 54.7 x 10^9 correctable errors at ~17,700 a second without one uncorrectable
+           error, and public HBM data shows correctable errors barely precede uncorrectable ones — a flood is worth
+           showing (it can wedge the tools that watch the card), not a failure forecast.
 
 The rules see a card through :class:`CardView`: its newest sample (t0) and the samples at a few boundary
 instants, fetched by the shell with indexed point queries. A boundary value is *unknown* — and the signal that
@@ -41,6 +45,7 @@ SIGNAL_KEYS = {
     "corrected_ecc_growth": "ecc_corrected_total",
     "pending_remap_growth": "remapped_rows_pending",
     "retired_pages_growth": "retired_pages",
+    "corrected_ecc_flood": "ecc_corrected_total",
 }
 UNCONFIRMED_NOTE = (
     " [semantics unconfirmed: the vendor has not confirmed what {key} counts on this card (cnmon's Ecc-Error may "
@@ -66,6 +71,8 @@ class RuleParams:
     min_increase: int = 32
     observation: timedelta = timedelta(days=7)
     staleness: timedelta = timedelta(minutes=60)
+    ce_flood_per_sec: float = 10.0
+    """Mean corrected-ECC rate over the last growth window, per second, from which a flood is flagged (weak)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,6 +158,10 @@ def evaluate(view: CardView, params: RuleParams, *, weak_signals: Sequence[Signa
         elif current > start and current > 0:
             days = params.observation / timedelta(days=1)
             signals.append(Signal("trend", code, f"{label} grew from {start} to {current} in {days:g} days"))
+
+    flood = _corrected_flood(view, params)
+    if flood is not None:
+        signals.append(flood)
 
     unconfirmed = set(view.latest.semantics_unconfirmed)
     if unconfirmed:  # carried into the prediction's evidence, and so into its alert
@@ -259,6 +270,23 @@ def _corrected_growth(view: CardView, params: RuleParams) -> tuple[Signal | None
             f"increases of the last {params.consecutive_windows} windows {increases} strictly increase",
         ),
         None,
+    )
+
+
+def _corrected_flood(view: CardView, params: RuleParams) -> Signal | None:
+    """Corrected ECC growing at ``ce_flood_per_sec`` or faster, on average over the last growth window: weak."""
+    now = view.latest.counters.ecc_corrected_total
+    start = _value_at(view, "ecc_corrected_total", view.t0 - params.growth_window, params)
+    if now is None or start is None or now <= start:
+        return None
+    rate = (now - start) / params.growth_window.total_seconds()
+    if rate < params.ce_flood_per_sec:
+        return None
+    return Signal(
+        "weak",
+        "corrected_ecc_flood",
+        f"corrected ECC +{now - start} in the last {_hours(params.growth_window)}, {rate:.1f} a second "
+        f"(flood rate {params.ce_flood_per_sec:g} a second)",
     )
 
 

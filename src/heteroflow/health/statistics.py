@@ -3,6 +3,12 @@
 Precision and recall have different denominators and are never mixed. Below the evidence thresholds both
 ratios are ``None`` (JSON null), never 0: 0% would read as "the predictions were all wrong" when the truth is
 "there is not enough data yet".
+
+Beside the overall figures, each band is broken down to **first failures**: the predictions of cards that had no
+uncorrectable error at their t0, and the failed cards whose first failure in the period was their first
+uncorrectable error ever seen. A rule that scores mostly on cards that had already failed (the public HBM field
+data shows CE growth barely precedes a first uncorrectable error) looks good overall and poor here; the same
+evidence gate applies to the breakdown.
 """
 
 from __future__ import annotations
@@ -29,6 +35,8 @@ class BandCounts:
     predicted_cards: int
     unconfirmed_failed_cards: int = 0
     """Failed cards whose failure was read from a counter of unconfirmed meaning (cnmon's Ecc-Error)."""
+    first_failure: BandCounts | None = None
+    """The same counts for first failures only (no uncorrectable error seen before); ``None`` where not read."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +109,24 @@ class PredictionWindow:
     window_days: int
     t0: datetime
     window_end: datetime
+
+
+def first_failures(
+    events: Iterable[FailureEvent], first_uncorrectable: dict[tuple[str, int, str | None], datetime]
+) -> list[FailureEvent]:
+    """Each failed card's earliest event, where it is the card's first uncorrectable error: no uncorrectable count
+    above 0 was seen before it (``first_uncorrectable``: when each card's count was first seen above 0; a count
+    step to above 0 is seen at the step itself). Pure."""
+    earliest: dict[tuple[str, int, str | None], FailureEvent] = {}
+    for event in events:
+        known = earliest.get(event.card)
+        if known is None or event.at < known.at:
+            earliest[event.card] = event
+    return [
+        event
+        for card, event in earliest.items()
+        if (first := first_uncorrectable.get(card)) is None or first >= event.at
+    ]
 
 
 def predicted_cards(

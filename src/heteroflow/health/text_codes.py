@@ -58,6 +58,11 @@ _EVIDENCE: Final = _table(
     ),
     ("evidence.grew_in_days", r"(?P<label>.+) grew from (?P<start>-?\d+) to (?P<current>\d+) in (?P<days>\S+) days"),
     (
+        "evidence.corrected_flood",
+        r"corrected ECC \+(?P<increase>\d+) in the last (?P<window>\S+), (?P<rate>\S+) a second "
+        r"\(flood rate (?P<flood_rate>\S+) a second\)",
+    ),
+    (
         "evidence.temperature_high",
         r"(?P<minutes>\d+) minutes at or above (?P<threshold>\S+) °C in the last (?P<hours>\S+)h "
         r"\(peak (?P<peak>\S+) °C\)",

@@ -27,6 +27,7 @@ from heteroflow.health.ingest import HealthIngestor
 from heteroflow.health.metrics_settings import GpuMetricsSettings
 from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
+from heteroflow.health.tool_stalls import ToolStallBook
 from heteroflow.health.xid_collection import XidCollectionBook
 from heteroflow.platform.auth import Principal
 from heteroflow.platform.liveness import LivenessTracker
@@ -100,6 +101,8 @@ def build_context(
         store=gpu_metrics, alerts=alerts, clock=clock, settings=metrics_settings, notifier=notifier
     )
     metrics.watch_gpus(recorder.latest)
+    tool_stalls = ToolStallBook(stale_sec=settings.offline_after_seconds)
+    metrics.watch_tool_stalls(lambda: tool_stalls.stalled(now=clock.monotonic()))
     return ServerContext(
         settings=settings,
         health_settings=health_settings,
@@ -128,6 +131,7 @@ def build_context(
         node_limit=InFlightByKey(max_per_client=settings.max_in_flight_per_node),
         peer_limit=InFlightByKey(max_per_client=settings.max_in_flight_per_peer),
         xid_collection=XidCollectionBook(stale_sec=settings.offline_after_seconds),
+        tool_stalls=tool_stalls,
     )
 
 

@@ -16,6 +16,7 @@ from heteroflow.health.ingest import HealthIngestor
 from heteroflow.health.metrics_settings import GpuMetricsSettings
 from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
+from heteroflow.health.tool_stalls import ToolStallBook
 from heteroflow.health.xid_collection import XidCollectionBook
 from heteroflow.platform.auth import Principal
 from heteroflow.platform.liveness import LivenessTracker
@@ -77,6 +78,8 @@ class ServerContext:
     """Authenticated requests with a body in flight per peer address."""
     xid_collection: XidCollectionBook
     """Each node's newest word on its XID source (:mod:`heteroflow.health.xid_collection`)."""
+    tool_stalls: ToolStallBook
+    """Each node's newest word on its stalled vendor tools (:mod:`heteroflow.health.tool_stalls`)."""
     unknown_tokens: TtlCache[str, bool] = field(
         default_factory=lambda: TtlCache(ttl_sec=UNKNOWN_TOKEN_CACHE_SEC, max_entries=10_000)
     )
@@ -99,3 +102,4 @@ class ServerContext:
         self.ingestor.forget_node(node_id)
         self.metrics_recorder.forget_node(node_id)
         self.xid_collection.forget_node(node_id)
+        self.tool_stalls.forget_node(node_id)

@@ -24,6 +24,7 @@ from heteroflow.core.text import printable
 from heteroflow.health.counters import HEALTH_KEYS, Counters
 from heteroflow.health.gpu_metrics import METRIC_KEYS, GpuMetrics
 from heteroflow.health.ingest import IngestStatus
+from heteroflow.health.tool_stalls import NodeToolStalls
 from heteroflow.platform.liveness import LivenessStatus
 
 
@@ -106,6 +107,11 @@ class ServerMetrics:
 
     def watch(self, ingest: Callable[[], IngestStatus], liveness: Callable[[], LivenessStatus]) -> None:
         self.registry.register(_StatusCollector(ingest, liveness))
+
+    def watch_tool_stalls(self, stalled: Callable[[], Iterable[NodeToolStalls]]) -> None:
+        """``heteroflow_node_tool_stalled_since_seconds{node, tool}``, read at scrape time from the nodes' newest
+        beats (:mod:`heteroflow.health.tool_stalls`)."""
+        self.registry.register(_ToolStallCollector(stalled))
 
     def watch_gpus(self, latest: Callable[[], Iterable[FlatCards]]) -> None:
         """Per-GPU gauges read at scrape time from the newest values the server holds in memory (slices of cards,
@@ -316,6 +322,23 @@ def _label_value(value: str) -> str:
 
 def _help_text(text: str) -> str:
     return text.replace("\\", r"\\").replace("\n", r"\n")
+
+
+class _ToolStallCollector(Collector):
+    def __init__(self, stalled: Callable[[], Iterable[NodeToolStalls]]) -> None:
+        self._stalled = stalled
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "heteroflow_node_tool_stalled_since_seconds",
+            "When the vendor tool's calls on the node began to time out without an answer since, Unix seconds "
+            "(the agent's clock); absent while the tool answers.",
+            labels=["node", "tool"],
+        )
+        for node in self._stalled():
+            for stall in node.stalls:
+                family.add_metric([node.node_name, stall.tool], stall.since.timestamp())
+        yield family
 
 
 class _StatusCollector(Collector):

@@ -68,6 +68,21 @@ def _one_card(card: Card, tally: _Tally, *, step: str) -> Iterator[None]:
         )
 
 
+MAX_FLOODS = 100_000
+"""Cards whose flood the worker keeps in memory at most."""
+
+
+@dataclass(frozen=True, slots=True)
+class CardFlood:
+    """A card whose corrected ECC grew faster than the flood rate at its last evaluation."""
+
+    evidence: str
+    since: datetime
+    """The t0 of the first evaluation in a row that found the flood."""
+    at: datetime
+    """The t0 of the newest evaluation that found it."""
+
+
 def rule_params(settings: PredictionSettings) -> RuleParams:
     return RuleParams(
         growth_window=timedelta(hours=settings.growth_window_hours),
@@ -77,6 +92,7 @@ def rule_params(settings: PredictionSettings) -> RuleParams:
         min_increase=settings.min_increase,
         observation=timedelta(days=settings.observation_days),
         staleness=timedelta(minutes=settings.boundary_staleness_minutes),
+        ce_flood_per_sec=settings.ce_flood_per_second,
     )
 
 
@@ -162,6 +178,12 @@ class PredictionWorker:
         self._last_error: str | None = None
         self._skipped = 0
         self._last_skip: SkippedTick | None = None
+        self._floods: dict[Card, CardFlood] = {}
+
+    def flood(self, card: Card) -> CardFlood | None:
+        """The card's correctable-error flood as of this worker's last evaluation of it (weak evidence, shown on
+        the card; never a prediction by itself), or ``None``. Known to the worker holding the lease only."""
+        return self._floods.get(card)
 
     def status(self) -> WorkerStatus:
         return WorkerStatus(
@@ -208,6 +230,16 @@ class PredictionWorker:
         )
         return report
 
+    def _note_flood(self, card: Card, signals: tuple[Signal, ...], *, t0: datetime) -> None:
+        flood = next((signal for signal in signals if signal.code == "corrected_ecc_flood"), None)
+        if flood is None:
+            self._floods.pop(card, None)
+            return
+        if len(self._floods) >= MAX_FLOODS and card not in self._floods:
+            return
+        known = self._floods.get(card)
+        self._floods[card] = CardFlood(evidence=flood.evidence, since=known.since if known else t0, at=t0)
+
     def _backfill(self, source: Source, now: datetime, tally: _Tally) -> None:
         for record in self._predictions.due(source=source, now=now):
             with _one_card(record.card, tally, step="backfill"):
@@ -237,6 +269,7 @@ class PredictionWorker:
             return
         tally.evaluated[source] += 1
         evaluation = evaluate(view, self._params)
+        self._note_flood(card, evaluation.signals, t0=view.t0)
         if not evaluation.predicts:
             return  # weak signals could not change that (the gate), so their history is not even read
         weak = self._weak_signals(card, t0=view.t0)

@@ -48,6 +48,12 @@ class XidCollectionOut(BaseModel):
     )
 
 
+class ToolStallOut(BaseModel):
+    tool: str = Field(description="The vendor tool (nvidia-smi, xpu-smi, cnmon) or in-process library (nvml).")
+    since: datetime = Field(description="Its first timed-out call without an answer since (the agent's clock).")
+    timeouts: int | None = Field(description="Timed-out calls since then; null when the agent did not say.")
+
+
 class NodeOut(BaseModel):
     id: str
     name: str
@@ -61,6 +67,11 @@ class NodeOut(BaseModel):
     online: bool
     xid_events: XidCollectionOut | None = Field(
         default=None, description="Whether the node's XID events are collected; null when the agent has not said."
+    )
+    tool_stalls: list[ToolStallOut] | None = Field(
+        default=None,
+        description="Vendor tools whose calls time out on the node without an answer since, and since when; "
+        "null when the node's last beat named none.",
     )
 
 
@@ -95,6 +106,12 @@ class SamplesOut(BaseModel):
     samples: list[SampleOut]
 
 
+class CeFloodOut(BaseModel):
+    evidence: EvidenceLineOut = Field(description="The weak signal's evidence line, with its code and parameters.")
+    since: datetime = Field(description="The first evaluation in a row that found the flood (its sample time).")
+    evaluated_at: datetime = Field(description="The newest evaluation that found it (its sample time).")
+
+
 class CardCapabilityOut(BaseModel):
     node_id: str
     gpu_index: int
@@ -112,6 +129,13 @@ class CardCapabilityOut(BaseModel):
         default="unknown", description="Whether this card's XID events are collected (unknown: the agent has not said)."
     )
     xid_events_reason: str | None = Field(default=None, description="Why XID events are not collected.")
+    ce_flood: CeFloodOut | None = Field(
+        default=None,
+        description=(
+            "The card's corrected ECC grew faster than the flood rate at the prediction worker's last evaluation: "
+            "weak evidence (a degrading card can wedge its tools), never a prediction by itself; null otherwise."
+        ),
+    )
 
 
 class CapabilitiesOut(BaseModel):
@@ -215,6 +239,14 @@ class BandOut(BaseModel):
     insufficient: list[str] = Field(description="Why the ratios are null, e.g. 'observed 3.0 of ≥ 8 days'.")
     insufficient_codes: list[CodedTextOut] = Field(
         default_factory=list, description="`insufficient` item by item, each with its code and parameters."
+    )
+    first_failure: BandOut | None = Field(
+        default=None,
+        description=(
+            "The same figures for first failures only: predictions of cards with no uncorrectable error seen at "
+            "their t0, and failed cards whose first failure in the period was their first uncorrectable error "
+            "(same evidence gate; its own ratios null below it)."
+        ),
     )
 
 

@@ -16,7 +16,14 @@ from sqlalchemy.engine import Engine
 from heteroflow.core.ids import Source
 from heteroflow.health.counters import split_keys
 from heteroflow.health.predictions import COUNTED_XIDS, FAILURE_COUNTERS
-from heteroflow.health.statistics import BandCounts, Exposure, FailureEvent, PredictionWindow, predicted_cards
+from heteroflow.health.statistics import (
+    BandCounts,
+    Exposure,
+    FailureEvent,
+    PredictionWindow,
+    first_failures,
+    predicted_cards,
+)
 from heteroflow.platform.auth import NodeScope
 from heteroflow.storage.db import unavailable_as_store_error, utc_value
 from heteroflow.storage.schema import gpu_health_samples as samples_t
@@ -49,6 +56,29 @@ def read_statistics(
         )
         .group_by(predictions_t.c.window_days, predictions_t.c.status)
     )
+    first_ue = _first_uncorrectable(source=source, scope=scope, now=now)
+    p = predictions_t
+    before_any_ue = (
+        sa.select(p.c.window_days, p.c.status, sa.func.count().label("n"))
+        .select_from(
+            p.outerjoin(
+                first_ue,
+                sa.and_(
+                    first_ue.c.node_id == p.c.node_id,
+                    first_ue.c.gpu_index == p.c.gpu_index,
+                    first_ue.c.uuid.is_not_distinct_from(p.c.uuid),
+                ),
+            )
+        )
+        .where(
+            p.c.source == source,
+            *in_scope(p.c.node_id, scope),
+            p.c.t0 >= since,
+            p.c.t0 <= now,
+            sa.or_(first_ue.c.first_at.is_(None), first_ue.c.first_at > p.c.t0),
+        )
+        .group_by(p.c.window_days, p.c.status)
+    )
     with unavailable_as_store_error(), engine.connect() as conn:
         if conn.dialect.name == "postgresql":
             conn.exec_driver_sql("SET LOCAL jit = off")  # until this read-only transaction ends
@@ -56,6 +86,10 @@ def read_statistics(
         for row in conn.execute(by_status):
             if row.window_days in statuses:
                 statuses[row.window_days][row.status] = row.n
+        first_statuses: dict[int, dict[str, int]] = {n: {} for n in window_days}
+        for row in conn.execute(before_any_ue):
+            if row.window_days in first_statuses:
+                first_statuses[row.window_days][row.status] = row.n
         cards = [
             row
             for row in conn.execute(_cards_in_period(source=source, scope=scope, since=since, now=now))
@@ -74,13 +108,18 @@ def read_statistics(
             if (row.node_id, row.gpu_index, row.uuid) in monitorable
         ]
         windows: list[PredictionWindow] = []
+        first_seen: dict[tuple[str, int, str | None], datetime] = {}
         if events:
-            p = predictions_t
+            failed_nodes = sorted({e.node_id for e in events})
+            first_seen = {
+                (r.node_id, r.gpu_index, r.uuid): utc_value(r.first_at)
+                for r in conn.execute(sa.select(first_ue).where(first_ue.c.node_id.in_(failed_nodes)))
+            }
             rows = conn.execute(
                 sa.select(p.c.node_id, p.c.gpu_index, p.c.uuid, p.c.window_days, p.c.t0, p.c.window_end).where(
                     p.c.source == source,
                     p.c.window_days.in_(list(window_days)),
-                    p.c.node_id.in_(sorted({e.node_id for e in events})),
+                    p.c.node_id.in_(failed_nodes),
                 )
             )
             windows = [
@@ -89,6 +128,7 @@ def read_statistics(
     failed_cards = len({e.card for e in events})
     confirmed = {e.card for e in events if not e.semantics_unconfirmed}
     unconfirmed_failed_cards = len({e.card for e in events if e.semantics_unconfirmed} - confirmed)
+    firsts = first_failures(events, first_seen)
     bands = {
         n: BandCounts(
             window_days=n,
@@ -99,10 +139,43 @@ def read_statistics(
             failed_cards=failed_cards,
             predicted_cards=len(predicted_cards(events, windows, window_days=n)),
             unconfirmed_failed_cards=unconfirmed_failed_cards,
+            first_failure=BandCounts(
+                window_days=n,
+                pending=first_statuses[n].get("pending", 0),
+                hit=first_statuses[n].get("hit", 0),
+                miss=first_statuses[n].get("miss", 0),
+                voided=first_statuses[n].get("voided", 0),
+                failed_cards=len(firsts),
+                predicted_cards=len(predicted_cards(firsts, windows, window_days=n)),
+                unconfirmed_failed_cards=len({e.card for e in firsts if e.semantics_unconfirmed}),
+            ),
         )
         for n in window_days
     }
     return bands, _exposure(cards)
+
+
+def _first_uncorrectable(*, source: Source, scope: NodeScope, now: datetime) -> sa.Subquery:
+    """Each card's first sample with an uncorrectable count above 0 (uncorrectable ECC, or rows remapped after
+    uncorrectable errors). Only ``ue_changed`` rows are read: a card's first row is one, and so is every row where
+    either count changed, so the first row above 0 is among them (about one row per card)."""
+    return (
+        sa.select(
+            samples_t.c.node_id,
+            samples_t.c.gpu_index,
+            samples_t.c.uuid,
+            sa.func.min(samples_t.c.sampled_at).label("first_at"),
+        )
+        .where(
+            samples_t.c.source == source,
+            samples_t.c.ue_changed,
+            samples_t.c.sampled_at <= now,
+            sa.or_(samples_t.c.ecc_uncorrected_total > 0, samples_t.c.remapped_rows_uncorrectable > 0),
+            *in_scope(samples_t.c.node_id, scope),
+        )
+        .group_by(samples_t.c.node_id, samples_t.c.gpu_index, samples_t.c.uuid)
+        .subquery("first_ue")
+    )
 
 
 def failure_events_query(*, source: Source, scope: NodeScope, since: datetime, now: datetime) -> sa.Select[Any]:

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -259,7 +260,11 @@ def test_xids_in_the_kernel_log_before_start_are_stored_once_and_the_node_names_
     kmsg = tmp_path / "kmsg"
     kmsg.write_text(
         "6,1,1000,-;Linux version 6.8.0\n"
-        "4,2,3600000000,-;NVRM: Xid (PCI:0000:02:00): 48, pid=7, name=python3, An uncorrectable double bit error\n",
+        "4,2,3600000000,-;NVRM: Xid (PCI:0000:02:00): 48, pid=7, name=python3, An uncorrectable double bit error\n"
+        # card 0 falls off the bus without an XID number: the split sentence, then the short line; one loss
+        "3,3,3700000000,-;NVRM: The NVIDIA GPU 0000:01:00.0 (PCI ID: 10de:2330) installed in this system has\n"
+        "3,4,3700000001,-;NVRM: fallen off the bus and is not responding to commands.\n"
+        "3,5,3700000500,-;NVRM: GPU 0000:01:00.0: GPU has fallen off the bus.\n",
         encoding="utf-8",
     )
     server = start_server(tmp_path)
@@ -282,7 +287,7 @@ def test_xids_in_the_kernel_log_before_start_are_stored_once_and_the_node_names_
         thread = threading.Thread(target=agent.run)
         thread.start()
         try:
-            poll(lambda: agent.status().xid.delivered >= 1)
+            poll(lambda: agent.status().xid.delivered >= 2)
             poll(lambda: agent.status().beats_sent >= 2)
         finally:
             agent.stop_event.set()
@@ -295,15 +300,62 @@ def test_xids_in_the_kernel_log_before_start_are_stored_once_and_the_node_names_
 
     try:
         run_once()
-        assert poll(stored) == [(1, 48, "GPU-k1")]
+        # the lost card is XID 79 on its card, stored once: what the serving controller reads as an L6 card fault
+        poll(lambda: len(stored()) >= 2)
+        assert sorted(stored()) == [(0, 79, "GPU-k0"), (1, 48, "GPU-k1")]
         node_id = str(node_id_of(server, "e2e-kmsg"))
         xids = server.get(f"/api/v1/nodes/{node_id}").json()["xid_events"]
         assert xids["sources"] == ["nvml", "kernel_log"]
         assert xids["kernel_log"] is None
-        assert xids["state"] == "collected"
+        assert xids["state"] == "partial"  # card 0 is lost, by the kernel log's word
+        assert xids["lost"] == [0]
         assert xids["watched"] == [0, 1]
-        run_once()  # restarted: the ring buffer still holds the record
-        assert stored() == [(1, 48, "GPU-k1")]
+        run_once()  # restarted: the ring buffer still holds the records
+        assert sorted(stored()) == [(0, 79, "GPU-k0"), (1, 48, "GPU-k1")]
     finally:
         engine.dispose()
         server.stop()
+
+
+def test_a_hung_tool_shows_in_the_node_status_within_two_health_intervals_and_beats_go_on(
+    server: ServerProcess, tmp_path: Path
+) -> None:
+    env = agent_env(
+        fake_smi_path(tmp_path),
+        FAKE_NVIDIA_SMI_HELP=str(OWN_FIXTURES / "help-query-gpu.synthetic.txt"),
+        FAKE_NVIDIA_SMI_CSV=str(OWN_FIXTURES / "query-gpu.synthetic.csv"),
+        FAKE_NVIDIA_SMI_HANG="1",  # every call hangs, as on a card that wedges its tool
+    )
+    health_interval = 3.0
+    agent = subprocess.Popen(
+        [
+            sys.executable, "-m", "heteroflow", "agent", "run", "--collector", "nvidia-smi",
+            "--server", server.url, "--token", server.token, "--node-name", "e2e-hung-tool",
+            "--heartbeat-interval", "0.2", "--health-interval", str(health_interval), "--tick-timeout", "1",
+        ],
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )  # fmt: skip
+    try:
+        node_id = str(poll(lambda: node_id_of(server, "e2e-hung-tool")))
+        registered = time.monotonic()
+
+        def node() -> dict[str, object]:
+            body: dict[str, object] = server.get(f"/api/v1/nodes/{node_id}").json()
+            return body
+
+        stalls = poll(lambda: node()["tool_stalls"], timeout_sec=2 * health_interval)
+        assert isinstance(stalls, list)
+        assert time.monotonic() - registered <= 2 * health_interval
+        (stall,) = stalls
+        assert stall["tool"] == "nvidia-smi"
+        assert stall["timeouts"] >= 1
+        first_beat = node()["last_heartbeat"]
+        assert poll(lambda: node()["last_heartbeat"] != first_beat, timeout_sec=10)  # the beats go on
+        assert node()["online"] is True
+    finally:
+        if agent.poll() is None:
+            stderr = stop_agent(agent)
+            assert "Traceback" not in stderr

@@ -129,7 +129,12 @@ def test_a_real_prometheus_scrapes_every_service_with_its_token(cluster: Cluster
 
         # the shipped rules are loaded and evaluate without error
         groups = until(lambda: evaluated(prom), within=30, what="every rule evaluated")
-        assert {g["name"] for g in groups} == {"heteroflow-gpu-health", "heteroflow-serving", "heteroflow-targets"}
+        assert {g["name"] for g in groups} == {
+            "heteroflow-gpu-health",
+            "heteroflow-serving",
+            "heteroflow-targets",
+            "heteroflow-agent-tools",
+        }
 
         def quiet() -> set[str] | None:
             # a rule evaluated before a target's first scrape (absent()) is pending until its next evaluation

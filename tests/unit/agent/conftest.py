@@ -41,11 +41,16 @@ def shared_fixtures() -> Path:
     return SHARED_FIXTURES
 
 
-def smi_runner(*, help_text: str, csv_text: str) -> FakeCommandRunner:
-    """A FakeCommandRunner whose nvidia-smi is the fake script's logic, run in-process."""
+def smi_runner(
+    *, help_text: str, csv_text: str, remap_help: str | None = None, remap_csv: str | None = None
+) -> FakeCommandRunner:
+    """A FakeCommandRunner whose nvidia-smi is the fake script's logic, run in-process (with the R535 remap
+    switch where ``remap_help`` and ``remap_csv`` are given)."""
 
     def nvidia_smi(argv: object) -> CommandResult:
-        code, out, err = FAKE_SMI.answer(argv, help_text=help_text, csv_text=csv_text)
+        code, out, err = FAKE_SMI.answer(
+            argv, help_text=help_text, csv_text=csv_text, remap_help=remap_help, remap_csv=remap_csv
+        )
         return CommandResult(returncode=code, stdout=out, stderr=err)
 
     return FakeCommandRunner({"nvidia-smi": nvidia_smi})

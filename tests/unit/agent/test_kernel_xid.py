@@ -386,3 +386,151 @@ def test_the_agent_reports_an_xid_from_nvml_and_the_kernel_log_once_and_earlier_
     assert agent.xid_duplicates == 1
     sent = client.beats[-1][1]["xid_collection"]
     assert sent["sources"] == ["nvml", "kernel_log"]
+
+
+# --- a card lost from the bus without an XID number -----------------------------------------------------------
+
+LOST_CARDS: CardMap = {
+    PciAddress(0, 0xB3, 0): (2, "GPU-lost-b3"),
+    PciAddress(0, 0x29, 0): (3, "GPU-lost-29"),
+    PciAddress(0, 0x01, 0): (4, "GPU-lost-01"),
+}
+
+# Shapes of real logs: the split sentence of driver 570.158.01 as /dev/kmsg (one record, newlines escaped),
+# dmesg (continuation lines without a timestamp), the journal (one entry with real newlines); the one-line
+# sentence; the short "GPU has fallen off the bus." line of other drivers.
+LOST_LOGS = [
+    (
+        [
+            "3,812,1843308145,-;NVRM: The NVIDIA GPU 0000:b3:00.0\\x0aNVRM: (PCI ID: 10de:26b5) installed in this "
+            "system has\\x0aNVRM: fallen off the bus and is not responding to commands."
+        ],
+        2,
+        1843308145,
+    ),
+    (
+        [
+            "[ 1843.308145] NVRM: The NVIDIA GPU 0000:b3:00.0 (PCI ID: 10de:26b5) installed in this system has",
+            "               NVRM: fallen off the bus and is not responding to commands.",
+        ],
+        2,
+        1843308145,
+    ),
+    (
+        [
+            "[ 1843.308145] NVRM: The NVIDIA GPU 0000:b3:00.0",
+            "               NVRM: (PCI ID: 10de:26b5) installed in this system has",
+            "               NVRM: fallen off the bus and is not responding to commands.",
+        ],
+        2,
+        1843308145,
+    ),
+    (
+        [
+            "kernel: NVRM: The NVIDIA GPU 0000:01:00.0 (PCI ID: 10de:1e07) installed in this\n"
+            "NVRM: system has fallen off the bus and is not responding to commands."
+        ],
+        4,
+        None,
+    ),
+    (
+        [
+            "NVRM: The NVIDIA GPU 0000:01:00.0 installed in this system has fallen off the bus and is not "
+            "responding to commands."
+        ],
+        4,
+        None,
+    ),
+    (["4,90,7000000,-;NVRM: GPU 0000:29:00.0: GPU has fallen off the bus."], 3, 7000000),
+]
+
+
+@pytest.mark.parametrize(("lines", "index", "usec"), LOST_LOGS)
+def test_a_card_lost_without_an_xid_number_is_an_xid_79_on_its_address(
+    tmp_path: Path, lines: list[str], index: int, usec: int | None
+) -> None:
+    clock = FakeClock(datetime(2026, 12, 1, 12, 0, tzinfo=UTC))
+    kmsg = tmp_path / "kmsg"
+    _write(kmsg, "6,1,1000,-;Linux version 6.8.0", *lines)
+    reader = _reader(kmsg, clock, LOST_CARDS)
+    reader.start()
+    events = reader.poll()
+    when = BOOT + timedelta(microseconds=usec) if usec is not None else clock.now()
+    uuid = LOST_CARDS[next(a for a, c in LOST_CARDS.items() if c[0] == index)][1]
+    assert events == [XidEvent(index=index, uuid=uuid, xid=79, occurred_at=when)]
+    reader.close()
+
+
+def test_one_loss_is_reported_once_whatever_the_number_of_lines(tmp_path: Path) -> None:
+    clock = FakeClock(datetime(2026, 12, 1, 12, 0, tzinfo=UTC))
+    kmsg = tmp_path / "kmsg"
+    _write(
+        kmsg,
+        "4,10,5000000,-;NVRM: GPU at PCI:0000:29:00: GPU-lost-29",
+        "4,11,5000010,-;NVRM: Xid (PCI:0000:29:00): 79, pid=0, GPU has fallen off the bus.",
+        "4,12,5000020,-;NVRM: GPU 0000:29:00.0: GPU has fallen off the bus.",
+        *(
+            f"3,{13 + i},{5000030 + i},-;NVRM: The NVIDIA GPU 0000:29:00.0 installed in this system has fallen off "
+            "the bus and is not responding to commands."
+            for i in range(50)
+        ),
+        "4,99,5000500,-;NVRM: Xid (PCI:0000:b3:00): 79, pid=0, GPU has fallen off the bus.",  # another card
+    )
+    reader = _reader(kmsg, clock, LOST_CARDS)
+    reader.start()
+    events = reader.poll()
+    assert [(e.index, e.xid, e.occurred_at) for e in events] == [
+        (3, 79, BOOT + timedelta(microseconds=5000010)),
+        (2, 79, BOOT + timedelta(microseconds=5000500)),
+    ]
+    # an hour of record time later, a loss of the same address is a new loss
+    _write(kmsg, "4,100,3605000011,-;NVRM: GPU 0000:29:00.0: GPU has fallen off the bus.")
+    assert [e.index for e in reader.poll()] == [3]
+    reader.close()
+
+
+def test_a_lost_card_missing_from_the_tools_answer_keeps_its_address(tmp_path: Path) -> None:
+    """The tool stops listing a card that fell off the bus; its address still maps to it."""
+    clock = FakeClock()
+    kmsg = tmp_path / "kmsg"
+    kmsg.touch()
+    answers = [dict(LOST_CARDS), {a: c for a, c in LOST_CARDS.items() if c[0] != 3}]
+    reader = KernelXidReader(
+        log=DevKmsg(str(kmsg), btime=lambda: BOOT),
+        card_map=lambda: answers.pop(0) if len(answers) > 1 else answers[0],
+        now=clock.now,
+        monotonic=clock.monotonic,
+    )
+    reader.start()
+    clock.advance(61)
+    _write(kmsg, "4,1,1,-;NVRM: Xid (PCI:0000:77:00): 13, unknown card: the map is asked again")
+    assert reader.poll() == []
+    _write(kmsg, "4,2,2,-;NVRM: GPU 0000:29:00.0: GPU has fallen off the bus.")
+    assert [e.index for e in reader.poll()] == [3]
+    reader.close()
+
+
+@pytest.mark.parametrize(
+    "lines",
+    [
+        ["NVRM: The NVIDIA GPU 0000:b3:00.0 (PCI ID: 10de:26b5) installed in this system has"],  # cut short
+        [
+            "NVRM: The NVIDIA GPU 0000:b3:00.0 (PCI ID: 10de:26b5) installed in this system has",
+            "a",
+            "b",
+            "c",
+            "d",
+            "NVRM: fallen off the bus and is not responding to commands.",  # too far from its start
+        ],
+        ["NVRM: fallen off the bus and is not responding to commands."],  # no address anywhere
+        ["NVRM: The NVIDIA GPU 0000:zz:00.0 fallen off the bus"],
+        ["usb 1-1: device fallen off the bus"],
+    ],
+)
+def test_no_card_is_invented_from_partial_or_odd_lines(tmp_path: Path, lines: list[str]) -> None:
+    kmsg = tmp_path / "kmsg"
+    _write(kmsg, *lines)
+    reader = _reader(kmsg, FakeClock(), LOST_CARDS)
+    reader.start()
+    assert reader.poll() == []
+    reader.close()

@@ -222,3 +222,102 @@ def test_a_failed_field_probe_makes_health_unknown_but_keeps_every_gpus_telemetr
     clock.advance(61)
     smi.read_telemetry()
     assert smi.probe_runs == 2
+
+
+# --- R535: remapped rows through their own switch -------------------------------------------------------------
+
+R535_HELP = (OWN_FIXTURES / "help-query-gpu.r535.synthetic.txt").read_text()
+R535_CSV = (OWN_FIXTURES / "query-gpu.r535.synthetic.csv").read_text()
+REMAP_HELP = (OWN_FIXTURES / "help-query-remapped-rows.synthetic.txt").read_text()
+REMAP_CSV = (OWN_FIXTURES / "query-remapped-rows.synthetic.csv").read_text()
+
+
+def r535_runner() -> FakeCommandRunner:
+    return smi_runner(help_text=R535_HELP, csv_text=R535_CSV, remap_help=REMAP_HELP, remap_csv=REMAP_CSV)
+
+
+def test_r535_reads_remapped_rows_through_their_switch_joined_by_uuid_or_bus_id(clock: FakeClock) -> None:
+    runner = r535_runner()
+    health = collector(clock, runner).read_health()
+    by_index = {gpu.index: gpu.counters for gpu in health.gpus}
+    assert (by_index[0].remapped_rows_pending, by_index[0].remapped_rows_failure) == (0, 0)
+    assert by_index[1].remapped_rows_pending == 1
+    assert (by_index[1].remapped_rows_correctable, by_index[1].remapped_rows_uncorrectable) == (1, 2)
+    assert by_index[1].ecc_uncorrected_total == 2  # the main query's values are untouched
+    # GPU 2's uuid is unreadable in the main query: joined by its PCI address instead
+    assert (by_index[2].remapped_rows_failure, by_index[2].remapped_rows_uncorrectable) == (1, 5)
+    # MIG-style [N/A] stays unknown, never 0
+    assert by_index[3].remapped_rows_pending is None
+    assert by_index[3].remapped_rows_correctable is None
+    remap_calls = [c for c in runner.calls if c[1].startswith("--query-remapped-rows=")]
+    assert len(remap_calls) == 1
+    assert remap_calls[0][1] == (
+        "--query-remapped-rows=gpu_uuid,gpu_bus_id,remapped_rows.pending,remapped_rows.failure,"
+        "remapped_rows.correctable,remapped_rows.uncorrectable"
+    )
+    assert not any("does not list remapped_rows" in w for w in health.warnings)
+
+
+def test_the_remap_help_is_probed_once_per_cache_period_and_one_call_per_tick(clock: FakeClock) -> None:
+    runner = r535_runner()
+    smi = collector(clock, runner)
+    for _ in range(5):
+        smi.read_health()
+        clock.advance(60)
+    assert smi.remap_probe_runs == 1
+    assert sum(1 for c in runner.calls if c[1].startswith("--query-remapped-rows=")) == 5
+    clock.advance(1800)
+    smi.read_health()
+    assert smi.remap_probe_runs == 2
+
+
+def test_a_driver_without_the_switch_leaves_remaps_unknown_and_does_not_retry_every_tick(clock: FakeClock) -> None:
+    runner = smi_runner(help_text=R535_HELP, csv_text=R535_CSV)  # no remap switch (a pre-Ampere driver)
+    smi = collector(clock, runner)
+    for _ in range(3):
+        health = smi.read_health()
+        clock.advance(30)
+    assert smi.remap_probe_runs == 1
+    assert all(gpu.counters.remapped_rows_pending is None for gpu in health.gpus)
+    assert not any(c[1].startswith("--query-remapped-rows=") for c in runner.calls)
+
+
+def test_the_main_help_listing_remaps_needs_no_extra_call(clock: FakeClock) -> None:
+    runner = smi_runner(help_text=HELP, csv_text=CSV, remap_help=REMAP_HELP, remap_csv=REMAP_CSV)
+    smi = collector(clock, runner)
+    smi.read_health()
+    assert smi.remap_probe_runs == 0
+    assert not any(c[1].startswith(("--query-remapped-rows", "--help-query-remapped")) for c in runner.calls)
+
+
+def test_a_hung_or_failing_remap_switch_keeps_the_other_values(clock: FakeClock) -> None:
+    def answer(argv: object) -> CommandResult:
+        args = list(argv)  # type: ignore[call-overload]
+        if args[1].startswith("--query-remapped-rows="):
+            return CommandResult(6, "", "Unable to query remapped rows\n")
+        code, out, err = FAKE_SMI.answer(
+            args, help_text=R535_HELP, csv_text=R535_CSV, remap_help=REMAP_HELP, remap_csv=REMAP_CSV
+        )
+        return CommandResult(code, out, err)
+
+    health = collector(clock, FakeCommandRunner({"nvidia-smi": answer})).read_health()
+    assert {gpu.index: gpu.counters.ecc_corrected_total for gpu in health.gpus} == {0: 3, 1: 120, 2: 0, 3: 0}
+    assert all(gpu.counters.remapped_rows_pending is None for gpu in health.gpus)
+    assert any("--query-remapped-rows exited 6" in w for w in health.warnings)
+
+
+def test_join_gives_no_value_to_the_wrong_card() -> None:
+    from heteroflow.agent.nvidia_smi import REMAP_BUS_ID, REMAP_UUID, join_remap_rows
+
+    chosen = {("index",): "index", ("uuid", "gpu_uuid"): "uuid"}
+    remap_chosen = {REMAP_UUID: "gpu_uuid", HEALTH_FIELDS[4]: "remapped_rows.pending", REMAP_BUS_ID: "gpu_bus_id"}
+    rows = [{"index": "0", "uuid": "GPU-a"}, {"index": "1", "uuid": "GPU-b"}]
+    remaps = [
+        {"gpu_uuid": "GPU-a", "gpu_bus_id": "0000:01:00.0", "remapped_rows.pending": "Yes"},
+        {"gpu_uuid": "GPU-a", "gpu_bus_id": "0000:02:00.0", "remapped_rows.pending": "No"},  # duplicate uuid
+        {"gpu_uuid": "GPU-z", "gpu_bus_id": "0000:03:00.0", "remapped_rows.pending": "Yes"},  # no such GPU
+    ]
+    merged, merged_chosen, unmatched = join_remap_rows(rows, chosen, remaps, remap_chosen)
+    gpus, _ = health_from_rows(merged, merged_chosen)
+    assert [gpu.counters.remapped_rows_pending for gpu in gpus] == [None, None]
+    assert unmatched == 2

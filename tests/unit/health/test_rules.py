@@ -269,3 +269,24 @@ def test_the_strong_uncorrectable_signal_fires_on_growth_not_on_the_lifetime_tot
     (signal,) = [s for s in evaluate(_ue_view(1, 3), P).signals if s.code == "uncorrectable_ecc"]
     assert "grew from 1 to 3" in signal.evidence
     assert "lifetime total 3" in signal.evidence
+
+
+def test_a_correctable_error_flood_is_weak_evidence_never_a_prediction_alone() -> None:
+    # a steady flood (the field case: billions of CEs at ~17,700 a second, no uncorrectable error): the same
+    # increase every day, so the trend rule does not fire either
+    steady = view_from(lambda d: 10**9 - round(d * 86_400 * 17_700))
+    evaluation = evaluate(steady, P)
+    assert [s.code for s in evaluation.signals] == ["corrected_ecc_flood"]
+    assert evaluation.signals[0].layer == "weak"
+    assert not evaluation.predicts
+    assert "17700.0 a second" in evaluation.signals[0].evidence
+    # beside an uncorrectable error it rides along as evidence of that prediction
+    with_ue = view_from(lambda d: 10**9 - round(d * 86_400 * 17_700), now_counters={"ecc_uncorrected_total": 2})
+    both = evaluate(with_ue, P)
+    assert both.predicts
+    assert {s.code for s in both.signals} == {"uncorrectable_ecc", "corrected_ecc_flood"}
+    # below the configured rate, or with the start of the window unknown, nothing
+    assert codes(view_from(lambda d: 10**6 - round(d * 86_400))) == set()
+    slow = RuleParams(ce_flood_per_sec=20_000)
+    assert "corrected_ecc_flood" not in {s.code for s in evaluate(steady, slow).signals}
+    assert codes(view_from(lambda d: None if d >= 1 else 10**9)) == set()

@@ -46,6 +46,10 @@ def test_every_evidence_template_has_its_code_and_parameters() -> None:
     assert by_signal["temperature_high"].params["peak"] == "91"
     assert by_signal["power_shift"].code == "evidence.power_shift"
     assert by_signal["power_shift"].params["change"] == "-33%"
+    flood = evaluate(view_from(lambda d: 10**9 - round(d * 86_400 * 20)), P).evidence
+    (line,) = evidence_lines(flood)
+    assert (line.layer, line.signal, line.code) == ("weak", "corrected_ecc_flood", "evidence.corrected_flood")
+    assert (line.params["rate"], line.params["flood_rate"], line.params["window"]) == ("20.0", "10", "24h")
 
 
 def test_a_caveat_and_an_unknown_line_keep_their_text() -> None:

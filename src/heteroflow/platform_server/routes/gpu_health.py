@@ -11,12 +11,22 @@ from fastapi import APIRouter, Depends, Query
 from heteroflow.core.clock import utc
 from heteroflow.core.ids import NodeId
 from heteroflow.health.counters import HEALTH_KEYS
+from heteroflow.health.samples import Card
 from heteroflow.health.xid_collection import CardXidState, XidCollectionReport
 from heteroflow.platform.auth import NodeScope, Principal, Scope
 from heteroflow.platform_server.auth import context, require, visible_node
 from heteroflow.platform_server.context import ServerContext
 from heteroflow.platform_server.errors import BadRequest, error_responses
-from heteroflow.platform_server.schemas import CapabilitiesOut, CardCapabilityOut, SampleOut, SamplesOut, UtcTime
+from heteroflow.platform_server.prediction_worker import CardFlood
+from heteroflow.platform_server.schemas import (
+    CapabilitiesOut,
+    CardCapabilityOut,
+    CeFloodOut,
+    SampleOut,
+    SamplesOut,
+    UtcTime,
+    evidence_out,
+)
 from heteroflow.storage.health_buckets import CAPABILITY_SORTS, CapabilityQuery, CapabilitySort
 from heteroflow.storage.health_store import CardCapability
 
@@ -163,12 +173,20 @@ async def capabilities(
         limit=limit,
         sort=query.sort,
         cards=[
-            _capability_out(card, now - card.last_sample_at > stall, xid_reports[card.node_id]) for card in page.cards
+            _capability_out(
+                card,
+                now - card.last_sample_at > stall,
+                xid_reports[card.node_id],
+                ctx.worker.flood(Card(NodeId(card.node_id), card.gpu_index, card.uuid, chosen)),
+            )
+            for card in page.cards
         ],
     )
 
 
-def _capability_out(card: CardCapability, stalled: bool, xids: XidCollectionReport | None) -> CardCapabilityOut:
+def _capability_out(
+    card: CardCapability, stalled: bool, xids: XidCollectionReport | None, flood: CardFlood | None
+) -> CardCapabilityOut:
     xid_state, xid_reason = _card_xids(xids, card.gpu_index)
     return CardCapabilityOut(
         node_id=card.node_id,
@@ -183,6 +201,13 @@ def _capability_out(card: CardCapability, stalled: bool, xids: XidCollectionRepo
         semantics_unconfirmed=list(card.semantics_unconfirmed),
         xid_events=xid_state,
         xid_events_reason=xid_reason,
+        ce_flood=None
+        if flood is None
+        else CeFloodOut(
+            evidence=evidence_out(f"weak signal [corrected_ecc_flood]: {flood.evidence}")[0],
+            since=flood.since,
+            evaluated_at=flood.at,
+        ),
     )
 
 

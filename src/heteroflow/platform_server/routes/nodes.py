@@ -32,6 +32,7 @@ from heteroflow.core.text import text_problem
 from heteroflow.health.beat_stats import WIRE_BEAT, WireBeat, beat_readings
 from heteroflow.health.heartbeat import XID_TOO_OLD, xid_events_from_wire
 from heteroflow.health.sample_times import SampleTimeWindow, TimeFix
+from heteroflow.health.tool_stalls import ToolStallReport, parse_tool_stalls
 from heteroflow.health.xid_collection import XidCollectionReport, parse_xid_collection
 from heteroflow.platform.auth import NodeScope, Principal, Scope, generate_token, hash_token
 from heteroflow.platform.nodes import (
@@ -61,7 +62,13 @@ from heteroflow.platform_server.errors import (
     TooManyRequests,
     error_responses,
 )
-from heteroflow.platform_server.schemas import NodeList, NodeOut, XidCollectionOut, XidUnwatchedOut
+from heteroflow.platform_server.schemas import (
+    NodeList,
+    NodeOut,
+    ToolStallOut,
+    XidCollectionOut,
+    XidUnwatchedOut,
+)
 
 router = APIRouter(prefix="/api/v1/nodes", tags=["nodes"], responses=error_responses(403))
 _log = structlog.get_logger(__name__)
@@ -92,7 +99,14 @@ def node_out(ctx: ServerContext, node: NodeRecord) -> NodeOut:
         last_heartbeat=last,
         online=is_online(last, now=ctx.clock.now(), offline_after=offline_after),
         xid_events=xid_collection_out(ctx.xid_collection.get(NodeId(node.id), now=ctx.clock.monotonic())),
+        tool_stalls=tool_stalls_out(ctx.tool_stalls.get(NodeId(node.id), now=ctx.clock.monotonic())),
     )
+
+
+def tool_stalls_out(stalls: tuple[ToolStallReport, ...] | None) -> list[ToolStallOut] | None:
+    if stalls is None:
+        return None
+    return [ToolStallOut(tool=stall.tool, since=stall.since, timeouts=stall.timeouts) for stall in stalls]
 
 
 def xid_collection_out(report: XidCollectionReport | None) -> XidCollectionOut | None:
@@ -264,6 +278,7 @@ async def record_beat(
         _count_time_fixes(ctx, "telemetry", metric_readings)
     ctx.metrics_recorder.offer(node, metrics=metric_readings, health=readings)
     ctx.xid_collection.record(node.id, parse_xid_collection(body.xid_collection), now=ctx.clock.monotonic())
+    ctx.tool_stalls.record(node.id, node.name, parse_tool_stalls(body.tool_stalls), now=ctx.clock.monotonic())
     xid_result = await _store_xid_events(ctx, node, body, received_at=received_at, window=window, clean=clean)
     ctx.metrics.beats.observe(time.perf_counter() - started)
     return accepted_json(received_at, xid_result)

@@ -13,9 +13,10 @@ from fastapi.responses import Response
 
 from heteroflow.core.clock import utc
 from heteroflow.core.ids import Source
+from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.predictions import STATUSES, PredictionStatus
 from heteroflow.health.rules import RULE_VERSION
-from heteroflow.health.statistics import band_statistics, disclaimer
+from heteroflow.health.statistics import BandCounts, Exposure, band_statistics, disclaimer
 from heteroflow.health.text_codes import conclusion_code, reason_code
 from heteroflow.platform.auth import NodeScope, Principal, Scope
 from heteroflow.platform_server.auth import context, require
@@ -170,6 +171,30 @@ async def list_predictions(
     )
 
 
+def band_out(counts: BandCounts, exposure: Exposure, settings: PredictionSettings) -> BandOut:
+    """One band's figures, overall and (nested) for first failures, through the same evidence gate."""
+    stats = band_statistics(counts, exposure, min_matured=settings.min_matured, min_span_days=settings.min_span_days)
+    return BandOut(
+        window_days=counts.window_days,
+        pending=stats.counts.pending,
+        hit=stats.counts.hit,
+        miss=stats.counts.miss,
+        voided=stats.counts.voided,
+        matured=stats.matured,
+        failed_cards=stats.counts.failed_cards,
+        predicted_cards=stats.counts.predicted_cards,
+        missed_cards=stats.missed_cards,
+        unconfirmed_failed_cards=stats.counts.unconfirmed_failed_cards,
+        precision=stats.precision,
+        recall=stats.recall,
+        insufficient=list(stats.insufficient),
+        insufficient_codes=[
+            coded for reason in stats.insufficient if (coded := coded_text(reason, reason_code)) is not None
+        ],
+        first_failure=band_out(counts.first_failure, exposure, settings) if counts.first_failure else None,
+    )
+
+
 @router.get("/prediction-stats", response_model=PredictionStatsOut, summary="Precision and recall, 7 and 30 days")
 async def prediction_stats(
     ctx: Ctx, principal: Reader, since: UtcTime | None = None, source: SourceParam = "real"
@@ -187,31 +212,7 @@ async def prediction_stats(
         ctx.predictions.list, PredictionFilter(source=other, scope=scope, since=start), limit=1, offset=0
     )
     settings = ctx.prediction_settings
-    bands = []
-    for n in BANDS:
-        stats = band_statistics(
-            counts[n], exposure, min_matured=settings.min_matured, min_span_days=settings.min_span_days
-        )
-        bands.append(
-            BandOut(
-                window_days=n,
-                pending=stats.counts.pending,
-                hit=stats.counts.hit,
-                miss=stats.counts.miss,
-                voided=stats.counts.voided,
-                matured=stats.matured,
-                failed_cards=stats.counts.failed_cards,
-                predicted_cards=stats.counts.predicted_cards,
-                missed_cards=stats.missed_cards,
-                unconfirmed_failed_cards=stats.counts.unconfirmed_failed_cards,
-                precision=stats.precision,
-                recall=stats.recall,
-                insufficient=list(stats.insufficient),
-                insufficient_codes=[
-                    coded for reason in stats.insufficient if (coded := coded_text(reason, reason_code)) is not None
-                ],
-            )
-        )
+    bands = [band_out(counts[n], exposure, ctx.prediction_settings) for n in BANDS]
     return PredictionStatsOut(
         source=chosen,
         since=start,

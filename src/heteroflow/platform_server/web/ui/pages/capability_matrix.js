@@ -5,7 +5,7 @@ import { h, replace } from "../dom.js";
 import { fmtNumber, fmtTime } from "../format.js";
 import { t } from "../i18n.js";
 import { CAPS_SORTS } from "../logic/query.js";
-import { blockStatus, choice, pager, searchForm, table } from "./common.js";
+import { apiCoded, blockStatus, choice, pager, searchForm, table } from "./common.js";
 
 export const PAGE_SIZE = 50;
 export const METRICS = [
@@ -177,6 +177,20 @@ export function renderCapabilityMatrix(box, env) {
               "span",
               { class: "badge", title: t("caps.unconfirmed_title", { keys: card.semantics_unconfirmed.join(", ") }) },
               t("caps.unconfirmed"),
+            )
+          : null,
+        card.ce_flood
+          ? h(
+              "span",
+              {
+                class: "badge flood",
+                dataset: { flood: "true" },
+                title: t("caps.flood_title", {
+                  evidence: apiCoded(card.ce_flood.evidence, card.ce_flood.evidence?.text ?? ""),
+                  since: fmtTime(card.ce_flood.since),
+                }),
+              },
+              t("caps.flood"),
             )
           : null,
         h("br"),

@@ -378,9 +378,30 @@ export function createGpuHealthPage(main) {
         pair(t("stats.card_days"), fmtNumber(stats.card_days, 1), "card_days"),
         pair(t("stats.span"), span, "span_days"),
       ),
+      firstFailures(band.first_failure, stats, pair),
       cs.sufficient && cs.apiReasons.length
         ? h("p", { class: "muted small" }, `${t("stats.notes")}: ${reasonsText(cs.apiReasons)}`)
         : null,
+    );
+  }
+
+  // The same band for first failures only (cards without an earlier uncorrectable error), through the same gate.
+  function firstFailures(first, stats, pair) {
+    if (!first) return null;
+    const fs = statsCardState(first, stats);
+    const ratio = (value) => (fs.sufficient ? (value === null ? t("unknown") : fmtPercent(value)) : t("stats.first_failure.insufficient"));
+    return h(
+      "div",
+      { dataset: { part: "first_failure" } },
+      h("p", { class: "muted small" }, t("stats.first_failure")),
+      h(
+        "dl",
+        { class: "counts", "aria-label": t("stats.first_failure") },
+        pair(t("stats.precision"), ratio(fs.precision), "first_failure_precision"),
+      pair(t("stats.recall"), ratio(fs.recall), "first_failure_recall"),
+      pair(t("stats.failed_cards"), fmtNumber(first.failed_cards), "first_failure_failed_cards"),
+        pair(t("stats.predicted_cards"), fmtNumber(first.predicted_cards), "first_failure_predicted_cards"),
+      ),
     );
   }
 
