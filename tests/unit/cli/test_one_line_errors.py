@@ -180,7 +180,7 @@ def test_http_url_problem(url: str, problem: str | None) -> None:
 
 def test_a_usage_error_is_one_line_too() -> None:
     line = _one_error_line(_run(["health", "backtest"]))
-    assert "Missing option '--trace'" in line
+    assert "give exactly one of --trace" in line
     assert "heteroflow health backtest --help" in line or "backtest --help" in line
 
 
