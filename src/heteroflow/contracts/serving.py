@@ -24,7 +24,7 @@ from typing import Literal, NewType
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
-from heteroflow.contracts.engine_protocol import EngineStatusEntry, Instruction, ProfileName
+from heteroflow.contracts.engine_protocol import EngineStatusEntry, Instruction, ProfileNameIn, is_terminal_failure
 
 EndpointId = NewType("EndpointId", int)
 """An endpoint's id: the original global DP rank of the engine behind it."""
@@ -103,7 +103,7 @@ class FtCapability(BaseModel):
     tp_size: StrictInt = Field(ge=1)
     retry_supported: StrictBool = True
     """The engine knows ``retry`` (both profiles do): fast recovery is possible."""
-    protocol_profile: ProfileName | Literal["mixed"] | None = None
+    protocol_profile: ProfileNameIn | Literal["mixed"] | None = None
     """The FT protocol profile the engines speak: pinned in the spec or discovered at first readiness;
     ``None`` until known (the configured flags are trusted meanwhile); ``mixed`` when an instance's pods
     disagree (the gate refuses: CAPABILITY_MISMATCH)."""
@@ -221,7 +221,11 @@ class FaultEvidence(StrEnum):
     """The ProcessSupervisor saw the engine's API server or one of its worker subprocesses exit (F-2)."""
 
 
-ReportedStatus = Literal["unhealthy", "dead", "protocol_error"]
+TERMINAL_FAILURE = is_terminal_failure
+"""vLLM's terminal recovery failure of one status entry (re-exported for the controller's pure core)."""
+
+ReportedStatus = Literal["diagnosing", "unhealthy", "dead", "protocol_error"]
+"""``diagnosing`` (vLLM 0.34): a fault that cannot take a command yet — never DEAD, never a protocol error."""
 
 
 class EngineIdentity(BaseModel):

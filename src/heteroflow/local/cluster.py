@@ -124,7 +124,7 @@ class ClusterOptions:
     """``vllm``: real vLLM ranks from the cached vLLM venv (``scripts/vllm-venv``; ``heteroflow.local.vllm``)."""
     vllm_model: Path | None = None
     """The model real ranks serve; default the generated tiny MoE model (``~/.cache/heteroflow/tiny-moe``)."""
-    sim_ft_profile: ProfileName = "scale-down"
+    sim_ft_profile: ProfileName = "vllm-0.34"
     """The FT protocol profile the simulated engines speak (the RFC's flow needs ``scale-down``)."""
     network_namespaces: bool = False
     """Each pod in a network namespace of its own (``heteroflow up --netns``; Linux, root, iproute2's ``ip``):

@@ -435,7 +435,7 @@ async def open_plane(
     cluster = FakeEngineCluster(
         dp_size=4,
         slots_per_rank=slots_per_rank,
-        profile_name=profile_name or "scale-down",
+        profile_name=profile_name or "vllm-0.34",
         engine_clock=LoopClock(start=datetime.now(UTC)),
     )
     await cluster.start()

@@ -126,7 +126,7 @@ def run_instance(
     profile at a known prefix, no discovery)."""
 
     async def main() -> None:
-        cluster = FakeEngineCluster(dp_size=4, profile_name=profile_name or "scale-down")
+        cluster = FakeEngineCluster(dp_size=4, profile_name=profile_name or "vllm-0.34")
         await cluster.start()
         controller = FakeController(flags=flags or FtFlags(enable_dp_scale_down_proxy=True))
         pods: dict[str, Pod] = {}

@@ -31,6 +31,8 @@ from heteroflow.contracts.serving import (
     EngineIdentity,
     EnginesStopRequest,
     FinalizeRequest,
+    NmApplyRequest,
+    NmApplyResponse,
     ProbeRequest,
     ProbeResponse,
 )
@@ -133,6 +135,7 @@ class ScaleDownRound:
         _log.info("round.started", request_id=self.request_id, instance_id=inst.instance_id)
         guard = RoundGuard(ctrl, inst, self.request_id)
         failure: str | None = None
+        terminal = False
         try:
             await self._write_ahead("before guard")
             ctrl.crash_point("after_write_ahead")
@@ -148,7 +151,7 @@ class ScaleDownRound:
             self._check_guard(guard)
             await self._commit()
         except RoundFailedError as exc:
-            failure = str(exc)
+            failure, terminal = str(exc), exc.terminal
         except (RoundStateError, TopologyError) as exc:
             failure = f"{type(exc).__name__}: {exc}"
         finally:
@@ -156,7 +159,7 @@ class ScaleDownRound:
             if not self.committed:
                 await ctrl.finalize_everywhere(inst, self.request_id, commit=False, retired=inst.runtime.dead_committed)
         if failure is not None:
-            await self._fail(failure)
+            await self._fail(failure, terminal=terminal)
 
     def _check_guard(self, guard: RoundGuard) -> None:
         if guard.renewal_error is not None:
@@ -282,16 +285,46 @@ class ScaleDownRound:
             raise RoundFailedError(f"write-ahead (apply) failed: {exc}") from exc
         ctx = inst.runtime.context
         assert ctx is not None
-        for role in plan.routable:
-            body = apply_request(plan, role, request_id=self.request_id, removed=ctx.removed_dp_ranks)
+        await self._dispatch(plan, removed=ctx.removed_dp_ranks)
+        ctrl.crash_point("after_apply")
+        self._stage("apply")
+
+    async def _dispatch(self, plan: RoundPlan, *, removed: frozenset[int]) -> None:
+        """One apply per routable NodeManager, all at once, each NodeManager to its engines at once (vLLM 0.34's
+        rendezvous: every survivor must get the round's id within 10 s). Bounded by ``apply_dispatch_budget_sec``:
+        a survivor not reached by then stops the round before vLLM's own check-in times out. The spread is measured
+        and kept on the round's timeline and in a metric."""
+        ctrl, clock = self.ctrl, self.ctrl.clock
+        bodies = [
+            (role, apply_request(plan, role, request_id=self.request_id, removed=removed)) for role in plan.routable
+        ]
+        acked: dict[str, float] = {}
+        started = clock.monotonic()
+
+        async def one(role: NodeManagerRole, body: NmApplyRequest) -> NmApplyResponse | PeerError:
             try:
                 answer = await ctrl.nm.apply(role.pod.node_manager_url, body)
-            except PeerRejectedError as exc:
-                self._event("apply", pod_id=role.pod.pod_id, body=body.model_dump(), http_status=exc.status_code)
-                raise RoundFailedError(f"apply not accepted by pod {role.pod.pod_id}: {exc}") from exc
             except PeerError as exc:
+                return exc
+            acked[role.pod.pod_id] = clock.monotonic() - started
+            return answer
+
+        budget = self.timings.apply_dispatch_budget_sec
+        try:
+            answers = await asyncio.wait_for(asyncio.gather(*(one(r, b) for r, b in bodies)), timeout=budget)
+        except TimeoutError as exc:
+            missing = sorted(r.pod.pod_id for r, _ in bodies if r.pod.pod_id not in acked)
+            self._event("dispatch", budget_sec=budget, acknowledged=dict(acked), missing=missing, ok=False)
+            raise RoundFailedError(
+                f"apply did not reach pods {missing} within {budget:g} s; stopped before vLLM's 10 s check-in"
+            ) from exc
+        for (role, body), answer in zip(bodies, answers, strict=True):
+            if isinstance(answer, PeerRejectedError):
+                self._event("apply", pod_id=role.pod.pod_id, body=body.model_dump(), http_status=answer.status_code)
+                raise RoundFailedError(f"apply not accepted by pod {role.pod.pod_id}: {answer}") from answer
+            if isinstance(answer, PeerError):
                 self._event("apply", pod_id=role.pod.pod_id, body=body.model_dump(), http_status=None)
-                raise RoundFailedError(f"apply not delivered to pod {role.pod.pod_id}: {exc}") from exc
+                raise RoundFailedError(f"apply not delivered to pod {role.pod.pod_id}: {answer}") from answer
             self._event(
                 "apply",
                 pod_id=role.pod.pod_id,
@@ -299,9 +332,13 @@ class ScaleDownRound:
                 http_status=202,
                 engines={r.endpoint_id: r.http_status for r in answer.results},
                 fenced=answer.fenced_endpoint_ids,
+                acknowledged_after_sec=round(acked[role.pod.pod_id], 4),
             )
-        ctrl.crash_point("after_apply")
-        self._stage("apply")
+        last = max(acked.values(), default=0.0)
+        spread = last - min(acked.values(), default=0.0)
+        ctrl.metrics.dispatch_seconds.labels(measure="last").observe(last)
+        ctrl.metrics.dispatch_seconds.labels(measure="spread").observe(spread)
+        self._event("dispatch", budget_sec=budget, last_ack_sec=round(last, 4), spread_sec=round(spread, 4), ok=True)
 
     async def _until_recovered(self, plan: RoundPlan) -> None:
         clock = self.ctrl.clock
@@ -328,7 +365,7 @@ class ScaleDownRound:
                 self._stage("recovered")
                 return
             if verdict.verdict == "fail":
-                raise RoundFailedError(f"after apply: {verdict.reason}")
+                raise RoundFailedError(f"after apply: {verdict.reason}", terminal=verdict.terminal)
 
     async def _probe(self, plan: RoundPlan) -> None:
         """F-52: one real completion per survivor, sent by its own NodeManager; identity unchanged. Every pod is
@@ -456,14 +493,20 @@ class ScaleDownRound:
         self.ctrl.history.finish(self.request_id, outcome)
         self.ctrl.metrics.rounds.labels(kind="scale_down", outcome=outcome).inc()
 
-    async def _fail(self, error: str) -> None:
+    async def _fail(self, error: str, *, terminal: bool = False) -> None:
         ctrl, inst = self.ctrl, self.inst
-        _log.warning("round.failed", request_id=self.request_id, instance_id=inst.instance_id, error=error)
-        self._event("failed", error=error)
+        _log.warning(
+            "round.failed", request_id=self.request_id, instance_id=inst.instance_id, error=error, terminal=terminal
+        )
+        self._event("failed", error=error, terminal=terminal)
         if inst.runtime.context is None:  # already handed to a fallback (lost NodeManager)
             return
         self._set(rt.fail_round(inst.runtime, error))
         await ctrl.persist(inst, required=False)
         self._outcome("failed")
         fallback = inst.runtime.fallback or rt.FallbackStrategy.INSTANCE_RECONFIGURATION
+        if terminal:
+            # the engines said only a full restart helps (vLLM 0.34's terminal scale_down failure); a relaunch in
+            # place of the survivors with ranks already dead is not something a released engine can start
+            fallback = rt.FallbackStrategy.INSTANCE_RECONFIGURATION
         await ctrl.run_fallback(inst, fallback)

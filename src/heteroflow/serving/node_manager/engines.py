@@ -12,8 +12,9 @@ their OpenAI routes with it (vLLM's ``--api-key``; released vLLM leaves its FT r
 
 Which protocol profile an engine speaks (routes, whose request id tracks a command) is kept per endpoint:
 pinned by configuration, or found by :meth:`HttpEngineClient.discover` at the engine's first readiness —
-which status route answers, then whether ``scale_down`` is an instruction it knows, asked with a body that
-every profile refuses with a 400 (no ``request_id``), so a healthy engine is never disturbed.
+which status route answers (``/fault_tolerance/status``: vLLM 0.32/0.33; ``/v1/fault_tolerance/status``:
+vLLM 0.34), then whether ``scale_down`` is an instruction it knows, asked with a body that every release
+refuses with a 400 (no ``request_id``, ``params`` null), so a healthy engine is never disturbed.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from typing import Protocol
 import httpx
 
 from heteroflow.contracts.engine_protocol import (
-    SCALE_DOWN,
-    VLLM_RELEASED,
+    VLLM_0_32,
+    VLLM_0_34,
     ApplyRequest,
     EngineProfile,
     EngineStatusEntry,
@@ -157,7 +158,7 @@ class HttpEngineClient:
             return known
         client = self._client_for(endpoint_id)
         candidates = (
-            list(discovery_order()) if self._prefix is None else [VLLM_RELEASED]
+            list(discovery_order()) if self._prefix is None else [VLLM_0_32]
         )  # an overridden prefix: the instruction probe alone tells the profile
         found: EngineProfile | None = None
         for candidate in candidates:
@@ -178,7 +179,7 @@ class HttpEngineClient:
             raise EngineProtocolError(f"engine {endpoint_id} answers no known fault-tolerance status route")
         knows_scale_down = await self._knows_scale_down(endpoint_id, found, timeout_sec=timeout_sec)
         if self._prefix is not None:
-            found = SCALE_DOWN if knows_scale_down else VLLM_RELEASED
+            found = VLLM_0_34 if knows_scale_down else VLLM_0_32
         elif knows_scale_down != found.scale_down_supported:
             raise EngineProtocolError(
                 f"engine {endpoint_id} answers {found.status_path} but "
