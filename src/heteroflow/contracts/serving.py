@@ -103,13 +103,17 @@ class FtCapability(BaseModel):
     tp_size: StrictInt = Field(ge=1)
     retry_supported: StrictBool = True
     """The engine knows ``retry`` (both profiles do): fast recovery is possible."""
+    elastic_ep_supported: StrictBool = False
+    """The engines answer vLLM 0.34's ``POST /is_scaling_elastic_ep`` (launched with ``--enable-elastic-ep``)."""
     protocol_profile: ProfileNameIn | Literal["mixed"] | None = None
     """The FT protocol profile the engines speak: pinned in the spec or discovered at first readiness;
     ``None`` until known (the configured flags are trusted meanwhile); ``mixed`` when an instance's pods
     disagree (the gate refuses: CAPABILITY_MISMATCH)."""
 
 
-DISCOVERED_CAPABILITY_FIELDS = frozenset({"scale_down_supported", "retry_supported", "protocol_profile"})
+DISCOVERED_CAPABILITY_FIELDS = frozenset(
+    {"scale_down_supported", "retry_supported", "protocol_profile", "elastic_ep_supported"}
+)
 """What a NodeManager learns from its engines and may correct by registering again (an engine's build can
 change under a restarted pod); every other field is configuration and fixed for the instance's life."""
 

@@ -351,6 +351,8 @@ def on_tick(state: EngineState, *, now: float) -> Transition:
     recovery timeout, the engine exits."""
     if state.health == "diagnosing" and state.diagnosing_until is not None and now >= state.diagnosing_until:
         state = replace(state, health=state.after_diagnosis or "unhealthy", diagnosing_until=None, after_diagnosis=None)
+        if state.profile.drops_outcome_on_push:  # the push replaces the entry: a rejection while diagnosing is gone
+            state = replace(state, ft_state=None, ft_error=None, last_ft_request_id=None)
     if state.exiting is None and state.recovery_deadline is not None and now >= state.recovery_deadline:
         exit_action = ExitProcess(reason="no fault-tolerance command within engine_recovery_timeout_sec", exit_code=1)
         return Transition(replace(state, exiting=exit_action), (exit_action,))

@@ -27,6 +27,7 @@ def test_released_engines_are_refused_scale_down_and_the_fallback_restores_them(
             "protocol_profile": "vllm-0.32",
             "scale_down_supported": False,
             "retry_supported": True,
+            "elastic_ep_supported": False,
         }
         launched_before = {n: len(plane.launchers[n].launched) for n in plane.launchers}
         plane.cluster.kill_worker(1)

@@ -501,12 +501,9 @@ class ScaleDownRound:
         self._event("failed", error=error, terminal=terminal)
         if inst.runtime.context is None:  # already handed to a fallback (lost NodeManager)
             return
-        self._set(rt.fail_round(inst.runtime, error))
+        # terminal (vLLM 0.34: only a full restart helps): the pure core sends it to the whole-instance path
+        self._set(rt.fail_round(inst.runtime, error, terminal=terminal))
         await ctrl.persist(inst, required=False)
         self._outcome("failed")
         fallback = inst.runtime.fallback or rt.FallbackStrategy.INSTANCE_RECONFIGURATION
-        if terminal:
-            # the engines said only a full restart helps (vLLM 0.34's terminal scale_down failure); a relaunch in
-            # place of the survivors with ranks already dead is not something a released engine can start
-            fallback = rt.FallbackStrategy.INSTANCE_RECONFIGURATION
         await ctrl.run_fallback(inst, fallback)

@@ -26,9 +26,11 @@ from typing import Protocol
 import httpx
 
 from heteroflow.contracts.engine_protocol import (
+    IS_SCALING_ELASTIC_EP_PATH,
     VLLM_0_32,
     VLLM_0_34,
     ApplyRequest,
+    ElasticEpStatus,
     EngineProfile,
     EngineStatusEntry,
     ProtocolError,
@@ -80,6 +82,10 @@ class EngineClient(Protocol):
         """Find (and keep) the engine's profile; raises :class:`EngineCallError` when it speaks none."""
         ...
 
+    def elastic_ep_of(self, endpoint_id: int) -> bool:
+        """Whether discovery found the engine's elastic EP routes (vLLM 0.34 with ``--enable-elastic-ep``)."""
+        ...
+
     async def complete(self, endpoint_id: int, *, max_tokens: int, timeout_sec: float) -> str:
         """One short completion (probe, nudge); the generated text. Raises :class:`EngineCallError`."""
         ...
@@ -104,6 +110,7 @@ class HttpEngineClient:
         self._prefix = ft_path_prefix
         self._pinned = profile
         self._profiles: dict[int, EngineProfile] = {}
+        self._elastic_ep: set[int] = set()
         self._model = model
         self._owned: dict[int, httpx.AsyncClient] = {}
         self._owns = owns_clients
@@ -143,6 +150,9 @@ class HttpEngineClient:
 
     def profile_of(self, endpoint_id: int) -> EngineProfile | None:
         return self._pinned or self._profiles.get(endpoint_id)
+
+    def elastic_ep_of(self, endpoint_id: int) -> bool:
+        return endpoint_id in self._elastic_ep
 
     def _paths(self, endpoint_id: int) -> tuple[str, str]:
         if self._prefix is not None:
@@ -186,7 +196,21 @@ class HttpEngineClient:
                 f"{'knows' if knows_scale_down else 'does not know'} scale_down: no known profile"
             )
         self._profiles[endpoint_id] = found
+        if found.elastic_ep_routes and await self._answers_elastic_ep(endpoint_id, timeout_sec=timeout_sec):
+            self._elastic_ep.add(endpoint_id)
         return found
+
+    async def _answers_elastic_ep(self, endpoint_id: int, *, timeout_sec: float) -> bool:
+        """``POST /is_scaling_elastic_ep`` answers a phase: the engine runs with ``--enable-elastic-ep``. The
+        route only reads the resize status; it never starts one."""
+        try:
+            response = await self._client_for(endpoint_id).post(IS_SCALING_ELASTIC_EP_PATH, timeout=timeout_sec)
+            if response.status_code != 200:
+                return False
+            ElasticEpStatus.model_validate(response.json())
+        except (httpx.HTTPError, ValueError):
+            return False
+        return True
 
     async def _knows_scale_down(self, endpoint_id: int, profile: EngineProfile, *, timeout_sec: float) -> bool:
         """Ask with a body no profile accepts (no ``request_id``, ``params`` null): released vLLM's 400 names

@@ -142,6 +142,7 @@ def agreed_capability(capabilities: Iterable[FtCapability]) -> FtCapability:
         update={
             "scale_down_supported": all(c.scale_down_supported for c in caps),
             "retry_supported": all(c.retry_supported for c in caps),
+            "elastic_ep_supported": all(c.elastic_ep_supported for c in caps),
             "protocol_profile": profile,
         }
     )
