@@ -31,13 +31,11 @@ from heteroflow.contracts.serving import (
     EngineIdentity,
     EnginesStopRequest,
     FinalizeRequest,
-    NmApplyRequest,
-    NmApplyResponse,
     ProbeRequest,
     ProbeResponse,
 )
 from heteroflow.core.errors import StoreUnavailableError
-from heteroflow.serving.controller.clients import PeerError, PeerRejectedError
+from heteroflow.serving.controller.clients import PeerError
 from heteroflow.serving.controller.core import gate, overlay, readiness
 from heteroflow.serving.controller.core import runtime as rt
 from heteroflow.serving.controller.core.errors import CapabilityMismatchError, RoundStateError, TopologyError
@@ -51,6 +49,7 @@ from heteroflow.serving.controller.core.topology import (
     plan_round,
     recyclable_pods,
 )
+from heteroflow.serving.controller.dispatch import Target, dispatch
 from heteroflow.serving.controller.guard import RoundFailedError, RoundGuard
 from heteroflow.serving.controller.instance import Instance
 from heteroflow.serving.controller.ports import StrategyPorts
@@ -290,55 +289,17 @@ class ScaleDownRound:
         self._stage("apply")
 
     async def _dispatch(self, plan: RoundPlan, *, removed: frozenset[int]) -> None:
-        """One apply per routable NodeManager, all at once, each NodeManager to its engines at once (vLLM 0.34's
-        rendezvous: every survivor must get the round's id within 10 s). Bounded by ``apply_dispatch_budget_sec``:
-        a survivor not reached by then stops the round before vLLM's own check-in times out. The spread is measured
-        and kept on the round's timeline and in a metric."""
-        ctrl, clock = self.ctrl, self.ctrl.clock
-        bodies = [
-            (role, apply_request(plan, role, request_id=self.request_id, removed=removed)) for role in plan.routable
-        ]
-        acked: dict[str, float] = {}
-        started = clock.monotonic()
-
-        async def one(role: NodeManagerRole, body: NmApplyRequest) -> NmApplyResponse | PeerError:
-            try:
-                answer = await ctrl.nm.apply(role.pod.node_manager_url, body)
-            except PeerError as exc:
-                return exc
-            acked[role.pod.pod_id] = clock.monotonic() - started
-            return answer
-
-        budget = self.timings.apply_dispatch_budget_sec
-        try:
-            answers = await asyncio.wait_for(asyncio.gather(*(one(r, b) for r, b in bodies)), timeout=budget)
-        except TimeoutError as exc:
-            missing = sorted(r.pod.pod_id for r, _ in bodies if r.pod.pod_id not in acked)
-            self._event("dispatch", budget_sec=budget, acknowledged=dict(acked), missing=missing, ok=False)
-            raise RoundFailedError(
-                f"apply did not reach pods {missing} within {budget:g} s; stopped before vLLM's 10 s check-in"
-            ) from exc
-        for (role, body), answer in zip(bodies, answers, strict=True):
-            if isinstance(answer, PeerRejectedError):
-                self._event("apply", pod_id=role.pod.pod_id, body=body.model_dump(), http_status=answer.status_code)
-                raise RoundFailedError(f"apply not accepted by pod {role.pod.pod_id}: {answer}") from answer
-            if isinstance(answer, PeerError):
-                self._event("apply", pod_id=role.pod.pod_id, body=body.model_dump(), http_status=None)
-                raise RoundFailedError(f"apply not delivered to pod {role.pod.pod_id}: {answer}") from answer
-            self._event(
-                "apply",
+        """One apply per routable NodeManager, all at once, bounded by ``apply_dispatch_budget_sec``
+        (``dispatch.py``: vLLM 0.34's rendezvous needs every survivor to get the round's id within 10 s)."""
+        targets = [
+            Target(
                 pod_id=role.pod.pod_id,
-                body=body.model_dump(),
-                http_status=202,
-                engines={r.endpoint_id: r.http_status for r in answer.results},
-                fenced=answer.fenced_endpoint_ids,
-                acknowledged_after_sec=round(acked[role.pod.pod_id], 4),
+                url=role.pod.node_manager_url,
+                body=apply_request(plan, role, request_id=self.request_id, removed=removed),
             )
-        last = max(acked.values(), default=0.0)
-        spread = last - min(acked.values(), default=0.0)
-        ctrl.metrics.dispatch_seconds.labels(measure="last").observe(last)
-        ctrl.metrics.dispatch_seconds.labels(measure="spread").observe(spread)
-        self._event("dispatch", budget_sec=budget, last_ack_sec=round(last, 4), spread_sec=round(spread, 4), ok=True)
+            for role in plan.routable
+        ]
+        await dispatch(self.ctrl, self.request_id, targets, budget_sec=self.timings.apply_dispatch_budget_sec)
 
     async def _until_recovered(self, plan: RoundPlan) -> None:
         clock = self.ctrl.clock
