@@ -53,6 +53,24 @@ def test_the_same_discovery_finds_the_scale_down_profile() -> None:
     run_instance(scenario, profile_name="vllm-0.34")
 
 
+def test_discovery_registers_elastic_ep_where_the_engines_serve_it() -> None:
+    async def scenario(h: Harness) -> None:
+        await h.pods["a"].nm.controller_once()
+        capability = h.controller.registrations[-1].ft_capability
+        assert (capability.protocol_profile, capability.scale_down_supported) == ("vllm-0.34", True)
+        assert capability.elastic_ep_supported
+
+    run_instance(scenario, profile_name="vllm-0.34", elastic_ep=True)
+
+
+def test_without_elastic_ep_routes_the_capability_says_so() -> None:
+    async def scenario(h: Harness) -> None:
+        await h.pods["a"].nm.controller_once()
+        assert not h.controller.registrations[-1].ft_capability.elastic_ep_supported
+
+    run_instance(scenario, profile_name="vllm-0.34")
+
+
 async def _drive(h: Harness, work: asyncio.Future[object] | asyncio.Task[object], *, within: float) -> None:
     """Let fake engine time pass until ``work`` is done (a request to a faulted engine needs steps)."""
     waited = 0.0
