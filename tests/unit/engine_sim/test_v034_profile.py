@@ -10,7 +10,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 
 from heteroflow.contracts.engine_protocol import TERMINAL_FAULT_INFO, checkin_failure_text
-from heteroflow.engine_sim import v034_conformance
+from heteroflow.engine_sim import conformance, v034_conformance
 from heteroflow.engine_sim.testing import FakeEngineCluster
 
 PUMP_SEC = 0.05
@@ -81,16 +81,16 @@ def test_elastic_ep_refuses_to_fill_the_holes_of_a_scale_down() -> None:
     async def scenario(h: FakeEngineCluster) -> None:
         h.kill_worker(2)
         await h.settle()
-        await v034_conformance.conformance.traffic(h, [0, 1, 3])
-        await v034_conformance.conformance.wait_status(h, [0, 1, 3], "unhealthy", within=10.0)
+        await conformance.traffic(h, [0, 1, 3])
+        await conformance.wait_status(h, [0, 1, 3], "unhealthy", within=10.0)
         body = {
             "instruction": "scale_down",
             "request_id": "sd",
             "params": {"removed_dp_ranks": [2], "dp_master_ip": "127.0.0.1", "dp_store_port": 29999},
         }
         for rank in (0, 1, 3):
-            await v034_conformance.conformance.apply(h, rank, body)
-        await v034_conformance.conformance.wait_status(h, [0, 1, 3], "healthy", within=10.0)
+            await conformance.apply(h, rank, body)
+        await conformance.wait_status(h, [0, 1, 3], "healthy", within=10.0)
         resp = await h.client(0).post("/scale_elastic_ep", json={"new_data_parallel_size": 4})
         assert resp.status_code == 500
         assert resp.json()["error"]["message"].startswith("Scale failed")
