@@ -252,7 +252,9 @@ class SimProcessCluster:
         python: str = sys.executable,
         startup_timeout_sec: float = 90.0,
         profile_name: str = "vllm-0.34",
+        diagnosing_sec: float | None = None,
     ) -> None:
+        """``diagnosing_sec``: ``--diagnosing-sec`` of every rank (``None``: the simulator's default, 1 s)."""
         self.dp_size = dp_size
         self.dead_ranks = dead_ranks
         self.profile_name: ProfileName = profile(profile_name).name
@@ -282,6 +284,8 @@ class SimProcessCluster:
         ]  # fmt: skip
         if slots_per_rank is not None:
             self._args += ["--slots-per-rank", str(slots_per_rank)]
+        if diagnosing_sec is not None:
+            self._args += ["--diagnosing-sec", str(diagnosing_sec)]
         if dead_ranks:
             self._args += ["--dead-ranks", ",".join(str(r) for r in sorted(dead_ranks))]
 
