@@ -233,7 +233,7 @@ class EngineProfile(BaseModel):
 
     name: ProfileName
     route_prefix: str
-    """Prefix of both FT routes: ``""`` (released) or ``"/v1"`` (PR #46370)."""
+    """Prefix of both FT routes: ``""`` (vLLM 0.32/0.33) or ``"/v1"`` (vLLM 0.34)."""
     instructions: tuple[Instruction, ...]
     request_id_source: Literal["engine", "caller"]
     """Whose id tracks a command: the engine's uuid returned in the 202, or the caller's non-empty id it keeps."""
