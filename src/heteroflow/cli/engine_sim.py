@@ -82,8 +82,12 @@ def engine_sim(
         float | None, typer.Option(help="vllm-0.34: seconds a faulted engine reports 'diagnosing'")
     ] = None,
     enable_elastic_ep: Annotated[
-        bool | None, typer.Option("--enable-elastic-ep", help="vllm-0.34: serve the elastic EP routes")
-    ] = None,
+        bool,
+        typer.Option(
+            "--enable-elastic-ep",
+            help="vllm-0.34: serve the elastic EP routes (env HETEROFLOW_ENGINE_SIM_ENABLE_ELASTIC_EP)",
+        ),
+    ] = False,
     cluster_token: Annotated[
         str | None, typer.Option(help="Token of the fault-injection route (env HETEROFLOW_CLUSTER_TOKEN)")
     ] = None,
@@ -103,7 +107,7 @@ def engine_sim(
             "ft_path_prefix": ft_path_prefix,
             "ft_profile": ft_profile,
             "diagnosing_sec": diagnosing_sec,
-            "enable_elastic_ep": enable_elastic_ep,
+            "enable_elastic_ep": True if enable_elastic_ep else None,  # unset: the environment decides
             "cluster_token": cluster_token,
             "seed": seed,
             "log_level": log_level,
@@ -217,6 +221,7 @@ async def run_engine(*, topology: Topology, settings: EngineSimSettings, port: i
         profile=PROFILES[settings.ft_profile],
         cluster_token=settings.cluster_token,
         max_tokens_limit=settings.max_tokens_limit,
+        enable_elastic_ep=settings.enable_elastic_ep,
     )
     server = uvicorn.Server(server_config(app, host=settings.host, port=port, lifespan="off"))
     loop.add_signal_handler(signal.SIGUSR1, core.inject, FaultKind.KILL_WORKER)
