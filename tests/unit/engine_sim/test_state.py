@@ -5,7 +5,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from heteroflow.contracts.engine_protocol import ApplyParams, ApplyRequest
+from heteroflow.contracts.engine_protocol import TERMINAL_FAULT_INFO, ApplyParams, ApplyRequest
 from heteroflow.engine_sim import state as sm
 
 RECOVERY = 120.0
@@ -266,7 +266,9 @@ class EngineMachine(RuleBasedStateMachine):
     def status_fields_follow_the_schema(self) -> None:
         entry = self.state.status_entry()
         assert entry.id == self.rank
-        assert (entry.fault_info is not None) == (entry.status == "unhealthy")
+        # vLLM 0.34: fault_info while unhealthy, and on the dead engine of a failed scale_down (its terminal reason)
+        terminal = entry.status == "dead" and entry.fault_info == TERMINAL_FAULT_INFO
+        assert (entry.fault_info is not None) == (entry.status == "unhealthy" or terminal)
         assert (entry.mask is not None) == (entry.status == "unhealthy")
         if self.state.running is not None:
             assert entry.ft_state == "recovering"
