@@ -294,10 +294,13 @@ def ft_router(core: EngineCore, *, profile: EngineProfile, prefix: str) -> APIRo
         answer = core.ft_status()
         return {**answer.wire(), "engines": [wire_entry(e, profile) for e in answer.engines]}
 
+    # vLLM's bodies: its error shape for 400 and 413 (0.32 and 0.34), a plain one for --api-key's 401
+    refusals = _errors(OpenAiErrorOut if vllm_body or released else PlainErrorOut, 400, 413)
+
     @router.post(
         apply_path(prefix),
         status_code=202,
-        responses={202: {"model": ApplyAccepted}, **_errors(PlainErrorOut, 400, 401, 413)},
+        responses={202: {"model": ApplyAccepted}, **refusals, **_errors(PlainErrorOut, 401)},
         openapi_extra=json_request_body(ApplyRequest),
     )
     async def ft_apply(request: Request) -> JSONResponse:
