@@ -326,3 +326,24 @@ def test_metrics_follow_the_ft_status() -> None:
         assert 'heteroflow_engine_sim_collective_faults_total{dp_rank="0"} 1.0' in text
 
     run(scenario)
+
+
+def test_vllm_034_an_aborted_in_flight_request_answers_200_abort_and_diagnosing_shows_in_the_metrics() -> None:
+    async def scenario(h: FakeEngineCluster) -> None:
+        core = h.cores[0]
+        request = asyncio.ensure_future(
+            h.client(0).post("/v1/completions", json={"prompt": "a long answer", "max_tokens": 200})
+        )
+        while core.status().in_flight == 0:  # the request reached the engine (an event-loop turn, no clock)
+            await asyncio.sleep(0)
+        core.inject(FaultKind.TRANSIENT)
+        resp = await request
+        assert resp.status_code == 200
+        assert resp.json()["choices"][0]["finish_reason"] == "abort"
+        assert resp.json()["choices"][0]["text"] == ""
+        await h.settle()
+        assert (await conformance.status_of(h, 0) or {})["status"] == "diagnosing"
+        text = (await h.client(0).get("/metrics")).text
+        assert 'heteroflow_engine_sim_status{dp_rank="0",status="diagnosing"} 1.0' in text
+
+    run(scenario, diagnosing_sec=5.0)
