@@ -332,10 +332,10 @@ def test_vllm_034_an_aborted_in_flight_request_answers_200_abort_and_diagnosing_
     async def scenario(h: FakeEngineCluster) -> None:
         core = h.cores[0]
         request = asyncio.ensure_future(
-            h.client(0).post("/v1/completions", json={"prompt": "a long answer", "max_tokens": 200})
+            h.client(0).post("/v1/completions", json={"prompt": "a long answer", "max_tokens": 256})
         )
-        while core.status().in_flight == 0:  # the request reached the engine (an event-loop turn, no clock)
-            await asyncio.sleep(0)
+        await h.settle()  # the request reached the engine and is generating (one token per loop turn)
+        assert core.status().in_flight == 1
         core.inject(FaultKind.TRANSIENT)
         resp = await request
         assert resp.status_code == 200
