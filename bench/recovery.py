@@ -108,6 +108,10 @@ class RoundStages:
     controller: dict[str, float] = field(default_factory=dict)
     """The controller's own stage timings of the round (``stage_seconds`` of its timeline: decided -> guard,
     -> apply_ready, -> apply, -> recovered, -> probe, -> commit, -> publish)."""
+    dispatch: dict[str, float] = field(default_factory=dict)
+    """The apply dispatch: ``last_ack`` and ``spread`` as the controller measured them (its ``dispatch`` event),
+    and ``engine_spread``: the first to the last survivor engine accepting the round's command (engine logs) —
+    what vLLM 0.34's ten-second check-in is about."""
 
 
 @dataclass
@@ -331,7 +335,13 @@ def one_round(cluster: LocalCluster, setting: Setting, rank: int, dead: list[int
         "control": total - engine,
     }
     controller = {str(k): float(v) for k, v in (timeline.get("stage_seconds") or {}).items()}
-    return RoundStages(setting.name, rank, request_id, {k: round(v, 4) for k, v in seconds.items()}, controller)
+    dispatch_events = [e for e in timeline["events"] if e["kind"] == "dispatch" and e.get("ok")]
+    dispatch = {"engine_spread": round(max(accepted) - min(accepted), 4)}
+    if dispatch_events:
+        dispatch |= {"last_ack": dispatch_events[0]["last_ack_sec"], "spread": dispatch_events[0]["spread_sec"]}
+    return RoundStages(
+        setting.name, rank, request_id, {k: round(v, 4) for k, v in seconds.items()}, controller, dispatch
+    )
 
 
 def reconfigure(cluster: LocalCluster, setting: Setting) -> Reconfiguration:
@@ -421,6 +431,15 @@ def report(results: Results) -> None:
             print(
                 f"scale-down total p50 {p50['total']:.2f} s = {p50['total'] / serve:.3f} x the reconfiguration "
                 f"path (serving again), {p50['total'] / relaunch:.3f} x its relaunch alone"
+            )
+        print(f"\napply dispatch, setting {name} (seconds; vLLM 0.34 fails a round not joined by all within 10 s)")
+        print("| round | rank | last NodeManager ack | ack spread | engine receive spread |")
+        print("|---|---|---|---|---|")
+        for n, r in enumerate(rounds, 1):
+            d = r.dispatch
+            print(
+                f"| {n} | {r.rank} | {d.get('last_ack', float('nan')):.4f} | {d.get('spread', float('nan')):.4f} | "
+                f"{d['engine_spread']:.4f} |"
             )
         target = TARGET_CONTROL_P50[name]
         verdict = "met" if p50["control"] <= target else "NOT met"

@@ -78,8 +78,8 @@ def test_a1_a5_non_zero_rank_dead_is_removed_by_one_apply_and_survivors_serve(cu
         infos = sc.fact("sim_info_after", {r: cut.sim_info(r) for r in (0, 1, 3)})
         assert all(info["members"] == [0, 1, 3] and info["dp_rank"] == r for r, info in infos.items())
         ft = sc.fact("engine_ft_status_after", {r: cut.engine_ft_status(r)["engines"][0] for r in (0, 1, 3)})
-        seen = {r: (e["status"], e["last_ft_request_id"]) for r, e in ft.items()}
-        assert seen == dict.fromkeys((0, 1, 3), ("healthy", entry["request_id"]))
+        # vLLM 0.34: the healthy push after the round replaced each entry (no ft_state, id or error left)
+        assert ft == {r: {"id": r, "status": "healthy"} for r in (0, 1, 3)}
         # A5: pod b still serves rank 3, so it is not stopped
         assert events(timeline, "pod_stop") == []
         engines = sc.fact("node_manager_view_after", cut.engines())

@@ -58,7 +58,8 @@ def test_a8_all_unhealthy_with_fast_recovery_retries_and_serves_again(cut: Clust
         assert "RECONFIGURING" not in {s.get("phase") for s in sc.series()}
         assert {r: e["incarnation"] for r, e in cut.engines().items()} == incarnations  # no relaunch
         ft = sc.fact("engine_ft_status_after", {r: cut.engine_ft_status(r)["engines"][0] for r in range(4)})
-        assert {e["last_ft_request_id"] for e in ft.values()} == {recovery["request_id"]}
+        # vLLM 0.34: the healthy push after the retry replaced each entry (no ft_state, id or error left)
+        assert ft == {r: {"id": r, "status": "healthy"} for r in range(4)}
         assert sc.inference(cut.baseline) == cut.baseline
 
 

@@ -105,6 +105,9 @@ def test_no_request_fails_through_a_stall_and_two_kills(cluster: LocalCluster) -
         # 1. a stall, not a death: the evidence is withdrawn and nothing is rebuilt
         before = status(cluster)
         assert before is not None
+        # the engines speak vLLM 0.34 (the default profile), discovered by the NodeManagers
+        capability = before["engine_capability"]
+        assert (capability["protocol_profile"], capability["scale_down_supported"]) == ("vllm-0.34", True)
         pid = engine_pid(cluster, 2)
         os.killpg(pid, signal.SIGSTOP)
         stopped_at = time.monotonic()

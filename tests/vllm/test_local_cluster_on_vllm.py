@@ -192,7 +192,7 @@ def test_a_killed_real_rank_is_restored_by_the_whole_instance_fallback(
         entry = client.instance_status("inst-1")
         assert entry is not None
         assert entry["engine_capability"] == {
-            "protocol_profile": "vllm-released",
+            "protocol_profile": "vllm-0.32",
             "scale_down_supported": False,
             "retry_supported": True,
         }

@@ -43,7 +43,7 @@ START_WITHIN = 420.0
 def spec_for(rank: int, *, python: Path, model: Path, ports: dict[int, int], rpc: int, store: int) -> InstanceSpec:
     return InstanceSpec.model_validate(
         {
-            "instance_id": "vllm-released",
+            "instance_id": "vllm-0.32",
             "backend": "vllm",
             "dp_size": 2,
             "dp_master_ip": "127.0.0.1",
@@ -167,7 +167,7 @@ async def scenario(ranks: RealRanks, controller: FakeController) -> None:
         for nm in ranks.nms.values():
             await nm.controller_once()
         latest = {r.pod_id: r.ft_capability for r in controller.registrations}
-        return all(c.protocol_profile == "vllm-released" for c in latest.values()) and len(latest) == 2
+        return all(c.protocol_profile == "vllm-0.32" for c in latest.values()) and len(latest) == 2
 
     await ranks.eventually(registered, within=30, what="both pods registered the discovered profile")
     capability = controller.registrations[-1].ft_capability

@@ -7,7 +7,7 @@ meet the fault, so the controller runs one real DP scale-down round: SCALED_DOWN
 ``dead_committed == [1]`` and a committed round in its history. The controller's app is then served on a real
 loopback port, and the platform server (with the web router) forwards ``/api/v1/serving/…`` to it.
 
-With ``profile_name="vllm-released"`` the fake engines speak released vLLM's protocol instead: the NodeManagers
+With ``profile_name="vllm-0.32"`` the fake engines speak released vLLM's protocol instead: the NodeManagers
 discover it, and the same kill makes the gate refuse the scale-down with ENGINE_SCALE_DOWN_UNSUPPORTED (the
 whole-instance fallback runs instead; the in-process fakes do not come back from its relaunch).
 
@@ -92,7 +92,7 @@ def scaled_down_controller(tmp: Path, profile_name: ProfileName | None = None) -
     """(controller URL, request id of its round), the plane running in a background thread."""
     ready = threading.Event()
     box: dict[str, Any] = {}
-    fault: Callable[[Plane], Awaitable[str]] = scale_down_refused if profile_name == "vllm-released" else scaled_down
+    fault: Callable[[Plane], Awaitable[str]] = scale_down_refused if profile_name == "vllm-0.32" else scaled_down
 
     async def scenario(plane: Plane) -> None:
         request_id = await fault(plane)

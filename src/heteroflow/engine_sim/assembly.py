@@ -18,12 +18,15 @@ Error mapping, in one place:
   ``--api-key``; the server binds loopback by default) and the sim-only routes (``/sim/…``) answer 403; with
   one, the sim-only routes need it too, checked before their body.
 
-Profile ``vllm-released`` (``--ft-profile vllm-released``; ``engine-protocol.md``) answers as released vLLM
-does instead: FT routes without prefix and open even with a token, an apply body judged in vLLM's order with
-its messages and error body, the engine's own uuid in the 202, no ``mask`` or ``ft_state`` in the status;
-an in-flight request aborted at a fault ends HTTP 200 with ``finish_reason: "abort"`` and no text, a new
-request to a faulted engine hangs until the engine recovers or exits (no 503 anywhere), and ``/health``
-answers 503 in the seconds between the engine deciding to exit and the process exiting.
+Profile ``vllm-0.34`` (the default) answers as vLLM 0.34.0: FT routes under ``/v1``, an apply body judged in
+vLLM's order with its messages and error body, the caller's ``request_id`` echoed in the 202, a new request to
+a faulted engine answered 503 with vLLM's text, an in-flight request aborted at a fault ended HTTP 200 with
+``finish_reason: "abort"``, ``/health`` 503 while dead, and (``--enable-elastic-ep``) the elastic EP routes.
+Profile ``vllm-0.32`` (``--ft-profile vllm-0.32``, alias ``vllm-released``) answers as vLLM 0.32/0.33: FT
+routes without prefix and open even with a token, the engine's own uuid in the 202, no ``mask`` or
+``ft_state`` in the status, a new request to a faulted engine hangs until the engine recovers or exits (no 503
+anywhere), and ``/health`` answers 503 in the seconds between the engine deciding to exit and the process
+exiting.
 
 Nothing maps to 500.
 """
@@ -37,13 +40,21 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from heteroflow.contracts.engine_protocol import SCALE_DOWN, EngineProfile, apply_path, status_path
+from heteroflow.contracts.engine_protocol import (
+    IS_SCALING_ELASTIC_EP_PATH,
+    SCALE_ELASTIC_EP_PATH,
+    VLLM_0_34,
+    EngineProfile,
+    apply_path,
+    status_path,
+)
 from heteroflow.core.request_body import BodyError, BodyLimit
 from heteroflow.engine_sim.completions import OpenAiError, openai_error, openai_error_body
 from heteroflow.engine_sim.engine import EngineCore
 from heteroflow.engine_sim.routes import (
     SIM_PREFIX,
     SimAuthError,
+    elastic_ep_router,
     ft_router,
     openai_router,
     operations_router,
@@ -90,7 +101,8 @@ def create_app(
     ft_path_prefix: str | None = None,
     cluster_token: str | None,
     max_tokens_limit: int,
-    profile: EngineProfile = SCALE_DOWN,
+    profile: EngineProfile = VLLM_0_34,
+    enable_elastic_ep: bool = False,
 ) -> FastAPI:
     """``ft_path_prefix`` overrides the profile's route prefix (``None``: the profile's own)."""
     app = FastAPI(
@@ -98,7 +110,11 @@ def create_app(
     )
     prefix = profile.route_prefix if ft_path_prefix is None else ft_path_prefix
     ft_paths = frozenset({status_path(prefix), apply_path(prefix)})
-    released = profile.name == "vllm-released"
+    elastic_paths = (
+        frozenset({SCALE_ELASTIC_EP_PATH, IS_SCALING_ELASTIC_EP_PATH})
+        if enable_elastic_ep and profile.elastic_ep_routes
+        else frozenset()
+    )
     # no token configured: the served routes are open (vLLM without --api-key), the sim-only routes closed (403)
     gate = TokenGate(cluster_token or None, allow_no_token=True)
 
@@ -109,7 +125,8 @@ def create_app(
         if path in ft_paths:
             # released vLLM guards only /v1, /v2, /inference, /cohere: its FT routes stay open
             return profile.ft_routes_authenticated
-        return sim_only(path) or path.startswith("/v1/")
+        # vLLM leaves its elastic EP routes open; the simulator guards them with the cluster token
+        return sim_only(path) or path.startswith("/v1/") or path in elastic_paths
 
     def plain(path: str) -> bool:
         return path in ft_paths or sim_only(path)
@@ -147,7 +164,9 @@ def create_app(
         return JSONResponse({"error": exc.message}, status_code=exc.status_code, headers=headers)
 
     app.include_router(operations_router(core, profile=profile))
-    app.include_router(openai_router(core, model_name=model_name, max_tokens_limit=max_tokens_limit, released=released))
+    app.include_router(openai_router(core, model_name=model_name, max_tokens_limit=max_tokens_limit, profile=profile))
+    if elastic_paths:
+        app.include_router(elastic_ep_router(core, profile=profile))
     app.include_router(ft_router(core, profile=profile, prefix=prefix))
     app.include_router(sim_router(core, gate=gate))
     return app

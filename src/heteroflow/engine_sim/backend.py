@@ -83,6 +83,8 @@ class RebuildFinished:
     ok: bool
     error: str | None
     placement: dict[str, list[int]] | None
+    checkin_failed: bool = False
+    """Not every member joined the round within its check-in: failed before any vote (retryable)."""
 
 
 WorkerEvent = Ready | TokenGenerated | JobFinished | CollectiveFailed | WorkerExited | RebuildFinished | WaveChanged

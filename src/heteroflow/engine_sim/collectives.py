@@ -38,6 +38,10 @@ class RebuildError(RuntimeError):
     """A rebuild that cannot complete (store, peers, expert slots, disagreement)."""
 
 
+class CheckinError(RebuildError):
+    """Not every member of the round arrived within the round's check-in (vLLM 0.34): failed before the vote."""
+
+
 class PeerLeftError(RuntimeError):
     """A peer left the group while this rank waited in a collective with it."""
 

@@ -1,9 +1,9 @@
 """The simulated engine's answers to the OpenAI routes: the errors in vLLM's shape, the start of a generation,
 and the completion bodies and server-sent events (used by :mod:`.routes`).
 
-A released-profile engine (``vllm-released``) answers as released vLLM does: a new request to a faulted engine
-waits until it serves again, and an abort ends the request with ``finish_reason: "abort"`` and no text instead
-of a 503.
+Released vLLM ends a request its fault aborted with 200 ``finish_reason: "abort"`` and no text (``released``
+here, both profiles); a new request to a faulted engine waits until it serves again (``hang``, vLLM 0.32) or
+gets 503 with vLLM's own text (``faulted_text``, vLLM 0.34).
 """
 
 from __future__ import annotations
@@ -60,14 +60,20 @@ HANG_POLL_SEC = 0.05
 
 
 async def start(
-    core: EngineCore, tokens: tuple[int, ...], max_tokens: int, *, released: bool = False
+    core: EngineCore,
+    tokens: tuple[int, ...],
+    max_tokens: int,
+    *,
+    hang: bool = False,
+    faulted_text: str | None = None,
 ) -> AsyncIterator[int]:
-    if released:
-        # released vLLM refuses nothing: a new request to a faulted engine waits until it serves again or exits
+    if hang:
+        # vLLM 0.32 refuses nothing: a new request to a faulted engine waits until it serves again or exits
         while not core.state.serving:  # noqa: ASYNC110 - serving changes in many transitions; a poll is plainer
             await asyncio.sleep(HANG_POLL_SEC)
     if not core.state.serving:
-        raise OpenAiError(503, "ServiceUnavailableError", f"engine is {core.state.health}; retry elsewhere")
+        message = faulted_text or f"engine is {core.state.health}; retry elsewhere"
+        raise OpenAiError(503, "ServiceUnavailableError", message)
     return core.generate(prompt_tokens=tokens, max_tokens=max_tokens)
 
 

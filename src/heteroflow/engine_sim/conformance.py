@@ -18,6 +18,8 @@ from typing import Any
 import httpx
 
 from heteroflow.contracts.engine_protocol import (
+    ENGINE_FAULTED_TEXT,
+    TERMINAL_FAULT_INFO,
     apply_path,
     parse_status_response,
     select_engine,
@@ -57,7 +59,10 @@ async def status_of(h: EngineClusterHarness, rank: int) -> dict[str, Any] | None
     entry: dict[str, Any] = body["engines"][0]
     expect(set(entry) <= STATUS_KEYS, f"unknown status keys {sorted(set(entry) - STATUS_KEYS)}")
     unhealthy = entry["status"] == "unhealthy"
-    expect(("fault_info" in entry) == unhealthy, f"fault_info only while unhealthy: {entry}")
+    expect(entry["status"] in ("healthy", "diagnosing", "unhealthy", "dead"), f"status of rank {rank}: {entry}")
+    # vLLM 0.34: fault_info while unhealthy, and on the dead engine of a failed scale_down (its terminal reason)
+    terminal = entry["status"] == "dead" and entry.get("fault_info") == TERMINAL_FAULT_INFO
+    expect(("fault_info" in entry) == (unhealthy or terminal), f"fault_info only while unhealthy: {entry}")
     # mask is optional (released vLLM never sends it); when present it is one 0/1 per rank, only while unhealthy
     expect("mask" not in entry or unhealthy, f"mask only while unhealthy: {entry}")
     if "mask" in entry:
@@ -210,7 +215,7 @@ async def apply_validation(h: EngineClusterHarness, rank: int) -> None:
         entry is not None
         and entry["status"] == "healthy"
         and entry.get("last_ft_request_id") == request_id
-        and entry.get("ft_error") == "status is HEALTHY",
+        and entry.get("ft_error") == f"[FT] Rejecting scale_down on engine {rank}: status is HEALTHY",
         f"a command on a healthy engine is rejected in the status: {entry}",
     )
     expect((await complete(h, rank, "still serving")).status_code == 200, "a rejected command changes nothing")
@@ -229,6 +234,7 @@ async def transient_retry(
     for rank in ranks:
         resp = await complete(h, rank, "refused")
         expect(resp.status_code == 503, f"new request on unhealthy rank {rank}: HTTP {resp.status_code}")
+        expect(resp.json()["error"]["message"] == ENGINE_FAULTED_TEXT, f"vLLM's own 503 text: {resp.text}")
         expect((await h.client(rank).get("/health")).status_code == 200, "health stays 200 while unhealthy")
     if slow_rank is not None:
         await inject(h, slow_rank, "slow_rebuild", delay_sec=3.0)
@@ -246,7 +252,8 @@ async def transient_retry(
     await wait_status(h, ranks, "healthy", within=30.0, ft_state_absent=True)
     for rank in ranks:
         entry = await status_of(h, rank)
-        expect(entry is not None and entry.get("last_ft_request_id") == request_id, f"after retry: {entry}")
+        # the healthy push replaces the entry: last_ft_request_id, ft_error and ft_state are gone
+        expect(entry == {"id": rank, "status": "healthy"}, f"after retry: {entry}")
     expect(await outputs(h, ranks[0]) == baseline, "outputs after retry must equal the baseline")
 
 
@@ -286,7 +293,10 @@ async def scale_down_chain(h: EngineClusterHarness, baseline: list[str]) -> dict
     dead_id = new_request_id()
     await apply(h, 2, {"instruction": "retry", "request_id": dead_id})
     entry = await status_of(h, 2)
-    expect(entry is not None and entry.get("ft_error") == "status is DEAD", f"dead rank rejects: {entry}")
+    expect(
+        entry is not None and entry.get("ft_error") == "[FT] Rejecting retry on engine 2: status is DEAD",
+        f"dead rank rejects: {entry}",
+    )
     await scale_down_rejections(h, 1, all_ranks=4)
     round1 = new_request_id()
     for rank in (0, 1, 3):
@@ -299,7 +309,9 @@ async def scale_down_chain(h: EngineClusterHarness, baseline: list[str]) -> dict
     await wait_status(h, [0, 1, 3], "healthy", within=60.0, ft_state_absent=True)
     for rank in (0, 1, 3):
         entry = await status_of(h, rank)
-        expect(entry == {"id": rank, "status": "healthy", "last_ft_request_id": round1}, f"after round 1: {entry}")
+        expect(
+            entry == {"id": rank, "status": "healthy"}, f"after round 1 the healthy push replaced the entry: {entry}"
+        )
     expect(await outputs(h, 1) == baseline, "outputs after removing rank 2 must equal the baseline")
     # round 2: the store master (rank 0) dies; survivors elect min(alive) = 1
     await inject(h, 0, "kill_worker")
@@ -348,6 +360,7 @@ async def scale_down_chain(h: EngineClusterHarness, baseline: list[str]) -> dict
     seen = [e for e in timeline["round3_entries"] if e is not None]
     expect(bool(seen) and seen[-1]["status"] == "dead", f"the failure is reported as dead first: {seen[-1:]}")
     expect("slot" in str(seen[-1].get("ft_error")), f"ft_error names the slot shortage: {seen[-1]}")
+    expect(seen[-1].get("fault_info") == TERMINAL_FAULT_INFO, f"a failed scale_down is terminal: {seen[-1]}")
 
     async def gone() -> bool:
         return await status_of(h, 1) is None

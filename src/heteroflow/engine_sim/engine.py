@@ -47,6 +47,8 @@ class RequestAbortedError(RuntimeError):
 class EngineTimeouts:
     engine_recovery_timeout_sec: float = 120.0
     exit_linger_sec: float = 5.0
+    diagnosing_sec: float = 1.0
+    """vLLM 0.34: how long a faulted engine reports ``diagnosing`` before ``unhealthy``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +225,8 @@ class EngineCore:
 
     def _unavailable_reason(self) -> str:
         st = self._state
+        if st.profile.faulted_text is not None:
+            return st.profile.faulted_text
         if st.running is not None:
             return f"engine is recovering ({st.running.instruction} {st.running.request_id})"
         return f"engine is {st.health}"
@@ -246,13 +250,20 @@ class EngineCore:
                 _log.warning("engine.collective_failed", rank=self._state.rank, fault_info=info, detail=detail)
                 self._faults_seen += 1
                 self._apply(
-                    sm.on_collective_fault(self._state, fault_info=info, mask=mask, now=now, recovery_timeout=recovery)
+                    sm.on_collective_fault(
+                        self._state,
+                        fault_info=info,
+                        mask=mask,
+                        now=now,
+                        recovery_timeout=recovery,
+                        diagnosing_sec=self._timeouts.diagnosing_sec,
+                    )
                 )
             case WorkerExited(reason=reason):
                 self._in_wave = False
                 _log.warning("engine.worker_exited", rank=self._state.rank, reason=reason)
                 self._apply(sm.on_worker_died(self._state, reason=reason, now=now, recovery_timeout=recovery))
-            case RebuildFinished(request_id=rid, ok=ok, error=error, placement=placement):
+            case RebuildFinished(request_id=rid, ok=ok, error=error, placement=placement, checkin_failed=checkin):
                 running = self._state.running
                 if running is None or running.request_id != rid:
                     _log.warning("engine.stale_rebuild_result", rank=self._state.rank, request_id=rid)
@@ -262,7 +273,13 @@ class EngineCore:
                     self._placement = placement
                 self._apply(
                     sm.on_rebuild_finished(
-                        self._state, request_id=rid, ok=ok, error=error, now=now, recovery_timeout=recovery
+                        self._state,
+                        request_id=rid,
+                        ok=ok,
+                        error=error,
+                        now=now,
+                        recovery_timeout=recovery,
+                        checkin_failed=checkin,
                     )
                 )
             case Ready(placement=placement):
@@ -282,7 +299,7 @@ class EngineCore:
                     terminal = self._state.health == "dead" and self._state.ft_state == "failed"
                     # released vLLM: the engine core dies first, /health answers 503 for ~2 s, then the API
                     # server exits
-                    linger = self._timeouts.exit_linger_sec if terminal or self._state.released else 0.0
+                    linger = self._timeouts.exit_linger_sec if terminal or self._state.profile.dead_health_503 else 0.0
                     self._exit_reason = reason
                     self._exit_code = code
                     self._exit_at = self._clock.monotonic() + linger

@@ -19,6 +19,7 @@ import asyncio
 import hashlib
 from dataclasses import dataclass, field
 
+from heteroflow.contracts.engine_protocol import checkin_failure_text
 from heteroflow.core.clock import Clock
 from heteroflow.engine_sim.backend import (
     CollectiveFailed,
@@ -173,6 +174,7 @@ class FakeGroup:
                 continue
             del self._rounds[request_id]
             ok, error, placement = outcome
+            checkin_failed = not ok and error is not None and error.startswith("[FT] Not all engines joined")
             for rank, join in rnd.joins.items():
                 m = self._members[rank]
                 if not m.alive:
@@ -188,12 +190,18 @@ class FakeGroup:
                         ok=ok,
                         error=error,
                         placement=placement.describe() if ok and placement is not None else None,
+                        checkin_failed=checkin_failed,
                     )
                 )
 
     def _outcome(self, rnd: _Round, now: float) -> tuple[bool, str | None, ExpertPlacement | None] | None:
         plans = [join.plan for join in rnd.joins.values()]
         first = plans[0]
+        checkin = first.checkin_timeout_sec
+        if checkin is not None and now - rnd.started >= checkin:
+            arrived = {r for r, j in rnd.joins.items() if j.ready_at - rnd.started < checkin}
+            if arrived != set(first.members):  # vLLM 0.34: not every survivor got the round's id within 10 s
+                return False, checkin_failure_text(first.request_id, checkin), None
         if now - rnd.started >= self.rebuild_timeout_sec:
             return False, "rebuild timed out waiting for peers", None
         if set(rnd.joins) != set(first.members) or any(now < j.ready_at for j in rnd.joins.values()):

@@ -37,7 +37,7 @@ class _EngineCollector(Collector):
         health = GaugeMetricFamily(
             "heteroflow_engine_sim_status", "1 for the engine's current FT status.", labels=["dp_rank", "status"]
         )
-        for status in ("healthy", "unhealthy", "dead"):
+        for status in ("healthy", "diagnosing", "unhealthy", "dead"):
             health.add_metric([rank, status], 1.0 if st.health == status else 0.0)
         yield health
         recovering = GaugeMetricFamily(

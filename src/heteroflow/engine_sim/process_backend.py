@@ -62,6 +62,7 @@ def plan_to_wire(plan: RebuildPlan) -> dict[str, Any]:
         "dead_ranks": sorted(plan.dead_ranks),
         "new_store": None if plan.new_store is None else {"host": plan.new_store.host, "port": plan.new_store.port},
         "digest": plan.digest,
+        "checkin_timeout_sec": plan.checkin_timeout_sec,
     }
 
 
@@ -84,6 +85,7 @@ def event_from_wire(raw: dict[str, Any]) -> WorkerEvent | None:
                 ok=bool(raw["ok"]),
                 error=raw.get("error"),
                 placement=raw.get("placement"),
+                checkin_failed=bool(raw.get("checkin_failed", False)),
             )
         case "ready":
             return Ready(worker_pid=int(raw["pid"]), placement=raw["placement"])

@@ -3,6 +3,7 @@
 - :func:`operations_router` — ``GET /health`` (liveness) and ``GET /metrics``, open as in vLLM.
 - :func:`openai_router` — ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions``.
 - :func:`ft_router` — the FT status and apply routes of the engine protocol profile.
+- :func:`elastic_ep_router` — vLLM 0.34's elastic EP routes, with ``--enable-elastic-ep``.
 - :func:`sim_router` — the sim-only routes (``/sim/faults``, ``/sim/info``), which need the cluster token.
 """
 
@@ -15,16 +16,21 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from heteroflow.contracts.engine_protocol import (
+    IS_SCALING_ELASTIC_EP_PATH,
+    SCALE_ELASTIC_EP_PATH,
     ApplyAccepted,
     ApplyRequest,
+    ElasticEpStatus,
     EngineProfile,
     ProtocolError,
+    ScaleElasticEpRequest,
     apply_path,
     parse_apply_request,
     parse_released_apply,
+    parse_v034_apply,
     status_path,
     wire_entry,
 )
@@ -85,6 +91,7 @@ _ERRORS: dict[int, str] = {
     403: "Fault injection is disabled: no cluster token is configured.",
     404: "The model is not the one this engine serves.",
     413: "The body is larger than 1 MiB.",
+    500: "The resize failed (elastic EP): the reason is in the body and in /is_scaling_elastic_ep.",
     503: "The engine is not serving (recovering, failed) or the request was aborted: retry elsewhere.",
 }
 
@@ -148,13 +155,14 @@ def operations_router(core: EngineCore, *, profile: EngineProfile) -> APIRouter:
     vLLM answers, and (released vLLM) 503 once the engine core is gone and the API server is about to exit.
     """
     router = APIRouter()
-    exiting_is_503 = profile.name == "vllm-released" and profile.dead_health_503
 
     @router.get("/health", response_class=Response)
     async def health() -> Response:
-        """Liveness only: 200 while the process serves HTTP, whatever the FT status (released vLLM: 503 once
-        the engine core is gone and the API server is about to exit)."""
-        if exiting_is_503 and core.exiting:
+        """Liveness only: 200 while the process serves HTTP, whatever the FT status (vLLM 0.32: 503 once the
+        engine core is gone and the API server is about to exit; vLLM 0.34: 503 while the engine is dead)."""
+        if profile.dead_health_503 and core.exiting:
+            return Response(status_code=503)
+        if profile.dead_health_only_503 and core.state.health == "dead":
             return Response(status_code=503)
         return Response(status_code=200)
 
@@ -168,9 +176,12 @@ def operations_router(core: EngineCore, *, profile: EngineProfile) -> APIRouter:
     return router
 
 
-def openai_router(core: EngineCore, *, model_name: str, max_tokens_limit: int, released: bool) -> APIRouter:
+def openai_router(core: EngineCore, *, model_name: str, max_tokens_limit: int, profile: EngineProfile) -> APIRouter:
     """The models list and the two completion routes, as vLLM answers them."""
     router = APIRouter()
+    released = profile.aborted_requests == "200-abort"
+    hang = profile.faulted_new_requests == "hang"
+    faulted_text = profile.faulted_text
     created = int(time.time())
 
     @router.get("/v1/models", responses=_errors(OpenAiErrorOut, 401))
@@ -215,7 +226,7 @@ def openai_router(core: EngineCore, *, model_name: str, max_tokens_limit: int, r
             prompt = body.prompt
         tokens = vocab.encode(prompt)
         check_prompt(tokens)
-        stream = await start(core, tokens, body.max_tokens, released=released)
+        stream = await start(core, tokens, body.max_tokens, hang=hang, faulted_text=faulted_text)
         rid = f"cmpl-{uuid.uuid4().hex}"
         if body.stream:
             first = await first_or_error(stream, released=released)
@@ -243,7 +254,7 @@ def openai_router(core: EngineCore, *, model_name: str, max_tokens_limit: int, r
         messages: list[tuple[str, str]] = [(m.role, text_of(m.content)) for m in body.messages]
         tokens = vocab.encode(vocab.render_chat(messages))
         check_prompt(tokens)
-        stream = await start(core, tokens, max_tokens, released=released)
+        stream = await start(core, tokens, max_tokens, hang=hang, faulted_text=faulted_text)
         rid = f"chatcmpl-{uuid.uuid4().hex}"
         if body.stream:
             first = await first_or_error(stream, released=released)
@@ -275,23 +286,29 @@ def ft_router(core: EngineCore, *, profile: EngineProfile, prefix: str) -> APIRo
     """The FT status and apply routes under ``prefix``; a well-formed command is 202 whether the engine accepts
     it or rejects it (the outcome is read from the status route)."""
     router = APIRouter()
-    released = profile.name == "vllm-released"
+    released = profile.name == "vllm-0.32"
+    vllm_body = profile.error_body == "vllm"
 
     @router.get(status_path(prefix), responses=_errors(PlainErrorOut, 401))
     async def ft_status() -> dict[str, Any]:
         answer = core.ft_status()
         return {**answer.wire(), "engines": [wire_entry(e, profile) for e in answer.engines]}
 
+    # vLLM's bodies: its error shape for 400 and 413 (0.32 and 0.34), a plain one for --api-key's 401
+    refusals = _errors(OpenAiErrorOut if vllm_body or released else PlainErrorOut, 400, 413)
+
     @router.post(
         apply_path(prefix),
         status_code=202,
-        responses={202: {"model": ApplyAccepted}, **_errors(PlainErrorOut, 400, 401, 413)},
+        responses={202: {"model": ApplyAccepted}, **refusals, **_errors(PlainErrorOut, 401)},
         openapi_extra=json_request_body(ApplyRequest),
     )
     async def ft_apply(request: Request) -> JSONResponse:
         raw = await request.body()
         if released:
             return released_apply(request, raw)
+        if vllm_body:
+            return v034_apply(request, raw)
         try:
             body = parse_json(raw) if raw else None
         except BodyError as exc:
@@ -308,6 +325,34 @@ def ft_router(core: EngineCore, *, profile: EngineProfile, prefix: str) -> APIRo
             else f"{command.instruction} rejected: {result.message}; see {where}"
         )
         return JSONResponse({"message": message, "request_id": command.request_id}, status_code=202)
+
+    def media_or_json_error(request: Request, raw: bytes) -> JSONResponse | object:
+        """vLLM's checks before the payload: the media type, then the JSON; the parsed body when both pass."""
+        media = request.headers.get("content-type", "").lower().split(";", maxsplit=1)[0].strip()
+        if media != "application/json":
+            return JSONResponse(
+                profile.error_body_for(
+                    "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed"
+                ),
+                status_code=400,
+            )
+        try:
+            parsed: object = json.loads(raw)
+        except (ValueError, RecursionError):
+            return JSONResponse(profile.error_body_for("Invalid JSON format"), status_code=400)
+        return parsed
+
+    def v034_apply(request: Request, raw: bytes) -> JSONResponse:
+        """vLLM 0.34: as 0.32, plus a required non-empty ``request_id``, the caller's, echoed in the 202."""
+        body = media_or_json_error(request, raw)
+        if isinstance(body, JSONResponse):
+            return body
+        try:
+            command = parse_v034_apply(body)
+        except ProtocolError as exc:
+            return JSONResponse(profile.error_body_for(str(exc)), status_code=400)
+        core.apply(command)
+        return JSONResponse({"message": profile.accepted_message, "request_id": command.request_id}, status_code=202)
 
     def released_apply(request: Request, raw: bytes) -> JSONResponse:
         """vLLM 0.32/0.33: media type, JSON, then the payload in its order; 202 with the engine's own uuid."""
@@ -330,6 +375,55 @@ def ft_router(core: EngineCore, *, profile: EngineProfile, prefix: str) -> APIRo
         engine_id = str(uuid.uuid4())  # any request_id in the body is ignored
         core.apply(ApplyRequest(instruction=instruction, request_id=engine_id, params=params))
         return JSONResponse({"message": profile.accepted_message, "request_id": engine_id}, status_code=202)
+
+    return router
+
+
+def elastic_ep_router(core: EngineCore, *, profile: EngineProfile) -> APIRouter:
+    """vLLM 0.34's elastic EP routes (``--enable-elastic-ep``, external-LB mode): ``POST /scale_elastic_ep``
+    and ``POST /is_scaling_elastic_ep``.
+
+    The release resizes over contiguous ranks ``range(new_data_parallel_size)``; whether that can fill the slots
+    of ranks removed by an FT ``scale_down`` is not settled upstream, so the simulator refuses a resize of an
+    instance with retired ranks (500 "Scale failed", phase ``failed``, the reason in ``error``), as it refuses a
+    resize to another size (not simulated yet). A request for the current size completes at once.
+    """
+    router = APIRouter()
+    phase: dict[str, Any] = {"phase": "idle", "epoch": 0, "error": None, "new_data_parallel_size": None}
+
+    @router.post(SCALE_ELASTIC_EP_PATH, responses=_errors(PlainErrorOut, 400, 401))
+    async def scale(request: Request) -> JSONResponse:
+        try:
+            body = json.loads(await request.body())
+            wanted = ScaleElasticEpRequest.model_validate(body)
+        except (ValueError, RecursionError, ValidationError) as exc:
+            detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else "Invalid JSON format"
+            return JSONResponse(profile.error_body_for(f"Invalid request: {detail}"), status_code=400)
+        if phase["phase"] in ("preparing", "committing"):
+            return JSONResponse(profile.error_body_for("A scale operation is already in progress"), status_code=400)
+        state = core.state
+        phase.update(epoch=phase["epoch"] + 1, new_data_parallel_size=wanted.new_data_parallel_size, error=None)
+        if wanted.new_data_parallel_size == len(state.members) and not state.dead_ranks:
+            phase["phase"] = "completed"
+            return JSONResponse(
+                {
+                    "message": f"Scaled to {wanted.new_data_parallel_size} data parallel engines",
+                    "new_data_parallel_size": wanted.new_data_parallel_size,
+                }
+            )
+        if state.dead_ranks:
+            error = (
+                f"elastic EP resizes over contiguous ranks range(N); ranks {sorted(state.dead_ranks)} were removed "
+                "by a fault-tolerance scale_down and leave holes it does not fill"
+            )
+        else:
+            error = "a resize to another data parallel size is not simulated"
+        phase.update(phase="failed", error=error)
+        return JSONResponse(profile.error_body_for(f"Scale failed: {error}", status_code=500), status_code=500)
+
+    @router.post(IS_SCALING_ELASTIC_EP_PATH, responses=_errors(PlainErrorOut, 401))
+    async def is_scaling() -> dict[str, Any]:
+        return ElasticEpStatus.model_validate(phase).model_dump()
 
     return router
 

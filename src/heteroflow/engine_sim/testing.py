@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import httpx
 
-from heteroflow.contracts.engine_protocol import PROFILES, ProfileName
+from heteroflow.contracts.engine_protocol import PROFILES, ProfileName, profile
 from heteroflow.core.clock import Clock
 from heteroflow.core.testing import FakeClock, free_port
 from heteroflow.engine_sim.assembly import create_app
@@ -100,12 +100,16 @@ class FakeEngineCluster:
         prefix: str | None = None,
         cluster_token: str = TEST_CLUSTER_TOKEN,
         clock: FakeClock | None = None,
-        profile_name: ProfileName = "scale-down",
+        profile_name: str = "vllm-0.34",
         engine_clock: Clock | None = None,
+        diagnosing_sec: float = 0.0,
+        enable_elastic_ep: bool = False,
     ) -> None:
+        """``diagnosing_sec`` 0 skips vLLM 0.34's ``diagnosing`` (the fake clock would have to move past it)."""
         self.dp_size = dp_size
-        self.profile_name = profile_name
-        self.prefix = PROFILES[profile_name].route_prefix if prefix is None else prefix
+        self.profile_name: ProfileName = profile(profile_name).name
+        self.enable_elastic_ep = enable_elastic_ep
+        self.prefix = PROFILES[self.profile_name].route_prefix if prefix is None else prefix
         self.cluster_token = cluster_token
         self.clock = clock or FakeClock()
         #: the engines' time: the fake clock a test moves, or (``engine_clock``) another one such as the event
@@ -128,7 +132,9 @@ class FakeEngineCluster:
         self._gone: set[int] = set()
         self._clients: dict[int, httpx.AsyncClient] = {}
         timeouts = EngineTimeouts(
-            engine_recovery_timeout_sec=engine_recovery_timeout_sec, exit_linger_sec=exit_linger_sec
+            engine_recovery_timeout_sec=engine_recovery_timeout_sec,
+            exit_linger_sec=exit_linger_sec,
+            diagnosing_sec=diagnosing_sec,
         )
         for rank in range(dp_size):
             if rank in dead_ranks:
@@ -136,7 +142,9 @@ class FakeEngineCluster:
             backend = FakeWorkerBackend(rank=rank, group=self.group)
             self.backends[rank] = backend
             self.cores[rank] = EngineCore(
-                initial=initial_state(rank=rank, dp_size=dp_size, dead_ranks=dead_ranks, profile_name=profile_name),
+                initial=initial_state(
+                    rank=rank, dp_size=dp_size, dead_ranks=dead_ranks, profile_name=self.profile_name
+                ),
                 backend=backend,
                 clock=self.engine_clock,
                 timeouts=timeouts,
@@ -153,6 +161,7 @@ class FakeEngineCluster:
                 profile=PROFILES[self.profile_name],
                 cluster_token=self.cluster_token,
                 max_tokens_limit=256,
+                enable_elastic_ep=self.enable_elastic_ep,
             )
             transport = _UnreachableTransport(app, functools.partial(self.is_gone, rank))
             self._clients[rank] = httpx.AsyncClient(
@@ -242,12 +251,14 @@ class SimProcessCluster:
         log_dir: Path | None = None,
         python: str = sys.executable,
         startup_timeout_sec: float = 90.0,
-        profile_name: ProfileName = "scale-down",
+        profile_name: str = "vllm-0.34",
+        diagnosing_sec: float | None = None,
     ) -> None:
+        """``diagnosing_sec``: ``--diagnosing-sec`` of every rank (``None``: the simulator's default, 1 s)."""
         self.dp_size = dp_size
         self.dead_ranks = dead_ranks
-        self.profile_name = profile_name
-        self.prefix = PROFILES[profile_name].route_prefix if prefix is None else prefix
+        self.profile_name: ProfileName = profile(profile_name).name
+        self.prefix = PROFILES[self.profile_name].route_prefix if prefix is None else prefix
         self.cluster_token = cluster_token
         self.collective_timeout_sec = collective_timeout_sec
         self.master_port = free_port()
@@ -268,11 +279,13 @@ class SimProcessCluster:
             "--rebuild-timeout-sec", str(rebuild_timeout_sec),
             "--exit-linger-sec", str(exit_linger_sec),
             "--ft-path-prefix", self.prefix,
-            "--ft-profile", profile_name,
+            "--ft-profile", self.profile_name,
             "--startup-timeout-sec", str(startup_timeout_sec),
         ]  # fmt: skip
         if slots_per_rank is not None:
             self._args += ["--slots-per-rank", str(slots_per_rank)]
+        if diagnosing_sec is not None:
+            self._args += ["--diagnosing-sec", str(diagnosing_sec)]
         if dead_ranks:
             self._args += ["--dead-ranks", ",".join(str(r) for r in sorted(dead_ranks))]
 

@@ -40,8 +40,10 @@ with warnings.catch_warnings():
     import torch
     from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, ReduceOp, TCPStore
 
+from heteroflow.contracts.engine_protocol import checkin_failure_text
 from heteroflow.engine_sim.collectives import (
     BoundedStore,
+    CheckinError,
     PeerLeftError,
     RebuildError,
     StoreTimeoutError,
@@ -192,8 +194,8 @@ class Worker:
         except StoreTimeoutError as exc:
             raise RebuildError(f"the store did not answer within {timeout} s at {key}") from exc
 
-    def _make_group(self, prefix: str, timeout: float) -> None:
-        self._barrier(f"{prefix}arrive", len(self.members), timeout)
+    def _make_group(self, prefix: str, timeout: float, *, arrive_timeout: float | None = None) -> None:
+        self._barrier(f"{prefix}arrive", len(self.members), timeout if arrive_timeout is None else arrive_timeout)
         # the gloo transport binds the configured address only; the public stub lacks the options overload
         gloo: Any = ProcessGroupGloo
         opts = gloo._Options()
@@ -384,6 +386,11 @@ class Worker:
         request_id = plan["request_id"]
         try:
             placement = self._rebuild(plan)
+        except CheckinError as exc:  # not every survivor joined in time: failed before the vote (retryable)
+            log(f"rebuild {request_id} failed its check-in: {exc}")
+            self._drop_group()
+            emit({"ev": "rebuilt", "request_id": request_id, "ok": False, "error": str(exc), "checkin_failed": True})
+            return
         except Exception as exc:  # any failure fails this round, reported to the API server
             log(f"rebuild {request_id} failed: {type(exc).__name__}: {exc}")
             self._drop_group()
@@ -393,24 +400,42 @@ class Worker:
 
     def _rebuild(self, plan: dict[str, Any]) -> ExpertPlacement:
         cfg = self.cfg
+        received = time.monotonic()
+        checkin = plan.get("checkin_timeout_sec")
         if self.slow_rebuild_sec > 0:
             delay, self.slow_rebuild_sec = self.slow_rebuild_sec, 0.0
             time.sleep(delay)  # the injected slowness itself, not a synchronisation
         self._drop_group()
         members = tuple(plan["members"])
         new_store = plan.get("new_store")
-        if new_store is not None:
-            host, port = new_store["host"], int(new_store["port"])
-            if members[0] == cfg.rank:
-                self._use_store(self._host_store(host, port, cfg.rebuild_timeout_sec))
+        # vLLM 0.34: every survivor must check in to the round within its check-in, counted from the command
+        arrive_timeout = (
+            cfg.rebuild_timeout_sec if checkin is None else max(0.01, float(checkin) - (time.monotonic() - received))
+        )
+        try:
+            if new_store is not None:
+                host, port = new_store["host"], int(new_store["port"])
+                if members[0] == cfg.rank:
+                    self._use_store(self._host_store(host, port, cfg.rebuild_timeout_sec))
+                else:
+                    self._use_store(self._connect_store(host, port, min(cfg.rebuild_timeout_sec, arrive_timeout)))
             else:
-                self._use_store(self._connect_store(host, port, cfg.rebuild_timeout_sec))
-        else:
-            self.bounded_store.raw.set_timeout(datetime.timedelta(seconds=cfg.rebuild_timeout_sec))
+                self.bounded_store.raw.set_timeout(datetime.timedelta(seconds=cfg.rebuild_timeout_sec))
+        except Exception as exc:
+            if checkin is not None:
+                raise CheckinError(checkin_failure_text(plan["request_id"], float(checkin))) from exc
+            raise
         old_members = self.members
         self.members = members
+        if checkin is not None:
+            arrive_timeout = max(0.01, float(checkin) - (time.monotonic() - received))
         try:
-            self._make_group(f"ft/{plan['request_id']}/", cfg.rebuild_timeout_sec)
+            self._make_group(f"ft/{plan['request_id']}/", cfg.rebuild_timeout_sec, arrive_timeout=arrive_timeout)
+        except RebuildError as exc:
+            self.members = old_members
+            if checkin is not None and "arrive" in str(exc):
+                raise CheckinError(checkin_failure_text(plan["request_id"], float(checkin))) from exc
+            raise
         except Exception:
             self.members = old_members
             raise

@@ -150,7 +150,7 @@ def plan_instances(
     pod_networks: Sequence[PodNetwork] = (),
     engine: Literal["sim", "vllm"] = "sim",
     vllm: Mapping[str, Any] | None = None,
-    sim_ft_profile: ProfileName = "scale-down",
+    sim_ft_profile: ProfileName = "vllm-0.34",
 ) -> list[InstancePlan]:
     """Every instance of the cluster, its pods and their NodeManager specs.
 

@@ -86,6 +86,23 @@ def _detail(event: dict[str, Any]) -> str:
     return text if len(text) <= 110 else text[:107] + "..."
 
 
+def engine_line(entry: dict[str, Any]) -> str:
+    """What the instance's engines speak and can do (``engine_capability``), in one line. Pure."""
+    capability = entry.get("engine_capability")
+    if not isinstance(capability, dict):
+        return "engines: not known yet"
+    profile = capability.get("protocol_profile") or "not discovered yet"
+
+    def flag(key: str) -> str:
+        value = capability.get(key)
+        return "unknown" if value is None else "supported" if value else "unsupported"
+
+    return (
+        f"engines: {profile}   scale-down {flag('scale_down_supported')}   retry {flag('retry_supported')}"
+        f"   elastic EP {flag('elastic_ep_supported')}"
+    )
+
+
 def rank_rows(
     entry: dict[str, Any], inst: InstanceState | None, engines: dict[int, str] | None = None
 ) -> list[tuple[str, ...]]:
@@ -127,7 +144,12 @@ def instance_panel(
     facts.append(f"   can_serve {'yes' if entry.get('can_serve') else 'no'}")
     facts.append(f"   dead_committed {entry.get('dead_committed', [])}")
     facts.append(f"   generation {entry.get('generation', 0)}")
-    lines: list[RenderableType] = [facts, table, Text(f"last decision: {entry.get('last_decision')}", style="dim")]
+    lines: list[RenderableType] = [
+        facts,
+        Text(engine_line(entry), style="dim"),
+        table,
+        Text(f"last decision: {entry.get('last_decision')}", style="dim"),
+    ]
     if entry.get("last_error"):
         lines.append(Text(f"last error: {entry['last_error']}", style="red"))
     if latest is not None:
@@ -187,12 +209,13 @@ class LineLog:
                 tuple(entry.get("published_endpoints", [])),
                 tuple(entry.get("dead_committed", [])),
                 entry.get("last_error"),
+                engine_line(entry),
             )
             if self._last.get(instance_id) != key:
                 self._last[instance_id] = key
                 out.append(
                     f"[{instance_id}] phase={key[0]} can_serve={key[1]} published={list(key[2])} "
-                    f"dead_committed={list(key[3])}" + (f" last_error={key[4]}" if key[4] else "")
+                    f"dead_committed={list(key[3])}" + (f" last_error={key[4]}" if key[4] else "") + f" {key[5]}"
                 )
             latest = snapshot.latest_round.get(instance_id)
             if latest is not None:

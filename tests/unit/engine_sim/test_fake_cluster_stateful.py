@@ -111,8 +111,10 @@ class FakeInstanceMachine(RuleBasedStateMachine):
         for rank, core in self.cluster.cores.items():
             if not self.cluster.is_gone(rank) and core.state.serving:
                 response = self.run(conformance.complete(self.cluster, rank, conformance.PROMPTS[0]))
-                if response.status_code == 200:
-                    assert response.json()["choices"][0]["text"] == self.baseline[0]
+                choice = response.json()["choices"][0] if response.status_code == 200 else None
+                # vLLM 0.34 ends a request its fault aborted with 200 finish_reason "abort" and no text
+                if choice is not None and choice["finish_reason"] != "abort":
+                    assert choice["text"] == self.baseline[0]
                 return
 
 

@@ -94,3 +94,46 @@ def test_route_prefix_is_configuration(prefix: str, status: str) -> None:
 def test_a_prefix_with_spaces_is_refused() -> None:
     with pytest.raises(ValueError, match="invalid route prefix"):
         normalize_prefix("/v 1")
+
+
+# == the profiles by release (vllm-0.32, vllm-0.34) and their older names ====================================
+def test_profiles_are_named_by_release_and_the_older_names_stay_accepted() -> None:
+    from heteroflow.contracts.engine_protocol import PROFILE_NAMES, profile
+
+    assert PROFILE_NAMES == ("vllm-0.32", "vllm-0.34")
+    assert profile("vllm-released").name == profile("vllm-cpu").name == "vllm-0.32"
+    assert profile("scale-down").name == "vllm-0.34"
+    assert profile("vllm-0.34").scale_down_supported
+    assert not profile("vllm-0.32").scale_down_supported
+    with pytest.raises(ValueError, match=r"vllm-0\.34"):
+        profile("vllm-0.40")
+
+
+@pytest.mark.parametrize(
+    ("body", "message"),
+    [
+        ([1], "Request body must be a JSON object."),
+        ({}, "'instruction' is required."),
+        ({"instruction": "reboot", "request_id": "r"}, "Invalid instruction: 'reboot'."),
+        ({"instruction": "retry"}, "'request_id' must be a non-empty string."),
+        ({"instruction": "retry", "request_id": "  "}, "'request_id' must be a non-empty string."),
+        ({"instruction": "retry", "request_id": "r", "params": None}, "'params' must be an object."),
+    ],
+)
+def test_vllm_034_apply_bodies_are_judged_in_vllms_order_with_its_texts(body: object, message: str) -> None:
+    from heteroflow.contracts.engine_protocol import parse_v034_apply
+
+    with pytest.raises(ProtocolError) as caught:
+        parse_v034_apply(body)
+    assert str(caught.value) == message
+
+
+def test_vllm_034_a_terminal_failure_is_told_by_its_own_text_only_on_a_dead_engine() -> None:
+    from heteroflow.contracts.engine_protocol import TERMINAL_FAULT_INFO, is_terminal_failure
+
+    assert is_terminal_failure(EngineStatusEntry(id=1, status="dead", fault_info=TERMINAL_FAULT_INFO))
+    assert not is_terminal_failure(EngineStatusEntry(id=1, status="dead"))  # a dead rank, not a failed round
+    assert not is_terminal_failure(
+        EngineStatusEntry(id=1, status="unhealthy", ft_state="failed", ft_error="another recovery is in progress")
+    )
+    assert EngineStatusEntry(id=1, status="diagnosing").status == "diagnosing"  # a status of the contract

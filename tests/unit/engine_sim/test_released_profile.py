@@ -38,7 +38,7 @@ PUMP_SEC = 0.05
 
 def run(scenario: Callable[[FakeReleased], Awaitable[object]], **cluster_args: object) -> None:
     async def main() -> None:
-        cluster = FakeEngineCluster(dp_size=2, profile_name="vllm-released", **cluster_args)  # type: ignore[arg-type]
+        cluster = FakeEngineCluster(dp_size=2, profile_name="vllm-0.32", **cluster_args)  # type: ignore[arg-type]
         await cluster.start()
 
         async def pump() -> None:

@@ -9,7 +9,7 @@ from heteroflow.engine_sim.state import ConfigurationError
 def test_defaults() -> None:
     settings = EngineSimSettings.load()
     assert settings.host == "127.0.0.1"
-    assert settings.ft_profile == "scale-down"
+    assert settings.ft_profile == "vllm-0.34"
     assert settings.ft_path_prefix is None
     assert settings.effective_ft_path_prefix == "/v1"
     assert settings.engine_recovery_timeout_sec == 120.0
@@ -42,4 +42,6 @@ def test_topology_defaults_slots_from_experts() -> None:
 
 def test_the_released_profile_has_no_route_prefix_unless_one_is_set() -> None:
     assert EngineSimSettings.load(ft_profile="vllm-released").effective_ft_path_prefix == ""
+    assert EngineSimSettings.load(ft_profile="vllm-released").ft_profile == "vllm-0.32"  # the older name stays
+    assert EngineSimSettings.load(ft_profile="scale-down").ft_profile == "vllm-0.34"
     assert EngineSimSettings.load(ft_profile="vllm-released", ft_path_prefix="/x").effective_ft_path_prefix == "/x"

@@ -119,6 +119,7 @@ def run_instance(
     settings: dict[str, Any] | None = None,
     register: bool = True,
     profile_name: ProfileName | None = None,
+    elastic_ep: bool = False,
 ) -> None:
     """Start the fake instance and both NodeManagers, run ``scenario``, tear everything down.
 
@@ -126,7 +127,7 @@ def run_instance(
     profile at a known prefix, no discovery)."""
 
     async def main() -> None:
-        cluster = FakeEngineCluster(dp_size=4, profile_name=profile_name or "scale-down")
+        cluster = FakeEngineCluster(dp_size=4, profile_name=profile_name or "vllm-0.34", enable_elastic_ep=elastic_ep)
         await cluster.start()
         controller = FakeController(flags=flags or FtFlags(enable_dp_scale_down_proxy=True))
         pods: dict[str, Pod] = {}

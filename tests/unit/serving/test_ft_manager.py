@@ -94,3 +94,11 @@ def test_never_two_reports_in_a_row_for_the_same_signature(observations: list[Ob
             last_reported = state.signature
         if obs in (HEALTHY,):
             assert finding is None
+
+
+def test_vllm_034_diagnosing_is_reported_as_itself_then_unhealthy_never_dead_or_a_protocol_error() -> None:
+    diagnosing = Answered(EngineStatusEntry(id=1, status="diagnosing"))
+    state, reports = run([HEALTHY, diagnosing, diagnosing, UNHEALTHY])
+    assert reports == [("diagnosing", FaultEvidence.FT_STATUS), ("unhealthy", FaultEvidence.FT_STATUS)]
+    assert state.last == "unhealthy"
+    assert not state.dead_by_unreachability

@@ -25,14 +25,14 @@ def test_a_released_engine_is_discovered_and_registered_as_unable_to_scale_down(
         assert first.ft_capability.protocol_profile is None  # registered before the engines were ready
         profile = pod.nm.discovered_profile()
         assert profile is not None
-        assert profile.name == "vllm-released"
+        assert profile.name == "vllm-0.32"
         beats = len(h.controller.heartbeats)
         await pod.nm.controller_once()
         again = h.controller.registrations[-1]
         assert again.pod_id == "pod-a"
         capability = again.ft_capability
         assert (capability.protocol_profile, capability.scale_down_supported, capability.retry_supported) == (
-            "vllm-released",
+            "vllm-0.32",
             False,
             True,
         )
@@ -40,17 +40,35 @@ def test_a_released_engine_is_discovered_and_registered_as_unable_to_scale_down(
         await pod.nm.controller_once()
         assert h.controller.registrations[-1] is again  # once known, registered once
 
-    run_instance(scenario, profile_name="vllm-released")
+    run_instance(scenario, profile_name="vllm-0.32")
 
 
 def test_the_same_discovery_finds_the_scale_down_profile() -> None:
     async def scenario(h: Harness) -> None:
         await h.pods["b"].nm.controller_once()
         capability = h.controller.registrations[-1].ft_capability
-        assert capability.protocol_profile == "scale-down"
+        assert capability.protocol_profile == "vllm-0.34"
         assert capability.scale_down_supported
 
-    run_instance(scenario, profile_name="scale-down")
+    run_instance(scenario, profile_name="vllm-0.34")
+
+
+def test_discovery_registers_elastic_ep_where_the_engines_serve_it() -> None:
+    async def scenario(h: Harness) -> None:
+        await h.pods["a"].nm.controller_once()
+        capability = h.controller.registrations[-1].ft_capability
+        assert (capability.protocol_profile, capability.scale_down_supported) == ("vllm-0.34", True)
+        assert capability.elastic_ep_supported
+
+    run_instance(scenario, profile_name="vllm-0.34", elastic_ep=True)
+
+
+def test_without_elastic_ep_routes_the_capability_says_so() -> None:
+    async def scenario(h: Harness) -> None:
+        await h.pods["a"].nm.controller_once()
+        assert not h.controller.registrations[-1].ft_capability.elastic_ep_supported
+
+    run_instance(scenario, profile_name="vllm-0.34")
 
 
 async def _drive(h: Harness, work: asyncio.Future[object] | asyncio.Task[object], *, within: float) -> None:
@@ -105,7 +123,7 @@ def test_a_failed_retry_is_correlated_by_the_engines_own_id_and_ends_the_wait() 
         )
         assert verdict.verdict == "fail"  # at once, not at the deadline
 
-    run_instance(scenario, flags=FAST, profile_name="vllm-released")
+    run_instance(scenario, flags=FAST, profile_name="vllm-0.32")
 
 
 def test_an_outcome_dropped_by_the_next_push_is_kept_until_the_engine_is_healthy() -> None:

@@ -92,7 +92,7 @@ def test_vllm_command_lines_of_a_two_pod_two_rank_instance(pod: list[dict[str, o
 def test_released_vllm_line_through_the_module_entry_point_without_eplb() -> None:
     spec = pod_spec(
         POD_A,
-        engine_profile="vllm-released",
+        engine_profile="vllm-0.32",
         vllm={
             "model": "/models/tiny",
             "python": "/venv/bin/python",
@@ -134,13 +134,13 @@ def test_capability_follows_the_pinned_or_discovered_profile() -> None:
     assert auto.capability().scale_down_supported  # unknown yet: the configuration is trusted
     released = auto.capability(VLLM_RELEASED)
     assert (released.protocol_profile, released.scale_down_supported, released.retry_supported) == (
-        "vllm-released",
+        "vllm-0.32",
         False,
         True,
     )
     assert auto.capability(SCALE_DOWN).scale_down_supported
-    pinned = pod_spec(POD_A, engine_profile="vllm-released")
-    assert pinned.capability(SCALE_DOWN).protocol_profile == "vllm-released"  # configuration wins
+    pinned = pod_spec(POD_A, engine_profile="vllm-0.32")
+    assert pinned.capability(SCALE_DOWN).protocol_profile == "vllm-0.32"  # configuration wins
 
 
 def test_operator_flags_are_appended_and_fractional_timeouts_kept() -> None:

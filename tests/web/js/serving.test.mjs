@@ -79,11 +79,11 @@ test("during a round: pending removal is withdrawn, an uncommitted DEAD is dead,
     phase: "SCALING_DOWN",
     dead_committed: [0],
     pending_removed_ranks: [1],
-    alive_dp_ranks: [2, 3, 4, 5],
-    original_dp_ranks: [0, 1, 2, 3, 4, 5],
-    engine_statuses: { 1: "dead", 2: "unhealthy", 3: "dead", 4: "protocol_error", 5: "healthy" },
+    alive_dp_ranks: [2, 3, 4, 5, 6],
+    original_dp_ranks: [0, 1, 2, 3, 4, 5, 6],
+    engine_statuses: { 1: "dead", 2: "unhealthy", 3: "dead", 4: "protocol_error", 5: "healthy", 6: "diagnosing" },
   });
-  assert.deepEqual(states(e), ["committed_dead", "withdrawn", "unhealthy", "dead", "unhealthy", "alive"]);
+  assert.deepEqual(states(e), ["committed_dead", "withdrawn", "unhealthy", "dead", "unhealthy", "alive", "diagnosing"]);
 });
 
 test("a rank the entry contradicts itself about is unknown, never guessed alive", () => {
@@ -103,7 +103,15 @@ test("ranks are sorted numerically and junk values are ignored", () => {
 
 test("state counts include zeros (counted, not unknown)", () => {
   const counts = stateCounts(rankCells(entry({ dead_committed: [3], alive_dp_ranks: [0, 1, 2] })));
-  assert.deepEqual(counts, { alive: 3, unhealthy: 0, dead: 0, withdrawn: 0, committed_dead: 1, unknown: 0 });
+  assert.deepEqual(counts, {
+    alive: 3,
+    diagnosing: 0,
+    unhealthy: 0,
+    dead: 0,
+    withdrawn: 0,
+    committed_dead: 1,
+    unknown: 0,
+  });
 });
 
 // ---- phase text ------------------------------------------------------------------------------------------------
@@ -163,10 +171,10 @@ test("the engine's own refusals come with a sentence in both languages", () => {
 });
 
 test("the engines' capability: the discovered profile and what it can do, unknown never guessed", () => {
-  const released = { protocol_profile: "vllm-released", scale_down_supported: false, retry_supported: true };
+  const released = { protocol_profile: "vllm-0.32", scale_down_supported: false, retry_supported: true };
   assert.deepEqual(engineCapability(entry({ engine_capability: released })), {
-    profile: "vllm-released",
-    profileKey: "serving.engine.profile.vllm-released",
+    profile: "vllm-0.32",
+    profileKey: "serving.engine.profile.vllm-0.32",
     scaleDown: false,
     retry: true,
   });

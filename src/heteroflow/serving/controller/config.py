@@ -212,6 +212,17 @@ class FaultToleranceConfig(LenientSettings):
         validation_alias=env_names("ft_execution_deadline_sec"),
         description="dp_scale_down_config.execution_deadline_sec: each of before and after apply (30).",
     )
+    apply_dispatch_budget_sec: float = Field(
+        default=5.0,
+        gt=0,
+        le=9.0,
+        validation_alias=env_names("ft_apply_dispatch_budget_sec"),
+        description=(
+            "dp_scale_down_config.apply_dispatch_budget_sec: the apply reaches every survivor at once within this "
+            "or the round stops (5; at most 9: vLLM 0.34 fails a round whose survivors did not all get its id "
+            "within 10 s)."
+        ),
+    )
     max_transient_query_errors: int = Field(
         default=0,
         ge=0,
@@ -330,6 +341,7 @@ class FaultToleranceConfig(LenientSettings):
             request_timeout_sec=self.request_timeout_sec,
             poll_interval_sec=self.poll_interval_sec,
             execution_deadline_sec=self.execution_deadline_sec,
+            apply_dispatch_budget_sec=self.apply_dispatch_budget_sec,
         )
 
     def decision_timings(self) -> DecisionTimings:

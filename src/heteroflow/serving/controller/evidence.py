@@ -60,7 +60,7 @@ def collect_missing(ctrl: EvidencePorts, inst: Instance) -> None:
             return  # the NodeManager's own poller still reports
         for entry in answer.entries:
             status = entry.status
-            if status is None or status.status not in ("unhealthy", "dead"):
+            if status is None or status.status not in ("diagnosing", "unhealthy", "dead"):
                 continue
             ctrl.report(
                 SoftwareFaultReport(

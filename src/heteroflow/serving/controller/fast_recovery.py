@@ -12,6 +12,7 @@ from heteroflow.serving.controller.core import runtime as rt
 from heteroflow.serving.controller.core.decision import after_fast_recovery
 from heteroflow.serving.controller.core.ranks import DpRank, RequestId, ranks
 from heteroflow.serving.controller.core.readiness import PollLimits
+from heteroflow.serving.controller.dispatch import Target, dispatch
 from heteroflow.serving.controller.guard import RoundFailedError, RoundGuard
 from heteroflow.serving.controller.instance import Instance
 from heteroflow.serving.controller.ports import StrategyPorts
@@ -58,18 +59,22 @@ class FastRecovery:
     async def _retry(self, active: frozenset[DpRank]) -> None:
         ctrl, inst = self.ctrl, self.inst
         timings = ctrl.ft.round_timings()
-        for pod in inst.topology.pods:
-            ids = sorted(pod.dp_ranks & active)
-            if not ids:
-                continue
-            body = NmApplyRequest(
-                instruction="retry", request_id=self.request_id, params=ApplyInstructionParams(), endpoint_ids=ids
+        # every pod at once, bounded: vLLM 0.34 fails a retry round not every engine joined within 10 s
+        targets = [
+            Target(
+                pod_id=pod.pod_id,
+                url=pod.node_manager_url,
+                body=NmApplyRequest(
+                    instruction="retry",
+                    request_id=self.request_id,
+                    params=ApplyInstructionParams(),
+                    endpoint_ids=sorted(pod.dp_ranks & active),
+                ),
             )
-            try:
-                await ctrl.nm.apply(pod.node_manager_url, body)
-            except PeerError as exc:
-                raise RoundFailedError(f"retry not accepted by pod {pod.pod_id}: {exc}") from exc
-            ctrl.history.add(self.request_id, "apply", pod_id=pod.pod_id, body=body.model_dump(), http_status=202)
+            for pod in inst.topology.pods
+            if pod.dp_ranks & active
+        ]
+        await dispatch(ctrl, self.request_id, targets, budget_sec=timings.apply_dispatch_budget_sec)
         limits = PollLimits(deadline=ctrl.clock.monotonic() + timings.execution_deadline_sec)
         while True:
             await ctrl.clock.sleep(timings.poll_interval_sec)  # the spec's poll period

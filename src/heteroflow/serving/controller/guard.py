@@ -18,7 +18,15 @@ from heteroflow.serving.controller.ports import StrategyPorts
 
 
 class RoundFailedError(Exception):
-    """The round cannot go on; before commit this means abort + the frozen fallback."""
+    """The round cannot go on; before commit this means abort + the frozen fallback.
+
+    ``terminal``: the engines said recovery is over (vLLM 0.34: a failed ``scale_down`` leaves them dead with
+    "Recovery failed; full restart required"): the whole instance restarts at once, whatever the frozen fallback.
+    """
+
+    def __init__(self, message: str, *, terminal: bool = False) -> None:
+        super().__init__(message)
+        self.terminal = terminal
 
 
 class RoundGuard:

@@ -34,6 +34,15 @@ class ControllerMetrics:
             buckets=STAGE_BUCKETS,
             registry=self.registry,
         )
+        self.dispatch_seconds = Histogram(
+            "heteroflow_controller_apply_dispatch_seconds",
+            "A round's apply dispatch: 'last' = from the first send to the last NodeManager's acknowledgement (every "
+            "survivor had its command by then; vLLM 0.34 needs it within 10 s), 'spread' = first to last "
+            "acknowledgement.",
+            ["measure"],
+            buckets=STAGE_BUCKETS,
+            registry=self.registry,
+        )
         self.store_errors = Counter(
             "heteroflow_controller_store_errors",
             "FtRuntimeStore writes that failed (unavailable or conflicting).",

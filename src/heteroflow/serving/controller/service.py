@@ -220,7 +220,8 @@ class Controller:
         )
         if report.endpoint_id not in inst.runtime.dead_committed:
             inst.evidence.engine_statuses[report.endpoint_id] = report.status
-        if inst.evidence.snapshot is not before and report.status in ("unhealthy", "dead"):
+        # a diagnosing engine answers new requests 503 too (vLLM 0.34): out of the view like the others
+        if inst.evidence.snapshot is not before and report.status in ("diagnosing", "unhealthy", "dead"):
             self.withdraw_faulted(inst, DpRank(report.endpoint_id))
             if report.evidence == FaultEvidence.FT_UNREACHABLE:
                 inst.evidence.unreachable[DpRank(report.endpoint_id)] = report.identity

@@ -67,6 +67,8 @@ class EngineCapabilityStatus(BaseModel):
     protocol_profile: str | None
     scale_down_supported: bool
     retry_supported: bool
+    elastic_ep_supported: bool = False
+    """The engines serve vLLM 0.34's elastic EP routes (registered by discovery)."""
 
 
 class DeviceStatus(BaseModel):
@@ -189,6 +191,7 @@ def _assembled(ctrl: StatusPorts, inst: Instance) -> InstanceStatus:
                 protocol_profile=capability.protocol_profile,
                 scale_down_supported=capability.scale_down_supported,
                 retry_supported=capability.retry_supported,
+                elastic_ep_supported=capability.elastic_ep_supported,
             ),
             "generation": inst.runtime.generation,
             "intervention_required": inst.relaunches.intervention_required,

@@ -35,7 +35,7 @@ from heteroflow.contracts.serving import (
     ProbeResponse,
 )
 from heteroflow.core.errors import StoreUnavailableError
-from heteroflow.serving.controller.clients import PeerError, PeerRejectedError
+from heteroflow.serving.controller.clients import PeerError
 from heteroflow.serving.controller.core import gate, overlay, readiness
 from heteroflow.serving.controller.core import runtime as rt
 from heteroflow.serving.controller.core.errors import CapabilityMismatchError, RoundStateError, TopologyError
@@ -49,6 +49,7 @@ from heteroflow.serving.controller.core.topology import (
     plan_round,
     recyclable_pods,
 )
+from heteroflow.serving.controller.dispatch import Target, dispatch
 from heteroflow.serving.controller.guard import RoundFailedError, RoundGuard
 from heteroflow.serving.controller.instance import Instance
 from heteroflow.serving.controller.ports import StrategyPorts
@@ -133,6 +134,7 @@ class ScaleDownRound:
         _log.info("round.started", request_id=self.request_id, instance_id=inst.instance_id)
         guard = RoundGuard(ctrl, inst, self.request_id)
         failure: str | None = None
+        terminal = False
         try:
             await self._write_ahead("before guard")
             ctrl.crash_point("after_write_ahead")
@@ -148,7 +150,7 @@ class ScaleDownRound:
             self._check_guard(guard)
             await self._commit()
         except RoundFailedError as exc:
-            failure = str(exc)
+            failure, terminal = str(exc), exc.terminal
         except (RoundStateError, TopologyError) as exc:
             failure = f"{type(exc).__name__}: {exc}"
         finally:
@@ -156,7 +158,7 @@ class ScaleDownRound:
             if not self.committed:
                 await ctrl.finalize_everywhere(inst, self.request_id, commit=False, retired=inst.runtime.dead_committed)
         if failure is not None:
-            await self._fail(failure)
+            await self._fail(failure, terminal=terminal)
 
     def _check_guard(self, guard: RoundGuard) -> None:
         if guard.renewal_error is not None:
@@ -282,26 +284,22 @@ class ScaleDownRound:
             raise RoundFailedError(f"write-ahead (apply) failed: {exc}") from exc
         ctx = inst.runtime.context
         assert ctx is not None
-        for role in plan.routable:
-            body = apply_request(plan, role, request_id=self.request_id, removed=ctx.removed_dp_ranks)
-            try:
-                answer = await ctrl.nm.apply(role.pod.node_manager_url, body)
-            except PeerRejectedError as exc:
-                self._event("apply", pod_id=role.pod.pod_id, body=body.model_dump(), http_status=exc.status_code)
-                raise RoundFailedError(f"apply not accepted by pod {role.pod.pod_id}: {exc}") from exc
-            except PeerError as exc:
-                self._event("apply", pod_id=role.pod.pod_id, body=body.model_dump(), http_status=None)
-                raise RoundFailedError(f"apply not delivered to pod {role.pod.pod_id}: {exc}") from exc
-            self._event(
-                "apply",
-                pod_id=role.pod.pod_id,
-                body=body.model_dump(),
-                http_status=202,
-                engines={r.endpoint_id: r.http_status for r in answer.results},
-                fenced=answer.fenced_endpoint_ids,
-            )
+        await self._dispatch(plan, removed=ctx.removed_dp_ranks)
         ctrl.crash_point("after_apply")
         self._stage("apply")
+
+    async def _dispatch(self, plan: RoundPlan, *, removed: frozenset[int]) -> None:
+        """One apply per routable NodeManager, all at once, bounded by ``apply_dispatch_budget_sec``
+        (``dispatch.py``: vLLM 0.34's rendezvous needs every survivor to get the round's id within 10 s)."""
+        targets = [
+            Target(
+                pod_id=role.pod.pod_id,
+                url=role.pod.node_manager_url,
+                body=apply_request(plan, role, request_id=self.request_id, removed=removed),
+            )
+            for role in plan.routable
+        ]
+        await dispatch(self.ctrl, self.request_id, targets, budget_sec=self.timings.apply_dispatch_budget_sec)
 
     async def _until_recovered(self, plan: RoundPlan) -> None:
         clock = self.ctrl.clock
@@ -328,7 +326,7 @@ class ScaleDownRound:
                 self._stage("recovered")
                 return
             if verdict.verdict == "fail":
-                raise RoundFailedError(f"after apply: {verdict.reason}")
+                raise RoundFailedError(f"after apply: {verdict.reason}", terminal=verdict.terminal)
 
     async def _probe(self, plan: RoundPlan) -> None:
         """F-52: one real completion per survivor, sent by its own NodeManager; identity unchanged. Every pod is
@@ -456,13 +454,16 @@ class ScaleDownRound:
         self.ctrl.history.finish(self.request_id, outcome)
         self.ctrl.metrics.rounds.labels(kind="scale_down", outcome=outcome).inc()
 
-    async def _fail(self, error: str) -> None:
+    async def _fail(self, error: str, *, terminal: bool = False) -> None:
         ctrl, inst = self.ctrl, self.inst
-        _log.warning("round.failed", request_id=self.request_id, instance_id=inst.instance_id, error=error)
-        self._event("failed", error=error)
+        _log.warning(
+            "round.failed", request_id=self.request_id, instance_id=inst.instance_id, error=error, terminal=terminal
+        )
+        self._event("failed", error=error, terminal=terminal)
         if inst.runtime.context is None:  # already handed to a fallback (lost NodeManager)
             return
-        self._set(rt.fail_round(inst.runtime, error))
+        # terminal (vLLM 0.34: only a full restart helps): the pure core sends it to the whole-instance path
+        self._set(rt.fail_round(inst.runtime, error, terminal=terminal))
         await ctrl.persist(inst, required=False)
         self._outcome("failed")
         fallback = inst.runtime.fallback or rt.FallbackStrategy.INSTANCE_RECONFIGURATION

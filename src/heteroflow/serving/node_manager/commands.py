@@ -1,8 +1,9 @@
 """Command correlation: one FT command per endpoint, tracked by the id the engine knows. Purely computational.
 
-The controller names a round by its own ``request_id``. An engine of profile ``scale-down`` keeps that id and
-shows it as ``last_ft_request_id``; a released vLLM ignores it, makes a uuid of its own, returns it in the 202
-and shows only that one — and only with a failure's ``ft_error``, which its next status push drops again.
+The controller names a round by its own ``request_id``. An engine of profile ``vllm-0.34`` keeps that id and
+shows it as ``last_ft_request_id`` (until its next status push); vLLM 0.32/0.33 ignore it, make a uuid of
+their own, return it in the 202 and show only that one — and only with a failure's ``ft_error``, which their
+next status push drops again.
 So the NodeManager remembers, per endpoint, the round's id, the id the engine returned and the outcome once
 seen, and rewrites each status entry the controller reads (:func:`correlate`):
 

@@ -36,11 +36,15 @@ class PodIdentity:
     node_name: str = ""
 
 
-def registration_request(spec: InstanceSpec, pod: PodIdentity, profiles: Sequence[EngineProfile]) -> RegisterRequest:
+def registration_request(
+    spec: InstanceSpec, pod: PodIdentity, profiles: Sequence[EngineProfile], *, elastic_ep: bool = False
+) -> RegisterRequest:
     """The registration of a pod whose engines speak ``profiles`` (those known so far): the spec's
-    capability with the one profile they all speak; engines of this pod that differ fail closed."""
+    capability with the one profile they all speak; engines of this pod that differ fail closed.
+    ``elastic_ep``: every engine of the pod answered the elastic EP status route at discovery."""
     names = {p.name for p in profiles}
     capability = spec.capability(profiles[0] if len(names) == 1 else None)
+    capability = capability.model_copy(update={"elastic_ep_supported": elastic_ep and len(names) == 1})
     if len(names) > 1:
         capability = capability.model_copy(
             update={"protocol_profile": "mixed", "scale_down_supported": False, "retry_supported": False}

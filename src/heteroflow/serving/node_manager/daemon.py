@@ -319,8 +319,10 @@ class NodeManager:
 
     # == the controller ====================================================================================
     def registration(self) -> RegisterRequest:
-        profiles = [self._engines.profile_of(eid) for eid in sorted(self.spec.endpoint_ids)]
-        return registration_request(self.spec, self.pod, [p for p in profiles if p is not None])
+        ids = sorted(self.spec.endpoint_ids)
+        profiles = [self._engines.profile_of(eid) for eid in ids]
+        elastic_ep = all(self._engines.elastic_ep_of(eid) for eid in ids)
+        return registration_request(self.spec, self.pod, [p for p in profiles if p is not None], elastic_ep=elastic_ep)
 
     def heartbeat(self) -> HeartbeatRequest:
         """F-4: running, ready, not retired endpoints; the controller judges completeness."""

@@ -12,8 +12,9 @@ their OpenAI routes with it (vLLM's ``--api-key``; released vLLM leaves its FT r
 
 Which protocol profile an engine speaks (routes, whose request id tracks a command) is kept per endpoint:
 pinned by configuration, or found by :meth:`HttpEngineClient.discover` at the engine's first readiness —
-which status route answers, then whether ``scale_down`` is an instruction it knows, asked with a body that
-every profile refuses with a 400 (no ``request_id``), so a healthy engine is never disturbed.
+which status route answers (``/fault_tolerance/status``: vLLM 0.32/0.33; ``/v1/fault_tolerance/status``:
+vLLM 0.34), then whether ``scale_down`` is an instruction it knows, asked with a body that every release
+refuses with a 400 (no ``request_id``, ``params`` null), so a healthy engine is never disturbed.
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from typing import Protocol
 import httpx
 
 from heteroflow.contracts.engine_protocol import (
-    SCALE_DOWN,
-    VLLM_RELEASED,
+    IS_SCALING_ELASTIC_EP_PATH,
+    VLLM_0_32,
+    VLLM_0_34,
     ApplyRequest,
+    ElasticEpStatus,
     EngineProfile,
     EngineStatusEntry,
     ProtocolError,
@@ -79,6 +82,10 @@ class EngineClient(Protocol):
         """Find (and keep) the engine's profile; raises :class:`EngineCallError` when it speaks none."""
         ...
 
+    def elastic_ep_of(self, endpoint_id: int) -> bool:
+        """Whether discovery found the engine's elastic EP routes (vLLM 0.34 with ``--enable-elastic-ep``)."""
+        ...
+
     async def complete(self, endpoint_id: int, *, max_tokens: int, timeout_sec: float) -> str:
         """One short completion (probe, nudge); the generated text. Raises :class:`EngineCallError`."""
         ...
@@ -103,6 +110,7 @@ class HttpEngineClient:
         self._prefix = ft_path_prefix
         self._pinned = profile
         self._profiles: dict[int, EngineProfile] = {}
+        self._elastic_ep: set[int] = set()
         self._model = model
         self._owned: dict[int, httpx.AsyncClient] = {}
         self._owns = owns_clients
@@ -143,6 +151,9 @@ class HttpEngineClient:
     def profile_of(self, endpoint_id: int) -> EngineProfile | None:
         return self._pinned or self._profiles.get(endpoint_id)
 
+    def elastic_ep_of(self, endpoint_id: int) -> bool:
+        return endpoint_id in self._elastic_ep
+
     def _paths(self, endpoint_id: int) -> tuple[str, str]:
         if self._prefix is not None:
             return status_path(self._prefix), apply_path(self._prefix)
@@ -157,7 +168,7 @@ class HttpEngineClient:
             return known
         client = self._client_for(endpoint_id)
         candidates = (
-            list(discovery_order()) if self._prefix is None else [VLLM_RELEASED]
+            list(discovery_order()) if self._prefix is None else [VLLM_0_32]
         )  # an overridden prefix: the instruction probe alone tells the profile
         found: EngineProfile | None = None
         for candidate in candidates:
@@ -178,14 +189,28 @@ class HttpEngineClient:
             raise EngineProtocolError(f"engine {endpoint_id} answers no known fault-tolerance status route")
         knows_scale_down = await self._knows_scale_down(endpoint_id, found, timeout_sec=timeout_sec)
         if self._prefix is not None:
-            found = SCALE_DOWN if knows_scale_down else VLLM_RELEASED
+            found = VLLM_0_34 if knows_scale_down else VLLM_0_32
         elif knows_scale_down != found.scale_down_supported:
             raise EngineProtocolError(
                 f"engine {endpoint_id} answers {found.status_path} but "
                 f"{'knows' if knows_scale_down else 'does not know'} scale_down: no known profile"
             )
         self._profiles[endpoint_id] = found
+        if found.elastic_ep_routes and await self._answers_elastic_ep(endpoint_id, timeout_sec=timeout_sec):
+            self._elastic_ep.add(endpoint_id)
         return found
+
+    async def _answers_elastic_ep(self, endpoint_id: int, *, timeout_sec: float) -> bool:
+        """``POST /is_scaling_elastic_ep`` answers a phase: the engine runs with ``--enable-elastic-ep``. The
+        route only reads the resize status; it never starts one."""
+        try:
+            response = await self._client_for(endpoint_id).post(IS_SCALING_ELASTIC_EP_PATH, timeout=timeout_sec)
+            if response.status_code != 200:
+                return False
+            ElasticEpStatus.model_validate(response.json())
+        except (httpx.HTTPError, ValueError):
+            return False
+        return True
 
     async def _knows_scale_down(self, endpoint_id: int, profile: EngineProfile, *, timeout_sec: float) -> bool:
         """Ask with a body no profile accepts (no ``request_id``, ``params`` null): released vLLM's 400 names

@@ -10,6 +10,9 @@ The shell (``daemon.py``) polls each ready engine's ``GET {prefix}/fault_toleran
   is DEAD evidence (RFC §4.4) — unlike the controller's transactional query, where it fails the round.
   DEAD keeps one signature whatever its source, so a ``dead`` answer followed by the engine's exit is one
   report, not two.
+- ``diagnosing`` (vLLM 0.34: a faulted engine querying its all2all mask) is a fault that cannot take a
+  command yet: reported as ``diagnosing``, never DEAD, never a protocol error; the ``unhealthy`` (or ``dead``)
+  that follows is a new signature and a new report.
 - An answer that breaks the consumer rule (missing, duplicate or unknown id) is a protocol error: never
   healthy, never DEAD (it authorises no removal); reported once so the controller's snapshot stays
   incomplete rather than healthy.
@@ -61,7 +64,7 @@ class PollState:
 
     signature: tuple[str, ...] | None = None
     last: str = "unknown"
-    """``healthy`` / ``unhealthy`` / ``dead`` / ``protocol_error``, for the status object."""
+    """``healthy`` / ``diagnosing`` / ``unhealthy`` / ``dead`` / ``protocol_error``, for the status object."""
     dead_by_unreachability: bool = False
     """DEAD evidence came from unreachability: the engine must be fenced before commit (F-51)."""
     polls: int = 0
@@ -95,7 +98,11 @@ def observe(state: PollState, observation: Observation) -> tuple[PollState, Find
         case Answered(entry=entry) if entry.status == "healthy":
             return new, None
         case Answered(entry=entry):
-            status: ReportedStatus = "dead" if entry.status == "dead" else "unhealthy"
+            status: ReportedStatus = "unhealthy"
+            if entry.status == "dead":
+                status = "dead"
+            elif entry.status == "diagnosing":
+                status = "diagnosing"
             detail = entry.ft_error or f"engine reports {entry.status}"
             return new, Finding(
                 status=status,

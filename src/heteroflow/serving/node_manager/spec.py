@@ -23,7 +23,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, model_validator
 
-from heteroflow.contracts.engine_protocol import PROFILES, EngineProfile, ProfileName, normalize_prefix
+from heteroflow.contracts.engine_protocol import PROFILES, EngineProfile, ProfileNameIn, normalize_prefix
 from heteroflow.contracts.serving import MAX_DP_SIZE, DeviceInfo, EndpointInfo, FtCapability
 
 Backend = Literal["sim", "vllm"]
@@ -70,7 +70,9 @@ class SimOptions(BaseModel):
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     python: str = Field(default_factory=lambda: sys.executable, min_length=1)
-    ft_profile: ProfileName = Field(default="scale-down", description="The profile the simulated engines speak.")
+    ft_profile: ProfileNameIn = Field(
+        default="vllm-0.34", description="The profile the simulated engines speak (vllm-0.34 or vllm-0.32)."
+    )
     exit_linger_sec: float | None = Field(default=None, ge=0)
     rebuild_timeout_sec: float | None = Field(default=None, gt=0)
     startup_timeout_sec: float | None = Field(default=None, gt=0)
@@ -103,7 +105,7 @@ class InstanceSpec(BaseModel):
     engine_scale_down_supported: StrictBool = True
     engine_recovery_timeout_sec: float = Field(default=120.0, gt=0)
     cpu_distributed_timeout_sec: float = Field(default=10.0, gt=0)
-    engine_profile: ProfileName | Literal["auto"] = Field(
+    engine_profile: ProfileNameIn | Literal["auto"] = Field(
         default="auto",
         description="FT protocol profile of the engines: pinned, or 'auto' (discovered at first readiness).",
     )
@@ -235,7 +237,7 @@ def engine_command(
             entry = [vllm.executable, "serve", vllm.model]
         # EPLB and redundant experts serve only scale_down; released vLLM is launched without them
         eplb_flags = ["--enable-eplb", "--eplb-config.num_redundant_experts", str(spec.num_redundant_experts)]
-        eplb = spec.enable_eplb and spec.engine_profile != "vllm-released"
+        eplb = spec.enable_eplb and spec.engine_profile != "vllm-0.32"
         argv = [
             *entry,
             *(["--served-model-name", vllm.served_model_name] if vllm.served_model_name else []),

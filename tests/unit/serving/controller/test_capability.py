@@ -24,7 +24,7 @@ def capability(**changes: object) -> FtCapability:
         num_logical_experts=4,
         slots_per_rank=2,
         tp_size=1,
-        protocol_profile="scale-down",
+        protocol_profile="vllm-0.34",
     )
     return base.model_copy(update=changes)
 
@@ -42,7 +42,7 @@ def registration(pod: str, ranks: list[int], cap: FtCapability) -> RegisterReque
 
 
 def test_a_released_vllm_is_refused_scale_down_with_its_reason() -> None:
-    released = capability(protocol_profile="vllm-released", scale_down_supported=False)
+    released = capability(protocol_profile="vllm-0.32", scale_down_supported=False)
     result = gate.evaluate(flags=FLAGS, capability=released, survivors=3)
     assert not result.allowed
     assert result.reason_codes == (GateReason.ENGINE_SCALE_DOWN_UNSUPPORTED,)
@@ -53,7 +53,7 @@ def test_pods_whose_engines_speak_different_profiles_fail_closed() -> None:
     topology = resolve_instance(
         [
             registration("a", [0, 1], capability()),
-            registration("b", [2, 3], capability(protocol_profile="vllm-released", scale_down_supported=False)),
+            registration("b", [2, 3], capability(protocol_profile="vllm-0.32", scale_down_supported=False)),
         ]
     )
     assert topology.capability.protocol_profile == "mixed"
@@ -67,7 +67,7 @@ def test_a_pod_not_yet_discovered_adds_its_flags_not_a_profile() -> None:
     topology = resolve_instance(
         [registration("a", [0, 1], capability()), registration("b", [2, 3], capability(protocol_profile=None))]
     )
-    assert topology.capability.protocol_profile == "scale-down"
+    assert topology.capability.protocol_profile == "vllm-0.34"
     assert gate.evaluate(flags=FLAGS, capability=topology.capability, survivors=3).allowed
 
 

@@ -58,6 +58,17 @@ def test_protocol_error_is_never_healthy_never_dead() -> None:
     assert got.kind == SnapshotKind.INCOMPLETE
 
 
+def test_vllm_034_diagnosing_is_a_fault_that_keeps_the_snapshot_waiting_never_dead() -> None:
+    snap = snapshot({0: "unhealthy", 1: "dead", 2: "unhealthy"})
+    snap = observe(snap, report(3, "diagnosing"), now=1.0, dead_committed=())
+    got = classify(snap, ALL)
+    assert snap.status(3) == "diagnosing"
+    assert got.kind == SnapshotKind.INCOMPLETE  # no round until the engine can take a command
+    assert got.dead == {1}
+    snap = observe(snap, report(3, "unhealthy"), now=2.0, dead_committed=())
+    assert classify(snap, ALL).kind == SnapshotKind.COMPLETE
+
+
 def test_committed_ranks_are_filtered_and_outside_the_active_set() -> None:
     snap = snapshot({1: "dead"}, dead_committed=ranks([1]))
     assert snap.entries == {}

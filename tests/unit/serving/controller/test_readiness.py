@@ -17,7 +17,7 @@ def test_all_unhealthy_without_ft_state_is_apply_ready() -> None:
     assert got.verdict == "ready"
 
 
-@pytest.mark.parametrize(("status", "ft_state"), [("healthy", None), ("unhealthy", "recovering")])
+@pytest.mark.parametrize(("status", "ft_state"), [("healthy", None), ("unhealthy", "recovering"), ("diagnosing", None)])
 def test_healthy_or_recovering_keeps_polling(status: str, ft_state: str | None) -> None:
     polls = [entry(0, "unhealthy"), entry(2, status, ft_state=ft_state), entry(3, "unhealthy")]
     assert before_apply(polls, survivors=SURVIVORS, limits=LIMITS, now=1.0).verdict == "poll"
@@ -96,3 +96,21 @@ def test_a16_after_apply_failures_never_ask_for_a_second_apply(bad: object) -> N
 def test_after_apply_keeps_polling_while_recovering() -> None:
     polls = [entry(0, "healthy"), entry(2, "unhealthy", ft_state="recovering"), entry(3, "healthy")]
     assert after_apply(polls, survivors=SURVIVORS, request_id="r1", limits=LIMITS, now=5.0).verdict == "poll"
+
+
+def test_vllm_034_a_diagnosing_survivor_is_waited_for_never_a_failure_or_dead() -> None:
+    polls = [entry(0, "diagnosing"), entry(2, "diagnosing"), entry(3, "unhealthy")]
+    got = before_apply(polls, survivors=SURVIVORS, limits=LIMITS, now=1.0)
+    assert (got.verdict, got.absorbed) == ("poll", frozenset())
+    assert "rank 0 diagnosing" in got.reason
+
+
+def test_vllm_034_a_terminal_failure_after_apply_is_told_from_a_retryable_one() -> None:
+    terminal = entry(
+        3, "dead", fault_info="Recovery failed; full restart required", ft_state="failed", ft_error="too few slots"
+    )
+    retryable = entry(3, "unhealthy", ft_state="failed", ft_error="[FT] Not all engines joined recovery round 'r1'")
+    for bad, is_terminal in ((terminal, True), (retryable, False)):
+        polls = [entry(0, "healthy"), entry(2, "healthy"), bad]
+        got = after_apply(polls, survivors=SURVIVORS, request_id="r1", limits=LIMITS, now=5.0)
+        assert (got.verdict, got.terminal) == ("fail", is_terminal)

@@ -36,7 +36,7 @@ EXPECTED = (
     b'itted":[],"pending_removed_ranks":[],"alive_dp_ranks":[0,1,2,3],"fallback_strategy":null,"gate":{"al'
     b'lowed":true,"reason_codes":[],"warnings":[]},"engine_statuses":{"1":"unhealthy"},"serving_published"'
     b':false,"last_error":null,"can_serve":false,"engine_capability":{"protocol_profile":null,"scale_down_'
-    b'supported":true,"retry_supported":true},"generation":0,"intervention_required":null,"relaunch":null,'
+    b'supported":true,"retry_supported":true,"elastic_ep_supported":false},"generation":0,"intervention_required":null,"relaunch":null,'
     b'"standing_hardware_faults":[],"running_strategy":null,"last_decision":null,"published_endpoints":[],'
     b'"hardware_faults":[{"key":"80E18402|GPU-a|k-1","level":5,"source":"t","mapping":"UNMAPPABLE","ranks"'
     b':[],"reason":"a pod of the instance registered no node name","reason_code":"no_node_name","reason_su'

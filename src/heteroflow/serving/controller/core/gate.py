@@ -80,7 +80,7 @@ def evaluate(
         if capability.protocol_profile == "mixed" and not capability_mismatch:
             reasons.append(GateReason.CAPABILITY_MISMATCH)  # the pods' engines speak different profiles
         if not capability.scale_down_supported:
-            # a released vLLM (0.32/0.33) knows only retry: DP scale-down needs a PR #46370 build
+            # vLLM 0.32/0.33 know only retry: DP scale-down needs vLLM 0.34 or later
             reasons.append(GateReason.ENGINE_SCALE_DOWN_UNSUPPORTED)
         if not capability.external_lb:
             reasons.append(GateReason.EXTERNAL_LB_REQUIRED)

@@ -26,7 +26,9 @@ from heteroflow.contracts.serving import FaultEvidence, SoftwareFaultReport
 from .ranks import DpRank, ranks
 from .topology import InstanceTopology
 
-RankHealth = Literal["unhealthy", "dead", "unknown"]
+RankHealth = Literal["diagnosing", "unhealthy", "dead", "unknown"]
+"""``diagnosing`` (vLLM 0.34) is a fault that cannot take a command yet: it keeps the snapshot incomplete (wait),
+never removable, never a protocol error."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +69,8 @@ def observe(
         status = "dead"
     elif report.status == "unhealthy":
         status = "unhealthy"
+    elif report.status == "diagnosing":
+        status = "diagnosing"
     else:
         status = "unknown"
     if current is not None and current.status == status:

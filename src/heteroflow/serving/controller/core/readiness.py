@@ -1,7 +1,8 @@
 """A round's survivor polls, judged (``serving-ft.md`` F-24, F-26, F-51; RFC §5). Purely computational.
 
 Before apply (:func:`before_apply`): a survivor turned DEAD joins the round's removal set (absorbed); the
-rest must all be UNHEALTHY with no ``ft_state``; HEALTHY or recovering → keep polling; failed, missing, id
+rest must all be UNHEALTHY with no ``ft_state``; HEALTHY, DIAGNOSING (vLLM 0.34: a fault that cannot take a
+command yet) or recovering → keep polling; failed, missing, id
 mismatch, protocol error, a query error beyond ``max_transient_query_errors`` (default 0), no survivor
 left, or the deadline → fail. After apply (:func:`after_apply`): every survivor healthy with empty
 ``ft_state`` → commit; any failed or dead, a query error beyond the tolerance, or the deadline → fail.
@@ -14,7 +15,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-from heteroflow.contracts.serving import EndpointFtStatus
+from heteroflow.contracts.serving import TERMINAL_FAILURE, EndpointFtStatus
 
 from .ranks import DpRank, ranks
 
@@ -28,6 +29,9 @@ class PollVerdict:
     absorbed: frozenset[DpRank] = frozenset()
     transient_errors: int = 0
     """The round's count of tolerated transient query errors after this poll (F-51)."""
+    terminal: bool = False
+    """A ``fail`` by vLLM's terminal signal (dead, "Recovery failed; full restart required"): the whole instance
+    must restart, whatever fallback was frozen; a retryable failure (``ft_state`` failed, still unhealthy) is not."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,7 +99,7 @@ def before_apply(
             dead.add(rank)
         elif status.ft_state == "failed":
             return PollVerdict("fail", f"rank {rank} reports ft_state failed: {status.ft_error or ''}".strip())
-        elif status.status == "healthy" or status.ft_state == "recovering":
+        elif status.status in ("healthy", "diagnosing") or status.ft_state == "recovering":
             waiting.append(f"rank {rank} {status.status}{' recovering' if status.ft_state else ''}")
     if dead:
         if dead == survivor_set:
@@ -129,6 +133,11 @@ def after_apply(
         if entry.error is not None or entry.status is None:
             return PollVerdict("fail", f"rank {rank}: {entry.error or 'no status'} {entry.detail}".strip())
         status = entry.status
+        if TERMINAL_FAILURE(status):
+            # vLLM's own signal: the scale_down failed for good; only the whole instance can be restarted
+            return PollVerdict(
+                "fail", f"rank {rank} failed terminally: {status.fault_info or status.ft_error}", terminal=True
+            )
         if status.status == "dead" or status.ft_state == "failed":
             return PollVerdict("fail", f"rank {rank} {status.status} after apply {status.ft_error or ''}".strip())
         if status.ft_error and status.last_ft_request_id == request_id:

@@ -270,15 +270,19 @@ def finish_round(runtime: FtRuntime) -> FtRuntime:
     )
 
 
-def fail_round(runtime: FtRuntime, error: str) -> FtRuntime:
+def fail_round(runtime: FtRuntime, error: str, *, terminal: bool = False) -> FtRuntime:
     """The round failed before commit: RECONFIGURING with the frozen fallback, pending dropped (F-27).
 
+    ``terminal``: the engines said recovery is over (vLLM 0.34: a failed ``scale_down`` leaves them dead with
+    "Recovery failed; full restart required"): the whole instance is rebuilt whatever fallback was frozen — a
+    released engine cannot be relaunched in place with ranks already dead.
     The shell has sent finalize(abort) to every uncommitted NodeManager in its ``finally``.
     """
     context = _round(runtime)
     if runtime.phase == FtPhase.POST_SCALE_CLEANUP and not runtime.pending_removed:
         raise RoundStateError("the round already committed; use post_commit_error or node_manager_lost")
-    fallback = FallbackStrategy.INSTANCE_RECONFIGURATION if context.hardware_matched else context.fallback
+    whole = context.hardware_matched or terminal
+    fallback = FallbackStrategy.INSTANCE_RECONFIGURATION if whole else context.fallback
     return _move(
         runtime,
         FtPhase.RECONFIGURING,

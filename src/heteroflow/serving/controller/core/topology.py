@@ -142,6 +142,7 @@ def agreed_capability(capabilities: Iterable[FtCapability]) -> FtCapability:
         update={
             "scale_down_supported": all(c.scale_down_supported for c in caps),
             "retry_supported": all(c.retry_supported for c in caps),
+            "elastic_ep_supported": all(c.elastic_ep_supported for c in caps),
             "protocol_profile": profile,
         }
     )
@@ -218,6 +219,10 @@ class RoundTimings:
     poll_interval_sec: float = 1.0
     execution_deadline_sec: float = 30.0
     """Each of: before apply, after apply."""
+    apply_dispatch_budget_sec: float = 5.0
+    """The whole apply dispatch (one request to every routable NodeManager at once): vLLM 0.34 fails a round
+    unless every survivor received its id within 10 s, so the round stops here, before that, when a survivor
+    cannot be reached in time."""
 
 
 def guard_lease_sec(timings: RoundTimings) -> float:

@@ -6,7 +6,15 @@
 // not send stays unknown (null), never a guess.
 
 /** The states a DP rank can be in, in the order of the legend. */
-export const RANK_STATES = Object.freeze(["alive", "unhealthy", "dead", "withdrawn", "committed_dead", "unknown"]);
+export const RANK_STATES = Object.freeze([
+  "alive",
+  "diagnosing",
+  "unhealthy",
+  "dead",
+  "withdrawn",
+  "committed_dead",
+  "unknown",
+]);
 
 /** The phases of ``serving-ft.md`` F-30, in the order of a round. */
 export const PHASES = Object.freeze([
@@ -52,6 +60,7 @@ function rankSet(value) {
  *
  * Precedence, strongest first: committed dead (retired for good: never serves again) → withdrawn (in this
  * round's pending removal set, not committed yet) → dead (the engine or its supervisor said so; not committed)
+ * → diagnosing (vLLM 0.34: a fault the engine is still diagnosing; it cannot take a command yet)
  * → unhealthy (the engine reports a fault; it may still recover) → alive (an active rank with no fault reported)
  * → unknown (the entry contradicts itself: not alive, yet neither dead nor pending).
  * @param {object} entry one element of GET /api/v1/serving/status
@@ -71,6 +80,7 @@ export function rankCells(entry) {
     if (committed.has(rank)) state = "committed_dead";
     else if (pending.has(rank)) state = "withdrawn";
     else if (engine === "dead") state = "dead";
+    else if (engine === "diagnosing") state = "diagnosing";
     else if (engine !== null && UNHEALTHY_STATUSES.has(engine)) state = "unhealthy";
     else if (alive.has(rank)) state = "alive";
     else state = "unknown";
@@ -120,7 +130,7 @@ export function gateReasons(entry) {
 }
 
 /** Fault-tolerance protocol profiles the dictionary explains (``engine-protocol.md``; ``mixed``: pods disagree). */
-export const PROTOCOL_PROFILES = Object.freeze(["vllm-released", "scale-down", "mixed"]);
+export const PROTOCOL_PROFILES = Object.freeze(["vllm-0.32", "vllm-0.34", "mixed"]);
 
 /**
  * What the instance's engines can do (``engine_capability`` of the status entry): the protocol profile the

@@ -1,0 +1,101 @@
+"""The simulator in profile ``vllm-0.34`` against every fact of that profile in ``engine-protocol.md``.
+
+The fake cluster's engines run on a fake clock that a pump moves while the checks await (the ten-second
+check-in and the diagnosis take engine seconds, not real ones).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+from heteroflow.contracts.engine_protocol import TERMINAL_FAULT_INFO, checkin_failure_text
+from heteroflow.engine_sim import conformance, v034_conformance
+from heteroflow.engine_sim.testing import FakeEngineCluster
+
+PUMP_SEC = 0.05
+"""Engine seconds the fake clock moves per real 10 ms while a check awaits (autojump)."""
+
+
+def run(scenario: Callable[[FakeEngineCluster], Awaitable[object]], **cluster_args: object) -> None:
+    async def main() -> None:
+        cluster = FakeEngineCluster(dp_size=4, diagnosing_sec=1.0, **cluster_args)  # type: ignore[arg-type]
+        await cluster.start()
+
+        async def pump() -> None:
+            while True:
+                await asyncio.sleep(0.01)
+                cluster.clock.advance(PUMP_SEC)
+                cluster.tick()
+
+        pumping = asyncio.create_task(pump())
+        try:
+            await scenario(cluster)
+        finally:
+            pumping.cancel()
+            await cluster.close()
+
+    asyncio.run(main())
+
+
+def test_the_default_profile_is_vllm_034() -> None:
+    assert FakeEngineCluster(dp_size=2).profile_name == "vllm-0.34"
+
+
+def test_routes_400_texts_and_the_202_body_are_vllm_034s() -> None:
+    run(lambda h: v034_conformance.v034_routes_and_errors(h, 1))
+
+
+def test_a_fault_reads_as_vllm_034_from_diagnosing_to_a_terminal_failure() -> None:
+    seen: dict[str, object] = {}
+
+    async def scenario(h: FakeEngineCluster) -> None:
+        seen.update(await v034_conformance.v034_round(h))
+
+    run(scenario)
+    assert seen["statuses"] == ["diagnosing", "unhealthy"]
+    assert seen["rejected_while_diagnosing"] is True
+    partial = seen["partial_dispatch"]
+    assert isinstance(partial, dict)
+    assert partial["status"] == "unhealthy"
+    assert partial["ft_state"] == "failed"
+    assert partial["ft_error"] == checkin_failure_text(str(partial["last_ft_request_id"]))
+    terminal = seen["terminal"]
+    assert isinstance(terminal, dict)
+    assert terminal["fault_info"] == TERMINAL_FAULT_INFO
+
+
+def test_the_elastic_ep_routes_answer_as_vllm_034s() -> None:
+    run(lambda h: v034_conformance.v034_elastic_ep(h, 0), enable_elastic_ep=True)
+
+
+def test_without_enable_elastic_ep_the_routes_do_not_exist() -> None:
+    async def scenario(h: FakeEngineCluster) -> None:
+        resp = await h.client(0).post("/is_scaling_elastic_ep", json={})
+        assert resp.status_code == 404
+
+    run(scenario)
+
+
+def test_elastic_ep_refuses_to_fill_the_holes_of_a_scale_down() -> None:
+    async def scenario(h: FakeEngineCluster) -> None:
+        h.kill_worker(2)
+        await h.settle()
+        await conformance.traffic(h, [0, 1, 3])
+        await conformance.wait_status(h, [0, 1, 3], "unhealthy", within=10.0)
+        body = {
+            "instruction": "scale_down",
+            "request_id": "sd",
+            "params": {"removed_dp_ranks": [2], "dp_master_ip": "127.0.0.1", "dp_store_port": 29999},
+        }
+        for rank in (0, 1, 3):
+            await conformance.apply(h, rank, body)
+        await conformance.wait_status(h, [0, 1, 3], "healthy", within=10.0)
+        resp = await h.client(0).post("/scale_elastic_ep", json={"new_data_parallel_size": 4})
+        assert resp.status_code == 500
+        assert resp.json()["error"]["message"].startswith("Scale failed")
+        phase = (await h.client(0).post("/is_scaling_elastic_ep", json={})).json()
+        assert phase["phase"] == "failed"
+        assert "[2]" in phase["error"]
+
+    run(scenario, enable_elastic_ep=True)
