@@ -394,12 +394,17 @@ export function createGpuHealthPage(main) {
       "div",
       { dataset: { part: "first_failure" } },
       h("p", { class: "muted small" }, t("stats.first_failure")),
+      // two pairs a row: four would not fit a narrow card
       h(
         "dl",
         { class: "counts", "aria-label": t("stats.first_failure") },
         pair(t("stats.precision"), ratio(fs.precision), "first_failure_precision"),
-      pair(t("stats.recall"), ratio(fs.recall), "first_failure_recall"),
-      pair(t("stats.failed_cards"), fmtNumber(first.failed_cards), "first_failure_failed_cards"),
+        pair(t("stats.recall"), ratio(fs.recall), "first_failure_recall"),
+      ),
+      h(
+        "dl",
+        { class: "counts" },
+        pair(t("stats.failed_cards"), fmtNumber(first.failed_cards), "first_failure_failed_cards"),
         pair(t("stats.predicted_cards"), fmtNumber(first.predicted_cards), "first_failure_predicted_cards"),
       ),
     );
