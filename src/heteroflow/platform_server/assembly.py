@@ -31,7 +31,13 @@ from heteroflow.health.xid_collection import XidCollectionBook
 from heteroflow.platform.auth import Principal
 from heteroflow.platform.liveness import LivenessTracker
 from heteroflow.platform_server.alert_delivery import AlertDeliverySettings, AlertNotifier
-from heteroflow.platform_server.auth import authenticate, check_before_work, heartbeat_node_id, invalid_request
+from heteroflow.platform_server.auth import (
+    authenticate,
+    check_before_work,
+    heartbeat_node_id,
+    heartbeat_owner,
+    invalid_request,
+)
 from heteroflow.platform_server.context import ServerContext
 from heteroflow.platform_server.errors import install_error_handlers, limited, overloaded, refused_body
 from heteroflow.platform_server.gpu_metrics import GpuMetricsRecorder
@@ -96,6 +102,14 @@ def build_context(
     ingestor = HealthIngestor(store=samples, clock=clock, settings=health_settings)
     liveness = LivenessTracker()
     metrics.watch(ingestor.status, liveness.status)
+    heartbeat_admission = AdmissionGate(
+        max_in_flight=settings.max_in_flight_heartbeats,
+        max_lag_sec=settings.heartbeat_shed_lag_seconds,
+        # each tenant's nodes, and each token's within it, get a bounded share: no one fills the gate alone
+        max_per_tenant=settings.heartbeat_tenant_slots,
+        max_per_token=settings.heartbeat_token_slots,
+    )
+    metrics.watch_admission(heartbeat_admission.status)
     recorder = GpuMetricsRecorder(
         store=gpu_metrics, alerts=alerts, clock=clock, settings=metrics_settings, notifier=notifier
     )
@@ -122,9 +136,7 @@ def build_context(
         metrics_recorder=recorder,
         token_cache=TtlCache(ttl_sec=settings.auth_cache_seconds, max_entries=10_000),
         node_cache=TtlCache(ttl_sec=settings.node_cache_seconds, max_entries=100_000),
-        heartbeat_admission=AdmissionGate(
-            max_in_flight=settings.max_in_flight_heartbeats, max_lag_sec=settings.heartbeat_shed_lag_seconds
-        ),
+        heartbeat_admission=heartbeat_admission,
         node_limit=InFlightByKey(max_per_client=settings.max_in_flight_per_node),
         peer_limit=InFlightByKey(max_per_client=settings.max_in_flight_per_peer),
         xid_collection=XidCollectionBook(stale_sec=settings.offline_after_seconds),
@@ -205,6 +217,7 @@ def _add_middleware(app: FastAPI, ctx: ServerContext) -> None:
         retry_after_sec=retry_after_sec,
         render=overloaded,
         on_refused=lambda _, why: ctx.metrics.heartbeats_refused.labels(reason=why).inc(),
+        owner_of=heartbeat_owner,
     )
     # per client, inside the token check and before the gate: one node (its credential verified before this)
     # or one address never holds more than its share of the slots, so the others' beats still get one

@@ -195,6 +195,17 @@ async def heartbeat_speaker(
     return await speaking_node(ctx, principal, node_id, credential)
 
 
+def heartbeat_owner(scope: AsgiScope) -> tuple[str, str] | None:
+    """Whose share of the heartbeat gate a heartbeat takes: ``(tenant, token)`` of the node
+    :func:`check_before_work` verified for it — the node's tenant and the token that registered it (``""`` for
+    none), so that neither is a value the caller chooses — or ``None`` for a request it did not verify."""
+    checked = scope.get("state", {}).get(_CHECKED_SPEAKER)
+    if checked is None:
+        return None
+    node: NodeRecord = checked[3]
+    return (node.tenant_id or "", node.registered_by or "")
+
+
 def verified_speaker(scope: AsgiScope) -> NodeRecord | None:
     """The node :func:`check_before_work` verified for this very heartbeat (its path's node id, its credential
     header, within the credential's length limit), or ``None``: the lean heartbeat path then leaves the request

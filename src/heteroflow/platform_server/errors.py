@@ -124,7 +124,12 @@ def refused_body(_: str, exc: BodyError) -> dict[str, object]:
 
 def overloaded(_: object, why: Refusal) -> dict[str, object]:
     """The error body of a heartbeat refused by the admission gate (503 + Retry-After)."""
-    reason = "too many heartbeats in flight" if why == "busy" else "the server is behind on its work"
+    reason = {
+        "busy": "too many heartbeats in flight",
+        "lagging": "the server is behind on its work",
+        "tenant_share": "this node's tenant holds its share of the heartbeats in flight",
+        "token_share": "the nodes of this node's token hold their share of the heartbeats in flight",
+    }[why]
     return {"error": "overloaded", "detail": f"{reason}; retry after the Retry-After seconds"}
 
 

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
+from heteroflow.core.admission import AdmissionStatus
 from heteroflow.core.text import printable
 from heteroflow.health.counters import HEALTH_KEYS, Counters
 from heteroflow.health.gpu_metrics import METRIC_KEYS, GpuMetrics
@@ -106,6 +107,10 @@ class ServerMetrics:
 
     def watch(self, ingest: Callable[[], IngestStatus], liveness: Callable[[], LivenessStatus]) -> None:
         self.registry.register(_StatusCollector(ingest, liveness))
+
+    def watch_admission(self, admission: Callable[[], AdmissionStatus]) -> None:
+        """The heartbeat gate's occupancy and shares, read from its status at scrape time."""
+        self.registry.register(_AdmissionCollector(admission))
 
     def watch_gpus(self, latest: Callable[[], Iterable[FlatCards]]) -> None:
         """Per-GPU gauges read at scrape time from the newest values the server holds in memory (slices of cards,
@@ -316,6 +321,42 @@ def _label_value(value: str) -> str:
 
 def _help_text(text: str) -> str:
     return text.replace("\\", r"\\").replace("\n", r"\n")
+
+
+class _AdmissionCollector(Collector):
+    def __init__(self, admission: Callable[[], AdmissionStatus]) -> None:
+        self._admission = admission
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        status = self._admission()
+        for name, text, value in (
+            ("in_flight", "Heartbeats in flight now.", status.in_flight),
+            ("max_in_flight", "The heartbeat gate's size (max_in_flight_heartbeats).", status.max_in_flight),
+            (
+                "max_per_tenant",
+                "The most heartbeats one tenant's nodes may have in flight (heartbeat_share_per_tenant of the gate).",
+                status.max_per_tenant,
+            ),
+            (
+                "max_per_token",
+                "The most heartbeats one token's nodes may have in flight (heartbeat_share_per_token of a tenant's).",
+                status.max_per_token,
+            ),
+            ("peak_per_tenant", "The most heartbeats one tenant had in flight at once.", status.peak_per_tenant),
+        ):
+            if value is None:
+                continue
+            gauge = GaugeMetricFamily(f"heteroflow_heartbeat_admission_{name}", text)
+            gauge.add_metric([], value)
+            yield gauge
+        tenants = GaugeMetricFamily(
+            "heteroflow_heartbeat_admission_tenant_in_flight",
+            'Heartbeats in flight now of the (at most 10) busiest tenants (tenant "": nodes of no tenant).',
+            labels=["tenant"],
+        )
+        for tenant, held in status.busiest_tenants:
+            tenants.add_metric([printable(tenant)], held)
+        yield tenants
 
 
 class _StatusCollector(Collector):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from pydantic import Field
@@ -15,6 +16,16 @@ def default_database_url() -> str:
 
 class ServerSettings(LenientSettings):
     """Where the server listens, what it stores into, and how it paces liveness and auth caching."""
+
+    @property
+    def heartbeat_tenant_slots(self) -> int:
+        """The most heartbeat slots one tenant may hold (:attr:`heartbeat_share_per_tenant` of the gate)."""
+        return max(1, math.floor(self.max_in_flight_heartbeats * self.heartbeat_share_per_tenant))
+
+    @property
+    def heartbeat_token_slots(self) -> int:
+        """The most heartbeat slots one token's nodes may hold (:attr:`heartbeat_share_per_token` of a tenant's)."""
+        return max(1, math.floor(self.heartbeat_tenant_slots * self.heartbeat_share_per_token))
 
     @property
     def node_reclaim_after(self) -> float:
@@ -178,6 +189,29 @@ class ServerSettings(LenientSettings):
             "(the heartbeat interval) before its body is read. Without a bound an overloaded server answers "
             "every beat after the agents' 5 s timeout, so all its work is wasted; with it the admitted beats "
             "stay fast. At about 3 ms of CPU per beat, 256 beats in flight are under a second of work."
+        ),
+    )
+    heartbeat_share_per_tenant: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        validation_alias=env_names("server_heartbeat_share_per_tenant"),
+        description=(
+            "The part of max_in_flight_heartbeats one tenant's nodes may hold at once (default 0.5: 128 of 256; "
+            "the nodes of no tenant count as one tenant). One more of that tenant is answered 503 with "
+            "Retry-After before its body is read, while the other tenants' beats still find a slot: one tenant "
+            "with many nodes and slow bodies cannot take the whole gate. Honest fleets keep about N/1000 beats in "
+            "flight (N nodes beating every 5 s), far under their share."
+        ),
+    )
+    heartbeat_share_per_token: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        validation_alias=env_names("server_heartbeat_share_per_token"),
+        description=(
+            "The part of a tenant's share that the nodes one token registered may hold at once (default 0.5: 64 "
+            "of the tenant's 128), so that one leaked agent token cannot take its whole tenant's share either."
         ),
     )
     max_in_flight_per_node: int = Field(

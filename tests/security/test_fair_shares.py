@@ -1,0 +1,151 @@
+"""One tenant cannot starve the others (a real server process): tenant A's agent tokens register many nodes and
+open, through each node's own credential, heartbeats that declare a large body and never send it — every per-node
+and per-address limit respected — until the heartbeat gate would be full. Its share of the gate fills instead:
+A's beats beyond it are refused at once, and tenant B's beats, and the nodes of no tenant, are answered 200 within
+2 s throughout."""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+
+from heteroflow.core.clock import SystemClock
+from heteroflow.core.testing import free_port
+from heteroflow.platform.auth import parse_scopes
+from heteroflow.platform.nodes import NODE_CREDENTIAL_HEADER
+from heteroflow.storage.db import create_db_engine, upgrade_database
+from heteroflow.storage.token_store import SqlTokenStore
+from tests.security.services import auth
+from tests.security.test_processes import Running, start, wait_until_up
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(90)]
+
+_SETTINGS_PREFIXES = ("HETEROFLOW_", "GPU_HEALTH_", "GPU_METRICS_", "GPU_MEMORY_HIGH_", "GPU_WEAK_")
+GATE = 16
+"""The heartbeat gate of the server under attack; a tenant's share is half of it, a token's half of that."""
+TENANT_SHARE, TOKEN_SHARE = GATE // 2, GATE // 4
+PER_NODE = 2
+STAT = {"index": 0, "uuid": "GPU-fair-0", "ecc_corrected_total": 0}
+
+
+@dataclass
+class Cluster:
+    server: Running
+    admin: str
+    tokens: dict[str, str]
+    """Agent tokens: ``a1`` and ``a2`` of tenant A, ``b`` of tenant B, ``none`` of no tenant."""
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    folder = tmp_path_factory.mktemp("fair")
+    database_url = f"sqlite:///{folder / 'platform.db'}"
+    engine = create_db_engine(database_url)
+    upgrade_database(engine)
+    store = SqlTokenStore(engine)
+    now = SystemClock().now()
+    admin = store.create_token(name="ops", scopes=parse_scopes("admin"), tenant_id=None, now=now)[1]
+    team_a = store.ensure_tenant("team-a", now=now)[0]
+    team_b = store.ensure_tenant("team-b", now=now)[0]
+    agent = parse_scopes("agent")
+    tokens = {
+        "a1": store.create_token(name="a1", scopes=agent, tenant_id=team_a, now=now)[1],
+        "a2": store.create_token(name="a2", scopes=agent, tenant_id=team_a, now=now)[1],
+        "b": store.create_token(name="b", scopes=agent, tenant_id=team_b, now=now)[1],
+        "none": store.create_token(name="fleet", scopes=agent, tenant_id=None, now=now)[1],
+    }
+    engine.dispose()
+    port = free_port()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(_SETTINGS_PREFIXES)}
+    env |= {
+        "PYTHONUNBUFFERED": "1",
+        "HETEROFLOW_SERVER_MAX_IN_FLIGHT_HEARTBEATS": str(GATE),
+        "HETEROFLOW_SERVER_MAX_IN_FLIGHT_PER_NODE": str(PER_NODE),
+    }
+    server = start(
+        "server", ["server", "--port", str(port), "--database-url", database_url], env=env, folder=folder, port=port
+    )
+    try:
+        wait_until_up(server, "/healthz", auth(admin))
+        yield Cluster(server=server, admin=admin, tokens=tokens)
+    finally:
+        server.stop()
+
+
+def register(cluster: Cluster, token: str, hostname: str) -> tuple[str, str]:
+    """A new node of ``token``'s: its id and its own credential."""
+    answer = httpx.post(
+        f"{cluster.server.url}/api/v1/nodes/register",
+        json={"hostname": hostname, "vendor": "nvidia", "model": "H100", "gpu_count": 1},
+        headers=auth(token),
+        timeout=10,
+    )
+    assert answer.status_code == 200, answer.text
+    body: dict[str, Any] = answer.json()
+    return body["node_id"], body["node_credential"]
+
+
+def slow_beat(cluster: Cluster, token: str, node: tuple[str, str], source: str) -> socket.socket:
+    """A heartbeat that declares a 100,000-byte body and sends none of it, from ``source`` (127.0.0.x)."""
+    sock = socket.create_connection(("127.0.0.1", cluster.server.port), timeout=5, source_address=(source, 0))
+    head = (
+        f"POST /api/v1/nodes/{node[0]}/heartbeat HTTP/1.1\r\nHost: 127.0.0.1\r\n"
+        f"Authorization: Bearer {token}\r\n{NODE_CREDENTIAL_HEADER}: {node[1]}\r\n"
+        "Content-Type: application/json\r\nContent-Length: 100000\r\n\r\n"
+    )
+    sock.sendall(head.encode())
+    return sock
+
+
+def admission(cluster: Cluster) -> dict[str, Any]:
+    answer = httpx.get(f"{cluster.server.url}/api/v1/server/status", headers=auth(cluster.admin), timeout=5)
+    assert answer.status_code == 200, answer.text
+    found: dict[str, Any] = answer.json()["heartbeat_admission"]
+    return found
+
+
+def test_a_tenant_holding_slow_beats_fills_only_its_share_and_the_others_beat_in_time(cluster: Cluster) -> None:
+    victims = {name: register(cluster, cluster.tokens[name], f"victim-{name}") for name in ("b", "none")}
+    attackers = [
+        (cluster.tokens[name], register(cluster, cluster.tokens[name], f"attacker-{name}-{n}"))
+        for name in ("a1", "a2")
+        for n in range(GATE // PER_NODE)
+    ]
+    held: list[socket.socket] = []
+    try:
+        # every node opens its per-node limit of slow beats, over three source addresses: twice the whole gate
+        for number, (token, node) in enumerate(attackers):
+            held += [slow_beat(cluster, token, node, f"127.0.0.{2 + (number + k) % 3}") for k in range(PER_NODE)]
+        deadline = time.monotonic() + 10
+        while (status := admission(cluster))["in_flight"] < TENANT_SHARE and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert status["in_flight"] == TENANT_SHARE, status  # tenant A holds its share, not the gate
+        assert status["busiest_tenants"][0][1] == TENANT_SHARE
+        assert (status["max_per_tenant"], status["max_per_token"]) == (TENANT_SHARE, TOKEN_SHARE)
+        assert status["refused_tenant_share_total"] + status["refused_token_share_total"] > 0
+        with httpx.Client(base_url=cluster.server.url, timeout=2.0) as client:
+            for _ in range(5):  # throughout the attack (its sockets stay open, inside the body read time)
+                for name, (node_id, credential) in victims.items():
+                    started = time.monotonic()
+                    answer = client.post(
+                        f"/api/v1/nodes/{node_id}/heartbeat",
+                        json={"gpu_stats": [STAT]},
+                        headers={**auth(cluster.tokens[name]), NODE_CREDENTIAL_HEADER: credential},
+                    )
+                    assert answer.status_code == 200, (name, answer.status_code, answer.text)
+                    assert time.monotonic() - started < 2.0
+                time.sleep(0.2)
+        assert admission(cluster)["in_flight"] == TENANT_SHARE  # the attack was still holding its share
+        metrics = httpx.get(f"{cluster.server.url}/metrics", headers=auth(cluster.admin), timeout=10).text
+        assert f"heteroflow_heartbeat_admission_max_per_tenant {float(TENANT_SHARE)}" in metrics
+        assert 'heteroflow_heartbeats_refused_total{reason="tenant_share"}' in metrics
+    finally:
+        for sock in held:
+            sock.close()
