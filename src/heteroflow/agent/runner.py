@@ -193,8 +193,8 @@ class Agent:
                 detail=str(exc),
                 retry_in_sec=delay,
                 hint="this agent has no stored credential for its registered node (its state folder was lost); "
-                "it retries until its token may reclaim the node (offline long enough) or an operator releases "
-                "the node's credential: POST /api/v1/nodes/<node id>/release",
+                "it retries until an operator releases the node's credential: "
+                "POST /api/v1/nodes/<node id>/release",
             )
             return delay
         delay = retry_delay(

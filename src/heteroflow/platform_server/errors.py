@@ -6,7 +6,7 @@
     ├── NotFound (404)       absent, or outside the caller's tenant scope (identical on purpose)
     ├── BadRequest (400)     a parameter out of range, with the reason
     ├── Conflict (409)       a registration contradicting an existing node (its source, or its credential:
-    │                        node_credential_required, with Retry-After when the caller may reclaim it later)
+    │                        node_credential_required: only an operator gives the node a new one)
     ├── TooManyRequests (429)  a per-token quota of nodes or cards used up
     └── ServiceUnavailable (503)  the database is unreachable; retry later
 
@@ -15,7 +15,8 @@
     └── InvalidJsonBodyError (400)  JSON nested deeper than 32 levels
 
     Overloaded (503 + Retry-After, heteroflow.core.admission), answered before any route runs: a heartbeat
-    beyond max_in_flight_heartbeats, or while the event loop lags more than heartbeat_shed_lag_seconds;
+    beyond max_in_flight_heartbeats or its tenant's (token's) share of it, or while the event loop lags more
+    than heartbeat_shed_lag_seconds;
     the agent retries after Retry-After
 
     Limited (429 + Retry-After, heteroflow.core.client_limits), answered before the body is read: a node's
@@ -77,14 +78,10 @@ class Conflict(ApiError):
 
 
 class NodeCredentialRequired(Conflict):
-    """A registration of a hostname registered in the caller's tenant without that node's credential; with
-    ``Retry-After`` when the caller's token may reclaim the node once it has been offline long enough."""
+    """A registration of a hostname registered in the caller's tenant without that node's credential: only an
+    operator gives the node a new one (its release, or an administrator's token)."""
 
     code = "node_credential_required"
-
-    def __init__(self, message: str, *, retry_after_sec: int | None = None) -> None:
-        super().__init__(message)
-        self.retry_after_sec = retry_after_sec
 
 
 class TooManyRequests(ApiError):
@@ -147,8 +144,6 @@ def limited(what: str) -> Callable[[object, int], dict[str, object]]:
 
 def error_response(exc: ApiError) -> JSONResponse:
     headers = challenge_headers(exc.status_code)
-    if isinstance(exc, NodeCredentialRequired) and exc.retry_after_sec is not None:
-        headers = {"Retry-After": str(exc.retry_after_sec)}
     return JSONResponse({"error": exc.code, "detail": exc.message}, status_code=exc.status_code, headers=headers)
 
 

@@ -48,6 +48,23 @@ class XidCollectionOut(BaseModel):
     )
 
 
+class NodeCredentialOut(BaseModel):
+    state: Literal["issued", "released", "none"] = Field(
+        description=(
+            "issued: a credential speaks for the node; released: an operator released it and the creating token "
+            "has not claimed a new one; none: registered before node credentials existed."
+        )
+    )
+    issued_at: datetime | None = Field(description="When the credential was last issued; null before it was kept.")
+    reissued: bool = Field(
+        description=(
+            "The credential was issued again after the node's registration (an operator's release claimed, or an "
+            "administrator's token): who speaks for the node changed then. A node that never beat has none."
+        )
+    )
+    released_at: datetime | None = Field(description="When an operator last released it; null: never.")
+
+
 class NodeOut(BaseModel):
     id: str
     name: str
@@ -61,6 +78,9 @@ class NodeOut(BaseModel):
     online: bool
     xid_events: XidCollectionOut | None = Field(
         default=None, description="Whether the node's XID events are collected; null when the agent has not said."
+    )
+    credential: NodeCredentialOut | None = Field(
+        default=None, description="Who may speak for the node, and since when (see docs/reliability.md)."
     )
 
 

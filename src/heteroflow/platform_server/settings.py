@@ -27,11 +27,6 @@ class ServerSettings(LenientSettings):
         """The most heartbeat slots one token's nodes may hold (:attr:`heartbeat_share_per_token` of a tenant's)."""
         return max(1, math.floor(self.heartbeat_tenant_slots * self.heartbeat_share_per_token))
 
-    @property
-    def node_reclaim_after(self) -> float:
-        """Seconds a node must be offline before its creating token may reclaim it without its credential."""
-        return self.node_reclaim_after_seconds or 2 * self.offline_after_seconds
-
     host: str = Field(
         default="127.0.0.1",
         min_length=1,
@@ -121,16 +116,15 @@ class ServerSettings(LenientSettings):
             "statement for all nodes, and cached tokens are re-confirmed in one more (default 5 s)."
         ),
     )
-    node_reclaim_after_seconds: float | None = Field(
-        default=None,
+    node_reissue_hold_seconds: float = Field(
+        default=3600.0,
         gt=0,
-        validation_alias=env_names("node_reclaim_after_seconds"),
+        validation_alias=env_names("node_reissue_hold_seconds"),
         description=(
-            "How long a node must have been offline before the token that created it may register it again "
-            "without its credential and get a new one (an agent that lost its stored credential: a new pod, a "
-            "wiped disk). Default: twice offline_after_seconds (60 s). Never while the node beats; never for "
-            "another token. Until then such a registration answers 409 node_credential_required with "
-            "Retry-After, and the agent waits that long instead of exiting."
+            "For this long after a node's credential is issued again (an operator's release claimed, or an "
+            "administrator's token), the node's hardware events are marked identity_changed in the hardware-events "
+            "feed and the serving controller holds them for an operator instead of retiring ranks on them "
+            "(default 3600 s). Whoever claimed the credential may not be the node's agent."
         ),
     )
     max_nodes_per_token: int = Field(

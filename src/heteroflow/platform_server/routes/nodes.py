@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 from collections import Counter
 from collections.abc import Iterable
 from datetime import datetime, timedelta
-from typing import Annotated, Protocol
+from typing import Annotated, Literal, Protocol
 
 import msgspec
 import structlog
@@ -61,7 +60,13 @@ from heteroflow.platform_server.errors import (
     TooManyRequests,
     error_responses,
 )
-from heteroflow.platform_server.schemas import NodeList, NodeOut, XidCollectionOut, XidUnwatchedOut
+from heteroflow.platform_server.schemas import (
+    NodeCredentialOut,
+    NodeList,
+    NodeOut,
+    XidCollectionOut,
+    XidUnwatchedOut,
+)
 
 router = APIRouter(prefix="/api/v1/nodes", tags=["nodes"], responses=error_responses(403))
 _log = structlog.get_logger(__name__)
@@ -92,6 +97,20 @@ def node_out(ctx: ServerContext, node: NodeRecord) -> NodeOut:
         last_heartbeat=last,
         online=is_online(last, now=ctx.clock.now(), offline_after=offline_after),
         xid_events=xid_collection_out(ctx.xid_collection.get(NodeId(node.id), now=ctx.clock.monotonic())),
+        credential=credential_out(node),
+    )
+
+
+def credential_out(node: NodeRecord) -> NodeCredentialOut:
+    if node.credential_hash is not None:
+        state: Literal["issued", "released", "none"] = "issued"
+    else:
+        state = "none" if node.registered_by is None else "released"
+    return NodeCredentialOut(
+        state=state,
+        issued_at=node.credential_issued_at,
+        reissued=node.credential_issued_at is not None and node.credential_issued_at > node.registered_at,
+        released_at=node.credential_released_at,
     )
 
 
@@ -122,12 +141,12 @@ async def register(
     credential: NodeCredential = None,
 ) -> NodeRegistered:
     """Register by hostname, unique within the caller's tenant. A new node gets its own credential, shown once;
-    the same hostname again returns the same node id to a caller that presents it (agents restart). An
-    administrator's token re-issues it; so does the token that created the node, once the node has been
-    offline for ``node_reclaim_after_seconds`` (an agent that lost its credential: until then 409
-    ``node_credential_required`` with Retry-After), or at once after an operator released the credential."""
+    the same hostname again returns the same node id to a caller that presents it (agents restart). Without it,
+    409 ``node_credential_required``: only an operator gives the node a new credential — an administrator's
+    token, or the node's ``release``, after which the token that created it claims one at its next registration.
+    A silent node is never reclaimed by time: its silence can be provoked (``docs/reliability.md``)."""
     issued = generate_token()
-    reclaim_after = timedelta(seconds=ctx.settings.node_reclaim_after)
+    now = ctx.clock.now()
     try:
         result = await asyncio.to_thread(
             ctx.nodes.register,
@@ -137,20 +156,17 @@ async def register(
             gpu_count=body.gpu_count,
             source=body.source,
             tenant_id=principal.tenant_id,
-            now=ctx.clock.now(),
+            now=now,
             token_id=principal.token_id,
             presented_hash=hash_token(credential) if credential else None,
             new_credential_hash=hash_token(issued),
             reissue=principal.has(Scope.ADMIN) and not credential,
-            # the token that created the node may claim it again once it has been offline for node_reclaim_after:
-            # an agent that lost its credential (a new pod, a wiped disk) comes back without an operator
-            reclaim_before=ctx.clock.now() - reclaim_after,
             quota=Quota(max_nodes=ctx.settings.max_nodes_per_token, max_cards=ctx.settings.max_cards_per_token),
         )
     except NodeQuotaError as exc:
         raise TooManyRequests(str(exc)) from exc
     except NodeCredentialError as exc:
-        raise _credential_required(ctx, exc, reclaim_after=reclaim_after) from exc
+        raise NodeCredentialRequired(str(exc)) from exc
     except NodeConflictError as exc:
         raise Conflict(str(exc)) from exc
     node = result.node
@@ -172,19 +188,6 @@ async def register(
     )
 
 
-def _credential_required(ctx: ServerContext, exc: NodeCredentialError, *, reclaim_after: timedelta) -> Conflict:
-    """The 409 of a registration without the node's credential: when the caller's token created the node, it
-    says when the node may be reclaimed (Retry-After, and in words), so that the agent waits instead of exiting."""
-    if exc.last_seen is None:
-        return NodeCredentialRequired(str(exc))
-    wait_sec = max(1, math.ceil((exc.last_seen + reclaim_after - ctx.clock.now()).total_seconds()))
-    return NodeCredentialRequired(
-        f"this token may reclaim the node in {wait_sec} s"
-        f" (once offline for {reclaim_after.total_seconds():g} s); {exc}",
-        retry_after_sec=wait_sec,
-    )
-
-
 @router.post(
     "/{node_id}/release",
     response_model=NodeOut,
@@ -195,10 +198,11 @@ async def release_node(
     node_id: str, ctx: Ctx, principal: Annotated[Principal, Depends(require(Scope.NODES_WRITE))]
 ) -> NodeOut:
     """For an agent that lost its stored credential: the node keeps its id and history, no one speaks for it
-    (its beats are 404), and the token that created it claims a new credential at its next registration — at
-    once, without waiting for the node to be offline. Another token, of this tenant or another, cannot."""
+    (its beats are 404), and the token that created it claims a new credential at its next registration.
+    Another token, of this tenant or another, cannot. The release and the re-issue are recorded (the node's
+    ``credential``), and the node's hardware events for a while after the re-issue are held for an operator."""
     node = await visible_node(ctx, principal, node_id, cached=False)
-    released = await asyncio.to_thread(ctx.nodes.release_credential, node.id)
+    released = await asyncio.to_thread(ctx.nodes.release_credential, node.id, now=ctx.clock.now())
     if released is None:
         raise NotFound(f"node {node_id!r} not found")
     ctx.node_cache.put(released.id, released, now=ctx.clock.monotonic())

@@ -1,0 +1,35 @@
+"""when a node's credential was issued and released
+
+Revision ID: 0010
+Revises: 0009
+
+A node's credential is issued at its first registration and again only by an operator (an administrator's
+token, or a ``release`` claimed by the token that created the node): ``credential_issued_at`` and
+``credential_released_at`` record when, so that a node whose credential changed hands is told apart from one that
+never beat, and hardware evidence reported just after such a change is held for an operator. Existing nodes keep
+null (issued before the times were kept).
+"""
+
+from __future__ import annotations
+
+import sqlalchemy as sa
+from alembic import op
+
+import heteroflow.storage.schema
+
+revision = "0010"
+down_revision = "0009"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("nodes", schema=None) as batch_op:
+        batch_op.add_column(sa.Column("credential_issued_at", heteroflow.storage.schema.UtcDateTime(), nullable=True))
+        batch_op.add_column(sa.Column("credential_released_at", heteroflow.storage.schema.UtcDateTime(), nullable=True))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("nodes", schema=None) as batch_op:
+        batch_op.drop_column("credential_released_at")
+        batch_op.drop_column("credential_issued_at")
