@@ -29,6 +29,7 @@ from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.health.xid_collection import XidCollectionBook
 from heteroflow.platform.auth import Principal
+from heteroflow.platform.cards import CardBook
 from heteroflow.platform.liveness import LivenessTracker
 from heteroflow.platform_server.alert_delivery import AlertDeliverySettings, AlertNotifier
 from heteroflow.platform_server.auth import (
@@ -140,6 +141,7 @@ def build_context(
         node_limit=InFlightByKey(max_per_client=settings.max_in_flight_per_node),
         peer_limit=InFlightByKey(max_per_client=settings.max_in_flight_per_peer),
         xid_collection=XidCollectionBook(stale_sec=settings.offline_after_seconds),
+        cards=CardBook(settings.card_limits),
     )
 
 

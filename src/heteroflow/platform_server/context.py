@@ -18,6 +18,7 @@ from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.health.xid_collection import XidCollectionBook
 from heteroflow.platform.auth import Principal
+from heteroflow.platform.cards import CardBook
 from heteroflow.platform.liveness import LivenessTracker
 from heteroflow.platform.nodes import NodeRecord
 from heteroflow.platform_server.alert_delivery import AlertNotifier
@@ -77,6 +78,8 @@ class ServerContext:
     """Authenticated requests with a body in flight per peer address."""
     xid_collection: XidCollectionBook
     """Each node's newest word on its XID source (:mod:`heteroflow.health.xid_collection`)."""
+    cards: CardBook
+    """Each node's cards and its hour's new cards and XID events (:mod:`heteroflow.platform.cards`)."""
     unknown_tokens: TtlCache[str, bool] = field(
         default_factory=lambda: TtlCache(ttl_sec=UNKNOWN_TOKEN_CACHE_SEC, max_entries=10_000)
     )
@@ -99,3 +102,4 @@ class ServerContext:
         self.ingestor.forget_node(node_id)
         self.metrics_recorder.forget_node(node_id)
         self.xid_collection.forget_node(node_id)
+        self.cards.forget(node_id)

@@ -87,6 +87,18 @@ class ServerMetrics:
             ["limit"],
             registry=self.registry,
         )
+        self.cards_refused = Counter(
+            "heteroflow_cards_refused",
+            "Heartbeat cards refused: an index beyond the node's gpu_count card slots, or a new uuid beyond "
+            "max_new_cards_per_node_hour (the rest of the beat is kept; per node in its status).",
+            registry=self.registry,
+        )
+        self.xid_events_refused = Counter(
+            "heteroflow_xid_events_refused",
+            "XID events refused: a card the node does not have, or over max_xid_events_per_beat or "
+            "max_xid_events_per_node_hour (rejected with the reason, not retried).",
+            registry=self.registry,
+        )
         self.xid_event_failures = Counter(
             "heteroflow_xid_event_write_failures",
             "Heartbeats whose XID events could not be stored (the agent keeps and re-sends them).",

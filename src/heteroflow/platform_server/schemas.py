@@ -65,6 +65,23 @@ class NodeCredentialOut(BaseModel):
     released_at: datetime | None = Field(description="When an operator last released it; null: never.")
 
 
+class NodeCardsOut(BaseModel):
+    """What the node may report, and what it had refused, as this server process counted it since it started."""
+
+    registered_cards: int = Field(description="The node's gpu_count: how many distinct card indexes it may report.")
+    known_cards: int = Field(description="Cards (index and uuid) the server holds for the node.")
+    new_cards_this_hour: int = Field(description="Uuids that replaced another at their index this hour.")
+    new_cards_per_hour: int = Field(description="The bound (HETEROFLOW_MAX_NEW_CARDS_PER_NODE_HOUR).")
+    xid_events_this_hour: int
+    xid_events_per_hour: int = Field(description="The bound (HETEROFLOW_MAX_XID_EVENTS_PER_NODE_HOUR).")
+    xid_events_per_beat: int = Field(description="The bound (HETEROFLOW_MAX_XID_EVENTS_PER_BEAT).")
+    refused_index_total: int = Field(
+        description="Cards refused: an index beyond the node's registered_cards slots (the first distinct ones)."
+    )
+    refused_new_card_total: int = Field(description="Cards refused: more new uuids this hour than the bound.")
+    refused_xid_total: int = Field(description="XID events refused: a card the node lacks, or over a bound.")
+
+
 class NodeOut(BaseModel):
     id: str
     name: str
@@ -81,6 +98,9 @@ class NodeOut(BaseModel):
     )
     credential: NodeCredentialOut | None = Field(
         default=None, description="Who may speak for the node, and since when (see docs/reliability.md)."
+    )
+    cards: NodeCardsOut | None = Field(
+        default=None, description="The bounds on what the node reports, and what they refused (docs/reliability.md)."
     )
 
 

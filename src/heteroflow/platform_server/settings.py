@@ -8,6 +8,7 @@ from pathlib import Path
 from pydantic import Field
 
 from heteroflow.core.settings import LenientSettings, env_names
+from heteroflow.platform.cards import CardLimits
 
 
 def default_database_url() -> str:
@@ -16,6 +17,15 @@ def default_database_url() -> str:
 
 class ServerSettings(LenientSettings):
     """Where the server listens, what it stores into, and how it paces liveness and auth caching."""
+
+    @property
+    def card_limits(self) -> CardLimits:
+        """What one node may report (:mod:`heteroflow.platform.cards`)."""
+        return CardLimits(
+            new_cards_per_hour=self.max_new_cards_per_node_hour,
+            xid_events_per_beat=self.max_xid_events_per_beat,
+            xid_events_per_hour=self.max_xid_events_per_node_hour,
+        )
 
     @property
     def heartbeat_tenant_slots(self) -> int:
@@ -125,6 +135,36 @@ class ServerSettings(LenientSettings):
             "administrator's token), the node's hardware events are marked identity_changed in the hardware-events "
             "feed and the serving controller holds them for an operator instead of retiring ranks on them "
             "(default 3600 s). Whoever claimed the credential may not be the node's agent."
+        ),
+    )
+    max_new_cards_per_node_hour: int = Field(
+        default=16,
+        ge=0,
+        validation_alias=env_names("max_new_cards_per_node_hour"),
+        description=(
+            "Card uuids a node may report per hour at an index that had another uuid (default 16): a card swap "
+            "is normal, hundreds of new cards an hour are not. Beyond it, that card's reading is refused (the beat "
+            "is answered), counted in the node's cards status, and the node's first refused card raises "
+            "NODE_CARDS_REFUSED. A card at an index beyond the node's gpu_count card slots is always refused."
+        ),
+    )
+    max_xid_events_per_beat: int = Field(
+        default=256,
+        ge=1,
+        validation_alias=env_names("max_xid_events_per_beat"),
+        description=(
+            "XID events of one heartbeat that are stored (default 256); the rest are rejected with the reason "
+            "(not retried) and counted in the node's cards status."
+        ),
+    )
+    max_xid_events_per_node_hour: int = Field(
+        default=1000,
+        ge=1,
+        validation_alias=env_names("max_xid_events_per_node_hour"),
+        description=(
+            "XID events of one node stored per hour (default 1000): with the node's cards, the bound of what one "
+            "node adds to the database. The rest are rejected with the reason and counted; raise it for a node "
+            "that legitimately reports more."
         ),
     )
     max_nodes_per_token: int = Field(

@@ -7,6 +7,7 @@ import json
 import time
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import asdict
 from datetime import datetime, timedelta
 from typing import Annotated, Literal, Protocol
 
@@ -29,10 +30,11 @@ from heteroflow.core.ids import NodeId
 from heteroflow.core.request_body import CLEAN_TEXT
 from heteroflow.core.text import text_problem
 from heteroflow.health.beat_stats import WIRE_BEAT, WireBeat, beat_readings
-from heteroflow.health.heartbeat import XID_TOO_OLD, xid_events_from_wire
+from heteroflow.health.heartbeat import XID_TOO_OLD, ParsedXid, xid_events_from_wire
 from heteroflow.health.sample_times import SampleTimeWindow, TimeFix
 from heteroflow.health.xid_collection import XidCollectionReport, parse_xid_collection
 from heteroflow.platform.auth import NodeScope, Principal, Scope, generate_token, hash_token
+from heteroflow.platform.cards import NODE_CARDS_REFUSED, cards_refused_message
 from heteroflow.platform.nodes import (
     NODE_CREDENTIAL_HEADER,
     NodeConflictError,
@@ -61,6 +63,7 @@ from heteroflow.platform_server.errors import (
     error_responses,
 )
 from heteroflow.platform_server.schemas import (
+    NodeCardsOut,
     NodeCredentialOut,
     NodeList,
     NodeOut,
@@ -98,6 +101,7 @@ def node_out(ctx: ServerContext, node: NodeRecord) -> NodeOut:
         online=is_online(last, now=ctx.clock.now(), offline_after=offline_after),
         xid_events=xid_collection_out(ctx.xid_collection.get(NodeId(node.id), now=ctx.clock.monotonic())),
         credential=credential_out(node),
+        cards=NodeCardsOut(**asdict(ctx.cards.status(node.id, gpu_count=node.gpu_count, now=ctx.clock.monotonic()))),
     )
 
 
@@ -171,6 +175,7 @@ async def register(
         raise Conflict(str(exc)) from exc
     node = result.node
     ctx.node_cache.put(node.id, node, now=ctx.clock.monotonic())
+    ctx.cards.relearn(node.id)  # its cards (and gpu_count) may have changed: learnt afresh from its beats
     ctx.missing_nodes.discard(node.id)
     _log.info(
         "node.registered",
@@ -259,6 +264,17 @@ async def record_beat(
     # each stat is read once for both side paths (health/beat_stats.py)
     parsed = beat_readings(stats, node_id=node.id, source=node.source, received_at=received_at, window=window)
     readings, metric_readings = parsed.health, parsed.metrics
+    # a node reports only the cards it has (platform/cards.py): a card beyond them is refused, never the beat
+    verdict = ctx.cards.admit(
+        node.id,
+        gpu_count=node.gpu_count,
+        cards=[(reading.key.gpu_index, reading.uuid) for reading in readings],
+        now=ctx.clock.monotonic(),
+    )
+    if verdict.refused:
+        readings = [reading for reading in readings if reading.key.gpu_index not in verdict.refused]
+        metric_readings = [reading for reading in metric_readings if reading.key.gpu_index not in verdict.refused]
+        _cards_refused(ctx, node, count=len(verdict.refused), first=verdict.first_refusal)
     invalid = parsed.invalid + len(body.gpu_stats) - len(stats)
     if invalid:
         ctx.metrics.health_stats_invalid.inc(invalid)
@@ -340,6 +356,8 @@ async def _store_xid_events(
     usable = body.xid_events if clean else [e for e in body.xid_events if _bad_text(e) is None]
     events, rejected = xid_events_from_wire(usable, received_at=received_at, window=window)
     rejected = [*poisoned, *rejected]
+    events, refused = _bounded_xid_events(ctx, node, events)
+    rejected += refused
     _count_time_fixes(ctx, "xid", events)
     too_old = sum(1 for reason in rejected if reason.endswith(XID_TOO_OLD))
     if too_old:
@@ -358,6 +376,67 @@ async def _store_xid_events(
         return XidEventsResult(received=len(body.xid_events), stored=0, rejected=rejected, retry=True)
     ctx.metrics.xid_events_stored.inc(stored)
     return XidEventsResult(received=len(body.xid_events), stored=stored, rejected=rejected, retry=False)
+
+
+def _bounded_xid_events(
+    ctx: ServerContext, node: NodeRecord, events: list[ParsedXid]
+) -> tuple[list[ParsedXid], list[str]]:
+    """The XID events of a beat that may be stored (a card the node has; within the beat's and the node's hour's
+    bounds), and a reason for each of the others (rejected for good: re-sending them cannot help)."""
+    now = ctx.clock.monotonic()
+    kept: list[ParsedXid] = []
+    rejected: list[str] = []
+    for event in events:
+        if ctx.cards.has_card(node.id, index=event.gpu_index, gpu_count=node.gpu_count):
+            kept.append(event)
+        else:
+            rejected.append(f"xid event on GPU {event.gpu_index}: none of the node's {node.gpu_count} GPUs")
+    first = ctx.cards.refuse_xid_events(node.id, count=len(rejected), now=now)
+    allowed, over = ctx.cards.take_xid_events(node.id, count=len(kept), now=now)
+    if allowed < len(kept):
+        limits = ctx.cards.limits
+        rejected.append(
+            f"{len(kept) - allowed} xid events over the bound ({limits.xid_events_per_beat} a beat, "
+            f"{limits.xid_events_per_hour} a node-hour)"
+        )
+        kept = kept[:allowed]
+    refused = len(events) - len(kept)
+    if refused:
+        ctx.metrics.xid_events_refused.inc(refused)
+        _cards_refused(ctx, node, count=0, first=first or over)
+    return kept, rejected
+
+
+def _cards_refused(ctx: ServerContext, node: NodeRecord, *, count: int, first: bool) -> None:
+    """Count refused cards; on the node's first refusal, raise its alert in the background (a beat never waits on
+    the alert's write)."""
+    if count:
+        ctx.metrics.cards_refused.inc(count)
+    if not first:
+        return
+    _log.warning("node.cards_refused", node_id=node.id, hostname=node.name, gpu_count=node.gpu_count)
+    task = asyncio.create_task(_raise_cards_refused(ctx, node), name="cards-refused-alert")
+    ctx.tasks.append(task)
+    task.add_done_callback(lambda done: ctx.tasks.remove(done) if done in ctx.tasks else None)
+
+
+async def _raise_cards_refused(ctx: ServerContext, node: NodeRecord) -> None:
+    try:
+        alert, created = await asyncio.to_thread(
+            ctx.alerts.raise_alert,
+            type=NODE_CARDS_REFUSED,
+            severity="WARN",
+            node_id=node.id,
+            node_name=node.name,
+            tenant_id=node.tenant_id,
+            message=cards_refused_message(node_name=node.name, registered=node.gpu_count),
+            now=ctx.clock.now(),
+        )
+    except Exception as exc:  # the alert is best effort; the counts stay in the node's status
+        _log.warning("node.cards_refused_alert_failed", node_id=node.id, error=f"{type(exc).__name__}: {exc}"[:300])
+        return
+    if created:
+        ctx.notifier.submit("raised", alert)
 
 
 @router.get("", response_model=NodeList, summary="List the nodes in the caller's scope")

@@ -1,16 +1,24 @@
-"""One tenant cannot starve the others (a real server process): tenant A's agent tokens register many nodes and
-open, through each node's own credential, heartbeats that declare a large body and never send it — every per-node
-and per-address limit respected — until the heartbeat gate would be full. Its share of the gate fills instead:
-A's beats beyond it are refused at once, and tenant B's beats, and the nodes of no tenant, are answered 200 within
-2 s throughout."""
+"""One tenant against the others, on a real server process with two tenants.
+
+- Starvation: tenant A's agent tokens register many nodes and open, through each node's own credential,
+  heartbeats that declare a large body and never send it — every per-node and per-address limit respected —
+  until the heartbeat gate would be full. Its share of the gate fills instead: A's beats beyond it are refused
+  at once, and tenant B's beats, and the nodes of no tenant, are answered 200 within 2 s throughout.
+- Invented cards: nodes of one registered card report thousands of indexes, fresh uuids every beat, and a
+  thousand XID events a beat. Only their registered card reaches ``/metrics`` and the database, the XID events
+  stop at their bounds, each refusal is counted in the node's status and the first raises an alert.
+"""
 
 from __future__ import annotations
 
 import os
 import socket
+import sqlite3
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -32,6 +40,8 @@ GATE = 16
 """The heartbeat gate of the server under attack; a tenant's share is half of it, a token's half of that."""
 TENANT_SHARE, TOKEN_SHARE = GATE // 2, GATE // 4
 PER_NODE = 2
+NEW_CARDS = 4
+"""Card swaps a node may report per hour on the server under attack."""
 STAT = {"index": 0, "uuid": "GPU-fair-0", "ecc_corrected_total": 0}
 
 
@@ -41,6 +51,7 @@ class Cluster:
     admin: str
     tokens: dict[str, str]
     """Agent tokens: ``a1`` and ``a2`` of tenant A, ``b`` of tenant B, ``none`` of no tenant."""
+    database: Path
 
 
 @pytest.fixture(scope="module")
@@ -63,27 +74,29 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
     }
     engine.dispose()
     port = free_port()
+    database = folder / "platform.db"
     env = {k: v for k, v in os.environ.items() if not k.startswith(_SETTINGS_PREFIXES)}
     env |= {
         "PYTHONUNBUFFERED": "1",
         "HETEROFLOW_SERVER_MAX_IN_FLIGHT_HEARTBEATS": str(GATE),
         "HETEROFLOW_SERVER_MAX_IN_FLIGHT_PER_NODE": str(PER_NODE),
+        "HETEROFLOW_MAX_NEW_CARDS_PER_NODE_HOUR": str(NEW_CARDS),
     }
     server = start(
         "server", ["server", "--port", str(port), "--database-url", database_url], env=env, folder=folder, port=port
     )
     try:
         wait_until_up(server, "/healthz", auth(admin))
-        yield Cluster(server=server, admin=admin, tokens=tokens)
+        yield Cluster(server=server, admin=admin, tokens=tokens, database=database)
     finally:
         server.stop()
 
 
-def register(cluster: Cluster, token: str, hostname: str) -> tuple[str, str]:
+def register(cluster: Cluster, token: str, hostname: str, *, gpu_count: int = 1) -> tuple[str, str]:
     """A new node of ``token``'s: its id and its own credential."""
     answer = httpx.post(
         f"{cluster.server.url}/api/v1/nodes/register",
-        json={"hostname": hostname, "vendor": "nvidia", "model": "H100", "gpu_count": 1},
+        json={"hostname": hostname, "vendor": "nvidia", "model": "H100", "gpu_count": gpu_count},
         headers=auth(token),
         timeout=10,
     )
@@ -149,3 +162,60 @@ def test_a_tenant_holding_slow_beats_fills_only_its_share_and_the_others_beat_in
     finally:
         for sock in held:
             sock.close()
+
+
+def _rows(database: Path, table: str, node_id: str) -> int:
+    with sqlite3.connect(f"file:{database}?mode=ro", uri=True) as conn:
+        return int(conn.execute(f"SELECT count(*) FROM {table} WHERE node_id = ?", (node_id,)).fetchone()[0])
+
+
+def test_invented_cards_and_xid_storms_stop_at_their_bounds(cluster: Cluster) -> None:
+    token = cluster.tokens["a1"]
+    nodes = [register(cluster, token, f"inventor-{n}") for n in range(4)]
+    started = SystemClock().now()
+    with httpx.Client(base_url=cluster.server.url, timeout=10) as client:
+        for beat in range(16):
+            for node_id, credential in nodes:
+                # 256 cards a beat, each beat at fresh indexes and with fresh uuids: 16,384 cards per node claimed
+                stats = [
+                    {"index": (beat * 256 + n) % 4096, "uuid": f"GPU-{beat}-{n}", "ecc_corrected_total": 0}
+                    for n in range(256)
+                ]
+                stats[0] = {"index": 0, "uuid": f"GPU-{node_id[:8]}-{beat}", "ecc_corrected_total": 0}
+                xids = [  # half on its card, half on a card it does not have; each a distinct event
+                    {
+                        "index": n % 2,
+                        "uuid": stats[0]["uuid"],
+                        "xid": 13,
+                        "occurred_at": (started - timedelta(seconds=beat * 1000 + n)).isoformat(),
+                    }
+                    for n in range(1000)
+                ]
+                answer = client.post(
+                    f"/api/v1/nodes/{node_id}/heartbeat",
+                    json={"gpu_stats": stats, "xid_events": xids},
+                    headers={**auth(token), NODE_CREDENTIAL_HEADER: credential},
+                )
+                assert answer.status_code == 200, answer.text  # a refused card never costs the beat
+        metrics = client.get("/metrics", headers=auth(cluster.admin)).text
+        shown = [client.get(f"/api/v1/nodes/{node_id}", headers=auth(cluster.admin)).json() for node_id, _ in nodes]
+        alerts = client.get("/api/v1/alerts", headers=auth(cluster.admin), params={"status": "open"}).json()
+    for node in shown:
+        cards = node["cards"]
+        assert cards["known_cards"] == 1
+        assert cards["refused_index_total"] == 16 * 255  # every card beyond index 0, one by one
+        assert cards["new_cards_this_hour"] == NEW_CARDS  # the uuid at index 0 swapped 15 times
+        assert cards["refused_new_card_total"] == 15 - NEW_CARDS
+        assert cards["xid_events_this_hour"] == cards["xid_events_per_hour"] == 1000
+        assert cards["refused_xid_total"] == 16 * 1000 - 1000
+        series = {line.split("}", 1)[0] for line in metrics.splitlines() if f'node="{node["name"]}"' in line}
+        assert {label.split('gpu="')[1].split('"')[0] for label in series} == {"0"}  # only its registered card
+    deadline = time.monotonic() + 20  # the health writer stores in the background: wait for the first card's rows
+    while _rows(cluster.database, "gpu_health_samples", nodes[0][0]) == 0:
+        assert time.monotonic() < deadline, "the registered card's readings were never stored"
+        time.sleep(0.1)
+    for node_id, _ in nodes:
+        assert _rows(cluster.database, "gpu_health_samples", node_id) <= 1 + NEW_CARDS  # its card, and its swaps
+        assert _rows(cluster.database, "gpu_xid_events", node_id) == 1000  # stored before the answer
+    raised = {alert["node_id"] for alert in alerts["items"] if alert["type"] == "NODE_CARDS_REFUSED"}
+    assert raised == {node_id for node_id, _ in nodes}
