@@ -139,7 +139,7 @@ class ServerSettings(LenientSettings):
     )
     max_new_cards_per_node_hour: int = Field(
         default=16,
-        ge=0,
+        ge=1,
         validation_alias=env_names("max_new_cards_per_node_hour"),
         description=(
             "Card uuids a node may report per hour at an index that had another uuid (default 16): a card swap "
