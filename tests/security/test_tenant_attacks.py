@@ -7,6 +7,8 @@
 - Invented cards: nodes of one registered card report thousands of indexes, fresh uuids every beat, and a
   thousand XID events a beat. Only their registered card reaches ``/metrics`` and the database, the XID events
   stop at their bounds, each refusal is counted in the node's status and the first raises an alert.
+- Guessing: random tokens from one address are 401 until the address has used its failures, then 429 with
+  Retry-After before any lookup; a valid token from that address is still served; the log holds a line or two.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ import pytest
 
 from heteroflow.core.clock import SystemClock
 from heteroflow.core.testing import free_port
-from heteroflow.platform.auth import parse_scopes
+from heteroflow.platform.auth import generate_token, parse_scopes
 from heteroflow.platform.nodes import NODE_CREDENTIAL_HEADER
 from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.token_store import SqlTokenStore
@@ -41,6 +43,8 @@ GATE = 16
 TENANT_SHARE, TOKEN_SHARE = GATE // 2, GATE // 4
 PER_NODE = 2
 NEW_CARDS = 4
+FAILURES = 20
+"""401s one address may cause per minute on the server under attack (the default)."""
 """Card swaps a node may report per hour on the server under attack."""
 STAT = {"index": 0, "uuid": "GPU-fair-0", "ecc_corrected_total": 0}
 
@@ -81,6 +85,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         "HETEROFLOW_SERVER_MAX_IN_FLIGHT_HEARTBEATS": str(GATE),
         "HETEROFLOW_SERVER_MAX_IN_FLIGHT_PER_NODE": str(PER_NODE),
         "HETEROFLOW_MAX_NEW_CARDS_PER_NODE_HOUR": str(NEW_CARDS),
+        "HETEROFLOW_SERVER_MAX_FAILED_CREDENTIALS": str(FAILURES),
     }
     server = start(
         "server", ["server", "--port", str(port), "--database-url", database_url], env=env, folder=folder, port=port
@@ -208,7 +213,12 @@ def test_invented_cards_and_xid_storms_stop_at_their_bounds(cluster: Cluster) ->
         assert cards["refused_new_card_total"] == 15 - NEW_CARDS
         assert cards["xid_events_this_hour"] == cards["xid_events_per_hour"] == 1000
         assert cards["refused_xid_total"] == 16 * 1000 - 1000
-        series = {line.split("}", 1)[0] for line in metrics.splitlines() if f'node="{node["name"]}"' in line}
+        series = {  # the per-GPU series (the fleet's per-node series carry no gpu label)
+            line.split("}", 1)[0]
+            for line in metrics.splitlines()
+            if f'node="{node["name"]}"' in line and 'gpu="' in line
+        }
+        assert series
         assert {label.split('gpu="')[1].split('"')[0] for label in series} == {"0"}  # only its registered card
     deadline = time.monotonic() + 20  # the health writer stores in the background: wait for the first card's rows
     while _rows(cluster.database, "gpu_health_samples", nodes[0][0]) == 0:
@@ -219,3 +229,43 @@ def test_invented_cards_and_xid_storms_stop_at_their_bounds(cluster: Cluster) ->
         assert _rows(cluster.database, "gpu_xid_events", node_id) == 1000  # stored before the answer
     raised = {alert["node_id"] for alert in alerts["items"] if alert["type"] == "NODE_CARDS_REFUSED"}
     assert raised == {node_id for node_id, _ in nodes}
+
+
+def test_guessing_tokens_is_answered_429_after_the_failures_and_costs_no_lookups(cluster: Cluster) -> None:
+    guesser = httpx.Client(
+        base_url=cluster.server.url, timeout=10, transport=httpx.HTTPTransport(local_address="127.0.0.5")
+    )
+    with guesser:
+        answers = [guesser.get("/api/v1/nodes", headers=auth(generate_token())).status_code for _ in range(FAILURES)]
+        assert answers == [401] * FAILURES
+        before = admission_status(cluster)["failed_credentials"]
+        statements = _statements(cluster)
+        blocked = [guesser.get("/api/v1/nodes", headers=auth(generate_token())) for _ in range(200)]
+        blocked += [
+            guesser.post(f"/api/v1/nodes/{generate_token()[:8]}/heartbeat", json={}, headers=auth(generate_token()))
+            for _ in range(50)
+        ]
+        assert {answer.status_code for answer in blocked} == {429}
+        assert all(1 <= int(answer.headers["retry-after"]) <= 60 for answer in blocked)
+        assert _statements(cluster) - statements < 20  # no lookup per guess (the background flushes only)
+        # a token this server holds as valid is never refused for the address it shares with the guesser
+        assert guesser.get("/api/v1/nodes", headers=auth(cluster.admin)).status_code == 200
+    after = admission_status(cluster)["failed_credentials"]
+    assert after["refused_total"] - before["refused_total"] == 250
+    assert after["blocked_keys"] >= 1
+    log = cluster.server.output.read_text(errors="replace")
+    lines = [line for line in log.splitlines() if "auth.refused" in line or "auth.blocked" in line]
+    assert 1 <= len(lines) <= 3, lines  # a line or two, never one per guess
+
+
+def admission_status(cluster: Cluster) -> dict[str, Any]:
+    answer = httpx.get(f"{cluster.server.url}/api/v1/server/status", headers=auth(cluster.admin), timeout=5)
+    assert answer.status_code == 200, answer.text
+    found: dict[str, Any] = answer.json()
+    return found
+
+
+def _statements(cluster: Cluster) -> float:
+    metrics = httpx.get(f"{cluster.server.url}/metrics", headers=auth(cluster.admin), timeout=10).text
+    (line,) = [line for line in metrics.splitlines() if line.startswith("heteroflow_db_statements_total ")]
+    return float(line.split()[1])

@@ -18,6 +18,7 @@ from sqlalchemy.engine import Engine
 
 import heteroflow
 from heteroflow.core.admission import AdmissionGate, AdmissionLimit, Scope, watch_loop_lag
+from heteroflow.core.auth_failures import BlockFailedCredentials, FailedCredentials
 from heteroflow.core.authentication import AuthenticateFirst, Denial, may_carry_body
 from heteroflow.core.client_limits import ClientLimit, InFlightByKey, peer_address
 from heteroflow.core.clock import Clock, SystemClock
@@ -35,9 +36,12 @@ from heteroflow.platform_server.alert_delivery import AlertDeliverySettings, Ale
 from heteroflow.platform_server.auth import (
     authenticate,
     check_before_work,
+    credential_keys,
     heartbeat_node_id,
     heartbeat_owner,
+    holds_valid_token,
     invalid_request,
+    note_unauthorized,
 )
 from heteroflow.platform_server.context import ServerContext
 from heteroflow.platform_server.errors import install_error_handlers, limited, overloaded, refused_body
@@ -142,6 +146,9 @@ def build_context(
         peer_limit=InFlightByKey(max_per_client=settings.max_in_flight_per_peer),
         xid_collection=XidCollectionBook(stale_sec=settings.offline_after_seconds),
         cards=CardBook(settings.card_limits),
+        failed_credentials=FailedCredentials(
+            max_failures=settings.max_failed_credentials, window_sec=settings.failed_credentials_window_seconds
+        ),
     )
 
 
@@ -204,7 +211,8 @@ def _lifespan(
 
 def _add_middleware(app: FastAPI, ctx: ServerContext) -> None:
     """The middleware stack, in the order that matters (see the comments: the last added runs first)."""
-    # the last added runs first: token check (and a heartbeat's node credential) → per-address limit → per-node
+    # the last added runs first: failed-credential block → token check (and a heartbeat's node credential) →
+    # per-address limit → per-node
     # limit → heartbeat admission → body size, read time, depth and unwritable text → a verified, valid
     # heartbeat recorded (routes/nodes.py: LeanHeartbeat) → FastAPI; a heartbeat's bad values are refused one by
     # one by its route (a bad reading never costs the beat)
@@ -243,11 +251,29 @@ def _add_middleware(app: FastAPI, ctx: ServerContext) -> None:
     async def check(scope: Scope) -> Denial | None:
         return await check_before_work(ctx, scope)
 
+    def denied(scope: Scope, denial: Denial) -> None:
+        ctx.metrics.requests_denied.labels(status=str(denial.status)).inc()
+        if denial.status == 401:
+            note_unauthorized(ctx, scope)
+
     app.add_middleware(
         AuthenticateFirst,
         check=check,
         render=lambda _, denial: {"error": denial.code, "detail": denial.message},
-        on_denied=lambda _, denial: ctx.metrics.requests_denied.labels(status=str(denial.status)).inc(),
+        on_denied=denied,
+    )
+    # outermost: an address or a token with too many 401s is answered 429 before anything else, lookups included
+    app.add_middleware(
+        BlockFailedCredentials,
+        book=ctx.failed_credentials,
+        keys_of=credential_keys,
+        trusted=lambda scope: holds_valid_token(ctx, scope),
+        now=ctx.clock.monotonic,
+        render=lambda _, wait: {
+            "error": "too_many_requests",
+            "detail": f"too many requests with a refused credential; retry in {wait} s",
+        },
+        on_refused=lambda _: ctx.metrics.requests_limited.labels(limit="credentials").inc(),
     )
 
 
@@ -272,6 +298,7 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.context = ctx
+    app.state.on_unauthorized = lambda scope: note_unauthorized(ctx, scope)  # errors.py: each 401 a route answers
     app.state.controller_proxy = serving_routes.controller_proxy(ctx)
     install_error_handlers(app)
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.engine import Engine
 
 from heteroflow.core.admission import AdmissionGate
+from heteroflow.core.auth_failures import FailedCredentials
 from heteroflow.core.client_limits import InFlightByKey
 from heteroflow.core.clock import Clock
 from heteroflow.core.ids import NodeId
@@ -80,6 +81,8 @@ class ServerContext:
     """Each node's newest word on its XID source (:mod:`heteroflow.health.xid_collection`)."""
     cards: CardBook
     """Each node's cards and its hour's new cards and XID events (:mod:`heteroflow.platform.cards`)."""
+    failed_credentials: FailedCredentials
+    """401s per peer address and per presented token (:mod:`heteroflow.core.auth_failures`)."""
     unknown_tokens: TtlCache[str, bool] = field(
         default_factory=lambda: TtlCache(ttl_sec=UNKNOWN_TOKEN_CACHE_SEC, max_entries=10_000)
     )

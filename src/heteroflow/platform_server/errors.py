@@ -149,7 +149,11 @@ def error_response(exc: ApiError) -> JSONResponse:
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        if exc.status_code == 401:  # counted against its address and token (core/auth_failures.py)
+            on_unauthorized = getattr(request.app.state, "on_unauthorized", None)
+            if on_unauthorized is not None:
+                on_unauthorized(request.scope)
         return error_response(exc)
 
     @app.exception_handler(StoreUnavailableError)

@@ -81,9 +81,9 @@ class ServerMetrics:
         )
         self.requests_limited = Counter(
             "heteroflow_requests_limited",
-            "Authenticated requests answered 429 + Retry-After by a per-client limit before their body was read, by "
-            "limit: node (max_in_flight_per_node heartbeats of one node) or peer (max_in_flight_per_peer requests "
-            "from one address).",
+            "Requests answered 429 + Retry-After by a per-client limit before their body was read, by limit: node "
+            "(max_in_flight_per_node heartbeats of one node), peer (max_in_flight_per_peer requests from one "
+            "address) or credentials (an address or a token past max_failed_credentials 401s in its window).",
             ["limit"],
             registry=self.registry,
         )

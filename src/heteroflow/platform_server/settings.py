@@ -248,6 +248,23 @@ class ServerSettings(LenientSettings):
             "of the tenant's 128), so that one leaked agent token cannot take its whole tenant's share either."
         ),
     )
+    max_failed_credentials: int = Field(
+        default=20,
+        ge=1,
+        validation_alias=env_names("server_max_failed_credentials"),
+        description=(
+            "401s one peer address, or one presented token, may cause per failed_credentials_window_seconds "
+            "(default 20). Beyond it that address or token is answered 429 with Retry-After (the rest of the "
+            "window) before any lookup, body read or log line; a request with a token this server holds as valid "
+            "is never refused for its address. Refusals are logged once per address or token and window."
+        ),
+    )
+    failed_credentials_window_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        validation_alias=env_names("server_failed_credentials_window_seconds"),
+        description="The window of max_failed_credentials, seconds (default 60).",
+    )
     max_in_flight_per_node: int = Field(
         default=4,
         ge=1,

@@ -40,6 +40,7 @@ import httpx
 import structlog
 from prometheus_client import CollectorRegistry, Counter
 
+from heteroflow.core.auth_failures import FailedCredentials, address_key, credential_key
 from heteroflow.core.clock import Clock
 from heteroflow.core.ttl_cache import TtlCache
 from heteroflow.http.peer import JsonPeer, Unavailable, one_transport
@@ -49,6 +50,7 @@ from heteroflow.serving.coordinator.errors import (
     AuthenticationError,
     CoordinatorError,
     KeyBusyError,
+    KeyThrottledError,
     openai_error_response,
 )
 
@@ -186,6 +188,19 @@ class ApiKeyVerifier:
                 return identity
         raise AuthenticationError("invalid API key")
 
+    def now(self) -> float:
+        """The verifier's clock, monotonic seconds."""
+        return self._clock.monotonic()
+
+    def holds_valid(self, authorization: str | None) -> bool:
+        """Whether the request's key is one this Coordinator holds as valid in memory (listed, or accepted by the
+        platform within the cache time): never throttled for its address."""
+        key = bearer_value(authorization)
+        if key is None:
+            return False
+        digest = key_digest(key)
+        return self._listed(digest) or self._cache.get(digest, now=self._clock.monotonic()) is not None
+
     def enter(self, identity: KeyIdentity) -> bool:
         """Take one of the key's in-flight slots (False: it has :attr:`max_in_flight_per_key` already)."""
         held = self._in_flight.get(identity.key_id, 0)
@@ -247,6 +262,17 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[AsgiScope, Receive, Send], Awaitable[None]]
 
 
+def _client_keys(scope: AsgiScope, authorization: str | None) -> tuple[str, ...]:
+    """The client keys a request's 401 counts under: its peer address, and its key's id when it presents one."""
+    client = scope.get("client")
+    address = address_key(str(client[0]) if client else None)
+    key = bearer_value(authorization)
+    keys = [address] if address is not None else []
+    if key is not None:
+        keys.append(credential_key(key_digest(key)))
+    return tuple(keys)
+
+
 class KeyFirst:
     """ASGI middleware: an OpenAI request's key is verified before anything else runs (admission, body read),
     and holds one of its key's in-flight slots until its answer ends. ``routes`` maps the OpenAI paths to their
@@ -262,9 +288,12 @@ class KeyFirst:
         registry: CollectorRegistry | None = None,
         retry_after_sec: int = 1,
         on_refused: Callable[[str, CoordinatorError], None] | None = None,
+        failures: FailedCredentials | None = None,
     ) -> None:
         self.app = app
         self.verifier = verifier
+        self.failures = failures
+        """401s per address and key (:mod:`heteroflow.core.auth_failures`); ``None``: not counted."""
         self.routes = routes
         self.retry_after_sec = retry_after_sec
         self.on_refused = on_refused
@@ -289,9 +318,22 @@ class KeyFirst:
             (value.decode("latin-1") for name, value in scope.get("headers", ()) if name.lower() == b"authorization"),
             None,
         )
+        failures = self.failures
+        keys: tuple[str, ...] = ()
+        if failures is not None and not failures.quiet and not self.verifier.holds_valid(authorization):
+            keys = _client_keys(scope, authorization)
+            wait = failures.retry_after(keys, now=self.verifier.now())
+            if wait is not None:  # before any key check: a guessing client costs no platform request
+                throttled = KeyThrottledError(
+                    f"too many requests with a refused API key; retry in {wait} s", retry_after=wait
+                )
+                await self._refuse(scope, receive, send, throttled, None, route, started)
+                return
         try:
             identity = await self.verifier.verify(authorization)
         except CoordinatorError as exc:
+            if failures is not None and isinstance(exc, AuthenticationError):
+                self._note_failure(failures, keys or _client_keys(scope, authorization), route)
             await self._refuse(scope, receive, send, exc, None, route, started)
             return
         if not self.verifier.enter(identity):
@@ -314,6 +356,19 @@ class KeyFirst:
         finally:
             self.verifier.leave(identity)
             self._answered(identity, route, status, started)
+
+    def _note_failure(self, failures: FailedCredentials, keys: tuple[str, ...], route: str) -> None:
+        """Count a 401; log it only as the key's first of its window or the one that blocks it."""
+        line = failures.fail(keys, now=self.verifier.now())
+        if line == "first":
+            _log.info("coordinator.key_refused", keys=list(keys), route=route)
+        elif line == "blocked":
+            _log.warning(
+                "coordinator.key_blocked",
+                keys=list(keys),
+                failures=failures.max_failures,
+                window_sec=failures.window_sec,
+            )
 
     async def _refuse(
         self,
