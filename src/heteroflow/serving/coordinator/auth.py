@@ -151,6 +151,7 @@ class ApiKeyVerifier:
         cache_sec: float,
         max_cached: int = 10_000,
         max_in_flight_per_key: int | None = MAX_IN_FLIGHT_PER_KEY,
+        max_in_flight_per_tenant: int | None = None,
     ) -> None:
         self._digests = tuple(sorted(digests))
         self._platform = platform
@@ -162,6 +163,10 @@ class ApiKeyVerifier:
         self.max_in_flight_per_key = max_in_flight_per_key
         """``None``: no share per key (it would be the whole pool: the admission gate's bound answers instead)."""
         self._in_flight: dict[str, int] = {}
+        self.max_in_flight_per_tenant = max_in_flight_per_tenant
+        """The most requests the keys of one platform tenant may have handled at once (``None``: no share per
+        tenant); keys without a tenant (configured keys, tenant-less tokens) are the operator's and not counted."""
+        self._tenant_in_flight: dict[str, int] = {}
         self.platform_checks = 0
         """Keys asked of the platform since start (each one request to it)."""
 
@@ -202,12 +207,23 @@ class ApiKeyVerifier:
         return self._listed(digest) or self._cache.get(digest, now=self._clock.monotonic()) is not None
 
     def enter(self, identity: KeyIdentity) -> bool:
-        """Take one of the key's in-flight slots (False: it has :attr:`max_in_flight_per_key` already)."""
+        """Take one of the key's in-flight slots, and one of its tenant's (False: it has
+        :attr:`max_in_flight_per_key` already, or its tenant :attr:`max_in_flight_per_tenant`)."""
         held = self._in_flight.get(identity.key_id, 0)
         if self.max_in_flight_per_key is not None and held >= self.max_in_flight_per_key:
             return False
+        tenant = identity.tenant
+        if tenant is not None and self.max_in_flight_per_tenant is not None:
+            tenant_held = self._tenant_in_flight.get(tenant, 0)
+            if tenant_held >= self.max_in_flight_per_tenant:
+                return False
+            self._tenant_in_flight[tenant] = tenant_held + 1
         self._in_flight[identity.key_id] = held + 1
         return True
+
+    def tenant_held(self, identity: KeyIdentity) -> int:
+        """Requests the keys of ``identity``'s tenant have handled now (0 without a tenant)."""
+        return self._tenant_in_flight.get(identity.tenant, 0) if identity.tenant is not None else 0
 
     def leave(self, identity: KeyIdentity) -> None:
         held = self._in_flight.get(identity.key_id, 0) - 1
@@ -215,6 +231,13 @@ class ApiKeyVerifier:
             self._in_flight[identity.key_id] = held
         else:
             self._in_flight.pop(identity.key_id, None)
+        tenant = identity.tenant
+        if tenant is not None and self.max_in_flight_per_tenant is not None:
+            tenant_held = self._tenant_in_flight.get(tenant, 0) - 1
+            if tenant_held > 0:
+                self._tenant_in_flight[tenant] = tenant_held
+            else:
+                self._tenant_in_flight.pop(tenant, None)
 
     def _listed(self, digest: str) -> bool:
         found = False
@@ -337,10 +360,13 @@ class KeyFirst:
             await self._refuse(scope, receive, send, exc, None, route, started)
             return
         if not self.verifier.enter(identity):
-            busy = KeyBusyError(
-                f"this API key has {self.verifier.max_in_flight_per_key} requests in flight; retry later",
-                retry_after=self.retry_after_sec,
+            tenant_limit = self.verifier.max_in_flight_per_tenant
+            whose = (
+                f"the API keys of this key's tenant have {tenant_limit}"
+                if tenant_limit is not None and self.verifier.tenant_held(identity) >= tenant_limit
+                else f"this API key has {self.verifier.max_in_flight_per_key}"
             )
+            busy = KeyBusyError(f"{whose} requests in flight; retry later", retry_after=self.retry_after_sec)
             await self._refuse(scope, receive, send, busy, identity, route, started)
             return
         status = 500

@@ -115,6 +115,11 @@ class Coordinator:
                 if settings.max_in_flight_per_key < settings.max_concurrent_requests
                 else None
             ),
+            max_in_flight_per_tenant=(
+                settings.max_in_flight_per_tenant
+                if settings.max_in_flight_per_tenant < settings.max_concurrent_requests
+                else None
+            ),
         )
         self.failed_keys = FailedCredentials(
             max_failures=settings.max_failed_keys, window_sec=settings.failed_keys_window_sec

@@ -240,6 +240,19 @@ class CoordinatorSettings(LenientSettings):
             "there is no share per key (set it so where all traffic comes through one key)."
         ),
     )
+    max_in_flight_per_tenant: int = Field(
+        default=500,
+        ge=1,
+        le=100000,
+        validation_alias=env_names("coordinator_max_in_flight_per_tenant"),
+        description=(
+            "OpenAI requests the platform keys of one tenant may have handled at once, counted like "
+            "max_in_flight_per_key (default 500, half the default pool): one tenant with many keys cannot take "
+            "the whole pool. One more is answered 503 with Retry-After (outcome key_busy). Keys without a tenant "
+            "(configured key hashes, tenant-less platform tokens) are the operator's and not counted. At "
+            "max_concurrent_requests or above there is no share per tenant."
+        ),
+    )
     max_failed_keys: int = Field(
         default=20,
         ge=1,

@@ -9,6 +9,7 @@ import httpx
 import pytest
 
 from heteroflow.serving.coordinator.assembly import create_app
+from heteroflow.serving.coordinator.auth import KeyIdentity
 from heteroflow.serving.coordinator.service import Coordinator
 from heteroflow.serving.coordinator.settings import CoordinatorSettings
 from heteroflow.serving.coordinator.testing import TEST_CLUSTER_TOKEN, FakePlatform
@@ -48,3 +49,25 @@ def test_an_address_past_its_failures_is_throttled_before_the_platform_is_asked(
         await coordinator.aclose()
 
     asyncio.run(scenario())
+
+
+def test_the_keys_of_one_tenant_share_a_bounded_part_of_the_pool() -> None:
+    settings = CoordinatorSettings.load(
+        cluster_token=TEST_CLUSTER_TOKEN, max_concurrent_requests=10, max_in_flight_per_tenant=3
+    )
+    keys = Coordinator(settings=settings, key_checker=FakePlatform()).keys
+    a1, a2 = KeyIdentity(key_id="a1", tenant="team-a"), KeyIdentity(key_id="a2", tenant="team-a")
+    b, fleet = KeyIdentity(key_id="b", tenant="team-b"), KeyIdentity(key_id="ops", tenant=None)
+    assert [keys.enter(a1), keys.enter(a1), keys.enter(a2), keys.enter(a2)] == [True, True, True, False]
+    assert keys.tenant_held(a2) == 3
+    assert [keys.enter(b) for _ in range(3)] == [True, True, True]  # the other tenant keeps its share
+    assert all(keys.enter(fleet) for _ in range(5))  # keys without a tenant are the operator's: not counted
+    keys.leave(a1)
+    assert keys.enter(a2)  # the tenant's place came back
+    assert keys.tenant_held(fleet) == 0
+
+
+def test_a_tenant_share_as_large_as_the_pool_is_no_share() -> None:
+    settings = CoordinatorSettings.load(cluster_token=TEST_CLUSTER_TOKEN, max_concurrent_requests=10)
+    assert settings.max_in_flight_per_tenant == 500  # the default, beyond this pool
+    assert Coordinator(settings=settings).keys.max_in_flight_per_tenant is None
