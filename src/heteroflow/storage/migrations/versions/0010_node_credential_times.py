@@ -24,12 +24,13 @@ depends_on = None
 
 
 def upgrade() -> None:
-    with op.batch_alter_table("nodes", schema=None) as batch_op:
-        batch_op.add_column(sa.Column("credential_issued_at", heteroflow.storage.schema.UtcDateTime(), nullable=True))
-        batch_op.add_column(sa.Column("credential_released_at", heteroflow.storage.schema.UtcDateTime(), nullable=True))
+    # plain ADD COLUMN on both databases: no copy of the nodes table (on SQLite a copy with foreign keys on would
+    # cascade into every node's samples)
+    op.add_column("nodes", sa.Column("credential_issued_at", heteroflow.storage.schema.UtcDateTime(), nullable=True))
+    op.add_column("nodes", sa.Column("credential_released_at", heteroflow.storage.schema.UtcDateTime(), nullable=True))
 
 
 def downgrade() -> None:
-    with op.batch_alter_table("nodes", schema=None) as batch_op:
-        batch_op.drop_column("credential_released_at")
-        batch_op.drop_column("credential_issued_at")
+    # ALTER TABLE … DROP COLUMN (SQLite 3.35 and later, PostgreSQL): again no copy of the table
+    op.execute("ALTER TABLE nodes DROP COLUMN credential_released_at")
+    op.execute("ALTER TABLE nodes DROP COLUMN credential_issued_at")
