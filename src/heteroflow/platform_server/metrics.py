@@ -75,7 +75,8 @@ class ServerMetrics:
         self.heartbeats_refused = Counter(
             "heteroflow_heartbeats_refused",
             "Heartbeats answered 503 + Retry-After by the admission gate, by reason: busy (max_in_flight_heartbeats "
-            "in flight) or lagging (the event loop behind by more than heartbeat_shed_lag_seconds).",
+            "in flight), tenant_share or token_share (the node's tenant, or the nodes of its token, hold their share "
+            "of the gate) or lagging (the event loop behind by more than heartbeat_shed_lag_seconds).",
             ["reason"],
             registry=self.registry,
         )
