@@ -53,7 +53,7 @@ class NodeGoneError(PlatformError, Rejected):
 
 class CredentialRequiredError(PlatformError, Unavailable):
     """The hostname is registered and this agent cannot speak for it yet; the same registration may succeed later:
-    ``retry_after_sec`` is when the server says this agent's token may reclaim the node (``None``: it did not say)."""
+    ``retry_after_sec`` is when the server says to ask again (``None``: it did not say; an operator must release it)."""
 
 
 class PermanentError(PlatformError, Rejected):

@@ -181,7 +181,7 @@ class Agent:
             self._last_error = f"{type(exc).__name__}: {exc}"
             failures = self._consecutive
         if isinstance(exc, CredentialRequiredError):
-            # the server says when this token may reclaim the node: come back then, not sooner, not later
+            # the server says when to ask again: come back then, not sooner, not later (else back off)
             delay = (
                 min(exc.retry_after_sec, self._backoff[1])
                 if exc.retry_after_sec is not None
