@@ -4,7 +4,9 @@
 guessing was free. :class:`FailedCredentials` counts each service's 401s per **client key** — the peer address,
 and the presented credential's id (a prefix of its SHA-256, never the credential) — in fixed windows of
 ``window_sec``. A key with ``max_failures`` 401s in its window is blocked until the window ends: its requests are
-answered 429 with ``Retry-After`` (the seconds left) before any lookup, body read or log line, and counted.
+answered 429 with ``Retry-After`` (the seconds left) before any lookup, body read or log line, and counted. A
+request that presents no credential guesses nothing and costs no lookup: the services give it no keys, so it is
+neither counted nor blocked (probes and public pages stay reachable from a guessing address).
 
 The address is a courtesy, not a boundary (many honest clients may share one behind a NAT): a request whose
 credential the service already holds as valid in memory is never blocked by its address, only a key with

@@ -201,12 +201,16 @@ async def heartbeat_speaker(
 
 def credential_keys(scope: AsgiScope) -> tuple[str, ...]:
     """The client keys a request's 401 counts under (:mod:`heteroflow.core.auth_failures`): its peer address, and
-    its bearer token's id (a prefix of the token's hash) when it presents one."""
+    its bearer token's id (a prefix of the token's hash). None for a request that presents no credential (no
+    bearer token, no session cookie): it guesses nothing, and its 401 costs no lookup and no log line, so it is
+    neither counted nor blocked (the public pages and probes stay reachable from a guessing address)."""
+    token = bearer_of(scope)
+    if token is None and cookie_value(scope) is None:
+        return ()
     keys: list[str] = []
     address = address_key(peer_address(scope))
     if address is not None:
         keys.append(address)
-    token = bearer_of(scope)
     if token is not None:
         keys.append(credential_key(hash_token(token)))
     return tuple(keys)
@@ -223,6 +227,8 @@ def note_unauthorized(ctx: ServerContext, scope: AsgiScope) -> None:
     """Count a 401 under the request's client keys; log it only when it is the key's first of its window or the
     one that blocks it (the rest are counted: a guessing client never writes a line per request)."""
     keys = credential_keys(scope)
+    if not keys:
+        return
     line = ctx.failed_credentials.fail(keys, now=ctx.clock.monotonic())
     if line == "first":
         _log.info("auth.refused", keys=list(keys), path=str(scope.get("path", ""))[:200])

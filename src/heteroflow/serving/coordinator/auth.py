@@ -286,13 +286,15 @@ ASGIApp = Callable[[AsgiScope, Receive, Send], Awaitable[None]]
 
 
 def _client_keys(scope: AsgiScope, authorization: str | None) -> tuple[str, ...]:
-    """The client keys a request's 401 counts under: its peer address, and its key's id when it presents one."""
+    """The client keys a request's 401 counts under: its peer address and its key's id; none for a request without
+    a key (it guesses nothing and costs no platform check: neither counted nor blocked)."""
+    key = bearer_value(authorization)
+    if key is None:
+        return ()
     client = scope.get("client")
     address = address_key(str(client[0]) if client else None)
-    key = bearer_value(authorization)
     keys = [address] if address is not None else []
-    if key is not None:
-        keys.append(credential_key(key_digest(key)))
+    keys.append(credential_key(key_digest(key)))
     return tuple(keys)
 
 
@@ -385,6 +387,8 @@ class KeyFirst:
 
     def _note_failure(self, failures: FailedCredentials, keys: tuple[str, ...], route: str) -> None:
         """Count a 401; log it only as the key's first of its window or the one that blocks it."""
+        if not keys:
+            return
         line = failures.fail(keys, now=self.verifier.now())
         if line == "first":
             _log.info("coordinator.key_refused", keys=list(keys), route=route)
