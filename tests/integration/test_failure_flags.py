@@ -310,7 +310,8 @@ def copy_at_0003(source: Engine, target: Engine) -> None:
     """The source's nodes, samples (without the new flag), XIDs and predictions, written into a database at 0003."""
     columns = [c.name for c in samples_0003.c]
     with source.connect() as src:
-        later = {"credential_hash", "registered_by", "tenant_key"}  # columns of migration 0007
+        # columns of migrations 0007 and 0010
+        later = {"credential_hash", "registered_by", "tenant_key", "credential_issued_at", "credential_released_at"}
         node_rows = [{k: v for k, v in r._mapping.items() if k not in later} for r in src.execute(sa.select(nodes))]
         sample_rows = [
             dict(r._mapping)

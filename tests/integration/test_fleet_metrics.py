@@ -37,6 +37,7 @@ def test_open_alerts_are_counted_by_type_and_known_types_are_zero_not_absent(eng
         assert series(text, "heteroflow_alerts_open") == {
             '{severity="WARN",type="GPU_FAULT_PREDICTED"}': 0.0,
             '{severity="WARN",type="GPU_MEMORY_HIGH"}': 0.0,
+            '{severity="WARN",type="NODE_CARDS_REFUSED"}': 0.0,
         }
         assert series(text, "heteroflow_node_last_heartbeat_timestamp_seconds") == {}  # no node: no series
 
@@ -54,6 +55,7 @@ def test_open_alerts_are_counted_by_type_and_known_types_are_zero_not_absent(eng
         assert series(text, "heteroflow_alerts_open_backlog") == {
             '{type="GPU_FAULT_PREDICTED"}': 0.0,
             '{type="GPU_MEMORY_HIGH"}': 0.0,
+            '{type="NODE_CARDS_REFUSED"}': 0.0,
         }
         beats = series(text, "heteroflow_node_last_heartbeat_timestamp_seconds")
         assert list(beats) == ['{node="gpu-fleet-1",source="real"}']

@@ -100,8 +100,9 @@ def test_keepalive_is_measured_from_the_stored_row_not_the_last_beat(
 def test_every_unknown_form_is_stored_as_null_and_never_fails_the_beat(
     harness: Harness, agent: tuple[str, str], engine: Engine
 ) -> None:
-    token, node = agent
+    token, _ = agent
     odd_values: list[Any] = ["[N/A]", None, "12", -1, 1.5, True, 2**63, [], {"v": 1}, float("inf")]
+    node = harness.register(token, "gpu-node-10", gpu_count=len(odd_values))  # a card slot for each stat
     stats = []
     for index, value in enumerate(odd_values):
         # each stat: one odd corrected-ECC value, plus a known uncorrected count so the card is not all-unknown

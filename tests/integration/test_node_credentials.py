@@ -1,6 +1,8 @@
-"""A node's own credential through the real routes: an agent that lost it is told when its token may reclaim the
-node (409 + Retry-After) and reclaims it then, or at once after an operator releases it; no other token ever
-does. And the per-client limits before the heartbeat gate: one node, one address, each its share (429)."""
+"""A node's own credential through the real routes: an agent that lost it gets 409 however long its node stays
+silent (silence can be provoked), and its token claims a new one after an operator releases it; no other token
+ever does; the node says whose credential speaks for it since when, and its hardware events just after a re-issue
+are held for an operator. And the per-client limits before the heartbeat gate: one node, one address, each its
+share (429)."""
 
 from __future__ import annotations
 
@@ -19,7 +21,7 @@ REGISTRATION = {"hostname": "gpu-lost", "vendor": "nvidia", "model": "H100", "gp
 
 @pytest.fixture
 def harness(engine: Engine) -> Iterator[Harness]:
-    with running_server(engine) as h:  # reclaim after twice offline_after: 60 s
+    with running_server(engine) as h:
         yield h
 
 
@@ -28,29 +30,31 @@ def _register(harness: Harness, token: str, credential: str | None = None) -> An
     return harness.client.post("/api/v1/nodes/register", json=REGISTRATION, headers=headers)
 
 
-def test_a_lost_credential_is_told_when_its_token_may_reclaim_the_node_and_no_other_token_ever_may(
-    harness: Harness,
-) -> None:
+def test_a_lost_credential_is_never_reclaimed_by_time_however_long_the_node_is_silent(harness: Harness) -> None:
+    """A node's silence used to let its token re-register it without the credential: an attacker holding the
+    token starved the node's beats (503s, the agent's back-off) until it was offline long enough, took a new
+    credential and locked the real agent out. Silence proves nothing; only an operator re-issues."""
     fleet, other = harness.token("agent"), harness.token("agent")
     first = _register(harness, fleet).json()
+    node = first["node_id"]
     lost = _register(harness, fleet)  # the agent's state folder is gone: no credential
     assert lost.status_code == 409
     assert lost.json()["error"] == "node_credential_required"
-    assert lost.headers["retry-after"] == "60"
-    assert "may reclaim the node in 60 s" in lost.json()["detail"]
+    assert "retry-after" not in lost.headers  # nothing to wait for: waiting never helps
     assert first["node_id"] not in lost.text
-    refused = _register(harness, other)
-    assert (refused.status_code, refused.json()["error"]) == (409, "node_credential_required")
-    assert "retry-after" not in refused.headers  # another token never may: nothing to wait for
-    harness.clock.advance(61)
-    assert _register(harness, other).status_code == 409
-    reclaimed = _register(harness, fleet)
-    assert reclaimed.status_code == 200, reclaimed.text
-    assert reclaimed.json()["node_id"] == first["node_id"]
-    assert reclaimed.json()["node_credential"] not in (None, first["node_credential"])
-    node = first["node_id"]
+    harness.clock.advance(24 * 3600)  # a day offline
+    for token in (fleet, other):
+        refused = _register(harness, token)
+        assert (refused.status_code, refused.json()["error"]) == (409, "node_credential_required")
     old = harness.auth(fleet) | {"X-HeteroFlow-Node-Credential": first["node_credential"]}
-    assert harness.client.post(f"/api/v1/nodes/{node}/heartbeat", json={}, headers=old).status_code == 404
+    assert harness.client.post(f"/api/v1/nodes/{node}/heartbeat", json={}, headers=old).status_code == 200
+    shown = harness.get(harness.token("nodes:read"), f"/api/v1/nodes/{node}").json()
+    assert shown["credential"] == {  # the real agent still speaks for it, with its first credential
+        "state": "issued",
+        "issued_at": shown["registered_at"],
+        "reissued": False,
+        "released_at": None,
+    }
 
 
 def test_an_operator_releases_a_credential_and_only_the_creating_token_claims_a_new_one_at_once(
@@ -69,9 +73,16 @@ def test_an_operator_releases_a_credential_and_only_the_creating_token_claims_a_
     beat = harness.client.post(f"/api/v1/nodes/{node}/heartbeat", json={}, headers=harness.auth(fleet) | old)
     assert beat.status_code == 404
     assert _register(harness, other).status_code == 409
+    assert released.json()["credential"]["state"] == "released"
+    assert released.json()["credential"]["released_at"] is not None
+    harness.clock.advance(5)
     claimed = _register(harness, fleet)
     assert claimed.status_code == 200, claimed.text
     assert claimed.json()["node_id"] == node
+    shown = harness.get(operator, f"/api/v1/nodes/{node}").json()
+    # told apart from a node that never beat: its beats kept, its credential re-issued after its registration
+    assert shown["last_heartbeat"] is not None
+    assert (shown["credential"]["state"], shown["credential"]["reissued"]) == ("issued", True)
     new = {"X-HeteroFlow-Node-Credential": claimed.json()["node_credential"]}
     beat = harness.client.post(f"/api/v1/nodes/{node}/heartbeat", json={}, headers=harness.auth(fleet) | new)
     assert beat.status_code == 200
@@ -162,3 +173,36 @@ def test_a_heartbeat_credential_is_at_most_200_characters_and_an_administrator_n
     assert harness.client.post(url, json={}, headers=harness.auth(fleet) | own).status_code == 200
     assert harness.client.post(url, json={}, headers=harness.auth(fleet)).status_code == 404
     assert node in harness.client.get(f"/api/v1/nodes/{node}", headers=harness.auth(admin)).text
+
+
+def test_an_xid_from_a_node_whose_credential_was_just_reissued_is_held_for_an_operator(harness: Harness) -> None:
+    """The chained attack: lock the real agent out, take a new credential, report XID 79 on the node's real card,
+    and the controller retired the rank. The feed now marks such an event, and the controller never acts on it."""
+    fleet, operator = harness.token("agent"), harness.token("nodes:write,nodes:read")
+    first = _register(harness, fleet).json()
+    node = first["node_id"]
+    stat = {"index": 0, "uuid": "GPU-real-0", "ecc_corrected_total": 0}
+
+    def beat(credential: str, at: str) -> None:
+        xid = {"index": 0, "uuid": "GPU-real-0", "xid": 79, "occurred_at": at}
+        headers = harness.auth(fleet) | {"X-HeteroFlow-Node-Credential": credential}
+        answer = harness.client.post(
+            f"/api/v1/nodes/{node}/heartbeat", json={"gpu_stats": [stat], "xid_events": [xid]}, headers=headers
+        )
+        assert answer.status_code == 200, answer.text
+        assert answer.json()["xid_events"]["stored"] == 1
+
+    start = harness.clock.now()
+    beat(first["node_credential"], start.isoformat())  # the real agent's own XID: evidence
+    harness.clock.advance(10)
+    assert harness.client.post(f"/api/v1/nodes/{node}/release", headers=harness.auth(operator)).status_code == 200
+    claimed = _register(harness, fleet).json()["node_credential"]
+    harness.clock.advance(1)
+    beat(claimed, harness.clock.now().isoformat())  # reported by whoever claimed the credential
+    hold = harness.ctx.settings.node_reissue_hold_seconds
+    harness.clock.advance(hold + 1)
+    beat(claimed, harness.clock.now().isoformat())  # the new speaker, an hour on: evidence again
+    feed = harness.get(operator, "/api/v1/hardware-events", since=(start.isoformat()), source="real")
+    assert feed.status_code == 200, feed.text
+    xids = [event for event in feed.json()["events"] if event["kind"] == "xid"]
+    assert [event["identity_changed"] for event in xids] == [False, True, False]

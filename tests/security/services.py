@@ -161,8 +161,11 @@ def node_manager_service() -> Iterator[Service]:
 
 @contextlib.contextmanager
 def coordinator_service() -> Iterator[Service]:
-    """The Coordinator with the cluster token (management) and one API key (OpenAI routes)."""
-    settings = CoordinatorSettings.load(cluster_token=CLUSTER_TOKEN, api_key_hashes=TEST_API_KEY_SHA256)
+    """The Coordinator with the cluster token (management) and one API key (OpenAI routes); the route tests send
+    every wrong key from one address, so its 401s never block it (that block: tests/security/test_tenant_attacks.py)."""
+    settings = CoordinatorSettings.load(
+        cluster_token=CLUSTER_TOKEN, api_key_hashes=TEST_API_KEY_SHA256, max_failed_keys=1_000_000
+    )
     app = coordinator_app(Coordinator(settings=settings))
     with TestClient(app) as client:
         yield Service("coordinator", app, client, {"cluster": CLUSTER_TOKEN, "api_key": API_KEY})

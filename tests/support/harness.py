@@ -123,13 +123,16 @@ def running_server(
     Its heartbeat gate never sheds for the event loop's lag: that lag is real time (the loop's timer), not the
     test's clock, and in a suite on two busy cores one stall of the whole process (a collection of a large heap,
     the process descheduled) refused the beats sent right after it. The shedding itself is tested on the gate
-    (tests/unit/core/test_admission.py) and against a real server process (tests/load)."""
+    (tests/unit/core/test_admission.py) and against a real server process (tests/load). Nor does it block an
+    address for its 401s: every test client shares one address and many tests send refused tokens on purpose; the
+    block is tested on its own (tests/unit/core/test_auth_failures.py, tests/security/test_tenant_attacks.py)."""
     clock = clock or FakeClock(start)
     settings = ServerSettings.load(
         **{
             "database_url": str(engine.url),
             "liveness_flush_seconds": 3600.0,
             "heartbeat_shed_lag_seconds": 3600.0,
+            "max_failed_credentials": 1_000_000,
             **(server or {}),
         }
     )

@@ -11,9 +11,8 @@ Errors (one tree, foreign errors translated here with ``raise … from``); each 
     ├── NodeGoneError            Rejected: 404 on heartbeat: the node was deleted, register again
     ├── CredentialRequiredError  Unavailable: 409 node_credential_required on registration: the hostname is
     │                            registered and this agent holds no credential for it (its state folder was
-    │                            lost); wait and retry: its token may reclaim the node once it has been offline
-    │                            long enough (the server's Retry-After says when), or an operator releases the
-    │                            credential
+    │                            lost); wait and retry until an operator releases the node's credential
+    │                            (the server's Retry-After, when it sends one, says when to ask again)
     └── PermanentError           Rejected: 401/403/409/422: retrying the same request cannot help
 
 The node's credential: its first registration issues one (shown once); the client sends it on every later
@@ -54,7 +53,7 @@ class NodeGoneError(PlatformError, Rejected):
 
 class CredentialRequiredError(PlatformError, Unavailable):
     """The hostname is registered and this agent cannot speak for it yet; the same registration may succeed later:
-    ``retry_after_sec`` is when the server says this agent's token may reclaim the node (``None``: it did not say)."""
+    ``retry_after_sec`` is when the server says to ask again (``None``: it did not say; an operator must release it)."""
 
 
 class PermanentError(PlatformError, Rejected):

@@ -185,7 +185,7 @@ class Agent:
             self._last_error = f"{type(exc).__name__}: {exc}"
             failures = self._consecutive
         if isinstance(exc, CredentialRequiredError):
-            # the server says when this token may reclaim the node: come back then, not sooner, not later
+            # the server says when to ask again: come back then, not sooner, not later (else back off)
             delay = (
                 min(exc.retry_after_sec, self._backoff[1])
                 if exc.retry_after_sec is not None
@@ -197,8 +197,8 @@ class Agent:
                 detail=str(exc),
                 retry_in_sec=delay,
                 hint="this agent has no stored credential for its registered node (its state folder was lost); "
-                "it retries until its token may reclaim the node (offline long enough) or an operator releases "
-                "the node's credential: POST /api/v1/nodes/<node id>/release",
+                "it retries until an operator releases the node's credential: "
+                "POST /api/v1/nodes/<node id>/release",
             )
             return delay
         delay = retry_delay(

@@ -41,6 +41,14 @@ class HardwareFeedEvent(BaseModel):
             "a card the serving plane runs on (the controller's source skips it)."
         ),
     )
+    identity_changed: StrictBool = Field(
+        default=False,
+        description=(
+            "True when the node's credential was issued again shortly before the server got this event (within "
+            "HETEROFLOW_NODE_REISSUE_HOLD_SECONDS): who speaks for the node changed, so the event is held for an "
+            "operator (the controller's source never reconfigures the serving plane on it)."
+        ),
+    )
 
 
 class HardwareFeedPage(BaseModel):

@@ -113,6 +113,12 @@ _ALERT_TEXTS: Final = _table(
         r"workload's memory use, not a hardware problem\. Check the job's batch size or memory settings, or "
         r"schedule it on a card with more memory\.",
     ),
+    (  # heteroflow/platform/cards.py: cards_refused_message
+        "alert.cards_refused",
+        r"Node (?P<node>.+) reported cards or XID events beyond what it may \((?P<registered>\d+) GPUs registered\): "
+        r"those are refused, the rest of its beats is kept\. Check the node's agent; if the node's cards changed, "
+        r"register it again with its gpu_count\. The counts are in the node's status \(cards\)\.",
+    ),
     ("resolution.window_expired", r"window expired, no uncorrectable-ECC growth"),
     ("resolution.memory_dropped", r"memory use dropped below the threshold \(or is no longer reported\)"),
     ("resolution.node_deleted", r"node deleted"),

@@ -26,6 +26,17 @@ class NodeRecord:
     """SHA-256 of the node's own credential; ``None`` for a node registered before credentials existed."""
     registered_by: TokenId | None = None
     """The token that created the node (the per-token quotas count by it)."""
+    credential_issued_at: datetime | None = None
+    """When the node's credential was last issued: its first registration, or a re-issue after an operator's
+    release or by an administrator's token (``None``: before these times were kept)."""
+    credential_released_at: datetime | None = None
+    """When an operator last released the node's credential (``None``: never)."""
+
+    def credential_changed_since(self, moment: datetime) -> bool:
+        """Whether the node's credential was re-issued (not first issued) after ``moment``: who speaks for the
+        node may have changed then."""
+        issued = self.credential_issued_at
+        return issued is not None and issued > self.registered_at and issued > moment
 
 
 NODE_CREDENTIAL_HEADER = "X-HeteroFlow-Node-Credential"
@@ -39,13 +50,9 @@ class NodeConflictError(Exception):
 class NodeCredentialError(NodeConflictError):
     """The hostname is registered in the caller's tenant, and the request does not carry that node's credential.
 
-    The caller's token may reclaim the node once it has been offline long enough, if it created it (``last_seen``)."""
-
-    def __init__(self, message: str, *, last_seen: datetime | None = None) -> None:
-        super().__init__(message)
-        self.last_seen = last_seen
-        """When the node was last alive (its newest beat, or its registration), if the caller created it:
-        the caller may reclaim the node once that is old enough; ``None`` when the caller never may."""
+    Only an operator gives the node a new credential (its ``release``, then the creating token's registration;
+    or an administrator's token): a node's silence proves nothing about who is asking, so offline time never
+    does (``docs/reliability.md``)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,6 +22,7 @@ from heteroflow.core.settings import LenientSettings, env_names
 from heteroflow.health.alerts import GPU_FAULT_PREDICTED
 from heteroflow.health.gpu_metrics import GPU_MEMORY_HIGH
 from heteroflow.http.tls import client_tls
+from heteroflow.platform.cards import NODE_CARDS_REFUSED
 from heteroflow.storage.alert_store import AlertRecord
 
 _log = structlog.get_logger(__name__)
@@ -101,6 +102,7 @@ def webhook_payload(event: AlertEventOut) -> dict[str, Any]:
 RUNBOOK_PAGES: Final = {
     GPU_FAULT_PREDICTED: "docs/runbooks/platform/GPU_FAULT_PREDICTED.md",
     GPU_MEMORY_HIGH: "docs/runbooks/platform/GPU_MEMORY_HIGH.md",
+    NODE_CARDS_REFUSED: "docs/runbooks/platform/NODE_CARDS_REFUSED.md",
 }
 """Each platform alert type's runbook, as the path of its page in the repository (as the Prometheus rules'
 ``runbook_url`` annotations give theirs): sent as the alert's ``runbook_url`` annotation."""

@@ -18,6 +18,7 @@ from sqlalchemy.engine import Engine
 
 import heteroflow
 from heteroflow.core.admission import AdmissionGate, AdmissionLimit, Scope, watch_loop_lag
+from heteroflow.core.auth_failures import BlockFailedCredentials, FailedCredentials
 from heteroflow.core.authentication import AuthenticateFirst, Denial, may_carry_body
 from heteroflow.core.client_limits import ClientLimit, InFlightByKey, peer_address
 from heteroflow.core.clock import Clock, SystemClock
@@ -30,9 +31,19 @@ from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.health.tool_stalls import ToolStallBook
 from heteroflow.health.xid_collection import XidCollectionBook
 from heteroflow.platform.auth import Principal
+from heteroflow.platform.cards import CardBook
 from heteroflow.platform.liveness import LivenessTracker
 from heteroflow.platform_server.alert_delivery import AlertDeliverySettings, AlertNotifier
-from heteroflow.platform_server.auth import authenticate, check_before_work, heartbeat_node_id, invalid_request
+from heteroflow.platform_server.auth import (
+    authenticate,
+    check_before_work,
+    credential_keys,
+    heartbeat_node_id,
+    heartbeat_owner,
+    holds_valid_token,
+    invalid_request,
+    note_unauthorized,
+)
 from heteroflow.platform_server.context import ServerContext
 from heteroflow.platform_server.errors import install_error_handlers, limited, overloaded, refused_body
 from heteroflow.platform_server.gpu_metrics import GpuMetricsRecorder
@@ -97,6 +108,14 @@ def build_context(
     ingestor = HealthIngestor(store=samples, clock=clock, settings=health_settings)
     liveness = LivenessTracker()
     metrics.watch(ingestor.status, liveness.status)
+    heartbeat_admission = AdmissionGate(
+        max_in_flight=settings.max_in_flight_heartbeats,
+        max_lag_sec=settings.heartbeat_shed_lag_seconds,
+        # each tenant's nodes, and each token's within it, get a bounded share: no one fills the gate alone
+        max_per_tenant=settings.heartbeat_tenant_slots,
+        max_per_token=settings.heartbeat_token_slots,
+    )
+    metrics.watch_admission(heartbeat_admission.status)
     recorder = GpuMetricsRecorder(
         store=gpu_metrics, alerts=alerts, clock=clock, settings=metrics_settings, notifier=notifier
     )
@@ -125,13 +144,15 @@ def build_context(
         metrics_recorder=recorder,
         token_cache=TtlCache(ttl_sec=settings.auth_cache_seconds, max_entries=10_000),
         node_cache=TtlCache(ttl_sec=settings.node_cache_seconds, max_entries=100_000),
-        heartbeat_admission=AdmissionGate(
-            max_in_flight=settings.max_in_flight_heartbeats, max_lag_sec=settings.heartbeat_shed_lag_seconds
-        ),
+        heartbeat_admission=heartbeat_admission,
         node_limit=InFlightByKey(max_per_client=settings.max_in_flight_per_node),
         peer_limit=InFlightByKey(max_per_client=settings.max_in_flight_per_peer),
         xid_collection=XidCollectionBook(stale_sec=settings.offline_after_seconds),
         tool_stalls=tool_stalls,
+        cards=CardBook(settings.card_limits),
+        failed_credentials=FailedCredentials(
+            max_failures=settings.max_failed_credentials, window_sec=settings.failed_credentials_window_seconds
+        ),
     )
 
 
@@ -194,7 +215,8 @@ def _lifespan(
 
 def _add_middleware(app: FastAPI, ctx: ServerContext) -> None:
     """The middleware stack, in the order that matters (see the comments: the last added runs first)."""
-    # the last added runs first: token check (and a heartbeat's node credential) → per-address limit → per-node
+    # the last added runs first: failed-credential block → token check (and a heartbeat's node credential) →
+    # per-address limit → per-node
     # limit → heartbeat admission → body size, read time, depth and unwritable text → a verified, valid
     # heartbeat recorded (routes/nodes.py: LeanHeartbeat) → FastAPI; a heartbeat's bad values are refused one by
     # one by its route (a bad reading never costs the beat)
@@ -209,6 +231,7 @@ def _add_middleware(app: FastAPI, ctx: ServerContext) -> None:
         retry_after_sec=retry_after_sec,
         render=overloaded,
         on_refused=lambda _, why: ctx.metrics.heartbeats_refused.labels(reason=why).inc(),
+        owner_of=heartbeat_owner,
     )
     # per client, inside the token check and before the gate: one node (its credential verified before this)
     # or one address never holds more than its share of the slots, so the others' beats still get one
@@ -232,11 +255,29 @@ def _add_middleware(app: FastAPI, ctx: ServerContext) -> None:
     async def check(scope: Scope) -> Denial | None:
         return await check_before_work(ctx, scope)
 
+    def denied(scope: Scope, denial: Denial) -> None:
+        ctx.metrics.requests_denied.labels(status=str(denial.status)).inc()
+        if denial.status == 401:
+            note_unauthorized(ctx, scope)
+
     app.add_middleware(
         AuthenticateFirst,
         check=check,
         render=lambda _, denial: {"error": denial.code, "detail": denial.message},
-        on_denied=lambda _, denial: ctx.metrics.requests_denied.labels(status=str(denial.status)).inc(),
+        on_denied=denied,
+    )
+    # outermost: an address or a token with too many 401s is answered 429 before anything else, lookups included
+    app.add_middleware(
+        BlockFailedCredentials,
+        book=ctx.failed_credentials,
+        keys_of=credential_keys,
+        trusted=lambda scope: holds_valid_token(ctx, scope),
+        now=ctx.clock.monotonic,
+        render=lambda _, wait: {
+            "error": "too_many_requests",
+            "detail": f"too many requests with a refused credential; retry in {wait} s",
+        },
+        on_refused=lambda _: ctx.metrics.requests_limited.labels(limit="credentials").inc(),
     )
 
 
@@ -261,6 +302,7 @@ def create_app(ctx: ServerContext, *, migrate: bool = True, run_worker: bool = T
         telemetry={"tracing": False, "metrics": False, "logs": False},
     )
     app.state.context = ctx
+    app.state.on_unauthorized = lambda scope: note_unauthorized(ctx, scope)  # errors.py: each 401 a route answers
     app.state.controller_proxy = serving_routes.controller_proxy(ctx)
     install_error_handlers(app)
 

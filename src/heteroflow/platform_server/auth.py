@@ -7,6 +7,7 @@ import json
 from collections.abc import Awaitable, Callable
 from typing import Annotated, Any
 
+import structlog
 from fastapi import Depends, Request
 from fastapi.encoders import jsonable_encoder
 from fastapi.exception_handlers import request_validation_exception_handler
@@ -14,8 +15,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from heteroflow.core.auth_failures import address_key, credential_key
 from heteroflow.core.authentication import Denial, bearer_of, header
 from heteroflow.core.authentication import Scope as AsgiScope
+from heteroflow.core.client_limits import peer_address
 from heteroflow.core.errors import StoreUnavailableError
 from heteroflow.core.ids import NodeId
 from heteroflow.platform.auth import Principal, Scope, hash_token
@@ -24,6 +27,7 @@ from heteroflow.platform_server.context import ServerContext
 from heteroflow.platform_server.errors import Forbidden, NotFound, ServiceUnavailable, Unauthorized, error_response
 from heteroflow.platform_server.sessions import BEARER_ONLY, cookie_value, session_of
 
+_log = structlog.get_logger(__name__)
 _bearer = HTTPBearer(auto_error=False, description="An API token: Authorization: Bearer hf_…")
 _CHECKED = "heteroflow.checked_principal"
 """Request state key: (token, principal) as verified before any work (:func:`check_before_work`)."""
@@ -193,6 +197,60 @@ async def heartbeat_speaker(
         node: NodeRecord = checked[3]
         return node
     return await speaking_node(ctx, principal, node_id, credential)
+
+
+def credential_keys(scope: AsgiScope) -> tuple[str, ...]:
+    """The client keys a request's 401 counts under (:mod:`heteroflow.core.auth_failures`): its peer address, and
+    its bearer token's id (a prefix of the token's hash). None for a request that presents no credential (no
+    bearer token, no session cookie): it guesses nothing, and its 401 costs no lookup and no log line, so it is
+    neither counted nor blocked (the public pages and probes stay reachable from a guessing address)."""
+    token = bearer_of(scope)
+    if token is None and cookie_value(scope) is None:
+        return ()
+    keys: list[str] = []
+    address = address_key(peer_address(scope))
+    if address is not None:
+        keys.append(address)
+    if token is not None:
+        keys.append(credential_key(hash_token(token)))
+    return tuple(keys)
+
+
+def holds_valid_token(ctx: ServerContext, scope: AsgiScope) -> bool:
+    """Whether the request's bearer token is one this server holds as valid in memory (never blocked for its
+    address: the per-address count is a courtesy to the others behind it, not a boundary)."""
+    token = bearer_of(scope)
+    return token is not None and ctx.token_cache.get(hash_token(token), now=ctx.clock.monotonic()) is not None
+
+
+def note_unauthorized(ctx: ServerContext, scope: AsgiScope) -> None:
+    """Count a 401 under the request's client keys; log it only when it is the key's first of its window or the
+    one that blocks it (the rest are counted: a guessing client never writes a line per request)."""
+    keys = credential_keys(scope)
+    if not keys:
+        return
+    line = ctx.failed_credentials.fail(keys, now=ctx.clock.monotonic())
+    if line == "first":
+        _log.info("auth.refused", keys=list(keys), path=str(scope.get("path", ""))[:200])
+    elif line == "blocked":
+        settings = ctx.settings
+        _log.warning(
+            "auth.blocked",
+            keys=list(keys),
+            failures=settings.max_failed_credentials,
+            window_sec=settings.failed_credentials_window_seconds,
+        )
+
+
+def heartbeat_owner(scope: AsgiScope) -> tuple[str, str] | None:
+    """Whose share of the heartbeat gate a heartbeat takes: ``(tenant, token)`` of the node
+    :func:`check_before_work` verified for it — the node's tenant and the token that registered it (``""`` for
+    none), so that neither is a value the caller chooses — or ``None`` for a request it did not verify."""
+    checked = scope.get("state", {}).get(_CHECKED_SPEAKER)
+    if checked is None:
+        return None
+    node: NodeRecord = checked[3]
+    return (node.tenant_id or "", node.registered_by or "")
 
 
 def verified_speaker(scope: AsgiScope) -> NodeRecord | None:

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from sqlalchemy.engine import Engine
 
 from heteroflow.core.admission import AdmissionGate
+from heteroflow.core.auth_failures import FailedCredentials
 from heteroflow.core.client_limits import InFlightByKey
 from heteroflow.core.clock import Clock
 from heteroflow.core.ids import NodeId
@@ -19,6 +20,7 @@ from heteroflow.health.settings import HealthStorageSettings
 from heteroflow.health.tool_stalls import ToolStallBook
 from heteroflow.health.xid_collection import XidCollectionBook
 from heteroflow.platform.auth import Principal
+from heteroflow.platform.cards import CardBook
 from heteroflow.platform.liveness import LivenessTracker
 from heteroflow.platform.nodes import NodeRecord
 from heteroflow.platform_server.alert_delivery import AlertNotifier
@@ -80,6 +82,10 @@ class ServerContext:
     """Each node's newest word on its XID source (:mod:`heteroflow.health.xid_collection`)."""
     tool_stalls: ToolStallBook
     """Each node's newest word on its stalled vendor tools (:mod:`heteroflow.health.tool_stalls`)."""
+    cards: CardBook
+    """Each node's cards and its hour's new cards and XID events (:mod:`heteroflow.platform.cards`)."""
+    failed_credentials: FailedCredentials
+    """401s per peer address and per presented token (:mod:`heteroflow.core.auth_failures`)."""
     unknown_tokens: TtlCache[str, bool] = field(
         default_factory=lambda: TtlCache(ttl_sec=UNKNOWN_TOKEN_CACHE_SEC, max_entries=10_000)
     )
@@ -103,3 +109,4 @@ class ServerContext:
         self.metrics_recorder.forget_node(node_id)
         self.xid_collection.forget_node(node_id)
         self.tool_stalls.forget_node(node_id)
+        self.cards.forget(node_id)

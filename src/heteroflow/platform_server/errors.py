@@ -6,7 +6,7 @@
     ├── NotFound (404)       absent, or outside the caller's tenant scope (identical on purpose)
     ├── BadRequest (400)     a parameter out of range, with the reason
     ├── Conflict (409)       a registration contradicting an existing node (its source, or its credential:
-    │                        node_credential_required, with Retry-After when the caller may reclaim it later)
+    │                        node_credential_required: only an operator gives the node a new one)
     ├── TooManyRequests (429)  a per-token quota of nodes or cards used up
     └── ServiceUnavailable (503)  the database is unreachable; retry later
 
@@ -15,7 +15,8 @@
     └── InvalidJsonBodyError (400)  JSON nested deeper than 32 levels
 
     Overloaded (503 + Retry-After, heteroflow.core.admission), answered before any route runs: a heartbeat
-    beyond max_in_flight_heartbeats, or while the event loop lags more than heartbeat_shed_lag_seconds;
+    beyond max_in_flight_heartbeats or its tenant's (token's) share of it, or while the event loop lags more
+    than heartbeat_shed_lag_seconds;
     the agent retries after Retry-After
 
     Limited (429 + Retry-After, heteroflow.core.client_limits), answered before the body is read: a node's
@@ -77,14 +78,10 @@ class Conflict(ApiError):
 
 
 class NodeCredentialRequired(Conflict):
-    """A registration of a hostname registered in the caller's tenant without that node's credential; with
-    ``Retry-After`` when the caller's token may reclaim the node once it has been offline long enough."""
+    """A registration of a hostname registered in the caller's tenant without that node's credential: only an
+    operator gives the node a new one (its release, or an administrator's token)."""
 
     code = "node_credential_required"
-
-    def __init__(self, message: str, *, retry_after_sec: int | None = None) -> None:
-        super().__init__(message)
-        self.retry_after_sec = retry_after_sec
 
 
 class TooManyRequests(ApiError):
@@ -124,7 +121,12 @@ def refused_body(_: str, exc: BodyError) -> dict[str, object]:
 
 def overloaded(_: object, why: Refusal) -> dict[str, object]:
     """The error body of a heartbeat refused by the admission gate (503 + Retry-After)."""
-    reason = "too many heartbeats in flight" if why == "busy" else "the server is behind on its work"
+    reason = {
+        "busy": "too many heartbeats in flight",
+        "lagging": "the server is behind on its work",
+        "tenant_share": "this node's tenant holds its share of the heartbeats in flight",
+        "token_share": "the nodes of this node's token hold their share of the heartbeats in flight",
+    }[why]
     return {"error": "overloaded", "detail": f"{reason}; retry after the Retry-After seconds"}
 
 
@@ -142,14 +144,16 @@ def limited(what: str) -> Callable[[object, int], dict[str, object]]:
 
 def error_response(exc: ApiError) -> JSONResponse:
     headers = challenge_headers(exc.status_code)
-    if isinstance(exc, NodeCredentialRequired) and exc.retry_after_sec is not None:
-        headers = {"Retry-After": str(exc.retry_after_sec)}
     return JSONResponse({"error": exc.code, "detail": exc.message}, status_code=exc.status_code, headers=headers)
 
 
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+    async def _api_error(request: Request, exc: ApiError) -> JSONResponse:
+        if exc.status_code == 401:  # counted against its address and token (core/auth_failures.py)
+            on_unauthorized = getattr(request.app.state, "on_unauthorized", None)
+            if on_unauthorized is not None:
+                on_unauthorized(request.scope)
         return error_response(exc)
 
     @app.exception_handler(StoreUnavailableError)

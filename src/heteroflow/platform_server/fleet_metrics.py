@@ -20,10 +20,10 @@ from prometheus_client.registry import Collector
 
 from heteroflow.storage.fleet_store import FleetSnapshot
 
-ALERT_TYPES = ("GPU_FAULT_PREDICTED", "GPU_MEMORY_HIGH")
+ALERT_TYPES = ("GPU_FAULT_PREDICTED", "GPU_MEMORY_HIGH", "NODE_CARDS_REFUSED")
 """Alert types that always have a series, so that a rule on them never reads "absent" as "none open"."""
 SEVERITIES = ("WARN",)
-"""The severity both alert types are raised with (the seed's WARN); another one gets its series when it occurs."""
+"""The severity every alert type is raised with (the seed's WARN); another one gets its series when it occurs."""
 
 
 class _FleetCollector(Collector):

@@ -20,6 +20,7 @@ from prometheus_client.registry import Collector
 from prometheus_client.samples import Sample
 from prometheus_client.utils import floatToGoString
 
+from heteroflow.core.admission import AdmissionStatus
 from heteroflow.core.text import printable
 from heteroflow.health.counters import HEALTH_KEYS, Counters
 from heteroflow.health.gpu_metrics import METRIC_KEYS, GpuMetrics
@@ -75,16 +76,29 @@ class ServerMetrics:
         self.heartbeats_refused = Counter(
             "heteroflow_heartbeats_refused",
             "Heartbeats answered 503 + Retry-After by the admission gate, by reason: busy (max_in_flight_heartbeats "
-            "in flight) or lagging (the event loop behind by more than heartbeat_shed_lag_seconds).",
+            "in flight), tenant_share or token_share (the node's tenant, or the nodes of its token, hold their share "
+            "of the gate) or lagging (the event loop behind by more than heartbeat_shed_lag_seconds).",
             ["reason"],
             registry=self.registry,
         )
         self.requests_limited = Counter(
             "heteroflow_requests_limited",
-            "Authenticated requests answered 429 + Retry-After by a per-client limit before their body was read, by "
-            "limit: node (max_in_flight_per_node heartbeats of one node) or peer (max_in_flight_per_peer requests "
-            "from one address).",
+            "Requests answered 429 + Retry-After by a per-client limit before their body was read, by limit: node "
+            "(max_in_flight_per_node heartbeats of one node), peer (max_in_flight_per_peer requests from one "
+            "address) or credentials (an address or a token past max_failed_credentials 401s in its window).",
             ["limit"],
+            registry=self.registry,
+        )
+        self.cards_refused = Counter(
+            "heteroflow_cards_refused",
+            "Heartbeat cards refused: an index beyond the node's gpu_count card slots, or a new uuid beyond "
+            "max_new_cards_per_node_hour (the rest of the beat is kept; per node in its status).",
+            registry=self.registry,
+        )
+        self.xid_events_refused = Counter(
+            "heteroflow_xid_events_refused",
+            "XID events refused: a card the node does not have, or over max_xid_events_per_beat or "
+            "max_xid_events_per_node_hour (rejected with the reason, not retried).",
             registry=self.registry,
         )
         self.xid_event_failures = Counter(
@@ -112,6 +126,10 @@ class ServerMetrics:
         """``heteroflow_node_tool_stalled_since_seconds{node, tool}``, read at scrape time from the nodes' newest
         beats (:mod:`heteroflow.health.tool_stalls`)."""
         self.registry.register(_ToolStallCollector(stalled))
+
+    def watch_admission(self, admission: Callable[[], AdmissionStatus]) -> None:
+        """The heartbeat gate's occupancy and shares, read from its status at scrape time."""
+        self.registry.register(_AdmissionCollector(admission))
 
     def watch_gpus(self, latest: Callable[[], Iterable[FlatCards]]) -> None:
         """Per-GPU gauges read at scrape time from the newest values the server holds in memory (slices of cards,
@@ -339,6 +357,42 @@ class _ToolStallCollector(Collector):
             for stall in node.stalls:
                 family.add_metric([node.node_name, stall.tool], stall.since.timestamp())
         yield family
+
+
+class _AdmissionCollector(Collector):
+    def __init__(self, admission: Callable[[], AdmissionStatus]) -> None:
+        self._admission = admission
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        status = self._admission()
+        for name, text, value in (
+            ("in_flight", "Heartbeats in flight now.", status.in_flight),
+            ("max_in_flight", "The heartbeat gate's size (max_in_flight_heartbeats).", status.max_in_flight),
+            (
+                "max_per_tenant",
+                "The most heartbeats one tenant's nodes may have in flight (heartbeat_share_per_tenant of the gate).",
+                status.max_per_tenant,
+            ),
+            (
+                "max_per_token",
+                "The most heartbeats one token's nodes may have in flight (heartbeat_share_per_token of a tenant's).",
+                status.max_per_token,
+            ),
+            ("peak_per_tenant", "The most heartbeats one tenant had in flight at once.", status.peak_per_tenant),
+        ):
+            if value is None:
+                continue
+            gauge = GaugeMetricFamily(f"heteroflow_heartbeat_admission_{name}", text)
+            gauge.add_metric([], value)
+            yield gauge
+        tenants = GaugeMetricFamily(
+            "heteroflow_heartbeat_admission_tenant_in_flight",
+            'Heartbeats in flight now of the (at most 10) busiest tenants (tenant "": nodes of no tenant).',
+            labels=["tenant"],
+        )
+        for tenant, held in status.busiest_tenants:
+            tenants.add_metric([printable(tenant)], held)
+        yield tenants
 
 
 class _StatusCollector(Collector):

@@ -54,6 +54,40 @@ class ToolStallOut(BaseModel):
     timeouts: int | None = Field(description="Timed-out calls since then; null when the agent did not say.")
 
 
+class NodeCredentialOut(BaseModel):
+    state: Literal["issued", "released", "none"] = Field(
+        description=(
+            "issued: a credential speaks for the node; released: an operator released it and the creating token "
+            "has not claimed a new one; none: registered before node credentials existed."
+        )
+    )
+    issued_at: datetime | None = Field(description="When the credential was last issued; null before it was kept.")
+    reissued: bool = Field(
+        description=(
+            "The credential was issued again after the node's registration (an operator's release claimed, or an "
+            "administrator's token): who speaks for the node changed then. A node that never beat has none."
+        )
+    )
+    released_at: datetime | None = Field(description="When an operator last released it; null: never.")
+
+
+class NodeCardsOut(BaseModel):
+    """What the node may report, and what it had refused, as this server process counted it since it started."""
+
+    registered_cards: int = Field(description="The node's gpu_count: how many distinct card indexes it may report.")
+    known_cards: int = Field(description="Cards (index and uuid) the server holds for the node.")
+    new_cards_this_hour: int = Field(description="Uuids that replaced another at their index this hour.")
+    new_cards_per_hour: int = Field(description="The bound (HETEROFLOW_MAX_NEW_CARDS_PER_NODE_HOUR).")
+    xid_events_this_hour: int
+    xid_events_per_hour: int = Field(description="The bound (HETEROFLOW_MAX_XID_EVENTS_PER_NODE_HOUR).")
+    xid_events_per_beat: int = Field(description="The bound (HETEROFLOW_MAX_XID_EVENTS_PER_BEAT).")
+    refused_index_total: int = Field(
+        description="Cards refused: an index beyond the node's registered_cards slots (the first distinct ones)."
+    )
+    refused_new_card_total: int = Field(description="Cards refused: more new uuids this hour than the bound.")
+    refused_xid_total: int = Field(description="XID events refused: a card the node lacks, or over a bound.")
+
+
 class NodeOut(BaseModel):
     id: str
     name: str
@@ -72,6 +106,12 @@ class NodeOut(BaseModel):
         default=None,
         description="Vendor tools whose calls time out on the node without an answer since, and since when; "
         "null when the node's last beat named none.",
+    )
+    credential: NodeCredentialOut | None = Field(
+        default=None, description="Who may speak for the node, and since when (see docs/reliability.md)."
+    )
+    cards: NodeCardsOut | None = Field(
+        default=None, description="The bounds on what the node reports, and what they refused (docs/reliability.md)."
     )
 
 

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 from pydantic import Field
 
 from heteroflow.core.settings import LenientSettings, env_names
+from heteroflow.platform.cards import CardLimits
 
 
 def default_database_url() -> str:
@@ -17,9 +19,23 @@ class ServerSettings(LenientSettings):
     """Where the server listens, what it stores into, and how it paces liveness and auth caching."""
 
     @property
-    def node_reclaim_after(self) -> float:
-        """Seconds a node must be offline before its creating token may reclaim it without its credential."""
-        return self.node_reclaim_after_seconds or 2 * self.offline_after_seconds
+    def card_limits(self) -> CardLimits:
+        """What one node may report (:mod:`heteroflow.platform.cards`)."""
+        return CardLimits(
+            new_cards_per_hour=self.max_new_cards_per_node_hour,
+            xid_events_per_beat=self.max_xid_events_per_beat,
+            xid_events_per_hour=self.max_xid_events_per_node_hour,
+        )
+
+    @property
+    def heartbeat_tenant_slots(self) -> int:
+        """The most heartbeat slots one tenant may hold (:attr:`heartbeat_share_per_tenant` of the gate)."""
+        return max(1, math.floor(self.max_in_flight_heartbeats * self.heartbeat_share_per_tenant))
+
+    @property
+    def heartbeat_token_slots(self) -> int:
+        """The most heartbeat slots one token's nodes may hold (:attr:`heartbeat_share_per_token` of a tenant's)."""
+        return max(1, math.floor(self.heartbeat_tenant_slots * self.heartbeat_share_per_token))
 
     host: str = Field(
         default="127.0.0.1",
@@ -110,16 +126,45 @@ class ServerSettings(LenientSettings):
             "statement for all nodes, and cached tokens are re-confirmed in one more (default 5 s)."
         ),
     )
-    node_reclaim_after_seconds: float | None = Field(
-        default=None,
+    node_reissue_hold_seconds: float = Field(
+        default=3600.0,
         gt=0,
-        validation_alias=env_names("node_reclaim_after_seconds"),
+        validation_alias=env_names("node_reissue_hold_seconds"),
         description=(
-            "How long a node must have been offline before the token that created it may register it again "
-            "without its credential and get a new one (an agent that lost its stored credential: a new pod, a "
-            "wiped disk). Default: twice offline_after_seconds (60 s). Never while the node beats; never for "
-            "another token. Until then such a registration answers 409 node_credential_required with "
-            "Retry-After, and the agent waits that long instead of exiting."
+            "For this long after a node's credential is issued again (an operator's release claimed, or an "
+            "administrator's token), the node's hardware events are marked identity_changed in the hardware-events "
+            "feed and the serving controller holds them for an operator instead of retiring ranks on them "
+            "(default 3600 s). Whoever claimed the credential may not be the node's agent."
+        ),
+    )
+    max_new_cards_per_node_hour: int = Field(
+        default=16,
+        ge=1,
+        validation_alias=env_names("max_new_cards_per_node_hour"),
+        description=(
+            "Card uuids a node may report per hour at an index that had another uuid (default 16): a card swap "
+            "is normal, hundreds of new cards an hour are not. Beyond it, that card's reading is refused (the beat "
+            "is answered), counted in the node's cards status, and the node's first refused card raises "
+            "NODE_CARDS_REFUSED. A card at an index beyond the node's gpu_count card slots is always refused."
+        ),
+    )
+    max_xid_events_per_beat: int = Field(
+        default=256,
+        ge=1,
+        validation_alias=env_names("max_xid_events_per_beat"),
+        description=(
+            "XID events of one heartbeat that are stored (default 256); the rest are rejected with the reason "
+            "(not retried) and counted in the node's cards status."
+        ),
+    )
+    max_xid_events_per_node_hour: int = Field(
+        default=1000,
+        ge=1,
+        validation_alias=env_names("max_xid_events_per_node_hour"),
+        description=(
+            "XID events of one node stored per hour (default 1000): with the node's cards, the bound of what one "
+            "node adds to the database. The rest are rejected with the reason and counted; raise it for a node "
+            "that legitimately reports more."
         ),
     )
     max_nodes_per_token: int = Field(
@@ -179,6 +224,46 @@ class ServerSettings(LenientSettings):
             "every beat after the agents' 5 s timeout, so all its work is wasted; with it the admitted beats "
             "stay fast. At about 3 ms of CPU per beat, 256 beats in flight are under a second of work."
         ),
+    )
+    heartbeat_share_per_tenant: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        validation_alias=env_names("server_heartbeat_share_per_tenant"),
+        description=(
+            "The part of max_in_flight_heartbeats one tenant's nodes may hold at once (default 0.5: 128 of 256; "
+            "the nodes of no tenant count as one tenant). One more of that tenant is answered 503 with "
+            "Retry-After before its body is read, while the other tenants' beats still find a slot: one tenant "
+            "with many nodes and slow bodies cannot take the whole gate. Honest fleets keep about N/1000 beats in "
+            "flight (N nodes beating every 5 s), far under their share."
+        ),
+    )
+    heartbeat_share_per_token: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        validation_alias=env_names("server_heartbeat_share_per_token"),
+        description=(
+            "The part of a tenant's share that the nodes one token registered may hold at once (default 0.5: 64 "
+            "of the tenant's 128), so that one leaked agent token cannot take its whole tenant's share either."
+        ),
+    )
+    max_failed_credentials: int = Field(
+        default=20,
+        ge=1,
+        validation_alias=env_names("server_max_failed_credentials"),
+        description=(
+            "401s one peer address, or one presented token, may cause per failed_credentials_window_seconds "
+            "(default 20). Beyond it that address or token is answered 429 with Retry-After (the rest of the "
+            "window) before any lookup, body read or log line; a request with a token this server holds as valid "
+            "is never refused for its address. Refusals are logged once per address or token and window."
+        ),
+    )
+    failed_credentials_window_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        validation_alias=env_names("server_failed_credentials_window_seconds"),
+        description="The window of max_failed_credentials, seconds (default 60).",
     )
     max_in_flight_per_node: int = Field(
         default=4,

@@ -50,7 +50,18 @@ is left out of this scrape rather than making Prometheus time out)."""
 MAX_SIBLING_BYTES: Final = 256 * 1024 * 1024
 """Largest exposition read from a sibling (a 10,000-node fleet's per-card series are tens of MiB)."""
 
-SUMMED_GAUGES: Final = frozenset({"heteroflow_health_pending_readings", "heteroflow_health_dedup_cache_entries"})
+SUMMED_GAUGES: Final = frozenset(
+    {
+        "heteroflow_health_pending_readings",
+        "heteroflow_health_dedup_cache_entries",
+        # each worker has its own heartbeat gate: the host holds the sum (its size and shares, too)
+        "heteroflow_heartbeat_admission_in_flight",
+        "heteroflow_heartbeat_admission_max_in_flight",
+        "heteroflow_heartbeat_admission_max_per_tenant",
+        "heteroflow_heartbeat_admission_max_per_token",
+        "heteroflow_heartbeat_admission_tenant_in_flight",
+    }
+)
 """Gauges of per-process state: the host's value is the sum over its workers. Every other gauge is the same fact
 seen by each worker (a database count, the newest beat) and merges as the largest value. The cards' series are
 not in the merged texts: :func:`merge_cards` merges the cards themselves."""

@@ -72,6 +72,11 @@ class CardHardwareEvent:
     card_known: bool = True
     """Whether the node reported this card (its uuid) in a health reading before: an XID naming a uuid the node
     never reported is no evidence about any card the serving plane runs on."""
+    reported_at: datetime | None = None
+    """When the server got it: the XID's receive time, or the sample's time (``None``: not known)."""
+    speaker_since: datetime | None = None
+    """When the node's credential was last re-issued (after its registration): who speaks for the node changed
+    then. ``None`` when it never was."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -439,6 +444,8 @@ class SqlHealthSampleStore:
                     nodes_t.c.name.label("node_name"),
                     nodes_t.c.tenant_id.label("tenant_id"),
                     card_known.label("card_known"),
+                    nodes_t.c.registered_at.label("node_registered_at"),
+                    nodes_t.c.credential_issued_at.label("credential_issued_at"),
                 )
                 .join(nodes_t, nodes_t.c.id == xid_t.c.node_id)
                 .where(
@@ -477,6 +484,8 @@ class SqlHealthSampleStore:
                     samples_t.c.node_id,
                     nodes_t.c.name.label("node_name"),
                     nodes_t.c.tenant_id.label("tenant_id"),
+                    nodes_t.c.registered_at.label("node_registered_at"),
+                    nodes_t.c.credential_issued_at.label("credential_issued_at"),
                     samples_t.c.gpu_index,
                     samples_t.c.uuid,
                     samples_t.c.sampled_at,
@@ -512,6 +521,8 @@ class SqlHealthSampleStore:
                 at=r.occurred_at,
                 tenant_id=r.tenant_id,
                 card_known=bool(r.card_known),
+                reported_at=r.received_at,
+                speaker_since=_speaker_since(r),
             )
             for r in xid_rows
         ]
@@ -536,6 +547,8 @@ class SqlHealthSampleStore:
                             previous=before,
                             at=r.sampled_at,
                             tenant_id=r.tenant_id,
+                            reported_at=r.sampled_at,
+                            speaker_since=_speaker_since(r),
                         )
                     )
         events.sort(key=lambda e: e.at)
@@ -545,6 +558,12 @@ class SqlHealthSampleStore:
             sample_cursor=int(sample_rows[-1].id) if sample_more else sample_ceiling,
             more=xid_more or sample_more,
         )
+
+
+def _speaker_since(row: Any) -> datetime | None:
+    """The node's credential's last re-issue (after its registration), from a row with the node's columns."""
+    issued: datetime | None = row.credential_issued_at
+    return issued if issued is not None and issued > row.node_registered_at else None
 
 
 def purge_simulated(engine: Engine) -> dict[str, int]:

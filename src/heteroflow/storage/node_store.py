@@ -32,6 +32,8 @@ def _record(row: Any) -> NodeRecord:
         last_heartbeat_at=row.last_heartbeat_at,
         credential_hash=row.credential_hash,
         registered_by=TokenId(row.registered_by) if row.registered_by is not None else None,
+        credential_issued_at=row.credential_issued_at,
+        credential_released_at=row.credential_released_at,
     )
 
 
@@ -62,16 +64,15 @@ class SqlNodeStore:
         new_credential_hash: str | None = None,
         reissue: bool = False,
         quota: Quota | None = None,
-        reclaim_before: datetime | None = None,
     ) -> RegisterResult:
         """Register a node by hostname within its tenant; the same hostname again updates it.
 
         A new node is created with ``new_credential_hash``. An existing one is updated only when the request
-        carries its credential (``presented_hash``), when it has none yet (claimed now), or when ``reissue``
-        (an administrator rotates it), or when ``token_id`` created the node and the node has not beaten since
-        ``reclaim_before`` (an agent that lost its credential, after its node has been offline a while: never
-        while the node is alive); otherwise :class:`NodeCredentialError`. ``quota`` bounds what ``token_id``
-        may create (:class:`NodeQuotaError`).
+        carries its credential (``presented_hash``), when it has none (registered before credentials existed, or
+        released by an operator: claimed now by the token that created it), or when ``reissue`` (an
+        administrator rotates it); otherwise :class:`NodeCredentialError` — however long the node has been
+        silent, since silence can be provoked. ``quota`` bounds what ``token_id`` may create
+        (:class:`NodeQuotaError`).
         """
         tenant_key = tenant_id or ""
         with unavailable_as_store_error(), self._engine.begin() as conn:
@@ -84,24 +85,22 @@ class SqlNodeStore:
                         f"hostname {name!r} is registered as {row.source}; a node never switches source"
                     )
                 creator = token_id is not None and row.registered_by == token_id
-                last_seen = row.last_heartbeat_at or row.registered_at
-                reclaimable = reclaim_before is not None and creator and last_seen < reclaim_before
                 # no credential: registered before credentials existed (anyone of the tenant claims it), or
                 # released by an operator (only the token that created it does)
                 unclaimed = row.credential_hash is None and (row.registered_by is None or creator)
-                issue = reissue or reclaimable or unclaimed
+                issue = reissue or unclaimed
                 if not issue and (presented_hash is None or presented_hash != row.credential_hash):
                     raise NodeCredentialError(
                         f"hostname {name!r} is registered: re-registering it needs its node credential "
                         "(an operator may release the node's credential, or delete the node to register it "
-                        "afresh)",
-                        last_seen=last_seen if creator else None,
+                        "afresh)"
                     )
                 if quota is not None and row.registered_by is not None:
                     self._check_cards(conn, row.registered_by, quota, extra=gpu_count - row.gpu_count)
                 values: dict[str, Any] = {"vendor": vendor, "model": model, "gpu_count": gpu_count}
                 if issue and new_credential_hash is not None:
                     values["credential_hash"] = new_credential_hash
+                    values["credential_issued_at"] = now
                 conn.execute(sa.update(nodes_t).where(nodes_t.c.id == row.id).values(**values))
                 updated = conn.execute(sa.select(nodes_t).where(nodes_t.c.id == row.id)).one()
                 return RegisterResult(_record(updated), created=False, issued=issue and new_credential_hash is not None)
@@ -130,6 +129,7 @@ class SqlNodeStore:
                         last_heartbeat_at=None,
                         credential_hash=new_credential_hash,
                         registered_by=token_id,
+                        credential_issued_at=now if new_credential_hash is not None else None,
                     )
                 )
             except sa.exc.IntegrityError as exc:  # registered by a concurrent request a moment ago
@@ -147,12 +147,16 @@ class SqlNodeStore:
         if int(cards) + extra > quota.max_cards:
             raise NodeQuotaError(f"this token's nodes would have more than its quota of {quota.max_cards} cards")
 
-    def release_credential(self, node_id: NodeId) -> NodeRecord | None:
-        """Drop the node's credential: no one speaks for it until the token that created it registers it again
-        and claims a new one (an agent that lost its credential, without waiting for the node to be offline).
+    def release_credential(self, node_id: NodeId, *, now: datetime) -> NodeRecord | None:
+        """Drop the node's credential (an operator's decision, recorded at ``now``): no one speaks for it until
+        the token that created it registers it again and claims a new one (an agent that lost its credential).
         ``None`` when the node does not exist."""
         with unavailable_as_store_error(), self._engine.begin() as conn:
-            conn.execute(sa.update(nodes_t).where(nodes_t.c.id == node_id).values(credential_hash=None))
+            conn.execute(
+                sa.update(nodes_t)
+                .where(nodes_t.c.id == node_id)
+                .values(credential_hash=None, credential_released_at=now)
+            )
             row = conn.execute(sa.select(nodes_t).where(nodes_t.c.id == node_id)).first()
         return _record(row) if row is not None else None
 

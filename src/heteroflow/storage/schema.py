@@ -98,6 +98,10 @@ nodes = sa.Table(
     # before credentials existed, claimed by its next registration)
     sa.Column("credential_hash", sa.String(64), nullable=True),
     sa.Column("registered_by", sa.String(36), nullable=True),  # the token that created it (quotas)
+    # when the credential was last issued (the first registration, or an operator's re-issue) and released: a
+    # node whose credential changed hands is told apart from one that never beat (null: before times were kept)
+    sa.Column("credential_issued_at", UtcDateTime(), nullable=True),
+    sa.Column("credential_released_at", UtcDateTime(), nullable=True),
     # tenant_id, or '' for the tenant-less nodes: a hostname is unique within a tenant (SQL's unique constraints
     # count NULLs as distinct), so that no tenant can squat on, or learn of, another tenant's hostname
     sa.Column("tenant_key", sa.String(36), nullable=False, server_default=""),

@@ -133,3 +133,38 @@ def test_a_failing_request_gives_its_slot_back() -> None:
         assert gate.status().in_flight == 0
 
     asyncio.run(scenario())
+
+
+def test_each_tenant_and_each_token_within_it_gets_a_bounded_share() -> None:
+    gate = AdmissionGate(max_in_flight=8, max_per_tenant=4, max_per_token=2)
+    a1, a2, b1 = ("a", "t1"), ("a", "t2"), ("b", "t3")
+    assert [gate.try_enter(a1) for _ in range(3)] == [None, None, "token_share"]
+    assert [gate.try_enter(a2) for _ in range(3)] == [None, None, "tenant_share"]
+    assert [gate.try_enter(b1) for _ in range(2)] == [None, None]  # the other tenant still finds room
+    assert gate.try_enter() is None  # a request without an owner counts against the whole only
+    gate.leave(a1)
+    assert gate.try_enter(a1) is None  # the slot came back to its owner
+    status = gate.status()
+    assert (status.in_flight, status.tenants_in_flight, status.peak_per_tenant, status.peak_per_token) == (7, 2, 4, 2)
+    assert (status.refused_tenant_share_total, status.refused_token_share_total) == (1, 1)
+    assert status.busiest_tenants == (("a", 4), ("b", 2))
+    for owner in (a1, a1, a2, a2, b1, b1):
+        gate.leave(owner)
+    assert gate.status().tenants_in_flight == 0  # an owner holding nothing is forgotten
+    assert gate.held_by("a") == 0
+
+
+def test_the_whole_bound_still_holds_when_every_owner_is_under_its_share() -> None:
+    gate = AdmissionGate(max_in_flight=3, max_per_tenant=2, max_per_token=2)
+    assert [gate.try_enter(owner) for owner in (("a", ""), ("b", ""), ("c", ""), ("d", ""))] == [
+        None,
+        None,
+        None,
+        "busy",
+    ]
+
+
+@pytest.mark.parametrize(("tenant", "token"), [(0, None), (None, 0), (-1, 1)])
+def test_a_share_must_admit_something(tenant: int | None, token: int | None) -> None:
+    with pytest.raises(ValueError, match="share"):
+        AdmissionGate(max_in_flight=4, max_per_tenant=tenant, max_per_token=token)

@@ -17,12 +17,13 @@ import yaml
 
 from heteroflow.health.alerts import GPU_FAULT_PREDICTED
 from heteroflow.health.gpu_metrics import GPU_MEMORY_HIGH
+from heteroflow.platform.cards import NODE_CARDS_REFUSED
 from heteroflow.platform_server.alert_delivery import RUNBOOK_PAGES
 
 REPO = Path(__file__).resolve().parents[3]
 RULES = REPO / "deploy" / "prometheus" / "heteroflow-alerts.yaml"
 RUNBOOKS = REPO / "docs" / "runbooks"
-PLATFORM_ALERT_TYPES = frozenset({GPU_FAULT_PREDICTED, GPU_MEMORY_HIGH})
+PLATFORM_ALERT_TYPES = frozenset({GPU_FAULT_PREDICTED, GPU_MEMORY_HIGH, NODE_CARDS_REFUSED})
 SECTIONS = ("## What fired and why", "## How to confirm", "## What to do", "## What not to do", "## When to escalate")
 _LINK = re.compile(r"\]\(([^)#\s]+\.md)(?:#[^)]*)?\)")
 

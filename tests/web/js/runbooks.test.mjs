@@ -7,7 +7,7 @@ import { RUNBOOKS, runbookOf } from "../../../src/heteroflow/platform_server/web
 const REPO = new URL("../../../", import.meta.url);
 
 test("every platform alert type's runbook has its steps in English and Chinese, and its page exists", () => {
-  assert.deepEqual(Object.keys(RUNBOOKS).sort(), ["GPU_FAULT_PREDICTED", "GPU_MEMORY_HIGH"]);
+  assert.deepEqual(Object.keys(RUNBOOKS).sort(), ["GPU_FAULT_PREDICTED", "GPU_MEMORY_HIGH", "NODE_CARDS_REFUSED"]);
   for (const type of Object.keys(RUNBOOKS)) {
     const { keys, path } = runbookOf(type);
     assert.equal(keys.length, RUNBOOKS[type].steps);

@@ -10,6 +10,7 @@ every node route: a tenant's token sees its own nodes' cards only. The page is t
 from __future__ import annotations
 
 import asyncio
+from datetime import timedelta
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
@@ -22,6 +23,7 @@ from heteroflow.platform_server.context import ServerContext
 from heteroflow.platform_server.errors import BadRequest, error_responses
 from heteroflow.platform_server.routes.gpu_health import SourceParam, parse_source
 from heteroflow.platform_server.schemas import UtcTime
+from heteroflow.storage.health_store import CardHardwareEvent
 
 router = APIRouter(prefix=FEED_PATH, tags=["gpu-health"], responses=error_responses(400, 403))
 
@@ -36,6 +38,16 @@ def parse_cursor(cursor: str) -> tuple[int, int]:
     if len(parts) != 2 or not all(part.isascii() and part.isdigit() and len(part) <= 18 for part in parts):
         raise BadRequest("cursor must be a next_cursor returned by this route")
     return int(parts[0]), int(parts[1])
+
+
+def identity_changed(event: CardHardwareEvent, *, hold: timedelta) -> bool:
+    """Whether ``event`` reached the server within ``hold`` after its node's credential was re-issued: evidence
+    from a speaker that may not be the node's agent (an impostor holding a released credential), for an
+    operator to confirm. Purely computational."""
+    since, reported = event.speaker_since, event.reported_at
+    if since is None:
+        return False
+    return reported is None or since <= reported < since + hold
 
 
 @router.get("", response_model=HardwareFeedPage, summary="XID events and uncorrectable-error increases per card")
@@ -61,6 +73,7 @@ async def hardware_events(
         since=utc(since) if since is not None and after is None else None,
         limit=limit,
     )
+    hold = timedelta(seconds=ctx.settings.node_reissue_hold_seconds)
     return HardwareFeedPage(
         source=chosen,
         events=[
@@ -75,6 +88,7 @@ async def hardware_events(
                 at=e.at,
                 tenant_id=e.tenant_id,
                 card_known=e.card_known,
+                identity_changed=identity_changed(e, hold=hold),
             )
             for e in page.events
         ],

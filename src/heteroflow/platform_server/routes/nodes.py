@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import json
-import math
 import time
 from collections import Counter
 from collections.abc import Iterable
+from dataclasses import asdict
 from datetime import datetime, timedelta
-from typing import Annotated, Protocol
+from typing import Annotated, Literal, Protocol
 
 import msgspec
 import structlog
@@ -30,11 +30,12 @@ from heteroflow.core.ids import NodeId
 from heteroflow.core.request_body import CLEAN_TEXT
 from heteroflow.core.text import text_problem
 from heteroflow.health.beat_stats import WIRE_BEAT, WireBeat, beat_readings
-from heteroflow.health.heartbeat import XID_TOO_OLD, xid_events_from_wire
+from heteroflow.health.heartbeat import XID_TOO_OLD, ParsedXid, xid_events_from_wire
 from heteroflow.health.sample_times import SampleTimeWindow, TimeFix
 from heteroflow.health.tool_stalls import ToolStallReport, parse_tool_stalls
 from heteroflow.health.xid_collection import XidCollectionReport, parse_xid_collection
 from heteroflow.platform.auth import NodeScope, Principal, Scope, generate_token, hash_token
+from heteroflow.platform.cards import NODE_CARDS_REFUSED, cards_refused_message
 from heteroflow.platform.nodes import (
     NODE_CREDENTIAL_HEADER,
     NodeConflictError,
@@ -63,6 +64,8 @@ from heteroflow.platform_server.errors import (
     error_responses,
 )
 from heteroflow.platform_server.schemas import (
+    NodeCardsOut,
+    NodeCredentialOut,
     NodeList,
     NodeOut,
     ToolStallOut,
@@ -100,6 +103,21 @@ def node_out(ctx: ServerContext, node: NodeRecord) -> NodeOut:
         online=is_online(last, now=ctx.clock.now(), offline_after=offline_after),
         xid_events=xid_collection_out(ctx.xid_collection.get(NodeId(node.id), now=ctx.clock.monotonic())),
         tool_stalls=tool_stalls_out(ctx.tool_stalls.get(NodeId(node.id), now=ctx.clock.monotonic())),
+        credential=credential_out(node),
+        cards=NodeCardsOut(**asdict(ctx.cards.status(node.id, gpu_count=node.gpu_count, now=ctx.clock.monotonic()))),
+    )
+
+
+def credential_out(node: NodeRecord) -> NodeCredentialOut:
+    if node.credential_hash is not None:
+        state: Literal["issued", "released", "none"] = "issued"
+    else:
+        state = "none" if node.registered_by is None else "released"
+    return NodeCredentialOut(
+        state=state,
+        issued_at=node.credential_issued_at,
+        reissued=node.credential_issued_at is not None and node.credential_issued_at > node.registered_at,
+        released_at=node.credential_released_at,
     )
 
 
@@ -136,12 +154,12 @@ async def register(
     credential: NodeCredential = None,
 ) -> NodeRegistered:
     """Register by hostname, unique within the caller's tenant. A new node gets its own credential, shown once;
-    the same hostname again returns the same node id to a caller that presents it (agents restart). An
-    administrator's token re-issues it; so does the token that created the node, once the node has been
-    offline for ``node_reclaim_after_seconds`` (an agent that lost its credential: until then 409
-    ``node_credential_required`` with Retry-After), or at once after an operator released the credential."""
+    the same hostname again returns the same node id to a caller that presents it (agents restart). Without it,
+    409 ``node_credential_required``: only an operator gives the node a new credential — an administrator's
+    token, or the node's ``release``, after which the token that created it claims one at its next registration.
+    A silent node is never reclaimed by time: its silence can be provoked (``docs/reliability.md``)."""
     issued = generate_token()
-    reclaim_after = timedelta(seconds=ctx.settings.node_reclaim_after)
+    now = ctx.clock.now()
     try:
         result = await asyncio.to_thread(
             ctx.nodes.register,
@@ -151,24 +169,22 @@ async def register(
             gpu_count=body.gpu_count,
             source=body.source,
             tenant_id=principal.tenant_id,
-            now=ctx.clock.now(),
+            now=now,
             token_id=principal.token_id,
             presented_hash=hash_token(credential) if credential else None,
             new_credential_hash=hash_token(issued),
             reissue=principal.has(Scope.ADMIN) and not credential,
-            # the token that created the node may claim it again once it has been offline for node_reclaim_after:
-            # an agent that lost its credential (a new pod, a wiped disk) comes back without an operator
-            reclaim_before=ctx.clock.now() - reclaim_after,
             quota=Quota(max_nodes=ctx.settings.max_nodes_per_token, max_cards=ctx.settings.max_cards_per_token),
         )
     except NodeQuotaError as exc:
         raise TooManyRequests(str(exc)) from exc
     except NodeCredentialError as exc:
-        raise _credential_required(ctx, exc, reclaim_after=reclaim_after) from exc
+        raise NodeCredentialRequired(str(exc)) from exc
     except NodeConflictError as exc:
         raise Conflict(str(exc)) from exc
     node = result.node
     ctx.node_cache.put(node.id, node, now=ctx.clock.monotonic())
+    ctx.cards.relearn(node.id)  # its cards (and gpu_count) may have changed: learnt afresh from its beats
     ctx.missing_nodes.discard(node.id)
     _log.info(
         "node.registered",
@@ -186,19 +202,6 @@ async def register(
     )
 
 
-def _credential_required(ctx: ServerContext, exc: NodeCredentialError, *, reclaim_after: timedelta) -> Conflict:
-    """The 409 of a registration without the node's credential: when the caller's token created the node, it
-    says when the node may be reclaimed (Retry-After, and in words), so that the agent waits instead of exiting."""
-    if exc.last_seen is None:
-        return NodeCredentialRequired(str(exc))
-    wait_sec = max(1, math.ceil((exc.last_seen + reclaim_after - ctx.clock.now()).total_seconds()))
-    return NodeCredentialRequired(
-        f"this token may reclaim the node in {wait_sec} s"
-        f" (once offline for {reclaim_after.total_seconds():g} s); {exc}",
-        retry_after_sec=wait_sec,
-    )
-
-
 @router.post(
     "/{node_id}/release",
     response_model=NodeOut,
@@ -209,10 +212,11 @@ async def release_node(
     node_id: str, ctx: Ctx, principal: Annotated[Principal, Depends(require(Scope.NODES_WRITE))]
 ) -> NodeOut:
     """For an agent that lost its stored credential: the node keeps its id and history, no one speaks for it
-    (its beats are 404), and the token that created it claims a new credential at its next registration — at
-    once, without waiting for the node to be offline. Another token, of this tenant or another, cannot."""
+    (its beats are 404), and the token that created it claims a new credential at its next registration.
+    Another token, of this tenant or another, cannot. The release and the re-issue are recorded (the node's
+    ``credential``), and the node's hardware events for a while after the re-issue are held for an operator."""
     node = await visible_node(ctx, principal, node_id, cached=False)
-    released = await asyncio.to_thread(ctx.nodes.release_credential, node.id)
+    released = await asyncio.to_thread(ctx.nodes.release_credential, node.id, now=ctx.clock.now())
     if released is None:
         raise NotFound(f"node {node_id!r} not found")
     ctx.node_cache.put(released.id, released, now=ctx.clock.monotonic())
@@ -269,6 +273,17 @@ async def record_beat(
     # each stat is read once for both side paths (health/beat_stats.py)
     parsed = beat_readings(stats, node_id=node.id, source=node.source, received_at=received_at, window=window)
     readings, metric_readings = parsed.health, parsed.metrics
+    # a node reports only the cards it has (platform/cards.py): a card beyond them is refused, never the beat
+    verdict = ctx.cards.admit(
+        node.id,
+        gpu_count=node.gpu_count,
+        cards=[(reading.key.gpu_index, reading.uuid) for reading in readings],
+        now=ctx.clock.monotonic(),
+    )
+    if verdict.refused:
+        readings = [reading for reading in readings if reading.key.gpu_index not in verdict.refused]
+        metric_readings = [reading for reading in metric_readings if reading.key.gpu_index not in verdict.refused]
+        _cards_refused(ctx, node, count=len(verdict.refused), first=verdict.first_refusal)
     invalid = parsed.invalid + len(body.gpu_stats) - len(stats)
     if invalid:
         ctx.metrics.health_stats_invalid.inc(invalid)
@@ -351,6 +366,8 @@ async def _store_xid_events(
     usable = body.xid_events if clean else [e for e in body.xid_events if _bad_text(e) is None]
     events, rejected = xid_events_from_wire(usable, received_at=received_at, window=window)
     rejected = [*poisoned, *rejected]
+    events, refused = _bounded_xid_events(ctx, node, events)
+    rejected += refused
     _count_time_fixes(ctx, "xid", events)
     too_old = sum(1 for reason in rejected if reason.endswith(XID_TOO_OLD))
     if too_old:
@@ -369,6 +386,67 @@ async def _store_xid_events(
         return XidEventsResult(received=len(body.xid_events), stored=0, rejected=rejected, retry=True)
     ctx.metrics.xid_events_stored.inc(stored)
     return XidEventsResult(received=len(body.xid_events), stored=stored, rejected=rejected, retry=False)
+
+
+def _bounded_xid_events(
+    ctx: ServerContext, node: NodeRecord, events: list[ParsedXid]
+) -> tuple[list[ParsedXid], list[str]]:
+    """The XID events of a beat that may be stored (a card the node has; within the beat's and the node's hour's
+    bounds), and a reason for each of the others (rejected for good: re-sending them cannot help)."""
+    now = ctx.clock.monotonic()
+    kept: list[ParsedXid] = []
+    rejected: list[str] = []
+    for event in events:
+        if ctx.cards.has_card(node.id, index=event.gpu_index, gpu_count=node.gpu_count):
+            kept.append(event)
+        else:
+            rejected.append(f"xid event on GPU {event.gpu_index}: none of the node's {node.gpu_count} GPUs")
+    first = ctx.cards.refuse_xid_events(node.id, count=len(rejected), now=now)
+    allowed, over = ctx.cards.take_xid_events(node.id, count=len(kept), now=now)
+    if allowed < len(kept):
+        limits = ctx.cards.limits
+        rejected.append(
+            f"{len(kept) - allowed} xid events over the bound ({limits.xid_events_per_beat} a beat, "
+            f"{limits.xid_events_per_hour} a node-hour)"
+        )
+        kept = kept[:allowed]
+    refused = len(events) - len(kept)
+    if refused:
+        ctx.metrics.xid_events_refused.inc(refused)
+        _cards_refused(ctx, node, count=0, first=first or over)
+    return kept, rejected
+
+
+def _cards_refused(ctx: ServerContext, node: NodeRecord, *, count: int, first: bool) -> None:
+    """Count refused cards; on the node's first refusal, raise its alert in the background (a beat never waits on
+    the alert's write)."""
+    if count:
+        ctx.metrics.cards_refused.inc(count)
+    if not first:
+        return
+    _log.warning("node.cards_refused", node_id=node.id, hostname=node.name, gpu_count=node.gpu_count)
+    task = asyncio.create_task(_raise_cards_refused(ctx, node), name="cards-refused-alert")
+    ctx.tasks.append(task)
+    task.add_done_callback(lambda done: ctx.tasks.remove(done) if done in ctx.tasks else None)
+
+
+async def _raise_cards_refused(ctx: ServerContext, node: NodeRecord) -> None:
+    try:
+        alert, created = await asyncio.to_thread(
+            ctx.alerts.raise_alert,
+            type=NODE_CARDS_REFUSED,
+            severity="WARN",
+            node_id=node.id,
+            node_name=node.name,
+            tenant_id=node.tenant_id,
+            message=cards_refused_message(node_name=node.name, registered=node.gpu_count),
+            now=ctx.clock.now(),
+        )
+    except Exception as exc:  # the alert is best effort; the counts stay in the node's status
+        _log.warning("node.cards_refused_alert_failed", node_id=node.id, error=f"{type(exc).__name__}: {exc}"[:300])
+        return
+    if created:
+        ctx.notifier.submit("raised", alert)
 
 
 @router.get("", response_model=NodeList, summary="List the nodes in the caller's scope")

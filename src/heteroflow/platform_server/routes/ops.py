@@ -94,6 +94,7 @@ async def status(ctx: Ctx, _: Annotated[Principal, Depends(require_cluster_wide(
         "health_ingest": asdict(ctx.ingestor.status()),
         "heartbeat_admission": asdict(ctx.heartbeat_admission.status()),
         "client_limits": {"node": asdict(ctx.node_limit.status()), "peer": asdict(ctx.peer_limit.status())},
+        "failed_credentials": asdict(ctx.failed_credentials.status(now=ctx.clock.monotonic())),
         "liveness": asdict(ctx.liveness.status()),
         "prediction_worker": asdict(ctx.worker.status()),
         "alert_delivery": asdict(ctx.notifier.status()),

@@ -113,6 +113,7 @@ def create_app(coordinator: Coordinator) -> FastAPI:
         registry=coordinator.metrics.registry,
         retry_after_sec=settings.retry_after_sec,
         on_refused=lambda route, exc: coordinator.metrics.requests.labels(route=route, outcome=exc.outcome).inc(),
+        failures=coordinator.failed_keys,
     )
 
     _render_management_errors(app)

@@ -40,6 +40,7 @@ import httpx
 import structlog
 from prometheus_client import CollectorRegistry, Counter
 
+from heteroflow.core.auth_failures import FailedCredentials, address_key, credential_key
 from heteroflow.core.clock import Clock
 from heteroflow.core.ttl_cache import TtlCache
 from heteroflow.http.peer import JsonPeer, Unavailable, one_transport
@@ -49,6 +50,7 @@ from heteroflow.serving.coordinator.errors import (
     AuthenticationError,
     CoordinatorError,
     KeyBusyError,
+    KeyThrottledError,
     openai_error_response,
 )
 
@@ -149,6 +151,7 @@ class ApiKeyVerifier:
         cache_sec: float,
         max_cached: int = 10_000,
         max_in_flight_per_key: int | None = MAX_IN_FLIGHT_PER_KEY,
+        max_in_flight_per_tenant: int | None = None,
     ) -> None:
         self._digests = tuple(sorted(digests))
         self._platform = platform
@@ -160,6 +163,10 @@ class ApiKeyVerifier:
         self.max_in_flight_per_key = max_in_flight_per_key
         """``None``: no share per key (it would be the whole pool: the admission gate's bound answers instead)."""
         self._in_flight: dict[str, int] = {}
+        self.max_in_flight_per_tenant = max_in_flight_per_tenant
+        """The most requests the keys of one platform tenant may have handled at once (``None``: no share per
+        tenant); keys without a tenant (configured keys, tenant-less tokens) are the operator's and not counted."""
+        self._tenant_in_flight: dict[str, int] = {}
         self.platform_checks = 0
         """Keys asked of the platform since start (each one request to it)."""
 
@@ -186,13 +193,37 @@ class ApiKeyVerifier:
                 return identity
         raise AuthenticationError("invalid API key")
 
+    def now(self) -> float:
+        """The verifier's clock, monotonic seconds."""
+        return self._clock.monotonic()
+
+    def holds_valid(self, authorization: str | None) -> bool:
+        """Whether the request's key is one this Coordinator holds as valid in memory (listed, or accepted by the
+        platform within the cache time): never throttled for its address."""
+        key = bearer_value(authorization)
+        if key is None:
+            return False
+        digest = key_digest(key)
+        return self._listed(digest) or self._cache.get(digest, now=self._clock.monotonic()) is not None
+
     def enter(self, identity: KeyIdentity) -> bool:
-        """Take one of the key's in-flight slots (False: it has :attr:`max_in_flight_per_key` already)."""
+        """Take one of the key's in-flight slots, and one of its tenant's (False: it has
+        :attr:`max_in_flight_per_key` already, or its tenant :attr:`max_in_flight_per_tenant`)."""
         held = self._in_flight.get(identity.key_id, 0)
         if self.max_in_flight_per_key is not None and held >= self.max_in_flight_per_key:
             return False
+        tenant = identity.tenant
+        if tenant is not None and self.max_in_flight_per_tenant is not None:
+            tenant_held = self._tenant_in_flight.get(tenant, 0)
+            if tenant_held >= self.max_in_flight_per_tenant:
+                return False
+            self._tenant_in_flight[tenant] = tenant_held + 1
         self._in_flight[identity.key_id] = held + 1
         return True
+
+    def tenant_held(self, identity: KeyIdentity) -> int:
+        """Requests the keys of ``identity``'s tenant have handled now (0 without a tenant)."""
+        return self._tenant_in_flight.get(identity.tenant, 0) if identity.tenant is not None else 0
 
     def leave(self, identity: KeyIdentity) -> None:
         held = self._in_flight.get(identity.key_id, 0) - 1
@@ -200,6 +231,13 @@ class ApiKeyVerifier:
             self._in_flight[identity.key_id] = held
         else:
             self._in_flight.pop(identity.key_id, None)
+        tenant = identity.tenant
+        if tenant is not None and self.max_in_flight_per_tenant is not None:
+            tenant_held = self._tenant_in_flight.get(tenant, 0) - 1
+            if tenant_held > 0:
+                self._tenant_in_flight[tenant] = tenant_held
+            else:
+                self._tenant_in_flight.pop(tenant, None)
 
     def _listed(self, digest: str) -> bool:
         found = False
@@ -247,6 +285,19 @@ Send = Callable[[Message], Awaitable[None]]
 ASGIApp = Callable[[AsgiScope, Receive, Send], Awaitable[None]]
 
 
+def _client_keys(scope: AsgiScope, authorization: str | None) -> tuple[str, ...]:
+    """The client keys a request's 401 counts under: its peer address and its key's id; none for a request without
+    a key (it guesses nothing and costs no platform check: neither counted nor blocked)."""
+    key = bearer_value(authorization)
+    if key is None:
+        return ()
+    client = scope.get("client")
+    address = address_key(str(client[0]) if client else None)
+    keys = [address] if address is not None else []
+    keys.append(credential_key(key_digest(key)))
+    return tuple(keys)
+
+
 class KeyFirst:
     """ASGI middleware: an OpenAI request's key is verified before anything else runs (admission, body read),
     and holds one of its key's in-flight slots until its answer ends. ``routes`` maps the OpenAI paths to their
@@ -262,9 +313,12 @@ class KeyFirst:
         registry: CollectorRegistry | None = None,
         retry_after_sec: int = 1,
         on_refused: Callable[[str, CoordinatorError], None] | None = None,
+        failures: FailedCredentials | None = None,
     ) -> None:
         self.app = app
         self.verifier = verifier
+        self.failures = failures
+        """401s per address and key (:mod:`heteroflow.core.auth_failures`); ``None``: not counted."""
         self.routes = routes
         self.retry_after_sec = retry_after_sec
         self.on_refused = on_refused
@@ -289,16 +343,32 @@ class KeyFirst:
             (value.decode("latin-1") for name, value in scope.get("headers", ()) if name.lower() == b"authorization"),
             None,
         )
+        failures = self.failures
+        keys: tuple[str, ...] = ()
+        if failures is not None and not failures.quiet and not self.verifier.holds_valid(authorization):
+            keys = _client_keys(scope, authorization)
+            wait = failures.retry_after(keys, now=self.verifier.now())
+            if wait is not None:  # before any key check: a guessing client costs no platform request
+                throttled = KeyThrottledError(
+                    f"too many requests with a refused API key; retry in {wait} s", retry_after=wait
+                )
+                await self._refuse(scope, receive, send, throttled, None, route, started)
+                return
         try:
             identity = await self.verifier.verify(authorization)
         except CoordinatorError as exc:
+            if failures is not None and isinstance(exc, AuthenticationError):
+                self._note_failure(failures, keys or _client_keys(scope, authorization), route)
             await self._refuse(scope, receive, send, exc, None, route, started)
             return
         if not self.verifier.enter(identity):
-            busy = KeyBusyError(
-                f"this API key has {self.verifier.max_in_flight_per_key} requests in flight; retry later",
-                retry_after=self.retry_after_sec,
+            tenant_limit = self.verifier.max_in_flight_per_tenant
+            whose = (
+                f"the API keys of this key's tenant have {tenant_limit}"
+                if tenant_limit is not None and self.verifier.tenant_held(identity) >= tenant_limit
+                else f"this API key has {self.verifier.max_in_flight_per_key}"
             )
+            busy = KeyBusyError(f"{whose} requests in flight; retry later", retry_after=self.retry_after_sec)
             await self._refuse(scope, receive, send, busy, identity, route, started)
             return
         status = 500
@@ -314,6 +384,21 @@ class KeyFirst:
         finally:
             self.verifier.leave(identity)
             self._answered(identity, route, status, started)
+
+    def _note_failure(self, failures: FailedCredentials, keys: tuple[str, ...], route: str) -> None:
+        """Count a 401; log it only as the key's first of its window or the one that blocks it."""
+        if not keys:
+            return
+        line = failures.fail(keys, now=self.verifier.now())
+        if line == "first":
+            _log.info("coordinator.key_refused", keys=list(keys), route=route)
+        elif line == "blocked":
+            _log.warning(
+                "coordinator.key_blocked",
+                keys=list(keys),
+                failures=failures.max_failures,
+                window_sec=failures.window_sec,
+            )
 
     async def _refuse(
         self,

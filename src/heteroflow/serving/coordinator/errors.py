@@ -105,6 +105,14 @@ class KeyBusyError(CoordinatorError):
     outcome = "key_busy"
 
 
+class KeyThrottledError(CoordinatorError):
+    """An address or a key with too many 401s in its window (``core/auth_failures.py``): 429 with Retry-After."""
+
+    status_code = 429
+    kind = "RateLimitError"
+    outcome = "key_throttled"
+
+
 class OverloadedError(CoordinatorError):
     """Never raised: its status, type and outcome label the admission middleware's refusal."""
 

@@ -36,7 +36,8 @@ class CoordinatorMetrics:
             "heteroflow_coordinator_requests",
             "OpenAI requests by route and outcome (ok, resumed, upstream_4xx, stream_error, bad_request, "
             "unauthorized, unknown_model, no_endpoint, upstream_unavailable, upstream_failed, auth_unavailable, "
-            "key_busy: its key's share of the pool in flight, overloaded, limited: max_in_flight_per_peer from one "
+            "key_busy: its key's share of the pool in flight, key_throttled: its address or key past "
+            "max_failed_keys 401s in its window, overloaded, limited: max_in_flight_per_peer from one "
             "address, body_timeout: the body did not arrive within body_read_timeout_sec).",
             ["route", "outcome"],
             registry=self.registry,

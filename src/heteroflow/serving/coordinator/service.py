@@ -15,6 +15,7 @@ import structlog
 
 from heteroflow.contracts.serving import ViewAddRequest, ViewDelRequest, ViewSetRequest
 from heteroflow.core.admission import AdmissionGate, AdmissionStatus
+from heteroflow.core.auth_failures import FailedCredentials
 from heteroflow.core.client_limits import InFlightByKey
 from heteroflow.core.clock import Clock, SystemClock
 from heteroflow.http.tls import client_tls
@@ -114,7 +115,16 @@ class Coordinator:
                 if settings.max_in_flight_per_key < settings.max_concurrent_requests
                 else None
             ),
+            max_in_flight_per_tenant=(
+                settings.max_in_flight_per_tenant
+                if settings.max_in_flight_per_tenant < settings.max_concurrent_requests
+                else None
+            ),
         )
+        self.failed_keys = FailedCredentials(
+            max_failures=settings.max_failed_keys, window_sec=settings.failed_keys_window_sec
+        )
+        """401s per peer address and per presented key (:mod:`heteroflow.core.auth_failures`)."""
         self.peer_limit = InFlightByKey(max_per_client=settings.max_in_flight_per_peer)
         """OpenAI requests with a verified key in flight per peer address (:mod:`heteroflow.core.client_limits`)."""
 

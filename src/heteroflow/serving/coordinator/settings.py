@@ -240,6 +240,38 @@ class CoordinatorSettings(LenientSettings):
             "there is no share per key (set it so where all traffic comes through one key)."
         ),
     )
+    max_in_flight_per_tenant: int = Field(
+        default=500,
+        ge=1,
+        le=100000,
+        validation_alias=env_names("coordinator_max_in_flight_per_tenant"),
+        description=(
+            "OpenAI requests the platform keys of one tenant may have handled at once, counted like "
+            "max_in_flight_per_key (default 500, half the default pool): one tenant with many keys cannot take "
+            "the whole pool. One more is answered 503 with Retry-After (outcome key_busy). Keys without a tenant "
+            "(configured key hashes, tenant-less platform tokens) are the operator's and not counted. At "
+            "max_concurrent_requests or above there is no share per tenant."
+        ),
+    )
+    max_failed_keys: int = Field(
+        default=20,
+        ge=1,
+        le=1_000_000,
+        validation_alias=env_names("coordinator_max_failed_keys"),
+        description=(
+            "401s one peer address, or one presented key, may cause per failed_keys_window_sec (default 20). "
+            "Beyond it that address or key is answered 429 with Retry-After (the rest of the window, outcome "
+            "key_throttled) before any key check against the platform; a key this Coordinator holds as valid is "
+            "never refused for its address. Refusals are logged once per address or key and window."
+        ),
+    )
+    failed_keys_window_sec: float = Field(
+        default=60.0,
+        gt=0,
+        le=3600,
+        validation_alias=env_names("coordinator_failed_keys_window_sec"),
+        description="The window of max_failed_keys, seconds (default 60).",
+    )
     keep_alive_timeout_sec: int = Field(
         default=65,
         ge=1,

@@ -954,12 +954,14 @@ def test_a_restarted_directory_source_rereads_and_still_clears_files_deleted_mea
 
 
 def test_gpu_health_source_trusts_only_its_tenant_and_cards_the_node_reported() -> None:
-    """Another tenant's node of the same name, and a card uuid the node never reported, raise nothing."""
+    """Another tenant's node of the same name, a card uuid the node never reported, and an event from a node
+    whose credential was just issued again (an impostor holding it may be speaking), raise nothing."""
     platform, clock = FakePlatform(), FakeClock()
     own = gpu_event("xid", 79)
     foreign = {**gpu_event("xid", 95), "tenant_id": "other-tenant"}
     invented = {**gpu_event("xid", 79, uuid="GPU-deadbeef-0000-0000-0000-000000000000"), "card_known": False}
-    platform.pages = [page([foreign, invented, own], "1.0")]
+    reissued = {**gpu_event("xid", 79, uuid="GPU-22222222-0000-0000-0000-000000000000"), "identity_changed": True}
+    platform.pages = [page([foreign, invented, reissued, own], "1.0")]
     source = GpuHealthSource(
         base_url="http://p", token=None, poll_sec=1.0, hold_sec=60.0, clock=clock,
         transport=httpx.MockTransport(platform.handler),
@@ -973,7 +975,10 @@ def test_gpu_health_source_trusts_only_its_tenant_and_cards_the_node_reported() 
     asyncio.run(poll())
     (snapshot,) = [u for u in updates if isinstance(u, Snapshot)]
     assert [(f.fault_code, f.card[:12]) for f in snapshot.faults] == [("XID79", "GPU-11111111")]
-    assert source.skipped == {"foreign_tenant": 1, "unknown_card": 1}
+    assert source.skipped == {"foreign_tenant": 1, "unknown_card": 1, "identity_changed": 1}
+    held = [u.detail for u in updates if isinstance(u, Problem)]
+    assert len(held) == 1  # told to the operator, not acted on
+    assert "held for an operator" in held[0]
 
 
 def test_a_storm_of_new_card_faults_is_raised_at_most_once_per_interval() -> None:

@@ -29,7 +29,10 @@ an event whose uuid the agent could not read names the card by its index on the 
 
 Evidence by origin. An event counts only when it comes from a node of the trusted tenant (``trusted_tenant``;
 unset: the nodes without a tenant) and, for an XID, names a card the node reported before (``card_known``): an
-agent of another tenant that registers a hostname of ours, or an agent inventing card uuids, raises nothing.
+agent of another tenant that registers a hostname of ours, or an agent inventing card uuids, raises nothing. An
+event the platform marks ``identity_changed`` (the node's credential was issued again shortly before: whoever
+claimed it may not be the node's agent) never reconfigures the serving plane either: it is reported as a problem
+for an operator, who confirms it by hand (``heteroflow fault``) or releases the node again.
 Skipped events are counted (:attr:`GpuHealthSource.skipped`). New faults are raised at most once per
 ``new_fault_interval_sec``: the new faults of one poll together, later ones held (counted in
 :attr:`GpuHealthSource.deferred`, and reported as a problem) until the interval has passed, so that a storm of
@@ -160,7 +163,7 @@ class GpuHealthSource:
         self._held: dict[str, tuple[HardwareFaultReport, float]] = {}
         """New faults not raised yet (the interval since the last raise has not passed)."""
         self._last_raise: float | None = None
-        self.skipped: dict[str, int] = {"foreign_tenant": 0, "unknown_card": 0}
+        self.skipped: dict[str, int] = {"foreign_tenant": 0, "unknown_card": 0, "identity_changed": 0}
         """Events not taken as evidence, by reason."""
         self.deferred = 0
         """Polls whose new faults were held by the interval."""
@@ -216,6 +219,9 @@ class GpuHealthSource:
         if event.get("card_known") is False:
             self.skipped["unknown_card"] += 1
             return False
+        if event.get("identity_changed") is True:
+            self.skipped["identity_changed"] += 1
+            return False
         return True
 
     async def _page(self, emit: Emit) -> tuple[str | None, bool]:
@@ -235,6 +241,14 @@ class GpuHealthSource:
         now = self._clock.monotonic()
         for event in page.events:
             if not self._trusted(event):
+                if isinstance(event, dict) and event.get("identity_changed") is True:
+                    emit(
+                        Problem(
+                            scope="platform",
+                            detail=f"a hardware event of node {str(event.get('node_name'))[:253]!r} held for an "
+                            "operator: its credential was issued again shortly before",
+                        )
+                    )
                 continue
             mapped = map_event(event, source=self.name)
             if mapped.problem is not None:

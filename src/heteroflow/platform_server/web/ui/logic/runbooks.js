@@ -7,6 +7,7 @@
 export const RUNBOOKS = Object.freeze({
   GPU_FAULT_PREDICTED: Object.freeze({ steps: 4, path: "docs/runbooks/platform/GPU_FAULT_PREDICTED.md" }),
   GPU_MEMORY_HIGH: Object.freeze({ steps: 3, path: "docs/runbooks/platform/GPU_MEMORY_HIGH.md" }),
+  NODE_CARDS_REFUSED: Object.freeze({ steps: 3, path: "docs/runbooks/platform/NODE_CARDS_REFUSED.md" }),
 });
 
 /**
