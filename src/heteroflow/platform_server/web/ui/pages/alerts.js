@@ -1,5 +1,5 @@
 // /alerts: alerts an on-call works from. The filters (state, severity, type, node, card) and the selected alert are
-// in the URL (?state=acknowledged&severity=CRITICAL&node=gpu-a&gpu=3&alert=<id>), so a view can be linked and
+// in the URL (?filter=acknowledged&severity=CRITICAL&node=gpu-a&gpu=3&alert=<id>), so a view can be linked and
 // reloaded. A GPU_FAULT_PREDICTED alert lists every predicted card of its node, each linked to its history with
 // its source; acknowledging (who, when, note) is apart from resolving (who, when, why).
 import { ApiError, api } from "../api.js";
@@ -22,7 +22,7 @@ function alertMessage(alert) {
 const FILTERS = ["open", "unacknowledged", "acknowledged", "resolved", "all"];
 
 /** The URL's filters and selected alert; anything unknown is the default (open alerts, none selected). The older
- * ``?filter=`` is read as ``?state=``. */
+ * ``?state=`` is read as ``?filter=``. */
 export function parseAlertsView(search) {
   const p = new URLSearchParams(search);
   const alert = (p.get("alert") ?? "").trim();
@@ -41,7 +41,7 @@ export function parseAlertsView(search) {
 /** The query string of an alerts view: only what differs from the defaults. */
 export function writeAlertsView(view) {
   const p = new URLSearchParams();
-  if (view.filter && view.filter !== "open") p.set("state", view.filter);
+  if (view.filter && view.filter !== "open") p.set("filter", view.filter);
   if (view.severity && view.severity !== "all") p.set("severity", view.severity);
   if (view.type && view.type !== "all") p.set("type", view.type);
   if (view.node) p.set("node", view.node);
@@ -481,12 +481,11 @@ export function createAlertsPage(main) {
       message,
       cards ? h("h3", {}, t("alerts.cards")) : null,
       cards,
-      ackForm ? h("h3", {}, t("alerts.acknowledge")) : null,
-      ackForm,
       h("h3", {}, t("alerts.history")),
       trail,
-      form ? h("h3", {}, t("alerts.resolve")) : null,
       form,
+      ackForm ? h("h3", {}, t("alerts.acknowledge")) : null,
+      ackForm,
       h(
         "button",
         {

@@ -1,0 +1,46 @@
+"""Screenshots of the alerts page with a multi-card node alert for docs/screenshots/ (alerts-cards-<lang>-<width>.png,
+English and Chinese at 1280 and 800 px), from the same seeded server the browser tests use:
+``.venv/bin/python -m tests.web.alert_screenshots [OUTPUT_DIR]`` (default ``docs/screenshots``)."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+from pathlib import Path
+
+from playwright.sync_api import expect, sync_playwright
+
+from tests.web.alert_cards_seed import seed_multi_card_alert
+from tests.web.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.web.screenshots import DEFAULT_OUT
+from tests.web.seed import seeded_server
+from tests.web.session import sign_in
+
+
+def take(out: Path) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    shots: list[Path] = []
+    with tempfile.TemporaryDirectory() as tmp, seeded_server(Path(tmp)) as seeded, sync_playwright() as p:
+        multi = seed_multi_card_alert(seeded)
+        browser = p.chromium.launch(executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS)
+        for lang in ("en", "zh"):
+            for width in (1280, 800):
+                context = browser.new_context(viewport={"width": width, "height": 900})
+                sign_in(context, seeded.base_url, multi.operator)
+                context.add_init_script(f"localStorage.setItem('heteroflow.lang', {json.dumps(lang)});")
+                page = context.new_page()
+                page.goto(f"{seeded.base_url}/alerts?alert={multi.alert_id}")
+                expect(page.locator("#alert-cards tbody tr")).to_have_count(3)
+                page.wait_for_timeout(300)
+                path = out / f"alerts-cards-{lang}-{width}.png"
+                page.screenshot(path=str(path), full_page=True)
+                shots.append(path)
+                context.close()
+        browser.close()
+    return shots
+
+
+if __name__ == "__main__":
+    for written in take(Path(sys.argv[1]) if len(sys.argv) > 1 else DEFAULT_OUT):
+        print(written)
