@@ -112,6 +112,7 @@ class CardCapabilityOut(BaseModel):
         default="unknown", description="Whether this card's XID events are collected (unknown: the agent has not said)."
     )
     xid_events_reason: str | None = Field(default=None, description="Why XID events are not collected.")
+    node_name: str | None = Field(default=None, description="The node's name (null: the node was deleted).")
 
 
 class CapabilitiesOut(BaseModel):
@@ -123,6 +124,12 @@ class CapabilitiesOut(BaseModel):
     offset: int = 0
     limit: int | None = Field(default=None, description="The page size asked for; null: every matching card.")
     sort: str = "node"
+    unknown: str | None = Field(default=None, description="The `unknown` filter asked for (any, or a counter).")
+    unknown_counts: dict[str, int] = Field(
+        default_factory=dict,
+        description="Per counter, the cards matching every filter but `unknown` whose counter was never known in "
+        "the period: the fleet's counts, whatever page or `unknown` filter is shown.",
+    )
     note: str
     note_code: str = Field(
         default="capabilities.observed",

@@ -240,6 +240,9 @@ class CapabilityQuery:
     sort: CapabilitySort = "node"
     limit: int | None = None
     offset: int = 0
+    unknown: str | None = None
+    """``any``: cards with at least one counter never known in the period; a counter's key: cards for which that
+    counter was never known. None: every card."""
 
 
 def _pieces(since: datetime, until: datetime) -> list[sa.Select[Any]]:
@@ -337,16 +340,31 @@ def capability_query(query: CapabilityQuery) -> sa.Select[Any]:
                 sa.func.lower(sa.func.coalesce(nodes_t.c.name, "")).like(pattern, escape="\\"),
             )
         )
-    by_node = (nodes_t.c.name, grouped.c.node_id, grouped.c.gpu_index, grouped.c.last_sample_at)
-    order = {
-        "node": by_node,
-        "stalled_first": (grouped.c.last_sample_at, *by_node),
-        "recent_first": (grouped.c.last_sample_at.desc(), *by_node),
-    }[query.sort]
-    page = (
-        sa.select(*grouped.c, sa.func.count().over().label("total"))
+    # per counter, how many of the cards matching the other filters never had it known: counted before the
+    # ``unknown`` filter, so that the counts are the fleet's whatever the filter shows
+    unknown_counts = [
+        sa.func.sum(sa.case((grouped.c[name] == 0, 1), else_=0)).over().label(f"unknown_{name}") for name in HEALTH_KEYS
+    ]
+    matching = (
+        sa.select(*grouped.c, nodes_t.c.name.label("node_name"), *unknown_counts)
         .select_from(joined)
         .where(*conditions)
+        .subquery("matching")
+    )
+    unknown_filter: list[sa.ColumnElement[bool]] = []
+    if query.unknown == "any":
+        unknown_filter.append(sa.or_(*(matching.c[name] == 0 for name in HEALTH_KEYS)))
+    elif query.unknown is not None:
+        unknown_filter.append(matching.c[query.unknown] == 0)
+    by_node = (matching.c.node_name, matching.c.node_id, matching.c.gpu_index, matching.c.last_sample_at)
+    order = {
+        "node": by_node,
+        "stalled_first": (matching.c.last_sample_at, *by_node),
+        "recent_first": (matching.c.last_sample_at.desc(), *by_node),
+    }[query.sort]
+    page = (
+        sa.select(*matching.c, sa.func.count().over().label("total"))
+        .where(*unknown_filter)
         .order_by(*order)
         .offset(query.offset)
     )

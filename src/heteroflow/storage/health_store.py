@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -39,6 +39,7 @@ class CardCapability:
     last_sample_at: datetime
     sample_count: int
     semantics_unconfirmed: tuple[str, ...] = ()
+    node_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,8 @@ class CapabilityPage:
     cards: list[CardCapability]
     total: int
     """Cards matching the filters, before paging."""
+    unknown_counts: dict[str, int] = field(default_factory=dict)
+    """Per counter, the cards matching the filters other than ``unknown`` that never had it known in the period."""
 
 
 HardwareEventKind = Literal["xid", "ecc_uncorrected", "remap_failure"]
@@ -381,9 +384,13 @@ class SqlHealthSampleStore:
         """
         with unavailable_as_store_error(), self._engine.connect() as conn:
             rows = conn.execute(capability_query(query)).all()
+            total = int(rows[0].total) if rows else 0
+            counted = rows[0] if rows else None
             if not rows and query.offset > 0:  # past the end: the total from the first row
                 first = conn.execute(capability_query(replace(query, offset=0, limit=1))).first()
-                return CapabilityPage(cards=[], total=int(first.total) if first is not None else 0)
+                total, counted = (int(first.total), first) if first is not None else (0, None)
+            if counted is None and query.unknown is not None:  # none unknown: the counts of every card
+                counted = conn.execute(capability_query(replace(query, unknown=None, offset=0, limit=1))).first()
         cards = [
             CardCapability(
                 node_id=NodeId(row.node_id),
@@ -394,10 +401,14 @@ class SqlHealthSampleStore:
                 last_sample_at=row.last_sample_at,
                 sample_count=int(row.sample_count),
                 semantics_unconfirmed=split_keys(row.semantics_unconfirmed),
+                node_name=row.node_name,
             )
             for row in rows
         ]
-        return CapabilityPage(cards=cards, total=int(rows[0].total) if rows else 0)
+        counts = {
+            name: int(getattr(counted, f"unknown_{name}") or 0) if counted is not None else 0 for name in HEALTH_KEYS
+        }
+        return CapabilityPage(cards=cards, total=total, unknown_counts=counts)
 
     def hardware_events(
         self,
