@@ -1,6 +1,7 @@
-"""Screenshots of the alerts page with a multi-card node alert for docs/screenshots/ (alerts-cards-<lang>-<width>.png,
-English and Chinese at 1280 and 800 px), from the same seeded server the browser tests use:
-``.venv/bin/python -m tests.web.alert_screenshots [OUTPUT_DIR]`` (default ``docs/screenshots``)."""
+"""Screenshots of what an on-call works from, English and Chinese at 1280 and 800 px, for docs/screenshots/: the
+alerts page with a multi-card node alert (alerts-cards-<lang>-<width>.png, the browser tests' seeded server) and
+the capability matrix filtered to cards with an unknown counter at 1,000 cards (caps-unknown-<lang>-<width>.png,
+the fleet seed): ``.venv/bin/python -m tests.web.alert_screenshots [OUTPUT_DIR]`` (default ``docs/screenshots``)."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from playwright.sync_api import expect, sync_playwright
 
 from tests.web.alert_cards_seed import seed_multi_card_alert
 from tests.web.conftest import CHROMIUM, CHROMIUM_ARGS
+from tests.web.fleet_seed import fleet_server
 from tests.web.screenshots import DEFAULT_OUT
 from tests.web.seed import seeded_server
 from tests.web.session import sign_in
@@ -37,6 +39,24 @@ def take(out: Path) -> list[Path]:
                 page.screenshot(path=str(path), full_page=True)
                 shots.append(path)
                 context.close()
+        with fleet_server(Path(tmp) / "fleet") as fleet:
+            for lang in ("en", "zh"):
+                for width in (1280, 800):
+                    context = browser.new_context(viewport={"width": width, "height": 900})
+                    sign_in(context, fleet.base_url, fleet.reader)
+                    context.add_init_script(f"localStorage.setItem('heteroflow.lang', {json.dumps(lang)});")
+                    page = context.new_page()
+                    page.goto(f"{fleet.base_url}/nodes/gpu-health?cunknown=any")
+                    expect(page.locator("#caps-unknown-counts")).to_be_visible(timeout=20_000)
+                    page.wait_for_timeout(300)
+                    box = page.locator("#capabilities").bounding_box()
+                    assert box is not None
+                    path = out / f"caps-unknown-{lang}-{width}.png"
+                    # the block's head, counts and first rows (the whole page of 50 cards is too tall to read)
+                    clip = {"x": box["x"], "y": box["y"], "width": box["width"], "height": min(box["height"], 900)}
+                    page.screenshot(path=str(path), full_page=True, clip=clip)
+                    shots.append(path)
+                    context.close()
         browser.close()
     return shots
 

@@ -12,6 +12,7 @@ import {
   SORTS,
   STATUSES,
   TYPES,
+  capabilityExportHref,
   capabilityParams,
   parseNodeLink,
   parseView,
@@ -71,6 +72,7 @@ export function createGpuHealthPage(main) {
     // the capability matrix's own filters, order and page; its rows come from their own paged call
     capsQ: view.cq,
     capsNode: view.cnode,
+    capsUnknown: view.cunknown,
     capsSort: view.csort,
     capsOffset: (view.cpage - 1) * PAGE_SIZE,
     matrix: loading(),
@@ -113,6 +115,7 @@ export function createGpuHealthPage(main) {
       stalled: state.stalledOnly,
       cq: state.capsQ,
       cnode: state.capsNode,
+      cunknown: state.capsUnknown,
       csort: state.capsSort,
       cpage: Math.floor(state.capsOffset / PAGE_SIZE) + 1,
     };
@@ -641,6 +644,7 @@ export function createGpuHealthPage(main) {
       orderedCards: orderedCards(),
       noteText: (caps) => apiText(caps, "note"),
       refilter: refilterMatrix,
+      exportHref: capabilityExportHref(currentView()),
       turnPage: (delta) => {
         state.capsOffset = Math.max(0, state.capsOffset + delta * PAGE_SIZE);
         fetchMatrix();
