@@ -151,7 +151,15 @@ export function createGpuHealthPage(main) {
       apply(([caps, nodes]) => {
         state.nodes = { status: "ok", data: new Map(nodes.map((n) => [n.id, n])) };
         state.caps = { status: "ok", data: caps };
-        const linked = linkedCard ? nodes.find((n) => n.name === linkedCard.node && n.source === source) : null;
+        const linked = linkedCard
+          ? (nodes.find((n) => n.name === linkedCard.node && n.source === source) ??
+            nodes.find((n) => n.name === linkedCard.node))
+          : null;
+        if (linked && linked.source !== source) {
+          // a link names the node, not its source: open the node's own source, whose answer selects the card
+          switchSource(linked.source);
+          return;
+        }
         if (linked) selectCard({ node_id: linked.id, gpu_index: linkedCard.gpu }, { scroll: false, remember: true });
         linkedCard = null; // once: a refresh or a source switch never jumps back to it
         if (!state.selected) {
