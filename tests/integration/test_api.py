@@ -31,6 +31,7 @@ def test_every_route_refuses_a_missing_or_unknown_token(harness: Harness) -> Non
         ("GET", "/api/v1/gpu-health/samples"),
         ("GET", "/api/v1/gpu-health/capabilities"),
         ("GET", "/api/v1/gpu-health/capabilities.csv"),
+        ("GET", "/api/v1/gpu-health/xid-events"),
         ("GET", "/api/v1/gpu-health/predictions"),
         ("GET", "/api/v1/gpu-health/predictions.csv"),
         ("GET", "/api/v1/gpu-health/prediction-stats"),

@@ -10,6 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from playwright._impl._api_structures import Clip
 from playwright.sync_api import expect, sync_playwright
 
 from tests.web.alert_cards_seed import seed_multi_card_alert
@@ -53,7 +54,12 @@ def take(out: Path) -> list[Path]:
                     assert box is not None
                     path = out / f"caps-unknown-{lang}-{width}.png"
                     # the block's head, counts and first rows (the whole page of 50 cards is too tall to read)
-                    clip = {"x": box["x"], "y": box["y"], "width": box["width"], "height": min(box["height"], 900)}
+                    clip: Clip = {
+                        "x": box["x"],
+                        "y": box["y"],
+                        "width": box["width"],
+                        "height": min(box["height"], 900),
+                    }
                     page.screenshot(path=str(path), full_page=True, clip=clip)
                     shots.append(path)
                     context.close()

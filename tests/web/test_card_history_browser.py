@@ -43,3 +43,51 @@ def test_the_chart_reads_at_every_period_with_its_absolute_level(
         assert tick is not None
         assert tick["height"] >= 9, (days, tick)
         assert svg["width"] <= width  # never wider than the window
+
+
+@pytest.fixture(scope="module")
+def xid_on_gpu_a_1(seeded: Seeded) -> None:
+    """An XID 79 on gpu-a's GPU 1, an hour ago (stored once however often it is inserted)."""
+    from datetime import timedelta
+
+    from heteroflow.core.ids import NodeId
+    from heteroflow.health.heartbeat import ParsedXid
+
+    at = (seeded.now - timedelta(hours=1)).replace(microsecond=0)
+    seeded.ctx.samples.insert_xid_events(
+        [ParsedXid(gpu_index=1, uuid="SIM-healthy-0001", xid=79, occurred_at=at)],
+        node_id=NodeId(seeded.nodes["gpu-a"]),
+        source="real",
+        received_at=at,
+    )
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_xid_events_on_the_cards_view_and_the_nodes_and_a_type_ahead_picker(
+    open_page: Open, seeded: Seeded, xid_on_gpu_a_1: None, lang: str
+) -> None:
+    from playwright.sync_api import expect
+
+    node = seeded.nodes["gpu-a"]
+    title = {"en": "XID events of this card in the period", "zh": "该卡在此期间的 XID 事件"}[lang]
+    page = loaded(open_page(f"/nodes/gpu-health?card={node}:1", lang=lang))
+    expect(page.locator("#xid-title")).to_have_text(title)
+    expect(page.locator("#xid-table tbody tr")).to_have_count(1)
+    expect(page.locator("#xid-table tbody tr").first).to_contain_text("XID 79")
+    # another card: no event, and the page does not claim XIDs are collected when the node never said so
+    page.select_option("#ecc-card", f"{node}|0")
+    expect(page.locator("#card-xids")).to_have_attribute("data-collection", "unknown")
+    expect(page.locator("#xid-empty")).to_be_visible()
+    # the type-ahead: a typed card label selects it
+    label = page.locator(f'#ecc-card option[value="{node}|1"]').text_content()
+    assert label
+    page.fill("#ecc-card-find", label)
+    page.locator("#ecc-card-find").dispatch_event("change")
+    expect(page.locator("#ecc-card")).to_have_value(f"{node}|1")
+    expect(page.locator("#xid-table tbody tr")).to_have_count(1)
+
+    nodes = open_page("/nodes", lang=lang)
+    nodes.locator(f'#nodes-table tr[data-node="{node}"] .metrics-toggle').click()
+    xids = nodes.locator(f'.node-xids[data-node="{node}"]')
+    expect(xids.locator("tbody tr")).to_have_count(1)
+    expect(xids.locator('tbody tr[data-gpu="1"]')).to_contain_text("XID 79")

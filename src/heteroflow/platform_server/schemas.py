@@ -115,6 +115,24 @@ class CardCapabilityOut(BaseModel):
     node_name: str | None = Field(default=None, description="The node's name (null: the node was deleted).")
 
 
+class XidEventOut(BaseModel):
+    gpu_index: int
+    uuid: str | None
+    xid: int
+    occurred_at: datetime = Field(description="When the agent saw it (clamped to the server's clock).")
+    received_at: datetime
+
+
+class XidEventsOut(BaseModel):
+    node_id: str
+    source: Source
+    gpu_index: int | None = Field(description="The card asked for; null: every card of the node.")
+    since: datetime
+    limit: int
+    truncated: bool = Field(description="More events than `limit` exist: the newest `limit` are listed.")
+    events: list[XidEventOut] = Field(description="Newest first.")
+
+
 class CapabilitiesOut(BaseModel):
     source: Source
     since: datetime

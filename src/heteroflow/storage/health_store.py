@@ -51,6 +51,17 @@ class CapabilityPage:
     """Per counter, the cards matching the filters other than ``unknown`` that never had it known in the period."""
 
 
+@dataclass(frozen=True, slots=True)
+class XidEventRecord:
+    """One stored XID event of a card."""
+
+    gpu_index: int
+    uuid: str | None
+    xid: int
+    occurred_at: datetime
+    received_at: datetime
+
+
 HardwareEventKind = Literal["xid", "ecc_uncorrected", "remap_failure"]
 
 
@@ -322,6 +333,26 @@ class SqlHealthSampleStore:
             return int(result.rowcount or 0)
 
     # -- XID events -----------------------------------------------------------------------------------------
+
+    def xid_events(
+        self, *, node_id: NodeId, source: Source, gpu_index: int | None, since: datetime, limit: int
+    ) -> tuple[list[XidEventRecord], bool]:
+        """A node's (or one card's) XID events since ``since``, newest first; truncated when more than ``limit``."""
+        conditions = [xid_t.c.node_id == node_id, xid_t.c.source == source, xid_t.c.occurred_at >= since]
+        if gpu_index is not None:
+            conditions.append(xid_t.c.gpu_index == gpu_index)
+        query = (
+            sa.select(xid_t).where(*conditions).order_by(xid_t.c.occurred_at.desc(), xid_t.c.id.desc()).limit(limit + 1)
+        )
+        with unavailable_as_store_error(), self._engine.connect() as conn:
+            rows = conn.execute(query).all()
+        events = [
+            XidEventRecord(
+                gpu_index=r.gpu_index, uuid=r.uuid, xid=r.xid, occurred_at=r.occurred_at, received_at=r.received_at
+            )
+            for r in rows[:limit]
+        ]
+        return events, len(rows) > limit
 
     def insert_xid_events(
         self, events: Sequence[ParsedXid], *, node_id: NodeId, source: Source, received_at: datetime

@@ -18,7 +18,15 @@ from heteroflow.platform.auth import NodeScope, Principal, Scope
 from heteroflow.platform_server.auth import context, require, visible_node
 from heteroflow.platform_server.context import ServerContext
 from heteroflow.platform_server.errors import BadRequest, error_responses
-from heteroflow.platform_server.schemas import CapabilitiesOut, CardCapabilityOut, SampleOut, SamplesOut, UtcTime
+from heteroflow.platform_server.schemas import (
+    CapabilitiesOut,
+    CardCapabilityOut,
+    SampleOut,
+    SamplesOut,
+    UtcTime,
+    XidEventOut,
+    XidEventsOut,
+)
 from heteroflow.storage.health_buckets import CAPABILITY_SORTS, CapabilityQuery, CapabilitySort
 from heteroflow.storage.health_store import CardCapability
 
@@ -88,6 +96,44 @@ async def samples(
         limit=limit,
         truncated=truncated,
         samples=[SampleOut(sampled_at=r.sampled_at, uuid=r.uuid, **r.counters.as_dict()) for r in rows],
+    )
+
+
+@router.get(
+    "/xid-events",
+    response_model=XidEventsOut,
+    summary="XID events of one node, or of one of its cards",
+    responses=error_responses(404),
+)
+async def xid_events(
+    ctx: Ctx,
+    principal: Reader,
+    node_id: Annotated[str, Query(min_length=1, max_length=64)],
+    gpu_index: Annotated[int | None, Query(ge=0, le=4095, description="one card; absent: every card")] = None,
+    since: UtcTime | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000, description="1..1000, default 200")] = 200,
+    source: SourceParam = "real",
+) -> XidEventsOut:
+    """The XID events the node's agent reported since ``since`` (default: the retention period), newest first."""
+    chosen = parse_source(source)
+    node = await visible_node(ctx, principal, node_id, cached=False)
+    start = _since(since, default=ctx.clock.now() - timedelta(days=ctx.health_settings.retention_days))
+    events, truncated = await asyncio.to_thread(
+        ctx.samples.xid_events, node_id=NodeId(node.id), source=chosen, gpu_index=gpu_index, since=start, limit=limit
+    )
+    return XidEventsOut(
+        node_id=node.id,
+        source=chosen,
+        gpu_index=gpu_index,
+        since=start,
+        limit=limit,
+        truncated=truncated,
+        events=[
+            XidEventOut(
+                gpu_index=e.gpu_index, uuid=e.uuid, xid=e.xid, occurred_at=e.occurred_at, received_at=e.received_at
+            )
+            for e in events
+        ],
     )
 
 

@@ -10,7 +10,8 @@ import { gpuSparklines } from "./sparklines.js";
 const LIMIT = 1000;
 
 export function createNodesPage(main) {
-  const state = { nodes: loading(), gen: 0, open: new Map() }; // node id -> its metrics block
+  // node id -> its metrics block; node id -> its XID events (last 7 days)
+  const state = { nodes: loading(), gen: 0, open: new Map(), xids: new Map() };
   const box = h("section", { class: "block", "aria-labelledby": "nodes-title" });
 
   function fetchNodes() {
@@ -94,18 +95,59 @@ export function createNodesPage(main) {
   function metricsBlock(id) {
     const block = state.open.get(id);
     const status = blockStatus(block);
-    return status || gpuSparklines(block.data);
+    return [status || gpuSparklines(block.data), nodeXids(id)];
+  }
+
+  /** The node's XID events of the last 7 days, each with its card. */
+  function nodeXids(id) {
+    const block = state.xids.get(id);
+    if (!block) return null;
+    const title = h("h3", {}, t("xid.node_title"));
+    const status = blockStatus(block);
+    if (status) return h("section", { class: "node-xids", dataset: { node: id } }, title, status);
+    const { events, truncated } = block.data;
+    return h(
+      "section",
+      { class: "node-xids", dataset: { node: id } },
+      title,
+      events.length === 0
+        ? h("p", { class: "muted" }, t("xid.node_none"))
+        : table(
+            t("xid.node_title"),
+            [t("xid.col.at"), t("xid.col.card"), t("xid.col.xid"), t("xid.col.uuid")],
+            events.map((e) =>
+              h(
+                "tr",
+                { dataset: { xid: e.xid, gpu: e.gpu_index } },
+                h("td", { class: "nowrap" }, fmtTime(e.occurred_at)),
+                h("td", {}, `GPU ${e.gpu_index}`),
+                h("td", {}, h("span", { class: "badge xid" }, `XID ${e.xid}`)),
+                h("td", {}, h("code", {}, e.uuid ?? t("unknown"))),
+              ),
+            ),
+          ),
+      truncated ? h("p", { class: "muted small" }, t("xid.truncated", { count: events.length })) : null,
+    );
   }
 
   function toggleMetrics(id) {
     if (state.open.has(id)) {
       state.open.delete(id);
+      state.xids.delete(id);
       render();
       return;
     }
     state.open.set(id, loading());
+    state.xids.set(id, loading());
     render();
     const gen = state.gen;
+    const node = state.nodes.status === "ok" ? state.nodes.data.items.find((n) => n.id === id) : null;
+    const since = new Date(Date.now() - 7 * 86_400_000).toISOString();
+    const params = { node_id: id, since, limit: 50, source: node?.source === "simulated" ? "simulated" : "real" };
+    api("/api/v1/gpu-health/xid-events", { params }).then(
+      (data) => gen === state.gen && state.open.has(id) && (state.xids.set(id, { status: "ok", data }), render()),
+      (error) => gen === state.gen && state.open.has(id) && (state.xids.set(id, { status: "error", error }), render()),
+    );
     api(`/api/v1/nodes/${encodeURIComponent(id)}/gpu-metrics`).then(
       (data) => gen === state.gen && state.open.has(id) && (state.open.set(id, { status: "ok", data }), render()),
       (error) => gen === state.gen && state.open.has(id) && (state.open.set(id, { status: "error", error }), render()),
