@@ -5,6 +5,8 @@ counter's absolute level (a card predicted at "uncorrectable total 103" shows 10
 from __future__ import annotations
 
 import re
+from datetime import datetime, timedelta
+from urllib.parse import unquote
 
 import pytest
 
@@ -48,8 +50,6 @@ def test_the_chart_reads_at_every_period_with_its_absolute_level(
 @pytest.fixture(scope="module")
 def xid_on_gpu_a_1(seeded: Seeded) -> None:
     """An XID 79 on gpu-a's GPU 1, an hour ago (stored once however often it is inserted)."""
-    from datetime import timedelta
-
     from heteroflow.core.ids import NodeId
     from heteroflow.health.heartbeat import ParsedXid
 
@@ -91,3 +91,29 @@ def test_xid_events_on_the_cards_view_and_the_nodes_and_a_type_ahead_picker(
     xids = nodes.locator(f'.node-xids[data-node="{node}"]')
     expect(xids.locator("tbody tr")).to_have_count(1)
     expect(xids.locator('tbody tr[data-gpu="1"]')).to_contain_text("XID 79")
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_a_nodes_metrics_history_reaches_back_over_the_servers_retention(
+    open_page: Open, seeded: Seeded, lang: str
+) -> None:
+    """Utilisation, temperature and power are not only the last hour: a day, a week or the whole retention."""
+    from playwright.sync_api import expect
+
+    node = seeded.nodes["gpu-a"]
+    retention = seeded.ctx.metrics_settings.retention_days
+    page = open_page("/nodes", lang=lang)
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(r.url) if "/gpu-metrics" in r.url else None)
+    page.locator(f'#nodes-table tr[data-node="{node}"] .metrics-toggle').click()
+    choice = page.locator(f"#metrics-range-{node}")
+    expect(choice.locator(f'option[value="{retention * 24}"]')).to_have_count(1)  # the server's own retention
+    expect(page.locator(f"label[for='metrics-range-{node}']")).to_have_text({"en": "Period", "zh": "时间范围"}[lang])
+    choice.select_option(str(retention * 24))
+    expect(page.locator(f'tr[data-metrics-of="{node}"] .muted').last).to_be_visible()
+    page.wait_for_function("n => document.querySelector(`#metrics-range-${n}`)?.value !== '1'", arg=node)
+    assert len(asked) >= 2
+    since = re.search(r"since=([^&]+)", asked[-1])
+    assert since is not None
+    days = (seeded.now - datetime.fromisoformat(unquote(since.group(1)).replace("Z", "+00:00"))).days
+    assert retention - 1 <= days <= retention
