@@ -117,3 +117,23 @@ def test_a_nodes_metrics_history_reaches_back_over_the_servers_retention(
     assert since is not None
     days = (seeded.now - datetime.fromisoformat(unquote(since.group(1)).replace("Z", "+00:00"))).days
     assert retention - 1 <= days <= retention
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_at_800_px_no_column_of_the_predictions_or_the_matrix_is_clipped(
+    open_page: Open, seeded: Seeded, lang: str
+) -> None:
+    from playwright.sync_api import expect
+
+    page = loaded(open_page("/nodes/gpu-health", width=800, lang=lang))
+    for table in ("#pred-table", "#caps-table"):
+        clipped = page.locator(table).locator("xpath=..").evaluate("el => el.scrollWidth - el.clientWidth")
+        assert clipped <= 0, f"{table} hides {clipped}px behind its scroll at 800 px"
+    evidence = page.locator("#pred-table td.evidence").first
+    expect(evidence).to_be_visible()
+    box = evidence.bounding_box()
+    assert box is not None
+    assert box["x"] + box["width"] <= 800
+    label = {"en": "Retired pages: ", "zh": "退役页: "}[lang]
+    cell = page.locator('#caps-table td.metric[data-metric="retired_pages"]').first
+    assert cell.evaluate("el => getComputedStyle(el, '::before').content") == f'"{label}"'

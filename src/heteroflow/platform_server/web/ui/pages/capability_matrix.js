@@ -213,12 +213,17 @@ export function renderCapabilityMatrix(box, env) {
         h("code", { class: "uuid" }, card.uuid ?? t("unknown")),
       ),
       vendorCell,
+      // data-label: the column's name, shown beside the value where the matrix is one block per card (narrow)
       METRICS.map((m) =>
         card.metrics[m] === "collectable"
-          ? h("td", { class: "metric yes", dataset: { metric: m } }, t("caps.collectable"))
-          : h("td", { class: "metric unknown", dataset: { metric: m } }, t("unknown")),
+          ? h("td", { class: "metric yes", dataset: { metric: m, label: t(`caps.metric.${m}`) } }, t("caps.collectable"))
+          : h("td", { class: "metric unknown", dataset: { metric: m, label: t(`caps.metric.${m}`) } }, t("unknown")),
       ),
-      h("td", {}, card.trend_prediction_possible ? t("caps.trend_yes") : t("caps.trend_no")),
+      h(
+        "td",
+        { class: "trend", dataset: { label: t("caps.col.trend") } },
+        card.trend_prediction_possible ? t("caps.trend_yes") : t("caps.trend_no"),
+      ),
       h(
         "td",
         { class: "nowrap" },
