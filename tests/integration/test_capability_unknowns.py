@@ -50,6 +50,8 @@ def test_unknown_filter_counts_and_export(harness: Harness) -> None:
     assert every["unknown_counts"]["ecc_uncorrected_total"] == 1
     assert every["unknown_counts"]["ecc_corrected_total"] == 0
 
+    # counted in SQL over every page when a page is asked for, from the cards when every card is read: the same
+    assert harness.get(reader, CAPS, limit=1).json()["unknown_counts"] == every["unknown_counts"]
     anything = harness.get(reader, CAPS, unknown="any").json()
     assert anything["unknown"] == "any"
     assert sorted((c["node_id"], c["gpu_index"]) for c in anything["cards"]) == [(node, 1), (node, 2)]

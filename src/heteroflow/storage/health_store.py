@@ -420,7 +420,7 @@ class SqlHealthSampleStore:
             if not rows and query.offset > 0:  # past the end: the total from the first row
                 first = conn.execute(capability_query(replace(query, offset=0, limit=1))).first()
                 total, counted = (int(first.total), first) if first is not None else (0, None)
-            if counted is None and query.unknown is not None:  # none unknown: the counts of every card
+            if counted is None and query.unknown is not None and query.count_unknowns:  # none matched: count all
                 counted = conn.execute(capability_query(replace(query, unknown=None, offset=0, limit=1))).first()
         cards = [
             CardCapability(
@@ -436,9 +436,15 @@ class SqlHealthSampleStore:
             )
             for row in rows
         ]
-        counts = {
-            name: int(getattr(counted, f"unknown_{name}") or 0) if counted is not None else 0 for name in HEALTH_KEYS
-        }
+        if query.count_unknowns:
+            counts = {
+                name: int(getattr(counted, f"unknown_{name}") or 0) if counted is not None else 0
+                for name in HEALTH_KEYS
+            }
+        elif query.unknown is None and query.limit is None and query.offset == 0:  # every matching card is here
+            counts = {name: sum(not card.collectable[name] for card in cards) for name in HEALTH_KEYS}
+        else:
+            counts = {}
         return CapabilityPage(cards=cards, total=total, unknown_counts=counts)
 
     def hardware_events(

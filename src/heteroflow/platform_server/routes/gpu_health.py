@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import csv
 import io
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Annotated, Literal
 
@@ -197,6 +198,8 @@ def _capability_query(
         limit=limit,
         offset=offset,
         unknown=_capability_unknown(unknown),
+        # every matching card is read (no page, no unknown filter): the counts come from them, not window sums
+        count_unknowns=not (limit is None and offset == 0 and not unknown),
     )
 
 
@@ -315,6 +318,7 @@ async def capabilities_csv(
         limit=EXPORT_LIMIT,
         offset=0,
     )
+    query = replace(query, count_unknowns=False)  # the export has no counts
     page = await asyncio.to_thread(ctx.samples.capability_page, query)
     now = ctx.clock.now()
     stall = timedelta(minutes=ctx.health_settings.stall_threshold_minutes)
