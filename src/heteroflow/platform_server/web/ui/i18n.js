@@ -589,7 +589,7 @@ const EN = {
   "api.resolution.node_deleted": "node deleted",
   "api.history.backlog": "open for too long: operations backlog",
   "alerts.actor.system": "system",
-  "alerts.severity.WARN": "WARN",
+  "alerts.severity.WARN": "Warning",
   // -- end of the API texts --
   "time.utc": "UTC",
 };
