@@ -40,7 +40,7 @@ def seed_multi_card_alert(seeded: Seeded) -> MultiCardAlert:
     for index, signals, evidence in JOINED:
         if index in known:
             continue
-        t0 = alert.created_at + timedelta(seconds=index)  # after the alert was raised
+        t0 = alert.created_at + timedelta(milliseconds=index)  # just after the alert was raised, before any test
         record = PredictionRecord(
             id=f"multi-card-{index}",
             card=Card(node_id=node_id, gpu_index=index, uuid=f"GPU-other-{index}", source="real"),

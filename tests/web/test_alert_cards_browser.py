@@ -118,3 +118,13 @@ def test_chinese_and_narrow_nothing_clipped(open_page: Open, multi: MultiCardAle
     for table in ("#alert-cards", "#alerts-table"):
         clipped = page.locator(table).locator("xpath=..").evaluate("el => el.scrollWidth - el.clientWidth")
         assert clipped <= 0, f"{table} is clipped by {clipped}px at {width}px"
+
+
+def test_enter_on_a_card_link_opens_the_card_not_the_alert(open_page: Open, multi: MultiCardAlert) -> None:
+    from playwright.sync_api import expect
+
+    page = open_page("/alerts", token=multi.operator)
+    link = page.locator(f'#alerts-table tr[data-id="{multi.alert_id}"] ul.alert-cards a.card-link').first
+    link.focus()
+    page.keyboard.press("Enter")
+    expect(page).to_have_url(re.compile(r"/nodes/gpu-health\?card="))

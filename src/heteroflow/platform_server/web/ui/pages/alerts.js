@@ -99,7 +99,13 @@ function cardLinks(alert) {
         { dataset: { gpu: c.gpu_index, severity: c.severity } },
         h(
           "a",
-          { href: cardHref(alert, c), class: "card-link", onclick: (event) => event.stopPropagation() },
+          {
+            href: cardHref(alert, c),
+            class: "card-link",
+            // the link, not the row: a click or Enter on it opens the card, not the alert's detail
+            onclick: (event) => event.stopPropagation(),
+            onkeydown: (event) => event.stopPropagation(),
+          },
           t("alerts.card", { index: c.gpu_index }),
         ),
         " ",
