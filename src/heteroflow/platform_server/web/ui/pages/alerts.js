@@ -89,7 +89,7 @@ function severityBadge(severity) {
 
 /** The alert's cards as links, each with its severity and signals. */
 function cardLinks(alert) {
-  if (!alert.cards || alert.cards.length === 0) return t("none");
+  if (!alert.cards || alert.cards.length === 0) return alert.type === "GPU_FAULT_PREDICTED" ? t("none") : null;
   return h(
     "ul",
     { class: "alert-cards" },
