@@ -922,7 +922,7 @@ const ZH = {
   "serving.phase.unknown.explain": "本页不认识该阶段，按控制器原样显示。",
   "serving.ranks": "DP rank",
   "serving.ranks_label": "实例 {id} 的 DP rank",
-  "serving.rank": "Rank {rank}",
+  "serving.rank": "{rank} 号 rank",
   "serving.state.alive": "存活",
   "serving.state.unhealthy": "不健康",
   "serving.state.dead": "已死亡",
@@ -1051,7 +1051,7 @@ const ZH = {
   "serving.relaunch.reason.standing_fault_every_rank":
     "所有待启动的 rank（{ranks}）所在的卡都存在未消除的硬件故障：在故障消除或更换卡之前不会重新拉起。",
   "serving.pods": "Pod",
-  "serving.pod.col.id": "Pod",
+  "serving.pod.col.id": "Pod（容器组）",
   "serving.pod.col.state": "状态",
   "serving.pod.col.silent": "最近心跳",
   "serving.pod.col.complete": "心跳端点完整",
