@@ -36,6 +36,7 @@ def test_open_alerts_are_counted_by_type_and_known_types_are_zero_not_absent(eng
         assert series(text, "heteroflow_fleet_scrape_ok") == {"": 1.0}
         assert series(text, "heteroflow_alerts_open") == {
             '{severity="WARN",type="GPU_FAULT_PREDICTED"}': 0.0,
+            '{severity="CRITICAL",type="GPU_FAULT_PREDICTED"}': 0.0,
             '{severity="WARN",type="GPU_MEMORY_HIGH"}': 0.0,
             '{severity="WARN",type="NODE_CARDS_REFUSED"}': 0.0,
         }

@@ -189,10 +189,13 @@ def test_backfill_hit_keeps_the_alert_open_until_a_manual_resolve(harness: Harne
     assert detail["alert"]["status"] == "resolved"
     assert detail["alert"]["resolution"] == "card replaced"
     assert detail["alert"]["resolved_by"].startswith("token:test:")
-    assert [e["action"] for e in detail["history"]] == ["raised", "backlog", "resolved"]
+    # the tick after the window predicted the card again (its uncorrectable ECC grew): that joins the open alert
+    assert [e["action"] for e in detail["history"]] == ["raised", "card_predicted_again", "backlog", "resolved"]
+    assert detail["alert"]["severity"] == "CRITICAL"
     # a typed reason has no code (shown as written); the system's notes have theirs
     assert detail["alert"]["resolution_code"] == {"code": None, "params": {}, "text": "card replaced"}
     assert [(e["note_code"] or {}).get("code") for e in detail["history"]] == [
+        "alert.fault_predicted",
         "alert.fault_predicted",
         "history.backlog",
         None,

@@ -70,3 +70,20 @@ def test_the_serving_dashboards_card_link_shows_that_card(open_page: Open, seede
     expect(page.locator("#ecc-card")).to_have_value(f"{node}|1")
     expect(page.locator("#pred-search")).to_have_value("gpu-a")
     assert f"card={node}%3A1" in page.url or f"card={node}:1" in page.url
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_a_card_link_to_a_simulated_node_opens_the_simulated_source_and_that_card(
+    open_page: Open, seeded: Seeded, lang: str
+) -> None:
+    """A rank's link names the node, not its source: ``?node=sim-demo&gpu=1`` opens the simulated source on
+    sim-demo's GPU 1, never the real source's first card."""
+    from playwright.sync_api import expect
+
+    node = seeded.nodes["sim-demo"]
+    page = open_page("/nodes/gpu-health?node=sim-demo&gpu=1", lang=lang)
+    expect(page.locator("#source-simulated")).to_be_checked()
+    expect(page.locator("#ecc-card")).to_have_value(f"{node}|1", timeout=20_000)
+    expect(page.locator("#sim-banner")).to_be_visible()
+    assert "source=simulated" in page.url
+    assert f"card={node}%3A1" in page.url or f"card={node}:1" in page.url

@@ -8,6 +8,7 @@ import json
 import re
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -72,5 +73,48 @@ def test_predicted_this_week_uncorrectable_first_at_1000_cards(browser: Any, fle
         page.reload()
         expect(page.locator("#pred-pager")).to_contain_text(text["page"])
         expect(page.locator("#pred-table tbody tr").first).to_have_attribute("data-id", fleet.this_week[0])
+    finally:
+        context.close()
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_every_card_with_an_unknown_counter_in_one_filter_and_its_export_at_1000_cards(
+    browser: Any, fleet: Fleet, lang: str
+) -> None:
+    """The fleet's cards report neither retired pages nor pending or uncorrectable remaps: one filter lists all
+    1,000 of them, the counts say so per counter, and the export holds every one of them (not one page)."""
+    from playwright.sync_api import expect
+
+    counts = {
+        "en": ("Retired pages: 1,000 cards unknown", "0 cards", "1000 cards"),
+        "zh": ("1,000 张卡未知", "共 0 张卡", "共 1000 张卡"),
+    }[lang]
+    context = browser.new_context(viewport={"width": 1280, "height": 900}, accept_downloads=True)
+    context.add_init_script(f"localStorage.setItem('heteroflow.lang', {json.dumps(lang)});")
+    sign_in(context, fleet.base_url, fleet.reader)
+    try:
+        page = context.new_page()
+        page.goto(fleet.base_url + "/nodes/gpu-health")
+        expect(page.locator("#caps-pager")).to_contain_text(counts[2], timeout=20_000)
+        page.select_option("#caps-unknown", "any")
+        expect(page.locator("#caps-pager")).to_contain_text(counts[2])
+        assert "cunknown=any" in page.url
+        retired = page.locator('#caps-unknown-counts [data-metric="retired_pages"]')
+        expect(retired).to_have_attribute("data-count", "1000")
+        expect(retired).to_contain_text(counts[0])
+        expect(page.locator('#caps-unknown-counts [data-metric="ecc_uncorrected_total"]')).to_have_attribute(
+            "data-count", "0"
+        )
+        with page.expect_download() as info:
+            page.click("#caps-export")
+        lines = Path(info.value.path()).read_text(encoding="utf-8").splitlines()
+        assert len(lines) == 1 + 1000
+        assert lines[0].startswith("node_name,node_id,gpu_index,uuid,")
+        assert all(",unknown," in line for line in lines[1:])
+        page.select_option("#caps-unknown", "ecc_uncorrected_total")
+        expect(page.locator("#caps-pager")).to_contain_text(counts[1])
+        expect(page.locator("#caps-empty")).to_be_visible()
+        page.reload()
+        expect(page.locator("#caps-unknown")).to_have_value("ecc_uncorrected_total")
     finally:
         context.close()

@@ -10,7 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import threading
+from collections.abc import Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, Final, Literal
 from urllib.parse import urlsplit
 
@@ -19,7 +21,7 @@ import structlog
 from pydantic import Field
 
 from heteroflow.core.settings import LenientSettings, env_names
-from heteroflow.health.alerts import GPU_FAULT_PREDICTED
+from heteroflow.health.alerts import GPU_FAULT_PREDICTED, AlertedCard
 from heteroflow.health.gpu_metrics import GPU_MEMORY_HIGH
 from heteroflow.http.tls import client_tls
 from heteroflow.platform.cards import NODE_CARDS_REFUSED
@@ -27,7 +29,7 @@ from heteroflow.storage.alert_store import AlertRecord
 
 _log = structlog.get_logger(__name__)
 
-EventKind = Literal["raised", "resolved", "backlog"]
+EventKind = Literal["raised", "card_added", "acknowledged", "resolved", "backlog"]
 
 
 class AlertDeliverySettings(LenientSettings):
@@ -68,6 +70,12 @@ class AlertDeliverySettings(LenientSettings):
 class AlertEventOut:
     kind: EventKind
     alert: AlertRecord
+    cards: tuple[AlertedCard, ...] = ()
+    """GPU_FAULT_PREDICTED: every predicted card of the node under the alert, with its signals."""
+    previous_severity: str | None = None
+    """Set when this event raised the alert's severity (a card with a stronger signal joined)."""
+    at: datetime | None = None
+    """When the event happened (the old severity's instance ends then)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +86,10 @@ class DeliveryStatus:
     dropped_total: int
 
 
+def _iso(at: datetime | None) -> str | None:
+    return at.isoformat() if at is not None else None
+
+
 def webhook_payload(event: AlertEventOut) -> dict[str, Any]:
     a = event.alert
     return {
@@ -86,15 +98,30 @@ def webhook_payload(event: AlertEventOut) -> dict[str, Any]:
             "id": a.id,
             "type": a.type,
             "severity": a.severity,
+            "previous_severity": event.previous_severity,
             "status": a.status,
             "node_id": a.node_id,
             "node_name": a.node_name,
             "message": a.message,
             "created_at": a.created_at.isoformat(),
-            "resolved_at": a.resolved_at.isoformat() if a.resolved_at else None,
+            "acknowledged_at": _iso(a.acknowledged_at),
+            "acknowledged_by": a.acknowledged_by,
+            "acknowledgement": a.acknowledgement,
+            "resolved_at": _iso(a.resolved_at),
             "resolved_by": a.resolved_by,
             "resolution": a.resolution,
-            "backlog_since": a.backlog_since.isoformat() if a.backlog_since else None,
+            "backlog_since": _iso(a.backlog_since),
+            "cards": [
+                {
+                    "gpu_index": c.gpu_index,
+                    "uuid": c.uuid,
+                    "source": c.source,
+                    "severity": c.severity,
+                    "signals": list(c.signals),
+                    "prediction_id": c.prediction_id,
+                }
+                for c in event.cards
+            ],
         },
     }
 
@@ -108,24 +135,53 @@ RUNBOOK_PAGES: Final = {
 ``runbook_url`` annotations give theirs): sent as the alert's ``runbook_url`` annotation."""
 
 
+def alertmanager_severity(severity: str) -> str:
+    """Alertmanager's usual severity label values: WARN → warning, CRITICAL → critical."""
+    return "warning" if severity == "WARN" else severity.lower()
+
+
 def alertmanager_payload(event: AlertEventOut) -> list[dict[str, Any]]:
+    """One alert per node and type, with labels to route on that stay the same for the alert's life (severity
+    aside: when a stronger card raises it, the instance at the old severity is ended in the same post, so that
+    Alertmanager does not keep a stale warning firing beside the critical one). The cards are annotations."""
     a = event.alert
-    alert: dict[str, Any] = {
-        "labels": {
-            "alertname": a.type,
-            "severity": "warning" if a.severity == "WARN" else a.severity.lower(),
-            "node": a.node_name,
-            "node_id": a.node_id,
-            "heteroflow_alert_id": a.id,
-        },
-        "annotations": {"summary": a.message, "backlog": "true" if a.backlog_since else "false"},
-        "startsAt": a.created_at.isoformat(),
+    labels: dict[str, str] = {
+        "alertname": a.type,
+        "severity": alertmanager_severity(a.severity),
+        "node": a.node_name,
+        "node_id": a.node_id,
+        "heteroflow_alert_id": a.id,
     }
+    if a.tenant_id is not None:
+        labels["tenant"] = a.tenant_id
+    if event.cards:
+        labels["source"] = event.cards[0].source
+    annotations: dict[str, str] = {"summary": a.message, "backlog": "true" if a.backlog_since else "false"}
+    if event.cards:
+        annotations["gpus"] = ",".join(str(c.gpu_index) for c in sorted(event.cards, key=lambda c: c.gpu_index))
+        annotations["cards"] = "; ".join(
+            f"GPU {c.gpu_index}" + (f" ({c.uuid})" if c.uuid else "") + f": {c.severity} {','.join(c.signals)}"
+            for c in event.cards
+        )
+    if a.acknowledged_at is not None:
+        annotations["acknowledged"] = f"{a.acknowledged_by} at {a.acknowledged_at.isoformat()}: {a.acknowledgement}"
+    alert: dict[str, Any] = {"labels": labels, "annotations": annotations, "startsAt": a.created_at.isoformat()}
     if a.type in RUNBOOK_PAGES:
-        alert["annotations"]["runbook_url"] = RUNBOOK_PAGES[a.type]
+        annotations["runbook_url"] = RUNBOOK_PAGES[a.type]
     if a.resolved_at is not None:
         alert["endsAt"] = a.resolved_at.isoformat()
-    return [alert]
+    posted = [alert]
+    if event.previous_severity is not None and event.previous_severity != a.severity:
+        ended = {**labels, "severity": alertmanager_severity(event.previous_severity)}
+        posted.append(
+            {
+                "labels": ended,
+                "annotations": annotations,
+                "startsAt": a.created_at.isoformat(),
+                "endsAt": (event.at or a.created_at).isoformat(),
+            }
+        )
+    return posted
 
 
 class AlertNotifier:
@@ -159,11 +215,19 @@ class AlertNotifier:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
 
-    def submit(self, kind: EventKind, alert: AlertRecord) -> None:
+    def submit(
+        self,
+        kind: EventKind,
+        alert: AlertRecord,
+        *,
+        cards: Sequence[AlertedCard] = (),
+        previous_severity: str | None = None,
+        at: datetime | None = None,
+    ) -> None:
         """Queue an event for every target. Safe from any thread; never blocks."""
         if self._loop is None or self._queue is None or not self.targets:
             return
-        event = AlertEventOut(kind, alert)
+        event = AlertEventOut(kind, alert, tuple(cards), previous_severity, at)
         on_loop_thread = threading.get_ident() == self._loop_thread
         for target in self.targets:
             if on_loop_thread:

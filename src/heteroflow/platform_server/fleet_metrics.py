@@ -22,8 +22,14 @@ from heteroflow.storage.fleet_store import FleetSnapshot
 
 ALERT_TYPES = ("GPU_FAULT_PREDICTED", "GPU_MEMORY_HIGH", "NODE_CARDS_REFUSED")
 """Alert types that always have a series, so that a rule on them never reads "absent" as "none open"."""
-SEVERITIES = ("WARN",)
-"""The severity every alert type is raised with (the seed's WARN); another one gets its series when it occurs."""
+SEVERITIES = {
+    "GPU_FAULT_PREDICTED": ("WARN", "CRITICAL"),
+    "GPU_MEMORY_HIGH": ("WARN",),
+    "NODE_CARDS_REFUSED": ("WARN",),
+}
+"""The severities each type is raised with, each always with a series: GPU_MEMORY_HIGH and NODE_CARDS_REFUSED are
+WARN; GPU_FAULT_PREDICTED is CRITICAL on a strong signal, WARN on a trend alone. Another one gets its series when it
+occurs."""
 
 
 class _FleetCollector(Collector):
@@ -36,7 +42,7 @@ class _FleetCollector(Collector):
         yield ok
         if self._snapshot is None:
             return
-        counts: dict[tuple[str, str], int] = {(t, s): 0 for t in ALERT_TYPES for s in SEVERITIES}
+        counts: dict[tuple[str, str], int] = {(t, s): 0 for t in ALERT_TYPES for s in SEVERITIES[t]}
         backlog: dict[str, int] = defaultdict(int, dict.fromkeys(ALERT_TYPES, 0))
         for row in self._snapshot.open_alerts:
             counts[(row.type, row.severity)] = counts.get((row.type, row.severity), 0) + row.count

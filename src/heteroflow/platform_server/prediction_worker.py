@@ -31,14 +31,15 @@ from heteroflow.health.alerts import (
     PredictedFault,
     predicted_fault_message,
     resolution_by_backfill,
+    severity_of,
 )
 from heteroflow.health.prediction_settings import PredictionSettings
 from heteroflow.health.predictions import PredictionStatus, judge, prediction_id, window_end, window_over_at
 from heteroflow.health.rules import RULE_VERSION, RuleParams, Signal, evaluate
 from heteroflow.health.samples import Card
 from heteroflow.health.weak_signals import WeakSignalParams, weak_signals
-from heteroflow.platform_server.alert_delivery import AlertNotifier
-from heteroflow.storage.alert_store import SYSTEM, SqlAlertStore
+from heteroflow.platform_server.alert_delivery import AlertNotifier, EventKind
+from heteroflow.storage.alert_store import CARD_ADDED, CARD_PREDICTED_AGAIN, SYSTEM, AlertRecord, SqlAlertStore
 from heteroflow.storage.lease_store import SqlLeaseStore
 from heteroflow.storage.metrics_store import SqlGpuMetricsStore
 from heteroflow.storage.node_store import SqlNodeStore
@@ -327,20 +328,37 @@ class PredictionWorker:
                 evidence=record.evidence,
             )
         )
+        severity = severity_of(record.signals)
         alert, created = self._alerts.raise_alert(
             type=GPU_FAULT_PREDICTED,
-            severity="WARN",
+            severity=severity,
             node_id=node.id,
             node_name=node.name,
             tenant_id=node.tenant_id,
             message=message,
             now=now,
         )
-        self._predictions.attach_alert(record.id, alert.id)
         if created:
+            self._predictions.attach_alert(record.id, alert.id)
             tally.raised += 1
-            if self._notifier is not None:
-                self._notifier.submit("raised", alert)
+            self._notify("raised", alert)
+            return
+        # the node's alert is open: the card joins it, in its history (a card already in it: a new prediction of
+        # it, after its earlier window), and a stronger signal raises the alert's severity
+        known = {r.card.gpu_index for r in self._predictions.node_predictions(alert.node_id, alert_id=alert.id)}
+        self._predictions.attach_alert(record.id, alert.id)
+        action = CARD_PREDICTED_AGAIN if record.card.gpu_index in known else CARD_ADDED
+        joined = self._alerts.join(alert.id, severity=severity, note=message, now=now, action=action)
+        if joined is not None:
+            self._notify("card_added", joined.alert, previous_severity=joined.previous_severity, at=now)
+
+    def _notify(
+        self, kind: EventKind, alert: AlertRecord, *, previous_severity: str | None = None, at: datetime | None = None
+    ) -> None:
+        if self._notifier is None:
+            return
+        cards = self._predictions.alert_cards({alert.id: alert.node_id}).get(alert.id, [])
+        self._notifier.submit(kind, alert, cards=cards, previous_severity=previous_severity, at=at)
 
     def _alert_upkeep(self, now: datetime, tally: _Tally) -> None:
         for alert in self._alerts.open_alerts(GPU_FAULT_PREDICTED):
@@ -353,13 +371,12 @@ class PredictionWorker:
             reason = resolution_by_backfill(by_slot, any_hit=any(r.status == "hit" for r in records))
             if reason is not None and self._alerts.resolve(alert.id, by=SYSTEM, reason=reason, now=now):
                 tally.resolved += 1
-                if self._notifier is not None and (resolved := self._alerts.get(alert.id)) is not None:
-                    self._notifier.submit("resolved", resolved)
+                if (resolved := self._alerts.get(alert.id)) is not None:
+                    self._notify("resolved", resolved)
         older_than = now - timedelta(hours=self._settings.backlog_hours)
         for alert in self._alerts.flag_backlog(older_than=older_than, now=now):
             tally.backlogged += 1
-            if self._notifier is not None:
-                self._notifier.submit("backlog", alert)
+            self._notify("backlog", alert)
 
     # -- the leader loop ----------------------------------------------------------------------------------------
 

@@ -176,6 +176,25 @@ class CardCapabilityOut(BaseModel):
             "weak evidence (a degrading card can wedge its tools), never a prediction by itself; null otherwise."
         ),
     )
+    node_name: str | None = Field(default=None, description="The node's name (null: the node was deleted).")
+
+
+class XidEventOut(BaseModel):
+    gpu_index: int
+    uuid: str | None
+    xid: int
+    occurred_at: datetime = Field(description="When the agent saw it (clamped to the server's clock).")
+    received_at: datetime
+
+
+class XidEventsOut(BaseModel):
+    node_id: str
+    source: Source
+    gpu_index: int | None = Field(description="The card asked for; null: every card of the node.")
+    since: datetime
+    limit: int
+    truncated: bool = Field(description="More events than `limit` exist: the newest `limit` are listed.")
+    events: list[XidEventOut] = Field(description="Newest first.")
 
 
 class CapabilitiesOut(BaseModel):
@@ -187,6 +206,12 @@ class CapabilitiesOut(BaseModel):
     offset: int = 0
     limit: int | None = Field(default=None, description="The page size asked for; null: every matching card.")
     sort: str = "node"
+    unknown: str | None = Field(default=None, description="The `unknown` filter asked for (any, or a counter).")
+    unknown_counts: dict[str, int] = Field(
+        default_factory=dict,
+        description="Per counter, the cards matching every filter but `unknown` whose counter was never known in "
+        "the period: the fleet's counts, whatever page or `unknown` filter is shown.",
+    )
     note: str
     note_code: str = Field(
         default="capabilities.observed",
@@ -247,6 +272,9 @@ class PredictionOut(BaseModel):
         default_factory=list, description="`evidence` line by line, each with its code and parameters."
     )
     conclusion_code: CodedTextOut | None = Field(default=None, description="`conclusion` with its code.")
+    alert_id: str | None = Field(
+        default=None, description="The node's GPU_FAULT_PREDICTED alert this card is in (null: simulated, or none)."
+    )
 
 
 class PredictionList(BaseModel):
@@ -329,10 +357,26 @@ class PredictionStatsOut(BaseModel):
     )
 
 
+class AlertCardOut(BaseModel):
+    """One predicted card of a GPU_FAULT_PREDICTED alert: its newest prediction under the alert."""
+
+    gpu_index: int
+    uuid: str | None
+    source: Source = Field(description="The card's data source: a link to its history names it.")
+    severity: str = Field(description="CRITICAL for a strong signal (remap failure, uncorrectable growth), else WARN.")
+    signals: list[str]
+    prediction_id: str
+    status: str = Field(description="The prediction's status: pending, hit, miss or voided.")
+    t0: datetime
+    evidence: list[EvidenceLineOut]
+
+
 class AlertOut(BaseModel):
     id: str
     type: str
-    severity: str
+    severity: str = Field(
+        description="CRITICAL or WARN. GPU_FAULT_PREDICTED: the most severe of its cards' (it rises as cards join)."
+    )
     node_id: str
     node_name: str
     status: Literal["open", "resolved"]
@@ -349,6 +393,13 @@ class AlertOut(BaseModel):
     )
     resolution_code: CodedTextOut | None = Field(
         default=None, description="`resolution` with its code (null code: a reason typed by an operator)."
+    )
+    acknowledged_at: datetime | None = Field(default=None, description="The newest acknowledgement's time.")
+    acknowledged_by: str | None = Field(default=None, description="Who acknowledged it last.")
+    acknowledgement: str | None = Field(default=None, description="The newest acknowledgement's note.")
+    cards: list[AlertCardOut] = Field(
+        default_factory=list,
+        description="GPU_FAULT_PREDICTED: every predicted card of the node under this alert, the most severe first.",
     )
 
 
@@ -373,6 +424,14 @@ class AlertEventOut(BaseModel):
 class AlertDetail(BaseModel):
     alert: AlertOut
     history: list[AlertEventOut]
+
+
+class AcknowledgeRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    note: str = Field(
+        default="", max_length=2000, description="What is being done (kept in the history); may be empty."
+    )
 
 
 class ResolveRequest(BaseModel):

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any
 
@@ -11,10 +12,18 @@ import sqlalchemy as sa
 from sqlalchemy.engine import Engine
 
 from heteroflow.core.ids import NodeId, TenantId
-from heteroflow.health.alerts import AlertStatus
+from heteroflow.health.alerts import AlertStatus, higher_severity
 from heteroflow.platform.auth import NodeScope
 from heteroflow.storage.db import unavailable_as_store_error
 from heteroflow.storage.schema import alert_events, alerts
+from heteroflow.storage.schema import predictions as predictions_t
+
+ACKNOWLEDGED = "acknowledged"
+"""The history action of an acknowledgement: someone works on the alert (it stays open until resolved)."""
+CARD_ADDED = "card_added"
+"""The history action of a later prediction on another card of the node joining the open alert."""
+CARD_PREDICTED_AGAIN = "card_predicted_again"
+"""The history action of a new prediction (a later window) on a card already in the open alert."""
 
 SYSTEM = "system"
 
@@ -34,6 +43,23 @@ class AlertRecord:
     resolved_by: str | None
     resolution: str | None
     backlog_since: datetime | None
+    acknowledged_at: datetime | None = None
+    acknowledged_by: str | None = None
+    acknowledgement: str | None = None
+    """The newest acknowledgement's note (who works on it, what is planned); an alert may be acknowledged again."""
+
+
+@dataclass(frozen=True, slots=True)
+class AlertJoin:
+    """A card joined an open alert: the alert after it, and its severity before (when the join raised it)."""
+
+    alert: AlertRecord
+    previous_severity: str | None
+
+
+def _like_pattern(text: str) -> str:
+    escaped = text.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return f"%{escaped}%"
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,7 +156,46 @@ class SqlAlertStore:
     def get(self, alert_id: str) -> AlertRecord | None:
         with unavailable_as_store_error(), self._engine.connect() as conn:
             row = conn.execute(sa.select(alerts).where(alerts.c.id == alert_id)).first()
-        return _record(row) if row is not None else None
+            return _with_acknowledgements(conn, [_record(row)])[0] if row is not None else None
+
+    def join(
+        self, alert_id: str, *, severity: str, note: str, now: datetime, action: str = CARD_ADDED
+    ) -> AlertJoin | None:
+        """A later prediction on another card of the node joins the open alert: kept in its history, and the
+        alert's severity rises to the card's when that is higher (never falls). None when it is not open."""
+        with unavailable_as_store_error(), self._engine.begin() as conn:
+            row = conn.execute(sa.select(alerts).where(alerts.c.id == alert_id, alerts.c.status == "open")).first()
+            if row is None:
+                return None
+            raised = higher_severity(row.severity, severity)
+            previous: str | None = None
+            if raised != row.severity:
+                result = conn.execute(
+                    sa.update(alerts)
+                    .where(alerts.c.id == alert_id, alerts.c.status == "open", alerts.c.severity == row.severity)
+                    .values(severity=raised)
+                )
+                previous = row.severity if result.rowcount else None
+            conn.execute(
+                sa.insert(alert_events).values(alert_id=alert_id, at=now, actor=SYSTEM, action=action, note=note)
+            )
+        after = self.get(alert_id)
+        return AlertJoin(alert=after, previous_severity=previous) if after is not None else None
+
+    def acknowledge(self, alert_id: str, *, by: str, note: str, now: datetime) -> bool:
+        """Someone works on an open alert: who, when and the note go to its history; it stays open until resolved.
+
+        An acknowledged alert may be acknowledged again (a hand-over); a resolved one may not (False)."""
+        with unavailable_as_store_error(), self._engine.begin() as conn:
+            is_open = conn.execute(
+                sa.select(alerts.c.id).where(alerts.c.id == alert_id, alerts.c.status == "open").with_for_update()
+            ).first()
+            if is_open is None:
+                return False
+            conn.execute(
+                sa.insert(alert_events).values(alert_id=alert_id, at=now, actor=by, action=ACKNOWLEDGED, note=note)
+            )
+        return True
 
     def events(self, alert_id: str) -> list[AlertEvent]:
         query = (
@@ -194,7 +259,15 @@ class SqlAlertStore:
         node_id: str | None,
         limit: int,
         offset: int,
+        severity: str | None = None,
+        acknowledged: bool | None = None,
+        node: str | None = None,
+        gpu_index: int | None = None,
+        search: str | None = None,
     ) -> tuple[list[AlertRecord], int]:
+        """Alerts, newest first. ``node``: part of the node's name; ``gpu_index``: alerts one of whose
+        predictions is on that card; ``acknowledged``: whether anyone acknowledged it; ``search``: part of the node's
+        name or of the message (all case-insensitive)."""
         conditions: list[sa.ColumnElement[bool]] = []
         if scope.tenant_id is not None:
             conditions.append(alerts.c.tenant_id == scope.tenant_id)
@@ -204,6 +277,29 @@ class SqlAlertStore:
             conditions.append(alerts.c.type == type)
         if node_id is not None:
             conditions.append(alerts.c.node_id == node_id)
+        if severity is not None:
+            conditions.append(alerts.c.severity == severity)
+        if acknowledged is not None:
+            acked = sa.exists().where(alert_events.c.alert_id == alerts.c.id, alert_events.c.action == ACKNOWLEDGED)
+            conditions.append(acked if acknowledged else ~acked)
+        if node:
+            conditions.append(sa.func.lower(alerts.c.node_name).like(_like_pattern(node), escape="\\"))
+        if gpu_index is not None:
+            conditions.append(
+                sa.exists().where(
+                    predictions_t.c.alert_id == alerts.c.id,
+                    predictions_t.c.node_id == alerts.c.node_id,
+                    predictions_t.c.gpu_index == gpu_index,
+                )
+            )
+        if search:
+            pattern = _like_pattern(search)
+            conditions.append(
+                sa.or_(
+                    sa.func.lower(alerts.c.node_name).like(pattern, escape="\\"),
+                    sa.func.lower(alerts.c.message).like(pattern, escape="\\"),
+                )
+            )
         query = (
             sa.select(alerts)
             .where(*conditions)
@@ -213,6 +309,24 @@ class SqlAlertStore:
         )
         count = sa.select(sa.func.count()).select_from(alerts).where(*conditions)
         with unavailable_as_store_error(), self._engine.connect() as conn:
-            rows = [_record(row) for row in conn.execute(query)]
+            rows = _with_acknowledgements(conn, [_record(row) for row in conn.execute(query)])
             total = int(conn.execute(count).scalar_one())
         return rows, total
+
+
+def _with_acknowledgements(conn: sa.Connection, records: Sequence[AlertRecord]) -> list[AlertRecord]:
+    """The records with their newest acknowledgement (one query for all of them)."""
+    if not records:
+        return []
+    query = (
+        sa.select(alert_events.c.alert_id, alert_events.c.at, alert_events.c.actor, alert_events.c.note)
+        .where(alert_events.c.alert_id.in_([r.id for r in records]), alert_events.c.action == ACKNOWLEDGED)
+        .order_by(alert_events.c.at, alert_events.c.id)
+    )
+    newest = {row.alert_id: row for row in conn.execute(query)}
+    return [
+        replace(r, acknowledged_at=ack.at, acknowledged_by=ack.actor, acknowledgement=ack.note)
+        if (ack := newest.get(r.id)) is not None
+        else r
+        for r in records
+    ]

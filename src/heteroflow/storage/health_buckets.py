@@ -240,6 +240,12 @@ class CapabilityQuery:
     sort: CapabilitySort = "node"
     limit: int | None = None
     offset: int = 0
+    count_unknowns: bool = True
+    """Count, per counter, the matching cards that never had it known (window sums over every matching card). A
+    caller that reads every matching card anyway counts them itself, cheaper."""
+    unknown: str | None = None
+    """``any``: cards with at least one counter never known in the period; a counter's key: cards for which that
+    counter was never known. None: every card."""
 
 
 def _pieces(since: datetime, until: datetime) -> list[sa.Select[Any]]:
@@ -337,17 +343,41 @@ def capability_query(query: CapabilityQuery) -> sa.Select[Any]:
                 sa.func.lower(sa.func.coalesce(nodes_t.c.name, "")).like(pattern, escape="\\"),
             )
         )
-    by_node = (nodes_t.c.name, grouped.c.node_id, grouped.c.gpu_index, grouped.c.last_sample_at)
-    order = {
-        "node": by_node,
-        "stalled_first": (grouped.c.last_sample_at, *by_node),
-        "recent_first": (grouped.c.last_sample_at.desc(), *by_node),
+    # per counter, how many of the cards matching the other filters never had it known: counted before the
+    # ``unknown`` filter, so that the counts are the fleet's whatever the filter shows
+    unknown_counts = [
+        sa.func.sum(sa.case((grouped.c[name] == 0, 1), else_=0)).over().label(f"unknown_{name}") for name in HEALTH_KEYS
+    ]
+    matching_select = (
+        sa.select(*grouped.c, nodes_t.c.name.label("node_name"), *unknown_counts).select_from(joined).where(*conditions)
+    )
+    if query.unknown is None:
+        # no unknown filter: one level, ordered on the join itself (as fast as the matrix was without counts)
+        by_node = (nodes_t.c.name, grouped.c.node_id, grouped.c.gpu_index, grouped.c.last_sample_at)
+        order = {
+            "node": by_node,
+            "stalled_first": (grouped.c.last_sample_at, *by_node),
+            "recent_first": (grouped.c.last_sample_at.desc(), *by_node),
+        }[query.sort]
+        page = matching_select.add_columns(sa.func.count().over().label("total")).order_by(*order).offset(query.offset)
+        return page.limit(query.limit) if query.limit is not None else page
+    # the counts are of every card the other filters keep: the unknown filter applies one level up
+    matching = matching_select.subquery("matching")
+    unknown_filter = (
+        sa.or_(*(matching.c[name] == 0 for name in HEALTH_KEYS))
+        if query.unknown == "any"
+        else matching.c[query.unknown] == 0
+    )
+    by_matching = (matching.c.node_name, matching.c.node_id, matching.c.gpu_index, matching.c.last_sample_at)
+    matching_order = {
+        "node": by_matching,
+        "stalled_first": (matching.c.last_sample_at, *by_matching),
+        "recent_first": (matching.c.last_sample_at.desc(), *by_matching),
     }[query.sort]
-    page = (
-        sa.select(*grouped.c, sa.func.count().over().label("total"))
-        .select_from(joined)
-        .where(*conditions)
-        .order_by(*order)
+    filtered = (
+        sa.select(*matching.c, sa.func.count().over().label("total"))
+        .where(unknown_filter)
+        .order_by(*matching_order)
         .offset(query.offset)
     )
-    return page.limit(query.limit) if query.limit is not None else page
+    return filtered.limit(query.limit) if query.limit is not None else filtered

@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any, Literal
 
@@ -39,6 +39,7 @@ class CardCapability:
     last_sample_at: datetime
     sample_count: int
     semantics_unconfirmed: tuple[str, ...] = ()
+    node_name: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +47,19 @@ class CapabilityPage:
     cards: list[CardCapability]
     total: int
     """Cards matching the filters, before paging."""
+    unknown_counts: dict[str, int] = field(default_factory=dict)
+    """Per counter, the cards matching the filters other than ``unknown`` that never had it known in the period."""
+
+
+@dataclass(frozen=True, slots=True)
+class XidEventRecord:
+    """One stored XID event of a card."""
+
+    gpu_index: int
+    uuid: str | None
+    xid: int
+    occurred_at: datetime
+    received_at: datetime
 
 
 HardwareEventKind = Literal["xid", "ecc_uncorrected", "remap_failure"]
@@ -325,6 +339,26 @@ class SqlHealthSampleStore:
 
     # -- XID events -----------------------------------------------------------------------------------------
 
+    def xid_events(
+        self, *, node_id: NodeId, source: Source, gpu_index: int | None, since: datetime, limit: int
+    ) -> tuple[list[XidEventRecord], bool]:
+        """A node's (or one card's) XID events since ``since``, newest first; truncated when more than ``limit``."""
+        conditions = [xid_t.c.node_id == node_id, xid_t.c.source == source, xid_t.c.occurred_at >= since]
+        if gpu_index is not None:
+            conditions.append(xid_t.c.gpu_index == gpu_index)
+        query = (
+            sa.select(xid_t).where(*conditions).order_by(xid_t.c.occurred_at.desc(), xid_t.c.id.desc()).limit(limit + 1)
+        )
+        with unavailable_as_store_error(), self._engine.connect() as conn:
+            rows = conn.execute(query).all()
+        events = [
+            XidEventRecord(
+                gpu_index=r.gpu_index, uuid=r.uuid, xid=r.xid, occurred_at=r.occurred_at, received_at=r.received_at
+            )
+            for r in rows[:limit]
+        ]
+        return events, len(rows) > limit
+
     def insert_xid_events(
         self, events: Sequence[ParsedXid], *, node_id: NodeId, source: Source, received_at: datetime
     ) -> int:
@@ -386,9 +420,13 @@ class SqlHealthSampleStore:
         """
         with unavailable_as_store_error(), self._engine.connect() as conn:
             rows = conn.execute(capability_query(query)).all()
+            total = int(rows[0].total) if rows else 0
+            counted = rows[0] if rows else None
             if not rows and query.offset > 0:  # past the end: the total from the first row
                 first = conn.execute(capability_query(replace(query, offset=0, limit=1))).first()
-                return CapabilityPage(cards=[], total=int(first.total) if first is not None else 0)
+                total, counted = (int(first.total), first) if first is not None else (0, None)
+            if counted is None and query.unknown is not None and query.count_unknowns:  # none matched: count all
+                counted = conn.execute(capability_query(replace(query, unknown=None, offset=0, limit=1))).first()
         cards = [
             CardCapability(
                 node_id=NodeId(row.node_id),
@@ -399,10 +437,20 @@ class SqlHealthSampleStore:
                 last_sample_at=row.last_sample_at,
                 sample_count=int(row.sample_count),
                 semantics_unconfirmed=split_keys(row.semantics_unconfirmed),
+                node_name=row.node_name,
             )
             for row in rows
         ]
-        return CapabilityPage(cards=cards, total=int(rows[0].total) if rows else 0)
+        if query.count_unknowns:
+            counts = {
+                name: int(getattr(counted, f"unknown_{name}") or 0) if counted is not None else 0
+                for name in HEALTH_KEYS
+            }
+        elif query.unknown is None and query.limit is None and query.offset == 0:  # every matching card is here
+            counts = {name: sum(not card.collectable[name] for card in cards) for name in HEALTH_KEYS}
+        else:
+            counts = {}
+        return CapabilityPage(cards=cards, total=total, unknown_counts=counts)
 
     def hardware_events(
         self,

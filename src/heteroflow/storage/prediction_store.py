@@ -7,7 +7,7 @@ for the newest decrease of each growth counter. The statistics' SQL is in ``pred
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -17,6 +17,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Connection, Engine
 
 from heteroflow.core.ids import NodeId, Source
+from heteroflow.health.alerts import AlertedCard, alerted_cards
 from heteroflow.health.counters import HEALTH_KEYS, Counters, split_keys
 from heteroflow.health.predictions import Judgement, PredictionStatus, XidObservation
 from heteroflow.health.rules import GROWTH_KEYS, CardView, RuleParams, boundary_instants
@@ -334,6 +335,34 @@ class SqlPredictionStore:
                 )
             )
         return bool(result.rowcount)
+
+    def alert_cards(self, nodes_by_alert: Mapping[str, str]) -> dict[str, list[AlertedCard]]:
+        """Each alert's predicted cards (newest prediction per card, the most severe first), one query for all.
+
+        ``nodes_by_alert``: alert id → its node id (the node narrows the query to the predictions' node index)."""
+        if not nodes_by_alert:
+            return {}
+        found: dict[str, list[AlertedCard]] = {}
+        query = sa.select(predictions_t).where(
+            predictions_t.c.node_id.in_(sorted(set(nodes_by_alert.values()))),
+            predictions_t.c.alert_id.in_(list(nodes_by_alert)),
+        )
+        with unavailable_as_store_error(), self._engine.connect() as conn:
+            for row in conn.execute(query):
+                record = _record(row)
+                found.setdefault(row.alert_id, []).append(
+                    AlertedCard(
+                        gpu_index=record.card.gpu_index,
+                        uuid=record.card.uuid,
+                        source=record.card.source,
+                        prediction_id=record.id,
+                        signals=record.signals,
+                        status=record.status,
+                        t0=record.t0,
+                        evidence=record.evidence,
+                    )
+                )
+        return {alert_id: alerted_cards(cards) for alert_id, cards in found.items()}
 
     def node_predictions(self, node_id: NodeId, *, alert_id: str) -> list[PredictionRecord]:
         query = sa.select(predictions_t).where(predictions_t.c.node_id == node_id, predictions_t.c.alert_id == alert_id)

@@ -1,6 +1,6 @@
 import { test } from "node:test";
 import assert from "node:assert/strict";
-import { HOUR_MS, coverage, hourlyIncreases, metricUnknown } from "../../../src/heteroflow/platform_server/web/ui/logic/hourly.js";
+import { HOUR_MS, counterLevel, coverage, hourlyIncreases, metricUnknown } from "../../../src/heteroflow/platform_server/web/ui/logic/hourly.js";
 
 const T0 = Date.parse("2026-11-30T00:00:00Z");
 const at = (minutes) => new Date(T0 + minutes * 60_000).toISOString();
@@ -99,4 +99,24 @@ test("a metric with no readable value is wholly unknown", () => {
   assert.equal(metricUnknown([s(0, null), s(60, null)], "ecc_corrected_total"), true);
   assert.equal(metricUnknown([], "ecc_corrected_total"), true);
   assert.equal(metricUnknown([s(0, 0)], "ecc_corrected_total"), false);
+});
+
+test("the counter's absolute level: first and last readable values, unknown is never 0", () => {
+  const at = (m) => new Date(Date.UTC(2026, 4, 20, 0, m)).toISOString();
+  const samples = [
+    { sampled_at: at(0), uuid: "GPU-1", ecc_uncorrected_total: null },
+    { sampled_at: at(1), uuid: "GPU-1", ecc_uncorrected_total: 98 },
+    { sampled_at: at(2), uuid: "GPU-1", ecc_uncorrected_total: 103 },
+    { sampled_at: at(3), uuid: "GPU-1", ecc_uncorrected_total: null },
+  ];
+  assert.deepEqual(counterLevel(samples, "ecc_uncorrected_total"), {
+    first: 98,
+    last: 103,
+    lastAt: at(2),
+    swapped: false,
+  });
+  assert.equal(counterLevel(samples, "retired_pages"), null);
+  assert.equal(counterLevel([{ sampled_at: at(0), uuid: "x", retired_pages: null }], "retired_pages"), null);
+  const swapped = [...samples, { sampled_at: at(4), uuid: "GPU-2", ecc_uncorrected_total: 0 }];
+  assert.deepEqual(counterLevel(swapped, "ecc_uncorrected_total"), { first: 98, last: 0, lastAt: at(4), swapped: true });
 });

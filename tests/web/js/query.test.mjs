@@ -5,7 +5,9 @@ import {
   DEFAULT_VIEW,
   SORTS,
   TYPES,
+  capabilityExportHref,
   capabilityParams,
+  CAPS_UNKNOWNS,
   parseCard,
   parseNodeLink,
   parseView,
@@ -33,6 +35,7 @@ test("a view survives the round trip through its URL", () => {
     stalled: true,
     cq: "GPU-ab",
     cnode: "6f1c-node",
+    cunknown: "retired_pages",
     csort: "stalled_first",
     cpage: 4,
   };
@@ -41,7 +44,7 @@ test("a view survives the round trip through its URL", () => {
 
 test("unknown or hostile values fall back to the defaults, never an error", () => {
   const view = parseView(
-    "?status=dead&type=weak&sort=random&page=-2&card=nocolon&refresh=yes&source=all&range=2&csort=size&cpage=0",
+    "?status=dead&type=weak&sort=random&page=-2&card=nocolon&refresh=yes&source=all&range=2&csort=size&cpage=0&cunknown=temperature",
   );
   assert.deepEqual(view, { ...DEFAULT_VIEW });
   assert.equal(parseView("?page=99999999").page, 1);
@@ -98,5 +101,20 @@ test("the capability matrix's parameters: stalled only, node, search, order and 
   for (const sort of CAPS_SORTS) {
     assert.ok(LANGUAGES.en[`caps.sort.${sort}`], sort);
     assert.ok(LANGUAGES.zh[`caps.sort.${sort}`], sort);
+  }
+});
+
+test("the capability matrix's unknown filter and its CSV export carry the same filters", () => {
+  const view = { ...DEFAULT_VIEW, cunknown: "any", cnode: "n-1", cpage: 3 };
+  assert.equal(capabilityParams(view, 50).unknown, "any");
+  assert.equal(capabilityParams(DEFAULT_VIEW, 50).unknown, undefined);
+  assert.equal(
+    capabilityExportHref(view),
+    "/api/v1/gpu-health/capabilities.csv?source=real&node_id=n-1&unknown=any",
+  );
+  for (const value of CAPS_UNKNOWNS) {
+    if (value === "any") continue;
+    assert.ok(LANGUAGES.en[`caps.metric.${value}`], value);
+    assert.ok(LANGUAGES.zh[`caps.metric.${value}`], value);
   }
 });

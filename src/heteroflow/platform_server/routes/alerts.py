@@ -1,4 +1,5 @@
-"""Alert routes: list, one alert with its history, manual resolve (who, when, why)."""
+"""Alert routes: list and filter, one alert with its history, acknowledge (who, when, note), manual resolve
+(who, when, why)."""
 
 from __future__ import annotations
 
@@ -7,12 +8,15 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Depends, Query
 
+from heteroflow.health.alerts import AlertedCard
 from heteroflow.health.text_codes import alert_text_code
 from heteroflow.platform.auth import NodeScope, Principal, Scope
 from heteroflow.platform_server.auth import context, require
 from heteroflow.platform_server.context import ServerContext
 from heteroflow.platform_server.errors import Conflict, NotFound, error_responses
 from heteroflow.platform_server.schemas import (
+    AcknowledgeRequest,
+    AlertCardOut,
     AlertDetail,
     AlertEventOut,
     AlertList,
@@ -29,7 +33,21 @@ router = APIRouter(prefix="/api/v1/alerts", tags=["alerts"], responses=error_res
 Ctx = Annotated[ServerContext, Depends(context)]
 
 
-def alert_out(a: AlertRecord) -> AlertOut:
+def card_out(c: AlertedCard) -> AlertCardOut:
+    return AlertCardOut(
+        gpu_index=c.gpu_index,
+        uuid=c.uuid,
+        source="simulated" if c.source == "simulated" else "real",
+        severity=c.severity,
+        signals=list(c.signals),
+        prediction_id=c.prediction_id,
+        status=c.status,
+        t0=c.t0,
+        evidence=evidence_out(c.evidence),
+    )
+
+
+def alert_out(a: AlertRecord, cards: list[AlertedCard] | None = None) -> AlertOut:
     return AlertOut(
         id=a.id,
         type=a.type,
@@ -47,7 +65,15 @@ def alert_out(a: AlertRecord) -> AlertOut:
         message_code=coded_text(a.message, alert_text_code),
         message_evidence=_quoted_evidence(a.message),
         resolution_code=coded_text(a.resolution, alert_text_code),
+        acknowledged_at=a.acknowledged_at,
+        acknowledged_by=a.acknowledged_by,
+        acknowledgement=a.acknowledgement,
+        cards=[card_out(c) for c in cards or []],
     )
+
+
+async def _cards(ctx: ServerContext, records: list[AlertRecord]) -> dict[str, list[AlertedCard]]:
+    return await asyncio.to_thread(ctx.predictions.alert_cards, {a.id: a.node_id for a in records})
 
 
 def _quoted_evidence(text: str) -> list[EvidenceLineOut]:
@@ -80,6 +106,15 @@ async def list_alerts(
     status: Literal["open", "resolved"] | None = None,
     type: Annotated[str | None, Query(max_length=64)] = None,
     node_id: Annotated[str | None, Query(max_length=64)] = None,
+    severity: Annotated[Literal["WARN", "CRITICAL"] | None, Query(description="CRITICAL or WARN")] = None,
+    acknowledged: Annotated[
+        bool | None, Query(description="true: acknowledged by someone; false: nobody has acknowledged it")
+    ] = None,
+    node: Annotated[str | None, Query(max_length=253, description="Part of the node's name")] = None,
+    gpu: Annotated[
+        int | None, Query(ge=0, le=1_000_000, description="Alerts with a predicted card of this index")
+    ] = None,
+    q: Annotated[str | None, Query(max_length=128, description="Part of the node's name or of the message")] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 100,
     offset: Annotated[int, Query(ge=0, le=10_000_000)] = 0,
 ) -> AlertList:
@@ -91,8 +126,14 @@ async def list_alerts(
         node_id=node_id,
         limit=limit,
         offset=offset,
+        severity=severity,
+        acknowledged=acknowledged,
+        node=(node or "").strip() or None,
+        gpu_index=gpu,
+        search=(q or "").strip() or None,
     )
-    return AlertList(items=[alert_out(a) for a in records], total=total, limit=limit, offset=offset)
+    cards = await _cards(ctx, records)
+    return AlertList(items=[alert_out(a, cards.get(a.id)) for a in records], total=total, limit=limit, offset=offset)
 
 
 @router.get(
@@ -103,8 +144,9 @@ async def get_alert(
 ) -> AlertDetail:
     alert = await _visible(ctx, principal, alert_id)
     events = await asyncio.to_thread(ctx.alerts.events, alert.id)
+    cards = await _cards(ctx, [alert])
     return AlertDetail(
-        alert=alert_out(alert),
+        alert=alert_out(alert, cards.get(alert.id)),
         history=[event_out(e) for e in events],
     )
 
@@ -130,5 +172,31 @@ async def resolve_alert(
         raise Conflict(f"alert {alert_id!r} is already resolved")
     after = await asyncio.to_thread(ctx.alerts.get, alert.id)
     assert after is not None
-    ctx.notifier.submit("resolved", after)
+    ctx.notifier.submit("resolved", after, cards=(await _cards(ctx, [after])).get(after.id, []))
+    return await get_alert(alert_id, ctx, principal)
+
+
+@router.post(
+    "/{alert_id}/acknowledge",
+    response_model=AlertDetail,
+    summary="Acknowledge an alert: someone works on it",
+    responses=error_responses(400, 404, 409, 413),
+)
+async def acknowledge_alert(
+    alert_id: str,
+    body: AcknowledgeRequest,
+    ctx: Ctx,
+    principal: Annotated[Principal, Depends(require(Scope.ALERTS_WRITE))],
+) -> AlertDetail:
+    """Who, when and the note go to the history; the alert stays open until it is resolved. Acknowledging again
+    (a hand-over) adds to the history; a resolved alert cannot be acknowledged (409)."""
+    alert = await _visible(ctx, principal, alert_id)
+    done = await asyncio.to_thread(
+        ctx.alerts.acknowledge, alert.id, by=principal.actor, note=body.note.strip(), now=ctx.clock.now()
+    )
+    if not done:
+        raise Conflict(f"alert {alert_id!r} is resolved: nothing to acknowledge")
+    after = await asyncio.to_thread(ctx.alerts.get, alert.id)
+    assert after is not None
+    ctx.notifier.submit("acknowledged", after, cards=(await _cards(ctx, [after])).get(after.id, []))
     return await get_alert(alert_id, ctx, principal)

@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import csv
+import io
+from dataclasses import replace
 from datetime import datetime, timedelta
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Query
+from fastapi import APIRouter, Depends, Query, Response
 
 from heteroflow.core.clock import utc
 from heteroflow.core.ids import NodeId
@@ -25,6 +28,8 @@ from heteroflow.platform_server.schemas import (
     SampleOut,
     SamplesOut,
     UtcTime,
+    XidEventOut,
+    XidEventsOut,
     evidence_out,
 )
 from heteroflow.storage.health_buckets import CAPABILITY_SORTS, CapabilityQuery, CapabilitySort
@@ -99,6 +104,44 @@ async def samples(
     )
 
 
+@router.get(
+    "/xid-events",
+    response_model=XidEventsOut,
+    summary="XID events of one node, or of one of its cards",
+    responses=error_responses(404),
+)
+async def xid_events(
+    ctx: Ctx,
+    principal: Reader,
+    node_id: Annotated[str, Query(min_length=1, max_length=64)],
+    gpu_index: Annotated[int | None, Query(ge=0, le=4095, description="one card; absent: every card")] = None,
+    since: UtcTime | None = None,
+    limit: Annotated[int, Query(ge=1, le=1000, description="1..1000, default 200")] = 200,
+    source: SourceParam = "real",
+) -> XidEventsOut:
+    """The XID events the node's agent reported since ``since`` (default: the retention period), newest first."""
+    chosen = parse_source(source)
+    node = await visible_node(ctx, principal, node_id, cached=False)
+    start = _since(since, default=ctx.clock.now() - timedelta(days=ctx.health_settings.retention_days))
+    events, truncated = await asyncio.to_thread(
+        ctx.samples.xid_events, node_id=NodeId(node.id), source=chosen, gpu_index=gpu_index, since=start, limit=limit
+    )
+    return XidEventsOut(
+        node_id=node.id,
+        source=chosen,
+        gpu_index=gpu_index,
+        since=start,
+        limit=limit,
+        truncated=truncated,
+        events=[
+            XidEventOut(
+                gpu_index=e.gpu_index, uuid=e.uuid, xid=e.xid, occurred_at=e.occurred_at, received_at=e.received_at
+            )
+            for e in events
+        ],
+    )
+
+
 CapabilityStatus = Literal["all", "collecting", "stalled"]
 CAPABILITY_STATUSES: tuple[CapabilityStatus, ...] = ("all", "collecting", "stalled")
 
@@ -121,35 +164,34 @@ def _capability_sort(sort: str) -> CapabilitySort:
     raise BadRequest(f"sort must be one of {', '.join(CAPABILITY_SORTS)}")
 
 
-@router.get("/capabilities", response_model=CapabilitiesOut, summary="What each card can report")
-async def capabilities(
-    ctx: Ctx,
-    principal: Reader,
-    source: SourceParam = "real",
-    since: UtcTime | None = None,
-    status: Annotated[str, Query(description="all (default), collecting or stalled")] = "all",
-    stalled: Annotated[bool | None, Query(description="true: only cards whose collection stalled; false: none")] = None,
-    node_id: Annotated[str | None, Query(min_length=1, max_length=64)] = None,
-    q: Annotated[
-        str | None, Query(min_length=1, max_length=128, description="part of the card's uuid or its node's name")
-    ] = None,
-    sort: Annotated[str, Query(description="node (default: node name, index), stalled_first or recent_first")] = "node",
-    limit: Annotated[int | None, Query(description="1..1000; absent: every matching card")] = None,
-    offset: int = 0,
-) -> CapabilitiesOut:
-    """One row per card (node, index, uuid) with samples in the period (default: the retention period).
-    ``status`` (or ``stalled``), ``node_id`` and ``q`` keep only the matching cards, ``sort`` orders them and
-    ``limit``/``offset`` page them, all in SQL; ``total`` counts the matching cards (the footer note stays)."""
-    chosen = parse_source(source)
-    if limit is not None and not 1 <= limit <= 1000:
-        raise BadRequest("limit must be between 1 and 1000")
-    if not 0 <= offset <= 10_000_000:
-        raise BadRequest("offset must be between 0 and 10000000")
+def _capability_unknown(unknown: str | None) -> str | None:
+    if unknown is None or unknown == "":
+        return None
+    if unknown == "any" or unknown in HEALTH_KEYS:
+        return unknown
+    raise BadRequest(f"unknown must be any or one of {', '.join(HEALTH_KEYS)}")
+
+
+def _capability_query(
+    ctx: ServerContext,
+    principal: Principal,
+    *,
+    source: str,
+    since: datetime | None,
+    status: str,
+    stalled: bool | None,
+    node_id: str | None,
+    q: str | None,
+    sort: str,
+    unknown: str | None,
+    limit: int | None,
+    offset: int,
+) -> CapabilityQuery:
     now = ctx.clock.now()
     stall = timedelta(minutes=ctx.health_settings.stall_threshold_minutes)
-    query = CapabilityQuery(
+    return CapabilityQuery(
         scope=NodeScope.of(principal),
-        source=chosen,
+        source=parse_source(source),
         since=_since(since, default=now - timedelta(days=ctx.health_settings.retention_days)),
         until=now + timedelta(seconds=ctx.health_settings.clock_skew_seconds),
         stalled_before=now - stall,
@@ -159,12 +201,73 @@ async def capabilities(
         sort=_capability_sort(sort),
         limit=limit,
         offset=offset,
+        unknown=_capability_unknown(unknown),
+        # every matching card is read (no page, no unknown filter): the counts come from them, not window sums
+        count_unknowns=not (limit is None and offset == 0 and not unknown),
+    )
+
+
+StatusParam = Annotated[str, Query(description="all (default), collecting or stalled")]
+StalledParam = Annotated[bool | None, Query(description="true: only cards whose collection stalled; false: none")]
+NodeIdParam = Annotated[str | None, Query(min_length=1, max_length=64)]
+CardSearch = Annotated[
+    str | None, Query(min_length=1, max_length=128, description="part of the card's uuid or its node's name")
+]
+SortParam = Annotated[str, Query(description="node (default: node name, index), stalled_first or recent_first")]
+UnknownParam = Annotated[
+    str | None,
+    Query(
+        max_length=64,
+        description="any: cards with at least one counter never known in the period; a counter's key "
+        "(e.g. ecc_uncorrected_total): cards for which it was never known",
+    ),
+]
+
+
+@router.get("/capabilities", response_model=CapabilitiesOut, summary="What each card can report")
+async def capabilities(
+    ctx: Ctx,
+    principal: Reader,
+    source: SourceParam = "real",
+    since: UtcTime | None = None,
+    status: StatusParam = "all",
+    stalled: StalledParam = None,
+    node_id: NodeIdParam = None,
+    q: CardSearch = None,
+    sort: SortParam = "node",
+    unknown: UnknownParam = None,
+    limit: Annotated[int | None, Query(description="1..1000; absent: every matching card")] = None,
+    offset: int = 0,
+) -> CapabilitiesOut:
+    """One row per card (node, index, uuid) with samples in the period (default: the retention period).
+    ``status`` (or ``stalled``), ``node_id``, ``q`` and ``unknown`` keep only the matching cards, ``sort`` orders
+    them and ``limit``/``offset`` page them, all in SQL; ``total`` counts the matching cards (the footer note
+    stays) and ``unknown_counts`` how many of them, ``unknown`` aside, never had each counter known."""
+    if limit is not None and not 1 <= limit <= 1000:
+        raise BadRequest("limit must be between 1 and 1000")
+    if not 0 <= offset <= 10_000_000:
+        raise BadRequest("offset must be between 0 and 10000000")
+    query = _capability_query(
+        ctx,
+        principal,
+        source=source,
+        since=since,
+        status=status,
+        stalled=stalled,
+        node_id=node_id,
+        q=q,
+        sort=sort,
+        unknown=unknown,
+        limit=limit,
+        offset=offset,
     )
     page = await asyncio.to_thread(ctx.samples.capability_page, query)
+    now = ctx.clock.now()
+    stall = timedelta(minutes=ctx.health_settings.stall_threshold_minutes)
     monotonic = ctx.clock.monotonic()
     xid_reports = {card.node_id: ctx.xid_collection.get(card.node_id, now=monotonic) for card in page.cards}
     return CapabilitiesOut(
-        source=chosen,
+        source=parse_source(source),
         since=query.since,
         stall_threshold_minutes=ctx.health_settings.stall_threshold_minutes,
         note=CAPABILITIES_NOTE,
@@ -172,16 +275,109 @@ async def capabilities(
         offset=offset,
         limit=limit,
         sort=query.sort,
+        unknown=query.unknown,
+        unknown_counts=page.unknown_counts,
         cards=[
             _capability_out(
                 card,
                 now - card.last_sample_at > stall,
                 xid_reports[card.node_id],
-                ctx.worker.flood(Card(NodeId(card.node_id), card.gpu_index, card.uuid, chosen)),
+                ctx.worker.flood(Card(NodeId(card.node_id), card.gpu_index, card.uuid, parse_source(source))),
             )
             for card in page.cards
         ],
     )
+
+
+EXPORT_LIMIT = 100_000
+"""The most cards one CSV export holds (a fleet of 10,000 nodes of 8 cards)."""
+
+
+@router.get(
+    "/capabilities.csv",
+    summary="The capability matrix as CSV, with the same filters",
+    response_class=Response,
+    responses={200: {"content": {"text/csv": {}}}},
+)
+async def capabilities_csv(
+    ctx: Ctx,
+    principal: Reader,
+    source: SourceParam = "real",
+    since: UtcTime | None = None,
+    status: StatusParam = "all",
+    stalled: StalledParam = None,
+    node_id: NodeIdParam = None,
+    q: CardSearch = None,
+    sort: SortParam = "node",
+    unknown: UnknownParam = None,
+) -> Response:
+    """Every card that matches (up to 100,000), one row each: node, index, uuid, each counter collectable or
+    unknown, the first and last sample, the sample count, whether collection stalled. A cell that a spreadsheet
+    would read as a formula is prefixed with '."""
+    query = _capability_query(
+        ctx,
+        principal,
+        source=source,
+        since=since,
+        status=status,
+        stalled=stalled,
+        node_id=node_id,
+        q=q,
+        sort=sort,
+        unknown=unknown,
+        limit=EXPORT_LIMIT,
+        offset=0,
+    )
+    query = replace(query, count_unknowns=False)  # the export has no counts
+    page = await asyncio.to_thread(ctx.samples.capability_page, query)
+    now = ctx.clock.now()
+    stall = timedelta(minutes=ctx.health_settings.stall_threshold_minutes)
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\r\n")
+    writer.writerow(
+        [
+            "node_name",
+            "node_id",
+            "gpu_index",
+            "uuid",
+            *HEALTH_KEYS,
+            "unknown_count",
+            "first_sample_at",
+            "last_sample_at",
+            "sample_count",
+            "collection_stalled",
+        ]
+    )
+    for card in page.cards:
+        writer.writerow(
+            [
+                _cell(card.node_name or ""),
+                card.node_id,
+                card.gpu_index,
+                _cell(card.uuid or ""),
+                *("collectable" if card.collectable[key] else "unknown" for key in HEALTH_KEYS),
+                sum(not card.collectable[key] for key in HEALTH_KEYS),
+                card.first_sample_at.isoformat(),
+                card.last_sample_at.isoformat(),
+                card.sample_count,
+                "true" if now - card.last_sample_at > stall else "false",
+            ]
+        )
+    name = f"heteroflow-capabilities-{query.source}" + (f"-unknown-{query.unknown}" if query.unknown else "") + ".csv"
+    return Response(
+        out.getvalue(),
+        media_type="text/csv; charset=utf-8",
+        headers={
+            "Content-Disposition": f'attachment; filename="{name}"',
+            "X-Total-Count": str(page.total),
+            "X-Truncated": "true" if page.total > len(page.cards) else "false",
+        },
+    )
+
+
+def _cell(text: str) -> str:
+    """A text cell a spreadsheet does not run as a formula (CSV injection)."""
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
 
 
 def _capability_out(
@@ -201,6 +397,7 @@ def _capability_out(
         semantics_unconfirmed=list(card.semantics_unconfirmed),
         xid_events=xid_state,
         xid_events_reason=xid_reason,
+        node_name=card.node_name,
         ce_flood=None
         if flood is None
         else CeFloodOut(

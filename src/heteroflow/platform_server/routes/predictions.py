@@ -161,6 +161,7 @@ async def list_predictions(
                 conclusion=r.conclusion,
                 evidence_lines=evidence_out(r.evidence),
                 conclusion_code=coded_text(r.conclusion, conclusion_code),
+                alert_id=r.alert_id,
             )
             for r in records
         ],

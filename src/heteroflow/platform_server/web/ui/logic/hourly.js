@@ -108,3 +108,22 @@ export function coverage(hours) {
 export function metricUnknown(samples, key) {
   return !samples.some((s) => typeof s[key] === "number" && Number.isFinite(s[key]));
 }
+
+/**
+ * The counter's absolute level in the loaded samples: the first and the last readable value of ``key`` (samples
+ * ascending by time), when the last was sampled and whether the card (uuid) changed in between; null when no
+ * sample has a readable value (unknown is never 0).
+ * @returns {{first: number, last: number, lastAt: string, swapped: boolean} | null}
+ */
+export function counterLevel(samples, key) {
+  let first = null;
+  let last = null;
+  for (const sample of samples) {
+    const value = sample[key];
+    if (typeof value !== "number" || !Number.isFinite(value)) continue;
+    if (first === null) first = sample;
+    last = sample;
+  }
+  if (first === null || last === null) return null;
+  return { first: first[key], last: last[key], lastAt: last.sampled_at, swapped: first.uuid !== last.uuid };
+}

@@ -16,6 +16,16 @@ export const TYPES = Object.freeze([
 ]);
 export const SORTS = Object.freeze(["newest", "strong_first", "window_end"]);
 export const CAPS_SORTS = Object.freeze(["node", "stalled_first", "recent_first"]);
+/** The capability matrix's "unknown" filter: any counter, or one of them (the API's ``unknown``). */
+export const CAPS_UNKNOWNS = Object.freeze([
+  "any",
+  "ecc_corrected_total",
+  "ecc_uncorrected_total",
+  "retired_pages",
+  "remapped_rows_pending",
+  "remapped_rows_failure",
+  "remapped_rows_uncorrectable",
+]);
 export const DEFAULT_VIEW = Object.freeze({
   source: "real",
   status: "all",
@@ -30,6 +40,7 @@ export const DEFAULT_VIEW = Object.freeze({
   // the capability matrix's own filters, order and page
   cq: "",
   cnode: "",
+  cunknown: "",
   csort: "node",
   cpage: 1,
 });
@@ -60,6 +71,7 @@ export function parseView(search) {
     stalled: p.get("stalled") === "1",
     cq: (p.get("cq") ?? "").trim().slice(0, 128),
     cnode: (p.get("cnode") ?? "").trim().slice(0, 64),
+    cunknown: CAPS_UNKNOWNS.includes(p.get("cunknown")) ? p.get("cunknown") : "",
     csort: CAPS_SORTS.includes(p.get("csort")) ? p.get("csort") : DEFAULT_VIEW.csort,
     cpage: pageOf(p.get("cpage")),
   };
@@ -105,6 +117,7 @@ export function writeView(view) {
   if (view.stalled) p.set("stalled", "1");
   if (view.cq) p.set("cq", view.cq);
   if (view.cnode) p.set("cnode", view.cnode);
+  if (view.cunknown) p.set("cunknown", view.cunknown);
   if (view.csort && view.csort !== DEFAULT_VIEW.csort) p.set("csort", view.csort);
   if (view.cpage > 1) p.set("cpage", String(view.cpage));
   const text = p.toString();
@@ -126,7 +139,14 @@ export function capabilityParams(view, pageSize) {
   const params = { source: view.source, limit: pageSize, offset: ((view.cpage ?? 1) - 1) * pageSize };
   if (view.stalled) params.status = "stalled";
   if (view.cnode) params.node_id = view.cnode;
+  if (view.cunknown) params.unknown = view.cunknown;
   if (view.cq) params.q = view.cq;
   if (view.csort && view.csort !== "node") params.sort = view.csort;
   return params;
+}
+
+/** The capability matrix's CSV export of a view: its filters and order, every matching card (no page). */
+export function capabilityExportHref(view) {
+  const { limit, offset, ...params } = capabilityParams(view, 1);
+  return `/api/v1/gpu-health/capabilities.csv?${new URLSearchParams(params).toString()}`;
 }

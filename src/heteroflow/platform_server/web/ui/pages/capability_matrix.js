@@ -4,7 +4,7 @@
 import { h, replace } from "../dom.js";
 import { fmtNumber, fmtTime } from "../format.js";
 import { t } from "../i18n.js";
-import { CAPS_SORTS } from "../logic/query.js";
+import { CAPS_SORTS, CAPS_UNKNOWNS } from "../logic/query.js";
 import { apiCoded, blockStatus, choice, pager, searchForm, table } from "./common.js";
 
 export const PAGE_SIZE = 50;
@@ -21,7 +21,8 @@ const cardKey = (nodeId, index) => `${nodeId}|${index}`;
 /**
  * Render the matrix into ``box``. ``env``: the page's ``state`` (caps, matrix, nodes, source, stalledOnly,
  * capsNode, capsSort, capsQ), its ``title`` element, ``nodeName(id)``, the whole matrix's ``orderedCards``,
- * ``noteText(body)`` (the footer note in the page's language), ``refilter(change)`` and ``turnPage(delta)``.
+ * ``noteText(body)`` (the footer note in the page's language), ``refilter(change)``, ``turnPage(delta)`` and
+ * ``exportHref`` (the CSV export of the filtered matrix).
  */
 export function renderCapabilityMatrix(box, env) {
   const { state } = env;
@@ -44,10 +45,20 @@ export function renderCapabilityMatrix(box, env) {
         ? [...state.nodes.data.values()].filter((n) => n.source === state.source).sort((a, b) => a.name.localeCompare(b.name))
         : [];
     const search = searchForm("caps", state.capsQ, (value) => env.refilter(() => (state.capsQ = value)));
+    const counts = state.matrix.status === "ok" ? state.matrix.data.unknown_counts ?? {} : {};
+    const counted = (m) => (m in counts ? ` (${t("caps.unknown_cards", { count: fmtNumber(counts[m]) })})` : "");
+    const unknownLabel = (v) => (v === "any" ? t("caps.unknown_any") : `${t(`caps.metric.${v}`)}${counted(v)}`);
     return h(
       "div",
       { class: "controls" },
       toggle,
+      choice(
+        "caps-unknown",
+        [{ value: "", label: t("caps.unknown_all") }, ...CAPS_UNKNOWNS.map((v) => ({ value: v, label: unknownLabel(v) }))],
+        state.capsUnknown,
+        "caps.unknown",
+        (v) => env.refilter(() => (state.capsUnknown = v)),
+      ),
       choice(
         "caps-node",
         [{ value: "", label: t("caps.node_all") }, ...nodes.map((n) => ({ value: n.id, label: n.name }))],
@@ -63,6 +74,24 @@ export function renderCapabilityMatrix(box, env) {
         (v) => env.refilter(() => (state.capsSort = v)),
       ),
       search,
+      h("a", { href: env.exportHref, id: "caps-export", class: "button-link", download: "" }, t("caps.export")),
+    );
+  }
+
+  /** The fleet's count of cards per counter never known (the filters but ``unknown`` apply). */
+  function unknownCounts(caps) {
+    const counts = caps.unknown_counts ?? {};
+    const known = METRICS.filter((m) => m in counts);
+    if (!known.length) return null;
+    return h(
+      "p",
+      { class: "muted small", id: "caps-unknown-counts" },
+      t("caps.unknown_counts"),
+      " ",
+      known.map((m, i) => [
+        i ? " · " : "",
+        h("span", { dataset: { metric: m, count: counts[m] } }, `${t(`caps.metric.${m}`)}: ${t("caps.unknown_cards", { count: fmtNumber(counts[m]) })}`),
+      ]),
     );
   }
 
@@ -71,7 +100,7 @@ export function renderCapabilityMatrix(box, env) {
     const status = blockStatus(state.caps) ?? blockStatus(state.matrix);
     if (status) return replace(capsBox, title, status);
     const caps = state.matrix.data;
-    const filtered = state.stalledOnly || Boolean(state.capsNode) || Boolean(state.capsQ);
+    const filtered = state.stalledOnly || Boolean(state.capsNode) || Boolean(state.capsQ) || Boolean(state.capsUnknown);
     // Slots a node reported (from the whole matrix), and the last card of each node: the "more cards" row of a
     // node follows its last card, on whichever page that card is.
     const slots = new Map();
@@ -126,10 +155,11 @@ export function renderCapabilityMatrix(box, env) {
         );
       }
     }
-    const emptyKey = state.stalledOnly && !state.capsNode && !state.capsQ ? "caps.none_stalled" : filtered ? "caps.empty_filtered" : "caps.empty";
+    const emptyKey = state.stalledOnly && !state.capsNode && !state.capsQ && !state.capsUnknown ? "caps.none_stalled" : filtered ? "caps.empty_filtered" : "caps.empty";
     replace(
       capsBox,
       title,
+      unknownCounts(caps),
       rows.length === 0 ? h("p", { class: "empty", id: "caps-empty" }, t(emptyKey)) : null,
       rows.length === 0
         ? null
@@ -197,12 +227,17 @@ export function renderCapabilityMatrix(box, env) {
         h("code", { class: "uuid" }, card.uuid ?? t("unknown")),
       ),
       vendorCell,
+      // data-label: the column's name, shown beside the value where the matrix is one block per card (narrow)
       METRICS.map((m) =>
         card.metrics[m] === "collectable"
-          ? h("td", { class: "metric yes", dataset: { metric: m } }, t("caps.collectable"))
-          : h("td", { class: "metric unknown", dataset: { metric: m } }, t("unknown")),
+          ? h("td", { class: "metric yes", dataset: { metric: m, label: t(`caps.metric.${m}`) } }, t("caps.collectable"))
+          : h("td", { class: "metric unknown", dataset: { metric: m, label: t(`caps.metric.${m}`) } }, t("unknown")),
       ),
-      h("td", {}, card.trend_prediction_possible ? t("caps.trend_yes") : t("caps.trend_no")),
+      h(
+        "td",
+        { class: "trend", dataset: { label: t("caps.col.trend") } },
+        card.trend_prediction_possible ? t("caps.trend_yes") : t("caps.trend_no"),
+      ),
       h(
         "td",
         { class: "nowrap" },

@@ -1,14 +1,14 @@
 // One hourly bar chart, drawn as SVG by our own code. Unknown hours are shaded and labelled, never drawn as 0.
 import { h, s } from "../dom.js";
-import { fmtHour, fmtNumber } from "../format.js";
+import { fmtHour, fmtNumber, fmtTime } from "../format.js";
 import { t } from "../i18n.js";
 import { timeTicks } from "../logic/axis.js";
-import { coverage, hourlyIncreases, metricUnknown } from "../logic/hourly.js";
+import { counterLevel, coverage, hourlyIncreases, metricUnknown } from "../logic/hourly.js";
 
-const BAR = 6;
+const WIDTH = 720; // the drawing's width: 1, 7 or 30 days, the bars share it (the chart keeps its height)
 const HEIGHT = 120;
 const TOP = 14;
-const MIN_LABEL_RUN = 10;
+const LABEL_WIDTH = 60; // an "unknown" text label needs a run of unknown hours this wide
 const AXIS = 16; // the labelled time axis under the bars
 const HOUR_MS = 3_600_000; // an "unknown" text label needs this many adjacent unknown hours to fit
 
@@ -28,7 +28,9 @@ export function eccChart({ samples, key, title, fromMs, untilMs, staleMinutes, t
   const hours = hourlyIncreases(samples, { key, fromMs, untilMs, staleMinutes, truncated });
   const cov = coverage(hours);
   const max = Math.max(1, ...hours.filter((x) => x.value !== null).map((x) => x.value));
-  const width = Math.max(300, hours.length * BAR);
+  const width = WIDTH;
+  const BAR = width / Math.max(1, hours.length);
+  const level = counterLevel(samples, key);
   const pattern = `hatch-${++chartSerial}`;
   const plot = HEIGHT - TOP;
   const bars = hours.map((hour, i) => {
@@ -55,9 +57,9 @@ export function eccChart({ samples, key, title, fromMs, untilMs, staleMinutes, t
     return s(
       "rect",
       {
-        x: x + 0.5,
+        x: x + Math.min(0.5, BAR / 8),
         y: HEIGHT - barHeight,
-        width: BAR - 1,
+        width: Math.max(0.6, BAR - Math.min(1, BAR / 4)),
         height: barHeight,
         class: hour.value === 0 ? "bar bar-zero" : "bar",
         dataset: { start: new Date(hour.start).toISOString(), value: hour.value },
@@ -73,7 +75,7 @@ export function eccChart({ samples, key, title, fromMs, untilMs, staleMinutes, t
     }
     let j = i;
     while (j < hours.length && hours[j].value === null) j += 1;
-    if (j - i >= MIN_LABEL_RUN) {
+    if ((j - i) * BAR >= LABEL_WIDTH) {
       labels.push(
         s("text", { x: ((i + j) / 2) * BAR, y: TOP + plot / 2, class: "unknown-label", "text-anchor": "middle" }, t("unknown.short")),
       );
@@ -123,6 +125,17 @@ export function eccChart({ samples, key, title, fromMs, untilMs, staleMinutes, t
     },
     heading,
     svg,
+    level
+      ? h(
+          "p",
+          { class: "level", dataset: { level: level.last, first: level.first } },
+          t(level.swapped ? "ecc.level_swapped" : "ecc.level", {
+            last: fmtNumber(level.last),
+            first: fmtNumber(level.first),
+            at: fmtTime(level.lastAt),
+          }),
+        )
+      : null,
     h(
       "figcaption",
       { class: "coverage" },

@@ -12,6 +12,7 @@ import {
   SORTS,
   STATUSES,
   TYPES,
+  capabilityExportHref,
   capabilityParams,
   parseNodeLink,
   parseView,
@@ -71,6 +72,7 @@ export function createGpuHealthPage(main) {
     // the capability matrix's own filters, order and page; its rows come from their own paged call
     capsQ: view.cq,
     capsNode: view.cnode,
+    capsUnknown: view.cunknown,
     capsSort: view.csort,
     capsOffset: (view.cpage - 1) * PAGE_SIZE,
     matrix: loading(),
@@ -82,6 +84,7 @@ export function createGpuHealthPage(main) {
     caps: loading(),
     nodes: loading(),
     samples: idle(),
+    xids: idle(), // the selected card's XID events in the chart's period
   };
 
   const banner = document.getElementById("sim-banner");
@@ -113,6 +116,7 @@ export function createGpuHealthPage(main) {
       stalled: state.stalledOnly,
       cq: state.capsQ,
       cnode: state.capsNode,
+      cunknown: state.capsUnknown,
       csort: state.capsSort,
       cpage: Math.floor(state.capsOffset / PAGE_SIZE) + 1,
     };
@@ -148,7 +152,15 @@ export function createGpuHealthPage(main) {
       apply(([caps, nodes]) => {
         state.nodes = { status: "ok", data: new Map(nodes.map((n) => [n.id, n])) };
         state.caps = { status: "ok", data: caps };
-        const linked = linkedCard ? nodes.find((n) => n.name === linkedCard.node && n.source === source) : null;
+        const linked = linkedCard
+          ? (nodes.find((n) => n.name === linkedCard.node && n.source === source) ??
+            nodes.find((n) => n.name === linkedCard.node))
+          : null;
+        if (linked && linked.source !== source) {
+          // a link names the node, not its source: open the node's own source, whose answer selects the card
+          switchSource(linked.source);
+          return;
+        }
         if (linked) selectCard({ node_id: linked.id, gpu_index: linkedCard.gpu }, { scroll: false, remember: true });
         linkedCard = null; // once: a refresh or a source switch never jumps back to it
         if (!state.selected) {
@@ -226,6 +238,12 @@ export function createGpuHealthPage(main) {
       (data) => current() && setBlock("samples", { status: "ok", data, fetchedAt: Date.now() }),
       (error) => current() && setBlock("samples", { status: "error", error }),
     );
+    if (!quiet || state.xids.status !== "ok") state.xids = loading();
+    const xidParams = { source: state.source, node_id: card.node_id, gpu_index: card.gpu_index, since, limit: 200 };
+    api("/api/v1/gpu-health/xid-events", { params: xidParams }).then(
+      (data) => current() && setBlock("xids", { status: "ok", data }),
+      (error) => current() && setBlock("xids", { status: "error", error }),
+    );
     renderPredictions();
     renderEcc();
     if (scroll) {
@@ -251,6 +269,7 @@ export function createGpuHealthPage(main) {
     state.caps = loading();
     state.nodes = loading();
     state.samples = idle();
+    state.xids = idle();
     writeUrl();
     renderAll();
     fetchAll();
@@ -608,6 +627,23 @@ export function createGpuHealthPage(main) {
       selectedKey ? null : h("option", { value: "", selected: true }, "—"),
       [...options].map(([key, label]) => h("option", { value: key, selected: key === selectedKey }, label)),
     );
+    // type-ahead over every card: a datalist of the same labels (a thousand entries are not scrolled through)
+    const byLabel = new Map([...options].map(([key, label]) => [label, key]));
+    const finder = h("input", {
+      id: "ecc-card-find",
+      type: "search",
+      list: "ecc-card-list",
+      autocomplete: "off",
+      placeholder: t("ecc.card_find_placeholder"),
+      "aria-label": t("ecc.card_find"),
+      onchange: (event) => {
+        const key = byLabel.get(event.target.value);
+        if (!key) return;
+        const [nodeId, index] = key.split("|");
+        selectCard({ node_id: nodeId, gpu_index: Number(index) }, { scroll: false });
+      },
+    });
+    const datalist = h("datalist", { id: "ecc-card-list" }, [...options].map(([, label]) => h("option", { value: label })));
     const range = h(
       "select",
       {
@@ -628,6 +664,7 @@ export function createGpuHealthPage(main) {
         "div",
         { class: "controls" },
         h("div", { class: "control" }, h("label", { for: "ecc-card" }, t("ecc.card")), select),
+        h("div", { class: "control search" }, finder, datalist),
         h("div", { class: "control" }, h("label", { for: "ecc-range" }, t("ecc.range")), range),
       ),
     );
@@ -656,6 +693,50 @@ export function createGpuHealthPage(main) {
         eccChart({ ...chartOpts, key: "ecc_corrected_total", title: t("ecc.corrected") }),
         eccChart({ ...chartOpts, key: "ecc_uncorrected_total", title: t("ecc.uncorrected") }),
       ),
+      xidEvents(),
+    );
+  }
+
+  /** The selected card's XID events in the period; when the node does not collect them, that, never "none". */
+  function xidEvents() {
+    const title = h("h3", { id: "xid-title" }, t("xid.card_title"));
+    const status = blockStatus(state.xids);
+    if (state.xids.status === "idle") return null;
+    if (status) return h("section", { id: "card-xids" }, title, status);
+    const { events, truncated } = state.xids.data;
+    const selected = state.selected;
+    const capability =
+      state.caps.status === "ok" && selected
+        ? state.caps.data.cards.find((c) => c.node_id === selected.node_id && c.gpu_index === selected.gpu_index)
+        : null;
+    const collection = capability?.xid_events ?? "unknown";
+    const empty =
+      collection === "collected"
+        ? t("xid.none")
+        : t(`xid.collection.${collection === "not_collected" || collection === "lost" ? collection : "unknown"}`, {
+            reason: capability?.xid_events_reason ?? t("unknown"),
+          });
+    return h(
+      "section",
+      { id: "card-xids", dataset: { collection } },
+      title,
+      events.length === 0
+        ? h("p", { class: "muted", id: "xid-empty" }, empty)
+        : table(
+            t("xid.card_title"),
+            [t("xid.col.at"), t("xid.col.xid"), t("xid.col.uuid")],
+            events.map((e) =>
+              h(
+                "tr",
+                { dataset: { xid: e.xid } },
+                h("td", { class: "nowrap" }, fmtTime(e.occurred_at)),
+                h("td", {}, h("span", { class: "badge xid" }, `XID ${e.xid}`)),
+                h("td", {}, h("code", {}, e.uuid ?? t("unknown"))),
+              ),
+            ),
+            { id: "xid-table" },
+          ),
+      truncated ? h("p", { class: "muted small" }, t("xid.truncated", { count: events.length })) : null,
     );
   }
 
@@ -667,6 +748,7 @@ export function createGpuHealthPage(main) {
       orderedCards: orderedCards(),
       noteText: (caps) => apiText(caps, "note"),
       refilter: refilterMatrix,
+      exportHref: capabilityExportHref(currentView()),
       turnPage: (delta) => {
         state.capsOffset = Math.max(0, state.capsOffset + delta * PAGE_SIZE);
         fetchMatrix();

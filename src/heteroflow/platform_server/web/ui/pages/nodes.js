@@ -8,9 +8,11 @@ import { blockStatus, loading, table } from "./common.js";
 import { gpuSparklines } from "./sparklines.js";
 
 const LIMIT = 1000;
+const RANGE_HOURS = [1, 24, 168]; // and the server's whole retention, which its first answer names
 
 export function createNodesPage(main) {
-  const state = { nodes: loading(), gen: 0, open: new Map() }; // node id -> its metrics block
+  // node id -> its metrics block; node id -> its XID events (last 7 days)
+  const state = { nodes: loading(), gen: 0, open: new Map(), xids: new Map(), hours: new Map(), retentionDays: null };
   const box = h("section", { class: "block", "aria-labelledby": "nodes-title" });
 
   function fetchNodes() {
@@ -94,21 +96,97 @@ export function createNodesPage(main) {
   function metricsBlock(id) {
     const block = state.open.get(id);
     const status = blockStatus(block);
-    return status || gpuSparklines(block.data);
+    const hours = state.hours.get(id) ?? 1;
+    return [rangeChoice(id, hours), status || gpuSparklines(block.data, periodText(hours)), nodeXids(id)];
+  }
+
+  function periodText(hours) {
+    return hours % 24 === 0 ? t("spark.period.days", { days: hours / 24 }) : t("spark.period.1");
+  }
+
+  /** The metrics' period: the last hour, day, week, or the whole retention the server keeps. */
+  function rangeChoice(id, hours) {
+    const choices = [...RANGE_HOURS];
+    if (state.retentionDays && !choices.includes(state.retentionDays * 24)) choices.push(state.retentionDays * 24);
+    const selectId = `metrics-range-${id}`;
+    return h(
+      "div",
+      { class: "control metrics-range" },
+      h("label", { for: selectId }, t("spark.range")),
+      h(
+        "select",
+        { id: selectId, onchange: (event) => fetchMetrics(id, Number(event.target.value)) },
+        choices.map((value) => h("option", { value: String(value), selected: value === hours }, periodText(value))),
+      ),
+    );
+  }
+
+  function fetchMetrics(id, hours) {
+    state.hours.set(id, hours);
+    state.open.set(id, loading());
+    render();
+    const gen = state.gen;
+    const since = new Date(Date.now() - hours * 3_600_000).toISOString();
+    api(`/api/v1/nodes/${encodeURIComponent(id)}/gpu-metrics`, { params: { since } }).then(
+      (data) => {
+        if (gen !== state.gen || !state.open.has(id) || state.hours.get(id) !== hours) return;
+        if (Number.isInteger(data.retention_days)) state.retentionDays = data.retention_days;
+        state.open.set(id, { status: "ok", data });
+        render();
+      },
+      (error) =>
+        gen === state.gen && state.open.has(id) && state.hours.get(id) === hours && (state.open.set(id, { status: "error", error }), render()),
+    );
+  }
+
+  /** The node's XID events of the last 7 days, each with its card. */
+  function nodeXids(id) {
+    const block = state.xids.get(id);
+    if (!block) return null;
+    const title = h("h3", {}, t("xid.node_title"));
+    const status = blockStatus(block);
+    if (status) return h("section", { class: "node-xids", dataset: { node: id } }, title, status);
+    const { events, truncated } = block.data;
+    return h(
+      "section",
+      { class: "node-xids", dataset: { node: id } },
+      title,
+      events.length === 0
+        ? h("p", { class: "muted" }, t("xid.node_none"))
+        : table(
+            t("xid.node_title"),
+            [t("xid.col.at"), t("xid.col.card"), t("xid.col.xid"), t("xid.col.uuid")],
+            events.map((e) =>
+              h(
+                "tr",
+                { dataset: { xid: e.xid, gpu: e.gpu_index } },
+                h("td", { class: "nowrap" }, fmtTime(e.occurred_at)),
+                h("td", {}, `GPU ${e.gpu_index}`),
+                h("td", {}, h("span", { class: "badge xid" }, `XID ${e.xid}`)),
+                h("td", {}, h("code", {}, e.uuid ?? t("unknown"))),
+              ),
+            ),
+          ),
+      truncated ? h("p", { class: "muted small" }, t("xid.truncated", { count: events.length })) : null,
+    );
   }
 
   function toggleMetrics(id) {
     if (state.open.has(id)) {
       state.open.delete(id);
+      state.xids.delete(id);
       render();
       return;
     }
-    state.open.set(id, loading());
-    render();
+    state.xids.set(id, loading());
+    fetchMetrics(id, state.hours.get(id) ?? 1);
     const gen = state.gen;
-    api(`/api/v1/nodes/${encodeURIComponent(id)}/gpu-metrics`).then(
-      (data) => gen === state.gen && state.open.has(id) && (state.open.set(id, { status: "ok", data }), render()),
-      (error) => gen === state.gen && state.open.has(id) && (state.open.set(id, { status: "error", error }), render()),
+    const node = state.nodes.status === "ok" ? state.nodes.data.items.find((n) => n.id === id) : null;
+    const since = new Date(Date.now() - 7 * 86_400_000).toISOString();
+    const params = { node_id: id, since, limit: 50, source: node?.source === "simulated" ? "simulated" : "real" };
+    api("/api/v1/gpu-health/xid-events", { params }).then(
+      (data) => gen === state.gen && state.open.has(id) && (state.xids.set(id, { status: "ok", data }), render()),
+      (error) => gen === state.gen && state.open.has(id) && (state.xids.set(id, { status: "error", error }), render()),
     );
   }
 

@@ -43,10 +43,10 @@ function spark(points, metric, box) {
   );
 }
 
-/** The sparklines of every GPU in one gpu-metrics response. */
-export function gpuSparklines(body) {
+/** The sparklines of every GPU in one gpu-metrics response; ``period`` names the range asked for. */
+export function gpuSparklines(body, period = t("spark.period.1")) {
   const box = { fromMs: Date.parse(body.since), untilMs: Date.parse(body.until) };
-  if (body.gpus.length === 0) return h("p", { class: "empty" }, t("spark.empty"));
+  if (body.gpus.length === 0) return h("p", { class: "empty" }, t("spark.empty", { period }));
   return h(
     "div",
     { class: "sparks" },
@@ -59,6 +59,10 @@ export function gpuSparklines(body) {
         SPARK_METRICS.map((metric) => spark(gpu.points, metric, box)),
       ),
     ),
-    h("p", { class: "muted" }, t("spark.note")),
+    h(
+      "p",
+      { class: "muted" },
+      t("spark.note", { period, step: t("spark.step", { minutes: Math.max(1, Math.round((body.step_seconds ?? 60) / 60)) }) }),
+    ),
   );
 }
