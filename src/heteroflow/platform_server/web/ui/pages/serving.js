@@ -790,7 +790,7 @@ export function createServingPage(main) {
             "div",
             { class: "fact", dataset: { time: name, at: at ?? "" } },
             h("dt", {}, t(`serving.story.time.${name}`)),
-            h("dd", { class: "nowrap" }, fmtInstant(at)),
+            h("dd", {}, fmtInstant(at)),
           ),
         ),
       ),
