@@ -20,6 +20,8 @@ EVENTS_PER_ROUND = 500
 TIMES = ("fault_at", "decided_at", "committed_at", "serving_resumed_at")
 """The moments a round keeps as absolute times: the first fault evidence, the decision, the commit (a scale-down's
 commit, a fallback's relaunch succeeding, a fast recovery succeeding) and the serving view published again."""
+SUCCEEDED = frozenset({"committed", "succeeded"})
+"""The outcomes after which the instance serves again (its view is published once its pods are ready)."""
 
 
 @dataclass
@@ -120,6 +122,14 @@ class RoundHistory:
         record = self._rounds.get(request_id) if request_id else None
         if record is not None and record.times.get(moment) is None:
             record.times[moment] = self._clock.now().isoformat()
+
+    def serving_resumed(self, instance_id: str) -> None:
+        """The instance's view was published again: the newest round of the instance, when it succeeded and no
+        publication was kept for it yet, keeps this as its ``serving_resumed_at`` (a relaunched instance is
+        published by the periodic SET once its pods are ready, after the round's own end)."""
+        newest = next((r for r in reversed(self._rounds.values()) if r.instance_id == instance_id), None)
+        if newest is not None and newest.outcome in SUCCEEDED and newest.times.get("serving_resumed_at") is None:
+            newest.times["serving_resumed_at"] = self._clock.now().isoformat()
 
     def set_clients(self, request_id: str, clients: dict[str, Any]) -> None:
         record = self._rounds.get(request_id)

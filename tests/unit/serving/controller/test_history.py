@@ -100,3 +100,26 @@ def test_the_trigger_names_each_ranks_evidence_engine_status_and_the_standing_fa
     decided_at = datetime.fromisoformat(found["decided_at"])
     assert (decided_at - fault_at).total_seconds() == pytest.approx(0.5)
     assert found["reason"] == "COMPLETE_SNAPSHOT"
+
+
+def test_a_later_publication_is_the_serving_resumed_time_of_the_newest_succeeded_round_only() -> None:
+    clock = FakeClock()
+    history = RoundHistory(clock)
+    history.begin("sd-1", instance_id="inst-1", kind="scale_down")
+    history.finish("sd-1", "failed")
+    history.serving_resumed("inst-1")  # a failed round never resumed serving
+    record = history.get("sd-1")
+    assert record is not None
+    assert record.times["serving_resumed_at"] is None
+    history.begin("fb-1", instance_id="inst-1", kind="fallback")
+    history.serving_resumed("inst-1")  # still running: not yet
+    history.finish("fb-1", "succeeded")
+    clock.advance(4.0)
+    history.serving_resumed("inst-1")  # the periodic SET once the relaunched pods are ready
+    first = clock.now().isoformat()
+    clock.advance(2.0)
+    history.serving_resumed("inst-1")  # later SETs keep the first time
+    fallback = history.get("fb-1")
+    assert fallback is not None
+    assert fallback.times["serving_resumed_at"] == first
+    assert record.times["serving_resumed_at"] is None
