@@ -5,8 +5,17 @@ from __future__ import annotations
 from heteroflow.serving.coordinator.client_outcomes import ClientOutcomes, Disturbance
 
 
-def _entry(model: str, start: float, end: float, **flags: bool) -> Disturbance:
-    entry = Disturbance(model=model, arrived_at=start, **flags)
+def _entry(
+    model: str,
+    start: float,
+    end: float,
+    *,
+    held: bool = False,
+    rerouted: bool = False,
+    resumed: bool = False,
+    failed: bool = False,
+) -> Disturbance:
+    entry = Disturbance(model=model, arrived_at=start, held=held, rerouted=rerouted, resumed=resumed, failed=failed)
     entry.wait_sec = end - start
     entry.ended_at = end
     return entry
