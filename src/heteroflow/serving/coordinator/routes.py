@@ -53,6 +53,12 @@ from heteroflow.serving.coordinator.views import InstanceView, ViewChange, valid
 _M = TypeVar("_M", bound=BaseModel)
 
 VIEW_OUTCOME_HEADER = "X-HeteroFlow-View-Outcome"
+_OUTCOME_PARAMETERS = [
+    {"name": "since", "in": "query", "required": True, "schema": {"type": "number"}, "description": "Unix seconds"},
+    {"name": "until", "in": "query", "required": True, "schema": {"type": "number"}, "description": "Unix seconds"},
+    {"name": "model", "in": "query", "required": False, "schema": {"type": "string"}},
+    {"name": "instance_id", "in": "query", "required": False, "schema": {"type": "string"}},
+]
 MAX_WINDOW_SEC = 86_400.0
 """The longest window ``GET /coordinator/client_outcomes`` counts (a round lasts seconds to minutes)."""
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
@@ -201,16 +207,22 @@ def management_router(coordinator: Coordinator) -> APIRouter:
         _require_cluster_token(coordinator, request)
         return _view_response(None, coordinator.views.snapshot())
 
-    @router.get(COORDINATOR_CLIENT_OUTCOMES_PATH, responses=_management_errors(400))
-    async def client_outcomes(
-        request: Request,
-        since: float,
-        until: float,
-        model: str | None = None,
-        instance_id: str | None = None,
-    ) -> JSONResponse:
-        """Counts of the disturbed requests in ``[since, until]`` (Unix seconds), of ``model`` or ``instance_id``."""
+    @router.get(
+        COORDINATOR_CLIENT_OUTCOMES_PATH,
+        responses=_management_errors(400),
+        openapi_extra={"parameters": _OUTCOME_PARAMETERS},
+    )
+    async def client_outcomes(request: Request) -> JSONResponse:
+        """Counts of the disturbed requests in ``[since, until]`` (Unix seconds), of ``model`` or ``instance_id``.
+        The query is read after the cluster token was checked: a caller without it learns nothing, not even
+        which parameters are missing."""
         _require_cluster_token(coordinator, request)
+        query = request.query_params
+        try:
+            since, until = float(query.get("since", "")), float(query.get("until", ""))
+        except ValueError:
+            raise InvalidViewRequestError("since and until are required Unix seconds") from None
+        model, instance_id = query.get("model"), query.get("instance_id")
         if not (math.isfinite(since) and math.isfinite(until)) or since > until or until - since > MAX_WINDOW_SEC:
             raise InvalidViewRequestError(
                 f"since and until must be finite Unix seconds, since <= until, at most {MAX_WINDOW_SEC:g} s apart"
