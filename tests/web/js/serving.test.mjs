@@ -32,6 +32,7 @@ import {
   shapeTimeline,
   stateCounts,
   controllerReason,
+  shapeTimeline as shapeTimelineOf,
   rankCause,
   resolvedBy,
   roundStory,
@@ -627,4 +628,11 @@ test("the platform server's 503 sentences become dictionary texts in both langua
   }
   assert.equal(controllerReason("the controller at http://c:1 is unreachable (ConnectError: refused)").params.error, "ConnectError: refused");
   assert.equal(controllerReason("something else"), null);
+});
+
+test("a fallback started by an expired correlation is red only while its path has not succeeded", () => {
+  const events = [{ kind: "fallback", strategy: "InstanceReconfiguration", reason: "CORRELATION_EXPIRED", t_sec: 0 }];
+  assert.equal(shapeTimelineOf({ events, outcome: null })[0].tone, "bad");
+  assert.equal(shapeTimelineOf({ events, outcome: "failed" })[0].tone, "bad");
+  assert.equal(shapeTimelineOf({ events, outcome: "succeeded" })[0].tone, "warn");
 });

@@ -585,10 +585,13 @@ function shapeEvent(e) {
  */
 export function shapeTimeline(record) {
   const events = Array.isArray(record?.events) ? record.events : [];
+  const succeeded = outcomeTone(record?.outcome ?? null) === "ok";
   const items = [];
   for (const e of events) {
     if (!e || typeof e !== "object") continue;
     const shaped = shapeEvent(e);
+    // the reason a fallback started (an expired correlation, …) is no error once that path succeeded
+    if (succeeded && shaped.kind === "fallback") shaped.tone = "warn";
     const t = typeof e.t_sec === "number" && Number.isFinite(e.t_sec) ? e.t_sec : null;
     const previous = items.at(-1);
     if (
