@@ -497,7 +497,8 @@ def test_a_request_held_while_nothing_is_published_is_counted_with_its_wait(coor
     # the cluster token guards it, and a window that is no window is a 400
     url = f"{coordinator}{COORDINATOR_CLIENT_OUTCOMES_PATH}"
     assert httpx.get(url, params={"since": 1, "until": 2}, timeout=5, verify=client_tls()).status_code == 401
-    for query in ({"since": 5, "until": 2}, {"until": 2}, {"since": "nan", "until": 2}):
+    queries: list[dict[str, str]] = [{"since": "5", "until": "2"}, {"until": "2"}, {"since": "nan", "until": "2"}]
+    for query in queries:
         bad = httpx.get(url, headers=MANAGE, params=query, timeout=5, verify=client_tls())
         assert bad.status_code == 400, (query, bad.text)
 
