@@ -2,7 +2,8 @@
 
 The controller side is the in-process serving plane of ``tests/integration/serving/controller_harness.py``: the
 real controller, two real NodeManagers (pod ``a``: ranks 0-1, pod ``b``: ranks 2-3) and the simulator's fake
-engines, all in one event loop in a background thread. Rank 1's worker is killed and traffic makes the survivors
+engines, all in one event loop in a background thread, with the real Coordinator in front of the engines. Rank
+1's worker is killed while clients send completions through the Coordinator, and that traffic makes the survivors
 meet the fault, so the controller runs one real DP scale-down round: SCALED_DOWN_RUNNING with
 ``dead_committed == [1]`` and a committed round in its history. The controller's app is then served on a real
 loopback port, and the platform server (with the web router) forwards ``/api/v1/serving/…`` to it.
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import httpx
 import uvicorn
 
 from heteroflow.contracts.engine_protocol import ProfileName
@@ -37,6 +39,7 @@ from heteroflow.platform_server.alert_delivery import AlertDeliverySettings
 from heteroflow.platform_server.assembly import build_context
 from heteroflow.platform_server.settings import ServerSettings
 from heteroflow.serving.controller.assembly import create_app as controller_app
+from heteroflow.serving.coordinator.testing import TEST_API_KEY
 from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN
 from heteroflow.storage.db import create_db_engine, upgrade_database
 from heteroflow.storage.token_store import SqlTokenStore
@@ -63,14 +66,43 @@ class ServingSeeded:
 
 
 async def scaled_down(plane: Plane) -> str:
-    """Rank 1 killed under traffic until the scale-down is committed; the round's request id."""
-    await plane.kill_and_traffic(1)
-    status = await plane.until(
-        lambda s: s["phase"] == "SCALED_DOWN_RUNNING" and s["dead_committed"] == [1] and s["can_serve"],
-        within=30,
-        what="rank 1 committed dead",
+    """Rank 1 killed under client traffic through the real Coordinator until the scale-down is committed and the
+    Coordinator was asked what the clients saw; the round's request id."""
+    assert plane.real_coordinator is not None
+    answered: list[int] = []
+    stop = asyncio.Event()
+    transport = httpx.ASGITransport(app=plane.real_coordinator)
+    async with httpx.AsyncClient(
+        transport=transport, base_url="http://coordinator", headers={"Authorization": f"Bearer {TEST_API_KEY}"}
+    ) as client:
+
+        async def load() -> None:
+            while not stop.is_set():
+                body = {"model": "heteroflow-sim-moe", "prompt": "load", "max_tokens": 4}
+                response = await client.post("/v1/completions", json=body, timeout=30)
+                answered.append(response.status_code)
+                if response.status_code != 200:
+                    await asyncio.sleep(0.05)  # a client's own back-off, as Retry-After asks
+
+        workers = [asyncio.create_task(load()) for _ in range(4)]
+        await plane.until(lambda s: answered.count(200) >= 10, within=15, what="traffic flows")
+        plane.cluster.kill_worker(1)  # the load itself makes the survivors meet the fault
+        status = await plane.until(
+            lambda s: s["phase"] == "SCALED_DOWN_RUNNING" and s["dead_committed"] == [1] and s["can_serve"],
+            within=30,
+            what="rank 1 committed dead",
+        )
+        before = answered.count(200)
+        await plane.until(lambda s: answered.count(200) >= before + 10, within=15, what="answers again")
+        stop.set()
+        await asyncio.gather(*workers)
+    request_id = str(status["request_id"])
+    await plane.until(
+        lambda s: (r := plane.controller.history.get(request_id)) is not None and r.clients is not None,
+        within=15,
+        what="the round knows what its clients saw",
     )
-    return str(status["request_id"])
+    return request_id
 
 
 async def scale_down_refused(plane: Plane) -> str:
@@ -131,6 +163,7 @@ def scaled_down_controller(tmp: Path, profile_name: ProfileName | None = None) -
                 device_infos=RANK_CARDS,
                 profile_name=profile_name,
                 virtual_time=False,
+                real_coordinator=profile_name != "vllm-0.32",
             )
         except BaseException as exc:  # surfaced in the test thread
             box["error"] = exc

@@ -272,7 +272,7 @@ def test_every_fact_stays_under_its_own_label(open_page: Open, serving: ServingS
                   ddLeft: dd.left, ddTop: dd.top, ddRight: dd.right, cellRight: c.getBoundingClientRect().right};
         })"""
     )
-    assert len(boxes) == 10
+    assert len(boxes) == 11  # the last round's trigger included
     labels = [(round(b["dtLeft"]), b["dtBottom"]) for b in boxes]
     for box in boxes:
         assert abs(box["ddLeft"] - box["dtLeft"]) < 1, box  # the value starts where its label starts
@@ -393,6 +393,12 @@ def test_controller_unavailable_is_said_clearly(open_page: Open, tmp_path: Path,
         expect(error).to_contain_text("keeps trying every 2 s")
         page.select_option("#lang", "zh")
         expect(error).to_contain_text("控制器不可用（503）")
+        # the server's reason reads Chinese too, the address and the transport's own words kept as they are
+        expect(error).to_contain_text(
+            "平台服务器未配置控制器" if case == "no controller configured" else "无法连接位于"
+        )
+        assert "unreachable" not in error.inner_text()
+        assert "no controller configured" not in error.inner_text()
 
 
 # ---- released vLLM: the gate's refusal with the engines' capability --------------------------------------------
@@ -452,6 +458,96 @@ def test_a_released_engine_shows_its_capability_and_why_the_gate_refused(
         assert english not in text, english
 
 
+# ---- the round's story: trigger, what clients saw, absolute times ------------------------------------------------
+STORY_WORDS = {
+    "en": {
+        "trigger": "Why this round started",
+        "clients": "What clients saw",
+        "times": "Times",
+        "resumed_at": "Serving resumed",
+        "cause": "cause: dead",
+        "held": "Held",
+        "rank": "Rank 1",
+        "fact": "Last round's trigger",
+    },
+    "zh": {
+        "trigger": "本轮为何开始",
+        "clients": "客户端看到了什么",
+        "times": "时间",
+        "resumed_at": "恢复服务",
+        "cause": "原因：dead",
+        "held": "被挂起",
+        "rank": "DP 副本 1",
+        "fact": "最近一轮的触发原因",
+    },
+}
+
+
+def _instant(iso: str) -> str:
+    return datetime.fromisoformat(iso).astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:23]
+
+
+@pytest.mark.parametrize("width", [1280, 800])
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_the_round_keeps_its_trigger_what_clients_saw_and_its_times(
+    open_page: Open, serving: ServingSeeded, lang: str, width: int
+) -> None:
+    from playwright.sync_api import expect
+
+    record = controller(serving, f"/controller/fault_tolerance/rounds/{serving.request_id}")
+    trigger, clients, times = record["trigger"], record["clients"], record["times"]
+    assert trigger["reason"] == "COMPLETE_SNAPSHOT"
+    assert clients["error"] is None, clients  # the real Coordinator was asked
+    assert all(times[k] for k in ("fault_at", "decided_at", "committed_at", "serving_resumed_at")), times
+    words = STORY_WORDS[lang]
+    page = open_page(serving.base_url + "/serving", token=serving.admin, lang=lang, width=width)
+    instance = page.locator(INSTANCE)
+    story = instance.locator(".round-story")
+    expect(story).to_contain_text(words["trigger"])
+    expect(story.locator(".story-reason")).to_have_attribute("data-reason", "COMPLETE_SNAPSHOT")
+    ranks = story.locator("table.trigger-ranks tbody tr")
+    expect(ranks).to_have_count(len(trigger["ranks"]))
+    dead = story.locator('table.trigger-ranks tr[data-rank="1"]')
+    expect(dead).to_have_attribute("data-health", "dead")
+    expect(dead).to_contain_text(words["rank"])
+    row = next(r for r in trigger["ranks"] if r["rank"] == 1)
+    expect(dead).to_contain_text(row["evidence"])
+    # what the clients saw, as the Coordinator counted it
+    expect(story).to_contain_text(words["clients"])
+    for name in ("held", "rerouted", "resumed", "failed"):
+        expect(story.locator(f'.story-clients [data-count="{name}"] dd')).to_have_text(str(clients[name]))
+    expect(story.locator('.story-clients [data-count="held"] dt')).to_have_text(words["held"])
+    longest = story.locator('.story-clients [data-count="longest_wait_sec"] dd')
+    if clients["longest_wait_sec"] is None:
+        expect(longest).to_have_text("no request waited" if lang == "en" else "没有请求等待")
+    else:
+        expect(longest).to_contain_text(f"{clients['longest_wait_sec']:.3f}")
+    # absolute times, to the millisecond, in UTC
+    expect(story).to_contain_text(words["times"])
+    for name, at in times.items():
+        fact = story.locator(f'.story-times [data-time="{name}"]')
+        expect(fact.locator("dd")).to_contain_text(_instant(at))
+    expect(story.locator('.story-times [data-time="serving_resumed_at"] dt')).to_have_text(words["resumed_at"])
+    # the committed rank keeps its cause; the facts name the shown round and its trigger
+    expect(instance.locator('.rank-grid li[data-rank="1"] .rank-engine')).to_contain_text(words["cause"])
+    expect(instance.locator('.rank-grid li[data-rank="1"] .rank-engine')).to_contain_text(serving.request_id)
+    expect(instance.locator(".trigger-fact")).to_have_attribute("data-reason", "COMPLETE_SNAPSHOT")
+    expect(instance.locator(".trigger-fact dt")).to_have_text(words["fact"])
+    expect(instance.locator(".instance-facts [data-round]")).to_have_attribute("data-round", serving.request_id)
+    # nothing clipped: the page never scrolls sideways, and the story stays inside the window
+    overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    assert overflow <= 1, f"the page scrolls sideways by {overflow}px at {width}px"
+    clipped = story.locator(".story-times dd, .story-clients dd").evaluate_all(
+        "els => els.filter(e => e.scrollWidth > e.clientWidth + 1).map(e => e.textContent)"
+    )
+    assert clipped == [], f"cut or overlapping at {width}px: {clipped}"
+    for part in (".story-clients", ".story-times", "table.trigger-ranks"):
+        box = story.locator(part).bounding_box()
+        assert box is not None, part
+        assert box["x"] >= 0, (part, box)
+        assert box["x"] + box["width"] <= width + 1, (part, box)
+
+
 # ---- language and layout ------------------------------------------------------------------------------------------
 def test_chinese_labels_are_complete(open_page: Open, serving: ServingSeeded) -> None:
     from playwright.sync_api import expect
@@ -475,6 +571,8 @@ def test_chinese_labels_are_complete(open_page: Open, serving: ServingSeeded) ->
     expect(instance.locator('ol.timeline li[data-kind="outcome"]')).to_have_text(re.compile("结果：已提交"))
     expect(instance.locator(f"#round-download-{serving.request_id}")).to_have_text("下载 JSON")
     expect(instance.locator("table.rounds th").first).to_have_text("轮次")
+    expect(instance.locator('.rank-grid li[data-rank="0"] .rank-id')).to_have_text("DP 副本 0")
+    expect(instance.locator("table.pods th").first).to_have_text("容器组")
     expect(page.locator("#serving-refresh")).to_contain_text("每 2 秒刷新")
     # The whole page reads Chinese: none of the English labels is left.
     text = page.locator("main").inner_text()

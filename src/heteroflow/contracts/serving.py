@@ -452,6 +452,8 @@ COORDINATOR_DEL_PATH = "/coordinator/manage/del"
 COORDINATOR_ADD_PATH = "/coordinator/manage/add"
 COORDINATOR_SET_PATH = "/coordinator/manage/set"
 COORDINATOR_INSTANCES_PATH = "/coordinator/instances"
+COORDINATOR_CLIENT_OUTCOMES_PATH = "/coordinator/client_outcomes"
+"""What clients saw in a time window (held, re-routed, resumed, failed, the longest wait): the cluster token."""
 
 
 class ServingEndpoint(BaseModel):

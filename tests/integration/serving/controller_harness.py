@@ -35,6 +35,7 @@ from fastapi.responses import JSONResponse
 from heteroflow.contracts.engine_protocol import ProfileName
 from heteroflow.contracts.serving import (
     COORDINATOR_ADD_PATH,
+    COORDINATOR_CLIENT_OUTCOMES_PATH,
     COORDINATOR_DEL_PATH,
     COORDINATOR_SET_PATH,
     PublishedInstance,
@@ -143,6 +144,14 @@ class RecordingCoordinator:
     """The DELs that named faulted ranks (the controller's first-report withdrawals), with their generation."""
     views: dict[str, PublishedInstance] = field(default_factory=dict)
     down: bool = False
+    outcome_queries: list[dict[str, str]] = field(default_factory=list)
+    """Each ``GET /coordinator/client_outcomes`` the controller sent (its query)."""
+    outcomes: dict[str, Any] = field(
+        default_factory=lambda: {
+            "held": 3, "rerouted": 2, "resumed": 1, "failed": 0, "longest_wait_sec": 7.5, "complete": True
+        }
+    )  # fmt: skip
+    """What that route answers."""
 
     def app(self) -> FastAPI:
         app = FastAPI()
@@ -179,6 +188,13 @@ class RecordingCoordinator:
                 generation=body.generation,
             )
             return answer()
+
+        @app.get(COORDINATOR_CLIENT_OUTCOMES_PATH)
+        async def client_outcomes(request: Request) -> JSONResponse:
+            if self.down:
+                return JSONResponse({"detail": "down"}, status_code=503)
+            self.outcome_queries.append(dict(request.query_params))
+            return JSONResponse(self.outcomes)
 
         @app.post(COORDINATOR_SET_PATH)
         async def set_(request: Request) -> JSONResponse:

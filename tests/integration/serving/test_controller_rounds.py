@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from heteroflow.contracts.serving import NM_FT_APPLY_PATH, NM_FT_STATUS_PATH
 from heteroflow.engine_sim import conformance
@@ -64,6 +66,28 @@ def test_a1_one_dead_rank_is_removed_and_survivors_serve(tmp_path: Path) -> None
         assert max(dels) < ops.index(("ADD", [0, 2, 3]))
         timeline = await plane.round(status["request_id"])
         assert timeline["outcome"] == "committed"
+        # the round keeps why it started: the decision's reason and each rank's engine status and evidence then
+        trigger = timeline["trigger"]
+        assert trigger["reason"] == "COMPLETE_SNAPSHOT"
+        by_rank = {row["rank"]: row for row in trigger["ranks"]}
+        assert by_rank[1]["health"] == "dead"
+        assert by_rank[1]["evidence"] is not None
+        assert sorted(by_rank) == [0, 1, 2, 3]
+        times = timeline["times"]
+        moments = [datetime.fromisoformat(times[k]) for k in ("fault_at", "decided_at", "committed_at")]
+        assert moments == sorted(moments)
+        assert times["serving_resumed_at"] is not None
+        assert datetime.fromisoformat(times["serving_resumed_at"]) >= moments[-1]
+        # what clients saw comes from the Coordinator, over the window from the fault to after the round
+        await plane.until(
+            lambda s: bool(plane.coordinator.outcome_queries), within=5, what="the Coordinator asked for clients"
+        )
+        timeline = await plane.round(status["request_id"])
+        assert timeline["clients"]["held"] == 3
+        assert timeline["clients"]["longest_wait_sec"] == 7.5
+        query = plane.coordinator.outcome_queries[-1]
+        assert float(query["since"]) == pytest.approx(moments[0].timestamp(), abs=0.01)
+        assert query["instance_id"] == "inst-1"
         applies = events(timeline, "apply")
         assert sorted(e["pod_id"] for e in applies) == ["pod-a", "pod-b"]  # one per routable pod, once
         assert all(e["http_status"] == 202 for e in applies)

@@ -37,6 +37,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from heteroflow.contracts.serving import (
     COORDINATOR_ADD_PATH,
+    COORDINATOR_CLIENT_OUTCOMES_PATH,
     COORDINATOR_DEL_PATH,
     COORDINATOR_INSTANCES_PATH,
     COORDINATOR_SET_PATH,
@@ -444,6 +445,7 @@ def test_a_refused_connection_is_sent_elsewhere(coordinator: str, fleet: Fleet) 
 def test_a_503_is_sent_elsewhere_and_a_clear_503_comes_past_the_client_deadline(coordinator: str, fleet: Fleet) -> None:
     busy, alive = fleet.start("busy-0"), fleet.start("busy-1")
     busy.mode = "unavailable"
+    window_start = time.time()
     publish(coordinator, "busy", "model-busy", [busy.endpoint(0), alive.endpoint(1)])
     for _ in range(6):
         assert complete(coordinator, "model-busy").json()["choices"][0]["text"] == "busy-1"
@@ -459,6 +461,46 @@ def test_a_503_is_sent_elsewhere_and_a_clear_503_comes_past_the_client_deadline(
     # the fault pause (1 s) outlasts the deadline: each endpoint at most once, the one not paused once
     assert alive.count - before[1] == 1
     assert busy.count - before[0] in (0, 1)
+    # what clients saw: the re-routed requests, the one failed past the deadline, and its wait
+    seen = outcomes(coordinator, model="model-busy", since=window_start)
+    assert seen["failed"] == 1
+    assert seen["rerouted"] >= 1
+    assert seen["longest_wait_sec"] >= UNAVAILABLE_WAIT_SEC
+    assert seen["complete"] is True
+
+
+def outcomes(url: str, *, model: str, since: float) -> dict[str, Any]:
+    params = {"since": f"{since:.3f}", "until": f"{time.time() + 1:.3f}", "model": model}
+    response = httpx.get(
+        f"{url}{COORDINATOR_CLIENT_OUTCOMES_PATH}", headers=MANAGE, params=params, timeout=5, verify=client_tls()
+    )
+    assert response.status_code == 200, response.text
+    return dict(response.json())
+
+
+def test_a_request_held_while_nothing_is_published_is_counted_with_its_wait(coordinator: str, fleet: Fleet) -> None:
+    engine = fleet.start("held-0")
+    publish(coordinator, "held", "model-held", [engine.endpoint(0)])
+    since = time.time()
+    manage(coordinator, COORDINATOR_DEL_PATH, {"instance_id": "held", "endpoint_ids": [0], "request_id": "sd-held"})
+    started = time.monotonic()
+    response = complete(coordinator, "model-held")  # held for a publication until the client deadline
+    assert response.status_code == 503, response.text
+    assert time.monotonic() - started >= UNAVAILABLE_WAIT_SEC
+    seen = outcomes(coordinator, model="model-held", since=since)
+    assert (seen["held"], seen["rerouted"], seen["failed"]) == (1, 0, 1)
+    assert seen["longest_wait_sec"] >= UNAVAILABLE_WAIT_SEC
+    publish(coordinator, "held", "model-held", [engine.endpoint(0)], generation=1)
+    assert complete(coordinator, "model-held").status_code == 200  # an undisturbed request is not counted
+    assert outcomes(coordinator, model="model-held", since=since)["held"] == 1
+    assert outcomes(coordinator, model="model-nobody", since=since)["longest_wait_sec"] is None
+    # the cluster token guards it, and a window that is no window is a 400
+    url = f"{coordinator}{COORDINATOR_CLIENT_OUTCOMES_PATH}"
+    assert httpx.get(url, params={"since": 1, "until": 2}, timeout=5, verify=client_tls()).status_code == 401
+    queries: list[dict[str, str]] = [{"since": "5", "until": "2"}, {"until": "2"}, {"since": "nan", "until": "2"}]
+    for query in queries:
+        bad = httpx.get(url, headers=MANAGE, params=query, timeout=5, verify=client_tls())
+        assert bad.status_code == 400, (query, bad.text)
 
 
 def test_a_connection_closed_before_the_headers_is_sent_elsewhere(coordinator: str, fleet: Fleet) -> None:

@@ -31,6 +31,11 @@ import {
   roundToShow,
   shapeTimeline,
   stateCounts,
+  controllerReason,
+  shapeTimeline as shapeTimelineOf,
+  rankCause,
+  resolvedBy,
+  roundStory,
 } from "../../../src/heteroflow/platform_server/web/ui/logic/serving.js";
 
 const entry = (over = {}) => ({
@@ -107,6 +112,7 @@ test("state counts include zeros (counted, not unknown)", () => {
     alive: 3,
     diagnosing: 0,
     unhealthy: 0,
+    hw_fault: 0,
     dead: 0,
     withdrawn: 0,
     committed_dead: 1,
@@ -554,4 +560,79 @@ test("every relaunch kind and reason code has a text in both languages", async (
     for (const kind of RELAUNCH_KINDS) assert.ok(language[`serving.relaunch.kind.${kind}`], kind);
     for (const code of RELAUNCH_REASONS) assert.ok(language[`serving.relaunch.reason.${code}`], code);
   }
+});
+
+// ---- the round's story, hardware faults as one truth -------------------------------------------------------------
+test("a rank whose card has a standing or pending hardware fault is never alive", () => {
+  const pods = [
+    { pod_id: "pod-a", node_name: "n1", ranks: [{ rank: 0, devices: [{ device_id: "GPU-0", index: 0 }] }, { rank: 1, devices: [{ device_id: "GPU-1", index: 1 }] }] },
+  ];
+  const standing = entry({ pods, standing_hardware_faults: ["XID_79|1|n1"] });
+  assert.deepEqual(states(standing), ["alive", "hw_fault", "alive", "alive"]);
+  assert.deepEqual(rankCells(standing)[1].faults, ["XID_79|1|n1"]);
+  const pending = entry({ hardware_faults: [{ key: "L6|GPU-2|n2", mapping: "MAPPED", ranks: [2], pending: true }] });
+  assert.equal(states(pending)[2], "hw_fault");
+  const handled = entry({ hardware_faults: [{ key: "L6|GPU-2|n2", mapping: "MAPPED", ranks: [2], pending: false }] });
+  assert.equal(states(handled)[2], "alive");
+  // committed dead stays the strongest
+  assert.equal(states(entry({ ...standing, dead_committed: [1], alive_dp_ranks: [0, 2, 3] }))[1], "committed_dead");
+});
+
+test("the round's story: trigger, clients and absolute times; unknown stays unknown", () => {
+  const record = {
+    trigger: {
+      reason: "COMPLETE_SNAPSHOT",
+      ranks: [{ rank: 1, health: "dead", engine: "dead", evidence: "ENGINE_DEAD", first_seen_at: "2026-01-01T00:00:00+00:00" }, { rank: 0, health: "healthy", engine: null, evidence: null }],
+      hardware: [{ key: "XID_79|1|n1", level: 6, mapping: "MAPPED", ranks: [1], standing: true }],
+    },
+    clients: { held: 3, rerouted: 1, resumed: 0, failed: 0, longest_wait_sec: 7.5, complete: true, as_of: "2026-01-01T00:00:09+00:00" },
+    times: { fault_at: "2026-01-01T00:00:00+00:00", decided_at: "2026-01-01T00:00:01+00:00", committed_at: null },
+  };
+  const story = roundStory(record);
+  assert.equal(story.trigger.reasonKey, "serving.decision.reason.COMPLETE_SNAPSHOT");
+  assert.deepEqual(story.trigger.hardware[0].ranks, [1]);
+  assert.equal(story.clients.held, 3);
+  assert.equal(story.clients.longestWaitSec, 7.5);
+  assert.deepEqual(story.times.map((x) => x.at), ["2026-01-01T00:00:00+00:00", "2026-01-01T00:00:01+00:00", null, null]);
+  assert.equal(rankCause(record, 1).evidence, "ENGINE_DEAD");
+  assert.equal(rankCause(record, 0), null);
+  const bare = roundStory({});
+  assert.equal(bare.trigger, null);
+  assert.equal(bare.clients, null);
+  assert.equal(roundStory({ clients: { error: "refused", as_of: null } }).clientsError, "refused");
+  assert.equal(roundStory({ clients: { held: "x", longest_wait_sec: null } }).clients.held, null);
+});
+
+test("a last error is resolved only when the newest round succeeded and the instance serves", () => {
+  const served = entry({ last_error: "CORRELATION_EXPIRED", can_serve: true, serving_published: true });
+  assert.equal(resolvedBy(served, [{ request_id: "sd-1", outcome: "failed" }, { request_id: "fb-1", outcome: "succeeded" }]), "fb-1");
+  assert.equal(resolvedBy(served, [{ request_id: "fb-1", outcome: "failed" }]), null);
+  assert.equal(resolvedBy({ ...served, can_serve: false }, [{ request_id: "fb-1", outcome: "succeeded" }]), null);
+  assert.equal(resolvedBy({ ...served, last_error: null }, [{ request_id: "fb-1", outcome: "succeeded" }]), null);
+});
+
+test("the platform server's 503 sentences become dictionary texts in both languages", () => {
+  const cases = [
+    ["no controller configured: set HETEROFLOW_SERVER_CONTROLLER_URL", "serving.ctl503.unconfigured"],
+    ["the controller at http://c:1 did not answer within 5 s", "serving.ctl503.timeout"],
+    ["the controller at http://c:1 is unreachable (ConnectError: refused)", "serving.ctl503.unreachable"],
+    ["the controller refused this server's cluster token (HTTP 401): check", "serving.ctl503.token"],
+    ["the controller answered HTTP 503: not_leader", "serving.ctl503.status_detail"],
+    ["the controller answered HTTP 500", "serving.ctl503.status"],
+    ["the controller's answer is not JSON", "serving.ctl503.not_json"],
+  ];
+  for (const [detail, key] of cases) {
+    const found = controllerReason(detail);
+    assert.equal(found.key, key, detail);
+    assert.ok(LANGUAGES.en[key] && LANGUAGES.zh[key], key);
+  }
+  assert.equal(controllerReason("the controller at http://c:1 is unreachable (ConnectError: refused)").params.error, "ConnectError: refused");
+  assert.equal(controllerReason("something else"), null);
+});
+
+test("a fallback started by an expired correlation is red only while its path has not succeeded", () => {
+  const events = [{ kind: "fallback", strategy: "InstanceReconfiguration", reason: "CORRELATION_EXPIRED", t_sec: 0 }];
+  assert.equal(shapeTimelineOf({ events, outcome: null })[0].tone, "bad");
+  assert.equal(shapeTimelineOf({ events, outcome: "failed" })[0].tone, "bad");
+  assert.equal(shapeTimelineOf({ events, outcome: "succeeded" })[0].tone, "warn");
 });

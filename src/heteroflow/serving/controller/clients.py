@@ -16,6 +16,7 @@ from typing import Any
 
 from heteroflow.contracts.serving import (
     COORDINATOR_ADD_PATH,
+    COORDINATOR_CLIENT_OUTCOMES_PATH,
     COORDINATOR_DEL_PATH,
     COORDINATOR_SET_PATH,
     NM_ENGINES_RESTART_PATH,
@@ -149,6 +150,16 @@ class CoordinatorClient:
             instance_id=instance_id, model=model, endpoints=endpoints, generation=generation, request_id=request_id
         )
         return await self._http.post(self.base_url, COORDINATOR_ADD_PATH, body, ViewResponse)
+
+    async def client_outcomes(self, *, since: float, until: float, model: str, instance_id: str) -> dict[str, Any]:
+        """What clients saw in ``[since, until]`` (Unix seconds) on ``model`` or ``instance_id``."""
+        params: dict[str, str | int] = {
+            "since": f"{since:.3f}",
+            "until": f"{until:.3f}",
+            "model": model,
+            "instance_id": instance_id,
+        }
+        return await self._http.get_object(self.base_url, COORDINATOR_CLIENT_OUTCOMES_PATH, params=params)
 
     async def set(
         self, instance_id: str, model: str, endpoints: list[ServingEndpoint], *, generation: int

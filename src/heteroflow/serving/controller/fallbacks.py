@@ -114,7 +114,9 @@ def _attempt_allowed(ctrl: StrategyPorts, inst: Instance, request_id: str) -> bo
 async def run_fallback(ctrl: StrategyPorts, inst: Instance, fallback: rt.FallbackStrategy) -> None:
     # unique per run, like a round's: several instances fall back at the same generation (one node's fault)
     request_id = f"fb-{uuid.uuid4().hex[:16]}"
-    record = ctrl.history.begin(request_id, instance_id=inst.instance_id, kind="fallback")
+    record = ctrl.history.begin(
+        request_id, instance_id=inst.instance_id, kind="fallback", trigger=inst.strategy.trigger
+    )
     ctrl.history.add(request_id, "fallback", strategy=fallback.value, reason=inst.runtime.last_error)
     attempt = 0
     while inst.runtime.phase == FtPhase.RECONFIGURING:
@@ -159,6 +161,7 @@ async def run_fallback(ctrl: StrategyPorts, inst: Instance, fallback: rt.Fallbac
         ctrl.metrics.intervention_required.labels(instance_id=inst.instance_id).set(0)
         left_out = plan.faulty if plan.kind == RelaunchKind.WITHOUT_RANKS else frozenset[DpRank]()
         ctrl.set_runtime(inst, rt.fallback_succeeded(inst.runtime, left_out=left_out))
+        ctrl.history.mark(request_id, "committed_at")
         ctrl.reset_evidence(inst)
         if not inst.runtime.dead_committed:
             inst.relaunches.stopped_pods.clear()  # a rebuild brings every pod back
@@ -174,6 +177,8 @@ async def run_fallback(ctrl: StrategyPorts, inst: Instance, fallback: rt.Fallbac
             relaunch=shown.kind.value,
         )
         await ctrl.refresh_view(inst, by_strategy=True)
+        if inst.runtime.serving_published:
+            ctrl.history.mark(request_id, "serving_resumed_at")
         return
 
 

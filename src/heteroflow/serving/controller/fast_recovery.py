@@ -31,7 +31,9 @@ class FastRecovery:
 
     async def run(self) -> None:
         ctrl, inst = self.ctrl, self.inst
-        ctrl.history.begin(self.request_id, instance_id=inst.instance_id, kind="fast_recovery")
+        ctrl.history.begin(
+            self.request_id, instance_id=inst.instance_id, kind="fast_recovery", trigger=inst.strategy.trigger
+        )
         guard = RoundGuard(ctrl, inst, self.request_id)
         active = inst.runtime.active_dp_ranks
         ok = False
@@ -47,8 +49,11 @@ class FastRecovery:
         ctrl.history.finish(self.request_id, "succeeded" if ok else "failed")
         ctrl.metrics.rounds.labels(kind="fast_recovery", outcome="succeeded" if ok else "failed").inc()
         if ok:
+            ctrl.history.mark(self.request_id, "committed_at")
             ctrl.reset_evidence(inst)
             await ctrl.refresh_view(inst, by_strategy=True)  # what the first fault report withdrew comes back now
+            if inst.runtime.serving_published:
+                ctrl.history.mark(self.request_id, "serving_resumed_at")
             return
         decision = after_fast_recovery(succeeded=False)
         fallback = getattr(decision, "fallback", rt.FallbackStrategy.INSTANCE_RECONFIGURATION)

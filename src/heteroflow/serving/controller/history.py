@@ -17,6 +17,11 @@ from heteroflow.core.clock import Clock
 
 ROUNDS_KEPT = 256
 EVENTS_PER_ROUND = 500
+TIMES = ("fault_at", "decided_at", "committed_at", "serving_resumed_at")
+"""The moments a round keeps as absolute times: the first fault evidence, the decision, the commit (a scale-down's
+commit, a fallback's relaunch succeeding, a fast recovery succeeding) and the serving view published again."""
+SUCCEEDED = frozenset({"committed", "succeeded"})
+"""The outcomes after which the instance serves again (its view is published once its pods are ready)."""
 
 
 @dataclass
@@ -32,6 +37,14 @@ class RoundRecord:
     """``committed``, ``failed``, ``succeeded`` or ``None`` while running."""
     stage_seconds: dict[str, float] = field(default_factory=dict)
     dropped_events: int = 0
+    trigger: dict[str, Any] | None = None
+    """What started the round, as the decision saw it (:mod:`.trigger`): the reason code, each rank's engine
+    status and evidence, the hardware faults; ``None`` when no decision preceded it (unknown, never empty)."""
+    times: dict[str, str | None] = field(default_factory=lambda: dict.fromkeys(TIMES))
+    """Absolute wall-clock times (ISO 8601) of :data:`TIMES`; ``None`` until that moment came."""
+    clients: dict[str, Any] | None = None
+    """What the Coordinator's clients saw during the round (``held``, ``rerouted``, ``resumed``, ``failed``,
+    ``longest_wait_sec``, ``as_of``, ``error``); ``None`` until it was asked."""
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -43,6 +56,9 @@ class RoundRecord:
             "stage_seconds": dict(self.stage_seconds),
             "events": list(self.events),
             "dropped_events": self.dropped_events,
+            "trigger": self.trigger,
+            "times": dict(self.times),
+            "clients": self.clients,
         }
 
 
@@ -51,8 +67,11 @@ class RoundHistory:
         self._clock = clock
         self._rounds: OrderedDict[str, RoundRecord] = OrderedDict()
 
-    def begin(self, request_id: str, *, instance_id: str, kind: str) -> RoundRecord:
-        """A new record; :class:`ValueError` for an id already kept (one id is one round's timeline)."""
+    def begin(
+        self, request_id: str, *, instance_id: str, kind: str, trigger: dict[str, Any] | None = None
+    ) -> RoundRecord:
+        """A new record; :class:`ValueError` for an id already kept (one id is one round's timeline).
+        ``trigger``: what the decision saw (its ``fault_at`` and ``decided_at`` become the round's times)."""
         if request_id in self._rounds:
             raise ValueError(f"round {request_id!r} is already recorded")
         record = RoundRecord(
@@ -61,7 +80,14 @@ class RoundHistory:
             kind=kind,
             started_at=self._clock.now(),
             started_monotonic=self._clock.monotonic(),
+            trigger=trigger,
         )
+        if trigger is not None:
+            for name in ("fault_at", "decided_at"):
+                value = trigger.get(name)
+                record.times[name] = value if isinstance(value, str) else None
+        if record.times["decided_at"] is None:
+            record.times["decided_at"] = record.started_at.isoformat()
         self._rounds[request_id] = record
         while len(self._rounds) > ROUNDS_KEPT:
             self._rounds.popitem(last=False)
@@ -88,6 +114,27 @@ class RoundHistory:
         record = self._rounds.get(request_id)
         if record is not None:
             record.stage_seconds[stage] = round(seconds, 4)
+
+    def mark(self, request_id: str | None, moment: str) -> None:
+        """Keep the first time ``moment`` (one of :data:`TIMES`) came for this round; later ones are ignored."""
+        if moment not in TIMES:
+            raise ValueError(f"unknown round moment {moment!r}")
+        record = self._rounds.get(request_id) if request_id else None
+        if record is not None and record.times.get(moment) is None:
+            record.times[moment] = self._clock.now().isoformat()
+
+    def serving_resumed(self, instance_id: str) -> None:
+        """The instance's view was published again: the newest round of the instance, when it succeeded and no
+        publication was kept for it yet, keeps this as its ``serving_resumed_at`` (a relaunched instance is
+        published by the periodic SET once its pods are ready, after the round's own end)."""
+        newest = next((r for r in reversed(self._rounds.values()) if r.instance_id == instance_id), None)
+        if newest is not None and newest.outcome in SUCCEEDED and newest.times.get("serving_resumed_at") is None:
+            newest.times["serving_resumed_at"] = self._clock.now().isoformat()
+
+    def set_clients(self, request_id: str, clients: dict[str, Any]) -> None:
+        record = self._rounds.get(request_id)
+        if record is not None:
+            record.clients = clients
 
     def finish(self, request_id: str, outcome: str) -> None:
         record = self._rounds.get(request_id)

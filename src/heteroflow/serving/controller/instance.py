@@ -114,6 +114,8 @@ class StrategySlot:
     wake_at: float | None = None
     """When the strategy center decides this instance again at the latest (monotonic seconds)."""
     last_decision: str | None = None
+    trigger: dict[str, object] | None = None
+    """What the last decision that started a strategy saw (:mod:`..trigger`): the round it starts keeps it."""
     pending_abort: RequestId | None = None
     """A round interrupted by a restart, to abort at every NodeManager before its fallback (F-32)."""
     pending_fallback: rt.FallbackStrategy | None = None

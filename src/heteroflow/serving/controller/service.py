@@ -34,7 +34,7 @@ from heteroflow.contracts.serving import (
 )
 from heteroflow.core.clock import Clock
 from heteroflow.core.errors import StoreUnavailableError
-from heteroflow.serving.controller import evidence, fallbacks, finalization, serving_view
+from heteroflow.serving.controller import evidence, fallbacks, finalization, round_clients, serving_view, trigger
 from heteroflow.serving.controller.clients import CoordinatorClient, NodeManagerClient
 from heteroflow.serving.controller.config import ControllerConfig
 from heteroflow.serving.controller.core import normalizer, overlay
@@ -431,6 +431,9 @@ class Controller:
             _log.info("controller.decision", instance_id=inst.instance_id, decision=said)
         inst.strategy.last_decision = said
         inst.strategy.wake_at = decision.until if isinstance(decision, Wait) else None
+        if isinstance(decision, StartScaleDown | Reconfigure | StartFastRecovery):
+            # before the strategy resets the evidence: its round keeps what the decision saw
+            inst.strategy.trigger = trigger.capture(self.clock, inst, decision=said, reason=decision.reason.value)
         if isinstance(decision, StartScaleDown):
             context = rt.ScaleDownContext(
                 request_id=RequestId(f"sd-{uuid.uuid4().hex[:16]}"),
@@ -475,6 +478,7 @@ class Controller:
 
     def _start(self, inst: Instance, kind: RunningStrategy, work: Awaitable[None]) -> None:
         inst.strategy.running = kind
+        before = {r.request_id for r in self.history.for_instance(inst.instance_id)}
 
         async def run() -> None:
             try:
@@ -483,6 +487,9 @@ class Controller:
                 raise
             except Exception as exc:  # the strategy is a side path of the center: log it, never kill the loop
                 _log.exception("controller.strategy_crashed", instance_id=inst.instance_id, kind=kind, error=str(exc))
+            else:  # what clients saw during the rounds this strategy ran (the Coordinator counts it)
+                rounds = self.history.for_instance(inst.instance_id)
+                round_clients.ask_after(self, inst, [r.request_id for r in rounds if r.request_id not in before])
             finally:
                 inst.strategy.running = None
                 inst.strategy.task = None

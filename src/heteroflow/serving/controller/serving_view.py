@@ -131,5 +131,6 @@ async def refresh(ctrl: PublicationPorts, inst: Instance, *, by_strategy: bool =
     except PeerError as exc:
         ctrl.set_runtime(inst, rt.publish_result(inst.runtime, ok=False, error=f"SET failed: {exc}"))
         return
+    ctrl.history.serving_resumed(inst.instance_id)
     if not inst.runtime.serving_published or inst.runtime.last_error is not None:
         ctrl.set_runtime(inst, rt.publish_result(inst.runtime, ok=True))

@@ -116,7 +116,9 @@ class ScaleDownRound:
     # -- the round ------------------------------------------------------------------------------------------
     async def run(self) -> None:
         ctrl, inst = self.ctrl, self.inst
-        ctrl.history.begin(self.request_id, instance_id=inst.instance_id, kind="scale_down")
+        ctrl.history.begin(
+            self.request_id, instance_id=inst.instance_id, kind="scale_down", trigger=inst.strategy.trigger
+        )
         self._event(
             "decided",
             candidates=sorted(self.context.candidates),
@@ -404,11 +406,13 @@ class ScaleDownRound:
         await self._stop_recyclable_pods()
         self._set(rt.finish_round(inst.runtime))
         self._stage("commit")
+        ctrl.history.mark(self.request_id, "committed_at")
         await ctrl.persist(inst, required=False)
         ctrl.crash_point("after_round_persisted")
         try:
             await ctrl.view(inst, overlay.publish(inst.runtime), request_id=self.request_id)
             self._set(rt.publish_result(inst.runtime, ok=True))
+            ctrl.history.mark(self.request_id, "serving_resumed_at")
             self._report_persist_failure()
         except PeerError as exc:
             self._set(rt.post_commit_error(inst.runtime, f"ADD failed: {exc}", publish_failed=True))

@@ -32,6 +32,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import time
 from collections.abc import AsyncGenerator, Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
@@ -50,6 +51,7 @@ from heteroflow.serving.coordinator.attempt import (
     failure_reason,
 )
 from heteroflow.serving.coordinator.body import InferenceRequest
+from heteroflow.serving.coordinator.client_outcomes import ClientOutcomes, Disturbance
 from heteroflow.serving.coordinator.errors import (
     CoordinatorError,
     NoEndpointError,
@@ -87,7 +89,10 @@ class Forwarder:
         publications: PublicationSignal,
         faulted_first_byte_sec: float = 1.0,
         fault_pause_sec: float = 1.0,
+        outcomes: ClientOutcomes | None = None,
     ) -> None:
+        self.outcomes = outcomes if outcomes is not None else ClientOutcomes()
+        """What clients saw during faults (:mod:`.client_outcomes`)."""
         self._views = views
         self._client = client
         self._timeouts = timeouts
@@ -141,19 +146,32 @@ class Forwarder:
         deadline = now + self._timeouts.total
         log = _log.bind(request_id=request_id, model=request.model, route=route)
         sent_headers = upstream_headers(headers, request_id=request_id, token=self._token, stream=request.stream)
-        found = await self._send(
-            request.model, path, request.raw, sent_headers, stream=request.stream,
-            hold_until=min(now + self._hold, deadline), deadline=deadline, log=log, route=route,
-        )  # fmt: skip
+        trouble = Disturbance(model=request.model, arrived_at=time.time())
+        try:
+            found = await self._send(
+                request.model, path, request.raw, sent_headers, stream=request.stream,
+                hold_until=min(now + self._hold, deadline), deadline=deadline, log=log, route=route, trouble=trouble,
+            )  # fmt: skip
+        except CoordinatorError:
+            trouble.failed = True
+            self._settle_trouble(trouble, waited=loop.time() - now)
+            raise
+        trouble.wait_sec = loop.time() - now
         if isinstance(found, Response):
+            self._settle_trouble(trouble, waited=trouble.wait_sec)
             return found
         context = StreamContext(route=route, body=parsed_body(request.raw))
         return RelayResponse(
             events=self._relay(found, context, path=path, headers=sent_headers, model=request.model, route=route,
-                               deadline=deadline, log=log),
+                               deadline=deadline, log=log, trouble=trouble),
             status_code=200,
             headers=returned_headers(found.response.headers, decoded=True, answered_by=found.lease.key),
         )  # fmt: skip
+
+    def _settle_trouble(self, trouble: Disturbance, *, waited: float) -> None:
+        trouble.wait_sec = max(trouble.wait_sec, waited)
+        trouble.ended_at = time.time()
+        self.outcomes.record(trouble)
 
     # -- choosing, holding and re-routing -----------------------------------------------------------------
     async def _send(
@@ -169,6 +187,7 @@ class Forwarder:
         log: FilteringBoundLogger,
         route: str,
         cut_on: EndpointKey | None = None,
+        trouble: Disturbance | None = None,
     ) -> Response | Segment:
         """Send until an engine answers without a fault, re-routing and holding until ``hold_until``
         (``cut_on``: the endpoint whose stream was just cut, avoided like a failed attempt)."""
@@ -178,7 +197,7 @@ class Forwarder:
         if cut_on is not None:
             avoid[cut_on] = (loop.time() + self._pause, self._views.epoch(cut_on))
         while True:
-            lease = await self._acquire(model, avoid=avoid, failures=failures, until=hold_until)
+            lease = await self._acquire(model, avoid=avoid, failures=failures, until=hold_until, trouble=trouble)
             if lease is None:
                 raise self._gave_up(model, failures)
             attempt_log = log.bind(instance=lease.key.instance_id, endpoint=lease.key.endpoint_id)
@@ -188,10 +207,16 @@ class Forwarder:
                     route=route,
                 )  # fmt: skip
             except WithdrawnBeforeSendError:
+                if trouble is not None:
+                    trouble.rerouted = True
+                    trouble.instances.add(lease.key.instance_id)
                 attempt_log.info("coordinator.withdrawn_before_send", address=_address(lease.key))
             except AttemptFailedError as exc:
                 now = loop.time()
                 failures.append((lease.key, exc))
+                if trouble is not None:
+                    trouble.instances.add(lease.key.instance_id)
+                    trouble.rerouted = trouble.rerouted or now < hold_until
                 epoch = self._views.epoch(lease.key)
                 avoid[lease.key] = (now + self._pause, epoch)
                 if exc.suspect:
@@ -214,6 +239,7 @@ class Forwarder:
         avoid: dict[EndpointKey, tuple[float, int]],
         failures: Sequence[tuple[EndpointKey, AttemptFailedError]],
         until: float,
+        trouble: Disturbance | None = None,
     ) -> Lease | None:
         """A lease on a published endpoint this request has not just met a fault on; waits for a publication
         (or for a fault pause to pass) up to ``until``."""
@@ -229,6 +255,8 @@ class Forwarder:
             remaining = until - now
             if remaining <= 0:
                 return None
+            if trouble is not None:
+                trouble.held = True  # nothing it could use is published: it waits
             wakes = [t for key, (t, _) in avoid.items() if t > now]
             suspect = self._views.next_suspect_expiry(model, now)
             if suspect is not None:
@@ -432,9 +460,11 @@ class Forwarder:
         route: str,
         deadline: float,
         log: FilteringBoundLogger,
+        trouble: Disturbance | None = None,
     ) -> AsyncGenerator[bytes, None]:
         """The client's stream: the engine's events, and after a cut, the continuation's, spliced."""
         loop = asyncio.get_running_loop()
+        trouble = trouble if trouble is not None else Disturbance(model=model, arrived_at=time.time())
         outcome = "client_gone"
         current: Segment | None = segment
         try:
@@ -469,12 +499,14 @@ class Forwarder:
                     yield context.final_events()
                     return
                 now = loop.time()
+                trouble.instances.add(cut_on.instance_id)
                 try:
                     found = await self._send(
                         model, path, context.continuation(remaining), headers, stream=True,
                         hold_until=min(now + self._hold, deadline), deadline=deadline, log=log, route=route,
-                        cut_on=cut_on,
+                        cut_on=cut_on, trouble=trouble,
                     )  # fmt: skip
+                    trouble.wait_sec = max(trouble.wait_sec, loop.time() - now)
                 except CoordinatorError as exc:
                     self._metrics.continuations.labels(outcome="failed").inc()
                     outcome = "stream_error"
@@ -493,6 +525,9 @@ class Forwarder:
             if current is not None:
                 await self._close(current)
             self._metrics.requests.labels(route=route, outcome=outcome).inc()
+            trouble.resumed = trouble.resumed or outcome == "resumed"
+            trouble.failed = trouble.failed or outcome == "stream_error"
+            self._settle_trouble(trouble, waited=trouble.wait_sec)
 
     async def _events_of(
         self, segment: Segment, context: StreamContext, deadline: float

@@ -2,7 +2,9 @@
 
 - :func:`openai_router` — ``GET /v1/models``, ``POST /v1/completions``, ``POST /v1/chat/completions`` (F-41),
   behind an API key (:mod:`.auth`); the key was checked before the body was read (the assembly's middleware).
-- :func:`management_router` — DEL, ADD, SET and ``GET /coordinator/instances`` (F-40), behind the cluster token;
+- :func:`management_router` — DEL, ADD, SET and ``GET /coordinator/instances`` (F-40), and
+  ``GET /coordinator/client_outcomes`` (what clients saw in a time window, :mod:`.client_outcomes`), behind the
+  cluster token;
   every answer is a ``ViewResponse`` (the views after the operation), with the operation's outcome in the
   ``X-HeteroFlow-View-Outcome`` header.
 - :func:`metrics_router` — ``GET /metrics``, behind the cluster token.
@@ -12,6 +14,7 @@ Errors are raised as the typed errors of :mod:`.errors`, which the assembly rend
 
 from __future__ import annotations
 
+import math
 import re
 import uuid
 from typing import Any, TypeVar
@@ -22,6 +25,7 @@ from pydantic import BaseModel, ValidationError
 
 from heteroflow.contracts.serving import (
     COORDINATOR_ADD_PATH,
+    COORDINATOR_CLIENT_OUTCOMES_PATH,
     COORDINATOR_DEL_PATH,
     COORDINATOR_INSTANCES_PATH,
     COORDINATOR_SET_PATH,
@@ -49,6 +53,14 @@ from heteroflow.serving.coordinator.views import InstanceView, ViewChange, valid
 _M = TypeVar("_M", bound=BaseModel)
 
 VIEW_OUTCOME_HEADER = "X-HeteroFlow-View-Outcome"
+_OUTCOME_PARAMETERS = [
+    {"name": "since", "in": "query", "required": True, "schema": {"type": "number"}, "description": "Unix seconds"},
+    {"name": "until", "in": "query", "required": True, "schema": {"type": "number"}, "description": "Unix seconds"},
+    {"name": "model", "in": "query", "required": False, "schema": {"type": "string"}},
+    {"name": "instance_id", "in": "query", "required": False, "schema": {"type": "string"}},
+]
+MAX_WINDOW_SEC = 86_400.0
+"""The longest window ``GET /coordinator/client_outcomes`` counts (a round lasts seconds to minutes)."""
 _REQUEST_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 _MANAGEMENT_ERRORS: dict[int, str] = {
@@ -194,6 +206,31 @@ def management_router(coordinator: Coordinator) -> APIRouter:
     async def instances(request: Request) -> JSONResponse:
         _require_cluster_token(coordinator, request)
         return _view_response(None, coordinator.views.snapshot())
+
+    @router.get(
+        COORDINATOR_CLIENT_OUTCOMES_PATH,
+        responses=_management_errors(400),
+        openapi_extra={"parameters": _OUTCOME_PARAMETERS},
+    )
+    async def client_outcomes(request: Request) -> JSONResponse:
+        """Counts of the disturbed requests in ``[since, until]`` (Unix seconds), of ``model`` or ``instance_id``.
+        The query is read after the cluster token was checked: a caller without it learns nothing, not even
+        which parameters are missing."""
+        _require_cluster_token(coordinator, request)
+        query = request.query_params
+        try:
+            since, until = float(query.get("since", "")), float(query.get("until", ""))
+        except ValueError:
+            raise InvalidViewRequestError("since and until are required Unix seconds") from None
+        model, instance_id = query.get("model"), query.get("instance_id")
+        if not (math.isfinite(since) and math.isfinite(until)) or since > until or until - since > MAX_WINDOW_SEC:
+            raise InvalidViewRequestError(
+                f"since and until must be finite Unix seconds, since <= until, at most {MAX_WINDOW_SEC:g} s apart"
+            )
+        if any(v is not None and not 0 < len(v) <= 253 for v in (model, instance_id)):
+            raise InvalidViewRequestError("model and instance_id must be 1-253 characters")
+        found = coordinator.forwarder.outcomes.summary(since=since, until=until, model=model, instance_id=instance_id)
+        return JSONResponse(found)
 
     return router
 

@@ -10,6 +10,7 @@ export const RANK_STATES = Object.freeze([
   "alive",
   "diagnosing",
   "unhealthy",
+  "hw_fault",
   "dead",
   "withdrawn",
   "committed_dead",
@@ -60,11 +61,12 @@ function rankSet(value) {
  *
  * Precedence, strongest first: committed dead (retired for good: never serves again) → withdrawn (in this
  * round's pending removal set, not committed yet) → dead (the engine or its supervisor said so; not committed)
+ * → hardware fault (a card of the rank has a standing or a pending hardware fault: never shown alive)
  * → diagnosing (vLLM 0.34: a fault the engine is still diagnosing; it cannot take a command yet)
  * → unhealthy (the engine reports a fault; it may still recover) → alive (an active rank with no fault reported)
  * → unknown (the entry contradicts itself: not alive, yet neither dead nor pending).
  * @param {object} entry one element of GET /api/v1/serving/status
- * @returns {{rank: number, state: string, engine: string|null, published: boolean|null}[]}
+ * @returns {{rank: number, state: string, engine: string|null, published: boolean|null, faults: string[]}[]}
  */
 export function rankCells(entry) {
   const committed = rankSet(entry.dead_committed);
@@ -73,6 +75,7 @@ export function rankCells(entry) {
   const statuses = entry.engine_statuses && typeof entry.engine_statuses === "object" ? entry.engine_statuses : {};
   const published = Array.isArray(entry.published_endpoints) ? rankSet(entry.published_endpoints) : null;
   const original = [...rankSet(entry.original_dp_ranks)].sort((a, b) => a - b);
+  const faulted = hardwareRanks(entry);
   return original.map((rank) => {
     const raw = statuses[String(rank)];
     const engine = typeof raw === "string" ? raw : null;
@@ -80,11 +83,13 @@ export function rankCells(entry) {
     if (committed.has(rank)) state = "committed_dead";
     else if (pending.has(rank)) state = "withdrawn";
     else if (engine === "dead") state = "dead";
+    else if (faulted.has(rank)) state = "hw_fault";
     else if (engine === "diagnosing") state = "diagnosing";
     else if (engine !== null && UNHEALTHY_STATUSES.has(engine)) state = "unhealthy";
     else if (alive.has(rank)) state = "alive";
     else state = "unknown";
-    return { rank, state, engine, published: published === null ? null : published.has(rank) };
+    const faults = faulted.get(rank) ?? [];
+    return { rank, state, engine, published: published === null ? null : published.has(rank), faults };
   });
 }
 
@@ -550,6 +555,16 @@ function shapeEvent(e) {
       p.ranks = list(e.ranks);
       tone = "ok";
       break;
+    case "ranks_left_out":
+      key = "serving.tl.ranks_left_out";
+      Object.assign(p, { ranks: list(e.ranks), faults: list(e.faults) });
+      tone = "warn";
+      break;
+    case "pods_replaced":
+      key = "serving.tl.pods_replaced";
+      p.pods = list(e.pods);
+      tone = "warn";
+      break;
     default: {
       key = "serving.tl.other";
       p.kind = text(e.kind);
@@ -570,10 +585,13 @@ function shapeEvent(e) {
  */
 export function shapeTimeline(record) {
   const events = Array.isArray(record?.events) ? record.events : [];
+  const succeeded = outcomeTone(record?.outcome ?? null) === "ok";
   const items = [];
   for (const e of events) {
     if (!e || typeof e !== "object") continue;
     const shaped = shapeEvent(e);
+    // the reason a fallback started (an expired correlation, …) is no error once that path succeeded
+    if (succeeded && shaped.kind === "fallback") shaped.tone = "warn";
     const t = typeof e.t_sec === "number" && Number.isFinite(e.t_sec) ? e.t_sec : null;
     const previous = items.at(-1);
     if (
@@ -605,4 +623,142 @@ export function evidenceDocument(record, entry, exportedAt) {
     instance_status: entry ?? null,
   };
   return { filename: `heteroflow-round-${id.replace(/[^A-Za-z0-9._-]/g, "_")}.json`, text: `${JSON.stringify(doc, null, 2)}\n` };
+}
+
+// ---- the round's story: its trigger, what clients saw, its absolute times ------------------------------------
+
+/** The keys of the faults each rank's cards have (standing, or pending with a mapping onto the rank). */
+export function hardwareRanks(entry) {
+  const found = new Map();
+  const add = (rank, key) => {
+    if (!Number.isInteger(rank)) return;
+    const list = found.get(rank) ?? [];
+    if (!list.includes(key)) list.push(key);
+    found.set(rank, list);
+  };
+  for (const f of hardwareFaults(entry)) {
+    if (f.mapping === "MAPPED" && f.pending !== false) for (const rank of f.ranks) add(rank, f.key);
+  }
+  const standing = stringList(entry?.standing_hardware_faults);
+  if (standing.length) {
+    // a standing fault's key is "code|card|node": the rank whose registered card (id or index) is on that node
+    const pods = Array.isArray(entry?.pods) ? entry.pods : [];
+    for (const key of standing) {
+      const [, card = "", node = ""] = key.split("|");
+      for (const pod of pods) {
+        if (!pod || pod.node_name !== node || !Array.isArray(pod.ranks)) continue;
+        for (const r of pod.ranks) {
+          const devices = Array.isArray(r?.devices) ? r.devices : [];
+          if (card === "" || devices.some((d) => d && (d.device_id === card || String(d.index) === card))) add(r.rank, key);
+        }
+      }
+    }
+    const plan = entry?.relaunch;
+    if (plan && typeof plan === "object") {
+      for (const key of stringList(plan.faults)) if (standing.includes(key)) for (const rank of intList(plan.ranks)) add(rank, key);
+    }
+  }
+  return found;
+}
+
+/** The moments a round keeps as absolute times, in order (the controller's ``times``). */
+export const ROUND_TIMES = Object.freeze(["fault_at", "decided_at", "committed_at", "serving_resumed_at"]);
+
+/** What clients saw, in the order shown (the Coordinator's counts). */
+export const CLIENT_COUNTS = Object.freeze(["held", "rerouted", "resumed", "failed"]);
+
+const isoOrNull = (v) => (typeof v === "string" && !Number.isNaN(new Date(v).getTime()) ? v : null);
+const countOrNull = (v) => (Number.isInteger(v) && v >= 0 ? v : null);
+
+/**
+ * A round record's story: why it started (``trigger``: null when the controller kept none), what its clients
+ * saw (``clients``: null while not asked; ``clientsError`` when the Coordinator could not be asked) and its
+ * absolute times (each null until it came).
+ */
+export function roundStory(record) {
+  const tr = record?.trigger && typeof record.trigger === "object" ? record.trigger : null;
+  const trigger =
+    tr === null
+      ? null
+      : {
+          reason: typeof tr.reason === "string" ? tr.reason : null,
+          reasonKey: DECISION_REASONS.includes(tr.reason) ? `serving.decision.reason.${tr.reason}` : null,
+          decision: typeof tr.decision === "string" ? tr.decision : null,
+          ranks: (Array.isArray(tr.ranks) ? tr.ranks : [])
+            .filter((row) => row && Number.isInteger(row.rank))
+            .map((row) => ({
+              rank: row.rank,
+              health: typeof row.health === "string" ? row.health : null,
+              engine: typeof row.engine === "string" ? row.engine : null,
+              evidence: typeof row.evidence === "string" ? row.evidence : null,
+              firstSeenAt: isoOrNull(row.first_seen_at),
+            })),
+          hardware: (Array.isArray(tr.hardware) ? tr.hardware : [])
+            .filter((hw) => hw && typeof hw.key === "string")
+            .map((hw) => ({
+              key: hw.key,
+              level: Number.isInteger(hw.level) ? hw.level : null,
+              mapping: typeof hw.mapping === "string" ? hw.mapping : null,
+              ranks: intList(hw.ranks),
+              standing: hw.standing === true,
+            })),
+        };
+  const c = record?.clients && typeof record.clients === "object" ? record.clients : null;
+  let clients = null;
+  let clientsError = null;
+  if (c !== null && typeof c.error === "string" && c.error) clientsError = c.error;
+  else if (c !== null) {
+    clients = Object.fromEntries(CLIENT_COUNTS.map((k) => [k, countOrNull(c[k])]));
+    clients.longestWaitSec = typeof c.longest_wait_sec === "number" && Number.isFinite(c.longest_wait_sec) ? c.longest_wait_sec : null;
+    clients.complete = c.complete !== false;
+    clients.asOf = isoOrNull(c.as_of);
+  }
+  const t = record?.times && typeof record.times === "object" ? record.times : {};
+  const times = ROUND_TIMES.map((name) => ({ name, at: isoOrNull(t[name]) }));
+  return { trigger, clients, clientsError, times };
+}
+
+/** The trigger's row of ``rank`` when the decision saw it faulted (the cause a committed rank keeps), else null. */
+export function rankCause(record, rank) {
+  const story = roundStory(record);
+  const row = story.trigger?.ranks.find((r) => r.rank === rank);
+  return row && row.health && row.health !== "healthy" ? row : null;
+}
+
+/**
+ * The controller's last error needs no action when the newest round after it succeeded and the instance serves
+ * (an expired correlation whose fallback relaunched the instance is history, not an error): that round's id.
+ */
+export function resolvedBy(entry, rounds) {
+  if (!entry?.last_error || entry.can_serve !== true || entry.serving_published === false) return null;
+  const list = Array.isArray(rounds) ? rounds.filter((r) => r && r.request_id) : [];
+  const newest = list.at(-1);
+  if (!newest || outcomeTone(newest.outcome ?? null) !== "ok") return null;
+  return String(newest.request_id);
+}
+
+/**
+ * The platform server's 503 sentences about the controller, as dictionary keys with their parameters (the
+ * server speaks English; the page speaks the reader's language). Null for a sentence the page does not know.
+ */
+export function controllerReason(detail) {
+  const text = typeof detail === "string" ? detail : "";
+  let m;
+  if (text.startsWith("no controller configured")) return { key: "serving.ctl503.unconfigured", params: {} };
+  if ((m = /^the controller at (\S+) did not answer within ([\d.]+) s/.exec(text))) {
+    return { key: "serving.ctl503.timeout", params: { url: m[1], sec: m[2] } };
+  }
+  if ((m = /^the controller at (\S+) is unreachable \((.*)\)$/s.exec(text))) {
+    return { key: "serving.ctl503.unreachable", params: { url: m[1], error: m[2] } };
+  }
+  if ((m = /^the controller refused this server's cluster token \(HTTP (\d+)\)/.exec(text))) {
+    return { key: "serving.ctl503.token", params: { status: m[1] } };
+  }
+  if ((m = /^the controller answered HTTP (\d+)(?:: (.*))?$/s.exec(text))) {
+    return m[2]
+      ? { key: "serving.ctl503.status_detail", params: { status: m[1], detail: m[2] } }
+      : { key: "serving.ctl503.status", params: { status: m[1] } };
+  }
+  if (text.startsWith("the controller's answer is not JSON")) return { key: "serving.ctl503.not_json", params: {} };
+  return null;
 }

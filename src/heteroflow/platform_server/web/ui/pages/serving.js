@@ -11,6 +11,7 @@ import { h, replace } from "../dom.js";
 import { LANGUAGES, t } from "../i18n.js";
 import {
   RANK_STATES,
+  controllerReason,
   decisionInfo,
   evidenceDocument,
   fallbackKey,
@@ -19,10 +20,13 @@ import {
   nodeLink,
   pastRounds,
   phaseInfo,
+  rankCause,
   rankCells,
   rankPlaces,
   relaunchInfo,
+  resolvedBy,
   roundDuration,
+  roundStory,
   roundToShow,
   shapeTimeline,
   stateCounts,
@@ -44,6 +48,14 @@ function fmtSeconds(iso) {
   return `${d.toISOString().slice(0, 19).replace("T", " ")} ${t("time.utc")}`;
 }
 
+/** An absolute time to the millisecond (a round's moments are seconds apart). */
+function fmtInstant(iso) {
+  if (!iso) return t("serving.story.time.none");
+  const d = new Date(iso);
+  if (Number.isNaN(d.getTime())) return t("unknown");
+  return `${d.toISOString().slice(0, 23).replace("T", " ")} ${t("time.utc")}`;
+}
+
 function fmtClock(date) {
   return `${date.toISOString().slice(11, 19)} ${t("time.utc")}`;
 }
@@ -56,7 +68,10 @@ function errorMessage(error) {
   const status = error instanceof ApiError ? error.status : 0;
   const detail = error && error.detail ? error.detail : String(error);
   if (status === 403) return t("serving.error.forbidden");
-  if (status === 503) return t("serving.error.unavailable", { detail });
+  if (status === 503) {
+    const known503 = controllerReason(detail);
+    return t("serving.error.unavailable", { detail: known503 ? t(known503.key, known503.params) : detail });
+  }
   if (status === 0) return t("serving.error.network", { detail });
   return t("serving.error.other", { detail });
 }
@@ -221,6 +236,40 @@ export function createServingPage(main) {
     );
   }
 
+  /** The record of the round the timeline shows (null until loaded). */
+  function shownRecord(entry) {
+    const rounds = state.rounds.get(entry.instance_id)?.data ?? [];
+    const show = roundToShow(entry, rounds, state.picked.get(entry.instance_id) ?? null);
+    return show ? { show, record: state.timelines.get(show.requestId)?.data ?? null } : { show: null, record: null };
+  }
+
+  /** The newest loaded round record whose trigger names ``rank`` as faulted: the cause a retired rank keeps. */
+  function causeOf(entry, rank) {
+    const rounds = [...(state.rounds.get(entry.instance_id)?.data ?? [])].reverse();
+    for (const r of rounds) {
+      const id = String(r.request_id);
+      const record = state.timelines.get(id)?.data ?? state.finished.get(id) ?? null;
+      const row = record ? rankCause(record, rank) : null;
+      if (row) return { row, id };
+    }
+    return null;
+  }
+
+  function engineText(entry, cell) {
+    if (cell.engine) return t("serving.engine", { status: cell.engine });
+    if (cell.state === "committed_dead" || cell.state === "withdrawn" || cell.state === "dead") {
+      const cause = causeOf(entry, cell.rank);
+      if (cause) {
+        return t("serving.rank.cause", {
+          health: cause.row.health,
+          evidence: cause.row.evidence ?? t("unknown"),
+          id: cause.id,
+        });
+      }
+    }
+    return t("serving.engine_unknown");
+  }
+
   function renderRanks(entry) {
     const cells = rankCells(entry);
     const places = rankPlaces(entry);
@@ -253,11 +302,10 @@ export function createServingPage(main) {
             },
             h("span", { class: "rank-id" }, t("serving.rank", { rank: cell.rank })),
             h("span", { class: "rank-state" }, t(`serving.state.${cell.state}`)),
-            h(
-              "span",
-              { class: "rank-engine" },
-              cell.engine ? t("serving.engine", { status: cell.engine }) : t("serving.engine_unknown"),
-            ),
+            h("span", { class: "rank-engine" }, engineText(entry, cell)),
+            cell.faults.length
+              ? h("span", { class: "rank-hw" }, t("serving.rank.hw", { faults: cell.faults.join(", ") }))
+              : null,
             cell.published === null
               ? null
               : h(
@@ -293,6 +341,8 @@ export function createServingPage(main) {
     const decision = decisionInfo(entry.last_decision);
     const fallback = entry.fallback_strategy ?? null;
     const fallbackWhy = fallback ? fallbackKey(fallback) : null;
+    const shown = shownRecord(entry);
+    const story = shown.record ? roundStory(shown.record) : null;
     return h(
       "dl",
       { class: "facts instance-facts" },
@@ -306,7 +356,11 @@ export function createServingPage(main) {
         fallback ? [h("code", {}, fallback), fallbackWhy ? h("span", { class: "explain" }, t(fallbackWhy)) : null] : t("none"),
       ),
       fact("serving.facts.generation", entry.generation ?? t("unknown")),
-      fact("serving.facts.request_id", entry.request_id ? h("code", {}, entry.request_id) : t("none")),
+      fact(
+        "serving.facts.request_id",
+        shown.show ? h("code", {}, shown.show.requestId) : entry.request_id ? h("code", {}, entry.request_id) : t("none"),
+        { class: "fact", dataset: { round: shown.show?.requestId ?? "" } },
+      ),
       fact("serving.facts.running", entry.running_strategy ?? t("none")),
       fact(
         "serving.facts.decision",
@@ -319,15 +373,35 @@ export function createServingPage(main) {
             ],
         { class: "fact wide", dataset: { decision: decision?.raw ?? "" } },
       ),
+      shown.record
+        ? fact(
+            "serving.facts.trigger",
+            story.trigger?.reason
+              ? [
+                  h("code", { class: "reason-code" }, story.trigger.reason),
+                  story.trigger.reasonKey ? h("span", { class: "explain" }, t(story.trigger.reasonKey)) : null,
+                ]
+              : t("serving.facts.trigger_none"),
+            { class: "fact wide trigger-fact", dataset: { reason: story.trigger?.reason ?? "" } },
+          )
+        : null,
     );
   }
 
   function renderHardware(entry) {
     const faults = hardwareFaults(entry);
     const title = h("h3", {}, t("serving.hw"));
-    if (faults.length === 0) return [title, h("p", { class: "empty hw-empty" }, t("serving.hw.empty"))];
+    const standing = Array.isArray(entry.standing_hardware_faults) ? entry.standing_hardware_faults.map(String) : [];
+    const standingLine = standing.length
+      ? h("p", { class: "warning hw-standing" }, t("serving.hw.standing", { faults: standing.join(", ") }))
+      : null;
+    if (faults.length === 0) {
+      // one truth: a standing fault named elsewhere on the page is never "no hardware fault seen"
+      return [title, standingLine ?? h("p", { class: "empty hw-empty" }, t("serving.hw.empty"))];
+    }
     return [
       title,
+      standingLine,
       table(
         t("serving.hw"),
         [
@@ -392,6 +466,7 @@ export function createServingPage(main) {
 
   function renderErrors(entry) {
     const intervention = interventionReason(entry);
+    const resolved = intervention ? null : resolvedBy(entry, state.rounds.get(entry.instance_id)?.data ?? []);
     return [
       renderRelaunch(entry),
       intervention
@@ -407,10 +482,18 @@ export function createServingPage(main) {
         : null,
       h(
         "p",
-        { class: "last-error" },
+        { class: "last-error", dataset: { resolved: resolved ? "true" : "false" } },
         h("strong", {}, t("serving.last_error")),
         " ",
-        entry.last_error ? h("span", { class: "error" }, entry.last_error) : h("span", { class: "muted" }, t("serving.no_error")),
+        !entry.last_error
+          ? h("span", { class: "muted" }, t("serving.no_error"))
+          : resolved
+            ? [
+                h("span", { class: "resolved-error" }, entry.last_error),
+                " ",
+                h("span", { class: "muted small" }, t("serving.last_error.resolved", { id: resolved })),
+              ]
+            : h("span", { class: "error" }, entry.last_error),
       ),
       entry.store_error ? h("p", { class: "warning" }, t("serving.store_error", { detail: entry.store_error })) : null,
       entry.persist_pending ? h("p", { class: "warning" }, t("serving.persist_pending")) : null,
@@ -535,6 +618,7 @@ export function createServingPage(main) {
         outcomeBadge(summary.outcome, summary.tone),
       ),
     );
+    parts.push(renderStory(record));
     const items = shapeTimeline(record);
     parts.push(
       items.length === 0
@@ -598,6 +682,120 @@ export function createServingPage(main) {
       );
     }
     return h("div", { class: "timeline-box", dataset: { request: show.requestId } }, parts);
+  }
+
+  function renderStory(record) {
+    const story = roundStory(record);
+    const box = [];
+    // why it started
+    box.push(h("h4", {}, t("serving.story.trigger")));
+    if (story.trigger === null) {
+      box.push(h("p", { class: "empty" }, t("serving.story.no_trigger")));
+    } else {
+      const tr = story.trigger;
+      box.push(
+        h(
+          "p",
+          { class: "story-reason", dataset: { reason: tr.reason ?? "" } },
+          h("strong", {}, t("serving.story.reason")),
+          " ",
+          tr.reason ? h("code", { class: "reason-code" }, tr.reason) : t("unknown"),
+          tr.reasonKey ? h("span", { class: "explain" }, t(tr.reasonKey)) : null,
+        ),
+      );
+      if (tr.ranks.length) {
+        box.push(
+          table(
+            t("serving.story.trigger"),
+            [
+              t("serving.story.col.rank"),
+              t("serving.story.col.health"),
+              t("serving.story.col.engine"),
+              t("serving.story.col.evidence"),
+              t("serving.story.col.first_seen"),
+            ],
+            tr.ranks.map((row) =>
+              h(
+                "tr",
+                { dataset: { rank: String(row.rank), health: row.health ?? "" } },
+                h("td", {}, t("serving.rank", { rank: row.rank })),
+                h("td", {}, row.health ? h("code", {}, row.health) : t("unknown")),
+                h("td", {}, row.engine ? h("code", {}, row.engine) : t("serving.engine_unknown")),
+                h("td", {}, row.evidence ? h("code", {}, row.evidence) : t("none")),
+                h("td", { class: "nowrap" }, row.firstSeenAt ? fmtInstant(row.firstSeenAt) : t("none")),
+              ),
+            ),
+            { class: "trigger-ranks" },
+          ),
+        );
+      }
+      box.push(
+        h("p", { class: "small story-hw-title" }, h("strong", {}, t("serving.story.hw"))),
+        tr.hardware.length
+          ? h(
+              "ul",
+              { class: "story-hw small" },
+              tr.hardware.map((hw) =>
+                h(
+                  "li",
+                  { dataset: { key: hw.key } },
+                  t("serving.story.hw.item", {
+                    key: hw.key,
+                    level: hw.level ?? "?",
+                    mapping: hw.mapping ?? t("unknown"),
+                    ranks: hw.ranks.length ? hw.ranks.join(", ") : t("none"),
+                  }),
+                  hw.standing ? ` ${t("serving.story.hw.standing")}` : null,
+                ),
+              ),
+            )
+          : h("p", { class: "empty small" }, t("serving.story.hw.none")),
+      );
+    }
+    // what clients saw
+    box.push(h("h4", {}, t("serving.story.clients")));
+    if (story.clientsError) {
+      box.push(h("p", { class: "warning story-clients-error" }, t("serving.story.clients.error", { error: story.clientsError })));
+    } else if (story.clients === null) {
+      box.push(h("p", { class: "muted story-clients-pending" }, t("serving.story.clients.pending")));
+    } else {
+      const c = story.clients;
+      const fact = (key, value, name) =>
+        h("div", { class: "fact", dataset: { count: name } }, h("dt", {}, t(key)), h("dd", {}, value));
+      box.push(
+        h(
+          "dl",
+          { class: "facts story-clients" },
+          ["held", "rerouted", "resumed", "failed"].map((k) =>
+            fact(`serving.story.clients.${k}`, c[k] === null ? t("unknown") : String(c[k]), k),
+          ),
+          fact(
+            "serving.story.clients.longest_wait",
+            c.longestWaitSec === null ? t("serving.story.clients.no_wait") : t("serving.seconds", { sec: c.longestWaitSec.toFixed(3) }),
+            "longest_wait_sec",
+          ),
+        ),
+        c.complete ? null : h("p", { class: "warning" }, t("serving.story.clients.incomplete")),
+        c.asOf ? h("p", { class: "muted small" }, t("serving.story.clients.as_of", { time: fmtInstant(c.asOf) })) : null,
+      );
+    }
+    // absolute times
+    box.push(
+      h("h4", {}, t("serving.story.times")),
+      h(
+        "dl",
+        { class: "facts story-times" },
+        story.times.map(({ name, at }) =>
+          h(
+            "div",
+            { class: "fact", dataset: { time: name, at: at ?? "" } },
+            h("dt", {}, t(`serving.story.time.${name}`)),
+            h("dd", {}, fmtInstant(at)),
+          ),
+        ),
+      ),
+    );
+    return h("div", { class: "round-story" }, box);
   }
 
   function renderPast(entry) {
