@@ -171,6 +171,7 @@ async def platform_server(tmp: Path) -> AsyncIterator[Service]:
                 "/api/v1/nodes/{node_id}/heartbeat",
                 "/api/v1/nodes/{node_id}/release",
                 "/api/v1/alerts/{alert_id}/resolve",
+                "/api/v1/alerts/{alert_id}/acknowledge",
             ),
             path_values={"node_id": node_id},
         )

@@ -140,6 +140,7 @@ ROUTES = [
             "/api/v1/nodes/{node_id}/heartbeat",
             "/api/v1/nodes/{node_id}/release",
             "/api/v1/alerts/{alert_id}/resolve",
+            "/api/v1/alerts/{alert_id}/acknowledge",
         ),
         "controller": (
             "/controller/node_manager/register",
