@@ -66,10 +66,10 @@ class CapacityPorts(ShellPorts, Protocol):
 def refusal(ctrl: CapacityPorts, inst: Instance, *, pod_lost_after_sec: float) -> str | None:
     """Why ``inst`` cannot be restored now, or ``None`` when it can."""
     runtime = inst.runtime
-    if runtime.phase != FtPhase.SCALED_DOWN_RUNNING or not runtime.dead_committed:
-        return f"the instance runs {runtime.phase.value} at {len(runtime.alive_dp_ranks)} ranks: nothing to restore"
     if inst.strategy.running is not None:
         return f"a {inst.strategy.running} strategy is running for the instance"
+    if runtime.phase != FtPhase.SCALED_DOWN_RUNNING or not runtime.dead_committed:
+        return f"the instance runs {runtime.phase.value} at {len(runtime.alive_dp_ranks)} ranks: nothing to restore"
     if inst.evidence.snapshot.entries or inst.evidence.hardware:
         return "fault evidence is pending for the instance: its round decides first"
     now = ctrl.clock.monotonic()
