@@ -153,4 +153,4 @@ def test_without_the_policy_a_scaled_down_instance_stays_degraded(tmp_path: Path
         assert status["dead_committed"] == [2]
         assert status["restorable"] == "ready"
 
-    run_plane(scenario, tmp_path, ft={"auto_restore_delay_sec": 0.0})
+    run_plane(scenario, tmp_path, ft={"auto_restore_delay_sec": 0.5})

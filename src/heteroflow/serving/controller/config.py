@@ -328,7 +328,7 @@ class FaultToleranceConfig(LenientSettings):
     )
     auto_restore_delay_sec: float = Field(
         default=300.0,
-        ge=0,
+        gt=0,
         le=7 * 86400,
         validation_alias=env_names("ft_auto_restore_delay_sec"),
         description=(
