@@ -2,16 +2,18 @@
 
 Rank 2's worker is killed under traffic (a committed scale-down to [0, 1, 3]); ``heteroflow restore`` brings the
 instance back to 4 serving ranks. The cluster has one instance, so while it is relaunched the Coordinator holds
-the model's requests (up to its client deadline): not one of them fails. Then rank 2 is killed again and its
-engine port is taken by another process before the next restore: the relaunched rank 2 cannot start, the restore
-fails, and the instance is relaunched scaled down as it ran and serves on [0, 1, 3] again.
+the model's requests (up to its client deadline): not one of them fails. Then rank 2 is killed again, its retired
+engine's process ended and its port taken by another process before the next restore: the relaunched rank 2
+cannot start, the restore fails, and the instance is relaunched scaled down as it ran and serves on [0, 1, 3].
 """
 
 from __future__ import annotations
 
 import socket
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,6 +42,18 @@ def take_port(ip: str, port: int) -> socket.socket:
     return until(bound, within=60, what=f"{ip}:{port} free to take", period=0.2)
 
 
+def published(client: ClusterClient, ranks: list[int]) -> Callable[[], dict[str, Any] | None]:
+    """The instance's status once it serves with exactly ``ranks`` published."""
+
+    def check() -> dict[str, Any] | None:
+        entry = status_of(client)
+        if entry is not None and entry["can_serve"] and entry["published_endpoints"] == ranks:
+            return entry
+        return None
+
+    return check
+
+
 def test_restore_brings_the_instance_back_to_four_ranks_and_a_failed_one_leaves_it_serving(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     options = ClusterOptions(data_dir=tmp_path / "local", server_port=0, controller_port=0, coordinator_port=0)
@@ -63,11 +77,7 @@ def test_restore_brings_the_instance_back_to_four_ranks_and_a_failed_one_leaves_
                 done = heteroflow("restore", "--state-file", str(state_file), "--wait", "240", timeout=300)
                 assert done.returncode == 0, done.stderr
                 assert "restored" in done.stdout
-                entry = until(
-                    lambda: (e := status_of(client)) is not None and e["published_endpoints"] == [0, 1, 2, 3] and e,
-                    within=60,
-                    what="four ranks published",
-                )
+                entry = until(published(client, [0, 1, 2, 3]), within=60, what="four ranks published")
                 until(lambda: load.answered_since(asked) > 0, within=60, what="completions after the restore")
             assert [ok for _, ok in load.results].count(False) == 0, "a request failed during the restore"
             assert entry["phase"] == "NORMAL"
@@ -83,22 +93,15 @@ def test_restore_brings_the_instance_back_to_four_ranks_and_a_failed_one_leaves_
             with traffic(state):
                 kill(client, inst, 2, mode=KillMode.WORKER)
                 until(committed(client, [2]), within=120, what="rank 2 removed again")
+            # the retired rank's API server still listens (vLLM 0.34 keeps it): end it, then hold its port
+            kill(client, inst, 2, mode=KillMode.PROCESS)
             endpoint = inst.endpoint(2)
             taken = take_port(endpoint.ip, endpoint.port)
             try:
                 failed = heteroflow("restore", "--state-file", str(state_file), "--wait", "240", timeout=300)
                 assert failed.returncode != 0
                 assert "restore failed" in failed.stderr
-                entry = until(
-                    lambda: (
-                        (e := status_of(client)) is not None
-                        and e["can_serve"]
-                        and e["published_endpoints"] == [0, 1, 3]
-                        and e
-                    ),
-                    within=120,
-                    what="the degraded instance serving again",
-                )
+                entry = until(published(client, [0, 1, 3]), within=120, what="the degraded instance serving again")
             finally:
                 taken.close()
             assert entry["phase"] == "SCALED_DOWN_RUNNING"

@@ -13,7 +13,7 @@ from heteroflow.core.testing import FakeClock
 from heteroflow.serving.controller.config import FaultToleranceConfig
 from heteroflow.serving.controller.core.normalizer import HardwareFault
 from heteroflow.serving.controller.core.phase import FtPhase
-from heteroflow.serving.controller.core.ranks import ranks
+from heteroflow.serving.controller.core.ranks import RequestId, ranks
 from heteroflow.serving.controller.instance import Instance, PodState, RestoreState
 from heteroflow.serving.controller.ports import StrategyPorts
 from heteroflow.serving.controller.restore import CapacityPorts, auto_due, refusal
@@ -29,7 +29,9 @@ def scaled_down(*dead: int) -> Instance:
     return Instance(
         instance_id=INSTANCE,
         topology=topology(),
-        runtime=replace(runtime(), phase=FtPhase.SCALED_DOWN_RUNNING, dead_committed=ranks(dead), request_id="sd-1"),
+        runtime=replace(
+            runtime(), phase=FtPhase.SCALED_DOWN_RUNNING, dead_committed=ranks(dead), request_id=RequestId("sd-1")
+        ),
     )
 
 
@@ -121,5 +123,5 @@ def test_the_policy_is_off_by_default_waits_its_delay_and_does_not_retry_a_faile
     clock.advance(120.0)
     beat(on)
     assert auto_due(cast(StrategyPorts, on), inst, pod_lost_after_sec=LOST_AFTER) is False
-    inst.runtime = replace(inst.runtime, request_id="sd-2", dead_committed=ranks((1, 2)))
+    inst.runtime = replace(inst.runtime, request_id=RequestId("sd-2"), dead_committed=ranks((1, 2)))
     assert auto_due(cast(StrategyPorts, on), inst, pod_lost_after_sec=LOST_AFTER) is True
