@@ -133,6 +133,17 @@ def begin(ctrl: StrategyPorts, inst: Instance, *, requested_by: str, pod_lost_af
 
 async def run(ctrl: StrategyPorts, inst: Instance, request_id: str) -> None:
     """The planned relaunch at full size; on failure, the degraded instance relaunched as it ran."""
+    try:
+        await _run(ctrl, inst, request_id)
+    except Exception as exc:  # a bug, not a refused start: the status must not say "running" for ever
+        last = inst.restores.last
+        if last is not None and last.state == "running":
+            inst.restores.last = replace(last, state="failed", finished_at=ctrl.clock.now(), error=repr(exc))
+            ctrl.history.finish(request_id, "failed")
+        raise
+
+
+async def _run(ctrl: StrategyPorts, inst: Instance, request_id: str) -> None:
     state = inst.restores.last
     assert state is not None  # begin() recorded it
     assert state.request_id == request_id
