@@ -200,8 +200,10 @@ def operator_router() -> APIRouter:
     @router.post(
         "/controller/fault_tolerance/instances/{instance_id}/restore",
         status_code=202,
-        responses={202: {"description": "The restore started: its request id (a round of kind restore)."}}
-        | _errors(404, 409, 503),
+        responses={
+            202: {"description": "The restore started: its request id (a round of kind restore)."},
+            **_errors(404, 409, 503),
+        },
     )
     async def restore_instance(request: Request, instance_id: str) -> Response:
         """Bring a scaled-down instance back to its configured size: a planned relaunch at full size
