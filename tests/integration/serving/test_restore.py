@@ -118,7 +118,7 @@ def test_engines_refusing_the_full_size_start_fail_the_restore_into_the_degraded
         status = await plane.status()
         assert status["dead_committed"] == [2]
         assert status["fallback_strategy"] == "EngineRelaunch"
-        assert "restore failed" in (status["last_error"] or "") or status["last_error"] is None
+        assert status["running_strategy"] == "restore"  # its degraded relaunch runs inside the restore
 
     run_plane(scenario, tmp_path, profile_name="vllm-0.34")
 
