@@ -1,10 +1,12 @@
-"""``heteroflow fault`` and ``heteroflow status``: break and inspect a local cluster (``heteroflow up``) by
-instance and DP rank, through its state file. The injections themselves are in :mod:`heteroflow.local.faults`.
+"""``heteroflow fault``, ``heteroflow status`` and ``heteroflow restore``: break, inspect and restore a local cluster
+(``heteroflow up``) by instance and DP rank, through its state file. The injections themselves are in
+:mod:`heteroflow.local.faults`.
 """
 
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated
@@ -136,3 +138,44 @@ def status(
     from rich.console import Console
 
     Console().print(render(snapshot, state))
+
+
+def restore(
+    state_file: StateFile = DEFAULT_STATE,
+    instance: Instance = None,
+    wait: Annotated[
+        float, typer.Option(min=0.0, help="Seconds to wait for the restore to end (0: return once it started)")
+    ] = 0.0,
+) -> None:
+    """Bring a scaled-down instance back to its configured size: a planned relaunch of every rank at full size
+    (the controller refuses, with its reason, while the retired ranks' capacity is not back)."""
+    try:
+        state = read_state(state_file)
+        inst = state.instance(instance)
+        with ClusterClient(state, timeout_sec=10) as client:
+            started = client.restore(inst.instance_id)
+            request_id = str(started["request_id"])
+            typer.echo(f"restore {request_id} of {inst.instance_id} started")
+            if wait <= 0:
+                return
+            deadline = time.monotonic() + wait
+            while True:
+                entry = client.instance_status(inst.instance_id) or {}
+                last = entry.get("restore") or {}
+                if last.get("request_id") == request_id and last.get("state") != "running":
+                    break
+                if time.monotonic() > deadline:
+                    typer.echo(f"error: restore {request_id} still running after {wait:g} s", err=True)
+                    raise typer.Exit(FAILED_EXIT_CODE)
+                time.sleep(0.5)  # the status poll period
+    except (StateFileError, ClusterUnreachableError) as exc:
+        typer.echo(f"error: {_with_check(exc)}", err=True)
+        raise typer.Exit(FAILED_EXIT_CODE) from exc
+    if last["state"] == "succeeded":
+        typer.echo(f"restored: {inst.instance_id} serves {entry.get('published_endpoints')} ({last['seconds']} s)")
+        return
+    typer.echo(
+        f"error: restore failed: {last.get('error')}; the instance runs {last.get('degraded_phase')} scaled down",
+        err=True,
+    )
+    raise typer.Exit(FAILED_EXIT_CODE)

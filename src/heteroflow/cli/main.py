@@ -33,6 +33,7 @@ COMMANDS: Final[dict[str, tuple[str, str]]] = {
     "controller": ("heteroflow.cli.controller", "controller"),
     "fault": ("heteroflow.cli.fault", "app"),
     "status": ("heteroflow.cli.fault", "status"),
+    "restore": ("heteroflow.cli.fault", "restore"),
     "server": ("heteroflow.cli.server", "server"),
 }
 """Command name → (module, attribute), in help order: a ``typer.Typer`` is a command group, a function one command."""

@@ -102,6 +102,14 @@ class ClusterClient:
         found: dict[str, Any] = self._json("GET", f"{self.state.controller_url}{CONTROLLER_ROUNDS_PATH}/{request_id}")
         return found
 
+    def restore(self, instance_id: str) -> dict[str, Any]:
+        """``POST /controller/fault_tolerance/instances/{id}/restore``: a scaled-down instance back to its
+        configured size; ``{"request_id", "instance_id"}`` (a refusal raises, its reason in the message)."""
+        found: dict[str, Any] = self._json(
+            "POST", f"{self.state.controller_url}/controller/fault_tolerance/instances/{instance_id}/restore"
+        )
+        return found
+
     def report_hardware_fault(self, body: dict[str, Any]) -> dict[str, Any]:
         found: dict[str, Any] = self._json("POST", self.state.controller_url + REPORT_HARDWARE_FAULT_PATH, json=body)
         return found

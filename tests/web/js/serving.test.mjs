@@ -636,3 +636,48 @@ test("a fallback started by an expired correlation is red only while its path ha
   assert.equal(shapeTimelineOf({ events, outcome: "failed" })[0].tone, "bad");
   assert.equal(shapeTimelineOf({ events, outcome: "succeeded" })[0].tone, "warn");
 });
+
+test("a restore to the configured size reads its state, ranks and outcome; unknown states keep no key", async () => {
+  const { restoreInfo, restorable } = await import("../../../src/heteroflow/platform_server/web/ui/logic/serving.js");
+  assert.equal(restoreInfo({}), null);
+  assert.equal(restoreInfo({ restore: null }), null);
+  const failed = restoreInfo({
+    restore: {
+      state: "failed",
+      request_id: "rs-1",
+      requested_by: "auto_restore",
+      ranks: [2, "x"],
+      seconds: 21.5,
+      error: "TimeoutError: engines [2] not ready within 30 s",
+      degraded_phase: "SCALED_DOWN_RUNNING",
+    },
+  });
+  assert.deepEqual(failed, {
+    state: "failed",
+    stateKey: "serving.restore.state.failed",
+    ranks: [2],
+    requestedBy: "auto_restore",
+    seconds: 21.5,
+    error: "TimeoutError: engines [2] not ready within 30 s",
+    degradedPhase: "SCALED_DOWN_RUNNING",
+    requestId: "rs-1",
+  });
+  const odd = restoreInfo({ restore: { state: "exploded", seconds: "soon" } });
+  assert.equal(odd.stateKey, null);
+  assert.equal(odd.seconds, null); // unknown is never 0
+  assert.equal(restorable({}), null);
+  assert.equal(restorable({ restorable: null }), null);
+  assert.deepEqual(restorable({ restorable: "ready" }), { ready: true, reason: "" });
+  assert.deepEqual(restorable({ restorable: "pod p is not registered" }), { ready: false, reason: "pod p is not registered" });
+});
+
+test("every restore state the controller names has an English and a Chinese text", async () => {
+  const { RESTORE_STATES } = await import("../../../src/heteroflow/platform_server/web/ui/logic/serving.js");
+  const { LANGUAGES } = await import("../../../src/heteroflow/platform_server/web/ui/i18n.js");
+  for (const state of RESTORE_STATES) {
+    for (const table of Object.values(LANGUAGES)) {
+      assert.ok(table[`serving.restore.state.${state}`], state);
+      assert.ok(table[`serving.restore.explain.${state}`], state);
+    }
+  }
+});

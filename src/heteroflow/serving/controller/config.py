@@ -317,6 +317,26 @@ class FaultToleranceConfig(LenientSettings):
         ),
     )
 
+    auto_restore: bool = Field(
+        default=False,
+        validation_alias=env_names("ft_auto_restore"),
+        description=(
+            "Bring a scaled-down instance back to its configured size on its own once the capacity of every "
+            "retired rank is registered again (a planned relaunch at full size; default false: only the "
+            "operator's restore does it)."
+        ),
+    )
+    auto_restore_delay_sec: float = Field(
+        default=300.0,
+        gt=0,
+        le=7 * 86400,
+        validation_alias=env_names("ft_auto_restore_delay_sec"),
+        description=(
+            "With auto_restore: how long an instance must have run scaled down, quiet and with its capacity back, "
+            "before the controller restores it (300 s)."
+        ),
+    )
+
     @property
     def scale_down_enabled(self) -> bool:
         return self.enable_fault_tolerance and self.enable_dp_scale_down

@@ -212,6 +212,13 @@ async def _replace_pods(ctrl: StrategyPorts, inst: Instance, plan: RelaunchPlan,
         await ctrl.clock.sleep(poll)  # the registration poll period
 
 
+async def relaunch_engines(ctrl: StrategyPorts, inst: Instance, request_id: str, retired: frozenset[DpRank]) -> None:
+    """Restart every engine of ``inst`` with ``retired`` as each NodeManager's retired set, the view withdrawn,
+    and wait until the others are ready (a restore's planned relaunch, ``restore.py``). Raises
+    :class:`PeerError` or :class:`TimeoutError`."""
+    await _relaunch(ctrl, inst, request_id, retired)
+
+
 async def _relaunch(ctrl: StrategyPorts, inst: Instance, request_id: str, retired: frozenset[DpRank]) -> None:
     runtime = inst.runtime
     alive = runtime.original_dp_ranks - retired

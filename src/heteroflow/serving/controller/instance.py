@@ -14,6 +14,7 @@ others read it, or call the record's own methods where another module's step mus
 - :class:`Relaunches` — whole-instance relaunches, the pods stopped or deleted for replacement and why a
   relaunch is not in place: ``fallbacks.py`` (a round marks the pods it stops through
   :meth:`Relaunches.pod_stopped`).
+- :class:`Restores` — the last restore to the configured size and the automatic policy's clock: ``restore.py``.
 - :class:`StandingFaults` — the hardware faults whose cards have not been reported healthy since, kept across
   evidence resets: ``hardware_faults.py``.
 """
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 from dataclasses import dataclass, field
+from datetime import datetime
 
 from heteroflow.contracts.serving import EngineIdentity, RegisterRequest
 from heteroflow.serving.controller.core import normalizer
@@ -154,6 +156,35 @@ class Relaunches:
         return self.plan if self.plan is not None and self.plan.kind == RelaunchKind.REFUSED else None
 
 
+@dataclass(frozen=True, slots=True)
+class RestoreState:
+    """One restore of a scaled-down instance to its configured size (``restore.py``), as the status shows it."""
+
+    state: str
+    """``running``, ``succeeded`` or ``failed``."""
+    request_id: str
+    requested_by: str
+    """``operator`` (the API) or ``auto_restore`` (the policy)."""
+    ranks: tuple[int, ...]
+    """The retired ranks the restore brings back."""
+    started_at: datetime
+    started_monotonic: float
+    degraded_round: str | None
+    """The round whose scale-down the restore undoes (the runtime's ``request_id`` when it began)."""
+    finished_at: datetime | None = None
+    seconds: float | None = None
+    error: str | None = None
+    degraded_phase: str | None = None
+    """After a failure: the phase the degraded instance's relaunch left it in (SCALED_DOWN_RUNNING: serving)."""
+
+
+@dataclass
+class Restores:
+    last: RestoreState | None = None
+    ready_since: float | None = None
+    """Monotonic time since when the instance could be restored without a break (the automatic policy)."""
+
+
 @dataclass
 class StandingFaults:
     """Hardware faults at L5-L6 whose source has not cleared them (``core/relaunch.py``): never forgotten by an
@@ -175,3 +206,4 @@ class Instance:
     strategy: StrategySlot = field(default_factory=StrategySlot)
     relaunches: Relaunches = field(default_factory=Relaunches)
     standing: StandingFaults = field(default_factory=StandingFaults)
+    restores: Restores = field(default_factory=Restores)

@@ -6,7 +6,8 @@ models of every route's body and answers) is most of an app's assembly, and a pr
 again and again (the in-process test planes) would otherwise pay it at every start.
 
 - :func:`node_manager_router` — what the NodeManagers (and hardware-fault sources) send.
-- :func:`operator_router` — what an operator reads: status, rounds, resource monitor, config, leadership, metrics.
+- :func:`operator_router` — what an operator reads: status, rounds, resource monitor, config, leadership, metrics;
+  and the one thing an operator asks for: a scaled-down instance's restore to its configured size.
 
 4xx bodies are ``{"error", "detail"}`` (:func:`heteroflow.http.errors.error_response`).
 """
@@ -42,6 +43,7 @@ from heteroflow.http.bodies import read_model
 from heteroflow.http.errors import error_response
 from heteroflow.serving.controller.monitor import ResourceMonitor
 from heteroflow.serving.controller.registration import RegistrationConflictError
+from heteroflow.serving.controller.restore import RestoreRefusedError
 from heteroflow.serving.controller.service import Controller, UnknownInstanceError
 from heteroflow.serving.controller.status import instance_statuses
 
@@ -54,7 +56,10 @@ _ERRORS: dict[int, str] = {
     400: "The body is not the wire model (invalid_body): too large, not JSON, too deep, or a field is wrong.",
     401: "No valid cluster token (unauthorized).",
     404: "Not in this controller's memory (unknown_instance, unknown_round).",
-    409: "The registration contradicts the instance's registered facts (registration_conflict).",
+    409: (
+        "The registration contradicts the instance's registered facts (registration_conflict); the instance "
+        "cannot be restored now (restore_refused, the reason in detail)."
+    ),
     503: "This controller does not act (not_leader): a standby, or it is still loading; the leader is named.",
 }
 
@@ -191,6 +196,25 @@ def operator_router() -> APIRouter:
         if record is None:
             return error_response(404, "unknown_round", f"no round {request_id!r} in this controller's history")
         return JSONResponse(record.as_json())
+
+    @router.post(
+        "/controller/fault_tolerance/instances/{instance_id}/restore",
+        status_code=202,
+        responses={
+            202: {"description": "The restore started: its request id (a round of kind restore)."},
+            **_errors(404, 409, 503),
+        },
+    )
+    async def restore_instance(request: Request, instance_id: str) -> Response:
+        """Bring a scaled-down instance back to its configured size: a planned relaunch at full size
+        (``docs/controller.md``, Capacity back). 409 when nothing is to restore or its capacity is not back."""
+        try:
+            request_id = _controller(request).restore(instance_id, requested_by="operator")
+        except UnknownInstanceError as exc:
+            return error_response(404, "unknown_instance", str(exc))
+        except RestoreRefusedError as exc:
+            return error_response(409, "restore_refused", str(exc))
+        return JSONResponse({"request_id": request_id, "instance_id": instance_id}, status_code=202)
 
     @router.get("/controller/config", responses=_errors())
     async def config(request: Request) -> Response:

@@ -34,7 +34,15 @@ from heteroflow.contracts.serving import (
 )
 from heteroflow.core.clock import Clock
 from heteroflow.core.errors import StoreUnavailableError
-from heteroflow.serving.controller import evidence, fallbacks, finalization, round_clients, serving_view, trigger
+from heteroflow.serving.controller import (
+    evidence,
+    fallbacks,
+    finalization,
+    restore,
+    round_clients,
+    serving_view,
+    trigger,
+)
 from heteroflow.serving.controller.clients import CoordinatorClient, NodeManagerClient
 from heteroflow.serving.controller.config import ControllerConfig
 from heteroflow.serving.controller.core import normalizer, overlay
@@ -508,6 +516,24 @@ class Controller:
     async def run_fallback(self, inst: Instance, fallback: rt.FallbackStrategy) -> None:
         await fallbacks.run_fallback(self, inst, fallback)
 
+    # == capacity back (restore.py) ==========================================================================
+    def restore(self, instance_id: str, *, requested_by: str = "operator") -> str:
+        """Start a restore of a scaled-down instance to its configured size; its request id. Raises
+        :class:`UnknownInstanceError` or :class:`~.restore.RestoreRefusedError`."""
+        inst = self.instances.get(InstanceId(instance_id))
+        if inst is None:
+            raise UnknownInstanceError(f"instance {instance_id!r} is not registered")
+        lost_after = self.config.settings.pod_lost_after_sec
+        request_id = restore.begin(self, inst, requested_by=requested_by, pod_lost_after_sec=lost_after)
+        self._start(inst, "restore", restore.run(self, inst, request_id))
+        return request_id
+
+    def _auto_restore(self) -> None:
+        for inst in list(self.instances.values()):
+            if restore.auto_due(self, inst, pod_lost_after_sec=self.config.settings.pod_lost_after_sec):
+                with contextlib.suppress(restore.RestoreRefusedError):
+                    self.restore(inst.instance_id, requested_by="auto_restore")
+
     # == serving view (F-40) =================================================================================
     def model_of(self, inst: Instance) -> str:
         return self.config.instance(inst.instance_id).model or self.config.settings.default_model
@@ -524,6 +550,7 @@ class Controller:
                 if inst.persistence.pending:  # F-50: a failed write is retried until the store answers again
                     await self.persist(inst, required=False)
                 await self.refresh_view(inst)
+            self._auto_restore()
             await self.clock.sleep(self.ft.serving_view_refresh_sec)  # the SET's own period
 
     def in_round(self, instance_id: str) -> bool:

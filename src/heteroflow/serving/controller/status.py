@@ -14,8 +14,10 @@ from pydantic import BaseModel, ConfigDict
 from heteroflow.contracts.serving import EndpointInfo
 from heteroflow.serving.controller.core import runtime as rt
 from heteroflow.serving.controller.core.decision import RunningStrategy
+from heteroflow.serving.controller.core.phase import FtPhase
 from heteroflow.serving.controller.instance import Instance
 from heteroflow.serving.controller.ports import StatusPorts
+from heteroflow.serving.controller.restore import refusal
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -143,6 +145,23 @@ class RelaunchStatus(BaseModel):
     gate_reasons: list[str]
 
 
+class RestoreStatus(BaseModel):
+    """The instance's last restore to its configured size (``restore.py``)."""
+
+    model_config = _FROZEN
+
+    state: str
+    """``running``, ``succeeded`` or ``failed`` (the degraded instance relaunched as it ran)."""
+    request_id: str
+    requested_by: str
+    ranks: list[int]
+    started_at: str
+    finished_at: str | None
+    seconds: float | None
+    error: str | None
+    degraded_phase: str | None
+
+
 class InstanceStatus(RuntimeStatus):
     """An assembled instance."""
 
@@ -161,6 +180,9 @@ class InstanceStatus(RuntimeStatus):
     pods: list[PodStatus | UnknownPodStatus]
     persist_pending: bool
     store_error: str | None
+    restore: RestoreStatus | None = None
+    restorable: str | None = None
+    """``ready`` when a restore may start now, else why not (``None``: the instance is not scaled down)."""
 
 
 ControllerInstanceStatus = InstanceStatus | WaitingInstanceStatus
@@ -207,8 +229,34 @@ def _assembled(ctrl: StatusPorts, inst: Instance) -> InstanceStatus:
             "pods": [_pod(ctrl, pod.pod_id, _ranks(pod.endpoints)) for pod in inst.topology.pods],
             "persist_pending": inst.persistence.pending,
             "store_error": ctrl.store_error,
+            "restore": _restore(inst),
+            "restorable": _restorable(ctrl, inst),
         }
     )
+
+
+def _restore(inst: Instance) -> RestoreStatus | None:
+    last = inst.restores.last
+    if last is None:
+        return None
+    return RestoreStatus(
+        state=last.state,
+        request_id=last.request_id,
+        requested_by=last.requested_by,
+        ranks=list(last.ranks),
+        started_at=last.started_at.isoformat(),
+        finished_at=last.finished_at.isoformat() if last.finished_at else None,
+        seconds=last.seconds,
+        error=last.error,
+        degraded_phase=last.degraded_phase,
+    )
+
+
+def _restorable(ctrl: StatusPorts, inst: Instance) -> str | None:
+    if inst.runtime.phase != FtPhase.SCALED_DOWN_RUNNING:
+        return None
+    why = refusal(ctrl, inst, pod_lost_after_sec=ctrl.config.settings.pod_lost_after_sec)
+    return "ready" if why is None else why
 
 
 def _relaunch(inst: Instance) -> RelaunchStatus | None:

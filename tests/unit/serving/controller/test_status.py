@@ -44,7 +44,7 @@ EXPECTED = (
     b'","state":"up","silent_sec":2.5,"heartbeat_complete":false,"heartbeats":0,"ranks":[{"rank":0,"device'
     b's":[{"device_id":"GPU-a","index":2}]},{"rank":1,"devices":[]}]},{"pod_id":"b","pod_ip":"127.0.0.2","'
     b'node_name":"","state":"lost","silent_sec":100.0,"heartbeat_complete":false,"heartbeats":0,"ranks":[{'
-    b'"rank":2,"devices":[]},{"rank":3,"devices":[]}]}],"persist_pending":false,"store_error":null},{"inst'
+    b'"rank":2,"devices":[]},{"rank":3,"devices":[]}]}],"persist_pending":false,"store_error":null,"restore":null,"restorable":null},{"inst'
     b'ance_id":"inst-2","phase":"SCALED_DOWN_RUNNING","original_dp_ranks":[0,1],"request_id":null,"dead_co'
     b'mmitted":[1],"pending_removed_ranks":[],"alive_dp_ranks":[0],"fallback_strategy":null,"gate":{"allow'
     b'ed":true,"reason_codes":[]},"engine_statuses":{},"serving_published":false,"last_error":null,"can_se'

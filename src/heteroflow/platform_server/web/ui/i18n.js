@@ -661,6 +661,17 @@ const EN = {
   "alerts.severity.WARN": "Warning",
   // -- end of the API texts --
   "time.utc": "UTC",
+  // -- capacity back: a restore of a scaled-down instance to its configured size --
+  "serving.restore.state.running": "Restoring.",
+  "serving.restore.state.succeeded": "Restored.",
+  "serving.restore.state.failed": "Restore failed.",
+  "serving.restore.explain.running": "Every rank is being relaunched at the configured size ({by}; retired ranks {ranks} come back). The model's requests go to its other instances, or wait until this one is published again.",
+  "serving.restore.explain.succeeded": "The instance was relaunched at its configured size in {seconds} s ({by}; ranks {ranks} came back).",
+  "serving.restore.explain.failed": "The relaunch at full size failed ({by}); the instance was relaunched scaled down as it ran and keeps serving without ranks {ranks}.",
+  "serving.restore.by.operator": "asked by an operator",
+  "serving.restore.by.auto": "by the automatic policy",
+  "serving.restore.ready": "The retired ranks' capacity is back: `heteroflow restore` (or POST …/instances/<id>/restore) brings the instance back to its configured size.",
+  "serving.restore.not_ready": "Not restorable yet:",
 };
 
 const ZH = {
@@ -1322,6 +1333,17 @@ const ZH = {
   "alerts.severity.WARN": "警告",
   // -- end of the API texts --
   "time.utc": "UTC",
+  // -- 容量恢复：将缩容后的实例恢复到配置规模 --
+  "serving.restore.state.running": "正在恢复。",
+  "serving.restore.state.succeeded": "已恢复。",
+  "serving.restore.state.failed": "恢复失败。",
+  "serving.restore.explain.running": "正在按配置规模重新拉起全部 rank（{by}；已退役的 rank {ranks} 将回归）。该模型的请求会转发到它的其他实例，或等待本实例重新发布。",
+  "serving.restore.explain.succeeded": "实例已在 {seconds} 秒内按配置规模重新拉起（{by}；rank {ranks} 已回归）。",
+  "serving.restore.explain.failed": "按完整规模重新拉起失败（{by}）；实例已按原缩容状态重新拉起，在没有 rank {ranks} 的情况下继续服务。",
+  "serving.restore.by.operator": "由运维人员发起",
+  "serving.restore.by.auto": "由自动策略发起",
+  "serving.restore.ready": "已退役 rank 的容量已恢复：执行 `heteroflow restore`（或 POST …/instances/<id>/restore）即可将实例恢复到配置规模。",
+  "serving.restore.not_ready": "暂不可恢复：",
 };
 
 export const LANGUAGES = Object.freeze({ en: EN, zh: ZH });

@@ -39,7 +39,7 @@ class DecisionReason(StrEnum):
     FAST_RECOVERY_FAILED = "FAST_RECOVERY_FAILED"
 
 
-RunningStrategy = Literal["scale_down", "fast_recovery", "fallback", "higher_priority"]
+RunningStrategy = Literal["scale_down", "fast_recovery", "fallback", "higher_priority", "restore"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -381,6 +381,41 @@ export function relaunchInfo(entry) {
   };
 }
 
+/** The states of a restore to the configured size (the controller's ``restore.state``). */
+export const RESTORE_STATES = Object.freeze(["running", "succeeded", "failed"]);
+
+/**
+ * The instance's last restore to its configured size and whether one may start now (``restore``,
+ * ``restorable``: "ready" or the controller's reason why not; absent unless the instance runs scaled down).
+ * @returns {{state: string, stateKey: string|null, ranks: number[], requestedBy: string, seconds: number|null,
+ *            error: string|null, degradedPhase: string|null, requestId: string}|null} the last restore, or null
+ */
+export function restoreInfo(entry) {
+  const last = entry?.restore;
+  if (!last || typeof last !== "object") return null;
+  const state = String(last.state ?? "");
+  return {
+    state,
+    stateKey: RESTORE_STATES.includes(state) ? `serving.restore.state.${state}` : null,
+    ranks: intList(last.ranks),
+    requestedBy: typeof last.requested_by === "string" ? last.requested_by : "",
+    seconds: Number.isFinite(last.seconds) ? last.seconds : null,
+    error: typeof last.error === "string" ? last.error : null,
+    degradedPhase: typeof last.degraded_phase === "string" ? last.degraded_phase : null,
+    requestId: typeof last.request_id === "string" ? last.request_id : "",
+  };
+}
+
+/**
+ * Whether a scaled-down instance may be restored now: ``{ready: true}``, ``{ready: false, reason}``, or null
+ * when the instance does not run scaled down (nothing to restore).
+ */
+export function restorable(entry) {
+  const value = entry?.restorable;
+  if (typeof value !== "string" || value === "") return null;
+  return value === "ready" ? { ready: true, reason: "" } : { ready: false, reason: value };
+}
+
 /** A round is running in a round phase, or while the controller reports a running strategy. */
 export function isRunning(entry) {
   return ROUND_PHASES.includes(entry.phase) || Boolean(entry.running_strategy);

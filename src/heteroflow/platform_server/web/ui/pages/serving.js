@@ -25,6 +25,8 @@ import {
   rankPlaces,
   relaunchInfo,
   resolvedBy,
+  restorable,
+  restoreInfo,
   roundDuration,
   roundStory,
   roundToShow,
@@ -464,11 +466,46 @@ export function createServingPage(main) {
     );
   }
 
+  function renderRestore(entry) {
+    const last = restoreInfo(entry);
+    const can = restorable(entry);
+    if (last === null && can === null) return null;
+    const parts = [];
+    if (last !== null) {
+      const words = {
+        ranks: last.ranks.join(", "),
+        seconds: last.seconds === null ? t("unknown") : last.seconds.toFixed(1),
+        by: last.requestedBy === "auto_restore" ? t("serving.restore.by.auto") : t("serving.restore.by.operator"),
+      };
+      parts.push(
+        h("strong", {}, last.stateKey ? t(last.stateKey) : last.state),
+        " ",
+        t(`serving.restore.explain.${last.stateKey ? last.state : "running"}`, words),
+      );
+      if (last.error) parts.push(" ", h("code", {}, last.error));
+    }
+    if (can !== null && (last === null || last.state !== "running")) {
+      if (parts.length) parts.push(" ");
+      parts.push(
+        can.ready
+          ? h("span", { class: "restorable" }, t("serving.restore.ready"))
+          : h("span", { class: "muted restorable" }, t("serving.restore.not_ready"), " ", h("code", {}, can.reason)),
+      );
+    }
+    const failed = last !== null && last.state === "failed";
+    return h(
+      "p",
+      { class: failed ? "warning restore" : "restore", dataset: { state: last ? last.state : "none" } },
+      ...parts,
+    );
+  }
+
   function renderErrors(entry) {
     const intervention = interventionReason(entry);
     const resolved = intervention ? null : resolvedBy(entry, state.rounds.get(entry.instance_id)?.data ?? []);
     return [
       renderRelaunch(entry),
+      renderRestore(entry),
       intervention
         ? h(
             "p",

@@ -1,0 +1,201 @@
+"""Capacity back: how long a restore of a scaled-down instance to its configured size takes, and what the clients
+see meanwhile. Real processes: a local cluster (simulated engines speaking vLLM 0.34), DP 4 over 2 pods per
+instance.
+
+Each round kills rank 2's worker of ``inst-1`` under traffic (a committed DP scale-down to 3 ranks), then asks the
+controller for a restore (``POST /controller/fault_tolerance/instances/inst-1/restore``, what ``heteroflow restore``
+sends) and times, from the request:
+
+    reconfiguring  -> the phase RECONFIGURING (the view withdrawn, the relaunch begins)
+    relaunched     -> NORMAL with nothing retired (every engine relaunched at full size and ready)
+    serving        -> the Coordinator publishes [0, 1, 2, 3] for the instance and a completion answers
+
+and the restore's own ``seconds`` (its timeline: request to published). Traffic runs throughout, sequential
+completions through the Coordinator to the model with no retries of the client's own: every failed request is
+counted. With ``--instances 2`` the model has a second instance (``inst-2``), which serves it while ``inst-1`` is
+relaunched; with ``--instances 1`` the Coordinator holds the model's requests until the instance is published again
+(up to the client deadline, 30 s).
+
+Usage::
+
+    .venv/bin/python bench/restore.py [--instances 2] [--rounds 3] [--json FILE]
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from heteroflow.local import ClusterOptions, ClusterState, LocalCluster
+from heteroflow.local.client import ClusterClient, ClusterUnreachableError
+from heteroflow.local.faults import KillMode, kill
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the polling helper lives with the tests
+
+from tests.support.polling import until
+
+POLL_SEC = 0.05
+INSTANCE = "inst-1"
+
+
+@dataclass
+class Traffic:
+    state: ClusterState
+    ok: int = 0
+    failed: list[str] = field(default_factory=list)
+    slowest_sec: float = 0.0
+    stop: threading.Event = field(default_factory=threading.Event)
+
+    def run(self) -> None:
+        with ClusterClient(self.state, timeout_sec=60) as client:
+            while not self.stop.is_set():
+                started = time.monotonic()
+                try:
+                    client.completion("traffic through a restore", max_tokens=4)
+                    self.ok += 1
+                except ClusterUnreachableError as exc:
+                    self.failed.append(str(exc)[:200])
+                self.slowest_sec = max(self.slowest_sec, time.monotonic() - started)
+
+
+@contextlib.contextmanager
+def traffic(state: ClusterState) -> Iterator[Traffic]:
+    load = Traffic(state)
+    thread = threading.Thread(target=load.run, daemon=True)
+    thread.start()
+    try:
+        until(lambda: load.ok > 0, within=60, what="the first completion under traffic")
+        yield load
+    finally:
+        load.stop.set()
+        thread.join(timeout=90)
+
+
+@dataclass
+class Restore:
+    reconfiguring: float
+    relaunched: float
+    serving: float
+    controller_seconds: float
+    requests_ok: int
+    requests_failed: int
+    slowest_request_sec: float
+
+
+def status(client: ClusterClient) -> dict[str, Any] | None:
+    try:
+        return client.instance_status(INSTANCE)
+    except ClusterUnreachableError:
+        return None
+
+
+def one_round(cluster: LocalCluster) -> Restore:
+    state = cluster.state
+    inst = state.instance(INSTANCE)
+    with traffic(state) as load, ClusterClient(state, timeout_sec=10) as client:
+        kill(client, inst, 2, mode=KillMode.WORKER)
+        until(
+            lambda: (
+                (e := status(client)) is not None
+                and e["phase"] == "SCALED_DOWN_RUNNING"
+                and e["dead_committed"] == [2]
+                and e["can_serve"]
+                and e["restorable"] == "ready"
+            ),
+            within=120,
+            what="rank 2 committed dead",
+            period=POLL_SEC,
+        )
+        before_ok = load.ok
+        asked = time.monotonic()
+        request_id = client.restore(INSTANCE)["request_id"]
+        until(
+            lambda: (e := status(client)) is not None and e["phase"] == "RECONFIGURING",
+            within=60,
+            what="reconfiguring",
+            period=POLL_SEC,
+        )
+        reconfiguring = time.monotonic() - asked
+        until(
+            lambda: (e := status(client)) is not None and e["phase"] == "NORMAL" and e["dead_committed"] == [],
+            within=300,
+            what="relaunched",
+            period=POLL_SEC,
+        )
+        relaunched = time.monotonic() - asked
+        until(
+            lambda: (
+                (e := status(client)) is not None
+                and e["published_endpoints"] == [0, 1, 2, 3]
+                and e["can_serve"]
+                and client.published(INSTANCE) == [0, 1, 2, 3]
+            ),
+            within=120,
+            what="serving at full size",
+            period=POLL_SEC,
+        )
+        serving = time.monotonic() - asked
+        until(lambda: load.ok > before_ok, within=60, what="a completion after the restore")
+        entry = status(client) or {}
+        restore = entry.get("restore") or {}
+        assert restore.get("request_id") == request_id, restore
+        assert restore.get("state") == "succeeded", restore
+    return Restore(
+        reconfiguring=round(reconfiguring, 3),
+        relaunched=round(relaunched, 3),
+        serving=round(serving, 3),
+        controller_seconds=float(restore["seconds"]),
+        requests_ok=load.ok,
+        requests_failed=len(load.failed),
+        slowest_request_sec=round(load.slowest_sec, 3),
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--instances", type=int, default=2)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--data-dir", type=Path, default=None)
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory(prefix="heteroflow-restore-") as tmp:
+        data_dir = args.data_dir or Path(tmp)
+        options = ClusterOptions(
+            data_dir=data_dir / "cluster",
+            server_port=0,
+            controller_port=0,
+            coordinator_port=0,
+            instances=args.instances,
+        )
+        cluster = LocalCluster(options)
+        cluster.start()
+        results: list[Restore] = []
+        try:
+            cluster.wait_ready(timeout_sec=600)
+            for n in range(args.rounds):
+                result = one_round(cluster)
+                results.append(result)
+                print(f"round {n + 1}: {asdict(result)}", flush=True)
+        finally:
+            cluster.stop()
+    print(f"instances {args.instances}, {len(results)} restores, load average {Path('/proc/loadavg').read_text()}")
+    for key in ("reconfiguring", "relaunched", "serving", "controller_seconds"):
+        values = [getattr(r, key) for r in results]
+        print(f"  {key:20s} p50 {statistics.median(values):.2f} s  min {min(values):.2f}  max {max(values):.2f}")
+    print(f"  requests: {sum(r.requests_ok for r in results)} ok, {sum(r.requests_failed for r in results)} failed")
+    if args.json:
+        args.json.write_text(json.dumps([asdict(r) for r in results], indent=2))
+
+
+if __name__ == "__main__":
+    main()
