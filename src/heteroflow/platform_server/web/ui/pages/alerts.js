@@ -193,22 +193,7 @@ export function createAlertsPage(main) {
       state.message = { key: "alerts.resolve_empty", kind: "error" };
       return render();
     }
-    try {
-      await api(`/api/v1/alerts/${encodeURIComponent(id)}/resolve`, { body: { reason } });
-      state.message = { key: "alerts.resolved_ok", kind: "ok" };
-      state.drafts.delete(id);
-    } catch (err) {
-      const status = err instanceof ApiError ? err.status : 0;
-      if (status === 403) state.cannotResolve = true;
-      state.message =
-        status === 403
-          ? { key: "alerts.resolve_forbidden", kind: "error" }
-          : status === 409
-            ? { key: "alerts.resolve_conflict", kind: "error" }
-            : { text: errorText(err), kind: "error" };
-    }
-    fetchList();
-    fetchDetail(id);
+    await write(id, "resolve", { reason }, { ok: "alerts.resolved_ok", conflict: "alerts.resolve_conflict" }, state.drafts);
   }
 
   async function acknowledge(id, note) {
@@ -216,10 +201,15 @@ export function createAlertsPage(main) {
       state.message = { key: "alerts.ack_too_long", kind: "error" };
       return render();
     }
+    await write(id, "acknowledge", { note }, { ok: "alerts.acknowledged_ok", conflict: "alerts.ack_conflict" }, state.notes);
+  }
+
+  // One write on an alert (resolve, acknowledge): its message, the draft it consumed, then the list and detail again.
+  async function write(id, action, body, keys, drafts) {
     try {
-      await api(`/api/v1/alerts/${encodeURIComponent(id)}/acknowledge`, { body: { note } });
-      state.message = { key: "alerts.acknowledged_ok", kind: "ok" };
-      state.notes.delete(id);
+      await api(`/api/v1/alerts/${encodeURIComponent(id)}/${action}`, { body });
+      state.message = { key: keys.ok, kind: "ok" };
+      drafts.delete(id);
     } catch (err) {
       const status = err instanceof ApiError ? err.status : 0;
       if (status === 403) state.cannotResolve = true;
@@ -227,7 +217,7 @@ export function createAlertsPage(main) {
         status === 403
           ? { key: "alerts.resolve_forbidden", kind: "error" }
           : status === 409
-            ? { key: "alerts.ack_conflict", kind: "error" }
+            ? { key: keys.conflict, kind: "error" }
             : { text: errorText(err), kind: "error" };
     }
     fetchList();
