@@ -266,7 +266,7 @@ class TimedTransport(httpx.AsyncBaseTransport):
         of the first operation answered after that one which published it again (``inf``: never again). A
         request that reaches ``rank`` inside a window broke "nothing reaches a withdrawn endpoint after its
         DEL returned" (``docs/coordinator.md``); operations that overlap in time only shorten a window."""
-        windows = []
+        windows: list[tuple[float, float]] = []
         for out in self.calls:
             if out.published is None or rank in out.published:
                 continue
