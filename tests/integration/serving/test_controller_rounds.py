@@ -278,7 +278,7 @@ def test_a1_under_load_through_the_coordinator_no_request_reaches_a_withdrawn_en
         # DEL of one id), the others stay published, and may be sent to, until their own DEL returns
         views, received = plane.view_calls, plane.engine_router.received
         add = next(c for c in views.calls if c.op == "ADD")
-        assert add.published == {0, 2, 3}
+        assert add.published == frozenset({0, 2, 3})
         for rank in range(4):
             windows = views.withdrawn_windows(rank)
             assert [w for w in windows if w[0] < add.sent], f"rank {rank} was never withdrawn before the ADD"
