@@ -242,19 +242,53 @@ class EngineRouter(httpx.AsyncBaseTransport):
         return httpx.Response(response.status_code, headers=headers, stream=httpx.ByteStream(data))
 
 
-class TimedTransport(httpx.AsyncBaseTransport):
-    """Records when each view operation left the controller and when its answer came back."""
+@dataclass(frozen=True)
+class ViewCall:
+    """One view operation the controller sent: when it left, when its answer came back, and the endpoints of
+    ``inst-1`` the Coordinator's answer says are published once it applied (``None``: not a view answer)."""
 
-    def __init__(self, inner: httpx.AsyncBaseTransport) -> None:
+    op: str
+    sent: float
+    done: float
+    published: frozenset[int] | None
+
+
+class TimedTransport(httpx.AsyncBaseTransport):
+    """Records each view operation: when it left the controller, when its answer came back, and what it left
+    published (a DEL withdraws only the ranks it names: a rank's first fault report withdraws that rank alone)."""
+
+    def __init__(self, inner: httpx.AsyncBaseTransport, instance_id: str = "inst-1") -> None:
         self._inner = inner
-        self.calls: list[tuple[str, float, float]] = []
+        self._instance_id = instance_id
+        self.calls: list[ViewCall] = []
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         sent = loop_now()
         response = await self._inner.handle_async_request(request)
-        await response.aread()
-        self.calls.append((request.url.path.rsplit("/", 1)[-1].upper(), sent, loop_now()))
+        data = await response.aread()
+        op = request.url.path.rsplit("/", 1)[-1].upper()
+        self.calls.append(ViewCall(op, sent, loop_now(), self._published(response.status_code, data)))
         return response
+
+    def _published(self, status: int, data: bytes) -> frozenset[int] | None:
+        if status != 200:
+            return None
+        view = ViewResponse.model_validate_json(data)
+        found = [i for i in view.instances if i.instance_id == self._instance_id]
+        return frozenset(e.id for i in found for e in i.endpoints)
+
+    def withdrawn_windows(self, rank: int) -> list[tuple[float, float]]:
+        """When ``rank`` was withdrawn: from the return of each operation whose answer left it out, to the send
+        of the first operation answered after that one which published it again (``inf``: never again). A
+        request that reaches ``rank`` inside a window broke "nothing reaches a withdrawn endpoint after its
+        DEL returned" (``docs/coordinator.md``); operations that overlap in time only shorten a window."""
+        windows: list[tuple[float, float]] = []
+        for out in self.calls:
+            if out.published is None or rank in out.published:
+                continue
+            back = [c.sent for c in self.calls if c.published and rank in c.published and c.done > out.done]
+            windows.append((out.done, min(back, default=float("inf"))))
+        return windows
 
 
 class ControllerLink:

@@ -298,13 +298,19 @@ def test_a1_under_load_through_the_coordinator_no_request_reaches_a_withdrawn_en
             stop.set()
             await asyncio.gather(*workers)
 
-        calls = plane.view_calls.calls
-        del_returned = next(done for op, _, done in calls if op == "DEL")
-        add_sent = next(sent for op, sent, _ in calls if op == "ADD")
-        received = plane.engine_router.received
-        assert [r for r, t in received if del_returned < t < add_sent] == []  # nothing routed while withdrawn
-        assert [t for r, t in received if r == 1 and t > del_returned] == []  # never the removed rank again
-        assert {r for r, t in received if t > add_sent} == {0, 2, 3}
+        # each rank is judged by its own withdrawals: a rank's first fault report withdraws that rank alone (a
+        # DEL of one id), the others stay published, and may be sent to, until their own DEL returns
+        views, received = plane.view_calls, plane.engine_router.received
+        add = next(c for c in views.calls if c.op == "ADD")
+        assert add.published == frozenset({0, 2, 3})
+        for rank in range(4):
+            windows = views.withdrawn_windows(rank)
+            assert [w for w in windows if w[0] < add.sent], f"rank {rank} was never withdrawn before the ADD"
+            assert all(end >= add.sent for _, end in windows), f"rank {rank} was published again before the ADD"
+            reached = [t for r, t in received if r == rank and any(a < t < b for a, b in windows)]
+            assert reached == [], f"rank {rank} was sent requests while withdrawn: {windows}"
+        assert views.withdrawn_windows(1)[0][1] == float("inf")  # never the removed rank again
+        assert {r for r, t in received if t > add.sent} == {0, 2, 3}
 
     # real time: the Coordinator waits for a view change on its own clock, not the loop's
     run_plane(scenario, tmp_path, real_coordinator=True, virtual_time=False)
