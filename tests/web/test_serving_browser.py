@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httpx
 import pytest
@@ -212,7 +212,8 @@ def test_a_read_only_serving_token_watches_pods_nodes_and_decisions(open_page: O
         if pod.get("node_name"):  # a pod links to its node's GPU health page
             link = row.locator(".pod-node a")
             expect(link).to_have_text(pod["node_name"])
-            expect(link).to_have_attribute("href", f"/nodes/gpu-health?node={pod['node_name']}")
+            # gpu-node-a is a simulated node: the link opens the GPU health page on that source
+            expect(link).to_have_attribute("href", f"/nodes/gpu-health?source=simulated&node={pod['node_name']}")
         else:  # this harness's NodeManagers register no node name: unknown, never a guess
             expect(row.locator(".pod-node")).to_have_text("Unknown")
         expect(row).to_contain_text(pod["pod_ip"])
@@ -239,9 +240,16 @@ def test_each_rank_links_to_its_node_and_card(open_page: Open, serving: ServingS
     for rank in (0, 1):  # pod a: a named node, one card behind each rank
         link = instance.locator(f'.rank-grid li[data-rank="{rank}"] a.rank-node')
         expect(link).to_have_text(f"gpu-node-a #{rank}")
-        expect(link).to_have_attribute("href", f"/nodes/gpu-health?node=gpu-node-a&gpu={rank}")
+        # the card itself, on its node's own source (gpu-node-a is simulated), as the alerts page links a card
+        expect(link).to_have_attribute(
+            "href", f"/nodes/gpu-health?source=simulated&card={quote(serving.node_a_id)}%3A{rank}"
+        )
     for rank in (2, 3):  # pod b registered no node name
         expect(instance.locator(f'.rank-grid li[data-rank="{rank}"] a.rank-node')).to_have_count(0)
+    # the link opens that card on the simulated source
+    instance.locator('.rank-grid li[data-rank="1"] a.rank-node').click()
+    expect(page).to_have_url(re.compile(r"/nodes/gpu-health\?.*source=simulated"))
+    expect(page.locator("body")).to_have_class(re.compile(r"\bsimulated\b"))
 
 
 def test_an_instance_link_highlights_that_instance(open_page: Open, serving: ServingSeeded) -> None:
