@@ -597,3 +597,29 @@ def test_narrow_window_does_not_scroll_sideways(open_page: Open, serving: Servin
     expect(page.locator(INSTANCE + " ol.timeline")).to_be_visible()
     overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
     assert overflow <= 1, f"the page scrolls sideways by {overflow}px at 390px"
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_past_round_buttons_are_not_clipped_at_800px(open_page: Open, serving: ServingSeeded, lang: str) -> None:
+    from playwright.sync_api import expect
+
+    page = open_page(serving.base_url + "/serving", token=serving.admin, width=800)
+    if lang == "zh":
+        page.select_option("#lang", "zh")
+        expect(page.locator("html")).to_have_attribute("lang", "zh-CN")
+    instance = page.locator(INSTANCE)
+    expect(instance.locator(f"#round-download-{serving.request_id}")).to_be_visible()
+    wrap = instance.locator("table.rounds").locator("xpath=..")
+    wrap_box = wrap.bounding_box()
+    assert wrap_box is not None
+    # the table's box fits its scroll container: nothing is hidden behind a sideways scroll
+    scroll = wrap.evaluate("el => el.scrollWidth - el.clientWidth")
+    assert scroll <= 1, f"the past rounds scroll sideways by {scroll}px ({lang})"
+    buttons = instance.locator("table.rounds td.actions button")
+    assert buttons.count() >= 2
+    for i in range(buttons.count()):
+        box = buttons.nth(i).bounding_box()
+        assert box is not None
+        assert box["x"] >= wrap_box["x"] - 1, (lang, i, box, wrap_box)
+        assert box["x"] + box["width"] <= wrap_box["x"] + wrap_box["width"] + 1, (lang, i, box, wrap_box)
+        assert box["x"] + box["width"] <= 800 + 1, (lang, i, box)
