@@ -581,6 +581,12 @@ def test_chinese_labels_are_complete(open_page: Open, serving: ServingSeeded) ->
     expect(instance.locator("table.rounds th").first).to_have_text("轮次")
     expect(instance.locator('.rank-grid li[data-rank="0"] .rank-id')).to_have_text("DP 副本 0")
     expect(instance.locator("table.pods th").first).to_have_text("容器组")
+    # the timeline's sentences use the same words: 容器组 for a pod, DP 副本 for a rank
+    timeline = instance.locator("ol.timeline").inner_text()
+    assert "容器组 pod-" in timeline, timeline
+    assert not re.search(r"\bPod\b|\brank \d", timeline), timeline
+    rank_link = instance.locator('.rank-grid li[data-rank="0"] a.rank-node')
+    expect(rank_link).to_have_attribute("title", re.compile(r"^DP 副本 0 运行在"))
     expect(page.locator("#serving-refresh")).to_contain_text("每 2 秒刷新")
     # The whole page reads Chinese: none of the English labels is left.
     text = page.locator("main").inner_text()
