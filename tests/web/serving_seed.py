@@ -63,6 +63,8 @@ class ServingSeeded:
     """nodes:read and serving:read, no tenant: a read-only operator who watches serving"""
     request_id: str
     """the committed round that removed rank 1 (released engines: the newest round, the fallback's)"""
+    node_a_id: str
+    """pod a's node, gpu-node-a, registered as a simulated node (its ranks' card links carry that source)"""
 
 
 async def scaled_down(plane: Plane) -> str:
@@ -208,6 +210,16 @@ def serving_server(tmp: Path, profile_name: ProfileName | None = None) -> Iterat
         watcher = tokens.create_token(
             name="serving-reader", scopes=parse_scopes("nodes:read,serving:read"), tenant_id=None, now=now
         )[1]
+        # pod a's node is a simulated node of the platform: the dashboard's card links carry its source
+        node_a = ctx.nodes.register(
+            name="gpu-node-a",
+            vendor="nvidia",
+            model="simulated",
+            gpu_count=2,
+            source="simulated",
+            tenant_id=None,
+            now=now,
+        ).node
         try:
             with serve(build_app(ctx)) as base_url:
                 yield ServingSeeded(
@@ -217,6 +229,7 @@ def serving_server(tmp: Path, profile_name: ProfileName | None = None) -> Iterat
                     tenant_reader=reader,
                     serving_reader=watcher,
                     request_id=request_id,
+                    node_a_id=str(node_a.id),
                 )
         finally:
             engine.dispose()

@@ -697,6 +697,70 @@ def test_nodes_page_lists_online_state_and_gpu_counts(open_page: Open, seeded: S
     expect(page.locator("#nodes-total")).to_have_text("4 of 4 nodes")
 
 
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_nodes_page_shows_credential_card_bounds_and_tool_stalls(open_page: Open, seeded: Seeded, lang: str) -> None:
+    from playwright.sync_api import expect
+
+    # gpu-a beats naming a stalled vendor tool; the server keeps that word for the node
+    response = httpx.post(
+        f"{seeded.base_url}/api/v1/nodes/{seeded.nodes['gpu-a']}/heartbeat",
+        json={"gpu_stats": [], "tool_stalls": [{"tool": "nvidia-smi", "since": "2026-01-02T03:04:00Z", "timeouts": 3}]},
+        headers={"Authorization": f"Bearer {seeded.agent}"},
+        verify=client_tls(),
+    )
+    response.raise_for_status()
+    listed = httpx.get(
+        f"{seeded.base_url}/api/v1/nodes",
+        headers={"Authorization": f"Bearer {seeded.reader}"},
+        verify=client_tls(),
+    ).json()["items"]
+    api_a = next(n for n in listed if n["id"] == seeded.nodes["gpu-a"])
+    page = open_page("/nodes", lang=lang, width=800)
+    facts = page.locator(f'#nodes-table tr[data-facts-of="{seeded.nodes["gpu-a"]}"]')
+    words = {
+        "en": (
+            "Credential",
+            "none (registered before node credentials)",
+            "8 registered",
+            "Refused",
+            "nvidia-smi since 2026-01-02 03:04 UTC (3 timeouts)",
+        ),
+        "zh": (
+            "节点凭据",
+            "无（在节点凭据启用前注册）",
+            "登记 8 张",
+            "已拒绝",
+            "nvidia-smi 自 2026-01-02 03:04 UTC 起（超时 3 次）",
+        ),
+    }[lang]
+    cred = facts.locator('li[data-fact="credential"]')
+    expect(cred).to_contain_text(words[0])
+    # the seed registers its nodes without a credential: the API says none, and so does the page
+    assert api_a["credential"]["state"] == "none"
+    expect(cred.locator(".cred-state")).to_have_attribute("data-state", "none")
+    expect(cred).to_contain_text(words[1])
+    cards = api_a["cards"]
+    expect(facts.locator('li[data-fact="cards"]')).to_contain_text(words[2])
+    expect(facts.locator('li[data-fact="cards"]')).to_contain_text(str(cards["known_cards"]))
+    hour = facts.locator('li[data-fact="hour"]')
+    expect(hour).to_contain_text(f"{cards['new_cards_this_hour']:,} / {cards['new_cards_per_hour']:,}")
+    expect(hour).to_contain_text(f"{cards['xid_events_this_hour']:,} / {cards['xid_events_per_hour']:,}")
+    refused = facts.locator('li[data-fact="refused"]')
+    expect(refused).to_contain_text(words[3])
+    total = cards["refused_index_total"] + cards["refused_new_card_total"] + cards["refused_xid_total"]
+    expect(refused).to_have_attribute("data-refused", str(total))
+    expect(facts.locator('li[data-fact="tool-stalls"] .badge.stalled[data-tool="nvidia-smi"]')).to_have_text(words[4])
+    # a node whose last beat named no stalled tool says so, in words
+    b_stalls = page.locator(f'#nodes-table tr[data-facts-of="{seeded.nodes["gpu-b"]}"] li[data-fact="tool-stalls"]')
+    expect(b_stalls).to_contain_text("none reported" if lang == "en" else "未报告")
+    # 800 px: neither the page nor the table scrolls sideways
+    overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    assert overflow <= 1, f"the nodes page scrolls sideways by {overflow}px at 800px ({lang})"
+    wrap = page.locator("#nodes-table").locator("xpath=..")
+    scroll = wrap.evaluate("el => el.scrollWidth - el.clientWidth")
+    assert scroll <= 1, f"the nodes table scrolls sideways by {scroll}px at 800px ({lang})"
+
+
 def test_alerts_resolve_with_a_reason_and_audit_trail(open_page: Open, seeded: Seeded) -> None:
     from playwright.sync_api import expect
 

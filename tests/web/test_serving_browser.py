@@ -13,7 +13,7 @@ from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 import httpx
 import pytest
@@ -212,7 +212,8 @@ def test_a_read_only_serving_token_watches_pods_nodes_and_decisions(open_page: O
         if pod.get("node_name"):  # a pod links to its node's GPU health page
             link = row.locator(".pod-node a")
             expect(link).to_have_text(pod["node_name"])
-            expect(link).to_have_attribute("href", f"/nodes/gpu-health?node={pod['node_name']}")
+            # gpu-node-a is a simulated node: the link opens the GPU health page on that source
+            expect(link).to_have_attribute("href", f"/nodes/gpu-health?source=simulated&node={pod['node_name']}")
         else:  # this harness's NodeManagers register no node name: unknown, never a guess
             expect(row.locator(".pod-node")).to_have_text("Unknown")
         expect(row).to_contain_text(pod["pod_ip"])
@@ -239,9 +240,16 @@ def test_each_rank_links_to_its_node_and_card(open_page: Open, serving: ServingS
     for rank in (0, 1):  # pod a: a named node, one card behind each rank
         link = instance.locator(f'.rank-grid li[data-rank="{rank}"] a.rank-node')
         expect(link).to_have_text(f"gpu-node-a #{rank}")
-        expect(link).to_have_attribute("href", f"/nodes/gpu-health?node=gpu-node-a&gpu={rank}")
+        # the card itself, on its node's own source (gpu-node-a is simulated), as the alerts page links a card
+        expect(link).to_have_attribute(
+            "href", f"/nodes/gpu-health?source=simulated&card={quote(serving.node_a_id)}%3A{rank}"
+        )
     for rank in (2, 3):  # pod b registered no node name
         expect(instance.locator(f'.rank-grid li[data-rank="{rank}"] a.rank-node')).to_have_count(0)
+    # the link opens that card on the simulated source
+    instance.locator('.rank-grid li[data-rank="1"] a.rank-node').click()
+    expect(page).to_have_url(re.compile(r"/nodes/gpu-health\?.*source=simulated"))
+    expect(page.locator("body")).to_have_class(re.compile(r"\bsimulated\b"))
 
 
 def test_an_instance_link_highlights_that_instance(open_page: Open, serving: ServingSeeded) -> None:
@@ -573,6 +581,12 @@ def test_chinese_labels_are_complete(open_page: Open, serving: ServingSeeded) ->
     expect(instance.locator("table.rounds th").first).to_have_text("轮次")
     expect(instance.locator('.rank-grid li[data-rank="0"] .rank-id')).to_have_text("DP 副本 0")
     expect(instance.locator("table.pods th").first).to_have_text("容器组")
+    # the timeline's sentences use the same words: 容器组 for a pod, DP 副本 for a rank
+    timeline = instance.locator("ol.timeline").inner_text()
+    assert "容器组 pod-" in timeline, timeline
+    assert not re.search(r"\bPod\b|\brank \d", timeline), timeline
+    rank_link = instance.locator('.rank-grid li[data-rank="0"] a.rank-node')
+    expect(rank_link).to_have_attribute("title", re.compile(r"^DP 副本 0 运行在"))
     expect(page.locator("#serving-refresh")).to_contain_text("每 2 秒刷新")
     # The whole page reads Chinese: none of the English labels is left.
     text = page.locator("main").inner_text()
@@ -589,3 +603,29 @@ def test_narrow_window_does_not_scroll_sideways(open_page: Open, serving: Servin
     expect(page.locator(INSTANCE + " ol.timeline")).to_be_visible()
     overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
     assert overflow <= 1, f"the page scrolls sideways by {overflow}px at 390px"
+
+
+@pytest.mark.parametrize("lang", ["en", "zh"])
+def test_past_round_buttons_are_not_clipped_at_800px(open_page: Open, serving: ServingSeeded, lang: str) -> None:
+    from playwright.sync_api import expect
+
+    page = open_page(serving.base_url + "/serving", token=serving.admin, width=800)
+    if lang == "zh":
+        page.select_option("#lang", "zh")
+        expect(page.locator("html")).to_have_attribute("lang", "zh-CN")
+    instance = page.locator(INSTANCE)
+    expect(instance.locator(f"#round-download-{serving.request_id}")).to_be_visible()
+    wrap = instance.locator("table.rounds").locator("xpath=..")
+    wrap_box = wrap.bounding_box()
+    assert wrap_box is not None
+    # the table's box fits its scroll container: nothing is hidden behind a sideways scroll
+    scroll = wrap.evaluate("el => el.scrollWidth - el.clientWidth")
+    assert scroll <= 1, f"the past rounds scroll sideways by {scroll}px ({lang})"
+    buttons = instance.locator("table.rounds td.actions button")
+    assert buttons.count() >= 2
+    for i in range(buttons.count()):
+        box = buttons.nth(i).bounding_box()
+        assert box is not None
+        assert box["x"] >= wrap_box["x"] - 1, (lang, i, box, wrap_box)
+        assert box["x"] + box["width"] <= wrap_box["x"] + wrap_box["width"] + 1, (lang, i, box, wrap_box)
+        assert box["x"] + box["width"] <= 800 + 1, (lang, i, box)

@@ -20,6 +20,7 @@ import {
   hardwareFaults,
   interventionReason,
   isRunning,
+  nodeDirectory,
   nodeLink,
   pastRounds,
   phaseInfo,
@@ -513,6 +514,33 @@ test("each rank's place: its pod's node, and its card when it registered exactly
   assert.equal(rankPlaces({}).size, 0);
   assert.equal(nodeLink("node-1", 2), "/nodes/gpu-health?node=node-1&gpu=2");
   assert.equal(nodeLink("node-1", null), "/nodes/gpu-health?node=node-1");
+});
+
+test("a rank's card link carries the card's own source, like the alerts page's card links", () => {
+  const nodes = nodeDirectory([
+    { id: "n-sim", name: "sim-local-01", source: "simulated" },
+    { id: "n-real", name: "node-1", source: "real" },
+    { id: "n-a", name: "twice", source: "real" },
+    { id: "n-b", name: "twice", source: "simulated" },
+    { id: 7, name: "bad" },
+    null,
+  ]);
+  assert.deepEqual([...nodes.keys()].sort(), ["node-1", "sim-local-01"]); // a name on two nodes is ambiguous
+  // a simulated node: the card itself, on the simulated source
+  assert.equal(
+    nodeLink("sim-local-01", 1, nodes.get("sim-local-01")),
+    "/nodes/gpu-health?source=simulated&card=n-sim%3A1",
+  );
+  assert.equal(nodeLink("sim-local-01", null, nodes.get("sim-local-01")), "/nodes/gpu-health?source=simulated&node=sim-local-01");
+  // a real node: no source parameter (real is the page's default)
+  assert.equal(nodeLink("node-1", 0, nodes.get("node-1")), "/nodes/gpu-health?card=n-real%3A0");
+  // a node the list does not hold (or holds twice): the node's name, the page resolves it and its source
+  assert.equal(nodeLink("twice", 2, nodes.get("twice")), "/nodes/gpu-health?node=twice&gpu=2");
+  assert.equal(nodeDirectory(undefined).size, 0);
+  // the link the GPU health page reads back
+  const p = new URLSearchParams(nodeLink("sim-local-01", 3, nodes.get("sim-local-01")).split("?")[1]);
+  assert.equal(p.get("source"), "simulated");
+  assert.equal(p.get("card"), "n-sim:3");
 });
 
 test("a relaunch not in place names its kind, its reason's dictionary key and what it concerns", () => {

@@ -302,11 +302,39 @@ export function hardwareFaults(entry) {
 
 /**
  * The GPU health page of one node, where its cards can be inspected (a deep link); with ``gpuIndex``, that card
- * is the one shown in the ECC chart.
+ * is the one shown in the ECC chart. ``known`` is the node as the node list gives it ({id, source}, see
+ * ``nodeDirectory``): with it the link names the card itself (``card=<node id>:<index>``) on the node's own source
+ * (``source=simulated`` for a simulated node); without it (a node the list does not hold, or the list could not
+ * be read) the link names the node and the page finds it.
  */
-export function nodeLink(nodeName, gpuIndex = null) {
-  const card = Number.isInteger(gpuIndex) && gpuIndex >= 0 ? `&gpu=${gpuIndex}` : "";
-  return `/nodes/gpu-health?node=${encodeURIComponent(String(nodeName))}${card}`;
+export function nodeLink(nodeName, gpuIndex = null, known = null) {
+  const hasIndex = Number.isInteger(gpuIndex) && gpuIndex >= 0;
+  const params = new URLSearchParams();
+  if (known?.source === "simulated") params.set("source", "simulated");
+  if (hasIndex && typeof known?.id === "string" && known.id) {
+    params.set("card", `${known.id}:${gpuIndex}`);
+  } else {
+    params.set("node", String(nodeName));
+    if (hasIndex) params.set("gpu", String(gpuIndex));
+  }
+  return `/nodes/gpu-health?${params.toString().replaceAll("+", "%20")}`;
+}
+
+/**
+ * The node list's items (``GET /api/v1/nodes``) by name: name → {id, source}. A name held by two nodes (one per
+ * source) is ambiguous and left out, so its links name the node and the GPU health page resolves it.
+ * @returns {Map<string, {id: string, source: string}>}
+ */
+export function nodeDirectory(items) {
+  const byName = new Map();
+  const ambiguous = new Set();
+  for (const n of Array.isArray(items) ? items : []) {
+    if (!n || typeof n.name !== "string" || typeof n.id !== "string" || !n.name || !n.id) continue;
+    if (byName.has(n.name)) ambiguous.add(n.name);
+    byName.set(n.name, { id: n.id, source: n.source === "simulated" ? "simulated" : "real" });
+  }
+  for (const name of ambiguous) byName.delete(name);
+  return byName;
 }
 
 /**

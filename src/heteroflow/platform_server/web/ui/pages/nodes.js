@@ -4,6 +4,7 @@ import { api } from "../api.js";
 import { h, replace } from "../dom.js";
 import { fmtNumber, fmtTime } from "../format.js";
 import { t } from "../i18n.js";
+import { cardsInfo, credentialInfo, toolStalls } from "../logic/nodes.js";
 import { blockStatus, loading, table } from "./common.js";
 import { gpuSparklines } from "./sparklines.js";
 
@@ -64,9 +65,11 @@ export function createNodesPage(main) {
         ),
       ),
     ).flatMap((row, i) => {
-      const id = body.items[i].id;
-      if (!state.open.has(id)) return [row];
-      return [row, h("tr", { class: "metrics-row", dataset: { metricsOf: id } }, h("td", { colspan: 9 }, metricsBlock(id)))];
+      const node = body.items[i];
+      const id = node.id;
+      const facts = h("tr", { class: "facts-row", dataset: { factsOf: id } }, h("td", { colspan: 9 }, nodeFacts(node)));
+      if (!state.open.has(id)) return [row, facts];
+      return [row, facts, h("tr", { class: "metrics-row", dataset: { metricsOf: id } }, h("td", { colspan: 9 }, metricsBlock(id)))];
     });
     replace(
       box,
@@ -90,6 +93,82 @@ export function createNodesPage(main) {
             { id: "nodes-table" },
           ),
       h("p", { class: "pager", id: "nodes-total" }, t("nodes.total", { shown: body.items.length, total: body.total })),
+    );
+  }
+
+  /** Who speaks for the node, what it may report and what was refused, and its stalled vendor tools: one line each. */
+  function nodeFacts(node) {
+    const item = (name, label, ...value) =>
+      h("li", { dataset: { fact: name } }, h("span", { class: "fact-label" }, `${label}: `), ...value);
+    const cred = credentialInfo(node.credential);
+    let credText;
+    if (cred === null) credText = t("unknown");
+    else if (cred.state === "issued") credText = t("nodes.cred.issued", { at: cred.issuedAt ? fmtTime(cred.issuedAt) : t("unknown") });
+    else if (cred.state === "released") credText = t("nodes.cred.released", { at: cred.releasedAt ? fmtTime(cred.releasedAt) : t("unknown") });
+    else credText = t("nodes.cred.none");
+    const credItem = item(
+      "credential",
+      t("nodes.cred"),
+      h("span", { class: "cred-state", dataset: { state: cred?.state ?? "unknown" } }, credText),
+      cred?.reissued ? h("span", { class: "badge reissued" }, t("nodes.cred.reissued")) : null,
+    );
+    const cards = cardsInfo(node.cards);
+    const full = (pair) => (pair.full ? h("span", { class: "badge at-bound" }, t("nodes.cards.full")) : null);
+    const cardItems = cards
+      ? [
+          item(
+            "cards",
+            t("nodes.cards"),
+            t("nodes.cards.counts", { registered: fmtNumber(cards.registered), known: fmtNumber(cards.known) }),
+          ),
+          item(
+            "hour",
+            t("nodes.cards.hour"),
+            t("nodes.cards.hour_counts", {
+              new: fmtNumber(cards.newCards.count),
+              new_bound: fmtNumber(cards.newCards.bound),
+              xid: fmtNumber(cards.xidEvents.count),
+              xid_bound: fmtNumber(cards.xidEvents.bound),
+              per_beat: fmtNumber(cards.xidPerBeat),
+            }),
+            full(cards.newCards) || full(cards.xidEvents),
+          ),
+          h(
+            "li",
+            { dataset: { fact: "refused", refused: cards.refused === null ? "unknown" : String(cards.refused) }, class: cards.refused ? "refused" : null },
+            h("span", { class: "fact-label" }, `${t("nodes.cards.refused")}: `),
+            t("nodes.cards.refused_counts", {
+              index: fmtNumber(cards.refusedIndex),
+              new_card: fmtNumber(cards.refusedNewCard),
+              xid: fmtNumber(cards.refusedXid),
+            }),
+          ),
+        ]
+      : [item("cards", t("nodes.cards"), t("unknown"))];
+    const stalls = toolStalls(node.tool_stalls);
+    const stallItem = item(
+      "tool-stalls",
+      t("nodes.stalls"),
+      stalls.length === 0
+        ? t("nodes.stalls.none")
+        : stalls.map((s) =>
+            h(
+              "span",
+              { class: "badge stalled", dataset: { tool: s.tool } },
+              t(s.timeouts === null ? "nodes.stalls.item" : "nodes.stalls.timeouts", {
+                tool: s.tool,
+                since: s.since ? fmtTime(s.since) : t("unknown"),
+                timeouts: s.timeouts === null ? "" : fmtNumber(s.timeouts),
+              }),
+            ),
+          ),
+    );
+    return h(
+      "ul",
+      { class: "node-facts small", "aria-label": t("nodes.facts_label", { name: node.name }) },
+      credItem,
+      ...cardItems,
+      stallItem,
     );
   }
 

@@ -17,6 +17,7 @@ import {
   fallbackKey,
   hardwareFaults,
   interventionReason,
+  nodeDirectory,
   nodeLink,
   pastRounds,
   phaseInfo,
@@ -33,10 +34,11 @@ import {
   shapeTimeline,
   stateCounts,
 } from "../logic/serving.js";
-import { table } from "./common.js";
+import { allNodes, table } from "./common.js";
 import { renderGate } from "./serving_gate.js";
 
 export const REFRESH_MS = 2000;
+const NODES_MS = 60_000;
 
 /** A dictionary text when the key exists, else the raw value (a stage or kind this page does not know). */
 function known(key, raw) {
@@ -101,6 +103,8 @@ export function createServingPage(main) {
     again: false,
     stopped: false,
     forbidden: false,
+    nodes: new Map(), // node name -> {id, source} (the node list; empty until read: links then name the node)
+    nodesReadAt: 0, // when the node list was last asked for (ms; it is read again after NODES_MS)
   };
   const headBox = h("section", { class: "block", "aria-labelledby": "serving-title" });
   const listBox = h("div", { id: "serving-instances" });
@@ -151,6 +155,7 @@ export function createServingPage(main) {
     try {
       const entries = await api("/api/v1/serving/status");
       if (state.stopped) return;
+      await readNodes();
       const list = Array.isArray(entries) ? entries : [];
       await Promise.all(list.map(loadInstance));
       state.status = list;
@@ -169,6 +174,19 @@ export function createServingPage(main) {
       tick();
     } else {
       schedule();
+    }
+  }
+
+  // The node list, so a rank's link names its card on the node's own source; it changes seldom, so it is read
+  // once a minute, and a failure only leaves the links naming the node (the GPU health page resolves it).
+  async function readNodes() {
+    const now = Date.now();
+    if (now - state.nodesReadAt < NODES_MS) return;
+    state.nodesReadAt = now;
+    try {
+      state.nodes = nodeDirectory(await allNodes());
+    } catch {
+      // the links keep naming the node
     }
   }
 
@@ -281,7 +299,7 @@ export function createServingPage(main) {
       const card = place.gpuIndex === null ? place.node : `${place.node} #${place.gpuIndex}`;
       return h(
         "a",
-        { class: "rank-node", href: nodeLink(place.node, place.gpuIndex), title: t("serving.rank_node_link", { rank, card }) },
+        { class: "rank-node", href: nodeLink(place.node, place.gpuIndex, state.nodes.get(place.node)), title: t("serving.rank_node_link", { rank, card }) },
         card,
       );
     };
@@ -567,7 +585,7 @@ export function createServingPage(main) {
               typeof p.node_name === "string" && p.node_name
                 ? h(
                     "a",
-                    { href: nodeLink(p.node_name), title: t("serving.pod.node_link", { node: p.node_name }) },
+                    { href: nodeLink(p.node_name, null, state.nodes.get(p.node_name)), title: t("serving.pod.node_link", { node: p.node_name }) },
                     p.node_name,
                   )
                 : t("unknown"),
@@ -872,7 +890,7 @@ export function createServingPage(main) {
               dataset: { request: r.requestId, outcome: r.outcome ?? "running" },
               class: r.requestId === picked ? "selected" : null,
             },
-            h("td", {}, h("code", {}, r.requestId)),
+            h("td", { class: "round-id" }, h("code", {}, r.requestId)),
             h("td", {}, known(`serving.kind.${r.kind}`, r.kind)),
             h("td", { class: "nowrap" }, fmtSeconds(r.startedAt)),
             h("td", {}, outcomeBadge(r.outcome, r.tone)),
@@ -889,20 +907,24 @@ export function createServingPage(main) {
               "td",
               { class: "actions" },
               h(
-                "button",
-                { type: "button", class: "round-show", id: `round-show-${r.requestId}`, onclick: () => pick(id, r.requestId) },
-                t("serving.past.show"),
-              ),
-              h(
-                "button",
-                {
-                  type: "button",
-                  class: "round-download",
-                  id: `round-download-${r.requestId}`,
-                  "aria-label": t("serving.past.download_label", { id: r.requestId }),
-                  onclick: () => download(entry, r.requestId),
-                },
-                t("serving.past.download"),
+                "div",
+                { class: "round-actions" },
+                h(
+                  "button",
+                  { type: "button", class: "round-show", id: `round-show-${r.requestId}`, onclick: () => pick(id, r.requestId) },
+                  t("serving.past.show"),
+                ),
+                h(
+                  "button",
+                  {
+                    type: "button",
+                    class: "round-download",
+                    id: `round-download-${r.requestId}`,
+                    "aria-label": t("serving.past.download_label", { id: r.requestId }),
+                    onclick: () => download(entry, r.requestId),
+                  },
+                  t("serving.past.download"),
+                ),
               ),
             ),
           ),
