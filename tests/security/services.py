@@ -57,6 +57,7 @@ PATH_VALUES = {
     "node_id": MISSING_ID,
     "alert_id": MISSING_ID,
     "request_id": "sd-security-1",
+    "instance_id": "inst-security-1",
     "path": "app.js",
 }
 """Plausible path parameters, by name: ids shaped like real ones (so that the route, not the router, answers) and

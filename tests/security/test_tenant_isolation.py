@@ -52,6 +52,7 @@ COLLECTION_QUERIES = {"/api/v1/hardware-events": {"since": (T0 - timedelta(days=
 BODIES: dict[str, dict[str, Any]] = {
     "Heartbeat": {"gpu_stats": []},
     "ResolveRequest": {"reason": "checked by hand"},
+    "AcknowledgeRequest": {"note": "on it"},
 }
 
 
