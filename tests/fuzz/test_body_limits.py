@@ -172,8 +172,12 @@ ROUTES = [
 ]
 
 
-BODILESS_POSTS: dict[str, set[str]] = {"platform": {"/api/v1/auth/session"}}
-"""POST routes that read no body (sign-in: the token comes in the Authorization header)."""
+BODILESS_POSTS: dict[str, set[str]] = {
+    "platform": {"/api/v1/auth/session"},
+    "controller": {"/controller/fault_tolerance/instances/{instance_id}/restore"},
+}
+"""POST routes that read no body (sign-in: the token comes in the Authorization header; a restore: the instance is
+named by the path)."""
 
 
 @pytest.mark.parametrize("name", list(BUILDERS))

@@ -195,6 +195,7 @@ def test_a_killed_real_rank_is_restored_by_the_whole_instance_fallback(
             "protocol_profile": "vllm-0.32",
             "scale_down_supported": False,
             "retry_supported": True,
+            "elastic_ep_supported": False,
         }
         pods = {p.pod_id: p for p in state.instance("inst-1").pods}
         victim_pod = pods["inst-1-pod-b"]

@@ -265,6 +265,8 @@ class TimedTransport(httpx.AsyncBaseTransport):
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
         sent = loop_now()
         response = await self._inner.handle_async_request(request)
+        if not request.url.path.startswith("/coordinator/manage/"):
+            return response  # not a view operation (the rounds' client outcomes, say)
         data = await response.aread()
         op = request.url.path.rsplit("/", 1)[-1].upper()
         self.calls.append(ViewCall(op, sent, loop_now(), self._published(response.status_code, data)))
