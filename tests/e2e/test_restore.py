@@ -5,7 +5,8 @@ instance back to 4 serving ranks. The cluster has one instance, so while it is r
 the model's requests (up to its client deadline): not one of them fails. Then rank 2 is killed again, and pod b's
 NodeManager stops answering (SIGSTOP) before the next restore: the full-size start cannot be made, the restore
 fails, and once the NodeManager answers again the instance is relaunched scaled down as it ran and serves on
-[0, 1, 3].
+[0, 1, 3]: as a new world of 3 ranks (0, 1, 2), since no released engine starts with ranks already dead. Rank 3
+(engine rank 2 there) is then killed, and the scale-down names it by the engines' own number.
 """
 
 from __future__ import annotations
@@ -21,11 +22,18 @@ import pytest
 
 from heteroflow.local import ClusterOptions, LocalCluster
 from heteroflow.local.client import ClusterClient
-from heteroflow.local.faults import KillMode, kill
+from heteroflow.local.faults import KillMode, endpoint_of, kill
+from heteroflow.local.state import InstanceState
+from heteroflow.serving.node_manager.spec import endpoint_url
 from tests.e2e.test_local_cluster import committed, heteroflow, no_process_left, status_of, traffic
 from tests.support.polling import until
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(420)]
+
+
+def engine_url(inst: InstanceState, rank: int) -> str:
+    endpoint = endpoint_of(inst, rank)
+    return endpoint_url(endpoint.ip, endpoint.port)
 
 
 def published(client: ClusterClient, ranks: list[int]) -> Callable[[], dict[str, Any] | None]:
@@ -105,6 +113,21 @@ def test_restore_brings_the_instance_back_to_four_ranks_and_a_failed_one_leaves_
             assert last["degraded_phase"] == "SCALED_DOWN_RUNNING"
             assert last["error"]
             assert client.completion("served scaled down after a failed restore")
+            # -- the degraded relaunch started [0, 1, 3] as a world of 3 (no release starts with ranks dead) --
+            world = {rank: client.engine_info(engine_url(inst, rank)) for rank in (0, 1, 3)}
+            assert {rank: (info["dp_rank"], info["dp_size"]) for rank, info in world.items()} == {
+                0: (0, 3),
+                1: (1, 3),
+                3: (2, 3),
+            }
+            # a fault in that world is scaled down in the engines' own numbering: original 3 is engine rank 2
+            with traffic(state) as load:
+                kill(client, inst, 3, mode=KillMode.WORKER)
+                entry = until(committed(client, [2, 3]), within=120, what="rank 3 removed from the relaunched world")
+                entry = until(published(client, [0, 1]), within=60, what="ranks 0 and 1 published")
+            assert [ok for _, ok in load.results].count(False) == 0, "a request failed in the renumbered scale-down"
+            assert client.engine_info(engine_url(inst, 0))["dead_ranks"] == [2]
+            assert client.completion("served by ranks 0 and 1 of the relaunched world")
     finally:
         report = cluster.stop()
     assert report.left == ()

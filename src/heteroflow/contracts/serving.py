@@ -111,6 +111,15 @@ class FtCapability(BaseModel):
     disagree (the gate refuses: CAPABILITY_MISMATCH)."""
 
 
+def relaunch_redundant_experts(*, members: int, tp_size: int, slots_per_rank: int, num_logical_experts: int) -> int:
+    """The redundant experts of a launch over ``members`` DP ranks that keeps each EP rank's expert slots
+    (``slots_per_rank``: what a card's memory holds) and fills them: ``members x TP x slots - logical``. Negative
+    when those slots cannot hold every logical expert (the launch is refused: EXPERT_CAPACITY_INSUFFICIENT). The
+    physical experts (logical + redundant) are then a multiple of the EP size, as vLLM's EPLB requires ("EPLB
+    currently only supports even distribution of experts across ranks")."""
+    return members * tp_size * slots_per_rank - num_logical_experts
+
+
 DISCOVERED_CAPABILITY_FIELDS = frozenset(
     {"scale_down_supported", "retry_supported", "protocol_profile", "elastic_ep_supported"}
 )

@@ -12,6 +12,7 @@ from heteroflow.serving.node_manager.spec import (
     LaunchTarget,
     SpecError,
     engine_command,
+    launch_target,
     load_spec,
 )
 
@@ -155,7 +156,7 @@ def test_operator_flags_are_appended_and_fractional_timeouts_kept() -> None:
     assert dict(command.env) == {"ASCEND_RT_VISIBLE_DEVICES": "0"}
 
 
-def test_sim_command_line_and_relaunch_target() -> None:
+def test_sim_command_line_of_a_relaunch_without_ranks_is_a_smaller_contiguous_world() -> None:
     spec = InstanceSpec.model_validate(
         {
             "instance_id": "i",
@@ -169,25 +170,40 @@ def test_sim_command_line_and_relaunch_target() -> None:
             "sim": {"python": "/py"},
         }
     )
-    command = engine_command(
-        spec,
-        2,
-        pod_ip="127.0.0.1",
-        cluster_token="tok",
-        target=LaunchTarget(master_ip="127.0.0.2", master_port=29501, dead_ranks=frozenset({0, 1})),
-    )
+    target = launch_target(spec, master_ip="127.0.0.2", master_port=29501, retired={0, 1})
+    command = engine_command(spec, 2, pod_ip="127.0.0.1", cluster_token="tok", target=target)
     argv = list(command.argv)
     assert argv[:4] == ["/py", "-m", "heteroflow.cli.main", "engine-sim"]
     pairs = dict(zip(argv[4::2], argv[5::2], strict=False))
-    assert pairs["--dp-rank"] == "2"
+    # originals 2 and 3 run as ranks 0 and 1 of a world of 2: a release cannot start with ranks already dead
+    assert (pairs["--dp-size"], pairs["--dp-rank"]) == ("2", "0")
+    assert "--dead-ranks" not in argv
     assert pairs["--master-addr"] == "127.0.0.2"
     assert pairs["--master-port"] == "29501"
-    assert pairs["--dead-ranks"] == "0,1"
-    assert pairs["--slots-per-rank"] == "2"
+    # each rank keeps its 2 slots: 2 x 2 = 4 physical experts for 4 logical ones, so no redundant expert is left
+    assert (pairs["--slots-per-rank"], pairs["--num-redundant-experts"]) == ("2", "0")
     assert pairs["--host"] == "127.0.0.1"
     assert dict(command.env) == {"HETEROFLOW_CLUSTER_TOKEN": "tok"}
     with pytest.raises(SpecError, match="retired"):
-        engine_command(spec, 2, pod_ip="127.0.0.1", cluster_token=None, target=LaunchTarget("h", 1, frozenset({2})))
+        engine_command(spec, 2, pod_ip="127.0.0.1", cluster_token=None, target=LaunchTarget("h", 1, (0, 1, 3)))
+    alone = launch_target(spec, master_ip="127.0.0.2", master_port=29501, retired={0, 1, 3})
+    with pytest.raises(SpecError, match="1 DP ranks hold 2 expert slots, fewer than the 4 logical experts"):
+        engine_command(spec, 2, pod_ip="127.0.0.1", cluster_token=None, target=alone)
+
+
+def test_vllm_relaunch_renumbers_the_survivors_and_keeps_each_cards_expert_slots() -> None:
+    target = launch_target(pod_spec(POD_B), master_ip="10.0.0.2", master_port=13345, retired={1})
+    # 256 logical + 32 redundant over 4 ranks is 72 slots per rank: 3 x 72 = 216 cannot hold 256 logical experts
+    with pytest.raises(SpecError, match="3 DP ranks hold 216 expert slots, fewer than the 256 logical experts"):
+        engine_command(pod_spec(POD_B), 2, pod_ip="10.0.0.2", cluster_token=None, target=target)
+    spec = pod_spec(POD_B, num_redundant_experts=128)  # 384 physical: 96 slots per rank
+    for endpoint_id, engine_rank in ((2, 1), (3, 2)):  # members (0, 2, 3)
+        argv = list(engine_command(spec, endpoint_id, pod_ip="10.0.0.2", cluster_token=None, target=target).argv)
+        assert argv[argv.index("--data-parallel-size") + 1] == "3"
+        assert argv[argv.index("--data-parallel-rank") + 1] == str(engine_rank)
+        # 3 ranks x 96 slots = 288 physical experts, divided evenly over the EP ranks as vLLM's EPLB requires
+        assert argv[argv.index("--eplb-config.num_redundant_experts") + 1] == "32"
+    assert target.engine_ranks([0, 1, 3]) == [0, 2]  # a later scale_down names the engines' own ranks
 
 
 @pytest.mark.parametrize(

@@ -66,7 +66,13 @@ from heteroflow.serving.node_manager.ft_manager import (
 )
 from heteroflow.serving.node_manager.service import FtServiceError, FtServiceState
 from heteroflow.serving.node_manager.settings import NodeManagerSettings
-from heteroflow.serving.node_manager.spec import InstanceSpec, LaunchTarget, default_target, engine_command
+from heteroflow.serving.node_manager.spec import (
+    InstanceSpec,
+    LaunchTarget,
+    default_target,
+    engine_command,
+    launch_target,
+)
 from heteroflow.serving.node_manager.status import FencingViolation, NodeManagerStatus, endpoint_status, pod_status
 from heteroflow.serving.node_manager.supervisor import EngineExit, ProcessLauncher, ProcessSupervisor
 
@@ -110,6 +116,8 @@ class NodeManager:
         self.supervisor = ProcessSupervisor(launcher, stopped_dead_sec=settings.engine_stopped_dead_sec)
         self._state = FtServiceState(retired=frozenset(spec.dead_ranks))
         self._target: LaunchTarget = default_target(spec)
+        self._launched: dict[int, LaunchTarget] = {}
+        """The world each running engine was launched into: its FT id and the ranks an apply may name."""
         self._polls: dict[int, PollState] = {eid: PollState() for eid in spec.endpoint_ids}
         self._dead_since: dict[int, float] = {}
         self._commands: dict[int, commands.CommandTrack] = {}
@@ -160,6 +168,8 @@ class NodeManager:
                 target=self._target,
             )
             self.supervisor.launch(command)
+            self._launched[endpoint_id] = self._target
+            self._engines.renumber(endpoint_id, self._target.engine_rank(endpoint_id))
             self._polls[endpoint_id] = PollState()
             self._commands.pop(endpoint_id, None)  # a new engine knows no earlier command
             self._dead_since.pop(endpoint_id, None)
@@ -441,7 +451,9 @@ class NodeManager:
             )
         body = ApplyRequest(instruction=instruction, request_id=request.request_id, params=params)
         _log.info("ft.apply", request_id=request.request_id, targets=targets, body=body.model_dump(exclude_none=True))
-        results = list(await asyncio.gather(*(self._apply_one(eid, body) for eid in targets)))
+        results = list(
+            await asyncio.gather(*(self._apply_one(eid, self._in_engine_world(eid, body)) for eid in targets))
+        )
         accepted = bool(results) and all(r.http_status == 202 for r in results)
         return NmApplyResponse(
             request_id=request.request_id,
@@ -450,6 +462,16 @@ class NodeManager:
             results=results,
             fenced_endpoint_ids=fenced,
         )
+
+    def _in_engine_world(self, endpoint_id: int, body: ApplyRequest) -> ApplyRequest:
+        """``body`` as the endpoint's engine counts: its launch's ranks (a smaller relaunch renumbered them), and
+        without the ranks retired before that launch, which its world never had."""
+        world = self._launched.get(endpoint_id)
+        removed = body.params.removed_dp_ranks
+        if world is None or removed is None or world.members == tuple(range(self.spec.dp_size)):
+            return body
+        params = body.params.model_copy(update={"removed_dp_ranks": world.engine_ranks(removed)})
+        return body.model_copy(update={"params": params})
 
     async def _apply_one(self, endpoint_id: int, body: ApplyRequest) -> EngineApplyResult:
         if not self.supervisor.running(endpoint_id):
@@ -559,10 +581,11 @@ class NodeManager:
             self._dead_since.clear()
             if request.retired_endpoint_ids is not None:
                 self._state = service.replace_retired(self._state, self._in_instance(request.retired_endpoint_ids))
-            self._target = LaunchTarget(
+            self._target = launch_target(
+                self.spec,
                 master_ip=request.dp_master_ip or self._target.master_ip,
                 master_port=request.dp_master_port or self._target.master_port,
-                dead_ranks=frozenset(self._state.retired),
+                retired=self._state.retired,
             )
             stopped: list[int] = []
             if restart:  # all at once: a hung engine uses its whole stop grace, and must not add it to the others'
@@ -587,7 +610,13 @@ class NodeManager:
             state=self._state,
             link=self._link,
             endpoints=tuple(
-                endpoint_status(eid, self.supervisor, self._polls[eid], retired=eid in self._state.retired)
+                endpoint_status(
+                    eid,
+                    self.supervisor,
+                    self._polls[eid],
+                    retired=eid in self._state.retired,
+                    world=self._launched.get(eid),
+                )
                 for eid in sorted(self.spec.endpoint_ids)
             ),
             violations=tuple(self._violations),

@@ -69,7 +69,13 @@ class EngineClient(Protocol):
         ...
 
     async def status(self, endpoint_id: int, *, timeout_sec: float) -> EngineStatusEntry:
-        """The entry of exactly ``endpoint_id`` (the consumer rule); raises :class:`EngineCallError`."""
+        """The entry of exactly the endpoint's engine, by the FT id it was launched with (the consumer rule),
+        reported under ``endpoint_id``; raises :class:`EngineCallError`."""
+        ...
+
+    def renumber(self, endpoint_id: int, engine_rank: int) -> None:
+        """The FT id the endpoint's engine now carries: its ``--data-parallel-rank`` in the launch's world
+        (``spec.LaunchTarget``); the endpoint's own id until set."""
         ...
 
     async def apply(self, endpoint_id: int, body: ApplyRequest, *, timeout_sec: float) -> ApplyAnswer: ...
@@ -111,6 +117,7 @@ class HttpEngineClient:
         self._pinned = profile
         self._profiles: dict[int, EngineProfile] = {}
         self._elastic_ep: set[int] = set()
+        self._engine_ranks: dict[int, int] = {}
         self._model = model
         self._owned: dict[int, httpx.AsyncClient] = {}
         self._owns = owns_clients
@@ -230,6 +237,9 @@ class HttpEngineClient:
         text = response.text.lower()
         return not ("invalid instruction" in text or "unknown instruction" in text)
 
+    def renumber(self, endpoint_id: int, engine_rank: int) -> None:
+        self._engine_ranks[endpoint_id] = engine_rank
+
     async def status(self, endpoint_id: int, *, timeout_sec: float) -> EngineStatusEntry:
         status_route, _ = self._paths(endpoint_id)
         try:
@@ -240,10 +250,13 @@ class HttpEngineClient:
             raise EngineUnreachableError(f"status unreachable: {type(exc).__name__}: {exc}") from exc
         if response.status_code != 200:
             raise EngineProtocolError(f"status answered HTTP {response.status_code}: {response.text[:200]}")
+        engine_rank = self._engine_ranks.get(endpoint_id, endpoint_id)
         try:
-            return select_engine(parse_status_response(response.json()), endpoint_id=endpoint_id)
+            entry = select_engine(parse_status_response(response.json()), endpoint_id=engine_rank)
         except (ValueError, ProtocolError) as exc:
             raise EngineProtocolError(str(exc)) from exc
+        # every reader above the NodeManager counts in the instance's original ranks
+        return entry if engine_rank == endpoint_id else entry.model_copy(update={"id": endpoint_id})
 
     async def apply(self, endpoint_id: int, body: ApplyRequest, *, timeout_sec: float) -> ApplyAnswer:
         _, apply_route = self._paths(endpoint_id)

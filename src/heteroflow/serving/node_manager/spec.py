@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import sys
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Literal
@@ -24,7 +25,13 @@ from typing import Annotated, Literal
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationError, model_validator
 
 from heteroflow.contracts.engine_protocol import PROFILES, EngineProfile, ProfileNameIn, normalize_prefix
-from heteroflow.contracts.serving import MAX_DP_SIZE, DeviceInfo, EndpointInfo, FtCapability
+from heteroflow.contracts.serving import (
+    MAX_DP_SIZE,
+    DeviceInfo,
+    EndpointInfo,
+    FtCapability,
+    relaunch_redundant_experts,
+)
 
 Backend = Literal["sim", "vllm"]
 
@@ -98,7 +105,11 @@ class InstanceSpec(BaseModel):
     tp_size: StrictInt = Field(default=1, ge=1)
     num_logical_experts: StrictInt = Field(default=8, ge=1)
     num_redundant_experts: StrictInt = Field(default=4, ge=0)
-    slots_per_rank: StrictInt | None = Field(default=None, ge=1)
+    slots_per_rank: StrictInt | None = Field(
+        default=None,
+        ge=1,
+        description="Physical expert slots per EP rank (what a card's memory holds); default ceil((E+K)/(DP*TP)).",
+    )
     enable_eplb: StrictBool = True
     enable_engine_ft: StrictBool = True
     engine_auto_recovery: StrictBool = False
@@ -146,7 +157,7 @@ class InstanceSpec(BaseModel):
         if self.slots_per_rank is not None:
             return self.slots_per_rank
         physical = self.num_logical_experts + self.num_redundant_experts
-        return -(-physical // self.dp_size)  # ceil: the engines' default layout
+        return -(-physical // (self.dp_size * self.tp_size))  # ceil over the EP ranks: the engines' layout
 
     def endpoint(self, endpoint_id: int) -> EndpointSpec:
         for endpoint in self.endpoints:
@@ -201,16 +212,64 @@ class EngineCommand:
 
 @dataclass(frozen=True, slots=True)
 class LaunchTarget:
-    """Where the group forms for this launch: the spec's master, or the relaunch's master = min(alive)."""
+    """Where and how the DP group forms for one launch: the master, and the launch's world.
+
+    A released vLLM cannot be started with ranks already dead (``engine-protocol.md``): every rank of
+    ``range(--data-parallel-size)`` must join the group at start. A launch without some ranks therefore starts
+    the others as a smaller, contiguous world: ``members`` are the original ranks started, in order, and an
+    engine's ``--data-parallel-rank`` is its position among them (originals 1, 2, 3 of 4 run as 0, 1, 2 of 3).
+    The order is kept, so the lowest surviving original rank is engine rank 0, the group's master.
+    """
 
     master_ip: str
     master_port: int
-    dead_ranks: frozenset[int]
+    members: tuple[int, ...]
+
+    @property
+    def dp_size(self) -> int:
+        return len(self.members)
+
+    @property
+    def renumbered(self) -> bool:
+        return self.members != tuple(range(len(self.members)))
+
+    def engine_rank(self, endpoint_id: int) -> int:
+        """The ``--data-parallel-rank`` (the engine's FT id) of original rank ``endpoint_id`` in this world."""
+        try:
+            return self.members.index(endpoint_id)
+        except ValueError:
+            raise SpecError(f"endpoint {endpoint_id} is retired; retired ranks are never started") from None
+
+    def engine_ranks(self, endpoint_ids: Iterable[int]) -> list[int]:
+        """The engine ranks of those of ``endpoint_ids`` that this world started (ranks retired before the
+        launch are not in the engines' world at all)."""
+        return sorted(self.members.index(e) for e in set(endpoint_ids) if e in self.members)
+
+
+def launch_target(spec: InstanceSpec, *, master_ip: str, master_port: int, retired: Iterable[int]) -> LaunchTarget:
+    gone = frozenset(retired)
+    return LaunchTarget(
+        master_ip=master_ip,
+        master_port=master_port,
+        members=tuple(r for r in range(spec.dp_size) if r not in gone),
+    )
 
 
 def default_target(spec: InstanceSpec) -> LaunchTarget:
-    return LaunchTarget(
-        master_ip=spec.dp_master_ip, master_port=spec.dp_rpc_port, dead_ranks=frozenset(spec.dead_ranks)
+    return launch_target(spec, master_ip=spec.dp_master_ip, master_port=spec.dp_rpc_port, retired=spec.dead_ranks)
+
+
+def launch_redundant_experts(spec: InstanceSpec, target: LaunchTarget) -> int:
+    """The redundant experts a launch of ``target`` is started with. The whole world runs as configured; a
+    smaller one keeps every card's expert slots (``slots_per_rank``, a card's memory) and fills them, so its
+    redundant experts are ``members x slots - logical experts`` (:func:`relaunch_redundant_experts`)."""
+    if target.dp_size == spec.dp_size:
+        return spec.num_redundant_experts
+    return relaunch_redundant_experts(
+        members=target.dp_size,
+        tp_size=spec.tp_size,
+        slots_per_rank=spec.effective_slots_per_rank,
+        num_logical_experts=spec.num_logical_experts,
     )
 
 
@@ -225,8 +284,13 @@ def engine_command(
     """The command line of one endpoint's engine. The token travels in the environment, never in argv."""
     endpoint = spec.endpoint(endpoint_id)
     target = target or default_target(spec)
-    if endpoint_id in target.dead_ranks:
-        raise SpecError(f"endpoint {endpoint_id} is retired; retired ranks are never started")
+    rank = target.engine_rank(endpoint_id)
+    redundant = launch_redundant_experts(spec, target)
+    if redundant < 0:
+        raise SpecError(
+            f"{target.dp_size} DP ranks hold {redundant + spec.num_logical_experts} expert slots, fewer than the "
+            f"{spec.num_logical_experts} logical experts: the instance cannot run this small"
+        )
     fmt = _fmt
     if spec.backend == "vllm":
         assert spec.vllm is not None  # checked by the spec's validator
@@ -236,15 +300,15 @@ def engine_command(
         else:
             entry = [vllm.executable, "serve", vllm.model]
         # EPLB and redundant experts serve only scale_down; released vLLM is launched without them
-        eplb_flags = ["--enable-eplb", "--eplb-config.num_redundant_experts", str(spec.num_redundant_experts)]
+        eplb_flags = ["--enable-eplb", "--eplb-config.num_redundant_experts", str(redundant)]
         eplb = spec.enable_eplb and spec.engine_profile != "vllm-0.32"
         argv = [
             *entry,
             *(["--served-model-name", vllm.served_model_name] if vllm.served_model_name else []),
             "--host", pod_ip,
             "--port", str(endpoint.port),
-            "--data-parallel-size", str(spec.dp_size),
-            "--data-parallel-rank", str(endpoint_id),
+            "--data-parallel-size", str(target.dp_size),
+            "--data-parallel-rank", str(rank),
             "--data-parallel-size-local", "1",
             "--api-server-count", "1",
             "--tensor-parallel-size", str(spec.tp_size),
@@ -268,14 +332,14 @@ def engine_command(
     else:
         argv = [
             spec.sim.python, "-m", "heteroflow.cli.main", "engine-sim",
-            "--dp-size", str(spec.dp_size),
-            "--dp-rank", str(endpoint_id),
+            "--dp-size", str(target.dp_size),
+            "--dp-rank", str(rank),
             "--master-addr", target.master_ip,
             "--master-port", str(target.master_port),
             "--port", str(endpoint.port),
             "--host", pod_ip,
             "--num-experts", str(spec.num_logical_experts),
-            "--num-redundant-experts", str(spec.num_redundant_experts),
+            "--num-redundant-experts", str(redundant),
             "--slots-per-rank", str(spec.effective_slots_per_rank),
             "--collective-timeout-sec", fmt(spec.cpu_distributed_timeout_sec),
             "--engine-recovery-timeout-sec", fmt(spec.engine_recovery_timeout_sec),
@@ -290,8 +354,6 @@ def engine_command(
         ):
             if value is not None:
                 argv += [flag, fmt(value)]
-        if target.dead_ranks:
-            argv += ["--dead-ranks", ",".join(str(r) for r in sorted(target.dead_ranks))]
         env = {"HETEROFLOW_CLUSTER_TOKEN": cluster_token} if cluster_token else {}
     return EngineCommand(
         endpoint_id=endpoint_id,

@@ -8,6 +8,7 @@ from heteroflow.contracts.serving import FtFlags
 from heteroflow.serving.node_manager.controller_link import ControllerLink
 from heteroflow.serving.node_manager.ft_manager import PollState
 from heteroflow.serving.node_manager.service import FtServiceState
+from heteroflow.serving.node_manager.spec import LaunchTarget
 from heteroflow.serving.node_manager.supervisor import ProcessSupervisor
 
 
@@ -34,6 +35,11 @@ class EndpointStatus:
     """Last poll: unknown / healthy / unhealthy / dead / protocol_error."""
     dead_by_unreachability: bool
     polls: int
+    engine_rank: int | None = None
+    """The FT id (``--data-parallel-rank``) the engine was launched with; differs from ``endpoint_id`` after a
+    relaunch without some ranks renumbered the world. ``None`` before the first launch."""
+    engine_dp_size: int | None = None
+    """The ``--data-parallel-size`` of that launch."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,7 +65,12 @@ class NodeManagerStatus:
 
 
 def endpoint_status(
-    endpoint_id: int, supervisor: ProcessSupervisor, poll: PollState, *, retired: bool
+    endpoint_id: int,
+    supervisor: ProcessSupervisor,
+    poll: PollState,
+    *,
+    retired: bool,
+    world: LaunchTarget | None = None,
 ) -> EndpointStatus:
     identity = supervisor.identity(endpoint_id)
     return EndpointStatus(
@@ -73,6 +84,8 @@ def endpoint_status(
         ft_status=poll.last,
         dead_by_unreachability=poll.dead_by_unreachability,
         polls=poll.polls,
+        engine_rank=None if world is None else world.engine_rank(endpoint_id),
+        engine_dp_size=None if world is None else world.dp_size,
     )
 
 

@@ -71,7 +71,7 @@ def test_no_standing_fault_relaunches_in_place_with_the_fallbacks_retired_set() 
 
 
 def test_locally_the_instance_comes_back_without_the_ranks_on_faulty_cards() -> None:
-    got = plan(CARD_1_OF_N2, retired=(0,))
+    got = plan(CARD_1_OF_N2, retired=(0,), slots_per_rank=128)  # 2 ranks x 128 slots hold the 256 experts
     assert got.kind == RelaunchKind.WITHOUT_RANKS
     assert got.faulty == ranks((3,))
     assert got.retired == ranks((0, 3))  # what the fallback retires anyway, and the faulty rank
@@ -80,6 +80,20 @@ def test_locally_the_instance_comes_back_without_the_ranks_on_faulty_cards() -> 
     assert got.reason == (
         "ranks 3 run on cards with a standing hardware fault: the instance is relaunched without them (2 of 4 DP ranks)"
     )
+
+
+def test_a_smaller_world_that_cannot_hold_every_expert_is_refused_before_anything_stops() -> None:
+    # 2 ranks x 96 slots = 192 < 256 logical experts: a released engine would refuse to start that world
+    for got in (plan(CARD_1_OF_N2, retired=(0,)), plan(retired=(0, 3))):
+        assert got.kind == RelaunchKind.REFUSED
+        assert got.reason_code == RelaunchReason.EXPERT_CAPACITY
+        assert got.gate_reasons == ("EXPERT_CAPACITY_INSUFFICIENT",)
+        assert got.reason.startswith("2 DP ranks hold 192 expert slots, fewer than the 256 logical experts")
+    # whatever the gate's optional capacity check says; with TP 2 each DP rank holds two EP ranks' slots
+    assert plan(retired=(0, 3), tp_size=2).kind == RelaunchKind.IN_PLACE
+    # three ranks hold 288: the relaunch without rank 3 goes ahead, and the whole world is never checked
+    assert plan(CARD_1_OF_N2).kind == RelaunchKind.WITHOUT_RANKS
+    assert plan(slots_per_rank=1).kind == RelaunchKind.IN_PLACE
 
 
 def test_a_rank_already_retired_needs_nothing() -> None:
@@ -202,10 +216,11 @@ def test_no_plan_ever_starts_a_rank_on_a_card_with_a_standing_fault(
         started = topology().original_dp_ranks - got.retired
         assert started
         assert not started & hit
+        assert len(started) * 96 >= 256 or len(started) == 4  # a world that cannot place its experts never starts
     elif got.kind == RelaunchKind.REPLACE_PODS:
         assert replace
         assert {topology().pod_of(r).pod_id for r in got.faulty} == set(got.pods)
     else:
         assert got.kind == RelaunchKind.REFUSED
-        assert not replace
+        assert not replace or got.reason_code == RelaunchReason.EXPERT_CAPACITY
         assert got.reason_code is not None

@@ -542,6 +542,8 @@ const EN = {
     "Ranks {ranks} run on cards with a standing hardware fault and the instance cannot run without them ({gate}): nothing is relaunched until the fault clears or the cards are replaced.",
   "serving.relaunch.reason.standing_fault_every_rank":
     "Every rank to start ({ranks}) runs on a card with a standing hardware fault: nothing is relaunched until the fault clears or the cards are replaced.",
+  "serving.relaunch.reason.relaunch_expert_capacity_insufficient":
+    "The ranks left to start cannot hold every logical expert in their slots ({gate}): the engines cannot start that small, so nothing is relaunched until the cards are back or replaced.",
   "serving.pods": "Pods",
   "serving.pod.col.id": "Pod",
   "serving.pod.col.state": "State",
@@ -1231,6 +1233,8 @@ const ZH = {
     "rank {ranks} 所在的卡存在未消除的硬件故障，且实例无法在缺少它们的情况下运行（{gate}）：在故障消除或更换卡之前不会重新拉起。",
   "serving.relaunch.reason.standing_fault_every_rank":
     "所有待启动的 rank（{ranks}）所在的卡都存在未消除的硬件故障：在故障消除或更换卡之前不会重新拉起。",
+  "serving.relaunch.reason.relaunch_expert_capacity_insufficient":
+    "剩余待启动的 rank 的专家槽位容纳不下全部逻辑专家（{gate}）：引擎无法以这么小的规模启动，在卡恢复或更换之前不会重新拉起。",
   "serving.pods": "容器组（Pod）",
   "serving.pod.col.id": "容器组",
   "serving.pod.col.state": "状态",

@@ -19,17 +19,18 @@ plans, by platform:
   size, when the gate a scale-down round passes allows that many survivors; they are retired like committed
   ranks and the instance runs SCALED_DOWN_RUNNING.
 - ``REFUSED`` — locally, when it cannot come back without them (the gate refuses, or every rank is on a faulty
-  card): nothing is relaunched, the status says why (``reason_code`` and an English ``reason``) and the
-  controller relaunches again only when the fault clears or an operator acts — never a relaunch loop.
+  card), and anywhere when the ranks left to start cannot hold every logical expert in their slots: nothing is
+  relaunched, the status says why (``reason_code`` and an English ``reason``) and the controller relaunches
+  again only when the fault clears or an operator acts — never a relaunch loop.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from heteroflow.contracts.serving import FtCapability
+from heteroflow.contracts.serving import FtCapability, relaunch_redundant_experts
 
 from . import gate
 from .normalizer import HardwareFault, MappingKind, map_hardware_fault
@@ -63,6 +64,8 @@ class RelaunchReason(StrEnum):
     """Local: the instance cannot run without them (the scale-down gate refuses)."""
     EVERY_RANK_FAULTY = "standing_fault_every_rank"
     """Local: every rank to start is on a faulty card."""
+    EXPERT_CAPACITY = "relaunch_expert_capacity_insufficient"
+    """The ranks to start cannot hold every logical expert in their slots: the engines would refuse to start."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +113,54 @@ def plan_relaunch(
     capability: FtCapability | None,
 ) -> RelaunchPlan:
     """How a fallback whose retired set is ``retired`` relaunches ``topology``'s engines, given the ``standing``
-    hardware faults. ``can_replace_pods``: the controller can have a pod deleted for replacement (Kubernetes)."""
+    hardware faults. ``can_replace_pods``: the controller can have a pod deleted for replacement (Kubernetes).
+
+    A released engine cannot be started with ranks already dead, so a relaunch without some ranks starts the
+    others as a smaller, contiguous DP world (the NodeManagers renumber them, ``node_manager/spec.py``). Each card
+    keeps its expert slots, so the smaller world must still hold every logical expert: checked here, before
+    anything is stopped, whatever ``gate_expert_capacity`` says (an engine judges the slots after a scale_down,
+    but a fresh launch that cannot place its experts does not start at all)."""
+    plan = _plan(
+        topology=topology,
+        retired=retired,
+        standing=standing,
+        can_replace_pods=can_replace_pods,
+        flags=flags,
+        capability=capability,
+    )
+    members = len(topology.original_dp_ranks - plan.retired)
+    if plan.kind == RelaunchKind.REFUSED or capability is None or members == len(topology.original_dp_ranks):
+        return plan
+    redundant = relaunch_redundant_experts(
+        members=members,
+        tp_size=capability.tp_size,
+        slots_per_rank=capability.slots_per_rank,
+        num_logical_experts=capability.num_logical_experts,
+    )
+    if redundant >= 0:
+        return plan
+    return replace(
+        plan,
+        kind=RelaunchKind.REFUSED,
+        reason_code=RelaunchReason.EXPERT_CAPACITY,
+        reason=(
+            f"{members} DP ranks hold {redundant + capability.num_logical_experts} expert slots, fewer than the "
+            f"{capability.num_logical_experts} logical experts: the engines cannot start that small, so nothing is "
+            "relaunched until the cards are back or replaced"
+        ),
+        gate_reasons=(gate.GateReason.EXPERT_CAPACITY_INSUFFICIENT.value,),
+    )
+
+
+def _plan(
+    *,
+    topology: InstanceTopology,
+    retired: frozenset[DpRank],
+    standing: Iterable[HardwareFault],
+    can_replace_pods: bool,
+    flags: gate.GateFlags,
+    capability: FtCapability | None,
+) -> RelaunchPlan:
     start = topology.original_dp_ranks - retired
     hit, keys = faulty_ranks(standing, topology)
     faulty = ranks(hit & start)

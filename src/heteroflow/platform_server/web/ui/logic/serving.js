@@ -376,6 +376,7 @@ export const RELAUNCH_REASONS = Object.freeze([
   "standing_fault_ranks_left_out",
   "standing_fault_scale_down_refused",
   "standing_fault_every_rank",
+  "relaunch_expert_capacity_insufficient",
 ]);
 
 function intList(value) {
