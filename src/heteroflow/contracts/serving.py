@@ -172,6 +172,17 @@ class RegisterResponse(BaseModel):
 
 
 # == heartbeat (F-4) ========================================================================================
+class EngineRank(BaseModel):
+    """The FT id an endpoint's engine was launched with (``--data-parallel-rank``) and that launch's DP size: the
+    endpoint's own id and the instance's size, unless a relaunch without some ranks renumbered the survivors."""
+
+    model_config = _FROZEN
+
+    endpoint_id: StrictInt = Field(ge=0)
+    engine_rank: StrictInt = Field(ge=0)
+    dp_size: StrictInt = Field(ge=1, le=MAX_DP_SIZE)
+
+
 class HeartbeatRequest(BaseModel):
     """``POST /controller/node_manager/heartbeat``: lifecycle and endpoint-set completeness, never ranks to remove.
 
@@ -188,6 +199,8 @@ class HeartbeatRequest(BaseModel):
     retired_endpoint_ids: list[StrictInt] = Field(default_factory=list)
     guard_request_id: str | None = None
     sent_at: datetime
+    engine_ranks: list[EngineRank] = Field(default_factory=list, max_length=MAX_DP_SIZE)
+    """Each running engine's launch rank and size (empty from a NodeManager that does not say)."""
 
     @field_validator("endpoint_ids", "expected_endpoint_ids", "retired_endpoint_ids")
     @classmethod

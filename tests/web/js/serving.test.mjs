@@ -504,13 +504,25 @@ test("each rank's place: its pod's node, and its card when it registered exactly
         { pod_id: "b", node_name: "", ranks: [{ rank: 2, devices: [{ device_id: "npu-0", index: null }] }] },
         { pod_id: "c", state: "unknown" }, // a pod the controller knows nothing more of
         { pod_id: "d", node_name: "node-4", ranks: [{ rank: "3" }, null] },
+        // a relaunch without rank 4 started 5 as engine rank 4 of 5; rank 6 reports itself (not renumbered)
+        {
+          pod_id: "e",
+          node_name: "node-5",
+          ranks: [
+            { rank: 5, devices: [], engine_rank: 4, engine_dp_size: 5 },
+            { rank: 6, devices: [], engine_rank: 6, engine_dp_size: 7 },
+          ],
+        },
       ],
     }),
   );
-  assert.deepEqual([...places.keys()], [0, 1, 2]);
-  assert.deepEqual(places.get(0), { pod: "a", node: "node-1", gpuIndex: 2 });
-  assert.deepEqual(places.get(1), { pod: "a", node: "node-1", gpuIndex: null }); // two cards: no single one
-  assert.deepEqual(places.get(2), { pod: "b", node: null, gpuIndex: null });
+  const plain = { engineRank: null, engineDpSize: null };
+  assert.deepEqual([...places.keys()], [0, 1, 2, 5, 6]);
+  assert.deepEqual(places.get(0), { pod: "a", node: "node-1", gpuIndex: 2, ...plain });
+  assert.deepEqual(places.get(1), { pod: "a", node: "node-1", gpuIndex: null, ...plain }); // two cards: no single one
+  assert.deepEqual(places.get(2), { pod: "b", node: null, gpuIndex: null, ...plain });
+  assert.deepEqual(places.get(5), { pod: "e", node: "node-5", gpuIndex: null, engineRank: 4, engineDpSize: 5 });
+  assert.deepEqual(places.get(6), { pod: "e", node: "node-5", gpuIndex: null, ...plain });
   assert.equal(rankPlaces({}).size, 0);
   assert.equal(nodeLink("node-1", 2), "/nodes/gpu-health?node=node-1&gpu=2");
   assert.equal(nodeLink("node-1", null), "/nodes/gpu-health?node=node-1");

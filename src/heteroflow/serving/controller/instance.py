@@ -41,6 +41,8 @@ class PodState:
     last_seen: float
     heartbeat_complete: bool = False
     heartbeats: int = 0
+    engine_ranks: dict[int, tuple[int, int]] = field(default_factory=dict)
+    """Endpoint → (its engine's launch rank, that launch's DP size), from the last heartbeat that said."""
 
 
 @dataclass

@@ -7,7 +7,7 @@ waits for its NodeManagers to register again. The field order is the order of th
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
@@ -87,6 +87,11 @@ class RankStatus(BaseModel):
 
     rank: int
     devices: list[DeviceStatus]
+    engine_rank: int | None = None
+    """The FT id its engine was launched with (``--data-parallel-rank``): the rank itself unless a relaunch without
+    some ranks renumbered the survivors into a smaller world; ``None`` until its NodeManager says."""
+    engine_dp_size: int | None = None
+    """That launch's ``--data-parallel-size``."""
 
 
 class UnknownPodStatus(BaseModel):
@@ -226,7 +231,7 @@ def _assembled(ctrl: StatusPorts, inst: Instance) -> InstanceStatus:
                 {**seen, "pending": key in pending} for key, seen in inst.evidence.hardware_seen.items()
             ],
             "rounds": list(inst.runtime.history),
-            "pods": [_pod(ctrl, pod.pod_id, _ranks(pod.endpoints)) for pod in inst.topology.pods],
+            "pods": [_pod(ctrl, pod.pod_id, pod.endpoints) for pod in inst.topology.pods],
             "persist_pending": inst.persistence.pending,
             "store_error": ctrl.store_error,
             "restore": _restore(inst),
@@ -274,17 +279,23 @@ def _relaunch(inst: Instance) -> RelaunchStatus | None:
     )
 
 
-def _ranks(endpoints: Sequence[EndpointInfo]) -> list[RankStatus]:
+def _ranks(endpoints: Sequence[EndpointInfo], engine_ranks: Mapping[int, tuple[int, int]]) -> list[RankStatus]:
     return [
-        RankStatus(rank=e.id, devices=[DeviceStatus(device_id=d.device_id, index=d.index) for d in e.device_infos])
+        RankStatus(
+            rank=e.id,
+            devices=[DeviceStatus(device_id=d.device_id, index=d.index) for d in e.device_infos],
+            engine_rank=engine_ranks[e.id][0] if e.id in engine_ranks else None,
+            engine_dp_size=engine_ranks[e.id][1] if e.id in engine_ranks else None,
+        )
         for e in sorted(endpoints, key=lambda e: e.id)
     ]
 
 
-def _pod(ctrl: StatusPorts, pod_id: str, ranks: list[RankStatus]) -> PodStatus | UnknownPodStatus:
+def _pod(ctrl: StatusPorts, pod_id: str, endpoints: Sequence[EndpointInfo]) -> PodStatus | UnknownPodStatus:
     state = ctrl.pods.get(pod_id)
     if state is None:
-        return UnknownPodStatus(pod_id=pod_id, ranks=ranks)
+        return UnknownPodStatus(pod_id=pod_id, ranks=_ranks(endpoints, {}))
+    ranks = _ranks(endpoints, state.engine_ranks)
     silent = ctrl.clock.monotonic() - state.last_seen
     return PodStatus(
         pod_id=pod_id,

@@ -25,6 +25,7 @@ from heteroflow.contracts.engine_protocol import ApplyParams, ApplyRequest, Engi
 from heteroflow.contracts.serving import (
     EndpointFtStatus,
     EngineApplyResult,
+    EngineRank,
     EnginesResponse,
     EnginesStartRequest,
     FaultEvidence,
@@ -346,6 +347,11 @@ class NodeManager:
             retired_endpoint_ids=sorted(retired),
             guard_request_id=self._state.owner if self._state.is_frozen(self._clock.monotonic()) else None,
             sent_at=self._clock.now(),
+            engine_ranks=[
+                EngineRank(endpoint_id=eid, engine_rank=world.engine_rank(eid), dp_size=world.dp_size)
+                for eid, world in sorted(self._launched.items())
+                if eid not in retired and self.supervisor.running(eid)
+            ],
         )
 
     async def controller_once(self) -> None:

@@ -8,7 +8,14 @@ from pathlib import Path
 
 from fastapi.responses import JSONResponse
 
-from heteroflow.contracts.serving import FaultEvidence, HardwareFaultReport, RegisterRequest, SoftwareFaultReport
+from heteroflow.contracts.serving import (
+    EngineRank,
+    FaultEvidence,
+    HardwareFaultReport,
+    HeartbeatRequest,
+    RegisterRequest,
+    SoftwareFaultReport,
+)
 from heteroflow.core.testing import FakeClock
 from heteroflow.serving.controller.clients import NodeManagerClient
 from heteroflow.serving.controller.config import ControllerConfig, ControllerSettings, FaultToleranceConfig
@@ -36,27 +43,30 @@ EXPECTED = (
     b'itted":[],"pending_removed_ranks":[],"alive_dp_ranks":[0,1,2,3],"fallback_strategy":null,"gate":{"al'
     b'lowed":true,"reason_codes":[],"warnings":[]},"engine_statuses":{"1":"unhealthy"},"serving_published"'
     b':false,"last_error":null,"can_serve":false,"engine_capability":{"protocol_profile":null,"scale_down_'
-    b'supported":true,"retry_supported":true,"elastic_ep_supported":false},"generation":0,"intervention_required":null,"relaunch":null,'
-    b'"standing_hardware_faults":[],"running_strategy":null,"last_decision":null,"published_endpoints":[],'
-    b'"hardware_faults":[{"key":"80E18402|GPU-a|k-1","level":5,"source":"t","mapping":"UNMAPPABLE","ranks"'
-    b':[],"reason":"a pod of the instance registered no node name","reason_code":"no_node_name","reason_su'
-    b'bject":null,"pending":true}],"rounds":[],"pods":[{"pod_id":"a","pod_ip":"127.0.0.1","node_name":"k-1'
-    b'","state":"up","silent_sec":2.5,"heartbeat_complete":false,"heartbeats":0,"ranks":[{"rank":0,"device'
-    b's":[{"device_id":"GPU-a","index":2}]},{"rank":1,"devices":[]}]},{"pod_id":"b","pod_ip":"127.0.0.2","'
-    b'node_name":"","state":"lost","silent_sec":100.0,"heartbeat_complete":false,"heartbeats":0,"ranks":[{'
-    b'"rank":2,"devices":[]},{"rank":3,"devices":[]}]}],"persist_pending":false,"store_error":null,"restore":null,"restorable":null},{"inst'
-    b'ance_id":"inst-2","phase":"SCALED_DOWN_RUNNING","original_dp_ranks":[0,1],"request_id":null,"dead_co'
-    b'mmitted":[1],"pending_removed_ranks":[],"alive_dp_ranks":[0],"fallback_strategy":null,"gate":{"allow'
-    b'ed":true,"reason_codes":[]},"engine_statuses":{},"serving_published":false,"last_error":null,"can_se'
-    b'rve":false,"running_strategy":null,"last_decision":"waiting for every NodeManager to register","inte'
-    b'rvention_required":null}]'
+    b'supported":true,"retry_supported":true,"elastic_ep_supported":false},"generation":0,"intervention_re'
+    b'quired":null,"relaunch":null,"standing_hardware_faults":[],"running_strategy":null,"last_decision":n'
+    b'ull,"published_endpoints":[],"hardware_faults":[{"key":"80E18402|GPU-a|k-1","level":5,"source":"t","'
+    b'mapping":"UNMAPPABLE","ranks":[],"reason":"a pod of the instance registered no node name","reason_co'
+    b'de":"no_node_name","reason_subject":null,"pending":true}],"rounds":[],"pods":[{"pod_id":"a","pod_ip"'
+    b':"127.0.0.1","node_name":"k-1","state":"up","silent_sec":2.5,"heartbeat_complete":true,"heartbeats":'
+    b'1,"ranks":[{"rank":0,"devices":[{"device_id":"GPU-a","index":2}],"engine_rank":0,"engine_dp_size":3}'
+    b',{"rank":1,"devices":[],"engine_rank":1,"engine_dp_size":3}]},{"pod_id":"b","pod_ip":"127.0.0.2","no'
+    b'de_name":"","state":"lost","silent_sec":100.0,"heartbeat_complete":false,"heartbeats":0,"ranks":[{"r'
+    b'ank":2,"devices":[],"engine_rank":null,"engine_dp_size":null},{"rank":3,"devices":[],"engine_rank":n'
+    b'ull,"engine_dp_size":null}]}],"persist_pending":false,"store_error":null,"restore":null,"restorable"'
+    b':null},{"instance_id":"inst-2","phase":"SCALED_DOWN_RUNNING","original_dp_ranks":[0,1],"request_id":'
+    b'null,"dead_committed":[1],"pending_removed_ranks":[],"alive_dp_ranks":[0],"fallback_strategy":null,"'
+    b'gate":{"allowed":true,"reason_codes":[]},"engine_statuses":{},"serving_published":false,"last_error"'
+    b':null,"can_serve":false,"running_strategy":null,"last_decision":"waiting for every NodeManager to re'
+    b'gister","intervention_required":null}]'
 )
 
 EXPECTED_PODS = (
     b'[{"pod_id":"a","pod_ip":"127.0.0.1","node_name":"k-1","state":"up","silent_sec":2.5,"heartbeat_compl'
-    b'ete":false,"heartbeats":0,"ranks":[{"rank":0,"devices":[{"device_id":"GPU-a","index":2}]},{"rank":1,'
-    b'"devices":[]}]},{"pod_id":"b","state":"unknown","ranks":[{"rank":2,"devices":[]},{"rank":3,"devices"'
-    b":[]}]}]"
+    b'ete":true,"heartbeats":1,"ranks":[{"rank":0,"devices":[{"device_id":"GPU-a","index":2}],"engine_rank'
+    b'":0,"engine_dp_size":3},{"rank":1,"devices":[],"engine_rank":1,"engine_dp_size":3}]},{"pod_id":"b","'
+    b'state":"unknown","ranks":[{"rank":2,"devices":[],"engine_rank":null,"engine_dp_size":null},{"rank":3'
+    b',"devices":[],"engine_rank":null,"engine_dp_size":null}]}]'
 )
 
 
@@ -106,6 +116,20 @@ def test_the_status_answer_is_byte_for_byte_the_same(tmp_path: Path) -> None:
         await controller.register(registration("a", "127.0.0.1", [0, 1], endpoints=endpoints, node_name="k-1"))
         controller.hardware_fault(
             HardwareFaultReport(node_name="k-1", card="GPU-a", fault_code="80E18402", level=5, source="t")
+        )
+        # pod a's engines run renumbered (a relaunch without rank 2 would start 0, 1, 3 as 0, 1, 2 of 3)
+        controller.heartbeat(
+            HeartbeatRequest(
+                pod_id="a",
+                instance_id="inst-1",
+                endpoint_ids=[0, 1],
+                expected_endpoint_ids=[0, 1],
+                sent_at=clock.now(),
+                engine_ranks=[
+                    EngineRank(endpoint_id=0, engine_rank=0, dp_size=3),
+                    EngineRank(endpoint_id=1, engine_rank=1, dp_size=3),
+                ],
+            )
         )
         clock.advance(2.5)
         controller.report(

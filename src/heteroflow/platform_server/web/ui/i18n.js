@@ -494,6 +494,9 @@ const EN = {
   "serving.pod.col.ip": "Pod IP",
   "serving.pod.node_link": "GPU health of node {node}",
   "serving.rank_node_link": "Rank {rank} runs on {card}: its GPU health",
+  "serving.rank.renumbered": "Runs as engine rank {engine} of {size}",
+  "serving.rank.renumbered.explain":
+    "A relaunch without some ranks started the others as a smaller DP group, renumbered in order; HeteroFlow keeps the original rank everywhere else.",
   "serving.instance_link": "Link",
   "serving.instance_link_title": "A link to instance {id}: it is highlighted when opened",
   "serving.gate": "Gate",
@@ -1185,6 +1188,9 @@ const ZH = {
   "serving.pod.col.ip": "容器组 IP",
   "serving.pod.node_link": "节点 {node} 的 GPU 健康",
   "serving.rank_node_link": "DP 副本 {rank} 运行在 {card}：查看其 GPU 健康",
+  "serving.rank.renumbered": "以引擎 rank {engine}（共 {size} 个）运行",
+  "serving.rank.renumbered.explain":
+    "去掉部分 rank 后重新拉起时，其余 rank 按原顺序重新编号，组成较小的 DP 组；HeteroFlow 在其他地方仍使用原始 rank 编号。",
   "serving.instance_link": "链接",
   "serving.instance_link_title": "实例 {id} 的链接：打开时高亮显示",
   "serving.gate": "门禁",

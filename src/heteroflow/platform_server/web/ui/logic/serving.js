@@ -339,8 +339,11 @@ export function nodeDirectory(items) {
 
 /**
  * Where each DP rank runs, from the status's pods (``pods[].ranks``): rank → {pod, node (null: not reported),
- * gpuIndex (the card's index when the rank registered exactly one card with an index, else null)}.
- * @returns {Map<number, {pod: string, node: string|null, gpuIndex: number|null}>}
+ * gpuIndex (the card's index when the rank registered exactly one card with an index, else null), engineRank and
+ * engineDpSize (the FT id and DP size its engine was launched with, when a relaunch without some ranks renumbered
+ * it; null when it runs as itself or nobody said)}.
+ * @returns {Map<number, {pod: string, node: string|null, gpuIndex: number|null, engineRank: number|null,
+ *            engineDpSize: number|null}>}
  */
 export function rankPlaces(entry) {
   const places = new Map();
@@ -352,7 +355,15 @@ export function rankPlaces(entry) {
       if (!r || !Number.isInteger(r.rank)) continue;
       const devices = Array.isArray(r.devices) ? r.devices : [];
       const index = devices.length === 1 && Number.isInteger(devices[0]?.index) ? devices[0].index : null;
-      places.set(r.rank, { pod: String(pod.pod_id ?? ""), node, gpuIndex: index });
+      const renumbered =
+        Number.isInteger(r.engine_rank) && Number.isInteger(r.engine_dp_size) && r.engine_rank !== r.rank;
+      places.set(r.rank, {
+        pod: String(pod.pod_id ?? ""),
+        node,
+        gpuIndex: index,
+        engineRank: renumbered ? r.engine_rank : null,
+        engineDpSize: renumbered ? r.engine_dp_size : null,
+      });
     }
   }
   return places;

@@ -334,6 +334,16 @@ export function createServingPage(main) {
                   cell.published ? t("serving.rank_published") : t("serving.rank_unpublished"),
                 ),
             placeLink(cell.rank),
+            places.get(cell.rank)?.engineRank == null
+              ? null
+              : h(
+                  "span",
+                  { class: "rank-renumbered small", title: t("serving.rank.renumbered.explain") },
+                  t("serving.rank.renumbered", {
+                    engine: places.get(cell.rank).engineRank,
+                    size: places.get(cell.rank).engineDpSize,
+                  }),
+                ),
           ),
         ),
       ),
