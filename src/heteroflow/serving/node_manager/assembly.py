@@ -9,9 +9,9 @@
   1 MiB is a 413 and JSON nested deeper than 32 levels a 400 (:mod:`heteroflow.core.request_body`), both
   answered before the route runs.
 - Errors map to HTTP statuses in one place (:data:`STATUS_OF`): stale or conflicting rounds → 502 (the
-  RFC's status for "another transaction owns this NodeManager"), a missing or expired guard or a second
-  apply → 409, a bad command → 400. An apply the engines did not all accept (HTTP 202) answers 502 with
-  each engine's result.
+  RFC's status for "another transaction owns this NodeManager"), a missing or expired guard, a second apply or
+  an engine start in a world too small to hold the experts → 409, a bad command → 400. An apply the engines did
+  not all accept (HTTP 202) answers 502 with each engine's result.
 """
 
 from __future__ import annotations
@@ -25,7 +25,12 @@ from heteroflow.http.errors import StatusMap, error_response
 from heteroflow.http.gate import TokenGate, gate_middleware
 from heteroflow.http.probes import LIVENESS_PATH, probes_router
 from heteroflow.serving.node_manager import service
-from heteroflow.serving.node_manager.daemon import NodeManager, ProxyDisabledError, UnknownEndpointError
+from heteroflow.serving.node_manager.daemon import (
+    LaunchRefusedError,
+    NodeManager,
+    ProxyDisabledError,
+    UnknownEndpointError,
+)
 from heteroflow.serving.node_manager.routes import engines_router, ft_router, node_router
 
 STATUS_OF = StatusMap(
@@ -34,6 +39,7 @@ STATUS_OF = StatusMap(
         service.InvalidCommandError: 400,
         service.NotGuardedError: 409,
         service.AlreadyAppliedError: 409,
+        LaunchRefusedError: 409,
         service.GuardConflictError: 502,
         service.StaleRequestError: 502,
     }

@@ -70,6 +70,8 @@ from heteroflow.serving.node_manager.settings import NodeManagerSettings
 from heteroflow.serving.node_manager.spec import (
     InstanceSpec,
     LaunchTarget,
+    SpecError,
+    check_launch,
     default_target,
     engine_command,
     launch_target,
@@ -88,6 +90,13 @@ class UnknownEndpointError(FtServiceError):
     """HTTP 400: an endpoint id this pod does not run, or a rank outside the instance."""
 
     code = "unknown_endpoint"
+
+
+class LaunchRefusedError(FtServiceError):
+    """HTTP 409: the engines could not start in the world asked for (too few ranks to hold every logical
+    expert); nothing was stopped or changed."""
+
+    code = "launch_refused"
 
 
 class NodeManager:
@@ -584,15 +593,24 @@ class NodeManager:
         async with self._lifecycle:
             # the controller takes every local engine over: an earlier death no longer counts towards the suicide
             # handling, also for an engine the new retired set no longer retires (a full rebuild)
-            self._dead_since.clear()
-            if request.retired_endpoint_ids is not None:
-                self._state = service.replace_retired(self._state, self._in_instance(request.retired_endpoint_ids))
-            self._target = launch_target(
+            retired = (
+                self._state.retired
+                if request.retired_endpoint_ids is None
+                else self._in_instance(request.retired_endpoint_ids)
+            )
+            target = launch_target(
                 self.spec,
                 master_ip=request.dp_master_ip or self._target.master_ip,
                 master_port=request.dp_master_port or self._target.master_port,
-                retired=self._state.retired,
+                retired=retired,
             )
+            try:
+                check_launch(self.spec, target)
+            except SpecError as exc:  # before anything is stopped: the running engines keep serving
+                raise LaunchRefusedError(str(exc)) from exc
+            self._dead_since.clear()
+            self._state = service.replace_retired(self._state, retired)
+            self._target = target
             stopped: list[int] = []
             if restart:  # all at once: a hung engine uses its whole stop grace, and must not add it to the others'
                 grace = self.settings.engine_stop_grace_sec

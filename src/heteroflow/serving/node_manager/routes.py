@@ -31,7 +31,8 @@ _ERRORS: dict[int, str] = {
     400: "A malformed body, JSON nested too deeply, an unknown endpoint id or a bad command.",
     401: "No valid cluster token (unauthorized).",
     404: "The FT routes are off: enable_dp_scale_down_proxy is false, or the controller has not registered us.",
-    409: "No guard, an expired guard, or a second apply in the round.",
+    409: "No guard, an expired guard, or a second apply in the round; an engine start in a world too small to "
+    "hold every logical expert.",
     413: "The body is larger than 1 MiB.",
     502: "Another round owns this NodeManager, or the round is stale.",
 }
@@ -167,7 +168,7 @@ def _engines_route(
         endpoint,
         methods=["POST"],
         name="engines_" + path.rsplit("/", 1)[-1],
-        responses={200: {"model": wire.EnginesResponse}, **_errors(400)},
+        responses={200: {"model": wire.EnginesResponse}, **_errors(400, 409)},
         openapi_extra=json_request_body(model, required=False),
     )
 

@@ -142,6 +142,11 @@ class InstanceSpec(BaseModel):
             raise ValueError("backend 'vllm' needs a 'vllm' section (at least the model)")
         if self.ft_path_prefix is not None:
             normalize_prefix(self.ft_path_prefix)
+        if self.dead_ranks:
+            check_launch(
+                self,
+                launch_target(self, master_ip=self.dp_master_ip, master_port=self.dp_rpc_port, retired=self.dead_ranks),
+            )
         return self
 
     @property
@@ -273,6 +278,18 @@ def launch_redundant_experts(spec: InstanceSpec, target: LaunchTarget) -> int:
     )
 
 
+def check_launch(spec: InstanceSpec, target: LaunchTarget) -> int:
+    """The redundant experts of a launch of ``target``; :class:`SpecError` when its ranks' slots cannot hold every
+    logical expert (no engine would start)."""
+    redundant = launch_redundant_experts(spec, target)
+    if redundant < 0:
+        raise SpecError(
+            f"{target.dp_size} DP ranks hold {redundant + spec.num_logical_experts} expert slots, fewer than the "
+            f"{spec.num_logical_experts} logical experts: the instance cannot run this small"
+        )
+    return redundant
+
+
 def engine_command(
     spec: InstanceSpec,
     endpoint_id: int,
@@ -285,12 +302,7 @@ def engine_command(
     endpoint = spec.endpoint(endpoint_id)
     target = target or default_target(spec)
     rank = target.engine_rank(endpoint_id)
-    redundant = launch_redundant_experts(spec, target)
-    if redundant < 0:
-        raise SpecError(
-            f"{target.dp_size} DP ranks hold {redundant + spec.num_logical_experts} expert slots, fewer than the "
-            f"{spec.num_logical_experts} logical experts: the instance cannot run this small"
-        )
+    redundant = check_launch(spec, target)
     fmt = _fmt
     if spec.backend == "vllm":
         assert spec.vllm is not None  # checked by the spec's validator
