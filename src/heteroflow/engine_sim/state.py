@@ -179,7 +179,8 @@ def initial_state(*, rank: int, dp_size: int, profile_name: ProfileName = "vllm-
     if dp_size < 1:
         raise ConfigurationError("dp_size must be ≥ 1")
     if not 0 <= rank < dp_size:
-        raise ConfigurationError(f"dp_rank {rank} is outside range({dp_size})")
+        # vLLM's own text (ParallelConfig: the rank must lie in [0, data_parallel_size))
+        raise ConfigurationError(f"data_parallel_rank ({rank}) must be in the range [0, {dp_size})")
     return EngineState(rank=rank, dp_size=dp_size, profile_name=profile_name)
 
 

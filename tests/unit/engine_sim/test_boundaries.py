@@ -29,7 +29,7 @@ BASE = ["engine-sim", "--dp-size", "4", "--master-addr", "127.0.0.1", "--master-
 @pytest.mark.parametrize(
     ("extra", "message"),
     [
-        (["--dp-rank", "4"], "outside range"),
+        (["--dp-rank", "4"], "data_parallel_rank (4) must be in the range [0, 4)"),
         # vLLM 0.34's own start-up refusals of the expert layout (E + K over N EP ranks, K ≥ 0)
         (
             ["--dp-rank", "1", "--num-experts", "8", "--num-redundant-experts", "3"],
