@@ -3,6 +3,10 @@
 Signals (the signal-based fault path, usable without the cluster token): SIGUSR1 kills the worker
 (this rank → ``dead``), SIGUSR2 injects a transient collective failure; SIGSTOP/SIGCONT on the worker's
 pid (``GET /sim/info``) hang and resume it; SIGKILL to the session kills the whole rank.
+
+Like a vLLM release, it cannot be launched "with ranks already dead" (there is no such option): a relaunch
+without some ranks is a smaller contiguous world, ``--dp-size k --dp-rank 0..k-1`` with
+``--num-redundant-experts k x slots_per_rank - E``. The expert layout is checked at start as vLLM 0.34 checks it.
 """
 
 from __future__ import annotations
@@ -30,19 +34,6 @@ from heteroflow.engine_sim.state import ConfigurationError, initial_state
 _log = structlog.get_logger(__name__)
 
 
-def parse_rank_list(text: str) -> frozenset[int]:
-    """``"0,2"`` → {0, 2}; raises ``typer.BadParameter`` for anything else."""
-    ranks: set[int] = set()
-    for part in text.split(","):
-        part = part.strip()
-        if not part:
-            continue
-        if not part.isdigit():
-            raise typer.BadParameter(f"{part!r} is not a DP rank (comma-separated non-negative integers)")
-        ranks.add(int(part))
-    return frozenset(ranks)
-
-
 def engine_sim(
     dp_size: Annotated[int, typer.Option(min=1, help="Data-parallel size of the instance (all ranks ever)")],
     dp_rank: Annotated[int, typer.Option(min=0, help="This engine's global DP rank (its FT id)")],
@@ -53,13 +44,13 @@ def engine_sim(
         str | None, typer.Option(help="Bind address (env HETEROFLOW_ENGINE_SIM_HOST; default 127.0.0.1)")
     ] = None,
     num_experts: Annotated[int, typer.Option(min=1, help="Logical experts")] = 8,
-    num_redundant_experts: Annotated[int, typer.Option(min=0, help="EPLB redundant replicas")] = 4,
+    num_redundant_experts: Annotated[
+        int,
+        typer.Option(help="EPLB redundant replicas (vLLM --eplb-config.num_redundant_experts; E+K must divide by N)"),
+    ] = 4,
     slots_per_rank: Annotated[
-        int | None, typer.Option(min=1, help="Physical expert slots per rank (default ceil((E+K)/N))")
+        int | None, typer.Option(min=1, help="Physical expert slots per rank: (E+K)/N, the only layout vLLM starts")
     ] = None,
-    dead_ranks: Annotated[
-        str, typer.Option(help="Ranks retired earlier, e.g. '0,2' (in-place relaunch of the survivors)")
-    ] = "",
     collective_timeout_sec: Annotated[
         float | None, typer.Option(help="gloo collective timeout (vLLM --cpu-distributed-timeout-seconds)")
     ] = None,
@@ -120,14 +111,13 @@ def engine_sim(
         dp_rank=dp_rank,
         master_addr=master_addr,
         master_port=master_port,
-        dead_ranks=parse_rank_list(dead_ranks),
         num_experts=num_experts,
         num_redundant_experts=num_redundant_experts,
         slots_per_rank=slots_per_rank,
     )
     try:
         topology.validate()
-        initial_state(rank=dp_rank, dp_size=dp_size, dead_ranks=topology.dead_ranks)
+        initial_state(rank=dp_rank, dp_size=dp_size)
         if ft_profile is not None and canonical_profile_name(ft_profile) not in PROFILE_NAMES:
             known = ", ".join((*PROFILE_NAMES, *PROFILE_ALIASES))
             raise ConfigurationError(f"--ft-profile must be one of {known}; got {ft_profile!r}")
@@ -160,7 +150,6 @@ async def run_engine(*, topology: Topology, settings: EngineSimSettings, port: i
     launch = WorkerLaunch(
         rank=topology.dp_rank,
         dp_size=topology.dp_size,
-        dead_ranks=sorted(topology.dead_ranks),
         master_addr=topology.master_addr,
         master_port=topology.master_port,
         bind_host=settings.host,
@@ -188,7 +177,6 @@ async def run_engine(*, topology: Topology, settings: EngineSimSettings, port: i
         initial=initial_state(
             rank=topology.dp_rank,
             dp_size=topology.dp_size,
-            dead_ranks=topology.dead_ranks,
             profile_name=settings.ft_profile,
         ),
         backend=backend,

@@ -86,7 +86,6 @@ class FakeGroup:
         self,
         *,
         dp_size: int,
-        dead_ranks: frozenset[int],
         clock: Clock,
         num_experts: int,
         num_redundant_experts: int,
@@ -99,14 +98,14 @@ class FakeGroup:
         self.seed = seed
         self.rebuild_timeout_sec = rebuild_timeout_sec
         self._members: dict[int, _Member] = {}
-        self._groups: dict[str, tuple[int, ...]] = {"init": tuple(r for r in range(dp_size) if r not in dead_ranks)}
+        self._groups: dict[str, tuple[int, ...]] = {"init": tuple(range(dp_size))}
         placement = initial_placement(
             dp_size=dp_size,
             num_experts=num_experts,
             num_redundant_experts=num_redundant_experts,
             slots_per_rank=slots_per_rank,
         )
-        self._placements: dict[str, ExpertPlacement] = {"init": remove_ranks(placement, dead_ranks)}
+        self._placements: dict[str, ExpertPlacement] = {"init": placement}
         self._rounds: dict[str, _Round] = {}
 
     # -- membership ------------------------------------------------------------------------------------

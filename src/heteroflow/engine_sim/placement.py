@@ -30,6 +30,49 @@ def default_slots_per_rank(*, dp_size: int, num_experts: int, num_redundant_expe
     return math.ceil((num_experts + num_redundant_experts) / dp_size)
 
 
+def redundant_experts_text(num_redundant_experts: int) -> str:
+    """vLLM's refusal of a negative redundancy (``EPLBConfig.num_redundant_experts``, pydantic ``ge=0``)."""
+    return (
+        "1 validation error for EPLBConfig\nnum_redundant_experts\n  Input should be greater than or equal to 0 "
+        f"[type=greater_than_equal, input_value={num_redundant_experts}, input_type=int]"
+    )
+
+
+def even_distribution_text(*, physical_experts: int, ep_size: int) -> str:
+    """vLLM's refusal of physical experts that do not divide evenly over the EP ranks (FusedMoE with EPLB)."""
+    return (
+        "EPLB currently only supports even distribution of experts across ranks. "
+        f"Got {physical_experts} experts and {ep_size} EP ranks."
+    )
+
+
+def launch_slots_per_rank(
+    *, dp_size: int, num_experts: int, num_redundant_experts: int, slots_per_rank: int | None = None
+) -> int:
+    """The expert layout a launch gets, checked as vLLM 0.34 checks it at start; the slots per rank.
+
+    vLLM refuses a negative ``num_redundant_experts`` (``EPLBConfig``, ``ge=0``) and, with EPLB and expert
+    parallelism, ``num_experts + num_redundant_experts`` physical experts that are not a multiple of the EP
+    size (one EP rank per DP rank here; ``fused_moe/layer.py``). Each rank then holds exactly
+    ``(E + K) / dp_size`` slots: an explicit ``slots_per_rank`` (the simulator's own option) must say the same.
+    Raises :class:`PlacementError` with vLLM's text, else the simulator's for the contradicting option.
+    """
+    if dp_size < 1 or num_experts < 1:
+        raise PlacementError("dp_size and num_experts must be ≥ 1")
+    if num_redundant_experts < 0:
+        raise PlacementError(redundant_experts_text(num_redundant_experts))
+    physical = num_experts + num_redundant_experts
+    if physical % dp_size:
+        raise PlacementError(even_distribution_text(physical_experts=physical, ep_size=dp_size))
+    per_rank = physical // dp_size
+    if slots_per_rank is not None and slots_per_rank != per_rank:
+        raise PlacementError(
+            f"--slots-per-rank {slots_per_rank} contradicts the expert layout: {num_experts} experts + "
+            f"{num_redundant_experts} redundant over {dp_size} EP ranks are {per_rank} physical experts per rank"
+        )
+    return per_rank
+
+
 def has_capacity(*, alive_ranks: int, slots_per_rank: int, num_experts: int) -> bool:
     """The engine's redundancy rule: ``(ep_world - dead) x slots_per_rank ≥ num_logical_experts``."""
     return alive_ranks * slots_per_rank >= num_experts

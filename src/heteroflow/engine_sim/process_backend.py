@@ -38,7 +38,6 @@ class WorkerLaunch:
 
     rank: int
     dp_size: int
-    dead_ranks: list[int]
     master_addr: str
     master_port: int
     bind_host: str

@@ -8,7 +8,12 @@ from pydantic import Field, field_validator
 
 from heteroflow.contracts.engine_protocol import DEFAULT_PROFILE, PROFILES, ProfileNameIn, normalize_prefix
 from heteroflow.core.settings import LenientSettings, env_names
-from heteroflow.engine_sim.placement import PlacementError, default_slots_per_rank, initial_placement
+from heteroflow.engine_sim.placement import (
+    PlacementError,
+    default_slots_per_rank,
+    initial_placement,
+    launch_slots_per_rank,
+)
 from heteroflow.engine_sim.state import ConfigurationError
 
 
@@ -20,7 +25,6 @@ class Topology:
     dp_rank: int
     master_addr: str
     master_port: int
-    dead_ranks: frozenset[int] = frozenset()
     num_experts: int = 8
     num_redundant_experts: int = 4
     slots_per_rank: int | None = None
@@ -36,10 +40,17 @@ class Topology:
         )
 
     def validate(self) -> None:
-        """Raise :class:`ConfigurationError` for contradictory launch parameters."""
+        """Raise :class:`ConfigurationError` for contradictory launch parameters (the expert layout as vLLM
+        0.34 checks it at start: :func:`~heteroflow.engine_sim.placement.launch_slots_per_rank`)."""
         if not 1 <= self.master_port <= 65535:
             raise ConfigurationError(f"master port {self.master_port} is outside 1..65535")
         try:
+            launch_slots_per_rank(
+                dp_size=self.dp_size,
+                num_experts=self.num_experts,
+                num_redundant_experts=self.num_redundant_experts,
+                slots_per_rank=self.slots_per_rank,
+            )
             initial_placement(
                 dp_size=self.dp_size,
                 num_experts=self.num_experts,

@@ -49,7 +49,7 @@ class IllegalTransitionError(RuntimeError):
 
 
 class ConfigurationError(ValueError):
-    """Launch parameters that contradict each other (rank out of range, own rank retired, …)."""
+    """Launch parameters that contradict each other (rank out of range, an expert layout vLLM refuses, …)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -171,27 +171,17 @@ class Transition:
     message: str = ""
 
 
-def initial_state(
-    *, rank: int, dp_size: int, dead_ranks: frozenset[int] = frozenset(), profile_name: ProfileName = "vllm-0.34"
-) -> EngineState:
-    """A freshly launched engine; ``dead_ranks`` are ranks retired earlier (in-place relaunch)."""
+def initial_state(*, rank: int, dp_size: int, profile_name: ProfileName = "vllm-0.34") -> EngineState:
+    """A freshly launched engine: every rank of ``range(dp_size)`` alive, rank 0 the store master.
+
+    A release has no way to launch "with ranks already dead": a relaunch without some ranks is a smaller
+    contiguous world. The dead set grows only at runtime, by committed ``scale_down`` rounds."""
     if dp_size < 1:
         raise ConfigurationError("dp_size must be ≥ 1")
     if not 0 <= rank < dp_size:
-        raise ConfigurationError(f"dp_rank {rank} is outside range({dp_size})")
-    outside = sorted(r for r in dead_ranks if not 0 <= r < dp_size)
-    if outside:
-        raise ConfigurationError(f"dead ranks {outside} are outside range({dp_size})")
-    if rank in dead_ranks:
-        raise ConfigurationError(f"dp_rank {rank} is itself among the dead ranks")
-    alive = [r for r in range(dp_size) if r not in dead_ranks]
-    return EngineState(
-        rank=rank,
-        dp_size=dp_size,
-        dead_ranks=frozenset(dead_ranks),
-        store_master=min(alive),
-        profile_name=profile_name,
-    )
+        # vLLM's own text (ParallelConfig: the rank must lie in [0, data_parallel_size))
+        raise ConfigurationError(f"data_parallel_rank ({rank}) must be in the range [0, {dp_size})")
+    return EngineState(rank=rank, dp_size=dp_size, profile_name=profile_name)
 
 
 def on_collective_fault(

@@ -32,7 +32,7 @@ from heteroflow.engine_sim.assembly import create_app
 from heteroflow.engine_sim.backend import FaultKind
 from heteroflow.engine_sim.engine import EngineCore, EngineTimeouts
 from heteroflow.engine_sim.fake import FakeGroup, FakeWorkerBackend
-from heteroflow.engine_sim.placement import default_slots_per_rank
+from heteroflow.engine_sim.placement import launch_slots_per_rank
 from heteroflow.engine_sim.state import initial_state
 from heteroflow.http.tls import client_tls
 
@@ -90,7 +90,6 @@ class FakeEngineCluster:
         self,
         *,
         dp_size: int = 4,
-        dead_ranks: frozenset[int] = frozenset(),
         num_experts: int = 4,
         num_redundant_experts: int = 4,
         slots_per_rank: int | None = None,
@@ -115,12 +114,15 @@ class FakeEngineCluster:
         #: the engines' time: the fake clock a test moves, or (``engine_clock``) another one such as the event
         #: loop's own on virtual time, where nothing needs moving and only :meth:`tick` fires the engines' timeouts
         self.engine_clock: Clock = engine_clock or self.clock
-        slots = slots_per_rank or default_slots_per_rank(
-            dp_size=dp_size, num_experts=num_experts, num_redundant_experts=num_redundant_experts
+        # the layout a release starts with, refused as vLLM refuses it (PlacementError)
+        slots = launch_slots_per_rank(
+            dp_size=dp_size,
+            num_experts=num_experts,
+            num_redundant_experts=num_redundant_experts,
+            slots_per_rank=slots_per_rank,
         )
         self.group = FakeGroup(
             dp_size=dp_size,
-            dead_ranks=dead_ranks,
             clock=self.engine_clock,
             num_experts=num_experts,
             num_redundant_experts=num_redundant_experts,
@@ -137,14 +139,10 @@ class FakeEngineCluster:
             diagnosing_sec=diagnosing_sec,
         )
         for rank in range(dp_size):
-            if rank in dead_ranks:
-                continue
             backend = FakeWorkerBackend(rank=rank, group=self.group)
             self.backends[rank] = backend
             self.cores[rank] = EngineCore(
-                initial=initial_state(
-                    rank=rank, dp_size=dp_size, dead_ranks=dead_ranks, profile_name=self.profile_name
-                ),
+                initial=initial_state(rank=rank, dp_size=dp_size, profile_name=self.profile_name),
                 backend=backend,
                 clock=self.engine_clock,
                 timeouts=timeouts,
@@ -238,7 +236,6 @@ class SimProcessCluster:
         self,
         *,
         dp_size: int = 4,
-        dead_ranks: frozenset[int] = frozenset(),
         num_experts: int = 4,
         num_redundant_experts: int = 4,
         slots_per_rank: int | None = None,
@@ -256,13 +253,12 @@ class SimProcessCluster:
     ) -> None:
         """``diagnosing_sec``: ``--diagnosing-sec`` of every rank (``None``: the simulator's default, 1 s)."""
         self.dp_size = dp_size
-        self.dead_ranks = dead_ranks
         self.profile_name: ProfileName = profile(profile_name).name
         self.prefix = PROFILES[self.profile_name].route_prefix if prefix is None else prefix
         self.cluster_token = cluster_token
         self.collective_timeout_sec = collective_timeout_sec
         self.master_port = free_port()
-        self.ports = {r: free_port() for r in range(dp_size) if r not in dead_ranks}
+        self.ports = {r: free_port() for r in range(dp_size)}
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
         self._clients: dict[int, httpx.AsyncClient] = {}
         self._log_dir = log_dir
@@ -286,8 +282,6 @@ class SimProcessCluster:
             self._args += ["--slots-per-rank", str(slots_per_rank)]
         if diagnosing_sec is not None:
             self._args += ["--diagnosing-sec", str(diagnosing_sec)]
-        if dead_ranks:
-            self._args += ["--dead-ranks", ",".join(str(r) for r in sorted(dead_ranks))]
 
     def start(self) -> None:
         env = {**os.environ, "HETEROFLOW_CLUSTER_TOKEN": self.cluster_token, "PYTHONUNBUFFERED": "1"}

@@ -23,6 +23,9 @@ order, and the check that shows each:
 - admission: 503 with vLLM's ``EngineFaultedError`` text while not healthy; ``/health`` 503 only while dead —
   :func:`v034_round`
 - elastic EP routes: ``POST /scale_elastic_ep``, ``POST /is_scaling_elastic_ep`` — :func:`v034_elastic_ep`
+- a release cannot be launched with dead ranks (no such option: ``--dead-ranks`` is refused as unknown); a
+  smaller contiguous DP world can (``dp_size`` k, ``k x slots_per_rank - E`` redundant experts, the expert
+  layout checked at start), and scales down again — :func:`v034_smaller_world`
 """
 
 from __future__ import annotations
@@ -277,3 +280,35 @@ async def v034_elastic_ep(h: EngineClusterHarness, rank: int) -> None:
     expect(same.json()["message"] == f"Scaled to {h.dp_size} data parallel engines", same.text)
     done = (await post(IS_SCALING_ELASTIC_EP_PATH, {})).json()
     expect(done["phase"] == "completed" and done["epoch"] == 1, f"after a resize: {done}")
+
+
+async def v034_smaller_world(h: EngineClusterHarness, baseline: list[str] | None = None) -> None:
+    """An instance relaunched without a lost rank, as a release can be: a smaller contiguous world.
+
+    Ranks ``range(k)``, no dead set, master 0, the same greedy outputs (``baseline``, when given); its own rank 0
+    fails and the others scale it down (a new store address: the master goes), and serve the same outputs."""
+    k = h.dp_size
+    expect(k >= 2, "a scale-down needs 2 ranks")
+    served = await conformance.healthy_contract(h, range(k))
+    expect(baseline is None or served == baseline, f"the smaller world serves the same outputs: {served}")
+    info = await conformance.sim_info(h, k - 1)
+    expect(
+        (info["dp_size"], info["members"], info["dead_ranks"], info["store_master"]) == (k, list(range(k)), [], 0),
+        f"a fresh contiguous world: {info}",
+    )
+    await conformance.inject(h, 0, "kill_worker")
+    await conformance.wait_status(h, [0], "dead", within=DEAD_WITHIN)
+    survivors = list(range(1, k))
+    await _faulted(h, survivors)
+    request_id = conformance.new_request_id()
+    port = h.free_port()
+    for rank in survivors:
+        expect((await apply(h, rank, _scale_down(request_id, [0], port=port))).status_code == 202, "apply 202")
+    await conformance.wait_status(h, survivors, "healthy", within=30.0, ft_state_absent=True)
+    info = await conformance.sim_info(h, survivors[-1])
+    expect(
+        (info["members"], info["dead_ranks"], info["store_master"]) == (survivors, [0], 1),
+        f"scaled down in the new world's ids, master = lowest alive: {info}",
+    )
+    after = await conformance.outputs(h, survivors[-1])
+    expect(after == served, f"the same greedy outputs after the scale-down: {after}")

@@ -91,7 +91,6 @@ class Generation:
 class WorkerConfig:
     rank: int
     dp_size: int
-    dead_ranks: frozenset[int]
     master_addr: str
     master_port: int
     bind_host: str
@@ -108,7 +107,6 @@ class WorkerConfig:
     @classmethod
     def from_json(cls, text: str) -> WorkerConfig:
         raw = json.loads(text)
-        raw["dead_ranks"] = frozenset(raw["dead_ranks"])
         return cls(**raw)
 
 
@@ -117,15 +115,14 @@ class Worker:
         self.cfg = config
         self.commands: queue.Queue[dict[str, Any]] = queue.Queue()
         self.model = TinyMoE(seed=config.seed, num_experts=config.num_experts)
-        full = initial_placement(
+        self.placement: ExpertPlacement = initial_placement(
             dp_size=config.dp_size,
             num_experts=config.num_experts,
             num_redundant_experts=config.num_redundant_experts,
             slots_per_rank=config.slots_per_rank,
         )
-        self.placement: ExpertPlacement = remove_ranks(full, config.dead_ranks)
         self.shard = ExpertShard(self.model, self.placement, config.rank)
-        self.members = tuple(r for r in range(config.dp_size) if r not in config.dead_ranks)
+        self.members = tuple(range(config.dp_size))
         self.store: BoundedStore | None = None
         self.pg: Any = None
         self.group_id = "init"

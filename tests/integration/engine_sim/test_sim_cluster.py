@@ -1,10 +1,11 @@
 """The real engine simulator: 4 processes per instance, torch gloo on loopback.
 
-Three instances, each reused across scenarios to keep the run short on two cores: the first walks the
-conformance suite and the fault chain (A1, A3, A4 and the slot shortage); the second is an in-place
-relaunch with rank 0 retired and covers the signal path, a hung worker, the loss of a re-elected master,
-the idle row (A2), kill_process and the engine recovery timeout; the third moves the master 0 → 1 → 2
-over consecutive rounds (F-56).
+Instances reused across scenarios to keep the run short on two cores: the first walks the conformance
+suite and the fault chain (A1, A3, A4 and the slot shortage); the second is the relaunch of the survivors
+of a lost rank as a smaller contiguous world (3 ranks, redundant experts recomputed: a release cannot be
+launched with ranks already dead) and covers the signal path, a hung worker, the loss of the new world's
+master, the idle row (A2), kill_process and the engine recovery timeout; the third moves the master
+0 → 1 → 2 over consecutive rounds (F-56); the fourth runs vLLM 0.34's facts point by point.
 """
 
 from __future__ import annotations
@@ -108,55 +109,79 @@ def test_fault_chain_on_four_ranks(cluster_factory: list[SimProcessCluster], tmp
 
 
 def test_relaunch_signals_hang_idle_and_timeouts(cluster_factory: list[SimProcessCluster], tmp_path: Path) -> None:
-    cluster = start(cluster_factory, tmp_path, dp_size=4, dead_ranks=frozenset({0}), engine_recovery_timeout_sec=15.0)
+    # rank 0 of 4 was lost: the survivors relaunch as a smaller contiguous world, as a release can (no
+    # "dead ranks" at launch): 3 ranks with the same 2 slots each, 3 x 2 - 4 = 2 redundant experts
+    cluster = start(
+        cluster_factory,
+        tmp_path,
+        dp_size=3,
+        num_experts=4,
+        num_redundant_experts=2,
+        slots_per_rank=2,
+        engine_recovery_timeout_sec=15.0,
+    )
 
     async def scenario() -> None:
         try:
-            # in-place relaunch of survivors: original ids, master = min(alive), same greedy outputs
-            assert await conformance.healthy_contract(cluster, [1, 2, 3]) == GOLDEN
+            # renumbered 0..2, master 0, no dead set, the same greedy outputs as the 4-rank instance
+            assert await conformance.healthy_contract(cluster, [0, 1, 2]) == GOLDEN
             info = await conformance.sim_info(cluster, 2)
-            assert info["store_master"] == 1
-            assert info["members"] == [1, 2, 3]
+            assert (info["dp_size"], info["members"], info["dead_ranks"], info["store_master"]) == (3, [0, 1, 2], [], 0)
             # signal path: SIGUSR2 = transient fault on every rank, retry recovers
-            cluster.signal(2, signal.SIGUSR2)
-            await conformance.wait_status(cluster, [1, 2, 3], "unhealthy", within=15.0)
-            for rank in (1, 2, 3):
+            cluster.signal(1, signal.SIGUSR2)
+            await conformance.wait_status(cluster, [0, 1, 2], "unhealthy", within=15.0)
+            for rank in (0, 1, 2):
                 await conformance.apply(cluster, rank, {"instruction": "retry", "request_id": "sig-retry"})
-            await conformance.wait_status(cluster, [1, 2, 3], "healthy", within=30.0, ft_state_absent=True)
+            await conformance.wait_status(cluster, [0, 1, 2], "healthy", within=30.0, ft_state_absent=True)
             # a hung worker: busy survivors time out in their collective
-            await conformance.hang_detected(cluster, 3, [1, 2])
-            await conformance.inject(cluster, 3, "resume")
-            # signal path: SIGUSR1 kills the worker of the relaunch's master (rank 1) → dead; the
-            # survivors move the store to the next master, rank 2
-            cluster.signal(1, signal.SIGUSR1)
-            await conformance.wait_status(cluster, [1], "dead", within=15.0)
-            await conformance.traffic(cluster, [2, 3])
-            await conformance.wait_status(cluster, [2, 3], "unhealthy", within=15.0)
+            await conformance.hang_detected(cluster, 2, [0, 1])
+            await conformance.inject(cluster, 2, "resume")
+            # signal path: SIGUSR1 kills the worker of the new world's master (rank 0) → dead; the survivors
+            # scale it down and move the store to the next master, rank 1
+            cluster.signal(0, signal.SIGUSR1)
+            await conformance.wait_status(cluster, [0], "dead", within=15.0)
+            await conformance.traffic(cluster, [1, 2])
+            await conformance.wait_status(cluster, [1, 2], "unhealthy", within=15.0)
             port = cluster.free_port()
-            for rank in (2, 3):
+            for rank in (1, 2):
                 body = {
                     "instruction": "scale_down",
-                    "request_id": "drop-1",
-                    "params": {"removed_dp_ranks": [0, 1], "dp_master_ip": "127.0.0.1", "dp_store_port": port},
+                    "request_id": "drop-0",
+                    "params": {"removed_dp_ranks": [0], "dp_master_ip": "127.0.0.1", "dp_store_port": port},
                 }
                 assert (await conformance.apply(cluster, rank, body)).status_code == 202
-            await conformance.wait_status(cluster, [2, 3], "healthy", within=30.0, ft_state_absent=True)
-            info = await conformance.sim_info(cluster, 3)
-            assert info["store_master"] == 2
-            assert info["members"] == [2, 3]
-            assert await conformance.outputs(cluster, 3) == GOLDEN
+            await conformance.wait_status(cluster, [1, 2], "healthy", within=30.0, ft_state_absent=True)
+            info = await conformance.sim_info(cluster, 2)
+            assert (info["members"], info["dead_ranks"], info["store_master"]) == ([1, 2], [0], 1)
+            assert await conformance.outputs(cluster, 2) == GOLDEN
             # the RFC's idle row: without traffic the survivor stays healthy
-            await conformance.idle_kill(cluster, 3, [2])
+            await conformance.idle_kill(cluster, 2, [1])
             # kill_process: the whole rank disappears
-            await conformance.inject(cluster, 2, "kill_process")
-            assert cluster.processes[2].wait(timeout=15) == 137
+            await conformance.inject(cluster, 1, "kill_process")
+            assert cluster.processes[1].wait(timeout=15) == 137
         finally:
             await cluster.aclose_clients()
 
     asyncio.run(scenario())
     # the dead ranks got no command: each exits once engine_recovery_timeout_sec has passed
-    assert cluster.processes[1].wait(timeout=30) == 1
-    assert cluster.processes[3].wait(timeout=30) == 1
+    assert cluster.processes[0].wait(timeout=30) == 1
+    assert cluster.processes[2].wait(timeout=30) == 1
+
+
+def test_a_launch_vllm_refuses_exits_before_it_starts() -> None:
+    """No "dead ranks" at launch (an unknown option, as in a release) and vLLM 0.34's layout check."""
+    base = [
+        sys.executable, "-m", "heteroflow.cli.main", "engine-sim", "--dp-size", "4", "--dp-rank", "1",
+        "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "--port", str(free_port()),
+    ]  # fmt: skip
+    dead = subprocess.run([*base, "--dead-ranks", "0"], capture_output=True, text=True, timeout=90)
+    assert dead.returncode == 2
+    assert "No such option: --dead-ranks" in dead.stderr
+    uneven = subprocess.run(
+        [*base, "--num-experts", "4", "--num-redundant-experts", "3"], capture_output=True, text=True, timeout=90
+    )
+    assert uneven.returncode == 2
+    assert "Got 7 experts and 4 EP ranks." in uneven.stderr
 
 
 def test_master_relocation_round_after_round(cluster_factory: list[SimProcessCluster], tmp_path: Path) -> None:

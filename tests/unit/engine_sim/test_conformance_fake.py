@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
 
-from heteroflow.engine_sim import conformance
+import pytest
+
+from heteroflow.engine_sim import conformance, v034_conformance
+from heteroflow.engine_sim.placement import PlacementError
 from heteroflow.engine_sim.testing import FakeEngineCluster
 
 
@@ -60,12 +64,35 @@ def test_hung_worker_makes_busy_survivors_unhealthy() -> None:
     run(lambda h: conformance.hang_detected(h, 2, [0, 1, 3]))
 
 
-def test_relaunch_with_dead_ranks_keeps_original_ids() -> None:
-    async def scenario(h: FakeEngineCluster) -> None:
-        await conformance.healthy_contract(h, [1, 2, 3])
-        info = await conformance.sim_info(h, 2)
-        assert info["store_master"] == 1
-        assert info["members"] == [1, 2, 3]
-        assert info["dead_ranks"] == [0]
+def test_a_smaller_contiguous_world_after_a_lost_rank_serves_and_scales_down_again() -> None:
+    """Rank 0 of 4 (4 experts + 4 redundant, 2 slots per rank) is lost: the survivors relaunch as 3 ranks with
+    the same 2 slots each, 3 x 2 - 4 = 2 redundant experts; the same outputs, and a second loss scales down."""
+    seen: list[list[str]] = []
 
-    run(scenario, dead_ranks=frozenset({0}))
+    async def before(h: FakeEngineCluster) -> None:
+        seen.append(await conformance.outputs(h, 0))
+
+    run(before, dp_size=4, num_experts=4, num_redundant_experts=4)
+    run(
+        lambda h: v034_conformance.v034_smaller_world(h, seen[0]),
+        dp_size=3,
+        num_experts=4,
+        num_redundant_experts=2,
+        slots_per_rank=2,
+    )
+
+
+@pytest.mark.parametrize(
+    ("layout", "refusal"),
+    [
+        (
+            {"dp_size": 3, "num_experts": 4, "num_redundant_experts": 4},
+            "EPLB currently only supports even distribution of experts across ranks. Got 8 experts and 3 EP ranks.",
+        ),
+        ({"dp_size": 1, "num_experts": 4, "num_redundant_experts": -2}, "Input should be greater than or equal to 0"),
+        ({"dp_size": 3, "num_experts": 4, "num_redundant_experts": 2, "slots_per_rank": 3}, "--slots-per-rank 3"),
+    ],
+)
+def test_an_expert_layout_vllm_refuses_does_not_start(layout: dict[str, int], refusal: str) -> None:
+    with pytest.raises(PlacementError, match=re.escape(refusal)):
+        FakeEngineCluster(**layout)  # type: ignore[arg-type]

@@ -36,8 +36,12 @@ def test_prefix_is_normalised() -> None:
 
 def test_topology_defaults_slots_from_experts() -> None:
     assert Topology(dp_size=4, dp_rank=0, master_addr="127.0.0.1", master_port=1).effective_slots_per_rank == 3
-    with pytest.raises(ConfigurationError, match="cannot hold"):
+    with pytest.raises(ConfigurationError, match="are 3 physical experts per rank"):
         Topology(dp_size=4, dp_rank=0, master_addr="h", master_port=1, slots_per_rank=1).validate()
+    # a relaunch of 3 survivors keeps the slots per rank and recomputes the redundancy: 3 x 3 - 8 = 1
+    Topology(dp_size=3, dp_rank=2, master_addr="h", master_port=1, num_redundant_experts=1, slots_per_rank=3).validate()
+    with pytest.raises(ConfigurationError, match="Got 12 experts and 5 EP ranks"):
+        Topology(dp_size=5, dp_rank=0, master_addr="h", master_port=1).validate()
 
 
 def test_the_released_profile_has_no_route_prefix_unless_one_is_set() -> None:

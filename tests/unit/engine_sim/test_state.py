@@ -22,9 +22,20 @@ def scale_down(
 
 
 def unhealthy(rank: int = 1, dp_size: int = 4, dead: frozenset[int] = frozenset()) -> sm.EngineState:
-    start = sm.initial_state(rank=rank, dp_size=dp_size, dead_ranks=dead)
+    """An engine that saw a fault; ``dead``: ranks an earlier, committed scale_down removed (the only way a dead
+    set arises: a launch has none)."""
+    state = sm.initial_state(rank=rank, dp_size=dp_size)
+    if dead:
+        faulted = sm.on_collective_fault(
+            state, fault_info="RuntimeError", mask=(1,) * dp_size, now=0.0, recovery_timeout=RECOVERY
+        ).state
+        running = sm.on_command(faulted, scale_down("earlier", sorted(dead))).state
+        state = sm.on_rebuild_finished(
+            running, request_id="earlier", ok=True, error=None, now=0.0, recovery_timeout=RECOVERY
+        ).state
+        assert (state.health, state.dead_ranks) == ("healthy", dead)
     return sm.on_collective_fault(
-        start, fault_info="RuntimeError", mask=(1,) * dp_size, now=0.0, recovery_timeout=RECOVERY
+        state, fault_info="RuntimeError", mask=(1,) * dp_size, now=0.0, recovery_timeout=RECOVERY
     ).state
 
 
@@ -105,7 +116,7 @@ def test_scale_down_plan_uses_sorted_alive_and_moves_the_store_when_its_master_i
 
 def test_a_re_elected_master_that_dies_later_also_moves_the_store() -> None:
     st0 = unhealthy(rank=3, dead=frozenset({0}))
-    assert st0.store_master == 1  # relaunched with rank 0 retired: master = min(alive)
+    assert st0.store_master == 1  # rank 0 scaled down earlier: master = min(alive)
     plan = sm.on_command(st0, scale_down("r", [1], port=29900)).actions[0]
     assert isinstance(plan, sm.StartRebuild)
     assert plan.plan.new_store is not None
@@ -169,10 +180,26 @@ def test_finishing_a_command_that_is_not_running_is_illegal() -> None:
         sm.on_rebuild_finished(unhealthy(), request_id="x", ok=True, error=None, now=0.0, recovery_timeout=RECOVERY)
 
 
-@pytest.mark.parametrize(("rank", "dead"), [(4, frozenset()), (1, frozenset({1})), (0, frozenset({7}))])
-def test_contradictory_launch_parameters_are_refused(rank: int, dead: frozenset[int]) -> None:
+@pytest.mark.parametrize(("rank", "dp_size"), [(4, 4), (-1, 4), (0, 0)])
+def test_contradictory_launch_parameters_are_refused(rank: int, dp_size: int) -> None:
     with pytest.raises(sm.ConfigurationError):
-        sm.initial_state(rank=rank, dp_size=4, dead_ranks=dead)
+        sm.initial_state(rank=rank, dp_size=dp_size)
+
+
+@pytest.mark.parametrize("rank", [0, 1, 2])
+def test_a_launch_is_a_contiguous_world_without_dead_ranks(rank: int) -> None:
+    """A relaunch without a lost rank is a smaller world (3 of 4): ranks range(3), master 0, no dead set; it
+    scales down again like any instance."""
+    fresh = sm.initial_state(rank=rank, dp_size=3)
+    assert (fresh.members, fresh.dead_ranks, fresh.store_master) == ((0, 1, 2), frozenset(), 0)
+    if rank == 0:
+        return
+    faulted = sm.on_collective_fault(fresh, fault_info="RuntimeError", mask=(0, 1, 1), now=0.0, recovery_timeout=1.0)
+    t = sm.on_command(faulted.state, scale_down("r", [0], port=29900))
+    assert isinstance(t.actions[0], sm.StartRebuild)
+    plan = t.actions[0].plan
+    assert (plan.members, plan.dense_rank, plan.store_master) == ((1, 2), rank - 1, 1)
+    assert plan.new_store == sm.StoreAddress("127.0.0.1", 29900)
 
 
 class EngineMachine(RuleBasedStateMachine):

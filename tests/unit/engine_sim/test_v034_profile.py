@@ -19,7 +19,8 @@ PUMP_SEC = 0.05
 
 def run(scenario: Callable[[FakeEngineCluster], Awaitable[object]], **cluster_args: object) -> None:
     async def main() -> None:
-        cluster = FakeEngineCluster(dp_size=4, diagnosing_sec=1.0, **cluster_args)  # type: ignore[arg-type]
+        args: dict[str, object] = {"dp_size": 4, "diagnosing_sec": 1.0, **cluster_args}
+        cluster = FakeEngineCluster(**args)  # type: ignore[arg-type]
         await cluster.start()
 
         async def pump() -> None:
@@ -99,3 +100,14 @@ def test_elastic_ep_refuses_to_fill_the_holes_of_a_scale_down() -> None:
         assert "[2]" in phase["error"]
 
     run(scenario, enable_elastic_ep=True)
+
+
+def test_a_smaller_contiguous_world_starts_where_a_launch_with_dead_ranks_cannot_and_scales_down_again() -> None:
+    """The survivors of rank 0 of 4 as 0.34 can relaunch them: 3 ranks, 2 slots each, 3 x 2 - 4 = 2 redundant."""
+    run(
+        lambda h: v034_conformance.v034_smaller_world(h),
+        dp_size=3,
+        num_experts=4,
+        num_redundant_experts=2,
+        slots_per_rank=2,
+    )

@@ -227,7 +227,6 @@ def idle_worker(port: int) -> Worker:
     config = WorkerConfig(
         rank=1,
         dp_size=2,
-        dead_ranks=frozenset(),
         master_addr="127.0.0.1",
         master_port=port,
         bind_host="127.0.0.1",
