@@ -52,6 +52,20 @@ class PlanError(ValueError):
     """Options that cannot make a cluster (e.g. fewer ranks than pods)."""
 
 
+def even_redundant_experts(asked: int, dp_size: int) -> int:
+    """``asked`` redundant experts, rounded up until the physical experts (logical + redundant) divide evenly over
+    ``dp_size`` ranks, as vLLM's EPLB requires ("EPLB currently only supports even distribution of experts across
+    ranks"); 0 stays 0 (no redundancy, on purpose) where the logical experts divide evenly, else a plan error."""
+    if asked == 0:
+        if NUM_LOGICAL_EXPERTS % dp_size:
+            raise PlanError(
+                f"{NUM_LOGICAL_EXPERTS} logical experts and no redundant one do not divide evenly over {dp_size} DP "
+                "ranks, which vLLM's EPLB refuses: choose a DP size that divides 4, or keep redundant experts"
+            )
+        return 0
+    return asked + (-(NUM_LOGICAL_EXPERTS + asked)) % dp_size
+
+
 def node_name(index: int) -> str:
     """The simulated GPU node ``index`` (0-based): ``sim-local-01``, ``sim-local-02``…"""
     return f"sim-local-{index + 1:02d}"
@@ -154,7 +168,8 @@ def plan_instances(
 ) -> list[InstancePlan]:
     """Every instance of the cluster, its pods and their NodeManager specs.
 
-    ``num_redundant_experts`` is the engines' EPLB redundancy; 0 makes every instance fail the scale-down gate
+    ``num_redundant_experts`` is the engines' EPLB redundancy (rounded up by :func:`even_redundant_experts`, so
+    that the experts divide evenly over the ranks); 0 makes every instance fail the scale-down gate
     (``EXPERT_REDUNDANCY_REQUIRED``, acceptance row A15) while it still serves. ``collective_timeout_sec`` is
     the engines' ``--cpu-distributed-timeout-seconds``: how long a survivor waits on a silent peer.
     ``pod_networks``, when given, holds one namespace and address per pod of the cluster, in order; else every
@@ -170,6 +185,7 @@ def plan_instances(
     if pod_networks and len(pod_networks) != instances * pods:
         raise PlanError(f"{instances * pods} pod networks are needed, {len(pod_networks)} given")
     blocks = split_ranks(dp_size, pods)
+    num_redundant_experts = even_redundant_experts(num_redundant_experts, dp_size)
     nodes = max(sim_nodes, 1)
     free_cards = [quiet_cards(node_name(n)) for n in range(nodes)]
     plans = []

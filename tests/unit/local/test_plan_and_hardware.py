@@ -19,8 +19,11 @@ from heteroflow.local.faults import FaultError
 from heteroflow.local.hardware import HardwareFaultError, HardwareVia, write_configmap
 from heteroflow.local.plan import (
     CARDS_PER_NODE,
+    NUM_LOGICAL_EXPERTS,
     InstancePorts,
     Layout,
+    PlanError,
+    even_redundant_experts,
     plan_instances,
     process_plans,
     quiet_cards,
@@ -53,6 +56,29 @@ def test_ranks_sit_on_distinct_cards_that_never_grow_a_fault(dp_size: int, pods:
             assert rank.device.device_id == agent.uuid_of(card)  # what the node's agent reports for it
             if card < CARDS_PER_NODE:
                 assert agent.profile_of(card) not in CARD_FAULT_PROFILES
+
+
+@pytest.mark.parametrize(
+    ("asked", "dp_size", "used"), [(4, 4, 4), (4, 2, 4), (4, 3, 5), (4, 24, 20), (0, 4, 0), (0, 2, 0), (4, 1, 4)]
+)
+def test_redundant_experts_are_rounded_up_to_an_even_layout(asked: int, dp_size: int, used: int) -> None:
+    assert even_redundant_experts(asked, dp_size) == used
+    assert (NUM_LOGICAL_EXPERTS + used) % dp_size == 0  # as vLLM's EPLB requires
+    (inst,) = plan_instances(
+        instances=1,
+        dp_size=dp_size,
+        pods=1,
+        sim_nodes=1,
+        ports=[InstancePorts((100,), tuple(range(200, 200 + dp_size)), 300, 301)],
+        python="python",
+        num_redundant_experts=asked,
+    )
+    assert inst.pods[0].spec.num_redundant_experts == used
+
+
+def test_no_redundancy_where_the_logical_experts_do_not_divide_is_a_plan_error() -> None:
+    with pytest.raises(PlanError, match="4 logical experts and no redundant one do not divide evenly over 3"):
+        even_redundant_experts(0, 3)
 
 
 def test_quiet_cards_skip_the_profiles_that_fail_and_go_on_past_the_agent() -> None:
