@@ -258,11 +258,37 @@ def test_each_pod_in_the_status_names_its_ranks_and_their_cards(tmp_path: Path) 
         [entry] = (await client.get("/controller/fault_tolerance/status")).json()
         pods = {pod["pod_id"]: pod for pod in entry["pods"]}
         assert pods["a"]["node_name"] == "k-1"
+        unknown = {"engine_rank": None, "engine_dp_size": None}  # no heartbeat has said how the engines run
         assert pods["a"]["ranks"] == [
-            {"rank": 0, "devices": [{"device_id": "GPU-a", "index": 2}]},
-            {"rank": 1, "devices": [{"device_id": "GPU-b", "index": 3}]},
+            {"rank": 0, "devices": [{"device_id": "GPU-a", "index": 2}], **unknown},
+            {"rank": 1, "devices": [{"device_id": "GPU-b", "index": 3}], **unknown},
         ]
-        assert pods["b"]["ranks"] == [{"rank": 2, "devices": []}, {"rank": 3, "devices": []}]
+        assert pods["b"]["ranks"] == [{"rank": 2, "devices": [], **unknown}, {"rank": 3, "devices": [], **unknown}]
+        # pod b's engines run renumbered, as a relaunch without rank 0 or 1 starts them: its heartbeat says so
+        beat = {
+            "pod_id": "b",
+            "instance_id": "inst-1",
+            "endpoint_ids": [2, 3],
+            "expected_endpoint_ids": [2, 3],
+            "sent_at": "2026-01-01T00:00:00Z",
+            "engine_ranks": [
+                {"endpoint_id": 2, "engine_rank": 1, "dp_size": 3},
+                {"endpoint_id": 3, "engine_rank": 2, "dp_size": 3},
+            ],
+        }
+        answer = await client.post("/controller/node_manager/heartbeat", json=beat)
+        assert answer.status_code == 200, answer.text
+        [entry] = (await client.get("/controller/fault_tolerance/status")).json()
+        pods = {pod["pod_id"]: pod for pod in entry["pods"]}
+        assert [(r["rank"], r["engine_rank"], r["engine_dp_size"]) for r in pods["b"]["ranks"]] == [
+            (2, 1, 3),
+            (3, 2, 3),
+        ]
+        bad = await client.post(
+            "/controller/node_manager/heartbeat",
+            json={**beat, "engine_ranks": [{"endpoint_id": 2, "engine_rank": -1, "dp_size": 0}]},
+        )
+        assert bad.status_code == 400, bad.text  # a malformed rank is refused, never stored
 
     with_api(tmp_path, scenario)
 

@@ -34,7 +34,8 @@ HEADERS = {"Authorization": f"Bearer {TEST_CLUSTER_TOKEN}"}
 
 def test_a_launch_without_rank_0_runs_renumbered_and_every_answer_is_translated() -> None:
     async def main() -> None:
-        cluster = FakeEngineCluster(dp_size=3, profile_name="vllm-0.34")  # the engines' own world
+        # the engines' own world: 3 ranks of 2 slots, 4 logical + 2 redundant experts (what the NodeManager asks)
+        cluster = FakeEngineCluster(dp_size=3, num_redundant_experts=2, profile_name="vllm-0.34")
         await cluster.start()
         controller = FakeController(flags=FtFlags(enable_dp_scale_down_proxy=True))
 
