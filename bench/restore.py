@@ -16,9 +16,19 @@ counted. With ``--instances 2`` the model has a second instance (``inst-2``), wh
 relaunched; with ``--instances 1`` the Coordinator holds the model's requests until the instance is published again
 (up to the client deadline, 30 s).
 
+With ``--mode shrink`` each round instead reports a standing L6 hardware fault on rank 2's card that no engine
+confirms (acceptance row A12): the correlation window expires, the whole-instance fallback relaunches the others
+without rank 2 as a smaller, contiguous world of 3 (engine ranks 0, 1, 2: no released engine starts with ranks
+already dead), and it times
+
+    relaunch       -> the fallback's own timeline: decided to serving resumed (stop, start 3 engines, publish)
+    published      -> the report to [0, 1, 3] published and a completion answering (includes the window)
+
+then clears the fault and restores the instance to 4 ranks for the next round (its ``serving`` is timed too).
+
 Usage::
 
-    .venv/bin/python bench/restore.py [--instances 2] [--rounds 3] [--json FILE]
+    .venv/bin/python bench/restore.py [--mode restore|shrink] [--instances 2] [--rounds 3] [--json FILE]
 """
 
 from __future__ import annotations
@@ -31,14 +41,16 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from heteroflow.local import ClusterOptions, ClusterState, LocalCluster
 from heteroflow.local.client import ClusterClient, ClusterUnreachableError
 from heteroflow.local.faults import KillMode, kill
+from heteroflow.local.hardware import inject
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the polling helper lives with the tests
 
@@ -161,8 +173,76 @@ def one_round(cluster: LocalCluster) -> Restore:
     )
 
 
+@dataclass(frozen=True)
+class Shrink:
+    relaunch: float
+    published: float
+    restore_serving: float
+    requests_ok: int
+    requests_failed: int
+    slowest_request_sec: float
+
+
+def _seconds_between(times: dict[str, Any], start: str, end: str) -> float:
+    return (datetime.fromisoformat(times[end]) - datetime.fromisoformat(times[start])).total_seconds()
+
+
+def one_shrink_round(cluster: LocalCluster) -> Shrink:
+    state = cluster.state
+    inst = state.instance(INSTANCE)
+    with traffic(state) as load, ClusterClient(state, timeout_sec=10) as client:
+        asked = time.monotonic()
+        inject(client, inst, 2, level=6)
+        entry = until(
+            lambda: (
+                (e := status(client)) is not None
+                and e["phase"] == "SCALED_DOWN_RUNNING"
+                and e["dead_committed"] == [2]
+                and (e["relaunch"] or {}).get("kind") == "WITHOUT_RANKS"
+                and e["can_serve"]
+                and client.published(INSTANCE) == [0, 1, 3]
+                and e
+            ),
+            within=300,
+            what="relaunched without rank 2",
+            period=POLL_SEC,
+        )
+        before_ok = load.ok
+        until(lambda: load.ok > before_ok, within=60, what="a completion after the relaunch")
+        published = time.monotonic() - asked
+        worlds = {(r["rank"], r["engine_rank"], r["engine_dp_size"]) for p in entry["pods"] for r in p["ranks"]}
+        assert {(0, 0, 3), (1, 1, 3), (3, 2, 3)} <= worlds, worlds  # the engines' own, renumbered world
+        fallback = next(r for r in client.rounds(INSTANCE) if r["kind"] == "fallback")
+        times = client.round(fallback["request_id"])["times"]
+        relaunch = _seconds_between(times, "decided_at", "serving_resumed_at")
+        inject(client, inst, 2, level=6, cleared=True)
+        until(lambda: (e := status(client)) is not None and e["restorable"] == "ready", within=60, what="restorable")
+        restored_at = time.monotonic()
+        client.restore(INSTANCE)
+        until(
+            lambda: (
+                (e := status(client)) is not None
+                and e["phase"] == "NORMAL"
+                and client.published(INSTANCE) == [0, 1, 2, 3]
+            ),
+            within=300,
+            what="restored to 4 ranks",
+            period=POLL_SEC,
+        )
+        restore_serving = time.monotonic() - restored_at
+    return Shrink(
+        relaunch=round(relaunch, 3),
+        published=round(published, 3),
+        restore_serving=round(restore_serving, 3),
+        requests_ok=load.ok,
+        requests_failed=len(load.failed),
+        slowest_request_sec=round(load.slowest_sec, 3),
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--mode", choices=("restore", "shrink"), default="restore")
     parser.add_argument("--instances", type=int, default=2)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--data-dir", type=Path, default=None)
@@ -179,17 +259,26 @@ def main() -> None:
         )
         cluster = LocalCluster(options)
         cluster.start()
-        results: list[Restore] = []
+        results: list[Restore | Shrink] = []
+        measure: Callable[[LocalCluster], Restore | Shrink] = one_shrink_round if args.mode == "shrink" else one_round
         try:
             cluster.wait_ready(timeout_sec=600)
             for n in range(args.rounds):
-                result = one_round(cluster)
+                result = measure(cluster)
                 results.append(result)
                 print(f"round {n + 1}: {asdict(result)}", flush=True)
         finally:
             cluster.stop()
-    print(f"instances {args.instances}, {len(results)} restores, load average {Path('/proc/loadavg').read_text()}")
-    for key in ("reconfiguring", "relaunched", "serving", "controller_seconds"):
+    print(
+        f"mode {args.mode}, instances {args.instances}, {len(results)} rounds, "
+        f"load average {Path('/proc/loadavg').read_text()}"
+    )
+    keys = (
+        ("relaunch", "published", "restore_serving")
+        if args.mode == "shrink"
+        else ("reconfiguring", "relaunched", "serving", "controller_seconds")
+    )
+    for key in keys:
         values = [getattr(r, key) for r in results]
         print(f"  {key:20s} p50 {statistics.median(values):.2f} s  min {min(values):.2f}  max {max(values):.2f}")
     print(f"  requests: {sum(r.requests_ok for r in results)} ok, {sum(r.requests_failed for r in results)} failed")

@@ -8,11 +8,18 @@ looks good.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import Field
+from pydantic import BeforeValidator, Field
 
 from heteroflow.core.settings import LenientSettings, env_names
+
+
+def _whole_number(value: object) -> object:
+    """An environment variable or ``--param`` is text: ``"30"`` is the number 30, which a literal does not coerce."""
+    if isinstance(value, str) and value.strip().isdigit():
+        return int(value.strip())
+    return value
 
 
 class PredictionSettings(LenientSettings):
@@ -29,7 +36,7 @@ class PredictionSettings(LenientSettings):
         validation_alias=env_names("gpu_fault_predict_tick_minutes", "GPU_FAULT_PREDICT_TICK_MINUTES"),
         description="Minutes between worker ticks (default 30). Each tick backfills, then predicts.",
     )
-    window_days: Literal[7, 30] = Field(
+    window_days: Annotated[Literal[7, 30], BeforeValidator(_whole_number)] = Field(
         default=7,
         validation_alias=env_names("gpu_fault_predict_window_days", "GPU_FAULT_PREDICT_WINDOW_DAYS"),
         description="Hit window of new predictions, 7 (default) or 30 days; frozen into each prediction.",

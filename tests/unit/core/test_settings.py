@@ -52,6 +52,7 @@ SPECIAL = {
     "flush_spread_seconds": ["abc", "-1"],  # 0: the slices back to back
     "gc_young_threshold": ["abc", "-1"],  # 0: the collector left as it is
     "collector": ["", "magic"],
+    "window_days": ["abc", "14", "0", "7.5"],  # 7 or 30 only
 }
 
 
@@ -90,6 +91,16 @@ def test_invalid_value_falls_back_to_default_with_a_warning(
     assert len(loaded.config_warnings) == 1
     assert name in loaded.config_warnings[0]
     assert repr(value) in loaded.config_warnings[0]
+
+
+@pytest.mark.parametrize("name", ["GPU_FAULT_PREDICT_WINDOW_DAYS", "HETEROFLOW_GPU_FAULT_PREDICT_WINDOW_DAYS"])
+def test_the_30_day_window_is_read_from_text(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    # an environment variable is text, and a literal of numbers does not coerce "30" by itself
+    monkeypatch.setenv(name, " 30 ")
+    loaded = PredictionSettings.load()
+    assert loaded.window_days == 30
+    assert loaded.config_warnings == ()
+    assert PredictionSettings.load(window_days="7").window_days == 7  # health backtest --param window_days=7
 
 
 def test_every_field_is_described() -> None:
