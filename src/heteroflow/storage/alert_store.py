@@ -17,6 +17,7 @@ from heteroflow.platform.auth import NodeScope
 from heteroflow.storage.db import unavailable_as_store_error
 from heteroflow.storage.schema import alert_events, alerts
 from heteroflow.storage.schema import predictions as predictions_t
+from heteroflow.storage.scope import contains_text
 
 ACKNOWLEDGED = "acknowledged"
 """The history action of an acknowledgement: someone works on the alert (it stays open until resolved)."""
@@ -55,11 +56,6 @@ class AlertJoin:
 
     alert: AlertRecord
     previous_severity: str | None
-
-
-def _like_pattern(text: str) -> str:
-    escaped = text.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"%{escaped}%"
 
 
 @dataclass(frozen=True, slots=True)
@@ -283,7 +279,7 @@ class SqlAlertStore:
             acked = sa.exists().where(alert_events.c.alert_id == alerts.c.id, alert_events.c.action == ACKNOWLEDGED)
             conditions.append(acked if acknowledged else ~acked)
         if node:
-            conditions.append(sa.func.lower(alerts.c.node_name).like(_like_pattern(node), escape="\\"))
+            conditions.append(contains_text(alerts.c.node_name, node))
         if gpu_index is not None:
             conditions.append(
                 sa.exists().where(
@@ -293,12 +289,8 @@ class SqlAlertStore:
                 )
             )
         if search:
-            pattern = _like_pattern(search)
             conditions.append(
-                sa.or_(
-                    sa.func.lower(alerts.c.node_name).like(pattern, escape="\\"),
-                    sa.func.lower(alerts.c.message).like(pattern, escape="\\"),
-                )
+                sa.or_(contains_text(alerts.c.node_name, search), contains_text(alerts.c.message, search))
             )
         query = (
             sa.select(alerts)

@@ -30,7 +30,7 @@ from heteroflow.storage.schema import gpu_health_samples as samples_t
 from heteroflow.storage.schema import gpu_xid_events as xid_t
 from heteroflow.storage.schema import nodes as nodes_t
 from heteroflow.storage.schema import predictions as predictions_t
-from heteroflow.storage.scope import in_scope
+from heteroflow.storage.scope import contains_text, in_scope
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,11 +78,6 @@ STRONG_SIGNALS = ("uncorrectable_ecc", "remap_failure")
 def _has_signal(code: str) -> sa.ColumnElement[bool]:
     """``code`` is one element of the comma-separated ``signals`` column (never a substring of another)."""
     return (sa.literal(",") + predictions_t.c.signals + sa.literal(",")).like(f"%,{code},%")
-
-
-def _like_pattern(text: str) -> str:
-    escaped = text.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
-    return f"%{escaped}%"
 
 
 def _record(row: Any) -> PredictionRecord:
@@ -376,11 +371,10 @@ class SqlPredictionStore:
         if flt.signals:
             conditions.append(sa.or_(*(_has_signal(code) for code in flt.signals)))
         if flt.search:
-            pattern = _like_pattern(flt.search)
-            named = sa.select(nodes_t.c.id).where(sa.func.lower(nodes_t.c.name).like(pattern, escape="\\"))
+            named = sa.select(nodes_t.c.id).where(contains_text(nodes_t.c.name, flt.search))
             conditions.append(
                 sa.or_(
-                    sa.func.lower(sa.func.coalesce(predictions_t.c.uuid, "")).like(pattern, escape="\\"),
+                    contains_text(sa.func.coalesce(predictions_t.c.uuid, ""), flt.search),
                     predictions_t.c.node_id.in_(named),
                 )
             )

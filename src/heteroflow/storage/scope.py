@@ -1,4 +1,5 @@
-"""The tenant condition every read query of node-owned rows carries."""
+"""The conditions read queries share: the tenant scope every query of node-owned rows carries, and the
+case-insensitive substring match of the list filters."""
 
 from __future__ import annotations
 
@@ -17,3 +18,9 @@ def in_scope(column: sa.ColumnElement[str], scope: NodeScope) -> list[sa.ColumnE
     if scope.tenant_id is None:
         return []
     return [column.in_(sa.select(nodes_t.c.id).where(nodes_t.c.tenant_id == scope.tenant_id))]
+
+
+def contains_text(column: sa.ColumnElement[str], text: str) -> sa.ColumnElement[bool]:
+    """``column`` contains ``text``, case-insensitively, with LIKE's wildcards in ``text`` matched literally."""
+    escaped = text.lower().replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+    return sa.func.lower(column).like(f"%{escaped}%", escape="\\")
