@@ -25,6 +25,7 @@ already dead), and it times
     published      -> the report to [0, 1, 3] published and a completion answering (includes the window)
 
 then clears the fault and restores the instance to 4 ranks for the next round (its ``serving`` is timed too).
+``BENCH_DEBUG=1`` prints each fallback's times and events.
 
 Usage::
 
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -57,6 +59,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the polling help
 from tests.support.polling import until
 
 POLL_SEC = 0.05
+DEBUG = bool(os.environ.get("BENCH_DEBUG"))
 INSTANCE = "inst-1"
 
 
@@ -191,6 +194,7 @@ def one_shrink_round(cluster: LocalCluster) -> Shrink:
     state = cluster.state
     inst = state.instance(INSTANCE)
     with traffic(state) as load, ClusterClient(state, timeout_sec=10) as client:
+        earlier = {r["request_id"] for r in client.rounds(INSTANCE)}
         asked = time.monotonic()
         inject(client, inst, 2, level=6)
         entry = until(
@@ -212,8 +216,11 @@ def one_shrink_round(cluster: LocalCluster) -> Shrink:
         published = time.monotonic() - asked
         worlds = {(r["rank"], r["engine_rank"], r["engine_dp_size"]) for p in entry["pods"] for r in p["ranks"]}
         assert {(0, 0, 3), (1, 1, 3), (3, 2, 3)} <= worlds, worlds  # the engines' own, renumbered world
-        fallback = next(r for r in client.rounds(INSTANCE) if r["kind"] == "fallback")
-        times = client.round(fallback["request_id"])["times"]
+        (fallback,) = [r for r in client.rounds(INSTANCE) if r["kind"] == "fallback" and r["request_id"] not in earlier]
+        timeline = client.round(fallback["request_id"])
+        times = timeline["times"]
+        if DEBUG:
+            print(json.dumps({"times": times, "events": [(e.get("at"), e["kind"]) for e in timeline["events"]]}))
         relaunch = _seconds_between(times, "decided_at", "serving_resumed_at")
         inject(client, inst, 2, level=6, cleared=True)
         until(lambda: (e := status(client)) is not None and e["restorable"] == "ready", within=60, what="restorable")
