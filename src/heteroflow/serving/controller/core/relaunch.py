@@ -120,56 +120,15 @@ def plan_relaunch(
     keeps its expert slots, so the smaller world must still hold every logical expert: checked here, before
     anything is stopped, whatever ``gate_expert_capacity`` says (an engine judges the slots after a scale_down,
     but a fresh launch that cannot place its experts does not start at all)."""
-    plan = _plan(
-        topology=topology,
-        retired=retired,
-        standing=standing,
-        can_replace_pods=can_replace_pods,
-        flags=flags,
-        capability=capability,
-    )
-    members = len(topology.original_dp_ranks - plan.retired)
-    if plan.kind == RelaunchKind.REFUSED or capability is None or members == len(topology.original_dp_ranks):
-        return plan
-    redundant = relaunch_redundant_experts(
-        members=members,
-        tp_size=capability.tp_size,
-        slots_per_rank=capability.slots_per_rank,
-        num_logical_experts=capability.num_logical_experts,
-    )
-    if redundant >= 0:
-        return plan
-    return replace(
-        plan,
-        kind=RelaunchKind.REFUSED,
-        reason_code=RelaunchReason.EXPERT_CAPACITY,
-        reason=(
-            f"{members} DP ranks hold {redundant + capability.num_logical_experts} expert slots, fewer than the "
-            f"{capability.num_logical_experts} logical experts: the engines cannot start that small, so nothing is "
-            "relaunched until the cards are back or replaced"
-        ),
-        gate_reasons=(gate.GateReason.EXPERT_CAPACITY_INSUFFICIENT.value,),
-    )
-
-
-def _plan(
-    *,
-    topology: InstanceTopology,
-    retired: frozenset[DpRank],
-    standing: Iterable[HardwareFault],
-    can_replace_pods: bool,
-    flags: gate.GateFlags,
-    capability: FtCapability | None,
-) -> RelaunchPlan:
     start = topology.original_dp_ranks - retired
     hit, keys = faulty_ranks(standing, topology)
     faulty = ranks(hit & start)
     if not faulty:
-        return RelaunchPlan(RelaunchKind.IN_PLACE, retired=retired)
+        return _within_capacity(RelaunchPlan(RelaunchKind.IN_PLACE, retired=retired), topology, capability)
     listed = ", ".join(str(r) for r in sorted(faulty))
     if can_replace_pods:
         pods = tuple(sorted(pod.pod_id for pod in topology.pods if pod.dp_ranks & faulty))
-        return RelaunchPlan(
+        plan = RelaunchPlan(
             RelaunchKind.REPLACE_PODS,
             retired=retired,
             faulty=faulty,
@@ -181,6 +140,7 @@ def _plan(
                 "for replacement, and the instance is relaunched once they have registered again"
             ),
         )
+        return _within_capacity(plan, topology, capability)
     survivors = start - faulty
     if not survivors:
         return RelaunchPlan(
@@ -209,7 +169,7 @@ def _plan(
             ),
             gate_reasons=codes,
         )
-    return RelaunchPlan(
+    plan = RelaunchPlan(
         RelaunchKind.WITHOUT_RANKS,
         retired=ranks(retired | faulty),
         faulty=faulty,
@@ -219,4 +179,31 @@ def _plan(
             f"ranks {listed} run on cards with a standing hardware fault: the instance is relaunched without "
             f"them ({len(survivors)} of {len(topology.original_dp_ranks)} DP ranks)"
         ),
+    )
+    return _within_capacity(plan, topology, capability)
+
+
+def _within_capacity(plan: RelaunchPlan, topology: InstanceTopology, capability: FtCapability | None) -> RelaunchPlan:
+    """``plan``, or ``REFUSED`` when the ranks it starts cannot hold every logical expert in their slots."""
+    members = len(topology.original_dp_ranks - plan.retired)
+    if capability is None or members == len(topology.original_dp_ranks):
+        return plan
+    redundant = relaunch_redundant_experts(
+        members=members,
+        tp_size=capability.tp_size,
+        slots_per_rank=capability.slots_per_rank,
+        num_logical_experts=capability.num_logical_experts,
+    )
+    if redundant >= 0:
+        return plan
+    return replace(
+        plan,
+        kind=RelaunchKind.REFUSED,
+        reason_code=RelaunchReason.EXPERT_CAPACITY,
+        reason=(
+            f"{members} DP ranks hold {redundant + capability.num_logical_experts} expert slots, fewer than the "
+            f"{capability.num_logical_experts} logical experts: the engines cannot start that small, so nothing is "
+            "relaunched until the cards are back or replaced"
+        ),
+        gate_reasons=(gate.GateReason.EXPERT_CAPACITY_INSUFFICIENT.value,),
     )
