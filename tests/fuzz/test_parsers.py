@@ -520,6 +520,7 @@ def test_a_valid_spec_round_trips_through_its_file(folder: Path, drawn: dict[str
             "dp_size": drawn["dp_size"],
             "dead_ranks": drawn["dead"],
             "endpoints": [{"id": rank, "port": 8000 + rank} for rank in drawn["ids"]],
+            "num_logical_experts": 1,  # any ranks left hold it: the world's expert capacity is not what this is about
         }
     )
     path = folder / "valid.json"

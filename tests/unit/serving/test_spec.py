@@ -216,6 +216,8 @@ def test_vllm_relaunch_renumbers_the_survivors_and_keeps_each_cards_expert_slots
         ({"vllm": None}, "needs a 'vllm' section"),
         ({"endpoints": []}, "at least 1"),
         ({"dead_ranks": [-1]}, "greater than or equal to 0"),  # a negative rank broke every heartbeat later
+        # ranks 2 and 3 alone: 2 x 72 slots cannot hold the 256 logical experts, so no engine would start
+        ({"dead_ranks": [0, 1]}, "2 DP ranks hold 144 expert slots, fewer than the 256 logical experts"),
     ],
 )
 def test_invalid_specs_are_refused(change: dict[str, object], message: str, tmp_path: Path) -> None:
@@ -224,6 +226,12 @@ def test_invalid_specs_are_refused(change: dict[str, object], message: str, tmp_
     path.write_text(json.dumps(raw))
     with pytest.raises(SpecError, match=message):
         load_spec(path)
+
+
+def test_a_spec_whose_every_rank_is_retired_starts_nothing_and_loads(tmp_path: Path) -> None:
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(pod_spec(POD_A).model_dump() | {"dead_ranks": [0, 1, 2, 3]}))
+    assert load_spec(path).dead_ranks == [0, 1, 2, 3]
 
 
 @pytest.mark.parametrize(

@@ -280,9 +280,9 @@ def launch_redundant_experts(spec: InstanceSpec, target: LaunchTarget) -> int:
 
 def check_launch(spec: InstanceSpec, target: LaunchTarget) -> int:
     """The redundant experts of a launch of ``target``; :class:`SpecError` when its ranks' slots cannot hold every
-    logical expert (no engine would start)."""
+    logical expert (no engine would start). A world of no rank starts nothing and is no error."""
     redundant = launch_redundant_experts(spec, target)
-    if redundant < 0:
+    if redundant < 0 and target.members:
         raise SpecError(
             f"{target.dp_size} DP ranks hold {redundant + spec.num_logical_experts} expert slots, fewer than the "
             f"{spec.num_logical_experts} logical experts: the instance cannot run this small"
