@@ -12,7 +12,9 @@ Two directions:
 - controller → NodeManager: the four FT routes (:data:`NM_FT_STATUS_PATH` …) and the beyond-the-anchor
   probe and nudge (F-52, F-54), plus the engine stop/start/restart routes the fallbacks use (F-14).
 
-Endpoint ids are **original global DP ranks** everywhere (RFC §4.1): never local ranks, never renumbered.
+Endpoint ids are **original global DP ranks** everywhere (RFC §4.1): never local ranks, never renumbered. An
+engine relaunched in a smaller world carries another FT id (:class:`EngineRank`); only its NodeManager sees that
+id, and translates.
 """
 
 from __future__ import annotations

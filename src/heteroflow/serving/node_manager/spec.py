@@ -234,10 +234,6 @@ class LaunchTarget:
     def dp_size(self) -> int:
         return len(self.members)
 
-    @property
-    def renumbered(self) -> bool:
-        return self.members != tuple(range(len(self.members)))
-
     def engine_rank(self, endpoint_id: int) -> int:
         """The ``--data-parallel-rank`` (the engine's FT id) of original rank ``endpoint_id`` in this world."""
         try:
