@@ -23,7 +23,7 @@ from heteroflow.platform_server.context import ServerContext
 from heteroflow.platform_server.errors import BadRequest, error_responses
 from heteroflow.platform_server.routes.gpu_health import SourceParam, parse_source
 from heteroflow.platform_server.schemas import UtcTime
-from heteroflow.storage.health_store import CardHardwareEvent
+from heteroflow.storage.hardware_events import CardHardwareEvent
 
 router = APIRouter(prefix=FEED_PATH, tags=["gpu-health"], responses=error_responses(400, 403))
 
