@@ -1,10 +1,12 @@
 """Capacity back: a scaled-down instance brought back to its configured size by a planned relaunch at full size.
 
 After a DP scale-down the instance runs SCALED_DOWN_RUNNING with ``dead_committed`` retired for good: no engine
-protocol of a released vLLM lets a removed rank join the running group again (``docs/engine-builds.md``:
-vLLM 0.34's elastic EP resizes over the contiguous ranks ``range(new_data_parallel_size)`` and nothing in it
-fills the holes an FT ``scale_down`` left). A restore therefore relaunches every rank of the instance at its
-configured size, as the whole-instance reconfiguration does, but planned:
+protocol of a released vLLM lets a removed rank join the running group again. vLLM 0.34's elastic EP
+(``docs/engine-builds.md``) resizes over the contiguous ranks ``range(new_data_parallel_size)``, so it cannot fill
+the holes an FT ``scale_down`` left; and although it could grow a world HeteroFlow relaunched smaller (contiguous,
+no dead set), vLLM's FT sentinel keeps the DP size it was built with, so a world grown that way could not scale
+down soundly at its next fault. A restore therefore relaunches every rank of the instance at its configured size,
+as the whole-instance reconfiguration does, but planned:
 
 1. **Refused unless capacity is back** (:func:`refusal`, HTTP 409 with the reason): the instance runs scaled
    down, no strategy runs, every pod of the topology is registered and heard from, none is being replaced, and
