@@ -122,6 +122,15 @@ def relaunch_redundant_experts(*, members: int, tp_size: int, slots_per_rank: in
     return members * tp_size * slots_per_rank - num_logical_experts
 
 
+def expert_capacity_shortfall(*, members: int, redundant: int, num_logical_experts: int) -> str:
+    """Why a launch over ``members`` DP ranks is refused, given its :func:`relaunch_redundant_experts` (negative):
+    the one sentence the NodeManager's spec check and the controller's relaunch plan both start their refusal with."""
+    return (
+        f"{members} DP ranks hold {redundant + num_logical_experts} expert slots, fewer than the "
+        f"{num_logical_experts} logical experts"
+    )
+
+
 DISCOVERED_CAPABILITY_FIELDS = frozenset(
     {"scale_down_supported", "retry_supported", "protocol_profile", "elastic_ep_supported"}
 )

@@ -30,6 +30,7 @@ from heteroflow.contracts.serving import (
     DeviceInfo,
     EndpointInfo,
     FtCapability,
+    expert_capacity_shortfall,
     relaunch_redundant_experts,
 )
 
@@ -305,10 +306,10 @@ def check_launch(spec: InstanceSpec, target: LaunchTarget) -> int:
     logical expert (no engine would start). A world of no rank starts nothing and is no error."""
     redundant = launch_redundant_experts(spec, target)
     if redundant < 0 and target.members:
-        raise SpecError(
-            f"{target.dp_size} DP ranks hold {redundant + spec.num_logical_experts} expert slots, fewer than the "
-            f"{spec.num_logical_experts} logical experts: the instance cannot run this small"
+        shortfall = expert_capacity_shortfall(
+            members=target.dp_size, redundant=redundant, num_logical_experts=spec.num_logical_experts
         )
+        raise SpecError(f"{shortfall}: the instance cannot run this small")
     return redundant
 
 
