@@ -192,6 +192,12 @@ class EngineRank(BaseModel):
     endpoint_id: StrictInt = Field(ge=0)
     engine_rank: StrictInt = Field(ge=0)
     dp_size: StrictInt = Field(ge=1, le=MAX_DP_SIZE)
+    elastic_ep_resized: StrictBool = False
+    """vLLM's elastic EP resized (or is resizing) this engine's world since its launch, outside HeteroFlow: its
+    fault tolerance still counts the launch's ranks (vLLM 0.34 freezes them at start), so the controller never
+    scales the instance down until it is relaunched (gate ``ELASTIC_EP_RESIZED``). Absent: no resize seen."""
+    elastic_ep_requested_dp_size: StrictInt | None = Field(default=None, ge=1, le=MAX_DP_SIZE)
+    """The DP size that resize asked for, when the engine said (``requested_data_parallel_size``)."""
 
 
 class HeartbeatRequest(BaseModel):

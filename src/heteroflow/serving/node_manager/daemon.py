@@ -50,6 +50,7 @@ from heteroflow.serving.node_manager.client import ControllerClient
 from heteroflow.serving.node_manager.controller_link import ControllerLink, registration_request
 from heteroflow.serving.node_manager.controller_link import PodIdentity as PodIdentity
 from heteroflow.serving.node_manager.engines import (
+    ElasticEpReading,
     EngineCallError,
     EngineClient,
     EngineProtocolError,
@@ -62,6 +63,7 @@ from heteroflow.serving.node_manager.ft_manager import (
     PollState,
     ProtocolFailure,
     Unreachable,
+    elastic_resize,
     observe,
     revived,
 )
@@ -133,6 +135,9 @@ class NodeManager:
         self._commands: dict[int, commands.CommandTrack] = {}
         """The current round's command per endpoint, by the id the engine tracks it by."""
         self._discovery_errors: dict[int, str] = {}
+        self._elastic_resized: dict[int, ElasticEpReading] = {}
+        """Endpoints whose engine's world elastic EP resized since its launch (the last reading that said so);
+        cleared when the engine is started again, in a fresh world."""
         self._violations: list[FencingViolation] = []
         self._suicide_reason: str | None = None
         self._lifecycle = asyncio.Lock()
@@ -183,6 +188,7 @@ class NodeManager:
             self._polls[endpoint_id] = PollState()
             self._commands.pop(endpoint_id, None)  # a new engine knows no earlier command
             self._dead_since.pop(endpoint_id, None)
+            self._elastic_resized.pop(endpoint_id, None)
             started.append(endpoint_id)
         return started
 
@@ -270,6 +276,43 @@ class NodeManager:
         await self.flush_reports()
         return finding
 
+    async def watch_elastic_ep_once(self, endpoint_id: int) -> ElasticEpReading | None:
+        """Where the last elastic EP resize of a ready engine stands, for an engine that runs with elastic EP
+        (configured, or found at discovery); the reading when it shows a resize of the engine's launched world
+        (:func:`~.ft_manager.elastic_resize`), which then marks the endpoint until its engine is started again.
+        An unreadable status marks nothing: the FT poll judges the engine itself."""
+        world = self._launched.get(endpoint_id)
+        if world is None or not (self.spec.enable_elastic_ep or self._engines.elastic_ep_of(endpoint_id)):
+            return None
+        incarnation = self.supervisor.incarnation(endpoint_id)
+        try:
+            reading = await self._engines.elastic_ep_status(
+                endpoint_id, timeout_sec=self.settings.engine_ft_status_timeout_sec
+            )
+        except EngineCallError:
+            return None
+        if self.supervisor.incarnation(endpoint_id) != incarnation:
+            return None  # started again meanwhile: the reading was of the world before
+        known = endpoint_id in self._elastic_resized
+        if not known and not elastic_resize(
+            phase=reading.phase,
+            requested_dp_size=reading.requested_data_parallel_size,
+            launched_dp_size=world.dp_size,
+        ):
+            return None
+        if not known:
+            _log.warning(
+                "engine.elastic_ep_resized",
+                endpoint_id=endpoint_id,
+                phase=reading.phase,
+                requested_dp_size=reading.requested_data_parallel_size,
+                launched_dp_size=world.dp_size,
+                detail="elastic EP resized the engine's world outside HeteroFlow; the instance is not scaled down "
+                "until its engines are relaunched",
+            )
+        self._elastic_resized[endpoint_id] = reading
+        return reading
+
     async def check_ready(self, endpoint_id: int) -> bool:
         if self.supervisor.ready(endpoint_id):
             return True
@@ -335,6 +378,7 @@ class NodeManager:
         else:
             started = self._clock.monotonic()
             await self.poll_once(endpoint_id)
+            await self.watch_elastic_ep_once(endpoint_id)  # the same cadence: one more read per poll, where enabled
             await sleep_until(self._clock, started + interval)
 
     # == the controller ====================================================================================
@@ -357,10 +401,20 @@ class NodeManager:
             guard_request_id=self._state.owner if self._state.is_frozen(self._clock.monotonic()) else None,
             sent_at=self._clock.now(),
             engine_ranks=[
-                EngineRank(endpoint_id=eid, engine_rank=world.engine_rank(eid), dp_size=world.dp_size)
+                self._engine_rank(eid, world)
                 for eid, world in sorted(self._launched.items())
                 if eid not in retired and self.supervisor.running(eid)
             ],
+        )
+
+    def _engine_rank(self, endpoint_id: int, world: LaunchTarget) -> EngineRank:
+        resized = self._elastic_resized.get(endpoint_id)
+        return EngineRank(
+            endpoint_id=endpoint_id,
+            engine_rank=world.engine_rank(endpoint_id),
+            dp_size=world.dp_size,
+            elastic_ep_resized=resized is not None,
+            elastic_ep_requested_dp_size=None if resized is None else resized.requested_data_parallel_size,
         )
 
     async def controller_once(self) -> None:
@@ -640,6 +694,7 @@ class NodeManager:
                     self._polls[eid],
                     retired=eid in self._state.retired,
                     world=self._launched.get(eid),
+                    elastic_resize=self._elastic_resized.get(eid),
                 )
                 for eid in sorted(self.spec.endpoint_ids)
             ),
