@@ -199,7 +199,8 @@ class ScaleDownRound:
 
     def _elastic_ep_resized(self) -> dict[int, int | None]:
         """Ranks not committed dead whose engine's world elastic EP resized, as their pods' heartbeats last said."""
-        inst, resized = self.inst, {}
+        inst = self.inst
+        resized: dict[int, int | None] = {}
         for pod in inst.topology.pods:
             state = self.ctrl.pods.get(pod.pod_id)
             if state is not None:

@@ -22,7 +22,7 @@ from heteroflow.serving.controller.core.gate import GateFlags, GateReason, evalu
 from heteroflow.serving.controller.core.ranks import InstanceId
 from heteroflow.serving.controller.guard import RoundFailedError
 from heteroflow.serving.controller.service import Controller
-from heteroflow.serving.controller.status import PodStatus, statuses
+from heteroflow.serving.controller.status import InstanceStatus, PodStatus, statuses
 from heteroflow.serving.controller.store import SqliteFtRuntimeStore
 from heteroflow.serving.controller.strategy import ScaleDownRound
 
@@ -109,6 +109,7 @@ def test_the_round_refuses_scale_down_while_a_heartbeat_says_resized_and_admits_
             assert "ranks [0, 1]" in gate.warnings[0]
             assert "(DP size asked: 2)" in gate.warnings[0]
             status = statuses(controller)[0]
+            assert isinstance(status, InstanceStatus)
             assert (status.gate.allowed, status.gate.reason_codes) == (False, ["ELASTIC_EP_RESIZED"])
             pod = status.pods[0]
             assert isinstance(pod, PodStatus)
