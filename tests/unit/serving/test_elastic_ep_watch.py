@@ -21,6 +21,7 @@ from heteroflow.contracts.serving import EngineRank, EnginesStartRequest, FtFlag
 from heteroflow.engine_sim.testing import FakeEngineCluster
 from heteroflow.serving.node_manager.daemon import NodeManager
 from heteroflow.serving.node_manager.engines import EngineProtocolError, HttpEngineClient
+from heteroflow.serving.node_manager.metrics import NodeManagerMetrics
 from heteroflow.serving.node_manager.testing import FakeController, FakeLauncher
 
 from .harness import make_node_manager
@@ -135,6 +136,9 @@ def test_a_completed_resize_marks_the_endpoint_in_status_and_heartbeat_until_a_r
         assert (reading.phase, reading.requested_data_parallel_size) == ("completed", 2)
         assert await nm.watch_elastic_ep_once(1) is None  # rank 1's engine still answers idle here
         assert marks(nm) == {0: (True, "completed", 2), 1: (False, None, None)}
+        metrics = NodeManagerMetrics(nm.status).render().decode()
+        assert 'heteroflow_node_manager_engine_elastic_ep_resized{endpoint="0",pod="pod-a"} 1.0' in metrics
+        assert 'heteroflow_node_manager_engine_elastic_ep_resized{endpoint="1",pod="pod-a"} 0.0' in metrics
         assert nm.heartbeat().engine_ranks == [
             EngineRank(
                 endpoint_id=0, engine_rank=0, dp_size=4, elastic_ep_resized=True, elastic_ep_requested_dp_size=2
