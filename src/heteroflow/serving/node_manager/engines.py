@@ -15,6 +15,9 @@ pinned by configuration, or found by :meth:`HttpEngineClient.discover` at the en
 which status route answers (``/fault_tolerance/status``: vLLM 0.32/0.33; ``/v1/fault_tolerance/status``:
 vLLM 0.34), then whether ``scale_down`` is an instruction it knows, asked with a body that every release
 refuses with a 400 (no ``request_id``, ``params`` null), so a healthy engine is never disturbed.
+
+An engine with elastic EP (vLLM 0.34, ``--enable-elastic-ep``) is also read for where its last resize stands
+(:meth:`HttpEngineClient.elastic_ep_status`, ``POST /is_scaling_elastic_ep``, which never starts one).
 """
 
 from __future__ import annotations
