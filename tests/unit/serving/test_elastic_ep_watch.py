@@ -18,6 +18,7 @@ import pytest
 
 from heteroflow.contracts.engine_protocol import IS_SCALING_ELASTIC_EP_PATH
 from heteroflow.contracts.serving import EngineRank, EnginesStartRequest, FtFlags
+from heteroflow.core.testing import FakeClock
 from heteroflow.engine_sim.testing import FakeEngineCluster
 from heteroflow.serving.node_manager.daemon import NodeManager
 from heteroflow.serving.node_manager.engines import EngineProtocolError, HttpEngineClient
@@ -234,3 +235,24 @@ def test_discovery_alone_enables_the_watch_and_the_simulator_reads_as_no_resize(
         assert not nm.heartbeat().engine_ranks[0].elastic_ep_resized
 
     run(scenario, elastic_ep=False, discover=True, inject=False)
+
+
+def test_the_poll_loop_reads_the_resize_status_once_per_step_after_the_ft_poll() -> None:
+    async def scenario(nm: NodeManager, answers: dict[int, ElasticEpAnswers], _: FakeLauncher) -> None:
+        answers[0].answer = (200, vllm_status("committing", 3))
+        asked, polls = answers[0].asked, nm.status().endpoints[0].polls
+        step = asyncio.create_task(nm._endpoint_step(0))
+        for _ in range(10_000):  # the in-process engines answer within a few loop turns; the clock stands still
+            if marks(nm)[0][0]:
+                break
+            await asyncio.sleep(0)
+        assert marks(nm)[0] == (True, "committing", 3)
+        assert (answers[0].asked, nm.status().endpoints[0].polls) == (asked + 1, polls + 1)
+        assert not step.done()  # it waits out the poll interval on the injected clock
+        clock = nm._clock
+        assert isinstance(clock, FakeClock)
+        clock.advance(nm.settings.engine_ft_poll_interval_sec)
+        await step
+        assert answers[0].asked == asked + 1
+
+    run(scenario)
