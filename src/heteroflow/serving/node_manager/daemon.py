@@ -1,6 +1,7 @@
 """The NodeManager daemon: the thin shell around the pure cores of this package.
 
-It owns one pod's engines (through the :class:`~.supervisor.ProcessSupervisor`), polls their FT status
+It owns one pod's engines (through the :class:`~.supervisor.ProcessSupervisor`; the worlds they were launched
+into, and the stop/start/restart routes' work, in :class:`~.lifecycle.EngineLifecycle`), polls their FT status
 (EngineFtManager, decisions in ``ft_manager.py``), reports evidence and heartbeats to the controller, and
 executes the controller's FT commands (EngineFtService, decisions in ``service.py``). Every FT state change
 goes through one pure transition on the frozen :class:`~.service.FtServiceState`; transitions never await,
@@ -25,7 +26,6 @@ from heteroflow.contracts.engine_protocol import ApplyParams, ApplyRequest, Engi
 from heteroflow.contracts.serving import (
     EndpointFtStatus,
     EngineApplyResult,
-    EngineRank,
     EnginesResponse,
     EnginesStartRequest,
     FaultEvidence,
@@ -71,7 +71,6 @@ from heteroflow.serving.node_manager.service import FtServiceError, FtServiceSta
 from heteroflow.serving.node_manager.settings import NodeManagerSettings
 from heteroflow.serving.node_manager.spec import (
     InstanceSpec,
-    LaunchTarget,
 )
 from heteroflow.serving.node_manager.status import FencingViolation, NodeManagerStatus, endpoint_status, pod_status
 from heteroflow.serving.node_manager.supervisor import EngineExit, ProcessLauncher, ProcessSupervisor
@@ -344,21 +343,7 @@ class NodeManager:
             retired_endpoint_ids=sorted(retired),
             guard_request_id=self._state.owner if self._state.is_frozen(self._clock.monotonic()) else None,
             sent_at=self._clock.now(),
-            engine_ranks=[
-                self._engine_rank(eid, world)
-                for eid, world in sorted(self._lifecycle.launched.items())
-                if eid not in retired and self.supervisor.running(eid)
-            ],
-        )
-
-    def _engine_rank(self, endpoint_id: int, world: LaunchTarget) -> EngineRank:
-        resized = self._lifecycle.resized.get(endpoint_id)
-        return EngineRank(
-            endpoint_id=endpoint_id,
-            engine_rank=world.engine_rank(endpoint_id),
-            dp_size=world.dp_size,
-            elastic_ep_resized=resized is not None,
-            elastic_ep_requested_dp_size=None if resized is None else resized.requested_data_parallel_size,
+            engine_ranks=self._lifecycle.engine_ranks(excluding=retired),
         )
 
     async def controller_once(self) -> None:
@@ -465,7 +450,7 @@ class NodeManager:
         body = ApplyRequest(instruction=instruction, request_id=request.request_id, params=params)
         _log.info("ft.apply", request_id=request.request_id, targets=targets, body=body.model_dump(exclude_none=True))
         results = list(
-            await asyncio.gather(*(self._apply_one(eid, self._in_engine_world(eid, body)) for eid in targets))
+            await asyncio.gather(*(self._apply_one(eid, self._lifecycle.in_engine_world(eid, body)) for eid in targets))
         )
         accepted = bool(results) and all(r.http_status == 202 for r in results)
         return NmApplyResponse(
@@ -475,16 +460,6 @@ class NodeManager:
             results=results,
             fenced_endpoint_ids=fenced,
         )
-
-    def _in_engine_world(self, endpoint_id: int, body: ApplyRequest) -> ApplyRequest:
-        """``body`` as the endpoint's engine counts: its launch's ranks (a smaller relaunch renumbered them), and
-        without the ranks retired before that launch, which its world never had."""
-        world = self._lifecycle.world(endpoint_id)
-        removed = body.params.removed_dp_ranks
-        if world is None or removed is None or world.members == tuple(range(self.spec.dp_size)):
-            return body
-        params = body.params.model_copy(update={"removed_dp_ranks": world.engine_ranks(removed)})
-        return body.model_copy(update={"params": params})
 
     async def _apply_one(self, endpoint_id: int, body: ApplyRequest) -> EngineApplyResult:
         if not self.supervisor.running(endpoint_id):

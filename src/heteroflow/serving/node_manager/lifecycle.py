@@ -17,6 +17,8 @@ from collections.abc import Callable, Iterable, Sequence
 
 import structlog
 
+from heteroflow.contracts.engine_protocol import ApplyRequest
+from heteroflow.contracts.serving import EngineRank
 from heteroflow.serving.node_manager.engines import ElasticEpReading, EngineCallError, EngineClient
 from heteroflow.serving.node_manager.ft_manager import elastic_resize
 from heteroflow.serving.node_manager.service import FtServiceError
@@ -78,6 +80,35 @@ class EngineLifecycle:
 
     def world(self, endpoint_id: int) -> LaunchTarget | None:
         return self.launched.get(endpoint_id)
+
+    def in_engine_world(self, endpoint_id: int, body: ApplyRequest) -> ApplyRequest:
+        """``body`` as the endpoint's engine counts: its launch's ranks (a smaller relaunch renumbered them), and
+        without the ranks retired before that launch, which its world never had."""
+        world = self.launched.get(endpoint_id)
+        removed = body.params.removed_dp_ranks
+        if world is None or removed is None or world.members == tuple(range(self._spec.dp_size)):
+            return body
+        params = body.params.model_copy(update={"removed_dp_ranks": world.engine_ranks(removed)})
+        return body.model_copy(update={"params": params})
+
+    def engine_ranks(self, *, excluding: frozenset[int]) -> list[EngineRank]:
+        """Each running engine's launch rank and size, and whether elastic EP resized that world since (the
+        heartbeat's ``engine_ranks``), but for the endpoints ``excluding`` names (retired ones)."""
+        ranks = []
+        for endpoint_id, world in sorted(self.launched.items()):
+            if endpoint_id in excluding or not self._supervisor.running(endpoint_id):
+                continue
+            resized = self.resized.get(endpoint_id)
+            ranks.append(
+                EngineRank(
+                    endpoint_id=endpoint_id,
+                    engine_rank=world.engine_rank(endpoint_id),
+                    dp_size=world.dp_size,
+                    elastic_ep_resized=resized is not None,
+                    elastic_ep_requested_dp_size=None if resized is None else resized.requested_data_parallel_size,
+                )
+            )
+        return ranks
 
     def launch(self, endpoint_ids: Iterable[int]) -> list[int]:
         """Start those of ``endpoint_ids`` that are not retired and not running, in :attr:`target`'s world."""
