@@ -242,7 +242,7 @@ def test_the_poll_loop_reads_the_resize_status_once_per_step_after_the_ft_poll()
         answers[0].answer = (200, vllm_status("committing", 3))
         asked, polls = answers[0].asked, nm.status().endpoints[0].polls
         step = asyncio.create_task(nm._endpoint_step(0))
-        for _ in range(10_000):  # the in-process engines answer within a few loop turns; the clock stands still
+        for _turn in range(10_000):  # the in-process engines answer within a few loop turns; the clock stands still
             if marks(nm)[0][0]:
                 break
             await asyncio.sleep(0)
