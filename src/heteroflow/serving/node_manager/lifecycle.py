@@ -6,7 +6,7 @@ the world each running engine was started in, which the NodeManager translates e
 (a relaunch without some ranks renumbers the survivors), and whether vLLM's elastic EP resized that world since
 (:meth:`EngineLifecycle.watch_resize`). It starts engines through the
 :class:`~.supervisor.ProcessSupervisor` and tells its owner each start (``on_launch``: a new engine has no poll
-history, no command and no resize). Its :attr:`EngineLifecycle.lock` is held by the stop/start/restart routes for
+history and no command). Its :attr:`EngineLifecycle.lock` is held by the stop/start/restart routes for
 their whole body: while it is held the controller is taking the engines over, and the suicide handling waits.
 """
 
