@@ -132,7 +132,8 @@ def revived(observation: Observation) -> bool:
 
 ELASTIC_EP_RESIZE_PHASES = frozenset({"preparing", "committing", "completed"})
 """``POST /is_scaling_elastic_ep`` phases that say a resize ran or is running (``idle``: none since start;
-``failed``: the resize was given up, judged by the size it asked for)."""
+``failed``: a resize was given up, judged by the size it asked for — what a failed resize left of the world is not
+known, so one that asked for another size marks it too, and a relaunch rather than a scale-down follows)."""
 
 
 def elastic_resize(*, phase: str, requested_dp_size: int | None, launched_dp_size: int) -> bool:
