@@ -122,6 +122,15 @@ def relaunch_redundant_experts(*, members: int, tp_size: int, slots_per_rank: in
     return members * tp_size * slots_per_rank - num_logical_experts
 
 
+def expert_capacity_shortfall(*, members: int, redundant: int, num_logical_experts: int) -> str:
+    """Why a launch over ``members`` DP ranks is refused, given its :func:`relaunch_redundant_experts` (negative):
+    the one sentence the NodeManager's spec check and the controller's relaunch plan both start their refusal with."""
+    return (
+        f"{members} DP ranks hold {redundant + num_logical_experts} expert slots, fewer than the "
+        f"{num_logical_experts} logical experts"
+    )
+
+
 DISCOVERED_CAPABILITY_FIELDS = frozenset(
     {"scale_down_supported", "retry_supported", "protocol_profile", "elastic_ep_supported"}
 )
@@ -183,6 +192,12 @@ class EngineRank(BaseModel):
     endpoint_id: StrictInt = Field(ge=0)
     engine_rank: StrictInt = Field(ge=0)
     dp_size: StrictInt = Field(ge=1, le=MAX_DP_SIZE)
+    elastic_ep_resized: StrictBool = False
+    """vLLM's elastic EP resized (or is resizing) this engine's world since its launch, outside HeteroFlow: its
+    fault tolerance still counts the launch's ranks (vLLM 0.34 freezes them at start), so the controller never
+    scales the instance down until it is relaunched (gate ``ELASTIC_EP_RESIZED``). Absent: no resize seen."""
+    elastic_ep_requested_dp_size: StrictInt | None = Field(default=None, ge=1, le=MAX_DP_SIZE)
+    """The DP size that resize asked for, when the engine said (``requested_data_parallel_size``)."""
 
 
 class HeartbeatRequest(BaseModel):

@@ -258,7 +258,12 @@ def test_each_pod_in_the_status_names_its_ranks_and_their_cards(tmp_path: Path) 
         [entry] = (await client.get("/controller/fault_tolerance/status")).json()
         pods = {pod["pod_id"]: pod for pod in entry["pods"]}
         assert pods["a"]["node_name"] == "k-1"
-        unknown = {"engine_rank": None, "engine_dp_size": None}  # no heartbeat has said how the engines run
+        unknown = {  # no heartbeat has said how the engines run
+            "engine_rank": None,
+            "engine_dp_size": None,
+            "elastic_ep_resized": False,
+            "elastic_ep_requested_dp_size": None,
+        }
         assert pods["a"]["ranks"] == [
             {"rank": 0, "devices": [{"device_id": "GPU-a", "index": 2}], **unknown},
             {"rank": 1, "devices": [{"device_id": "GPU-b", "index": 3}], **unknown},
@@ -283,6 +288,17 @@ def test_each_pod_in_the_status_names_its_ranks_and_their_cards(tmp_path: Path) 
         assert [(r["rank"], r["engine_rank"], r["engine_dp_size"]) for r in pods["b"]["ranks"]] == [
             (2, 1, 3),
             (3, 2, 3),
+        ]
+        # then an operator's elastic EP resize asked that world for 4 ranks: the next heartbeat marks both ranks
+        resized = {"elastic_ep_resized": True, "elastic_ep_requested_dp_size": 4}
+        beat = {**beat, "engine_ranks": [{**r, **resized} for r in beat["engine_ranks"]]}  # type: ignore[dict-item]
+        answer = await client.post("/controller/node_manager/heartbeat", json=beat)
+        assert answer.status_code == 200, answer.text
+        [entry] = (await client.get("/controller/fault_tolerance/status")).json()
+        ranks = {pod["pod_id"]: pod["ranks"] for pod in entry["pods"]}["b"]
+        assert [(r["rank"], r["elastic_ep_resized"], r["elastic_ep_requested_dp_size"]) for r in ranks] == [
+            (2, True, 4),
+            (3, True, 4),
         ]
         bad = await client.post(
             "/controller/node_manager/heartbeat",

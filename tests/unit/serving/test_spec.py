@@ -194,8 +194,11 @@ def test_sim_command_line_of_a_relaunch_without_ranks_is_a_smaller_contiguous_wo
 def test_vllm_relaunch_renumbers_the_survivors_and_keeps_each_cards_expert_slots() -> None:
     target = launch_target(pod_spec(POD_B), master_ip="10.0.0.2", master_port=13345, retired={1})
     # 256 logical + 32 redundant over 4 ranks is 72 slots per rank: 3 x 72 = 216 cannot hold 256 logical experts
-    with pytest.raises(SpecError, match="3 DP ranks hold 216 expert slots, fewer than the 256 logical experts"):
+    with pytest.raises(SpecError) as refused:
         engine_command(pod_spec(POD_B), 2, pod_ip="10.0.0.2", cluster_token=None, target=target)
+    assert str(refused.value) == (
+        "3 DP ranks hold 216 expert slots, fewer than the 256 logical experts: the instance cannot run this small"
+    )
     spec = pod_spec(POD_B, num_redundant_experts=128)  # 384 physical: 96 slots per rank
     for endpoint_id, engine_rank in ((2, 1), (3, 2)):  # members (0, 2, 3)
         argv = list(engine_command(spec, endpoint_id, pod_ip="10.0.0.2", cluster_token=None, target=target).argv)
@@ -204,6 +207,66 @@ def test_vllm_relaunch_renumbers_the_survivors_and_keeps_each_cards_expert_slots
         # 3 ranks x 96 slots = 288 physical experts, divided evenly over the EP ranks as vLLM's EPLB requires
         assert argv[argv.index("--eplb-config.num_redundant_experts") + 1] == "32"
     assert target.engine_ranks([0, 1, 3]) == [0, 2]  # a later scale_down names the engines' own ranks
+
+
+def test_elastic_ep_is_launched_with_the_configured_size_as_its_ceiling() -> None:
+    spec = pod_spec(POD_B, num_redundant_experts=128, enable_elastic_ep=True)
+    full = list(engine_command(spec, 2, pod_ip="10.0.0.2", cluster_token=None).argv)
+    flags = full[full.index("--enable-elastic-ep") :][:3]
+    assert flags == ["--enable-elastic-ep", "--elastic-ep-max-dp-size", "4"]
+    assert full[full.index("--data-parallel-size") + 1] == "4"
+    assert "--enable-eplb" in full  # vLLM refuses elastic EP without it
+    # a world relaunched without rank 1 runs as 3, and may still be grown back to the configured 4
+    target = launch_target(spec, master_ip="10.0.0.2", master_port=13345, retired={1})
+    smaller = list(engine_command(spec, 3, pod_ip="10.0.0.2", cluster_token=None, target=target).argv)
+    assert smaller[smaller.index("--data-parallel-size") + 1] == "3"
+    assert smaller[smaller.index("--elastic-ep-max-dp-size") + 1] == "4"
+    # off by default: neither flag
+    plain = list(engine_command(pod_spec(POD_B), 2, pod_ip="10.0.0.2", cluster_token=None).argv)
+    assert "--enable-elastic-ep" not in plain
+    assert "--elastic-ep-max-dp-size" not in plain
+
+
+def test_the_simulator_line_carries_the_same_elastic_ep_flags() -> None:
+    raw: dict[str, object] = {
+        "instance_id": "i",
+        "dp_size": 4,
+        "dp_master_ip": "127.0.0.1",
+        "dp_rpc_port": 29500,
+        "dp_store_port": 29600,
+        "num_logical_experts": 4,
+        "num_redundant_experts": 4,
+        "endpoints": [{"id": 2, "port": 8102}],
+        "sim": {"python": "/py"},
+    }
+    on = InstanceSpec.model_validate(raw | {"enable_elastic_ep": True})
+    argv = list(engine_command(on, 2, pod_ip="127.0.0.1", cluster_token=None).argv)
+    assert argv[argv.index("--enable-elastic-ep") :][:3] == ["--enable-elastic-ep", "--elastic-ep-max-dp-size", "4"]
+    target = launch_target(on, master_ip="127.0.0.1", master_port=29500, retired={0})
+    smaller = list(engine_command(on, 2, pod_ip="127.0.0.1", cluster_token=None, target=target).argv)
+    assert smaller[smaller.index("--dp-size") + 1] == "3"
+    assert smaller[smaller.index("--elastic-ep-max-dp-size") + 1] == "4"
+    off = list(engine_command(InstanceSpec.model_validate(raw), 2, pod_ip="127.0.0.1", cluster_token=None).argv)
+    assert "--enable-elastic-ep" not in off
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"enable_eplb": False}, "enable_elastic_ep needs enable_eplb: vLLM supports elastic EP only with EPLB"),
+        ({"engine_profile": "vllm-0.32"}, "engine_profile 'vllm-0.32' has none"),
+        ({"engine_profile": "vllm-0.33"}, "engine_profile 'vllm-0.32' has none"),  # the alias names the profile
+        ({"backend": "sim", "sim": {"ft_profile": "vllm-0.32"}}, "the simulator's ft_profile 'vllm-0.32' has none"),
+    ],
+)
+def test_elastic_ep_is_refused_where_vllm_refuses_it(change: dict[str, object], message: str, tmp_path: Path) -> None:
+    raw = pod_spec(POD_A).model_dump() | {"enable_elastic_ep": True} | change
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(raw))
+    with pytest.raises(SpecError, match=message):
+        load_spec(path)
+    path.write_text(json.dumps(raw | {"enable_elastic_ep": False}))
+    assert not load_spec(path).enable_elastic_ep  # the same spec without elastic EP loads
 
 
 @pytest.mark.parametrize(

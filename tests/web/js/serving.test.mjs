@@ -166,7 +166,7 @@ test("the engine's own refusals come with a sentence in both languages", () => {
     gate.reasons.map((r) => r.explain),
     [null, "serving.gate.explain.ENGINE_SCALE_DOWN_UNSUPPORTED", "serving.gate.explain.CAPABILITY_MISMATCH"],
   );
-  assert.deepEqual(GATE_ENGINE_REASONS, ["ENGINE_SCALE_DOWN_UNSUPPORTED", "CAPABILITY_MISMATCH"]);
+  assert.deepEqual(GATE_ENGINE_REASONS, ["ENGINE_SCALE_DOWN_UNSUPPORTED", "CAPABILITY_MISMATCH", "ELASTIC_EP_RESIZED"]);
   for (const code of GATE_ENGINE_REASONS) {
     const key = `serving.gate.explain.${code}`;
     assert.ok(GATE_REASONS.includes(code), code);
@@ -513,15 +513,29 @@ test("each rank's place: its pod's node, and its card when it registered exactly
             { rank: 6, devices: [], engine_rank: 6, engine_dp_size: 7 },
           ],
         },
+        // elastic EP resized the worlds of ranks 7 (asked for 3 ranks) and 8 (size not said); 9 says nonsense
+        {
+          pod_id: "f",
+          node_name: "node-6",
+          ranks: [
+            { rank: 7, devices: [], engine_rank: 7, engine_dp_size: 8, elastic_ep_resized: true, elastic_ep_requested_dp_size: 3 },
+            { rank: 8, devices: [], elastic_ep_resized: true, elastic_ep_requested_dp_size: null },
+            { rank: 9, devices: [], elastic_ep_resized: "yes", elastic_ep_requested_dp_size: 2 },
+          ],
+        },
       ],
     }),
   );
-  const plain = { engineRank: null, engineDpSize: null };
-  assert.deepEqual([...places.keys()], [0, 1, 2, 5, 6]);
+  const plain = { engineRank: null, engineDpSize: null, elasticResized: false, elasticRequestedDpSize: null };
+  assert.deepEqual([...places.keys()], [0, 1, 2, 5, 6, 7, 8, 9]);
+  const elastic = { pod: "f", node: "node-6", gpuIndex: null, engineRank: null, engineDpSize: null, elasticResized: true };
+  assert.deepEqual(places.get(7), { ...elastic, elasticRequestedDpSize: 3 });
+  assert.deepEqual(places.get(8), { ...elastic, elasticRequestedDpSize: null });
+  assert.deepEqual(places.get(9), { pod: "f", node: "node-6", gpuIndex: null, ...plain });
   assert.deepEqual(places.get(0), { pod: "a", node: "node-1", gpuIndex: 2, ...plain });
   assert.deepEqual(places.get(1), { pod: "a", node: "node-1", gpuIndex: null, ...plain }); // two cards: no single one
   assert.deepEqual(places.get(2), { pod: "b", node: null, gpuIndex: null, ...plain });
-  assert.deepEqual(places.get(5), { pod: "e", node: "node-5", gpuIndex: null, engineRank: 4, engineDpSize: 5 });
+  assert.deepEqual(places.get(5), { pod: "e", node: "node-5", gpuIndex: null, ...plain, engineRank: 4, engineDpSize: 5 });
   assert.deepEqual(places.get(6), { pod: "e", node: "node-5", gpuIndex: null, ...plain });
   assert.equal(rankPlaces({}).size, 0);
   assert.equal(nodeLink("node-1", 2), "/nodes/gpu-health?node=node-1&gpu=2");

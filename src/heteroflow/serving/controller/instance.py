@@ -25,7 +25,7 @@ import asyncio
 from dataclasses import dataclass, field
 from datetime import datetime
 
-from heteroflow.contracts.serving import EngineIdentity, RegisterRequest
+from heteroflow.contracts.serving import EngineIdentity, EngineRank, RegisterRequest
 from heteroflow.serving.controller.core import normalizer
 from heteroflow.serving.controller.core import runtime as rt
 from heteroflow.serving.controller.core.decision import RunningStrategy
@@ -41,8 +41,13 @@ class PodState:
     last_seen: float
     heartbeat_complete: bool = False
     heartbeats: int = 0
-    engine_ranks: dict[int, tuple[int, int]] = field(default_factory=dict)
-    """Endpoint → (its engine's launch rank, that launch's DP size), from the last heartbeat that said."""
+    engine_ranks: dict[int, EngineRank] = field(default_factory=dict)
+    """Endpoint → its engine's launch rank, that launch's DP size and whether elastic EP resized that world since,
+    from the last heartbeat that said."""
+
+    def elastic_ep_resized(self) -> dict[int, int | None]:
+        """Endpoints whose engine's world elastic EP resized, with the DP size asked for (``None``: not said)."""
+        return {eid: r.elastic_ep_requested_dp_size for eid, r in self.engine_ranks.items() if r.elastic_ep_resized}
 
 
 @dataclass

@@ -211,7 +211,7 @@ class Controller:
             scale_down_enabled=self.ft.scale_down_enabled,
         )
         if request.engine_ranks:
-            pod.engine_ranks = {e.endpoint_id: (e.engine_rank, e.dp_size) for e in request.engine_ranks}
+            pod.engine_ranks = {e.endpoint_id: e for e in request.engine_ranks}
         return HeartbeatResponse(flags=self.ft.flags())
 
     def report(self, report: SoftwareFaultReport) -> bool:

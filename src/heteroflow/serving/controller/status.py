@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 
 from pydantic import BaseModel, ConfigDict
 
-from heteroflow.contracts.serving import EndpointInfo
+from heteroflow.contracts.serving import EndpointInfo, EngineRank
 from heteroflow.serving.controller.core import runtime as rt
 from heteroflow.serving.controller.core.decision import RunningStrategy
 from heteroflow.serving.controller.core.phase import FtPhase
@@ -92,6 +92,11 @@ class RankStatus(BaseModel):
     some ranks renumbered the survivors into a smaller world; ``None`` until its NodeManager says."""
     engine_dp_size: int | None = None
     """That launch's ``--data-parallel-size``."""
+    elastic_ep_resized: bool = False
+    """vLLM's elastic EP resized that world since the launch, outside HeteroFlow: the instance is not scaled down
+    (gate ``ELASTIC_EP_RESIZED``) until its engines are relaunched."""
+    elastic_ep_requested_dp_size: int | None = None
+    """The DP size that resize asked for, when the engine said."""
 
 
 class UnknownPodStatus(BaseModel):
@@ -279,16 +284,19 @@ def _relaunch(inst: Instance) -> RelaunchStatus | None:
     )
 
 
-def _ranks(endpoints: Sequence[EndpointInfo], engine_ranks: Mapping[int, tuple[int, int]]) -> list[RankStatus]:
-    return [
-        RankStatus(
-            rank=e.id,
-            devices=[DeviceStatus(device_id=d.device_id, index=d.index) for d in e.device_infos],
-            engine_rank=engine_ranks[e.id][0] if e.id in engine_ranks else None,
-            engine_dp_size=engine_ranks[e.id][1] if e.id in engine_ranks else None,
-        )
-        for e in sorted(endpoints, key=lambda e: e.id)
-    ]
+def _ranks(endpoints: Sequence[EndpointInfo], engine_ranks: Mapping[int, EngineRank]) -> list[RankStatus]:
+    return [_rank(e, engine_ranks.get(e.id)) for e in sorted(endpoints, key=lambda e: e.id)]
+
+
+def _rank(endpoint: EndpointInfo, engine: EngineRank | None) -> RankStatus:
+    return RankStatus(
+        rank=endpoint.id,
+        devices=[DeviceStatus(device_id=d.device_id, index=d.index) for d in endpoint.device_infos],
+        engine_rank=None if engine is None else engine.engine_rank,
+        engine_dp_size=None if engine is None else engine.dp_size,
+        elastic_ep_resized=engine is not None and engine.elastic_ep_resized,
+        elastic_ep_requested_dp_size=None if engine is None else engine.elastic_ep_requested_dp_size,
+    )
 
 
 def _pod(ctrl: StatusPorts, pod_id: str, endpoints: Sequence[EndpointInfo]) -> PodStatus | UnknownPodStatus:

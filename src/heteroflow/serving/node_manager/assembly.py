@@ -25,12 +25,8 @@ from heteroflow.http.errors import StatusMap, error_response
 from heteroflow.http.gate import TokenGate, gate_middleware
 from heteroflow.http.probes import LIVENESS_PATH, probes_router
 from heteroflow.serving.node_manager import service
-from heteroflow.serving.node_manager.daemon import (
-    LaunchRefusedError,
-    NodeManager,
-    ProxyDisabledError,
-    UnknownEndpointError,
-)
+from heteroflow.serving.node_manager.daemon import NodeManager, ProxyDisabledError, UnknownEndpointError
+from heteroflow.serving.node_manager.lifecycle import LaunchRefusedError
 from heteroflow.serving.node_manager.routes import engines_router, ft_router, node_router
 
 STATUS_OF = StatusMap(

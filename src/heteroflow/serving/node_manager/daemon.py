@@ -1,6 +1,7 @@
 """The NodeManager daemon: the thin shell around the pure cores of this package.
 
-It owns one pod's engines (through the :class:`~.supervisor.ProcessSupervisor`), polls their FT status
+It owns one pod's engines (through the :class:`~.supervisor.ProcessSupervisor`; the worlds they were launched
+into, and the stop/start/restart routes' work, in :class:`~.lifecycle.EngineLifecycle`), polls their FT status
 (EngineFtManager, decisions in ``ft_manager.py``), reports evidence and heartbeats to the controller, and
 executes the controller's FT commands (EngineFtService, decisions in ``service.py``). Every FT state change
 goes through one pure transition on the frozen :class:`~.service.FtServiceState`; transitions never await,
@@ -25,7 +26,6 @@ from heteroflow.contracts.engine_protocol import ApplyParams, ApplyRequest, Engi
 from heteroflow.contracts.serving import (
     EndpointFtStatus,
     EngineApplyResult,
-    EngineRank,
     EnginesResponse,
     EnginesStartRequest,
     FaultEvidence,
@@ -50,6 +50,7 @@ from heteroflow.serving.node_manager.client import ControllerClient
 from heteroflow.serving.node_manager.controller_link import ControllerLink, registration_request
 from heteroflow.serving.node_manager.controller_link import PodIdentity as PodIdentity
 from heteroflow.serving.node_manager.engines import (
+    ElasticEpReading,
     EngineCallError,
     EngineClient,
     EngineProtocolError,
@@ -65,16 +66,11 @@ from heteroflow.serving.node_manager.ft_manager import (
     observe,
     revived,
 )
+from heteroflow.serving.node_manager.lifecycle import EngineLifecycle
 from heteroflow.serving.node_manager.service import FtServiceError, FtServiceState
 from heteroflow.serving.node_manager.settings import NodeManagerSettings
 from heteroflow.serving.node_manager.spec import (
     InstanceSpec,
-    LaunchTarget,
-    SpecError,
-    check_launch,
-    default_target,
-    engine_command,
-    launch_target,
 )
 from heteroflow.serving.node_manager.status import FencingViolation, NodeManagerStatus, endpoint_status, pod_status
 from heteroflow.serving.node_manager.supervisor import EngineExit, ProcessLauncher, ProcessSupervisor
@@ -90,13 +86,6 @@ class UnknownEndpointError(FtServiceError):
     """HTTP 400: an endpoint id this pod does not run, or a rank outside the instance."""
 
     code = "unknown_endpoint"
-
-
-class LaunchRefusedError(FtServiceError):
-    """HTTP 409: the engines could not start in the world asked for (too few ranks to hold every logical
-    expert); nothing was stopped or changed."""
-
-    code = "launch_refused"
 
 
 class NodeManager:
@@ -125,9 +114,16 @@ class NodeManager:
         self._on_suicide = on_suicide
         self.supervisor = ProcessSupervisor(launcher, stopped_dead_sec=settings.engine_stopped_dead_sec)
         self._state = FtServiceState(retired=frozenset(spec.dead_ranks))
-        self._target: LaunchTarget = default_target(spec)
-        self._launched: dict[int, LaunchTarget] = {}
-        """The world each running engine was launched into: its FT id and the ranks an apply may name."""
+        self._lifecycle = EngineLifecycle(
+            spec=spec,
+            pod_ip=pod.pod_ip,
+            cluster_token=settings.cluster_token,
+            supervisor=self.supervisor,
+            engines=engines,
+            stop_grace_sec=settings.engine_stop_grace_sec,
+            is_retired=lambda endpoint_id: endpoint_id in self._state.retired,
+            on_launch=self._launched_fresh,
+        )
         self._polls: dict[int, PollState] = {eid: PollState() for eid in spec.endpoint_ids}
         self._dead_since: dict[int, float] = {}
         self._commands: dict[int, commands.CommandTrack] = {}
@@ -135,7 +131,6 @@ class NodeManager:
         self._discovery_errors: dict[int, str] = {}
         self._violations: list[FencingViolation] = []
         self._suicide_reason: str | None = None
-        self._lifecycle = asyncio.Lock()
         self._tasks: list[asyncio.Task[None]] = []
         self.exit_requested = asyncio.Event()
 
@@ -165,26 +160,13 @@ class NodeManager:
 
     def launch_engines(self, endpoint_ids: Iterable[int] | None = None) -> list[int]:
         """Start the given (default: every) local endpoint that is not retired and not running."""
-        wanted = sorted(self.spec.endpoint_ids if endpoint_ids is None else endpoint_ids)
-        started = []
-        for endpoint_id in wanted:
-            if endpoint_id in self._state.retired or self.supervisor.running(endpoint_id):
-                continue
-            command = engine_command(
-                self.spec,
-                endpoint_id,
-                pod_ip=self.pod.pod_ip,
-                cluster_token=self.settings.cluster_token,
-                target=self._target,
-            )
-            self.supervisor.launch(command)
-            self._launched[endpoint_id] = self._target
-            self._engines.renumber(endpoint_id, self._target.engine_rank(endpoint_id))
-            self._polls[endpoint_id] = PollState()
-            self._commands.pop(endpoint_id, None)  # a new engine knows no earlier command
-            self._dead_since.pop(endpoint_id, None)
-            started.append(endpoint_id)
-        return started
+        return self._lifecycle.launch(self.spec.endpoint_ids if endpoint_ids is None else endpoint_ids)
+
+    def _launched_fresh(self, endpoint_id: int) -> None:
+        """A new engine of ``endpoint_id`` started: nothing of the one before applies to it."""
+        self._polls[endpoint_id] = PollState()
+        self._commands.pop(endpoint_id, None)  # a new engine knows no earlier command
+        self._dead_since.pop(endpoint_id, None)
 
     # == F-2: process deaths and the suicide handling ======================================================
     async def supervise_once(self) -> list[EngineExit]:
@@ -214,7 +196,7 @@ class NodeManager:
     async def _maybe_suicide(self) -> None:
         if not self.settings.engine_death_suicide or self._suicide_reason is not None:
             return
-        if self._lifecycle.locked():  # the controller is stopping or starting our engines: it took them over
+        if self._lifecycle.busy:  # the controller is stopping or starting our engines: it took them over
             return
         due = service.suicide_due(
             dead_since=self._dead_since,
@@ -269,6 +251,10 @@ class NodeManager:
         )
         await self.flush_reports()
         return finding
+
+    async def watch_elastic_ep_once(self, endpoint_id: int) -> ElasticEpReading | None:
+        """Whether elastic EP resized the ready engine's world (:meth:`~.lifecycle.EngineLifecycle.watch_resize`)."""
+        return await self._lifecycle.watch_resize(endpoint_id, timeout_sec=self.settings.engine_ft_status_timeout_sec)
 
     async def check_ready(self, endpoint_id: int) -> bool:
         if self.supervisor.ready(endpoint_id):
@@ -335,6 +321,7 @@ class NodeManager:
         else:
             started = self._clock.monotonic()
             await self.poll_once(endpoint_id)
+            await self.watch_elastic_ep_once(endpoint_id)  # the same cadence: one more read per poll, where enabled
             await sleep_until(self._clock, started + interval)
 
     # == the controller ====================================================================================
@@ -356,11 +343,7 @@ class NodeManager:
             retired_endpoint_ids=sorted(retired),
             guard_request_id=self._state.owner if self._state.is_frozen(self._clock.monotonic()) else None,
             sent_at=self._clock.now(),
-            engine_ranks=[
-                EngineRank(endpoint_id=eid, engine_rank=world.engine_rank(eid), dp_size=world.dp_size)
-                for eid, world in sorted(self._launched.items())
-                if eid not in retired and self.supervisor.running(eid)
-            ],
+            engine_ranks=self._lifecycle.engine_ranks(excluding=retired),
         )
 
     async def controller_once(self) -> None:
@@ -467,7 +450,7 @@ class NodeManager:
         body = ApplyRequest(instruction=instruction, request_id=request.request_id, params=params)
         _log.info("ft.apply", request_id=request.request_id, targets=targets, body=body.model_dump(exclude_none=True))
         results = list(
-            await asyncio.gather(*(self._apply_one(eid, self._in_engine_world(eid, body)) for eid in targets))
+            await asyncio.gather(*(self._apply_one(eid, self._lifecycle.in_engine_world(eid, body)) for eid in targets))
         )
         accepted = bool(results) and all(r.http_status == 202 for r in results)
         return NmApplyResponse(
@@ -477,16 +460,6 @@ class NodeManager:
             results=results,
             fenced_endpoint_ids=fenced,
         )
-
-    def _in_engine_world(self, endpoint_id: int, body: ApplyRequest) -> ApplyRequest:
-        """``body`` as the endpoint's engine counts: its launch's ranks (a smaller relaunch renumbered them), and
-        without the ranks retired before that launch, which its world never had."""
-        world = self._launched.get(endpoint_id)
-        removed = body.params.removed_dp_ranks
-        if world is None or removed is None or world.members == tuple(range(self.spec.dp_size)):
-            return body
-        params = body.params.model_copy(update={"removed_dp_ranks": world.engine_ranks(removed)})
-        return body.model_copy(update={"params": params})
 
     async def _apply_one(self, endpoint_id: int, body: ApplyRequest) -> EngineApplyResult:
         if not self.supervisor.running(endpoint_id):
@@ -578,19 +551,15 @@ class NodeManager:
 
     # == engine lifecycle routes (the controller's fallbacks, F-14) ========================================
     async def stop_engines(self, endpoint_ids: Iterable[int] | None = None) -> EnginesResponse:
-        async with self._lifecycle:
+        async with self._lifecycle.lock:
             ids = self._local(self.spec.endpoint_ids if endpoint_ids is None else endpoint_ids)
-            stopped = [
-                eid
-                for eid in ids
-                if await asyncio.to_thread(self.supervisor.stop, eid, grace_sec=self.settings.engine_stop_grace_sec)
-            ]
+            stopped = await self._lifecycle.stop(ids)
             for eid in ids:
                 self._dead_since.pop(eid, None)
             return EnginesResponse(stopped_endpoint_ids=stopped, retired_endpoint_ids=sorted(self._state.retired))
 
     async def start_engines(self, request: EnginesStartRequest, *, restart: bool = False) -> EnginesResponse:
-        async with self._lifecycle:
+        async with self._lifecycle.lock:
             # the controller takes every local engine over: an earlier death no longer counts towards the suicide
             # handling, also for an engine the new retired set no longer retires (a full rebuild)
             retired = (
@@ -598,27 +567,13 @@ class NodeManager:
                 if request.retired_endpoint_ids is None
                 else self._in_instance(request.retired_endpoint_ids)
             )
-            target = launch_target(
-                self.spec,
-                master_ip=request.dp_master_ip or self._target.master_ip,
-                master_port=request.dp_master_port or self._target.master_port,
-                retired=retired,
+            target = self._lifecycle.admit(
+                retired=retired, master_ip=request.dp_master_ip, master_port=request.dp_master_port
             )
-            try:
-                check_launch(self.spec, target)
-            except SpecError as exc:  # before anything is stopped: the running engines keep serving
-                raise LaunchRefusedError(str(exc)) from exc
             self._dead_since.clear()
             self._state = service.replace_retired(self._state, retired)
-            self._target = target
-            stopped: list[int] = []
-            if restart:  # all at once: a hung engine uses its whole stop grace, and must not add it to the others'
-                grace = self.settings.engine_stop_grace_sec
-                ids = sorted(self.spec.endpoint_ids)
-                results = await asyncio.gather(
-                    *(asyncio.to_thread(self.supervisor.stop, eid, grace_sec=grace) for eid in ids)
-                )
-                stopped = [eid for eid, was_stopped in zip(ids, results, strict=True) if was_stopped]
+            self._lifecycle.target = target
+            stopped = await self._lifecycle.stop_at_once(sorted(self.spec.endpoint_ids)) if restart else []
             started = self.launch_engines()
             return EnginesResponse(
                 stopped_endpoint_ids=stopped,
@@ -639,7 +594,8 @@ class NodeManager:
                     self.supervisor,
                     self._polls[eid],
                     retired=eid in self._state.retired,
-                    world=self._launched.get(eid),
+                    world=self._lifecycle.world(eid),
+                    elastic_resize=self._lifecycle.resized.get(eid),
                 )
                 for eid in sorted(self.spec.endpoint_ids)
             ),

@@ -15,6 +15,9 @@ pinned by configuration, or found by :meth:`HttpEngineClient.discover` at the en
 which status route answers (``/fault_tolerance/status``: vLLM 0.32/0.33; ``/v1/fault_tolerance/status``:
 vLLM 0.34), then whether ``scale_down`` is an instruction it knows, asked with a body that every release
 refuses with a 400 (no ``request_id``, ``params`` null), so a healthy engine is never disturbed.
+
+An engine with elastic EP (vLLM 0.34, ``--enable-elastic-ep``) is also read for where its last resize stands
+(:meth:`HttpEngineClient.elastic_ep_status`, ``POST /is_scaling_elastic_ep``, which never starts one).
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ from dataclasses import dataclass
 from typing import Protocol
 
 import httpx
+from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from heteroflow.contracts.engine_protocol import (
     IS_SCALING_ELASTIC_EP_PATH,
     VLLM_0_32,
     VLLM_0_34,
     ApplyRequest,
+    ElasticEpPhase,
     ElasticEpStatus,
     EngineProfile,
     EngineStatusEntry,
@@ -40,6 +45,7 @@ from heteroflow.contracts.engine_protocol import (
     select_engine,
     status_path,
 )
+from heteroflow.contracts.serving import MAX_DP_SIZE
 from heteroflow.http.tls import client_tls
 
 
@@ -53,6 +59,17 @@ class EngineUnreachableError(EngineCallError):
 
 class EngineProtocolError(EngineCallError):
     """The engine answered, but not as the protocol says."""
+
+
+class ElasticEpReading(BaseModel):
+    """What ``POST /is_scaling_elastic_ep`` says of the last elastic EP resize: the two fields the NodeManager
+    judges (``ft_manager.elastic_resize``), read from vLLM 0.34's body (``is_scaling_elastic_ep``, ``phase``,
+    ``epoch``, ``error``, ``requested_data_parallel_size``); the others are ignored."""
+
+    model_config = ConfigDict(frozen=True, extra="ignore")
+
+    phase: ElasticEpPhase
+    requested_data_parallel_size: StrictInt | None = Field(default=None, ge=1, le=MAX_DP_SIZE)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +107,10 @@ class EngineClient(Protocol):
 
     def elastic_ep_of(self, endpoint_id: int) -> bool:
         """Whether discovery found the engine's elastic EP routes (vLLM 0.34 with ``--enable-elastic-ep``)."""
+        ...
+
+    async def elastic_ep_status(self, endpoint_id: int, *, timeout_sec: float) -> ElasticEpReading:
+        """``POST /is_scaling_elastic_ep`` (it only reads the resize status); raises :class:`EngineCallError`."""
         ...
 
     async def complete(self, endpoint_id: int, *, max_tokens: int, timeout_sec: float) -> str:
@@ -278,6 +299,20 @@ class HttpEngineClient:
         return ApplyAnswer(
             http_status=response.status_code, detail=response.text[:300], engine_request_id=engine_request_id
         )
+
+    async def elastic_ep_status(self, endpoint_id: int, *, timeout_sec: float) -> ElasticEpReading:
+        try:
+            response = await self._client_for(endpoint_id).post(IS_SCALING_ELASTIC_EP_PATH, timeout=timeout_sec)
+        except httpx.TimeoutException as exc:
+            raise EngineUnreachableError(f"elastic EP status timed out after {timeout_sec:g} s") from exc
+        except httpx.TransportError as exc:
+            raise EngineUnreachableError(f"elastic EP status unreachable: {type(exc).__name__}: {exc}") from exc
+        if response.status_code != 200:  # vLLM: 503 while the status is briefly unreadable
+            raise EngineProtocolError(f"elastic EP status answered HTTP {response.status_code}: {response.text[:200]}")
+        try:
+            return ElasticEpReading.model_validate(response.json())
+        except ValueError as exc:  # bad JSON or a body without a known phase (pydantic's error is a ValueError)
+            raise EngineProtocolError(f"not an elastic EP status: {response.text[:200]}") from exc
 
     async def complete(self, endpoint_id: int, *, max_tokens: int, timeout_sec: float) -> str:
         body: dict[str, object] = {"prompt": "ping", "max_tokens": max_tokens, "temperature": 0}

@@ -18,6 +18,8 @@ The shell (``daemon.py``) polls each ready engine's ``GET {prefix}/fault_toleran
   incomplete rather than healthy.
 - A retired rank is watched at a low rate (F-53): dead or gone is expected; any other answer means it
   came back to life — a fencing violation.
+- An engine with elastic EP (vLLM 0.34, ``--enable-elastic-ep``) is also asked where its last resize stands
+  (:func:`elastic_resize`): a resize that ran or runs changed its world behind the NodeManager's back.
 """
 
 from __future__ import annotations
@@ -126,3 +128,21 @@ def revived(observation: Observation) -> bool:
             return True  # something answers on a retired rank's port: not dead
         case Unreachable():
             return False
+
+
+ELASTIC_EP_RESIZE_PHASES = frozenset({"preparing", "committing", "completed"})
+"""``POST /is_scaling_elastic_ep`` phases that say a resize ran or is running (``idle``: none since start;
+``failed``: a resize was given up, judged by the size it asked for — what a failed resize left of the world is not
+known, so one that asked for another size marks it too, and a relaunch rather than a scale-down follows)."""
+
+
+def elastic_resize(*, phase: str, requested_dp_size: int | None, launched_dp_size: int) -> bool:
+    """Whether an engine's elastic EP status shows a resize of the world it was launched in (``launched_dp_size``
+    ranks): a resize phase, or a requested size other than the launch's.
+
+    Why it matters: vLLM 0.34's fault tolerance freezes the DP size at the engine's start
+    (``EngineCoreSentinel._initial_dp_size``) and a resize never rebuilds it, so after one the old ranks and any
+    new rank disagree on the world a ``scale_down`` names: the instance can no longer be scaled down soundly."""
+    if phase in ELASTIC_EP_RESIZE_PHASES:
+        return True
+    return requested_dp_size is not None and requested_dp_size != launched_dp_size

@@ -45,15 +45,22 @@ class _Collector(Collector):
         polls = CounterMetricFamily(
             "heteroflow_node_manager_ft_polls", "FT status polls since the engine started.", labels=["pod", "endpoint"]
         )
+        resized = GaugeMetricFamily(
+            "heteroflow_node_manager_engine_elastic_ep_resized",
+            "1 when elastic EP resized the engine's world since its launch (no scale-down until a relaunch).",
+            labels=["pod", "endpoint"],
+        )
         for endpoint in snap.endpoints:
             eid = str(endpoint.endpoint_id)
             ready.add_metric([pod, eid], 1.0 if endpoint.ready else 0.0)
+            resized.add_metric([pod, eid], 1.0 if endpoint.elastic_ep_resized else 0.0)
             polls.add_metric([pod, eid], float(endpoint.polls))
             for status in FT_STATUSES:
                 ft.add_metric([pod, eid, status], 1.0 if endpoint.ft_status == status else 0.0)
         yield ready
         yield ft
         yield polls
+        yield resized
         yield GaugeMetricFamily(
             "heteroflow_node_manager_guard_frozen", "1 while a round's guard freezes this NodeManager.",
             value=1.0 if snap.frozen else 0.0,

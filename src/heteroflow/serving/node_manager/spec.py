@@ -30,6 +30,7 @@ from heteroflow.contracts.serving import (
     DeviceInfo,
     EndpointInfo,
     FtCapability,
+    expert_capacity_shortfall,
     relaunch_redundant_experts,
 )
 
@@ -111,6 +112,12 @@ class InstanceSpec(BaseModel):
         description="Physical expert slots per EP rank (what a card's memory holds); default ceil((E+K)/(DP*TP)).",
     )
     enable_eplb: StrictBool = True
+    enable_elastic_ep: StrictBool = Field(
+        default=False,
+        description="Launch the engines with --enable-elastic-ep --elastic-ep-max-dp-size <dp_size> (vLLM 0.34): "
+        "a world relaunched smaller can then be grown back to the configured size by an operator. HeteroFlow "
+        "never resizes it; a resize done outside marks the instance unable to scale down until it is relaunched.",
+    )
     enable_engine_ft: StrictBool = True
     engine_auto_recovery: StrictBool = False
     engine_scale_down_supported: StrictBool = True
@@ -142,6 +149,8 @@ class InstanceSpec(BaseModel):
             raise ValueError("backend 'vllm' needs a 'vllm' section (at least the model)")
         if self.ft_path_prefix is not None:
             normalize_prefix(self.ft_path_prefix)
+        if self.enable_elastic_ep:
+            _check_elastic_ep(self)
         if self.dead_ranks:
             check_launch(
                 self,
@@ -190,6 +199,24 @@ class InstanceSpec(BaseModel):
 
     def endpoint_infos(self, pod_ip: str) -> list[EndpointInfo]:
         return [EndpointInfo(id=e.id, ip=pod_ip, port=e.port, device_infos=e.device_infos) for e in self.endpoints]
+
+
+def _check_elastic_ep(spec: InstanceSpec) -> None:
+    """What vLLM 0.34 refuses at start, refused at spec load: elastic EP without EPLB ("Elastic EP is only
+    supported with enable_eplb=True."), and engines whose profile has no elastic EP (vLLM 0.32/0.33)."""
+    if not spec.enable_eplb:
+        raise ValueError("enable_elastic_ep needs enable_eplb: vLLM supports elastic EP only with EPLB")
+    pinned = spec.pinned_profile
+    if pinned is not None and not pinned.elastic_ep_routes:
+        raise ValueError(
+            f"enable_elastic_ep needs an engine with elastic EP (vLLM 0.34 or later); "
+            f"engine_profile {pinned.name!r} has none"
+        )
+    if spec.backend == "sim" and not PROFILES[spec.sim.ft_profile].elastic_ep_routes:
+        raise ValueError(
+            f"enable_elastic_ep needs an engine with elastic EP (vLLM 0.34 or later); "
+            f"the simulator's ft_profile {spec.sim.ft_profile!r} has none"
+        )
 
 
 def load_spec(path: Path) -> InstanceSpec:
@@ -279,10 +306,10 @@ def check_launch(spec: InstanceSpec, target: LaunchTarget) -> int:
     logical expert (no engine would start). A world of no rank starts nothing and is no error."""
     redundant = launch_redundant_experts(spec, target)
     if redundant < 0 and target.members:
-        raise SpecError(
-            f"{target.dp_size} DP ranks hold {redundant + spec.num_logical_experts} expert slots, fewer than the "
-            f"{spec.num_logical_experts} logical experts: the instance cannot run this small"
+        shortfall = expert_capacity_shortfall(
+            members=target.dp_size, redundant=redundant, num_logical_experts=spec.num_logical_experts
         )
+        raise SpecError(f"{shortfall}: the instance cannot run this small")
     return redundant
 
 
@@ -324,6 +351,7 @@ def engine_command(
             "--enable-fault-tolerance",
             "--all2all-backend", vllm.all2all_backend,
             *(eplb_flags if eplb else []),
+            *_elastic_ep_flags(spec),
             "--data-parallel-address", target.master_ip,
             "--data-parallel-rpc-port", str(target.master_port),
             "--cpu-distributed-timeout-seconds", fmt(spec.cpu_distributed_timeout_sec),
@@ -352,6 +380,7 @@ def engine_command(
             "--collective-timeout-sec", fmt(spec.cpu_distributed_timeout_sec),
             "--engine-recovery-timeout-sec", fmt(spec.engine_recovery_timeout_sec),
             "--ft-profile", spec.sim.ft_profile,
+            *_elastic_ep_flags(spec),
         ]  # fmt: skip
         if spec.ft_path_prefix is not None:
             argv += ["--ft-path-prefix", spec.ft_path_prefix]
@@ -369,6 +398,14 @@ def engine_command(
         env=tuple(sorted(env.items())),
         url=endpoint_url(pod_ip, endpoint.port),
     )
+
+
+def _elastic_ep_flags(spec: InstanceSpec) -> list[str]:
+    """Elastic EP's flags, with the configured size as its ceiling: vLLM's ``--elastic-ep-max-dp-size`` defaults
+    to the launch's DP size, so a world launched smaller could otherwise never grow back to ``dp_size``."""
+    if not spec.enable_elastic_ep:
+        return []
+    return ["--enable-elastic-ep", "--elastic-ep-max-dp-size", str(spec.dp_size)]
 
 
 def _number(value: float) -> int | float:

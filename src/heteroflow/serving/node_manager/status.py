@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from heteroflow.contracts.serving import FtFlags
 from heteroflow.serving.node_manager.controller_link import ControllerLink
+from heteroflow.serving.node_manager.engines import ElasticEpReading
 from heteroflow.serving.node_manager.ft_manager import PollState
 from heteroflow.serving.node_manager.service import FtServiceState
 from heteroflow.serving.node_manager.spec import LaunchTarget
@@ -40,6 +41,13 @@ class EndpointStatus:
     relaunch without some ranks renumbered the world. ``None`` before the first launch."""
     engine_dp_size: int | None = None
     """The ``--data-parallel-size`` of that launch."""
+    elastic_ep_resized: bool = False
+    """Elastic EP resized (or is resizing) the engine's world since that launch, outside HeteroFlow: the
+    controller no longer scales the instance down until the engine is started again."""
+    elastic_ep_phase: str | None = None
+    """The resize's phase as the engine last said it (``preparing``, ``committing``, ``completed``…)."""
+    elastic_ep_requested_dp_size: int | None = None
+    """The DP size the resize asked for, when the engine said."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -71,6 +79,7 @@ def endpoint_status(
     *,
     retired: bool,
     world: LaunchTarget | None = None,
+    elastic_resize: ElasticEpReading | None = None,
 ) -> EndpointStatus:
     identity = supervisor.identity(endpoint_id)
     return EndpointStatus(
@@ -86,6 +95,9 @@ def endpoint_status(
         polls=poll.polls,
         engine_rank=None if world is None else world.engine_rank(endpoint_id),
         engine_dp_size=None if world is None else world.dp_size,
+        elastic_ep_resized=elastic_resize is not None,
+        elastic_ep_phase=None if elastic_resize is None else elastic_resize.phase,
+        elastic_ep_requested_dp_size=None if elastic_resize is None else elastic_resize.requested_data_parallel_size,
     )
 
 

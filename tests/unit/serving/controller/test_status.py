@@ -49,24 +49,29 @@ EXPECTED = (
     b'mapping":"UNMAPPABLE","ranks":[],"reason":"a pod of the instance registered no node name","reason_co'
     b'de":"no_node_name","reason_subject":null,"pending":true}],"rounds":[],"pods":[{"pod_id":"a","pod_ip"'
     b':"127.0.0.1","node_name":"k-1","state":"up","silent_sec":2.5,"heartbeat_complete":true,"heartbeats":'
-    b'1,"ranks":[{"rank":0,"devices":[{"device_id":"GPU-a","index":2}],"engine_rank":0,"engine_dp_size":3}'
-    b',{"rank":1,"devices":[],"engine_rank":1,"engine_dp_size":3}]},{"pod_id":"b","pod_ip":"127.0.0.2","no'
-    b'de_name":"","state":"lost","silent_sec":100.0,"heartbeat_complete":false,"heartbeats":0,"ranks":[{"r'
-    b'ank":2,"devices":[],"engine_rank":null,"engine_dp_size":null},{"rank":3,"devices":[],"engine_rank":n'
-    b'ull,"engine_dp_size":null}]}],"persist_pending":false,"store_error":null,"restore":null,"restorable"'
-    b':null},{"instance_id":"inst-2","phase":"SCALED_DOWN_RUNNING","original_dp_ranks":[0,1],"request_id":'
-    b'null,"dead_committed":[1],"pending_removed_ranks":[],"alive_dp_ranks":[0],"fallback_strategy":null,"'
-    b'gate":{"allowed":true,"reason_codes":[]},"engine_statuses":{},"serving_published":false,"last_error"'
-    b':null,"can_serve":false,"running_strategy":null,"last_decision":"waiting for every NodeManager to re'
-    b'gister","intervention_required":null}]'
+    b'1,"ranks":[{"rank":0,"devices":[{"device_id":"GPU-a","index":2}],"engine_rank":0,"engine_dp_size":3,'
+    b'"elastic_ep_resized":false,"elastic_ep_requested_dp_size":null},{"rank":1,"devices":[],"engine_rank"'
+    b':1,"engine_dp_size":3,"elastic_ep_resized":true,"elastic_ep_requested_dp_size":4}]},{"pod_id":"b","p'
+    b'od_ip":"127.0.0.2","node_name":"","state":"lost","silent_sec":100.0,"heartbeat_complete":false,"hear'
+    b'tbeats":0,"ranks":[{"rank":2,"devices":[],"engine_rank":null,"engine_dp_size":null,"elastic_ep_resiz'
+    b'ed":false,"elastic_ep_requested_dp_size":null},{"rank":3,"devices":[],"engine_rank":null,"engine_dp_'
+    b'size":null,"elastic_ep_resized":false,"elastic_ep_requested_dp_size":null}]}],"persist_pending":fals'
+    b'e,"store_error":null,"restore":null,"restorable":null},{"instance_id":"inst-2","phase":"SCALED_DOWN_'
+    b'RUNNING","original_dp_ranks":[0,1],"request_id":null,"dead_committed":[1],"pending_removed_ranks":[]'
+    b',"alive_dp_ranks":[0],"fallback_strategy":null,"gate":{"allowed":true,"reason_codes":[]},"engine_sta'
+    b'tuses":{},"serving_published":false,"last_error":null,"can_serve":false,"running_strategy":null,"las'
+    b't_decision":"waiting for every NodeManager to register","intervention_required":null}]'
 )
 
 EXPECTED_PODS = (
     b'[{"pod_id":"a","pod_ip":"127.0.0.1","node_name":"k-1","state":"up","silent_sec":2.5,"heartbeat_compl'
     b'ete":true,"heartbeats":1,"ranks":[{"rank":0,"devices":[{"device_id":"GPU-a","index":2}],"engine_rank'
-    b'":0,"engine_dp_size":3},{"rank":1,"devices":[],"engine_rank":1,"engine_dp_size":3}]},{"pod_id":"b","'
-    b'state":"unknown","ranks":[{"rank":2,"devices":[],"engine_rank":null,"engine_dp_size":null},{"rank":3'
-    b',"devices":[],"engine_rank":null,"engine_dp_size":null}]}]'
+    b'":0,"engine_dp_size":3,"elastic_ep_resized":false,"elastic_ep_requested_dp_size":null},{"rank":1,"de'
+    b'vices":[],"engine_rank":1,"engine_dp_size":3,"elastic_ep_resized":true,"elastic_ep_requested_dp_size'
+    b'":4}]},{"pod_id":"b","state":"unknown","ranks":[{"rank":2,"devices":[],"engine_rank":null,"engine_dp'
+    b'_size":null,"elastic_ep_resized":false,"elastic_ep_requested_dp_size":null},{"rank":3,"devices":[],"'
+    b'engine_rank":null,"engine_dp_size":null,"elastic_ep_resized":false,"elastic_ep_requested_dp_size":nu'
+    b"ll}]}]"
 )
 
 
@@ -117,7 +122,8 @@ def test_the_status_answer_is_byte_for_byte_the_same(tmp_path: Path) -> None:
         controller.hardware_fault(
             HardwareFaultReport(node_name="k-1", card="GPU-a", fault_code="80E18402", level=5, source="t")
         )
-        # pod a's engines run renumbered (a relaunch without rank 2 would start 0, 1, 3 as 0, 1, 2 of 3)
+        # pod a's engines run renumbered (a relaunch without rank 2 would start 0, 1, 3 as 0, 1, 2 of 3), and an
+        # operator's elastic EP resize asked that world for 4 ranks again (rank 1's engine said so)
         controller.heartbeat(
             HeartbeatRequest(
                 pod_id="a",
@@ -127,7 +133,9 @@ def test_the_status_answer_is_byte_for_byte_the_same(tmp_path: Path) -> None:
                 sent_at=clock.now(),
                 engine_ranks=[
                     EngineRank(endpoint_id=0, engine_rank=0, dp_size=3),
-                    EngineRank(endpoint_id=1, engine_rank=1, dp_size=3),
+                    EngineRank(
+                        endpoint_id=1, engine_rank=1, dp_size=3, elastic_ep_resized=True, elastic_ep_requested_dp_size=4
+                    ),
                 ],
             )
         )

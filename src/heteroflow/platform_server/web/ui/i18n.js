@@ -495,6 +495,10 @@ const EN = {
   "serving.pod.node_link": "GPU health of node {node}",
   "serving.rank_node_link": "Rank {rank} runs on {card}: its GPU health",
   "serving.rank.renumbered": "Runs as engine rank {engine} of {size}",
+  "serving.rank.elastic_resized": "Resized by elastic EP",
+  "serving.rank.elastic_resized.size": "Resized by elastic EP (asked: {size} ranks)",
+  "serving.rank.elastic_resized.explain":
+    "Elastic EP resized this engine's DP group after HeteroFlow launched it; the instance is not scaled down until it is relaunched.",
   "serving.rank.renumbered.explain":
     "A relaunch without some ranks started the others as a smaller DP group, renumbered in order; HeteroFlow keeps the original rank everywhere else.",
   "serving.instance_link": "Link",
@@ -514,8 +518,11 @@ const EN = {
   "serving.gate.reason.NO_SURVIVOR": "no rank would survive",
   "serving.gate.reason.TOPOLOGY_INCOMPLETE": "the instance's topology is incomplete",
   "serving.gate.reason.CAPABILITY_MISMATCH": "the pods' capabilities disagree",
+  "serving.gate.reason.ELASTIC_EP_RESIZED": "elastic EP resized the engines' DP group outside HeteroFlow",
   "serving.gate.explain.ENGINE_SCALE_DOWN_UNSUPPORTED":
     "The engines cannot remove a dead rank while the others keep serving: their fault-tolerance protocol has no scale_down instruction (vLLM 0.32 and 0.33 know only retry; DP scale-down needs vLLM 0.34 or later). Fast recovery (retry) is tried where it is enabled; otherwise the fallback strategy above restores the whole instance.",
+  "serving.gate.explain.ELASTIC_EP_RESIZED":
+    "Elastic EP (vLLM 0.34) resized the engines' DP group outside HeteroFlow. vLLM's fault tolerance keeps the DP size the engines started with and a resize never updates it, so a scale_down would name ranks of another group. The instance is not scaled down until it is relaunched: the fallback strategy above handles its faults, and the relaunched engines start in a fresh group without this mark.",
   "serving.gate.explain.CAPABILITY_MISMATCH":
     "The instance's pods registered engines that do not agree (different fault-tolerance protocols, or different configured capabilities, for example an image rolled out to only some pods). A mixed instance is never scaled down; until every pod runs the same engine build, the fallback strategy above handles faults.",
   "serving.engine.profile": "Engine fault-tolerance protocol",
@@ -1189,6 +1196,10 @@ const ZH = {
   "serving.pod.node_link": "节点 {node} 的 GPU 健康",
   "serving.rank_node_link": "DP 副本 {rank} 运行在 {card}：查看其 GPU 健康",
   "serving.rank.renumbered": "以引擎 rank {engine}（共 {size} 个）运行",
+  "serving.rank.elastic_resized": "已被弹性 EP 调整规模",
+  "serving.rank.elastic_resized.size": "已被弹性 EP 调整规模（请求 {size} 个 rank）",
+  "serving.rank.elastic_resized.explain":
+    "HeteroFlow 拉起该引擎后，弹性 EP 调整了其 DP 组的规模；在实例重新拉起之前不会缩容。",
   "serving.rank.renumbered.explain":
     "去掉部分 rank 后重新拉起时，其余 rank 按原顺序重新编号，组成较小的 DP 组；HeteroFlow 在其他地方仍使用原始 rank 编号。",
   "serving.instance_link": "链接",
@@ -1208,8 +1219,11 @@ const ZH = {
   "serving.gate.reason.NO_SURVIVOR": "没有幸存 rank",
   "serving.gate.reason.TOPOLOGY_INCOMPLETE": "实例拓扑不完整",
   "serving.gate.reason.CAPABILITY_MISMATCH": "各 Pod 上报的能力不一致",
+  "serving.gate.reason.ELASTIC_EP_RESIZED": "弹性 EP 在 HeteroFlow 之外调整了引擎的 DP 组规模",
   "serving.gate.explain.ENGINE_SCALE_DOWN_UNSUPPORTED":
     "引擎无法在其余 rank 继续服务的同时移除死亡的 rank：其容错协议没有 scale_down 指令（vLLM 0.32 和 0.33 只支持 retry；DP 缩容需要 vLLM 0.34 或更高版本）。已启用快速恢复时先尝试 retry；否则由上方的兜底策略恢复整个实例。",
+  "serving.gate.explain.ELASTIC_EP_RESIZED":
+    "引擎的 DP 组在 HeteroFlow 之外被弹性 EP（vLLM 0.34）调整了规模。vLLM 的容错保留引擎启动时的 DP 规模，调整规模不会更新它，因此 scale_down 会指向另一个 DP 组的 rank。在实例重新拉起之前不再缩容：故障由上方的兜底策略处理，重新拉起的引擎组成新的 DP 组，不再带有此标记。",
   "serving.gate.explain.CAPABILITY_MISMATCH":
     "该实例各 Pod 注册的引擎不一致（容错协议不同，或配置的能力不同，例如镜像只更新到了部分 Pod）。混合实例永远不会缩容；在所有 Pod 运行同一引擎版本之前，由上方的兜底策略处理故障。",
   "serving.engine.profile": "引擎容错协议",

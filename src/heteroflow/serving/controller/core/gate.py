@@ -9,6 +9,7 @@ for the arithmetic check (F-55; default off, recorded as a warning either way).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -29,6 +30,9 @@ class GateReason(StrEnum):
     NO_SURVIVOR = "NO_SURVIVOR"
     TOPOLOGY_INCOMPLETE = "TOPOLOGY_INCOMPLETE"
     CAPABILITY_MISMATCH = "CAPABILITY_MISMATCH"
+    ELASTIC_EP_RESIZED = "ELASTIC_EP_RESIZED"
+    """vLLM's elastic EP resized the engines' world outside HeteroFlow: their fault tolerance still counts the
+    launch's ranks (vLLM 0.34 freezes them at start), so a ``scale_down`` would name ranks of another world."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,11 +62,14 @@ def evaluate(
     survivors: int,
     topology_error: str | None = None,
     capability_mismatch: bool = False,
+    elastic_ep_resized: Mapping[int, int | None] | None = None,
 ) -> GateResult:
     """Every failing check's reason code, in a fixed order; ``allowed`` when there is none.
 
     ``capability`` is ``None`` when the pods' capabilities could not be agreed or are missing (fail closed);
-    ``topology_error`` is the text of a :class:`TopologyError` met while planning the round.
+    ``topology_error`` is the text of a :class:`TopologyError` met while planning the round;
+    ``elastic_ep_resized`` the ranks whose engine's world elastic EP resized since launch, with the DP size
+    asked for where the engine said it (their NodeManagers' heartbeats).
     """
     reasons: list[GateReason] = []
     warnings: list[str] = []
@@ -95,6 +102,15 @@ def evaluate(
             warnings.append(f"expert capacity: {slots} physical slots left for {logical} logical experts")
             if flags.gate_expert_capacity:
                 reasons.append(GateReason.EXPERT_CAPACITY_INSUFFICIENT)
+    if elastic_ep_resized:
+        reasons.append(GateReason.ELASTIC_EP_RESIZED)
+        sizes = sorted({size for size in elastic_ep_resized.values() if size is not None})
+        asked = f" (DP size asked: {', '.join(map(str, sizes))})" if sizes else ""
+        warnings.append(
+            f"elastic EP resized the world of ranks {sorted(elastic_ep_resized)} outside HeteroFlow{asked}: the "
+            "engines' fault tolerance still counts the ranks they were launched with, so no scale_down until the "
+            "instance is relaunched"
+        )
     if survivors < 1:
         reasons.append(GateReason.NO_SURVIVOR)
     return GateResult(allowed=not reasons, reason_codes=tuple(reasons), warnings=tuple(warnings))

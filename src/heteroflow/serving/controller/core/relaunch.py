@@ -30,7 +30,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from enum import StrEnum
 
-from heteroflow.contracts.serving import FtCapability, relaunch_redundant_experts
+from heteroflow.contracts.serving import FtCapability, expert_capacity_shortfall, relaunch_redundant_experts
 
 from . import gate
 from .normalizer import HardwareFault, MappingKind, map_hardware_fault
@@ -201,9 +201,10 @@ def _within_capacity(plan: RelaunchPlan, topology: InstanceTopology, capability:
         kind=RelaunchKind.REFUSED,
         reason_code=RelaunchReason.EXPERT_CAPACITY,
         reason=(
-            f"{members} DP ranks hold {redundant + capability.num_logical_experts} expert slots, fewer than the "
-            f"{capability.num_logical_experts} logical experts: the engines cannot start that small, so nothing is "
-            "relaunched until the cards are back or replaced"
+            expert_capacity_shortfall(
+                members=members, redundant=redundant, num_logical_experts=capability.num_logical_experts
+            )
+            + ": the engines cannot start that small, so nothing is relaunched until the cards are back or replaced"
         ),
         gate_reasons=(gate.GateReason.EXPERT_CAPACITY_INSUFFICIENT.value,),
     )

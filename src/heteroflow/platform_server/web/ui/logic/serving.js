@@ -45,6 +45,7 @@ export const GATE_REASONS = Object.freeze([
   "NO_SURVIVOR",
   "TOPOLOGY_INCOMPLETE",
   "CAPABILITY_MISMATCH",
+  "ELASTIC_EP_RESIZED",
 ]);
 
 // Steady phases have their own tone; every other known phase is a round at work ("busy").
@@ -114,7 +115,11 @@ export function phaseInfo(phase) {
 }
 
 /** Gate reason codes about what the engines can do: each also has a sentence saying why and what happens instead. */
-export const GATE_ENGINE_REASONS = Object.freeze(["ENGINE_SCALE_DOWN_UNSUPPORTED", "CAPABILITY_MISMATCH"]);
+export const GATE_ENGINE_REASONS = Object.freeze([
+  "ENGINE_SCALE_DOWN_UNSUPPORTED",
+  "CAPABILITY_MISMATCH",
+  "ELASTIC_EP_RESIZED",
+]);
 
 /**
  * The gate's reason codes with the dictionary key that names each (null for a code the page does not know) and,
@@ -341,9 +346,11 @@ export function nodeDirectory(items) {
  * Where each DP rank runs, from the status's pods (``pods[].ranks``): rank → {pod, node (null: not reported),
  * gpuIndex (the card's index when the rank registered exactly one card with an index, else null), engineRank and
  * engineDpSize (the FT id and DP size its engine was launched with, when a relaunch without some ranks renumbered
- * it; null when it runs as itself or nobody said)}.
+ * it; null when it runs as itself or nobody said), elasticResized (elastic EP resized its engine's world outside
+ * HeteroFlow: no scale-down until a relaunch) and elasticRequestedDpSize (the DP size that resize asked for; null
+ * when not said)}.
  * @returns {Map<number, {pod: string, node: string|null, gpuIndex: number|null, engineRank: number|null,
- *            engineDpSize: number|null}>}
+ *            engineDpSize: number|null, elasticResized: boolean, elasticRequestedDpSize: number|null}>}
  */
 export function rankPlaces(entry) {
   const places = new Map();
@@ -363,6 +370,11 @@ export function rankPlaces(entry) {
         gpuIndex: index,
         engineRank: renumbered ? r.engine_rank : null,
         engineDpSize: renumbered ? r.engine_dp_size : null,
+        elasticResized: r.elastic_ep_resized === true,
+        elasticRequestedDpSize:
+          r.elastic_ep_resized === true && Number.isInteger(r.elastic_ep_requested_dp_size)
+            ? r.elastic_ep_requested_dp_size
+            : null,
       });
     }
   }

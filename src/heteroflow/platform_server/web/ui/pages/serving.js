@@ -344,6 +344,15 @@ export function createServingPage(main) {
                     size: places.get(cell.rank).engineDpSize,
                   }),
                 ),
+            places.get(cell.rank)?.elasticResized
+              ? h(
+                  "span",
+                  { class: "rank-elastic small", title: t("serving.rank.elastic_resized.explain") },
+                  places.get(cell.rank).elasticRequestedDpSize == null
+                    ? t("serving.rank.elastic_resized")
+                    : t("serving.rank.elastic_resized.size", { size: places.get(cell.rank).elasticRequestedDpSize }),
+                )
+              : null,
           ),
         ),
       ),
