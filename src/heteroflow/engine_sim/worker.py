@@ -710,11 +710,8 @@ class Worker:
                 raise RebuildError(ELASTIC_EP_DRAIN_TIMEOUT_TEXT)
             time.sleep(ELASTIC_POLL_SEC)  # waiting for the old ranks' commit, with the deadline above
         self.active_epoch = epoch
+        # the old ranks run no probe collective after their switch: the group's creation is the rendezvous
         self._elastic_join_group(epoch, boot.new, boot.num_redundant_experts, boot.slots_per_rank)
-        probe = torch.ones(1)
-        self._wait(self.pg.allreduce([probe]))
-        if int(probe.item()) != len(self.members):
-            raise RebuildError(f"first all-reduce gave {probe.item()}, expected {len(self.members)}")
 
     # -- rebuild ---------------------------------------------------------------------------------------
     def rebuild(self, plan: dict[str, Any]) -> None:
