@@ -353,6 +353,9 @@ class SimProcessCluster:
             self.ports[rank] = free_port()
         args = list(self._args)
         args[args.index("--dp-size") + 1] = str(new_dp_size)
+        if "--elastic-ep-max-dp-size" in args:  # vLLM's launch check needs it ≥ the size (rank 0's comes later)
+            at = args.index("--elastic-ep-max-dp-size") + 1
+            args[at] = str(max(int(args[at]), new_dp_size))
         self._spawn(rank, args, extra_env={SCALE_UP_LAUNCH_ENV: "1"})
 
     def stop(self, rank: int) -> None:

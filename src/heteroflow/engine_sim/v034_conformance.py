@@ -51,6 +51,8 @@ from heteroflow.contracts.engine_protocol import (
     VLLM_0_32,
     VLLM_0_34,
     checkin_failure_text,
+    elastic_ep_ready_failed_text,
+    elastic_ep_unexpected_rank_text,
 )
 from heteroflow.engine_sim import conformance
 from heteroflow.engine_sim.conformance import DEAD_WITHIN, apply, expect, status_of
@@ -488,3 +490,51 @@ async def v034_smaller_world(h: EngineClusterHarness, baseline: list[str] | None
     )
     after = await conformance.outputs(h, survivors[-1])
     expect(after == served, f"the same greedy outputs after the scale-down: {after}")
+
+
+async def v034_elastic_ep_unexpected_rank(h: ElasticEpHarness) -> None:
+    """A rank launched for a scale-up outside ``range(cur, new)`` fails the operation with vLLM's text on rank
+    0 (its handshake server raises it, ``external_elastic_ep.py`` L144-150, L497-498) and "failed while waiting
+    for ranks to prepare" on the others (L500-505): 500 "Scale failed" on both, the old world serving on."""
+    expect(h.dp_size == 2, "the check starts from 2 ranks")
+    h.launch_scale_up(3, new_dp_size=4)  # the resize is to 3: only rank 2 may join
+    answers = await _scale_all(h, [0, 1], 3)
+    for resp in answers:
+        _vllm_error(resp, 500, "Internal Server Error", "Scale failed")
+    unexpected = elastic_ep_unexpected_rank_text(3)
+    status = await elastic_status(h, 0)
+    expect(status["phase"] == "failed" and status["error"] == unexpected, f"rank 0's failure: {status}")
+    status = await elastic_status(h, 1)
+    expect(
+        status["phase"] == "failed" and status["error"] == elastic_ep_ready_failed_text(unexpected),
+        f"rank 1's failure: {status}",
+    )
+    for rank in (0, 1):
+        expect((await conformance.complete(h, rank, "still")).status_code == 200, f"rank {rank} serves on")
+    h.stop(3)
+
+
+async def v034_elastic_ep_after_ft_scale_down(h: ElasticEpHarness) -> None:
+    """After an FT ``scale_down`` removed rank 1, a scale-up to 3 (rank 2 launched for it) waits at the ready
+    barrier for every rank of ``range(3)``, the removed rank 1 included, and times out: 408, ``failed``, the
+    survivor serving on alone. Nothing in the release refuses it earlier (inferred from its source, not run:
+    elastic EP never reads the FT state)."""
+    expect(h.dp_size == 2, "the check starts from 2 ranks")
+    await conformance.inject(h, 1, "kill_worker")
+    await conformance.wait_status(h, [1], "dead", within=DEAD_WITHIN)
+    await _faulted(h, [0])
+    request_id = conformance.new_request_id()
+    expect((await apply(h, 0, _scale_down(request_id, [1], port=h.free_port()))).status_code == 202, "apply 202")
+    await conformance.wait_status(h, [0], "healthy", within=30.0, ft_state_absent=True)
+    h.launch_scale_up(2, new_dp_size=3)
+    answer = (await _scale_all(h, [0], 3))[0]
+    _vllm_error(answer, 408, "Request Timeout", "Scale failed due to request drain timeout after 120 seconds")
+    status = await elastic_status(h, 0)
+    expect(
+        status["phase"] == "failed" and status["error"] == ELASTIC_EP_PREPARE_TIMEOUT_TEXT,
+        f"the ready barrier waited for the removed rank: {status}",
+    )
+    info = await conformance.sim_info(h, 0)
+    expect((info["members"], info["dead_ranks"]) == ([0], [1]), f"the survivor kept its world: {info}")
+    expect((await conformance.complete(h, 0, "alone")).status_code == 200, "the survivor serves on")
+    h.stop(2)

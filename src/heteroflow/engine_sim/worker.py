@@ -77,6 +77,7 @@ ELASTIC_POLL_SEC = 0.1
 backoff, ``external_elastic_ep.py`` L30)."""
 ELASTIC_STORE_TIMEOUT_SEC = 0.5
 """Deadline of one elastic EP store read: a store that does not answer is "not yet", until the operation's own."""
+UNEXPECTED_RANK_PREFIX = elastic_ep_unexpected_rank_text(0).rsplit(" ", 1)[0]
 ANNOUNCE_STORE_TIMEOUT_SEC = 0.5
 """Deadline of announcing a fault (both store calls together): best effort, the fault is reported anyway."""
 
@@ -586,6 +587,8 @@ class Worker:
         store = self._elastic_store()
         error = store.error(op.epoch)
         if error is not None:
+            if self.cfg.rank == 0 and error.startswith(UNEXPECTED_RANK_PREFIX):
+                raise RuntimeError(error)  # rank 0's own handshake server raised it (raise_if_failed, L497-498)
             raise RuntimeError(elastic_ep_ready_failed_text(error))
         if store.all_marked(op.epoch, "ready", range(op.new)):
             op.stage = "prepared"

@@ -80,3 +80,28 @@ def test_a_scale_up_whose_rank_never_comes_times_out_and_the_old_world_serves_on
             await elastic_world.aclose_clients()
 
     asyncio.run(scenario())
+
+
+# the launched rank needs a few seconds to start: the ready barrier must outlast that
+@pytest.mark.parametrize("elastic_world", [{"elastic_ep_prepare_timeout_sec": 25.0}], indirect=True)
+def test_a_rank_launched_outside_the_new_ranks_fails_the_scale_up(elastic_world: SimProcessCluster) -> None:
+    async def scenario() -> None:
+        try:
+            await v034_conformance.v034_elastic_ep_unexpected_rank(elastic_world)
+        finally:
+            await elastic_world.aclose_clients()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("elastic_world", [{"elastic_ep_prepare_timeout_sec": 2.0}], indirect=True)
+def test_after_an_ft_scale_down_a_scale_up_waits_for_the_removed_rank_and_times_out(
+    elastic_world: SimProcessCluster,
+) -> None:
+    async def scenario() -> None:
+        try:
+            await v034_conformance.v034_elastic_ep_after_ft_scale_down(elastic_world)
+        finally:
+            await elastic_world.aclose_clients()
+
+    asyncio.run(scenario())
