@@ -388,21 +388,21 @@ def _rejection(state: EngineState, request: ApplyRequest) -> str | None:
     if request.instruction == "retry":
         return None
     params = request.params
+    if state.ft_world == 1:
+        return "scale_down requires data_parallel_size > 1; a dp=1 engine has no ranks to remove"
+    # vLLM 0.34's own checks and texts (v1/fault_tolerance/engine_core_sentinel.py L270-303), over the size the
+    # sentinel was constructed with (an elastic EP resize never changes it)
     removed = frozenset(params.removed_dp_ranks or ())
-    if not removed:
-        return "removed_dp_ranks is empty"
-    outside = sorted(r for r in removed if not 0 <= r < state.ft_world)
-    if outside:
-        return f"removed_dp_ranks {outside} are outside range({state.ft_world})"
-    cumulative = state.dead_ranks | removed
-    if len(cumulative) >= state.ft_world:
-        return "scale_down would remove every rank"
-    if state.rank in removed:
-        return f"removed_dp_ranks contains this engine's own rank {state.rank}"
-    if not removed - state.dead_ranks:
-        return f"removed_dp_ranks adds no newly dead rank (already dead: {sorted(state.dead_ranks)})"
-    if state.store_master in removed and (params.dp_master_ip is None or params.dp_store_port is None):
-        return f"the store master (rank {state.store_master}) is removed: dp_master_ip and dp_store_port are required"
+    newly = removed - state.dead_ranks
+    world = frozenset(range(state.ft_world))
+    if not removed or not removed <= world or state.rank in removed or world <= state.dead_ranks | newly or not newly:
+        return (
+            f"Invalid removed_dp_ranks {sorted(removed)} for engine {state.rank} "
+            f"(dp_rank={state.rank}, dead_dp_ranks={sorted(state.dead_ranks)})"
+        )
+    alive_before = state.ft_members
+    if alive_before[0] in newly and (params.dp_master_ip is None or params.dp_store_port is None):
+        return f"dp_store_port and dp_master_ip required when the store master (rank {alive_before[0]}) is removed"
     return None
 
 

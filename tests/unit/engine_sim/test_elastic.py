@@ -127,7 +127,7 @@ def test_an_elastic_resize_changes_the_group_size_but_not_the_ft_size() -> None:
     faulted = sm.on_collective_fault(grown, fault_info="RuntimeError", mask=(1, 1, 0), now=0.0, recovery_timeout=60)
     refused = sm.on_command(faulted.state, _scale_down([2]))
     assert not refused.accepted
-    assert refused.state.ft_error == "removed_dp_ranks [2] are outside range(2)"
+    assert refused.state.ft_error == "Invalid removed_dp_ranks [2] for engine 0 (dp_rank=0, dead_dp_ranks=[])"
     # a rank launched for the scale-up was constructed with the new size: it plans over range(3)
     launched = sm.on_collective_fault(
         sm.initial_state(rank=2, dp_size=3), fault_info="RuntimeError", mask=(0, 1, 1), now=0.0, recovery_timeout=60
