@@ -364,10 +364,17 @@ async def v034_elastic_ep_grow(h: ElasticEpHarness, baseline: list[str]) -> dict
     expect(h.dp_size == 2, "the resize checks start from 2 ranks")
     seen: dict[str, Any] = {}
     h.launch_scale_up(2, new_dp_size=3)
+    # a request running on rank 1 when the resize starts finishes (pause mode "wait"), in lockstep with rank 0
+    running = asyncio.create_task(h.client(1).post("/v1/completions", json={"prompt": "a long one", "max_tokens": 200}))
     answers = await _scale_all(h, [0, 1], 3)
     for rank, resp in enumerate(answers):
         expect(resp.status_code == 200, f"scale-up on rank {rank}: HTTP {resp.status_code} {resp.text}")
         expect(resp.json() == {"message": "Scaled to 3 data parallel engines"}, resp.text)
+    finished = await running
+    expect(
+        finished.status_code == 200 and finished.json()["choices"][0]["finish_reason"] == "length",
+        f"the running request finished across the resize: HTTP {finished.status_code} {finished.text[:200]}",
+    )
     status = await elastic_status(h, 0)
     expect(
         status["phase"] == "completed"
