@@ -40,15 +40,7 @@ with warnings.catch_warnings():
     import torch
     from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, ReduceOp, TCPStore
 
-from heteroflow.contracts.engine_protocol import (
-    ELASTIC_EP_ACTIVE_TEXT,
-    ELASTIC_EP_BOOTSTRAP_TIMEOUT_TEXT,
-    ELASTIC_EP_DRAIN_TIMEOUT_TEXT,
-    ELASTIC_EP_PREPARE_TIMEOUT_TEXT,
-    checkin_failure_text,
-    elastic_ep_ready_failed_text,
-    elastic_ep_unexpected_rank_text,
-)
+from heteroflow.contracts.engine_protocol import ELASTIC_EP_ACTIVE_TEXT, checkin_failure_text
 from heteroflow.engine_sim.collectives import (
     BoundedStore,
     CheckinError,
@@ -58,7 +50,13 @@ from heteroflow.engine_sim.collectives import (
     release_when_finished,
     wait_collective,
 )
-from heteroflow.engine_sim.elastic_store import Bootstrap, ElasticStore
+from heteroflow.engine_sim.elastic_round import (
+    ElasticEpError,
+    ElasticRound,
+    await_old_ranks_commit,
+    await_scale_up_bootstrap,
+)
+from heteroflow.engine_sim.elastic_store import ElasticStore
 from heteroflow.engine_sim.model import D_MODEL, ExpertShard, TinyMoE
 from heteroflow.engine_sim.placement import (
     ExpertPlacement,
@@ -72,12 +70,8 @@ _out_lock = threading.Lock()
 IDLE_POLL_STORE_TIMEOUT_SEC = 0.5
 """Deadline of the idle wave poll. An unreachable store while idle is not a fault, so the poll only has to give
 the loop back soon enough to pick up commands (a request, a rebuild) at this pace."""
-ELASTIC_POLL_SEC = 0.1
-"""How often a worker with an elastic EP operation under way reads its keys (vLLM polls with a 0.1-0.8 s
-backoff, ``external_elastic_ep.py`` L30)."""
 ELASTIC_STORE_TIMEOUT_SEC = 0.5
 """Deadline of one elastic EP store read: a store that does not answer is "not yet", until the operation's own."""
-UNEXPECTED_RANK_PREFIX = elastic_ep_unexpected_rank_text(0).rsplit(" ", 1)[0]
 ANNOUNCE_STORE_TIMEOUT_SEC = 0.5
 """Deadline of announcing a fault (both store calls together): best effort, the fault is reported anyway."""
 
@@ -100,36 +94,6 @@ class Generation:
     h: torch.Tensor
     max_tokens: int
     produced: int = 0
-
-
-class ElasticEpError(RuntimeError):
-    """An elastic EP operation failed on this rank; ``timed_out`` for vLLM's ``TimeoutError``s (HTTP 408)."""
-
-    def __init__(self, message: str, *, timed_out: bool = False) -> None:
-        super().__init__(message)
-        self.timed_out = timed_out
-
-
-@dataclass
-class ElasticOp:
-    """An elastic EP operation under way in this worker, advanced by :meth:`Worker._elastic_poll`."""
-
-    stage: str
-    """``bootstrap`` (waiting for rank 0's epoch), ``ready`` (the ready barrier), ``prepared`` (waiting for the
-    commit command), ``commit`` (the commit barrier)."""
-    cur: int
-    new: int
-    num_redundant_experts: int
-    slots_per_rank: int
-    timeout_sec: float
-    deadline: float
-    epoch: str | None
-    previous_epoch: str | None = None
-    next_poll: float = 0.0
-
-    @property
-    def remaining(self) -> bool:
-        return self.new > self.cur
 
 
 @dataclass(frozen=True)
@@ -176,7 +140,7 @@ class Worker:
         self.num_redundant_experts = config.num_redundant_experts
         self.world_size = config.dp_size
         """The group's current size (the launch size until an elastic EP resize commits)."""
-        self.elastic: ElasticOp | None = None
+        self.elastic: ElasticRound | None = None
         self.active_epoch: str | None = None
         self.shard = ExpertShard(self.model, self.placement, config.rank)
         self.members = tuple(range(config.dp_size))
@@ -449,180 +413,81 @@ class Worker:
         return ElasticStore(self.bounded_store, timeout=ELASTIC_STORE_TIMEOUT_SEC)
 
     def _elastic_prepare(self, cmd: dict[str, Any]) -> None:
-        """Start a prepare: rank 0 publishes the epoch and its bootstrap at once (``external_elastic_ep.py``
-        L699-716), every other old rank waits for them (L717-723); then the ready barrier (L738-749)."""
-        now = time.monotonic()
-        op = ElasticOp(
-            stage="bootstrap",
+        """Start this rank's part in a resize (:class:`~heteroflow.engine_sim.elastic_round.ElasticRound`)."""
+        if self.elastic is not None:
+            emit({"ev": "eep_prepared", "epoch": cmd.get("epoch"), "ok": False, "error": ELASTIC_EP_ACTIVE_TEXT})
+            return
+        self.elastic = ElasticRound(
+            store=self._elastic_store(),
+            rank=self.cfg.rank,
             cur=int(cmd["cur"]),
             new=int(cmd["new"]),
             num_redundant_experts=int(cmd["num_redundant_experts"]),
             slots_per_rank=int(cmd["slots_per_rank"]),
             timeout_sec=float(cmd["timeout_sec"]),
-            deadline=now + float(cmd["timeout_sec"]),
             epoch=cmd.get("epoch"),
             previous_epoch=self.active_epoch,
         )
-        if self.elastic is not None:
-            emit({"ev": "eep_prepared", "epoch": op.epoch, "ok": False, "error": ELASTIC_EP_ACTIVE_TEXT})
-            return
-        self.elastic = op
         try:
-            if self.cfg.rank == 0:
-                store = self._elastic_store()
-                current = store.current()
-                if current is not None and current.error is None and not current.completed:
-                    raise ElasticEpError(ELASTIC_EP_ACTIVE_TEXT)
-                if op.epoch is None:
-                    raise ElasticEpError("rank 0 prepares a resize without an epoch")
-                store.publish(
-                    op.epoch,
-                    Bootstrap(
-                        cur=op.cur,
-                        new=op.new,
-                        num_redundant_experts=op.num_redundant_experts,
-                        slots_per_rank=op.slots_per_rank,
-                    ),
-                )
-                self._elastic_got_bootstrap(op, op.epoch)
-            else:
-                current = self._elastic_store().current()
-                if current is not None and current.completed:
-                    op.previous_epoch = current.epoch  # a completed operation is never taken for the new one
+            self.elastic.begin(time.monotonic())
         except Exception as exc:  # every failure of the prepare is this operation's outcome
-            self._elastic_prepare_failed(exc)
-
-    def _elastic_got_bootstrap(self, op: ElasticOp, epoch: str) -> None:
-        """This rank knows the epoch: a rank of ``range(new)`` is ready (vLLM: once its engine reinitialised,
-        L738-741); the ready barrier's 300 s start now (L491-492)."""
-        op.epoch = epoch
-        self.active_epoch = epoch
-        if self.cfg.rank < op.new:
-            self._elastic_store().mark(epoch, "ready", self.cfg.rank)
-        op.stage = "ready"
-        op.deadline = time.monotonic() + op.timeout_sec
-
-    def _elastic_prepare_failed(self, exc: BaseException) -> None:
-        op, self.elastic = self.elastic, None
-        message = str(exc) or type(exc).__name__
-        if op is not None and op.epoch is not None:
-            with contextlib.suppress(Exception):
-                self._elastic_store().publish_error(op.epoch, message)
-        timed_out = isinstance(exc, ElasticEpError) and exc.timed_out
-        log(f"elastic EP prepare failed: {message}")
-        epoch = None if op is None else op.epoch
-        emit({"ev": "eep_prepared", "epoch": epoch, "ok": False, "error": message[:500], "timed_out": timed_out})
+            self._elastic_failed(exc, event="eep_prepared")
+        finally:
+            self._track_epoch()
 
     def _elastic_commit(self, timeout_sec: float) -> None:
-        """This old rank drained: it is ready to commit (``commit_ready/{rank}``, L633-636); the switch waits
-        for every old rank (:meth:`_elastic_poll`)."""
         op = self.elastic
-        if op is None or op.stage != "prepared" or op.epoch is None:
+        if op is None:
             emit({"ev": "eep_committed", "ok": False, "error": "External Elastic EP scaling has not been prepared."})
             return
-        op.stage = "commit"
-        op.deadline = time.monotonic() + timeout_sec
         try:
-            self._elastic_store().mark(op.epoch, "commit_ready", self.cfg.rank)
+            op.commit(time.monotonic(), timeout_sec=timeout_sec)
         except Exception as exc:  # the commit fails with the store's error
-            self._elastic_commit_failed(exc)
+            self._elastic_failed(exc, event="eep_committed")
 
-    def _elastic_commit_failed(self, exc: BaseException) -> None:
+    def _track_epoch(self) -> None:
+        if self.elastic is not None and self.elastic.seen_epoch is not None:
+            self.active_epoch = self.elastic.seen_epoch
+
+    def _elastic_failed(self, exc: BaseException, *, event: str) -> None:
+        """Report the operation's failure (``event``: the stage's outcome) and publish it for the other ranks."""
         op, self.elastic = self.elastic, None
         message = str(exc) or type(exc).__name__
-        if op is not None and op.epoch is not None:
+        if op is not None:
+            if op.seen_epoch is not None:
+                self.active_epoch = op.seen_epoch
             with contextlib.suppress(Exception):
-                self._elastic_store().publish_error(op.epoch, message)
-        log(f"elastic EP commit failed: {message}")
+                op.publish_failure(message)
+        log(f"elastic EP {event} failed: {message}")
         timed_out = isinstance(exc, ElasticEpError) and exc.timed_out
-        emit({"ev": "eep_committed", "ok": False, "error": message[:500], "timed_out": timed_out})
+        outcome: dict[str, Any] = {"ev": event, "ok": False, "error": message[:500], "timed_out": timed_out}
+        if event == "eep_prepared":
+            outcome["epoch"] = None if op is None else op.epoch
+        emit(outcome)
 
     def _elastic_poll(self) -> None:
         op = self.elastic
-        now = time.monotonic()
-        if op is None or now < op.next_poll:
+        if op is None:
             return
-        op.next_poll = now + ELASTIC_POLL_SEC
-        if op.stage == "prepared":
-            return
+        event = "eep_committed" if op.stage == "commit" else "eep_prepared"
         try:
-            if op.stage == "bootstrap":
-                self._elastic_poll_bootstrap(op)
-            elif op.stage == "ready":
-                self._elastic_poll_ready(op)
-            elif op.stage == "commit":
-                self._elastic_poll_commit(op)
-        except StoreTimeoutError:
-            if time.monotonic() > op.deadline:  # the store never answered in time: the operation's own deadline
-                failed = self._elastic_commit_failed if op.stage == "commit" else self._elastic_prepare_failed
-                failed(ElasticEpError(_stage_timeout_text(op.stage), timed_out=True))
+            outcome = op.poll(time.monotonic(), in_wave=self.in_wave)
+            self._track_epoch()
+            if outcome == "prepared":
+                emit({"ev": "eep_prepared", "epoch": op.epoch, "ok": True})
+            elif outcome == "switch":
+                self._elastic_switch(op)
         except Exception as exc:  # the operation's failure, reported to the API server
-            (self._elastic_commit_failed if op.stage == "commit" else self._elastic_prepare_failed)(exc)
+            self._elastic_failed(exc, event=event)
 
-    def _elastic_poll_bootstrap(self, op: ElasticOp) -> None:
-        """vLLM's ``_wait_for_bootstrap`` (L358-408): a new epoch with an error fails; with a bootstrap for
-        another size while prepared and not completed fails; a prepared one for this size is taken."""
-        current = self._elastic_store().current()
-        if current is not None and current.epoch != op.previous_epoch:
-            if current.error is not None:
-                self.active_epoch = current.epoch
-                raise RuntimeError(current.error)
-            boot = current.bootstrap
-            if boot is not None and boot.new != op.new:
-                if current.prepared and not current.completed:
-                    raise RuntimeError(
-                        "A different external Elastic EP scaling operation is already in progress for target "
-                        f"dp size {boot.new}."
-                    )
-            elif boot is not None and current.prepared:
-                op.num_redundant_experts = boot.num_redundant_experts
-                self._elastic_got_bootstrap(op, current.epoch)
-                return
-        if time.monotonic() > op.deadline:
-            raise ElasticEpError(ELASTIC_EP_BOOTSTRAP_TIMEOUT_TEXT, timed_out=True)
-
-    def _elastic_poll_ready(self, op: ElasticOp) -> None:
-        """vLLM's ``_wait_for_ready_ranks`` (L481-515): every rank of ``range(new)``, 300 s."""
-        assert op.epoch is not None
-        store = self._elastic_store()
-        error = store.error(op.epoch)
-        if error is not None:
-            if self.cfg.rank == 0 and error.startswith(UNEXPECTED_RANK_PREFIX):
-                raise RuntimeError(error)  # rank 0's own handshake server raised it (raise_if_failed, L497-498)
-            raise RuntimeError(elastic_ep_ready_failed_text(error))
-        if store.all_marked(op.epoch, "ready", range(op.new)):
-            op.stage = "prepared"
-            emit({"ev": "eep_prepared", "epoch": op.epoch, "ok": True})
-            return
-        if time.monotonic() > op.deadline:
-            raise ElasticEpError(ELASTIC_EP_PREPARE_TIMEOUT_TEXT, timed_out=True)
-
-    def _elastic_poll_commit(self, op: ElasticOp) -> None:
-        """vLLM's ``_wait_for_commit_ready`` (L628-655) over the old ranks, then the switch: only between waves,
-        when no collective of the old group runs."""
-        assert op.epoch is not None
-        store = self._elastic_store()
-        error = store.error(op.epoch)
-        if error is not None:
-            raise RuntimeError(error)
-        if not store.all_marked(op.epoch, "commit_ready", range(op.cur)):
-            if time.monotonic() > op.deadline:
-                raise ElasticEpError(ELASTIC_EP_DRAIN_TIMEOUT_TEXT, timed_out=True)
-            return
-        if self.in_wave:
-            return  # a peer still finishes its running requests (pause mode "wait"): step with it first
-        self._elastic_switch(op)
-
-    def _elastic_switch(self, op: ElasticOp) -> None:
+    def _elastic_switch(self, op: ElasticRound) -> None:
         """Commit: a remaining rank builds the group over ``range(new)`` with the new layout, a retiring one
-        leaves (``reinitialize_distributed`` with ``SHUTDOWN_CURRENT_RANK``, L807-816); rank 0 waits for every old
-        rank to finish and marks the operation completed (L826-834)."""
+        leaves (``reinitialize_distributed`` with ``SHUTDOWN_CURRENT_RANK``, ``external_elastic_ep.py``
+        L807-816); rank 0 waits for every old rank to finish and marks the operation completed (L826-834)."""
         assert op.epoch is not None
-        epoch = op.epoch
-        store = self._elastic_store()
-        retires = not op.remaining and self.cfg.rank >= op.new
+        epoch, store = op.epoch, op.store
         self._drop_group()
-        if retires:
+        if op.retires:
             self.members = ()
             store.mark(epoch, "finished", self.cfg.rank)
             self.elastic = None
@@ -660,58 +525,22 @@ class Worker:
 
     def _join_scale_up(self) -> None:
         """A rank launched with ``VLLM_ELASTIC_EP_SCALE_UP_LAUNCH=1``: wait (``handshake_timeout_sec``, vLLM's
-        5 minutes, ``v1/engine/core.py`` L1593-1598) for rank 0's bootstrap, refuse to join as a rank outside
-        ``range(cur, new)`` (the operation fails with vLLM's text, L144-150), get ready, wait for the old ranks'
-        commit and join the new group with the bootstrap's layout."""
+        5 minutes, ``v1/engine/core.py`` L1593-1598) for rank 0's bootstrap, get ready, wait for the old ranks'
+        commit and join the new group with the bootstrap's layout (``core.py`` L1601-1629)."""
         cfg = self.cfg
         deadline = time.monotonic() + cfg.handshake_timeout_sec
         timeout_text = (
             f"Did not receive response from front-end process within {cfg.handshake_timeout_sec / 60:g} minutes"
         )
         try:
-            raw = self._connect_store(cfg.master_addr, cfg.master_port, cfg.handshake_timeout_sec)
-        except Exception as exc:
+            self._use_store(self._connect_store(cfg.master_addr, cfg.master_port, cfg.handshake_timeout_sec))
+            store = self._elastic_store()
+            epoch, boot = await_scale_up_bootstrap(store, rank=cfg.rank, deadline=deadline)
+        except (TimeoutError, RuntimeError, StoreTimeoutError) as exc:
             raise RebuildError(timeout_text) from exc
-        self._use_store(raw)
-        store = self._elastic_store()
-        refused: set[str] = set()
-        while True:
-            if time.monotonic() > deadline:
-                raise RebuildError(timeout_text)
-            try:
-                current = store.current()
-            except StoreTimeoutError:
-                current = None
-            usable = (
-                current is not None
-                and current.bootstrap is not None
-                and current.prepared
-                and not current.completed
-                and current.error is None
-            )
-            if current is None or current.bootstrap is None or not usable:
-                time.sleep(ELASTIC_POLL_SEC)  # polling rank 0's keys with the deadline above
-                continue
-            boot = current.bootstrap
-            if cfg.rank not in range(boot.cur, boot.new):
-                if current.epoch not in refused:
-                    refused.add(current.epoch)
-                    store.publish_error(current.epoch, elastic_ep_unexpected_rank_text(cfg.rank))
-                time.sleep(ELASTIC_POLL_SEC)  # vLLM's handshake server never answers it: it times out
-                continue
-            break
-        epoch = current.epoch
         store.mark(epoch, "ready", cfg.rank)
-        commit_deadline = time.monotonic() + max(cfg.handshake_timeout_sec, cfg.rebuild_timeout_sec)
-        while True:
-            error = store.error(epoch)
-            if error is not None:
-                raise RebuildError(f"the scale-up this rank was launched for failed: {error}")
-            if store.all_marked(epoch, "commit_ready", range(boot.cur)):
-                break
-            if time.monotonic() > commit_deadline:
-                raise RebuildError(ELASTIC_EP_DRAIN_TIMEOUT_TEXT)
-            time.sleep(ELASTIC_POLL_SEC)  # waiting for the old ranks' commit, with the deadline above
+        wait = max(cfg.handshake_timeout_sec, cfg.rebuild_timeout_sec)
+        await_old_ranks_commit(store, epoch=epoch, cur=boot.cur, deadline=time.monotonic() + wait)
         self.active_epoch = epoch
         # the old ranks run no probe collective after their switch: the group's creation is the rendezvous
         self._elastic_join_group(epoch, boot.new, boot.num_redundant_experts, boot.slots_per_rank)
@@ -792,14 +621,6 @@ class Worker:
         self.placement = placement
         log(f"rebuilt {plan['request_id']}: members {list(members)}, loaded experts {loaded}")
         return placement
-
-
-def _stage_timeout_text(stage: str) -> str:
-    if stage == "bootstrap":
-        return ELASTIC_EP_BOOTSTRAP_TIMEOUT_TEXT
-    if stage == "commit":
-        return ELASTIC_EP_DRAIN_TIMEOUT_TEXT
-    return ELASTIC_EP_PREPARE_TIMEOUT_TEXT
 
 
 def _read_commands(worker: Worker) -> None:
