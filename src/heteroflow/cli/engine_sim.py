@@ -26,6 +26,7 @@ from heteroflow.core.clock import SystemClock
 from heteroflow.core.logs import configure_logging
 from heteroflow.engine_sim.assembly import create_app
 from heteroflow.engine_sim.backend import FaultKind, WorkerStartError
+from heteroflow.engine_sim.elastic import SCALE_UP_LAUNCH_ENV, ElasticEpConfig
 from heteroflow.engine_sim.engine import EngineCore, EngineTimeouts
 from heteroflow.engine_sim.process_backend import ProcessWorkerBackend, WorkerLaunch
 from heteroflow.engine_sim.settings import EngineSimSettings, Topology
@@ -79,6 +80,16 @@ def engine_sim(
             help="vllm-0.34: serve the elastic EP routes (env HETEROFLOW_ENGINE_SIM_ENABLE_ELASTIC_EP)",
         ),
     ] = False,
+    elastic_ep_max_dp_size: Annotated[
+        int | None,
+        typer.Option(min=1, help="Elastic EP: largest data-parallel size a resize may reach (default: --dp-size)"),
+    ] = None,
+    elastic_ep_prepare_timeout_sec: Annotated[
+        float | None, typer.Option(help="Elastic EP: deadline of the bootstrap wait and the ready barrier (300)")
+    ] = None,
+    elastic_ep_handshake_timeout_sec: Annotated[
+        float | None, typer.Option(help="Elastic EP: how long a scale-up-launched rank waits for rank 0 (300)")
+    ] = None,
     cluster_token: Annotated[
         str | None, typer.Option(help="Token of the fault-injection route (env HETEROFLOW_CLUSTER_TOKEN)")
     ] = None,
@@ -98,6 +109,8 @@ def engine_sim(
             "ft_path_prefix": ft_path_prefix,
             "ft_profile": ft_profile,
             "diagnosing_sec": diagnosing_sec,
+            "elastic_ep_prepare_timeout_sec": elastic_ep_prepare_timeout_sec,
+            "elastic_ep_handshake_timeout_sec": elastic_ep_handshake_timeout_sec,
             "enable_elastic_ep": True if enable_elastic_ep else None,  # unset: the environment decides
             "cluster_token": cluster_token,
             "seed": seed,
@@ -114,9 +127,15 @@ def engine_sim(
         num_experts=num_experts,
         num_redundant_experts=num_redundant_experts,
         slots_per_rank=slots_per_rank,
+        elastic_ep_max_dp_size=elastic_ep_max_dp_size,
+        scale_up_launch=os.environ.get(SCALE_UP_LAUNCH_ENV, "") not in ("", "0"),
     )
     try:
         topology.validate()
+        if topology.scale_up_launch and not settings.enable_elastic_ep:
+            raise ConfigurationError(
+                f"{SCALE_UP_LAUNCH_ENV}=1 launches a rank into an elastic EP scale-up: it needs --enable-elastic-ep"
+            )
         initial_state(rank=dp_rank, dp_size=dp_size)
         if ft_profile is not None and canonical_profile_name(ft_profile) not in PROFILE_NAMES:
             known = ", ".join((*PROFILE_NAMES, *PROFILE_ALIASES))
@@ -155,15 +174,21 @@ async def run_engine(*, topology: Topology, settings: EngineSimSettings, port: i
         bind_host=settings.host,
         num_experts=topology.num_experts,
         num_redundant_experts=topology.num_redundant_experts,
-        slots_per_rank=topology.effective_slots_per_rank,
+        # a scale-up-launched rank takes its layout from rank 0's bootstrap: the option's is not used
+        slots_per_rank=topology.slots_per_rank or 1 if topology.scale_up_launch else topology.effective_slots_per_rank,
         collective_timeout_sec=settings.collective_timeout_sec,
         startup_timeout_sec=settings.startup_timeout_sec,
         rebuild_timeout_sec=settings.rebuild_timeout_sec,
         seed=settings.seed,
         max_batch=settings.max_batch_per_rank,
         idle_poll_interval_sec=settings.idle_poll_interval_sec,
+        scale_up_launch=topology.scale_up_launch,
+        handshake_timeout_sec=settings.elastic_ep_handshake_timeout_sec,
     )
-    backend = ProcessWorkerBackend(launch, startup_timeout_sec=settings.startup_timeout_sec)
+    startup = settings.startup_timeout_sec
+    if topology.scale_up_launch:  # it waits for the operator's resize first
+        startup += settings.elastic_ep_handshake_timeout_sec + settings.elastic_ep_commit_timeout_sec
+    backend = ProcessWorkerBackend(launch, startup_timeout_sec=startup)
 
     def hard_exit() -> None:
         # answer the injection request first, then die like a crashed process (no cleanup)
@@ -187,6 +212,15 @@ async def run_engine(*, topology: Topology, settings: EngineSimSettings, port: i
             diagnosing_sec=settings.diagnosing_sec,
         ),
         hard_exit=hard_exit,
+        elastic=ElasticEpConfig(
+            num_experts=topology.num_experts,
+            num_redundant_experts=topology.num_redundant_experts,
+            max_dp_size=topology.effective_elastic_ep_max_dp_size,
+            prepare_timeout_sec=settings.elastic_ep_prepare_timeout_sec,
+            commit_timeout_sec=settings.elastic_ep_commit_timeout_sec,
+        )
+        if settings.enable_elastic_ep
+        else None,
     )
     # Claim the HTTP port before the process group forms: gloo's own sockets take ephemeral ports and could
     # otherwise land on it. The socket listens (connections are accepted) only once the engine is ready.

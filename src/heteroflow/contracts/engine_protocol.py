@@ -311,6 +311,9 @@ _HTTP_PHRASES = {
     401: "Unauthorized",
     413: "Request Entity Too Large",
     415: "Unsupported Media Type",
+    408: "Request Timeout",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
 }
 
 VLLM_0_32 = EngineProfile(
@@ -433,14 +436,93 @@ class ScaleElasticEpRequest(BaseModel):
 
 
 class ElasticEpStatus(BaseModel):
-    """``POST /is_scaling_elastic_ep``: where the last resize stands."""
+    """``POST /is_scaling_elastic_ep``: where the last resize stands, as vLLM 0.34 answers it
+    (``entrypoints/serve/elastic_ep/api_router.py`` L84-114; the fields from ``ExternalElasticEPScaleCoordinator
+    .get_status``, ``distributed/elastic_ep/external_elastic_ep.py`` L316-351).
+
+    ``is_scaling_elastic_ep`` is true while the phase is ``preparing`` or ``committing``; ``epoch`` is the
+    operation's ``uuid4().hex`` (``None`` before any); ``requested_data_parallel_size`` the target size of that
+    operation. Only ``phase`` is required, so that a reader also parses older or partial answers."""
 
     model_config = ConfigDict(frozen=True, extra="ignore")
 
+    is_scaling_elastic_ep: bool = False
     phase: ElasticEpPhase
-    epoch: StrictInt = 0
+    epoch: str | None = None
     error: str | None = None
-    new_data_parallel_size: StrictInt | None = None
+    requested_data_parallel_size: StrictInt | None = None
+
+
+ELASTIC_EP_SCALING_TEXT = "The model is currently scaling. Please try again later."
+"""503 body ``{"error": …}`` of every path but ``/health`` and ``/is_scaling_elastic_ep`` while a committed
+resize runs (``entrypoints/serve/elastic_ep/middleware.py`` L14, L53-63)."""
+ELASTIC_EP_RETIRED_TEXT = "This data-parallel rank has been retired and is awaiting shutdown."
+"""503 body of a rank a scale-down retired, for good (same middleware)."""
+ELASTIC_EP_OBSERVABILITY_PATHS = frozenset({"/health", IS_SCALING_ELASTIC_EP_PATH})
+"""Paths served while scaling or retired (``middleware.py`` L14 ``_SCALING_OBSERVABILITY_PATHS``)."""
+ELASTIC_EP_PREPARE_TIMEOUT_TEXT = "Timed out waiting for external Elastic EP ranks to prepare."
+"""The ready barrier over ``range(new)`` missed its 300 s (``external_elastic_ep.py`` L510-514)."""
+ELASTIC_EP_BOOTSTRAP_TIMEOUT_TEXT = "Timed out waiting for rank 0 to publish external Elastic EP bootstrap metadata."
+"""A rank other than 0 found no bootstrap within 300 s (``external_elastic_ep.py`` L402-407)."""
+ELASTIC_EP_DRAIN_TIMEOUT_TEXT = "Timed out waiting for external Elastic EP drains."
+"""The commit barrier over the old ranks missed its 600 s (``external_elastic_ep.py`` L628-654)."""
+ELASTIC_EP_ACTIVE_TEXT = "Another external Elastic EP scaling operation is already active."
+"""Rank 0 found an epoch neither failed nor completed (``external_elastic_ep.py`` L418-427)."""
+
+
+def elastic_ep_max_dp_size_text(*, new_data_parallel_size: int, max_dp_size: int) -> str:
+    """400: a target above ``--elastic-ep-max-dp-size`` (``external_elastic_ep.py`` L673-678)."""
+    return f"Cannot scale to data_parallel_size {new_data_parallel_size}; --elastic-ep-max-dp-size is {max_dp_size}."
+
+
+def elastic_ep_max_dp_size_launch_text(dp_size: int) -> str:
+    """A launch refused: ``--elastic-ep-max-dp-size`` below the initial size (``config/parallel.py`` L1134-1138)."""
+    return f"--elastic-ep-max-dp-size must be greater than or equal to the initial data_parallel_size ({dp_size})."
+
+
+def elastic_ep_experts_text(*, cur_data_parallel_size: int, new_data_parallel_size: int) -> str:
+    """400: the recalculated redundancy is negative (``external_elastic_ep.py`` L246-262)."""
+    return (
+        f"Cannot scale external Elastic EP from DP size {cur_data_parallel_size} to {new_data_parallel_size}: "
+        "the target topology cannot retain all model experts."
+    )
+
+
+def elastic_ep_unexpected_rank_text(dp_rank: int) -> str:
+    """A scale-up handshake from a rank outside ``range(cur, new)`` fails the scale (``external_elastic_ep.py``
+    L144-150)."""
+    return f"Received scale-up handshake from unexpected dp rank {dp_rank}"
+
+
+def elastic_ep_ready_failed_text(error: str) -> str:
+    """What a rank waiting at the ready barrier raises once another rank published an error
+    (``external_elastic_ep.py`` L500-505)."""
+    return f"External Elastic EP scaling failed while waiting for ranks to prepare: {error}"
+
+
+def elastic_ep_drain_timeout_text(drain_timeout: int) -> str:
+    """408 of ``/scale_elastic_ep`` for any ``TimeoutError`` of the scale (``api_router.py`` L71-76): the release
+    answers it for its ready-barrier and commit-barrier timeouts too, not only for a request drain."""
+    return f"Scale failed due to request drain timeout after {drain_timeout} seconds"
+
+
+def parse_scale_elastic_ep(raw: object) -> tuple[int, int]:
+    """``new_data_parallel_size`` and ``drain_timeout`` (default 120) checked in vLLM's order with its texts
+    (``api_router.py`` L44-61). Raises :class:`ProtocolError`.
+
+    A body that is not an object fails in vLLM on ``body.get`` (an unhandled 500); here it is a 400."""
+    if not isinstance(raw, dict):
+        raise ProtocolError("Request body must be a JSON object.")
+    new_size = raw.get("new_data_parallel_size")
+    drain_timeout = raw.get("drain_timeout", 120)
+    if new_size is None:
+        raise ProtocolError("new_data_parallel_size is required")
+    # vLLM checks isinstance(…, int), which a JSON boolean passes; a boolean is refused here
+    if not isinstance(new_size, int) or isinstance(new_size, bool) or new_size <= 0:
+        raise ProtocolError("new_data_parallel_size must be a positive integer")
+    if not isinstance(drain_timeout, int) or isinstance(drain_timeout, bool) or drain_timeout <= 0:
+        raise ProtocolError("drain_timeout must be a positive integer")
+    return new_size, drain_timeout
 
 
 def wire_entry(entry: EngineStatusEntry, engine_profile: EngineProfile) -> dict[str, Any]:

@@ -21,14 +21,16 @@ Error mapping, in one place:
 Profile ``vllm-0.34`` (the default) answers as vLLM 0.34.0: FT routes under ``/v1``, an apply body judged in
 vLLM's order with its messages and error body, the caller's ``request_id`` echoed in the 202, a new request to
 a faulted engine answered 503 with vLLM's text, an in-flight request aborted at a fault ended HTTP 200 with
-``finish_reason: "abort"``, ``/health`` 503 while dead, and (``--enable-elastic-ep``) the elastic EP routes.
+``finish_reason: "abort"``, ``/health`` 503 while dead, and (``--enable-elastic-ep``) the elastic EP routes
+with their serving gate (:class:`ElasticEpGate`: 503 while scaling or retired; the scale answers 408 and 500
+as vLLM does).
 Profile ``vllm-0.32`` (``--ft-profile vllm-0.32``, alias ``vllm-released``) answers as vLLM 0.32/0.33: FT
 routes without prefix and open even with a token, the engine's own uuid in the 202, no ``mask`` or
 ``ft_state`` in the status, a new request to a faulted engine hangs until the engine recovers or exits (no 503
 anywhere), and ``/health`` answers 503 in the seconds between the engine deciding to exit and the process
 exiting.
 
-Nothing maps to 500.
+Nothing maps to 500 but a failed elastic EP resize (vLLM's "Scale failed").
 """
 
 from __future__ import annotations
@@ -41,6 +43,9 @@ from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from heteroflow.contracts.engine_protocol import (
+    ELASTIC_EP_OBSERVABILITY_PATHS,
+    ELASTIC_EP_RETIRED_TEXT,
+    ELASTIC_EP_SCALING_TEXT,
     IS_SCALING_ELASTIC_EP_PATH,
     SCALE_ELASTIC_EP_PATH,
     VLLM_0_34,
@@ -94,6 +99,29 @@ class _GuardedPaths:
         await self.app(scope, receive, send)
 
 
+class ElasticEpGate:
+    """ASGI middleware: vLLM 0.34's ``ScalingMiddleware`` (``entrypoints/serve/elastic_ep/middleware.py``
+    L35-65). While a committed resize runs, or for good once a scale-down retired this rank, every path but
+    ``/health`` and ``/is_scaling_elastic_ep`` answers 503 ``{"error": …}`` with vLLM's text — the FT routes and
+    ``/metrics`` included. vLLM adds it after its API-key middleware, so it runs first (a 503 before a 401:
+    ``entrypoints/serve/middleware/register.py`` L32-47). The simulator's own ``/sim/…`` routes stay open."""
+
+    def __init__(self, app: ASGIApp, *, core: EngineCore) -> None:
+        self.app = app
+        self.core = core
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            path = scope.get("path", "")
+            retired = self.core.elastic_retired
+            paused = retired or self.core.elastic_scaling
+            if paused and path not in ELASTIC_EP_OBSERVABILITY_PATHS and not path.startswith(SIM_PREFIX + "/"):
+                error = ELASTIC_EP_RETIRED_TEXT if retired else ELASTIC_EP_SCALING_TEXT
+                await JSONResponse({"error": error}, status_code=503)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
 def create_app(
     core: EngineCore,
     *,
@@ -142,6 +170,8 @@ def create_app(
     app.add_middleware(BodyLimit, render=refused_body)
     if gate.token:
         app.add_middleware(_GuardedPaths, gate=gate, guarded=guarded, plain=plain)
+    if elastic_paths:
+        app.add_middleware(ElasticEpGate, core=core)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -43,6 +43,8 @@ class GenerationJob:
 class Ready:
     worker_pid: int | None
     placement: dict[str, list[int]]
+    num_redundant_experts: int | None = None
+    """The redundancy the worker started with; a scale-up-launched rank takes it from rank 0's bootstrap."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,7 +89,52 @@ class RebuildFinished:
     """Not every member joined the round within its check-in: failed before any vote (retryable)."""
 
 
-WorkerEvent = Ready | TokenGenerated | JobFinished | CollectiveFailed | WorkerExited | RebuildFinished | WaveChanged
+@dataclass(frozen=True, slots=True)
+class ElasticPrepare:
+    """Prepare an elastic EP resize (:class:`~heteroflow.engine_sim.elastic.Resize`) in the worker's group."""
+
+    epoch: str | None
+    """Rank 0 publishes this epoch; ``None`` on the other ranks, which wait for rank 0's."""
+    cur: int
+    new: int
+    num_redundant_experts: int
+    slots_per_rank: int
+    timeout_sec: float
+    """The ready barrier's and the bootstrap wait's deadline (vLLM: 300 s)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ElasticPrepared:
+    """The outcome of a prepare: every rank of ``range(new)`` got ready, or ``error``."""
+
+    epoch: str | None
+    ok: bool
+    error: str | None = None
+    timed_out: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ElasticCommitted:
+    """The outcome of a commit: the worker switched to the new group (or left it: ``retired``), or ``error``."""
+
+    ok: bool
+    retired: bool = False
+    placement: dict[str, list[int]] | None = None
+    error: str | None = None
+    timed_out: bool = False
+
+
+WorkerEvent = (
+    Ready
+    | TokenGenerated
+    | JobFinished
+    | CollectiveFailed
+    | WorkerExited
+    | RebuildFinished
+    | WaveChanged
+    | ElasticPrepared
+    | ElasticCommitted
+)
 EventSink = Callable[[WorkerEvent], None]
 
 
@@ -113,6 +160,15 @@ class WorkerBackend(Protocol):
         ...
 
     def inject(self, kind: FaultKind, *, delay_sec: float = 0.0) -> None: ...
+
+    def elastic_prepare(self, request: ElasticPrepare) -> None:
+        """Start preparing an elastic EP resize; the outcome comes back as :class:`ElasticPrepared`."""
+        ...
+
+    def elastic_commit(self, *, timeout_sec: float) -> None:
+        """Commit the prepared resize once every old rank is ready to (``timeout_sec``: vLLM's 600 s); the
+        outcome comes back as :class:`ElasticCommitted`."""
+        ...
 
     def tick(self, now: float) -> None:
         """Time passed (monotonic seconds); a backend with timers of its own checks them here."""

@@ -106,6 +106,14 @@ class BoundedStore:
         """``store.set(key, value)``; :class:`StoreTimeoutError` after ``timeout`` seconds."""
         self._call("set", lambda: self.raw.set(key, value), timeout)
 
+    def check(self, keys: list[str], *, timeout: float) -> bool:
+        """``store.check(keys)``: every key is set; :class:`StoreTimeoutError` after ``timeout`` seconds."""
+        return bool(self._call("check", lambda: self.raw.check(keys), timeout))
+
+    def get(self, key: str, *, timeout: float) -> str:
+        """``store.get(key)`` of a key known to be set, decoded; :class:`StoreTimeoutError` after ``timeout``."""
+        return bytes(self._call("get", lambda: self.raw.get(key), timeout)).decode()
+
     def submit_check(self, keys: list[str]) -> Future[bool]:
         """``store.check(keys)`` without waiting for it: the caller looks at the future when it suits it."""
         return self._submit(lambda: bool(self.raw.check(keys)))

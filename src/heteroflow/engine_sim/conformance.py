@@ -321,7 +321,10 @@ async def scale_down_chain(h: EngineClusterHarness, baseline: list[str]) -> dict
     no_new = new_request_id()
     await apply(h, 1, {"instruction": "scale_down", "request_id": no_new, "params": {"removed_dp_ranks": [2]}})
     entry = await status_of(h, 1)
-    expect(entry is not None and "no newly dead" in str(entry.get("ft_error")), f"no new dead: {entry}")
+    expect(
+        entry is not None and str(entry.get("ft_error")).startswith("Invalid removed_dp_ranks [2] for engine 1"),
+        f"no new dead: {entry}",
+    )
     round2 = new_request_id()
     store_port = h.free_port()
     for rank in (1, 3):

@@ -15,11 +15,14 @@ from dataclasses import dataclass
 
 import structlog
 
-from heteroflow.contracts.engine_protocol import ApplyRequest, FtStatusResponse
+from heteroflow.contracts.engine_protocol import ApplyRequest, ElasticEpStatus, FtStatusResponse
 from heteroflow.core.clock import Clock
 from heteroflow.engine_sim import state as sm
 from heteroflow.engine_sim.backend import (
     CollectiveFailed,
+    ElasticCommitted,
+    ElasticPrepare,
+    ElasticPrepared,
     FaultKind,
     GenerationJob,
     JobFinished,
@@ -31,6 +34,7 @@ from heteroflow.engine_sim.backend import (
     WorkerEvent,
     WorkerExited,
 )
+from heteroflow.engine_sim.elastic import ElasticEpConfig, plan_resize
 
 _log = structlog.get_logger(__name__)
 
@@ -41,6 +45,13 @@ class EngineUnavailableError(RuntimeError):
 
 class RequestAbortedError(RuntimeError):
     """An in-flight request was aborted because the engine stopped being healthy."""
+
+
+class ElasticEpFailedError(RuntimeError):
+    """An elastic EP resize failed on this rank for another reason than a timeout: HTTP 500 "Scale failed"."""
+
+
+RETIRED_ABORT_REASON = "the data-parallel rank was retired by an elastic EP scale-down"
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,7 +102,9 @@ class EngineCore:
         clock: Clock,
         timeouts: EngineTimeouts,
         hard_exit: Callable[[], None],
+        elastic: ElasticEpConfig | None = None,
     ) -> None:
+        """``elastic``: the rank takes part in elastic EP resizes (``--enable-elastic-ep``)."""
         self._state = initial
         self._backend = backend
         self._clock = clock
@@ -109,11 +122,25 @@ class EngineCore:
         self._exit_reason: str | None = None
         self._exit_code = 0
         self.exit_requested = asyncio.Event()
+        self._elastic = elastic
+        self._num_redundant_experts = None if elastic is None else elastic.num_redundant_experts
+        self._elastic_lock = asyncio.Lock()
+        self._elastic_status = ElasticEpStatus(phase="idle")
+        self._elastic_waiter: asyncio.Future[ElasticPrepared | ElasticCommitted] | None = None
+        self._no_requests = asyncio.Event()
+        self._no_requests.set()
+        self.elastic_scaling = False
+        """vLLM's process-local ``_scaling_elastic_ep`` (``middleware.py`` L12): set once a prepare succeeded,
+        cleared by a successful commit only (a failed commit leaves it set, ``async_llm.py`` L1376-1382)."""
+        self.elastic_retired = False
+        """vLLM's ``_elastic_ep_rank_retired`` (``middleware.py`` L13): this rank left the world for good."""
 
     # -- lifecycle -------------------------------------------------------------------------------------
     async def start(self) -> Ready:
         ready = await self._backend.start(self._on_event)
         self._placement = ready.placement
+        if ready.num_redundant_experts is not None and self._num_redundant_experts is not None:
+            self._num_redundant_experts = ready.num_redundant_experts
         return ready
 
     async def close(self) -> None:
@@ -158,8 +185,11 @@ class EngineCore:
             "dead_ranks": sorted(st.dead_ranks),
             "store_master": st.store_master,
             "generation": st.generation,
+            "ft_dp_size": st.ft_world,
+            "num_redundant_experts": self._num_redundant_experts,
             "placement": self._placement,
             "in_wave": self._in_wave,
+            "elastic_ep_retired": self.elastic_retired,
             **self._backend.info(),
         }
 
@@ -205,6 +235,7 @@ class EngineCore:
         request_id = uuid.uuid4().hex
         queue: asyncio.Queue[object] = asyncio.Queue()
         self._requests[request_id] = queue
+        self._no_requests.clear()
         self._backend.submit(GenerationJob(request_id, prompt_tokens, max_tokens))
         finished = False
         try:
@@ -220,6 +251,8 @@ class EngineCore:
                     raise RequestAbortedError(item.reason)
         finally:
             self._requests.pop(request_id, None)
+            if not self._requests:
+                self._no_requests.set()
             if not finished:
                 self._backend.cancel(request_id)
 
@@ -230,6 +263,113 @@ class EngineCore:
         if st.running is not None:
             return f"engine is recovering ({st.running.instruction} {st.running.request_id})"
         return f"engine is {st.health}"
+
+    # -- elastic EP ------------------------------------------------------------------------------------
+    def elastic_status(self) -> ElasticEpStatus:
+        """The last resize this rank took part in (vLLM reads it from the shared store: the same on every
+        rank; here each rank reports its own part)."""
+        return self._elastic_status
+
+    async def scale_elastic_ep(self, new_dp_size: int) -> None:
+        """vLLM 0.34's ``AsyncLLM.scale_elastic_ep`` on one external-LB rank (``v1/engine/async_llm.py``
+        L1316-1383): serialised per API server; the current size returns at once; prepare; then the serving gate,
+        the pause (``"wait"``: running requests finish; ``"abort"`` on a retiring rank) and the commit.
+
+        Raises :class:`~heteroflow.engine_sim.elastic.ElasticEpRefusal` (400), ``TimeoutError`` (408) or
+        :class:`ElasticEpFailedError` (500); the failure is also in :meth:`elastic_status`."""
+        if self._elastic is None:
+            raise ElasticEpFailedError("Elastic EP scaling requires enable_elastic_ep=True.")
+        async with self._elastic_lock:
+            await self._scale(self._elastic, new_dp_size)
+
+    async def _scale(self, config: ElasticEpConfig, new: int) -> None:
+        cur = self._state.dp_size
+        if new == cur:
+            return
+        rank = self._state.rank
+        redundant = config.num_redundant_experts if self._num_redundant_experts is None else self._num_redundant_experts
+        resize = plan_resize(
+            rank=rank,
+            cur=cur,
+            new=new,
+            num_experts=config.num_experts,
+            num_redundant_experts=redundant,
+            max_dp_size=config.max_dp_size,
+        )
+        epoch = uuid.uuid4().hex if rank == 0 else None
+        self._elastic_status = ElasticEpStatus(
+            is_scaling_elastic_ep=True, phase="preparing", epoch=epoch, requested_data_parallel_size=new
+        )
+        prepared = await self._elastic_call(
+            lambda: self._backend.elastic_prepare(
+                ElasticPrepare(
+                    epoch=epoch,
+                    cur=cur,
+                    new=new,
+                    num_redundant_experts=resize.num_redundant_experts,
+                    slots_per_rank=resize.slots_per_rank,
+                    timeout_sec=config.prepare_timeout_sec,
+                )
+            )
+        )
+        epoch = prepared.epoch if isinstance(prepared, ElasticPrepared) and prepared.epoch else epoch
+        self._fail_unless_ok(prepared, epoch=epoch, new=new)
+        self._elastic_status = ElasticEpStatus(
+            is_scaling_elastic_ep=True, phase="preparing", epoch=epoch, requested_data_parallel_size=new
+        )
+        self.elastic_scaling = True
+        if resize.retires:
+            self.elastic_retired = True
+            self._abort_all(RETIRED_ABORT_REASON)  # pause mode "abort" (external_elastic_ep.py L803-806)
+        else:
+            await self._no_requests.wait()  # pause mode "wait": running requests finish (core_client.py L1692-1701)
+        self._elastic_status = ElasticEpStatus(
+            is_scaling_elastic_ep=True, phase="committing", epoch=epoch, requested_data_parallel_size=new
+        )
+        try:
+            committed = await self._elastic_call(
+                lambda: self._backend.elastic_commit(timeout_sec=config.commit_timeout_sec)
+            )
+            self._fail_unless_ok(committed, epoch=epoch, new=new)
+        except BaseException:
+            self.elastic_retired = False  # the serving gate stays: a failed commit may leave the engine paused
+            raise
+        if isinstance(committed, ElasticCommitted) and committed.placement is not None:
+            self._placement = committed.placement
+        self._num_redundant_experts = resize.num_redundant_experts
+        self._apply(sm.on_elastic_resized(self._state, new_dp_size=new))
+        self._elastic_status = ElasticEpStatus(phase="completed", epoch=epoch, requested_data_parallel_size=new)
+        _log.info("engine.elastic_ep_resized", rank=rank, cur=cur, new=new, retired=resize.retires)
+        self.elastic_scaling = False
+
+    async def _elastic_call(self, send: Callable[[], None]) -> ElasticPrepared | ElasticCommitted:
+        waiter: asyncio.Future[ElasticPrepared | ElasticCommitted] = asyncio.get_running_loop().create_future()
+        self._elastic_waiter = waiter
+        try:
+            send()
+            return await waiter
+        except ElasticEpFailedError as exc:
+            self._elastic_status = ElasticEpStatus(
+                phase="failed",
+                epoch=self._elastic_status.epoch,
+                error=str(exc),
+                requested_data_parallel_size=self._elastic_status.requested_data_parallel_size,
+            )
+            raise
+        finally:
+            self._elastic_waiter = None
+
+    def _fail_unless_ok(self, outcome: ElasticPrepared | ElasticCommitted, *, epoch: str | None, new: int) -> None:
+        if outcome.ok:
+            return
+        error = outcome.error or "External Elastic EP scaling failed."
+        self._elastic_status = ElasticEpStatus(
+            phase="failed", epoch=epoch, error=error, requested_data_parallel_size=new
+        )
+        _log.warning("engine.elastic_ep_failed", rank=self._state.rank, error=error, timed_out=outcome.timed_out)
+        if outcome.timed_out:
+            raise TimeoutError(error)
+        raise ElasticEpFailedError(error)
 
     # -- events ----------------------------------------------------------------------------------------
     def _on_event(self, event: WorkerEvent) -> None:
@@ -259,8 +399,15 @@ class EngineCore:
                         diagnosing_sec=self._timeouts.diagnosing_sec,
                     )
                 )
+            case ElasticPrepared() | ElasticCommitted():
+                waiter = self._elastic_waiter
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(event)
             case WorkerExited(reason=reason):
                 self._in_wave = False
+                waiter = self._elastic_waiter
+                if waiter is not None and not waiter.done():
+                    waiter.set_exception(ElasticEpFailedError(f"worker exited: {reason}"))
                 _log.warning("engine.worker_exited", rank=self._state.rank, reason=reason)
                 self._apply(sm.on_worker_died(self._state, reason=reason, now=now, recovery_timeout=recovery))
             case RebuildFinished(request_id=rid, ok=ok, error=error, placement=placement, checkin_failed=checkin):

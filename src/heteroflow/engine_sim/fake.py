@@ -23,6 +23,9 @@ from heteroflow.contracts.engine_protocol import checkin_failure_text
 from heteroflow.core.clock import Clock
 from heteroflow.engine_sim.backend import (
     CollectiveFailed,
+    ElasticCommitted,
+    ElasticPrepare,
+    ElasticPrepared,
     EventSink,
     FaultKind,
     GenerationJob,
@@ -42,6 +45,7 @@ from heteroflow.engine_sim.placement import (
 from heteroflow.engine_sim.state import RebuildPlan
 from heteroflow.engine_sim.vocab import VOCAB_SIZE
 
+FAKE_ELASTIC_EP_TEXT = "the in-memory worker backend does not simulate an elastic EP resize"
 FAULT_CLASS = "RuntimeError"
 """What gloo raises on a closed connection or a timeout, and so what the real simulator reports."""
 
@@ -281,6 +285,15 @@ class FakeWorkerBackend:
                 self.group.transient(self.rank)
             case FaultKind.SLOW_REBUILD:
                 me.slow_rebuild_sec = delay_sec
+
+    def elastic_prepare(self, request: ElasticPrepare) -> None:
+        """The in-memory group has no TCP store to meet new ranks in: every resize fails its prepare (the real
+        one runs in :mod:`heteroflow.engine_sim.worker`)."""
+        self.emit(ElasticPrepared(epoch=request.epoch, ok=False, error=FAKE_ELASTIC_EP_TEXT))
+
+    def elastic_commit(self, *, timeout_sec: float) -> None:
+        _ = timeout_sec
+        self.emit(ElasticCommitted(ok=False, error=FAKE_ELASTIC_EP_TEXT))
 
     def kill(self) -> None:
         if self.group.member(self.rank).alive:

@@ -9,7 +9,6 @@ membership, and greedy outputs do not change when ranks are removed.
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -23,11 +22,6 @@ class PlacementError(ValueError):
 
 class InsufficientExpertSlotsError(PlacementError):
     """Too few surviving slots to hold every logical expert once; the scale-down must fail."""
-
-
-def default_slots_per_rank(*, dp_size: int, num_experts: int, num_redundant_experts: int) -> int:
-    """Slots per rank so that ``dp_size x slots ≥ experts + redundant experts``."""
-    return math.ceil((num_experts + num_redundant_experts) / dp_size)
 
 
 def redundant_experts_text(num_redundant_experts: int) -> str:

@@ -15,6 +15,9 @@ import structlog
 
 from heteroflow.engine_sim.backend import (
     CollectiveFailed,
+    ElasticCommitted,
+    ElasticPrepare,
+    ElasticPrepared,
     EventSink,
     FaultKind,
     GenerationJob,
@@ -50,6 +53,11 @@ class WorkerLaunch:
     seed: int
     max_batch: int
     idle_poll_interval_sec: float
+    scale_up_launch: bool = False
+    """Launched to join an elastic EP scale-up (vLLM env ``VLLM_ELASTIC_EP_SCALE_UP_LAUNCH=1``): the worker waits
+    for rank 0's bootstrap instead of forming the launch group."""
+    handshake_timeout_sec: float = 300.0
+    """How long a scale-up-launched worker waits for that bootstrap (vLLM ``HANDSHAKE_TIMEOUT_MINS = 5``)."""
 
 
 def plan_to_wire(plan: RebuildPlan) -> dict[str, Any]:
@@ -87,7 +95,27 @@ def event_from_wire(raw: dict[str, Any]) -> WorkerEvent | None:
                 checkin_failed=bool(raw.get("checkin_failed", False)),
             )
         case "ready":
-            return Ready(worker_pid=int(raw["pid"]), placement=raw["placement"])
+            redundant = raw.get("num_redundant_experts")
+            return Ready(
+                worker_pid=int(raw["pid"]),
+                placement=raw["placement"],
+                num_redundant_experts=None if redundant is None else int(redundant),
+            )
+        case "eep_prepared":
+            return ElasticPrepared(
+                epoch=raw.get("epoch"),
+                ok=bool(raw["ok"]),
+                error=raw.get("error"),
+                timed_out=bool(raw.get("timed_out", False)),
+            )
+        case "eep_committed":
+            return ElasticCommitted(
+                ok=bool(raw["ok"]),
+                retired=bool(raw.get("retired", False)),
+                placement=raw.get("placement"),
+                error=raw.get("error"),
+                timed_out=bool(raw.get("timed_out", False)),
+            )
         case "wave":
             return WaveChanged(active=bool(raw["active"]))
     return None
@@ -163,7 +191,7 @@ class ProcessWorkerBackend:
             except (ValueError, KeyError, TypeError) as exc:
                 _log.warning("engine.worker_bad_line", error=str(exc), line=line[:200])
                 continue
-            if isinstance(event, RebuildFinished) and event.ok and event.placement is not None:
+            if isinstance(event, RebuildFinished | ElasticCommitted) and event.ok and event.placement is not None:
                 self._placement = event.placement
             if event is not None and self._sink is not None:
                 self._sink(event)
@@ -191,6 +219,12 @@ class ProcessWorkerBackend:
 
     def rebuild(self, plan: RebuildPlan) -> None:
         self._send({"op": "rebuild", "plan": plan_to_wire(plan)})
+
+    def elastic_prepare(self, request: ElasticPrepare) -> None:
+        self._send({"op": "eep_prepare", **asdict(request)})
+
+    def elastic_commit(self, *, timeout_sec: float) -> None:
+        self._send({"op": "eep_commit", "timeout_sec": timeout_sec})
 
     def _signal(self, sig: signal.Signals) -> None:
         pid = self.worker_pid

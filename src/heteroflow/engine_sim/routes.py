@@ -16,20 +16,20 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field
 
 from heteroflow.contracts.engine_protocol import (
     IS_SCALING_ELASTIC_EP_PATH,
     SCALE_ELASTIC_EP_PATH,
     ApplyAccepted,
     ApplyRequest,
-    ElasticEpStatus,
     EngineProfile,
     ProtocolError,
-    ScaleElasticEpRequest,
     apply_path,
+    elastic_ep_drain_timeout_text,
     parse_apply_request,
     parse_released_apply,
+    parse_scale_elastic_ep,
     parse_v034_apply,
     status_path,
     wire_entry,
@@ -49,7 +49,8 @@ from heteroflow.engine_sim.completions import (
     text_of,
     usage,
 )
-from heteroflow.engine_sim.engine import EngineCore
+from heteroflow.engine_sim.elastic import ElasticEpRefusal
+from heteroflow.engine_sim.engine import ElasticEpFailedError, EngineCore
 from heteroflow.engine_sim.metrics import CONTENT_TYPE, EngineMetrics
 from heteroflow.http.gate import TokenGate
 
@@ -91,7 +92,8 @@ _ERRORS: dict[int, str] = {
     403: "Fault injection is disabled: no cluster token is configured.",
     404: "The model is not the one this engine serves.",
     413: "The body is larger than 1 MiB.",
-    500: "The resize failed (elastic EP): the reason is in the body and in /is_scaling_elastic_ep.",
+    408: "The resize timed out (elastic EP; vLLM's text names the drain timeout whatever timed out).",
+    500: 'The resize failed (elastic EP): "Scale failed"; the reason is in /is_scaling_elastic_ep.',
     503: "The engine is not serving (recovering, failed) or the request was aborted: retry elsewhere.",
 }
 
@@ -380,50 +382,49 @@ def ft_router(core: EngineCore, *, profile: EngineProfile, prefix: str) -> APIRo
 
 
 def elastic_ep_router(core: EngineCore, *, profile: EngineProfile) -> APIRouter:
-    """vLLM 0.34's elastic EP routes (``--enable-elastic-ep``, external-LB mode): ``POST /scale_elastic_ep``
-    and ``POST /is_scaling_elastic_ep``.
+    """vLLM 0.34's elastic EP routes (``--enable-elastic-ep``, external-LB mode; ``entrypoints/serve/elastic_ep/
+    api_router.py``): ``POST /scale_elastic_ep`` and ``POST /is_scaling_elastic_ep``.
 
-    The release resizes over contiguous ranks ``range(new_data_parallel_size)``; whether that can fill the slots
-    of ranks removed by an FT ``scale_down`` is not settled upstream, so the simulator refuses a resize of an
-    instance with retired ranks (500 "Scale failed", phase ``failed``, the reason in ``error``), as it refuses a
-    resize to another size (not simulated yet). A request for the current size completes at once.
+    The scale answers 200 ``{"message": "Scaled to N data parallel engines"}`` (also, at once and without an
+    epoch, for the current size), 400 for a bad body or a ``ValueError`` of the scale (the max size, the
+    experts: vLLM's texts), 408 "Scale failed due to request drain timeout after {drain_timeout} seconds" for any
+    ``TimeoutError`` (vLLM answers that text for its ready-barrier timeout too, L71-76) and 500 "Scale failed" for
+    every other failure (L77-81); the reason is in the status route's ``error``. The serving gate while scaling
+    or retired is :class:`~heteroflow.engine_sim.assembly.ElasticEpGate`.
     """
     router = APIRouter()
-    phase: dict[str, Any] = {"phase": "idle", "epoch": 0, "error": None, "new_data_parallel_size": None}
 
-    @router.post(SCALE_ELASTIC_EP_PATH, responses=_errors(PlainErrorOut, 400, 401))
+    @router.post(SCALE_ELASTIC_EP_PATH, responses=_errors(OpenAiErrorOut, 400, 401, 408, 500))
     async def scale(request: Request) -> JSONResponse:
+        raw = await request.body()
+        media = request.headers.get("content-type", "").lower().split(";", maxsplit=1)[0].strip()
+        if media != "application/json":  # validate_json_request (api_router.py L30)
+            message = "1 validation error:\n  Unsupported Media Type: Only 'application/json' is allowed"
+            return JSONResponse(profile.error_body_for(message), status_code=400)
         try:
-            body = json.loads(await request.body())
-            wanted = ScaleElasticEpRequest.model_validate(body)
-        except (ValueError, RecursionError, ValidationError) as exc:
-            detail = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else "Invalid JSON format"
-            return JSONResponse(profile.error_body_for(f"Invalid request: {detail}"), status_code=400)
-        if phase["phase"] in ("preparing", "committing"):
-            return JSONResponse(profile.error_body_for("A scale operation is already in progress"), status_code=400)
-        state = core.state
-        phase.update(epoch=phase["epoch"] + 1, new_data_parallel_size=wanted.new_data_parallel_size, error=None)
-        if wanted.new_data_parallel_size == len(state.members) and not state.dead_ranks:
-            phase["phase"] = "completed"
-            return JSONResponse(
-                {
-                    "message": f"Scaled to {wanted.new_data_parallel_size} data parallel engines",
-                    "new_data_parallel_size": wanted.new_data_parallel_size,
-                }
-            )
-        if state.dead_ranks:
-            error = (
-                f"elastic EP resizes over contiguous ranks range(N); ranks {sorted(state.dead_ranks)} were removed "
-                "by a fault-tolerance scale_down and leave holes it does not fill"
-            )
-        else:
-            error = "a resize to another data parallel size is not simulated"
-        phase.update(phase="failed", error=error)
-        return JSONResponse(profile.error_body_for(f"Scale failed: {error}", status_code=500), status_code=500)
+            body: object = json.loads(raw)
+        except (ValueError, RecursionError):
+            return JSONResponse(profile.error_body_for("Invalid JSON format"), status_code=400)
+        try:
+            new_size, drain_timeout = parse_scale_elastic_ep(body)
+        except ProtocolError as exc:
+            return JSONResponse(profile.error_body_for(str(exc)), status_code=400)
+        try:
+            await core.scale_elastic_ep(new_size)
+        except TimeoutError:
+            # what the release answers for every TimeoutError of the scale, including its ready barrier's
+            text = elastic_ep_drain_timeout_text(drain_timeout)
+            return JSONResponse(profile.error_body_for(text, status_code=408), status_code=408)
+        except ElasticEpRefusal as exc:
+            return JSONResponse(profile.error_body_for(str(exc)), status_code=400)
+        except ElasticEpFailedError:
+            return JSONResponse(profile.error_body_for("Scale failed", status_code=500), status_code=500)
+        return JSONResponse({"message": f"Scaled to {new_size} data parallel engines"})
 
     @router.post(IS_SCALING_ELASTIC_EP_PATH, responses=_errors(PlainErrorOut, 401))
     async def is_scaling() -> dict[str, Any]:
-        return ElasticEpStatus.model_validate(phase).model_dump()
+        status = core.elastic_status()
+        return {**status.model_dump(), "is_scaling_elastic_ep": status.phase in ("preparing", "committing")}
 
     return router
 

@@ -6,14 +6,16 @@ from dataclasses import dataclass
 
 from pydantic import Field, field_validator
 
-from heteroflow.contracts.engine_protocol import DEFAULT_PROFILE, PROFILES, ProfileNameIn, normalize_prefix
-from heteroflow.core.settings import LenientSettings, env_names
-from heteroflow.engine_sim.placement import (
-    PlacementError,
-    default_slots_per_rank,
-    initial_placement,
-    launch_slots_per_rank,
+from heteroflow.contracts.engine_protocol import (
+    DEFAULT_PROFILE,
+    PROFILES,
+    ProfileNameIn,
+    elastic_ep_max_dp_size_launch_text,
+    normalize_prefix,
 )
+from heteroflow.core.settings import LenientSettings, env_names
+from heteroflow.engine_sim.elastic import COMMIT_TIMEOUT_SEC, PREPARE_TIMEOUT_SEC, SCALE_UP_HANDSHAKE_TIMEOUT_SEC
+from heteroflow.engine_sim.placement import PlacementError, initial_placement, launch_slots_per_rank
 from heteroflow.engine_sim.state import ConfigurationError
 
 
@@ -28,29 +30,41 @@ class Topology:
     num_experts: int = 8
     num_redundant_experts: int = 4
     slots_per_rank: int | None = None
+    elastic_ep_max_dp_size: int | None = None
+    """vLLM ``--elastic-ep-max-dp-size``; ``None``: the launch size (``config/parallel.py`` L1129-1133)."""
+    scale_up_launch: bool = False
+    """Launched to join an elastic EP scale-up (env ``VLLM_ELASTIC_EP_SCALE_UP_LAUNCH=1``): the expert layout
+    comes from rank 0's bootstrap, not from the options."""
 
     @property
     def effective_slots_per_rank(self) -> int:
-        if self.slots_per_rank is not None:
-            return self.slots_per_rank
-        return default_slots_per_rank(
-            dp_size=self.dp_size,
-            num_experts=self.num_experts,
-            num_redundant_experts=self.num_redundant_experts,
-        )
-
-    def validate(self) -> None:
-        """Raise :class:`ConfigurationError` for contradictory launch parameters (the expert layout as vLLM
-        0.34 checks it at start: :func:`~heteroflow.engine_sim.placement.launch_slots_per_rank`)."""
-        if not 1 <= self.master_port <= 65535:
-            raise ConfigurationError(f"master port {self.master_port} is outside 1..65535")
+        """``(E + K) / dp_size``, the only layout vLLM starts (:func:`~heteroflow.engine_sim.placement
+        .launch_slots_per_rank`); raises :class:`ConfigurationError` for another one."""
         try:
-            launch_slots_per_rank(
+            return launch_slots_per_rank(
                 dp_size=self.dp_size,
                 num_experts=self.num_experts,
                 num_redundant_experts=self.num_redundant_experts,
                 slots_per_rank=self.slots_per_rank,
             )
+        except PlacementError as exc:
+            raise ConfigurationError(str(exc)) from exc
+
+    @property
+    def effective_elastic_ep_max_dp_size(self) -> int:
+        return self.dp_size if self.elastic_ep_max_dp_size is None else self.elastic_ep_max_dp_size
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigurationError` for contradictory launch parameters (the expert layout as vLLM
+        0.34 checks it at start: :func:`~heteroflow.engine_sim.placement.launch_slots_per_rank`; the elastic
+        EP maximum as ``config/parallel.py`` L1134-1138 checks it)."""
+        if not 1 <= self.master_port <= 65535:
+            raise ConfigurationError(f"master port {self.master_port} is outside 1..65535")
+        if self.effective_elastic_ep_max_dp_size < self.dp_size:
+            raise ConfigurationError(elastic_ep_max_dp_size_launch_text(self.dp_size))
+        if self.scale_up_launch:
+            return  # its layout is rank 0's, checked there (the new redundancy divides by construction)
+        try:
             initial_placement(
                 dp_size=self.dp_size,
                 num_experts=self.num_experts,
@@ -93,6 +107,30 @@ class EngineSimSettings(LenientSettings):
         default=False,
         validation_alias=env_names("engine_sim_enable_elastic_ep"),
         description="vllm-0.34: serve POST /scale_elastic_ep and /is_scaling_elastic_ep (vLLM --enable-elastic-ep).",
+    )
+    elastic_ep_prepare_timeout_sec: float = Field(
+        default=PREPARE_TIMEOUT_SEC,
+        gt=0,
+        validation_alias=env_names("engine_sim_elastic_ep_prepare_timeout_sec"),
+        description=(
+            "Elastic EP: seconds a rank waits for rank 0's bootstrap and then for every rank of range(new) to be "
+            "ready (vLLM 0.34: 300); past it the resize fails with HTTP 408."
+        ),
+    )
+    elastic_ep_commit_timeout_sec: float = Field(
+        default=COMMIT_TIMEOUT_SEC,
+        gt=0,
+        validation_alias=env_names("engine_sim_elastic_ep_commit_timeout_sec"),
+        description="Elastic EP: seconds the commit waits for every old rank to drain (vLLM 0.34: 600).",
+    )
+    elastic_ep_handshake_timeout_sec: float = Field(
+        default=SCALE_UP_HANDSHAKE_TIMEOUT_SEC,
+        gt=0,
+        validation_alias=env_names("engine_sim_elastic_ep_handshake_timeout_sec"),
+        description=(
+            "Elastic EP: seconds a rank launched with VLLM_ELASTIC_EP_SCALE_UP_LAUNCH=1 waits for rank 0's "
+            "scale-up handshake before it exits (vLLM 0.34: 5 minutes)."
+        ),
     )
     ft_path_prefix: str | None = Field(
         default=None,

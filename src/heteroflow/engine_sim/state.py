@@ -109,6 +109,8 @@ Action = StartRebuild | AbortRequests | ExitProcess
 class EngineState:
     rank: int
     dp_size: int
+    """The group's data-parallel size (vLLM's ``parallel_config.data_parallel_size``): the launch size, changed
+    only by a committed elastic EP resize (an FT ``scale_down`` keeps it and grows the dead set instead)."""
     health: EngineHealth = "healthy"
     dead_ranks: frozenset[int] = frozenset()
     store_master: int = 0
@@ -127,6 +129,21 @@ class EngineState:
     diagnosing_until: float | None = None
     """While ``diagnosing``: when the engine pushes what follows (:attr:`after_diagnosis`)."""
     after_diagnosis: EngineHealth | None = None
+    ft_dp_size: int | None = None
+    """The FT sentinel's ``_initial_dp_size`` (``None``: :attr:`dp_size`): the size this engine was launched with,
+    frozen at construction and never updated by an elastic EP resize (vLLM 0.34
+    ``v1/fault_tolerance/engine_core_sentinel.py`` L57-70; read at L270-300 and L328-333). ``scale_down``
+    validates against it and its rounds are over ``range(ft_dp_size)`` minus the dead set."""
+
+    @property
+    def ft_world(self) -> int:
+        """The size FT validates and plans against (:attr:`ft_dp_size`)."""
+        return self.dp_size if self.ft_dp_size is None else self.ft_dp_size
+
+    @property
+    def ft_members(self) -> tuple[int, ...]:
+        """The alive ranks as the FT sentinel counts them: ``range(ft_dp_size)`` minus the dead set."""
+        return tuple(r for r in range(self.ft_world) if r not in self.dead_ranks)
 
     @property
     def profile(self) -> EngineProfile:
@@ -181,7 +198,15 @@ def initial_state(*, rank: int, dp_size: int, profile_name: ProfileName = "vllm-
     if not 0 <= rank < dp_size:
         # vLLM's own text (ParallelConfig: the rank must lie in [0, data_parallel_size))
         raise ConfigurationError(f"data_parallel_rank ({rank}) must be in the range [0, {dp_size})")
-    return EngineState(rank=rank, dp_size=dp_size, profile_name=profile_name)
+    return EngineState(rank=rank, dp_size=dp_size, profile_name=profile_name, ft_dp_size=dp_size)
+
+
+def on_elastic_resized(state: EngineState, *, new_dp_size: int) -> Transition:
+    """A committed elastic EP resize: the group's size changes; the FT sentinel's size does not (it is frozen at
+    construction, ``engine_core_sentinel.py`` L68), and neither does its dead set."""
+    if new_dp_size < 1:
+        raise IllegalTransitionError("a resize to no rank")
+    return Transition(replace(state, dp_size=new_dp_size, generation=state.generation + 1))
 
 
 def on_collective_fault(
@@ -363,21 +388,21 @@ def _rejection(state: EngineState, request: ApplyRequest) -> str | None:
     if request.instruction == "retry":
         return None
     params = request.params
+    if state.ft_world == 1:
+        return "scale_down requires data_parallel_size > 1; a dp=1 engine has no ranks to remove"
+    # vLLM 0.34's own checks and texts (v1/fault_tolerance/engine_core_sentinel.py L270-303), over the size the
+    # sentinel was constructed with (an elastic EP resize never changes it)
     removed = frozenset(params.removed_dp_ranks or ())
-    if not removed:
-        return "removed_dp_ranks is empty"
-    outside = sorted(r for r in removed if not 0 <= r < state.dp_size)
-    if outside:
-        return f"removed_dp_ranks {outside} are outside range({state.dp_size})"
-    cumulative = state.dead_ranks | removed
-    if len(cumulative) >= state.dp_size:
-        return "scale_down would remove every rank"
-    if state.rank in removed:
-        return f"removed_dp_ranks contains this engine's own rank {state.rank}"
-    if not removed - state.dead_ranks:
-        return f"removed_dp_ranks adds no newly dead rank (already dead: {sorted(state.dead_ranks)})"
-    if state.store_master in removed and (params.dp_master_ip is None or params.dp_store_port is None):
-        return f"the store master (rank {state.store_master}) is removed: dp_master_ip and dp_store_port are required"
+    newly = removed - state.dead_ranks
+    world = frozenset(range(state.ft_world))
+    if not removed or not removed <= world or state.rank in removed or world <= state.dead_ranks | newly or not newly:
+        return (
+            f"Invalid removed_dp_ranks {sorted(removed)} for engine {state.rank} "
+            f"(dp_rank={state.rank}, dead_dp_ranks={sorted(state.dead_ranks)})"
+        )
+    alive_before = state.ft_members
+    if alive_before[0] in newly and (params.dp_master_ip is None or params.dp_store_port is None):
+        return f"dp_store_port and dp_master_ip required when the store master (rank {alive_before[0]}) is removed"
     return None
 
 
@@ -386,8 +411,8 @@ def _plan(state: EngineState, request: ApplyRequest) -> RebuildPlan:
         return RebuildPlan(
             request_id=request.request_id,
             instruction="retry",
-            members=state.members,
-            dense_rank=state.members.index(state.rank),
+            members=state.ft_members,
+            dense_rank=state.ft_members.index(state.rank),
             dead_ranks=state.dead_ranks,
             newly_removed=frozenset(),
             store_master=state.store_master,
@@ -397,7 +422,7 @@ def _plan(state: EngineState, request: ApplyRequest) -> RebuildPlan:
     params = request.params
     removed = frozenset(params.removed_dp_ranks or ())
     dead = state.dead_ranks | removed
-    members = tuple(r for r in range(state.dp_size) if r not in dead)
+    members = tuple(r for r in range(state.ft_world) if r not in dead)
     new_store = None
     store_master = state.store_master
     if state.store_master in dead:

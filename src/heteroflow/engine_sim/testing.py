@@ -30,6 +30,7 @@ from heteroflow.core.clock import Clock
 from heteroflow.core.testing import FakeClock, free_port
 from heteroflow.engine_sim.assembly import create_app
 from heteroflow.engine_sim.backend import FaultKind
+from heteroflow.engine_sim.elastic import SCALE_UP_LAUNCH_ENV, ElasticEpConfig
 from heteroflow.engine_sim.engine import EngineCore, EngineTimeouts
 from heteroflow.engine_sim.fake import FakeGroup, FakeWorkerBackend
 from heteroflow.engine_sim.placement import launch_slots_per_rank
@@ -63,6 +64,18 @@ class EngineClusterHarness(Protocol):
 
     @property
     def collective_timeout(self) -> float: ...
+
+
+class ElasticEpHarness(EngineClusterHarness, Protocol):
+    """An instance whose operator can launch ranks for an elastic EP scale-up and remove retired ones."""
+
+    def launch_scale_up(self, rank: int, *, new_dp_size: int) -> None:
+        """Start ``rank`` with ``VLLM_ELASTIC_EP_SCALE_UP_LAUNCH=1`` and ``--dp-size new_dp_size``."""
+        ...
+
+    def stop(self, rank: int) -> None:
+        """Kill one rank's processes (a retired rank, once the resize completed)."""
+        ...
 
 
 def auth_headers(token: str) -> dict[str, str]:
@@ -147,6 +160,11 @@ class FakeEngineCluster:
                 clock=self.engine_clock,
                 timeouts=timeouts,
                 hard_exit=functools.partial(self._hard_exit, rank),
+                elastic=ElasticEpConfig(
+                    num_experts=num_experts, num_redundant_experts=num_redundant_experts, max_dp_size=dp_size
+                )
+                if enable_elastic_ep
+                else None,
             )
 
     async def start(self) -> None:
@@ -250,8 +268,14 @@ class SimProcessCluster:
         startup_timeout_sec: float = 90.0,
         profile_name: str = "vllm-0.34",
         diagnosing_sec: float | None = None,
+        enable_elastic_ep: bool = False,
+        elastic_ep_max_dp_size: int | None = None,
+        elastic_ep_prepare_timeout_sec: float | None = None,
+        elastic_ep_handshake_timeout_sec: float | None = None,
     ) -> None:
-        """``diagnosing_sec``: ``--diagnosing-sec`` of every rank (``None``: the simulator's default, 1 s)."""
+        """``diagnosing_sec``: ``--diagnosing-sec`` of every rank (``None``: the simulator's default, 1 s).
+        ``enable_elastic_ep`` and the ``elastic_ep_*`` options: ``--enable-elastic-ep`` and its options on every
+        rank, including the ones :meth:`launch_scale_up` starts later."""
         self.dp_size = dp_size
         self.profile_name: ProfileName = profile(profile_name).name
         self.prefix = PROFILES[self.profile_name].route_prefix if prefix is None else prefix
@@ -282,25 +306,70 @@ class SimProcessCluster:
             self._args += ["--slots-per-rank", str(slots_per_rank)]
         if diagnosing_sec is not None:
             self._args += ["--diagnosing-sec", str(diagnosing_sec)]
+        if enable_elastic_ep:
+            self._args.append("--enable-elastic-ep")
+        for option, value in (
+            ("--elastic-ep-max-dp-size", elastic_ep_max_dp_size),
+            ("--elastic-ep-prepare-timeout-sec", elastic_ep_prepare_timeout_sec),
+            ("--elastic-ep-handshake-timeout-sec", elastic_ep_handshake_timeout_sec),
+        ):
+            if value is not None:
+                self._args += [option, str(value)]
+
+    def _spawn(self, rank: int, args: list[str], *, extra_env: dict[str, str] | None = None) -> None:
+        env = {
+            **os.environ,
+            "HETEROFLOW_CLUSTER_TOKEN": self.cluster_token,
+            "PYTHONUNBUFFERED": "1",
+            **(extra_env or {}),
+        }
+        cmd = [
+            self._python, "-m", "heteroflow.cli.main", "engine-sim",
+            "--dp-rank", str(rank), "--port", str(self.ports[rank]), "--host", "127.0.0.1", *args,
+        ]  # fmt: skip
+        log: Any = subprocess.DEVNULL
+        if self._log_dir is not None:
+            self._log_dir.mkdir(parents=True, exist_ok=True)
+            log = (self._log_dir / f"engine-{rank}.log").open("ab")
+        self.processes[rank] = subprocess.Popen(  # noqa: S603 - our own interpreter and module
+            cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )
+        if log is not subprocess.DEVNULL:
+            log.close()
 
     def start(self) -> None:
-        env = {**os.environ, "HETEROFLOW_CLUSTER_TOKEN": self.cluster_token, "PYTHONUNBUFFERED": "1"}
-        for rank, port in self.ports.items():
-            cmd = [
-                self._python, "-m", "heteroflow.cli.main", "engine-sim",
-                "--dp-rank", str(rank), "--port", str(port), "--host", "127.0.0.1", *self._args,
-            ]  # fmt: skip
-            log: Any = subprocess.DEVNULL
-            if self._log_dir is not None:
-                self._log_dir.mkdir(parents=True, exist_ok=True)
-                log = (self._log_dir / f"engine-{rank}.log").open("ab")
-            self.processes[rank] = subprocess.Popen(  # noqa: S603 - our own interpreter and module
-                cmd, stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True
-            )
-            if log is not subprocess.DEVNULL:
-                log.close()
-        deadline = time.monotonic() + self._startup_timeout
-        pending = set(self.ports)
+        for rank in self.ports:
+            self._spawn(rank, self._args)
+        self.wait_serving(set(self.ports))
+
+    def launch_scale_up(self, rank: int, *, new_dp_size: int) -> None:
+        """Start rank ``rank`` as an operator launches a new rank for an elastic EP scale-up: env
+        ``VLLM_ELASTIC_EP_SCALE_UP_LAUNCH=1``, ``--dp-size new_dp_size --dp-rank rank``, the old world's master
+        address and port. It waits for rank 0's bootstrap and serves only once the resize committed
+        (:meth:`wait_serving`). A rank that was retired before keeps its process until :meth:`stop`."""
+        if rank in self.processes and self.processes[rank].poll() is None:
+            raise RuntimeError(f"rank {rank} still runs")
+        if rank not in self.ports:
+            self.ports[rank] = free_port()
+        args = list(self._args)
+        args[args.index("--dp-size") + 1] = str(new_dp_size)
+        if "--elastic-ep-max-dp-size" in args:  # vLLM's launch check needs it ≥ the size (rank 0's comes later)
+            at = args.index("--elastic-ep-max-dp-size") + 1
+            args[at] = str(max(int(args[at]), new_dp_size))
+        self._spawn(rank, args, extra_env={SCALE_UP_LAUNCH_ENV: "1"})
+
+    def stop(self, rank: int) -> None:
+        """SIGKILL one rank's session (an orchestrator removing a retired rank) and wait for it."""
+        proc = self.processes[rank]
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=10)
+
+    def wait_serving(self, ranks: set[int], *, within: float | None = None) -> None:
+        """Block until every rank of ``ranks`` answers ``/health`` 200; a rank that exits fails at once."""
+        deadline = time.monotonic() + (self._startup_timeout if within is None else within)
+        pending = set(ranks)
         while pending:
             for rank in sorted(pending):
                 proc = self.processes[rank]

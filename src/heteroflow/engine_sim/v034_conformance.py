@@ -22,7 +22,11 @@ order, and the check that shows each:
 - a failed ``scale_down`` is terminal: ``dead``, "Recovery failed; full restart required" — :func:`v034_round`
 - admission: 503 with vLLM's ``EngineFaultedError`` text while not healthy; ``/health`` 503 only while dead —
   :func:`v034_round`
-- elastic EP routes: ``POST /scale_elastic_ep``, ``POST /is_scaling_elastic_ep`` — :func:`v034_elastic_ep`
+- elastic EP routes: ``POST /scale_elastic_ep``, ``POST /is_scaling_elastic_ep``, the status body, the 400 texts
+  and refusals, the current size at once — :func:`v034_elastic_ep`; a scale-up with an externally launched rank
+  — :func:`v034_elastic_ep_grow`; a scale-down retiring the top rank — :func:`v034_elastic_ep_shrink`; the FT
+  sentinel's size frozen at launch — :func:`v034_elastic_ep_ft_after_grow`; the ready barrier's timeout (408,
+  the old world serving) — :func:`v034_elastic_ep_prepare_timeout`
 - a release cannot be launched with dead ranks (no such option: ``--dead-ranks`` is refused as unknown); a
   smaller contiguous DP world can (``dp_size`` k, ``k x slots_per_rank - E`` redundant experts, the expert
   layout checked at start), and scales down again — :func:`v034_smaller_world`
@@ -30,6 +34,7 @@ order, and the check that shows each:
 
 from __future__ import annotations
 
+import asyncio
 import json
 from typing import Any
 
@@ -37,6 +42,8 @@ import httpx
 
 from heteroflow.contracts.engine_protocol import (
     ANOTHER_RECOVERY_TEXT,
+    ELASTIC_EP_PREPARE_TIMEOUT_TEXT,
+    ELASTIC_EP_RETIRED_TEXT,
     ENGINE_FAULTED_TEXT,
     IS_SCALING_ELASTIC_EP_PATH,
     SCALE_ELASTIC_EP_PATH,
@@ -44,10 +51,12 @@ from heteroflow.contracts.engine_protocol import (
     VLLM_0_32,
     VLLM_0_34,
     checkin_failure_text,
+    elastic_ep_ready_failed_text,
+    elastic_ep_unexpected_rank_text,
 )
 from heteroflow.engine_sim import conformance
 from heteroflow.engine_sim.conformance import DEAD_WITHIN, apply, expect, status_of
-from heteroflow.engine_sim.testing import EngineClusterHarness
+from heteroflow.engine_sim.testing import ElasticEpHarness, EngineClusterHarness
 
 CHECKIN_SEC = 10.0
 JSON = "application/json"
@@ -233,7 +242,9 @@ async def v034_round(h: EngineClusterHarness) -> dict[str, Any]:
     await apply(h, 1, _scale_down(missing, [0, 2], port=h.free_port(), master=False))
     entry = await status_of(h, 1)
     expect(
-        entry is not None and "dp_master_ip and dp_store_port are required" in str(entry.get("ft_error")),
+        entry is not None
+        and entry.get("ft_error")
+        == "dp_store_port and dp_master_ip required when the store master (rank 0) is removed",
         f"removing the store master needs its new address: {entry}",
     )
     round2 = conformance.new_request_id()
@@ -263,23 +274,200 @@ async def v034_round(h: EngineClusterHarness) -> dict[str, Any]:
     return seen
 
 
+async def _elastic_post(h: EngineClusterHarness, rank: int, path: str, body: object) -> httpx.Response:
+    return await h.client(rank).post(path, content=json.dumps(body), headers={"content-type": JSON})
+
+
+def _vllm_error(resp: httpx.Response, code: int, phrase: str, message: str) -> None:
+    expect(resp.status_code == code, f"expected {code} {message!r}, got HTTP {resp.status_code} {resp.text}")
+    expect(
+        resp.json() == {"error": {"message": message, "type": phrase, "param": None, "code": code}},
+        f"vLLM's error body with {message!r}: {resp.text}",
+    )
+
+
+async def elastic_status(h: EngineClusterHarness, rank: int) -> dict[str, Any]:
+    resp = await _elastic_post(h, rank, IS_SCALING_ELASTIC_EP_PATH, {})
+    expect(resp.status_code == 200, f"/is_scaling_elastic_ep on rank {rank}: HTTP {resp.status_code} {resp.text}")
+    body: dict[str, Any] = resp.json()
+    expect(
+        set(body) == {"is_scaling_elastic_ep", "phase", "epoch", "error", "requested_data_parallel_size"},
+        f"vLLM's status fields: {body}",
+    )
+    return body
+
+
 async def v034_elastic_ep(h: EngineClusterHarness, rank: int) -> None:
-    """The elastic EP routes (``--enable-elastic-ep``): status, bad input, the current size, and the refusal to
-    resize over the holes an FT scale-down left."""
+    """The elastic EP routes (``--enable-elastic-ep``): the status body, the 400 texts, the refusals before
+    anything is published (max size, experts), and the current size answered at once without an epoch.
 
-    async def post(path: str, body: object) -> httpx.Response:
-        return await h.client(rank).post(path, content=json.dumps(body), headers={"content-type": "application/json"})
-
-    idle = await post(IS_SCALING_ELASTIC_EP_PATH, {})
-    expect(idle.status_code == 200 and idle.json()["phase"] == "idle", f"elastic EP status: {idle.text}")
-    for bad in ({}, {"new_data_parallel_size": 0}, {"new_data_parallel_size": 2, "drain_timeout": 0}, [1]):
-        resp = await post(SCALE_ELASTIC_EP_PATH, bad)
-        expect(resp.status_code == 400, f"scale_elastic_ep {bad} → HTTP {resp.status_code}")
-    same = await post(SCALE_ELASTIC_EP_PATH, {"new_data_parallel_size": h.dp_size})
+    ``h`` runs the default layout (``num_experts`` 4 + 4 redundant) with ``--elastic-ep-max-dp-size`` unset."""
+    idle = await elastic_status(h, rank)
+    expect(
+        idle
+        == {
+            "is_scaling_elastic_ep": False,
+            "phase": "idle",
+            "epoch": None,
+            "error": None,
+            "requested_data_parallel_size": None,
+        },
+        f"a fresh engine's elastic EP status: {idle}",
+    )
+    cases: tuple[tuple[object, str], ...] = (
+        ({}, "new_data_parallel_size is required"),
+        ({"new_data_parallel_size": 0}, "new_data_parallel_size must be a positive integer"),
+        ({"new_data_parallel_size": "2"}, "new_data_parallel_size must be a positive integer"),
+        ({"new_data_parallel_size": 2, "drain_timeout": 0}, "drain_timeout must be a positive integer"),
+        ([1], "Request body must be a JSON object."),
+        # the target above --elastic-ep-max-dp-size (default: the launch size)
+        (
+            {"new_data_parallel_size": h.dp_size + 1},
+            f"Cannot scale to data_parallel_size {h.dp_size + 1}; --elastic-ep-max-dp-size is {h.dp_size}.",
+        ),
+        # (4 + 4) * 1 // dp_size - 4 < 0: the target cannot hold every expert
+        (
+            {"new_data_parallel_size": 1},
+            f"Cannot scale external Elastic EP from DP size {h.dp_size} to 1: "
+            "the target topology cannot retain all model experts.",
+        ),
+    )
+    for body, message in cases:
+        _vllm_error(await _elastic_post(h, rank, SCALE_ELASTIC_EP_PATH, body), 400, "Bad Request", message)
+    raw = await h.client(rank).post(SCALE_ELASTIC_EP_PATH, content=b"{oops", headers={"content-type": JSON})
+    _vllm_error(raw, 400, "Bad Request", "Invalid JSON format")
+    same = await _elastic_post(h, rank, SCALE_ELASTIC_EP_PATH, {"new_data_parallel_size": h.dp_size})
     expect(same.status_code == 200, f"the current size: HTTP {same.status_code} {same.text}")
-    expect(same.json()["message"] == f"Scaled to {h.dp_size} data parallel engines", same.text)
-    done = (await post(IS_SCALING_ELASTIC_EP_PATH, {})).json()
-    expect(done["phase"] == "completed" and done["epoch"] == 1, f"after a resize: {done}")
+    expect(same.json() == {"message": f"Scaled to {h.dp_size} data parallel engines"}, same.text)
+    after = await elastic_status(h, rank)
+    expect(after == idle, f"the current size publishes nothing (no epoch, phase unchanged): {after}")
+
+
+async def _scale_all(h: EngineClusterHarness, ranks: list[int], new: int, **extra: int) -> list[httpx.Response]:
+    """The resize request on every old rank's API at once, as an orchestrator sends it."""
+    body = {"new_data_parallel_size": new, **extra}
+    return list(await asyncio.gather(*(_elastic_post(h, r, SCALE_ELASTIC_EP_PATH, body) for r in ranks)))
+
+
+async def _health_200(h: EngineClusterHarness, rank: int) -> bool:
+    try:
+        return (await h.client(rank).get("/health")).status_code == 200
+    except httpx.TransportError:
+        return False
+
+
+async def v034_elastic_ep_grow(h: ElasticEpHarness, baseline: list[str]) -> dict[str, Any]:
+    """A 2-rank world grows to 3: rank 2 launched with ``VLLM_ELASTIC_EP_SCALE_UP_LAUNCH=1`` waits for rank 0's
+    bootstrap, both old ranks get the request; 200 on each, the new rank serves only after the commit, every
+    rank serves the same greedy outputs, the redundancy is ``(4 + 4) * 3 // 2 - 4 = 8``, and the FT sentinel's
+    size stays the launch size (2 on the old ranks, 3 on the new one). Returns what it saw."""
+    expect(h.dp_size == 2, "the resize checks start from 2 ranks")
+    seen: dict[str, Any] = {}
+    h.launch_scale_up(2, new_dp_size=3)
+    # a request running on rank 1 when the resize starts finishes (pause mode "wait"), in lockstep with rank 0
+    running = asyncio.create_task(h.client(1).post("/v1/completions", json={"prompt": "a long one", "max_tokens": 200}))
+    answers = await _scale_all(h, [0, 1], 3)
+    for rank, resp in enumerate(answers):
+        expect(resp.status_code == 200, f"scale-up on rank {rank}: HTTP {resp.status_code} {resp.text}")
+        expect(resp.json() == {"message": "Scaled to 3 data parallel engines"}, resp.text)
+    finished = await running
+    expect(
+        finished.status_code == 200 and finished.json()["choices"][0]["finish_reason"] == "length",
+        f"the running request finished across the resize: HTTP {finished.status_code} {finished.text[:200]}",
+    )
+    status = await elastic_status(h, 0)
+    expect(
+        status["phase"] == "completed"
+        and not status["is_scaling_elastic_ep"]
+        and status["requested_data_parallel_size"] == 3
+        and status["error"] is None
+        and isinstance(status["epoch"], str)
+        and len(status["epoch"]) == 32,
+        f"a completed scale-up with its uuid hex epoch: {status}",
+    )
+    seen["status"] = status
+    await h.eventually(lambda: _health_200(h, 2), within=30.0, what="the scale-up-launched rank 2 serves")
+    for rank in (0, 1, 2):
+        info = await conformance.sim_info(h, rank)
+        expect(
+            (info["dp_size"], info["members"], info["num_redundant_experts"]) == (3, [0, 1, 2], 8),
+            f"rank {rank} in the grown world: {info}",
+        )
+        expect(info["ft_dp_size"] == (3 if rank == 2 else 2), f"the FT sentinel keeps its launch size: {info}")
+        expect(await conformance.outputs(h, rank) == baseline, f"rank {rank} serves the same greedy outputs")
+    return seen
+
+
+async def v034_elastic_ep_shrink(h: ElasticEpHarness, baseline: list[str]) -> None:
+    """The grown world shrinks back to 2: every rank gets the request and answers 200; rank 2 is retired for
+    good (503 with vLLM's text on every path but ``/health`` and ``/is_scaling_elastic_ep``), ranks 0 and 1
+    rebuild over ``range(2)`` with ``(4 + 8) * 2 // 3 - 4 = 4`` redundant experts and serve the same outputs."""
+    answers = await _scale_all(h, [0, 1, 2], 2)
+    for rank, resp in enumerate(answers):
+        expect(resp.status_code == 200, f"scale-down on rank {rank}: HTTP {resp.status_code} {resp.text}")
+    refused = await conformance.complete(h, 2, "retired")
+    expect(refused.status_code == 503 and refused.json() == {"error": ELASTIC_EP_RETIRED_TEXT}, refused.text)
+    ft = await h.client(2).get(VLLM_0_34.status_path)
+    expect(ft.status_code == 503, f"the FT status of a retired rank is gated too: HTTP {ft.status_code}")
+    expect((await h.client(2).get("/health")).status_code == 200, "a retired rank stays up for its orchestrator")
+    retired = await elastic_status(h, 2)
+    expect(retired["phase"] == "completed", f"the retired rank's status stays readable: {retired}")
+    for rank in (0, 1):
+        info = await conformance.sim_info(h, rank)
+        expect(
+            (info["dp_size"], info["members"], info["num_redundant_experts"]) == (2, [0, 1], 4),
+            f"rank {rank} after the scale-down: {info}",
+        )
+        expect(await conformance.outputs(h, rank) == baseline, f"rank {rank} serves the same greedy outputs")
+    h.stop(2)
+
+
+async def v034_elastic_ep_ft_after_grow(h: ElasticEpHarness) -> None:
+    """After a scale-up, each rank's FT keeps the size it was constructed with: when the scale-up-launched rank
+    2 dies, the old ranks (FT size 2) refuse ``scale_down [2]`` as outside their range, and stay unhealthy."""
+    await conformance.inject(h, 2, "kill_worker")
+    await conformance.wait_status(h, [2], "dead", within=DEAD_WITHIN)
+    await _faulted(h, [0, 1])
+    request_id = conformance.new_request_id()
+    port = h.free_port()
+    for rank in (0, 1):
+        expect((await apply(h, rank, _scale_down(request_id, [2], port=port))).status_code == 202, "apply 202")
+    for rank in (0, 1):
+        entry = await status_of(h, rank)
+        expect(
+            entry is not None
+            and entry["status"] == "unhealthy"
+            and entry.get("ft_state") == "failed"
+            and entry.get("last_ft_request_id") == request_id
+            and entry.get("ft_error")
+            == f"Invalid removed_dp_ranks [2] for engine {rank} (dp_rank={rank}, dead_dp_ranks=[])",
+            f"rank {rank}'s FT still counts 2 ranks after the scale-up: {entry}",
+        )
+
+
+async def v034_elastic_ep_prepare_timeout(h: EngineClusterHarness, baseline: list[str]) -> None:
+    """A scale-up whose new rank never comes: rank 0's ready barrier times out (``h``'s
+    ``--elastic-ep-prepare-timeout-sec``; vLLM: 300 s),
+    408 with vLLM's drain-timeout text, phase ``failed`` with "Timed out waiting for external Elastic EP ranks
+    to prepare."; the old world never switched and serves at its old size with the same outputs."""
+    expect(h.dp_size == 2, "the check starts from 2 ranks")
+    answers = await _scale_all(h, [0, 1], 3, drain_timeout=7)
+    _vllm_error(answers[0], 408, "Request Timeout", "Scale failed due to request drain timeout after 7 seconds")
+    status = await elastic_status(h, 0)
+    expect(
+        status["phase"] == "failed"
+        and not status["is_scaling_elastic_ep"]
+        and status["error"] == ELASTIC_EP_PREPARE_TIMEOUT_TEXT
+        and status["requested_data_parallel_size"] == 3,
+        f"the failed prepare in the status: {status}",
+    )
+    # rank 1 either timed out itself (408) or saw rank 0's error first (500 "Scale failed")
+    expect(answers[1].status_code in (408, 500), f"rank 1: HTTP {answers[1].status_code} {answers[1].text}")
+    expect((await elastic_status(h, 1))["phase"] == "failed", "rank 1's operation failed too")
+    for rank in (0, 1):
+        info = await conformance.sim_info(h, rank)
+        expect((info["dp_size"], info["members"]) == (2, [0, 1]), f"rank {rank} kept the old world: {info}")
+        expect(await conformance.outputs(h, rank) == baseline, f"rank {rank} still serves the same outputs")
 
 
 async def v034_smaller_world(h: EngineClusterHarness, baseline: list[str] | None = None) -> None:
@@ -312,3 +500,51 @@ async def v034_smaller_world(h: EngineClusterHarness, baseline: list[str] | None
     )
     after = await conformance.outputs(h, survivors[-1])
     expect(after == served, f"the same greedy outputs after the scale-down: {after}")
+
+
+async def v034_elastic_ep_unexpected_rank(h: ElasticEpHarness) -> None:
+    """A rank launched for a scale-up outside ``range(cur, new)`` fails the operation with vLLM's text on rank
+    0 (its handshake server raises it, ``external_elastic_ep.py`` L144-150, L497-498) and "failed while waiting
+    for ranks to prepare" on the others (L500-505): 500 "Scale failed" on both, the old world serving on."""
+    expect(h.dp_size == 2, "the check starts from 2 ranks")
+    h.launch_scale_up(3, new_dp_size=4)  # the resize is to 3: only rank 2 may join
+    answers = await _scale_all(h, [0, 1], 3)
+    for resp in answers:
+        _vllm_error(resp, 500, "Internal Server Error", "Scale failed")
+    unexpected = elastic_ep_unexpected_rank_text(3)
+    status = await elastic_status(h, 0)
+    expect(status["phase"] == "failed" and status["error"] == unexpected, f"rank 0's failure: {status}")
+    status = await elastic_status(h, 1)
+    expect(
+        status["phase"] == "failed" and status["error"] == elastic_ep_ready_failed_text(unexpected),
+        f"rank 1's failure: {status}",
+    )
+    for rank in (0, 1):
+        expect((await conformance.complete(h, rank, "still")).status_code == 200, f"rank {rank} serves on")
+    h.stop(3)
+
+
+async def v034_elastic_ep_after_ft_scale_down(h: ElasticEpHarness) -> None:
+    """After an FT ``scale_down`` removed rank 1, a scale-up to 3 (rank 2 launched for it) waits at the ready
+    barrier for every rank of ``range(3)``, the removed rank 1 included, and times out: 408, ``failed``, the
+    survivor serving on alone. Nothing in the release refuses it earlier (inferred from its source, not run:
+    elastic EP never reads the FT state)."""
+    expect(h.dp_size == 2, "the check starts from 2 ranks")
+    await conformance.inject(h, 1, "kill_worker")
+    await conformance.wait_status(h, [1], "dead", within=DEAD_WITHIN)
+    await _faulted(h, [0])
+    request_id = conformance.new_request_id()
+    expect((await apply(h, 0, _scale_down(request_id, [1], port=h.free_port()))).status_code == 202, "apply 202")
+    await conformance.wait_status(h, [0], "healthy", within=30.0, ft_state_absent=True)
+    h.launch_scale_up(2, new_dp_size=3)
+    answer = (await _scale_all(h, [0], 3))[0]
+    _vllm_error(answer, 408, "Request Timeout", "Scale failed due to request drain timeout after 120 seconds")
+    status = await elastic_status(h, 0)
+    expect(
+        status["phase"] == "failed" and status["error"] == ELASTIC_EP_PREPARE_TIMEOUT_TEXT,
+        f"the ready barrier waited for the removed rank: {status}",
+    )
+    info = await conformance.sim_info(h, 0)
+    expect((info["members"], info["dead_ranks"]) == ([0], [1]), f"the survivor kept its world: {info}")
+    expect((await conformance.complete(h, 0, "alone")).status_code == 200, "the survivor serves on")
+    h.stop(2)

@@ -40,7 +40,7 @@ with warnings.catch_warnings():
     import torch
     from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, ReduceOp, TCPStore
 
-from heteroflow.contracts.engine_protocol import checkin_failure_text
+from heteroflow.contracts.engine_protocol import ELASTIC_EP_ACTIVE_TEXT, checkin_failure_text
 from heteroflow.engine_sim.collectives import (
     BoundedStore,
     CheckinError,
@@ -50,6 +50,13 @@ from heteroflow.engine_sim.collectives import (
     release_when_finished,
     wait_collective,
 )
+from heteroflow.engine_sim.elastic_round import (
+    ElasticEpError,
+    ElasticRound,
+    await_old_ranks_commit,
+    await_scale_up_bootstrap,
+)
+from heteroflow.engine_sim.elastic_store import ElasticStore
 from heteroflow.engine_sim.model import D_MODEL, ExpertShard, TinyMoE
 from heteroflow.engine_sim.placement import (
     ExpertPlacement,
@@ -63,6 +70,8 @@ _out_lock = threading.Lock()
 IDLE_POLL_STORE_TIMEOUT_SEC = 0.5
 """Deadline of the idle wave poll. An unreachable store while idle is not a fault, so the poll only has to give
 the loop back soon enough to pick up commands (a request, a rebuild) at this pace."""
+ELASTIC_STORE_TIMEOUT_SEC = 0.5
+"""Deadline of one elastic EP store read: a store that does not answer is "not yet", until the operation's own."""
 ANNOUNCE_STORE_TIMEOUT_SEC = 0.5
 """Deadline of announcing a fault (both store calls together): best effort, the fault is reported anyway."""
 
@@ -103,6 +112,8 @@ class WorkerConfig:
     seed: int
     max_batch: int
     idle_poll_interval_sec: float
+    scale_up_launch: bool = False
+    handshake_timeout_sec: float = 300.0
 
     @classmethod
     def from_json(cls, text: str) -> WorkerConfig:
@@ -115,12 +126,22 @@ class Worker:
         self.cfg = config
         self.commands: queue.Queue[dict[str, Any]] = queue.Queue()
         self.model = TinyMoE(seed=config.seed, num_experts=config.num_experts)
-        self.placement: ExpertPlacement = initial_placement(
-            dp_size=config.dp_size,
-            num_experts=config.num_experts,
-            num_redundant_experts=config.num_redundant_experts,
-            slots_per_rank=config.slots_per_rank,
+        # a scale-up-launched rank holds no expert until rank 0's bootstrap tells it the layout
+        self.placement: ExpertPlacement = (
+            ExpertPlacement(num_experts=config.num_experts, slots_per_rank=1, slots=())
+            if config.scale_up_launch
+            else initial_placement(
+                dp_size=config.dp_size,
+                num_experts=config.num_experts,
+                num_redundant_experts=config.num_redundant_experts,
+                slots_per_rank=config.slots_per_rank,
+            )
         )
+        self.num_redundant_experts = config.num_redundant_experts
+        self.world_size = config.dp_size
+        """The group's current size (the launch size until an elastic EP resize commits)."""
+        self.elastic: ElasticRound | None = None
+        self.active_epoch: str | None = None
         self.shard = ExpertShard(self.model, self.placement, config.rank)
         self.members = tuple(range(config.dp_size))
         self.store: BoundedStore | None = None
@@ -236,6 +257,9 @@ class Worker:
 
     def start(self) -> None:
         cfg = self.cfg
+        if cfg.scale_up_launch:
+            self._join_scale_up()
+            return
         if cfg.rank == self.members[0]:
             self._use_store(self._host_store(cfg.master_addr, cfg.master_port, cfg.startup_timeout_sec))
         else:
@@ -267,6 +291,10 @@ class Worker:
             self.rebuild(cmd["plan"])
         elif op == "shutdown":
             os._exit(0)
+        elif op == "eep_prepare":
+            self._elastic_prepare(cmd)
+        elif op == "eep_commit":
+            self._elastic_commit(float(cmd["timeout_sec"]))
 
     def drain(self, block_for: float) -> None:
         try:
@@ -283,6 +311,8 @@ class Worker:
     # -- main loop -------------------------------------------------------------------------------------
     def run(self) -> None:
         while True:
+            if self.elastic is not None:
+                self._elastic_poll()
             if self.pg is None:
                 self.drain(block_for=0.2)  # faulted: wait for a command
                 continue
@@ -363,7 +393,7 @@ class Worker:
                 seq.h = self.model.advance(seq.h, token)
 
     def _mask(self) -> list[int]:
-        return [1 if r in self.members else 0 for r in range(self.cfg.dp_size)]
+        return [1 if r in self.members else 0 for r in range(self.world_size)]
 
     def _fault(self, exc: BaseException) -> None:
         log(f"collective failed: {type(exc).__name__}: {exc}")
@@ -377,6 +407,143 @@ class Worker:
     def _inject_transient(self) -> None:
         # leave the group as a failed collective would: idle peers are pulled into a wave and fail it
         self._fault(RuntimeError("transient collective failure injected"))
+
+    # -- elastic EP (vLLM 0.34 external LB) ------------------------------------------------------------
+    def _elastic_store(self) -> ElasticStore:
+        return ElasticStore(self.bounded_store, timeout=ELASTIC_STORE_TIMEOUT_SEC)
+
+    def _elastic_prepare(self, cmd: dict[str, Any]) -> None:
+        """Start this rank's part in a resize (:class:`~heteroflow.engine_sim.elastic_round.ElasticRound`)."""
+        if self.elastic is not None:
+            emit({"ev": "eep_prepared", "epoch": cmd.get("epoch"), "ok": False, "error": ELASTIC_EP_ACTIVE_TEXT})
+            return
+        self.elastic = ElasticRound(
+            store=self._elastic_store(),
+            rank=self.cfg.rank,
+            cur=int(cmd["cur"]),
+            new=int(cmd["new"]),
+            num_redundant_experts=int(cmd["num_redundant_experts"]),
+            slots_per_rank=int(cmd["slots_per_rank"]),
+            timeout_sec=float(cmd["timeout_sec"]),
+            epoch=cmd.get("epoch"),
+            previous_epoch=self.active_epoch,
+        )
+        try:
+            self.elastic.begin(time.monotonic())
+        except Exception as exc:  # every failure of the prepare is this operation's outcome
+            self._elastic_failed(exc, event="eep_prepared")
+        finally:
+            self._track_epoch()
+
+    def _elastic_commit(self, timeout_sec: float) -> None:
+        op = self.elastic
+        if op is None:
+            emit({"ev": "eep_committed", "ok": False, "error": "External Elastic EP scaling has not been prepared."})
+            return
+        try:
+            op.commit(time.monotonic(), timeout_sec=timeout_sec)
+        except Exception as exc:  # the commit fails with the store's error
+            self._elastic_failed(exc, event="eep_committed")
+
+    def _track_epoch(self) -> None:
+        if self.elastic is not None and self.elastic.seen_epoch is not None:
+            self.active_epoch = self.elastic.seen_epoch
+
+    def _elastic_failed(self, exc: BaseException, *, event: str) -> None:
+        """Report the operation's failure (``event``: the stage's outcome) and publish it for the other ranks."""
+        op, self.elastic = self.elastic, None
+        message = str(exc) or type(exc).__name__
+        if op is not None:
+            if op.seen_epoch is not None:
+                self.active_epoch = op.seen_epoch
+            with contextlib.suppress(Exception):
+                op.publish_failure(message)
+        log(f"elastic EP {event} failed: {message}")
+        timed_out = isinstance(exc, ElasticEpError) and exc.timed_out
+        outcome: dict[str, Any] = {"ev": event, "ok": False, "error": message[:500], "timed_out": timed_out}
+        if event == "eep_prepared":
+            outcome["epoch"] = None if op is None else op.epoch
+        emit(outcome)
+
+    def _elastic_poll(self) -> None:
+        op = self.elastic
+        if op is None:
+            return
+        event = "eep_committed" if op.stage == "commit" else "eep_prepared"
+        try:
+            outcome = op.poll(time.monotonic(), in_wave=self.in_wave)
+            self._track_epoch()
+            if outcome == "prepared":
+                emit({"ev": "eep_prepared", "epoch": op.epoch, "ok": True})
+            elif outcome == "switch":
+                self._elastic_switch(op)
+        except Exception as exc:  # the operation's failure, reported to the API server
+            self._elastic_failed(exc, event=event)
+
+    def _elastic_switch(self, op: ElasticRound) -> None:
+        """Commit: a remaining rank builds the group over ``range(new)`` with the new layout, a retiring one
+        leaves (``reinitialize_distributed`` with ``SHUTDOWN_CURRENT_RANK``, ``external_elastic_ep.py``
+        L807-816); rank 0 waits for every old rank to finish and marks the operation completed (L826-834)."""
+        assert op.epoch is not None
+        epoch, store = op.epoch, op.store
+        self._drop_group()
+        if op.retires:
+            self.members = ()
+            store.mark(epoch, "finished", self.cfg.rank)
+            self.elastic = None
+            log(f"elastic EP {epoch}: rank {self.cfg.rank} retired")
+            emit({"ev": "eep_committed", "ok": True, "retired": True})
+            return
+        placement = self._elastic_join_group(epoch, op.new, op.num_redundant_experts, op.slots_per_rank)
+        store.mark(epoch, "finished", self.cfg.rank)
+        if self.cfg.rank == 0:
+            deadline = time.monotonic() + self.cfg.rebuild_timeout_sec
+            while not store.all_marked(epoch, "finished", range(op.cur)):
+                if time.monotonic() > deadline:
+                    raise ElasticEpError(
+                        "Timed out waiting for all old ranks to finish external Elastic EP scaling.", timed_out=True
+                    )
+                time.sleep(0.01)  # polling the peers' keys with a deadline
+            store.mark(epoch, "completed")
+        self.elastic = None
+        emit({"ev": "eep_committed", "ok": True, "placement": placement.describe()})
+
+    def _elastic_join_group(self, epoch: str, new: int, redundant: int, slots: int) -> ExpertPlacement:
+        """Join the group over ``range(new)`` and load this rank's experts of the new layout: ``slots`` physical
+        experts per rank as before, ``redundant`` replicas (``(E + R) * new // cur - E``)."""
+        self.members = tuple(range(new))
+        self._make_group(f"eep/{epoch}/", self.cfg.rebuild_timeout_sec)
+        placement = initial_placement(
+            dp_size=new, num_experts=self.cfg.num_experts, num_redundant_experts=redundant, slots_per_rank=slots
+        )
+        loaded = self.shard.load(placement)
+        self.placement = placement
+        self.num_redundant_experts = redundant
+        self.world_size = new
+        log(f"elastic EP {epoch}: members {list(self.members)}, loaded experts {loaded}")
+        return placement
+
+    def _join_scale_up(self) -> None:
+        """A rank launched with ``VLLM_ELASTIC_EP_SCALE_UP_LAUNCH=1``: wait (``handshake_timeout_sec``, vLLM's
+        5 minutes, ``v1/engine/core.py`` L1593-1598) for rank 0's bootstrap, get ready, wait for the old ranks'
+        commit and join the new group with the bootstrap's layout (``core.py`` L1601-1629)."""
+        cfg = self.cfg
+        deadline = time.monotonic() + cfg.handshake_timeout_sec
+        timeout_text = (
+            f"Did not receive response from front-end process within {cfg.handshake_timeout_sec / 60:g} minutes"
+        )
+        try:
+            self._use_store(self._connect_store(cfg.master_addr, cfg.master_port, cfg.handshake_timeout_sec))
+            store = self._elastic_store()
+            epoch, boot = await_scale_up_bootstrap(store, rank=cfg.rank, deadline=deadline)
+        except (TimeoutError, RuntimeError, StoreTimeoutError) as exc:
+            raise RebuildError(timeout_text) from exc
+        store.mark(epoch, "ready", cfg.rank)
+        wait = max(cfg.handshake_timeout_sec, cfg.rebuild_timeout_sec)
+        await_old_ranks_commit(store, epoch=epoch, cur=boot.cur, deadline=time.monotonic() + wait)
+        self.active_epoch = epoch
+        # the old ranks run no probe collective after their switch: the group's creation is the rendezvous
+        self._elastic_join_group(epoch, boot.new, boot.num_redundant_experts, boot.slots_per_rank)
 
     # -- rebuild ---------------------------------------------------------------------------------------
     def rebuild(self, plan: dict[str, Any]) -> None:
@@ -482,7 +649,14 @@ def main(argv: list[str]) -> int:
     except Exception as exc:  # reported to the API server, which exits non-zero
         emit({"ev": "fatal", "error": f"{type(exc).__name__}: {exc}"[:500]})
         return 1
-    emit({"ev": "ready", "pid": os.getpid(), "placement": worker.placement.describe()})
+    emit(
+        {
+            "ev": "ready",
+            "pid": os.getpid(),
+            "placement": worker.placement.describe(),
+            "num_redundant_experts": worker.num_redundant_experts,
+        }
+    )
     worker.run()
     return 0
 

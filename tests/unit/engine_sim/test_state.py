@@ -59,21 +59,16 @@ def test_fault_makes_a_healthy_engine_unhealthy_and_aborts_requests() -> None:
 
 
 @pytest.mark.parametrize(
-    ("removed", "reason"),
-    [
-        ([], "empty"),
-        ([4], "outside range"),
-        ([-1], "outside range"),
-        ([1], "own rank"),
-        ([0, 1, 2, 3], "every rank"),
-        ([2], "no newly dead"),
-    ],
+    "removed",
+    [[], [4], [-1], [1], [0, 1, 2, 3], [2]],
+    ids=["empty", "outside", "negative", "own rank", "every rank", "no newly dead"],
 )
-def test_every_scale_down_validation_is_a_recorded_rejection(removed: list[int], reason: str) -> None:
+def test_every_scale_down_validation_is_a_recorded_rejection(removed: list[int]) -> None:
     st0 = unhealthy(dead=frozenset({2}))
     t = sm.on_command(st0, scale_down("r", removed))
     assert not t.accepted
-    assert reason in t.message
+    # vLLM 0.34's one text for all of them (engine_core_sentinel.py L280-290)
+    assert t.message == f"Invalid removed_dp_ranks {sorted(removed)} for engine 1 (dp_rank=1, dead_dp_ranks=[2])"
     assert t.state.ft_error == t.message
     assert t.state.last_ft_request_id == "r"
     assert t.state.ft_state == "failed"
@@ -94,7 +89,7 @@ def test_the_store_master_loss_needs_a_new_store_address() -> None:
     st0 = unhealthy(rank=1)
     t = sm.on_command(st0, scale_down("r", [0], ip=None, port=None))
     assert not t.accepted
-    assert "dp_master_ip and dp_store_port are required" in t.message
+    assert t.message == "dp_store_port and dp_master_ip required when the store master (rank 0) is removed"
 
 
 def test_scale_down_plan_uses_sorted_alive_and_moves_the_store_when_its_master_is_removed() -> None:

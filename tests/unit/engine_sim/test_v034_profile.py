@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 
 from heteroflow.contracts.engine_protocol import TERMINAL_FAULT_INFO, checkin_failure_text
 from heteroflow.engine_sim import conformance, v034_conformance
+from heteroflow.engine_sim.fake import FAKE_ELASTIC_EP_TEXT
 from heteroflow.engine_sim.testing import FakeEngineCluster
 
 PUMP_SEC = 0.05
@@ -78,7 +79,10 @@ def test_without_enable_elastic_ep_the_routes_do_not_exist() -> None:
     run(scenario)
 
 
-def test_elastic_ep_refuses_to_fill_the_holes_of_a_scale_down() -> None:
+def test_after_a_scale_down_a_resize_to_the_launch_size_is_answered_at_once_and_fills_no_hole() -> None:
+    """An FT scale_down keeps vLLM's data_parallel_size (the dead set grows instead): a request for that size is
+    "already" done (async_llm.py L1327-1334), 200 with no epoch, and the removed rank stays removed."""
+
     async def scenario(h: FakeEngineCluster) -> None:
         h.kill_worker(2)
         await h.settle()
@@ -93,13 +97,36 @@ def test_elastic_ep_refuses_to_fill_the_holes_of_a_scale_down() -> None:
             await conformance.apply(h, rank, body)
         await conformance.wait_status(h, [0, 1, 3], "healthy", within=10.0)
         resp = await h.client(0).post("/scale_elastic_ep", json={"new_data_parallel_size": 4})
-        assert resp.status_code == 500
-        assert resp.json()["error"]["message"].startswith("Scale failed")
-        phase = (await h.client(0).post("/is_scaling_elastic_ep", json={})).json()
-        assert phase["phase"] == "failed"
-        assert "[2]" in phase["error"]
+        assert resp.status_code == 200
+        assert resp.json() == {"message": "Scaled to 4 data parallel engines"}
+        status = (await h.client(0).post("/is_scaling_elastic_ep", json={})).json()
+        assert status["phase"] == "idle"
+        assert status["epoch"] is None
+        info = await conformance.sim_info(h, 0)
+        assert info["members"] == [0, 1, 3]
+        assert info["dead_ranks"] == [2]
 
     run(scenario, enable_elastic_ep=True)
+
+
+def test_a_resize_the_in_memory_backend_cannot_run_fails_as_vllm_answers_other_failures() -> None:
+    """Any failure but a refusal or a timeout: 500 "Scale failed", the reason in the status (api_router.py
+    L77-81); the engine keeps serving (the prepare never switched it)."""
+
+    async def scenario(h: FakeEngineCluster) -> None:
+        resp = await h.client(1).post("/scale_elastic_ep", json={"new_data_parallel_size": 1})
+        assert resp.status_code == 500
+        assert resp.json() == {
+            "error": {"message": "Scale failed", "type": "Internal Server Error", "param": None, "code": 500}
+        }
+        status = (await h.client(1).post("/is_scaling_elastic_ep", json={})).json()
+        assert status["phase"] == "failed"
+        assert status["is_scaling_elastic_ep"] is False
+        assert status["error"] == FAKE_ELASTIC_EP_TEXT
+        assert status["requested_data_parallel_size"] == 1
+        assert (await conformance.complete(h, 1, "still serving")).status_code == 200
+
+    run(scenario, enable_elastic_ep=True, dp_size=2)
 
 
 def test_a_smaller_contiguous_world_starts_where_a_launch_with_dead_ranks_cannot_and_scales_down_again() -> None:
