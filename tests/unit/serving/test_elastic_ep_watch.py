@@ -16,7 +16,12 @@ from typing import Any
 import httpx
 import pytest
 
-from heteroflow.contracts.engine_protocol import IS_SCALING_ELASTIC_EP_PATH
+from heteroflow.contracts.engine_protocol import (
+    ELASTIC_EP_OBSERVABILITY_PATHS,
+    ELASTIC_EP_RETIRED_TEXT,
+    ELASTIC_EP_SCALING_TEXT,
+    IS_SCALING_ELASTIC_EP_PATH,
+)
 from heteroflow.contracts.serving import EngineRank, EnginesStartRequest, FtFlags
 from heteroflow.core.testing import FakeClock
 from heteroflow.engine_sim.testing import FakeEngineCluster
@@ -49,8 +54,13 @@ class ElasticEpAnswers(httpx.AsyncBaseTransport):
         self._engine = engine
         self.answer = answer
         self.asked = 0
+        self.gate: tuple[int, object] | None = None
+        """When set, vLLM's elastic EP gate: this answer for every path but ``/health`` and the status route."""
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
+        if self.gate is not None and request.url.path not in ELASTIC_EP_OBSERVABILITY_PATHS:
+            code, body = self.gate
+            return httpx.Response(code, json=body)
         if request.url.path == IS_SCALING_ELASTIC_EP_PATH:
             self.asked += 1
             code, body = self.answer
@@ -254,5 +264,29 @@ def test_the_poll_loop_reads_the_resize_status_once_per_step_after_the_ft_poll()
         clock.advance(nm.settings.engine_ft_poll_interval_sec)
         await step
         assert answers[0].asked == asked + 1
+
+    run(scenario)
+
+
+def test_the_gate_of_a_resize_pauses_the_poll_without_a_fault_or_a_protocol_error() -> None:
+    """While a resize commits, and for good on a rank a scale-down retired, vLLM answers the FT status route with
+    its gate's 503: the engine is neither faulted nor off-protocol. The poll reports nothing and shows ``paused``;
+    the status after the resize is judged against what was seen before it. Any other 503 is still a protocol
+    error, and the controller's own status query is refused (it cannot act on a paused engine)."""
+
+    async def scenario(nm: NodeManager, answers: dict[int, ElasticEpAnswers], _: FakeLauncher) -> None:
+        for text in (ELASTIC_EP_SCALING_TEXT, ELASTIC_EP_RETIRED_TEXT):
+            answers[0].gate = (503, {"error": text})
+            assert await nm.poll_once(0) is None
+            assert nm.status().endpoints[0].ft_status == "paused"
+            entry = await nm._status_entry(0)  # the controller's status query, behind its proxy flag
+            assert (entry.error, entry.detail) == ("protocol_error", f"elastic EP: {text}")
+        answers[0].gate = None
+        assert await nm.poll_once(0) is None  # healthy again, as before the resize: nothing to report
+        assert nm.status().endpoints[0].ft_status == "healthy"
+        answers[0].gate = (503, {"error": "Service Unavailable"})
+        finding = await nm.poll_once(0)
+        assert finding is not None
+        assert finding.status == "protocol_error"
 
     run(scenario)

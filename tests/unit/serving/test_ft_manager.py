@@ -10,6 +10,7 @@ from heteroflow.contracts.serving import FaultEvidence
 from heteroflow.serving.node_manager.ft_manager import (
     Answered,
     Observation,
+    Paused,
     PollState,
     ProtocolFailure,
     Unreachable,
@@ -102,3 +103,15 @@ def test_vllm_034_diagnosing_is_reported_as_itself_then_unhealthy_never_dead_or_
     assert reports == [("diagnosing", FaultEvidence.FT_STATUS), ("unhealthy", FaultEvidence.FT_STATUS)]
     assert state.last == "unhealthy"
     assert not state.dead_by_unreachability
+
+
+def test_a_pause_by_an_elastic_ep_resize_reports_nothing_and_keeps_the_signature() -> None:
+    paused = Paused("elastic EP: The model is currently scaling. Please try again later.")
+    state, reports = run([HEALTHY, paused, paused, HEALTHY])
+    assert reports == []
+    assert state.last == "healthy"
+    state, reports = run([UNHEALTHY, paused, UNHEALTHY])
+    assert reports == [("unhealthy", FaultEvidence.FT_STATUS)]  # the same fault after the pause: not new
+    state, _ = run([HEALTHY, paused])
+    assert state.last == "paused"
+    assert revived(paused)  # a retired rank's port answered: the process lives

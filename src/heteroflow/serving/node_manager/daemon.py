@@ -53,6 +53,7 @@ from heteroflow.serving.node_manager.engines import (
     ElasticEpReading,
     EngineCallError,
     EngineClient,
+    EnginePausedError,
     EngineProtocolError,
     EngineUnreachableError,
 )
@@ -60,6 +61,7 @@ from heteroflow.serving.node_manager.ft_manager import (
     Answered,
     Finding,
     Observation,
+    Paused,
     PollState,
     ProtocolFailure,
     Unreachable,
@@ -219,6 +221,8 @@ class NodeManager:
             entry = await self._engines.status(endpoint_id, timeout_sec=self.settings.engine_ft_status_timeout_sec)
         except EngineUnreachableError as exc:
             return Unreachable(str(exc))
+        except EnginePausedError as exc:
+            return Paused(str(exc))
         except EngineProtocolError as exc:
             return ProtocolFailure(str(exc))
         # read for the current round: the engine's own command id becomes the round's, outcomes are kept

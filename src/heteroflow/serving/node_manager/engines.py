@@ -30,6 +30,8 @@ import httpx
 from pydantic import BaseModel, ConfigDict, Field, StrictInt
 
 from heteroflow.contracts.engine_protocol import (
+    ELASTIC_EP_RETIRED_TEXT,
+    ELASTIC_EP_SCALING_TEXT,
     IS_SCALING_ELASTIC_EP_PATH,
     VLLM_0_32,
     VLLM_0_34,
@@ -59,6 +61,27 @@ class EngineUnreachableError(EngineCallError):
 
 class EngineProtocolError(EngineCallError):
     """The engine answered, but not as the protocol says."""
+
+
+class EnginePausedError(EngineProtocolError):
+    """vLLM 0.34's elastic EP gate answered instead of the FT route: 503 ``{"error": …}`` with the text of a resize
+    in progress (every path but ``/health`` and ``/is_scaling_elastic_ep`` while it commits) or of a rank a
+    scale-down retired (for good). The engine is neither faulted nor off-protocol; it is paused by a resize."""
+
+
+ELASTIC_EP_PAUSE_TEXTS = frozenset({ELASTIC_EP_SCALING_TEXT, ELASTIC_EP_RETIRED_TEXT})
+
+
+def paused_text(response: httpx.Response) -> str | None:
+    """The elastic EP gate's text when ``response`` is its 503, else ``None``."""
+    if response.status_code != 503:
+        return None
+    try:
+        body = response.json()
+    except ValueError:
+        return None
+    text = body.get("error") if isinstance(body, dict) else None
+    return text if text in ELASTIC_EP_PAUSE_TEXTS else None
 
 
 class ElasticEpReading(BaseModel):
@@ -269,6 +292,8 @@ class HttpEngineClient:
             raise EngineUnreachableError(f"status timed out after {timeout_sec:g} s") from exc
         except httpx.TransportError as exc:
             raise EngineUnreachableError(f"status unreachable: {type(exc).__name__}: {exc}") from exc
+        if (paused := paused_text(response)) is not None:
+            raise EnginePausedError(f"elastic EP: {paused}")
         if response.status_code != 200:
             raise EngineProtocolError(f"status answered HTTP {response.status_code}: {response.text[:200]}")
         engine_rank = self._engine_ranks.get(endpoint_id, endpoint_id)

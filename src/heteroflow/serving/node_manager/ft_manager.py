@@ -18,6 +18,10 @@ The shell (``daemon.py``) polls each ready engine's ``GET {prefix}/fault_toleran
   incomplete rather than healthy.
 - A retired rank is watched at a low rate (F-53): dead or gone is expected; any other answer means it
   came back to life — a fencing violation.
+- vLLM 0.34's elastic EP gate answering the status route (503 with its text: a resize commits, or a scale-down
+  retired the rank) pauses the engine without a fault: no report and no protocol error; the signature last seen
+  stands (status ``paused``), so the answer after the resize is judged against it. The resize itself marks the
+  world (below), which keeps scale-down away from it.
 - An engine with elastic EP (vLLM 0.34, ``--enable-elastic-ep``) is also asked where its last resize stands
   (:func:`elastic_resize`): a resize that ran or runs changed its world behind the NodeManager's back.
 """
@@ -46,7 +50,13 @@ class Unreachable:
     """Timeout or connection failure, in words."""
 
 
-Observation = Answered | ProtocolFailure | Unreachable
+@dataclass(frozen=True, slots=True)
+class Paused:
+    detail: str
+    """vLLM's elastic EP gate answered for the engine (a resize commits, or a scale-down retired it)."""
+
+
+Observation = Answered | ProtocolFailure | Unreachable | Paused
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,7 +76,8 @@ class PollState:
 
     signature: tuple[str, ...] | None = None
     last: str = "unknown"
-    """``healthy`` / ``diagnosing`` / ``unhealthy`` / ``dead`` / ``protocol_error``, for the status object."""
+    """``healthy`` / ``diagnosing`` / ``unhealthy`` / ``dead`` / ``protocol_error`` / ``paused``, for the status
+    object."""
     dead_by_unreachability: bool = False
     """DEAD evidence came from unreachability: the engine must be fenced before commit (F-51)."""
     polls: int = 0
@@ -82,10 +93,14 @@ def signature_of(observation: Observation) -> tuple[str, ...]:
             return ("protocol_error", detail)
         case Unreachable():
             return ("dead",)
+        case Paused():
+            return ("paused",)
 
 
 def observe(state: PollState, observation: Observation) -> tuple[PollState, Finding | None]:
     """The next state and, when the signature changed to a fault, the report to send."""
+    if isinstance(observation, Paused):  # no fault and no answer: what was last seen stands, nothing is reported
+        return replace(state, last="paused", polls=state.polls + 1), None
     signature = signature_of(observation)
     changed = signature != state.signature
     unreachable_dead = state.dead_by_unreachability or (
@@ -128,6 +143,8 @@ def revived(observation: Observation) -> bool:
             return True  # something answers on a retired rank's port: not dead
         case Unreachable():
             return False
+        case Paused():
+            return True  # vLLM's gate answers: the engine process lives
 
 
 ELASTIC_EP_RESIZE_PHASES = frozenset({"preparing", "committing", "completed"})
