@@ -1,11 +1,11 @@
 """One rank's elastic EP operation up to the group switch: the waits of vLLM 0.34's external-LB coordinator over
 the keys of :mod:`.elastic_store` (no torch, no group).
 
-The worker (:mod:`.worker`) advances an :class:`ElasticRound` from its loop, so that the old group keeps stepping
-in lockstep while the operation waits; when :meth:`ElasticRound.poll` says ``"switch"`` the worker leaves the old
-group and joins the new one. A scale-up-launched rank waits at start with :func:`await_scale_up_bootstrap` and
-:func:`await_old_ranks_commit`. File:line references are to ``distributed/elastic_ep/external_elastic_ep.py`` of
-the vLLM 0.34.0 wheel.
+The worker (:mod:`.worker`, through :mod:`.elastic_worker`) advances an :class:`ElasticRound` from its loop, so
+that the old group keeps stepping in lockstep while the operation waits; when :meth:`ElasticRound.poll` says
+``"switch"`` the worker leaves the old group and joins the new one. A scale-up-launched rank waits at start with
+:func:`await_scale_up_bootstrap` and :func:`await_old_ranks_commit`. File:line references are to
+``distributed/elastic_ep/external_elastic_ep.py`` of the vLLM 0.34.0 wheel.
 """
 
 from __future__ import annotations

@@ -14,6 +14,8 @@ computed on its one active replica.
 
 How a collective fails early when a peer leaves (the ``<group>fault`` key, the store host's death), why every
 store call has a deadline and how a group left with a running collective is let go: :mod:`.collectives`.
+vLLM 0.34's elastic EP (the prepare and commit commands, the operation advanced from the loop, a scale-up-launched
+rank's start) is :mod:`.elastic_worker`, which gets the worker's group through its ``ResizableGroup`` port.
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ with warnings.catch_warnings():
     import torch
     from torch._C._distributed_c10d import PrefixStore, ProcessGroupGloo, ReduceOp, TCPStore
 
-from heteroflow.contracts.engine_protocol import ELASTIC_EP_ACTIVE_TEXT, checkin_failure_text
+from heteroflow.contracts.engine_protocol import checkin_failure_text
 from heteroflow.engine_sim.collectives import (
     BoundedStore,
     CheckinError,
@@ -50,13 +52,7 @@ from heteroflow.engine_sim.collectives import (
     release_when_finished,
     wait_collective,
 )
-from heteroflow.engine_sim.elastic_round import (
-    ElasticEpError,
-    ElasticRound,
-    await_old_ranks_commit,
-    await_scale_up_bootstrap,
-)
-from heteroflow.engine_sim.elastic_store import ElasticStore
+from heteroflow.engine_sim.elastic_worker import ElasticEpRank
 from heteroflow.engine_sim.model import D_MODEL, ExpertShard, TinyMoE
 from heteroflow.engine_sim.placement import (
     ExpertPlacement,
@@ -70,8 +66,6 @@ _out_lock = threading.Lock()
 IDLE_POLL_STORE_TIMEOUT_SEC = 0.5
 """Deadline of the idle wave poll. An unreachable store while idle is not a fault, so the poll only has to give
 the loop back soon enough to pick up commands (a request, a rebuild) at this pace."""
-ELASTIC_STORE_TIMEOUT_SEC = 0.5
-"""Deadline of one elastic EP store read: a store that does not answer is "not yet", until the operation's own."""
 ANNOUNCE_STORE_TIMEOUT_SEC = 0.5
 """Deadline of announcing a fault (both store calls together): best effort, the fault is reported anyway."""
 
@@ -140,8 +134,9 @@ class Worker:
         self.num_redundant_experts = config.num_redundant_experts
         self.world_size = config.dp_size
         """The group's current size (the launch size until an elastic EP resize commits)."""
-        self.elastic: ElasticRound | None = None
-        self.active_epoch: str | None = None
+        self.elastic = ElasticEpRank(
+            self, rank=config.rank, rebuild_timeout_sec=config.rebuild_timeout_sec, emit=emit, log=log
+        )
         self.shard = ExpertShard(self.model, self.placement, config.rank)
         self.members = tuple(range(config.dp_size))
         self.store: BoundedStore | None = None
@@ -189,6 +184,10 @@ class Worker:
     def _connect_store(self, host: str, port: int, timeout: float) -> Any:
         return TCPStore(host, port, None, False, datetime.timedelta(seconds=timeout))
 
+    def connect_launch_store(self, timeout: float) -> None:
+        """Use the store of the launch (``master_addr:master_port``), hosted by another rank."""
+        self._use_store(self._connect_store(self.cfg.master_addr, self.cfg.master_port, timeout))
+
     @property
     def bounded_store(self) -> BoundedStore:
         assert self.store is not None, "the worker uses the store only after start()"
@@ -225,7 +224,7 @@ class Worker:
         self.wave_ended = 0
         self._set_wave(False)
 
-    def _drop_group(self) -> None:
+    def drop_group(self) -> None:
         # closing our side makes peers blocked on us fail fast ("Connection closed by peer"); the collection
         # frees a transport that a reference cycle (a failed operation's traceback) would otherwise keep open.
         # A group with a collective still running in it closes only when that one ends (gloo waits for it):
@@ -258,17 +257,42 @@ class Worker:
     def start(self) -> None:
         cfg = self.cfg
         if cfg.scale_up_launch:
-            self._join_scale_up()
+            self.elastic.join_scale_up(handshake_timeout_sec=cfg.handshake_timeout_sec)
             return
         if cfg.rank == self.members[0]:
             self._use_store(self._host_store(cfg.master_addr, cfg.master_port, cfg.startup_timeout_sec))
         else:
-            self._use_store(self._connect_store(cfg.master_addr, cfg.master_port, cfg.startup_timeout_sec))
+            self.connect_launch_store(cfg.startup_timeout_sec)
         self._make_group("init/", cfg.startup_timeout_sec)
         probe = torch.ones(1)
         self._wait(self.pg.allreduce([probe]))
         if int(probe.item()) != len(self.members):
             raise RebuildError(f"first all-reduce gave {probe.item()}, expected {len(self.members)}")
+
+    # -- elastic EP switch (the operation itself: :mod:`.elastic_worker`) ------------------------------
+    def retire(self) -> None:
+        """A scale-down retired this rank (its group already dropped): it belongs to no group any more."""
+        self.members = ()
+
+    def join_resized_group(
+        self, epoch: str, *, new: int, num_redundant_experts: int, slots_per_rank: int
+    ) -> ExpertPlacement:
+        """Join the group over ``range(new)`` and load this rank's experts of the new layout: ``slots_per_rank``
+        physical experts per rank as before, ``num_redundant_experts`` replicas (``(E + R) * new // cur - E``)."""
+        self.members = tuple(range(new))
+        self._make_group(f"eep/{epoch}/", self.cfg.rebuild_timeout_sec)
+        placement = initial_placement(
+            dp_size=new,
+            num_experts=self.cfg.num_experts,
+            num_redundant_experts=num_redundant_experts,
+            slots_per_rank=slots_per_rank,
+        )
+        loaded = self.shard.load(placement)
+        self.placement = placement
+        self.num_redundant_experts = num_redundant_experts
+        self.world_size = new
+        log(f"elastic EP {epoch}: members {list(self.members)}, loaded experts {loaded}")
+        return placement
 
     # -- commands --------------------------------------------------------------------------------------
     def handle(self, cmd: dict[str, Any]) -> None:
@@ -292,9 +316,9 @@ class Worker:
         elif op == "shutdown":
             os._exit(0)
         elif op == "eep_prepare":
-            self._elastic_prepare(cmd)
+            self.elastic.prepare(cmd)
         elif op == "eep_commit":
-            self._elastic_commit(float(cmd["timeout_sec"]))
+            self.elastic.commit(float(cmd["timeout_sec"]))
 
     def drain(self, block_for: float) -> None:
         try:
@@ -311,8 +335,7 @@ class Worker:
     # -- main loop -------------------------------------------------------------------------------------
     def run(self) -> None:
         while True:
-            if self.elastic is not None:
-                self._elastic_poll()
+            self.elastic.poll(in_wave=self.in_wave)
             if self.pg is None:
                 self.drain(block_for=0.2)  # faulted: wait for a command
                 continue
@@ -398,7 +421,7 @@ class Worker:
     def _fault(self, exc: BaseException) -> None:
         log(f"collective failed: {type(exc).__name__}: {exc}")
         self._announce_fault()
-        self._drop_group()
+        self.drop_group()
         self.active.clear()
         self.pending.clear()
         self._set_wave(False)
@@ -408,143 +431,6 @@ class Worker:
         # leave the group as a failed collective would: idle peers are pulled into a wave and fail it
         self._fault(RuntimeError("transient collective failure injected"))
 
-    # -- elastic EP (vLLM 0.34 external LB) ------------------------------------------------------------
-    def _elastic_store(self) -> ElasticStore:
-        return ElasticStore(self.bounded_store, timeout=ELASTIC_STORE_TIMEOUT_SEC)
-
-    def _elastic_prepare(self, cmd: dict[str, Any]) -> None:
-        """Start this rank's part in a resize (:class:`~heteroflow.engine_sim.elastic_round.ElasticRound`)."""
-        if self.elastic is not None:
-            emit({"ev": "eep_prepared", "epoch": cmd.get("epoch"), "ok": False, "error": ELASTIC_EP_ACTIVE_TEXT})
-            return
-        self.elastic = ElasticRound(
-            store=self._elastic_store(),
-            rank=self.cfg.rank,
-            cur=int(cmd["cur"]),
-            new=int(cmd["new"]),
-            num_redundant_experts=int(cmd["num_redundant_experts"]),
-            slots_per_rank=int(cmd["slots_per_rank"]),
-            timeout_sec=float(cmd["timeout_sec"]),
-            epoch=cmd.get("epoch"),
-            previous_epoch=self.active_epoch,
-        )
-        try:
-            self.elastic.begin(time.monotonic())
-        except Exception as exc:  # every failure of the prepare is this operation's outcome
-            self._elastic_failed(exc, event="eep_prepared")
-        finally:
-            self._track_epoch()
-
-    def _elastic_commit(self, timeout_sec: float) -> None:
-        op = self.elastic
-        if op is None:
-            emit({"ev": "eep_committed", "ok": False, "error": "External Elastic EP scaling has not been prepared."})
-            return
-        try:
-            op.commit(time.monotonic(), timeout_sec=timeout_sec)
-        except Exception as exc:  # the commit fails with the store's error
-            self._elastic_failed(exc, event="eep_committed")
-
-    def _track_epoch(self) -> None:
-        if self.elastic is not None and self.elastic.seen_epoch is not None:
-            self.active_epoch = self.elastic.seen_epoch
-
-    def _elastic_failed(self, exc: BaseException, *, event: str) -> None:
-        """Report the operation's failure (``event``: the stage's outcome) and publish it for the other ranks."""
-        op, self.elastic = self.elastic, None
-        message = str(exc) or type(exc).__name__
-        if op is not None:
-            if op.seen_epoch is not None:
-                self.active_epoch = op.seen_epoch
-            with contextlib.suppress(Exception):
-                op.publish_failure(message)
-        log(f"elastic EP {event} failed: {message}")
-        timed_out = isinstance(exc, ElasticEpError) and exc.timed_out
-        outcome: dict[str, Any] = {"ev": event, "ok": False, "error": message[:500], "timed_out": timed_out}
-        if event == "eep_prepared":
-            outcome["epoch"] = None if op is None else op.epoch
-        emit(outcome)
-
-    def _elastic_poll(self) -> None:
-        op = self.elastic
-        if op is None:
-            return
-        event = "eep_committed" if op.stage == "commit" else "eep_prepared"
-        try:
-            outcome = op.poll(time.monotonic(), in_wave=self.in_wave)
-            self._track_epoch()
-            if outcome == "prepared":
-                emit({"ev": "eep_prepared", "epoch": op.epoch, "ok": True})
-            elif outcome == "switch":
-                self._elastic_switch(op)
-        except Exception as exc:  # the operation's failure, reported to the API server
-            self._elastic_failed(exc, event=event)
-
-    def _elastic_switch(self, op: ElasticRound) -> None:
-        """Commit: a remaining rank builds the group over ``range(new)`` with the new layout, a retiring one
-        leaves (``reinitialize_distributed`` with ``SHUTDOWN_CURRENT_RANK``, ``external_elastic_ep.py``
-        L807-816); rank 0 waits for every old rank to finish and marks the operation completed (L826-834)."""
-        assert op.epoch is not None
-        epoch, store = op.epoch, op.store
-        self._drop_group()
-        if op.retires:
-            self.members = ()
-            store.mark(epoch, "finished", self.cfg.rank)
-            self.elastic = None
-            log(f"elastic EP {epoch}: rank {self.cfg.rank} retired")
-            emit({"ev": "eep_committed", "ok": True, "retired": True})
-            return
-        placement = self._elastic_join_group(epoch, op.new, op.num_redundant_experts, op.slots_per_rank)
-        store.mark(epoch, "finished", self.cfg.rank)
-        if self.cfg.rank == 0:
-            deadline = time.monotonic() + self.cfg.rebuild_timeout_sec
-            while not store.all_marked(epoch, "finished", range(op.cur)):
-                if time.monotonic() > deadline:
-                    raise ElasticEpError(
-                        "Timed out waiting for all old ranks to finish external Elastic EP scaling.", timed_out=True
-                    )
-                time.sleep(0.01)  # polling the peers' keys with a deadline
-            store.mark(epoch, "completed")
-        self.elastic = None
-        emit({"ev": "eep_committed", "ok": True, "placement": placement.describe()})
-
-    def _elastic_join_group(self, epoch: str, new: int, redundant: int, slots: int) -> ExpertPlacement:
-        """Join the group over ``range(new)`` and load this rank's experts of the new layout: ``slots`` physical
-        experts per rank as before, ``redundant`` replicas (``(E + R) * new // cur - E``)."""
-        self.members = tuple(range(new))
-        self._make_group(f"eep/{epoch}/", self.cfg.rebuild_timeout_sec)
-        placement = initial_placement(
-            dp_size=new, num_experts=self.cfg.num_experts, num_redundant_experts=redundant, slots_per_rank=slots
-        )
-        loaded = self.shard.load(placement)
-        self.placement = placement
-        self.num_redundant_experts = redundant
-        self.world_size = new
-        log(f"elastic EP {epoch}: members {list(self.members)}, loaded experts {loaded}")
-        return placement
-
-    def _join_scale_up(self) -> None:
-        """A rank launched with ``VLLM_ELASTIC_EP_SCALE_UP_LAUNCH=1``: wait (``handshake_timeout_sec``, vLLM's
-        5 minutes, ``v1/engine/core.py`` L1593-1598) for rank 0's bootstrap, get ready, wait for the old ranks'
-        commit and join the new group with the bootstrap's layout (``core.py`` L1601-1629)."""
-        cfg = self.cfg
-        deadline = time.monotonic() + cfg.handshake_timeout_sec
-        timeout_text = (
-            f"Did not receive response from front-end process within {cfg.handshake_timeout_sec / 60:g} minutes"
-        )
-        try:
-            self._use_store(self._connect_store(cfg.master_addr, cfg.master_port, cfg.handshake_timeout_sec))
-            store = self._elastic_store()
-            epoch, boot = await_scale_up_bootstrap(store, rank=cfg.rank, deadline=deadline)
-        except (TimeoutError, RuntimeError, StoreTimeoutError) as exc:
-            raise RebuildError(timeout_text) from exc
-        store.mark(epoch, "ready", cfg.rank)
-        wait = max(cfg.handshake_timeout_sec, cfg.rebuild_timeout_sec)
-        await_old_ranks_commit(store, epoch=epoch, cur=boot.cur, deadline=time.monotonic() + wait)
-        self.active_epoch = epoch
-        # the old ranks run no probe collective after their switch: the group's creation is the rendezvous
-        self._elastic_join_group(epoch, boot.new, boot.num_redundant_experts, boot.slots_per_rank)
-
     # -- rebuild ---------------------------------------------------------------------------------------
     def rebuild(self, plan: dict[str, Any]) -> None:
         request_id = plan["request_id"]
@@ -552,12 +438,12 @@ class Worker:
             placement = self._rebuild(plan)
         except CheckinError as exc:  # not every survivor joined in time: failed before the vote (retryable)
             log(f"rebuild {request_id} failed its check-in: {exc}")
-            self._drop_group()
+            self.drop_group()
             emit({"ev": "rebuilt", "request_id": request_id, "ok": False, "error": str(exc), "checkin_failed": True})
             return
         except Exception as exc:  # any failure fails this round, reported to the API server
             log(f"rebuild {request_id} failed: {type(exc).__name__}: {exc}")
-            self._drop_group()
+            self.drop_group()
             emit({"ev": "rebuilt", "request_id": request_id, "ok": False, "error": str(exc)[:500]})
             return
         emit({"ev": "rebuilt", "request_id": request_id, "ok": True, "placement": placement.describe()})
@@ -569,7 +455,7 @@ class Worker:
         if self.slow_rebuild_sec > 0:
             delay, self.slow_rebuild_sec = self.slow_rebuild_sec, 0.0
             time.sleep(delay)  # the injected slowness itself, not a synchronisation
-        self._drop_group()
+        self.drop_group()
         members = tuple(plan["members"])
         new_store = plan.get("new_store")
         # vLLM 0.34: every survivor must check in to the round within its check-in, counted from the command
