@@ -1,5 +1,6 @@
 """A whole serving control plane in one event loop: the real controller, two real NodeManagers, a recording
-Coordinator and the engine simulator's in-process fake engines.
+Coordinator and the engine simulator's in-process fake engines (or, with ``open_plane(sim_processes=...)``, real
+``heteroflow engine-sim`` processes that the NodeManagers launch, on real time).
 
 Everything talks through the real HTTP routes (httpx over ASGI transports, no sockets): the controller's
 app for the NodeManagers, the NodeManagers' apps for the controller, the engines' apps for the NodeManagers.
@@ -639,7 +640,8 @@ async def open_plane(
             )
             nm_apps[name] = node_manager_app(nm, cluster_token=cluster_token)
             node_managers[name] = nm
-            launchers[name] = launcher
+            if sim_processes is None:
+                launchers[name] = launcher  # (the real launcher records nothing to read back)
             await nm.start()
         plane = Plane(cluster, controller, coordinator, node_managers, launchers, http, hooks, nm_apps)
         plane.link = first_link
