@@ -1,5 +1,6 @@
 """A whole serving control plane in one event loop: the real controller, two real NodeManagers, a recording
-Coordinator and the engine simulator's in-process fake engines.
+Coordinator and the engine simulator's in-process fake engines (or, with ``open_plane(sim_processes=...)``, real
+``heteroflow engine-sim`` processes that the NodeManagers launch, on real time).
 
 Everything talks through the real HTTP routes (httpx over ASGI transports, no sockets): the controller's
 app for the NodeManagers, the NodeManagers' apps for the controller, the engines' apps for the NodeManagers.
@@ -43,8 +44,9 @@ from heteroflow.contracts.serving import (
     ViewDelRequest,
     ViewResponse,
 )
+from heteroflow.core.clock import SystemClock
 from heteroflow.core.errors import StoreUnavailableError
-from heteroflow.core.testing import LoopClock, run_virtual
+from heteroflow.core.testing import LoopClock, free_port, run_virtual
 from heteroflow.engine_sim import conformance
 from heteroflow.engine_sim.testing import FakeEngineCluster
 from heteroflow.http.tls import client_tls
@@ -68,7 +70,8 @@ from heteroflow.serving.node_manager.client import HttpControllerClient
 from heteroflow.serving.node_manager.daemon import NodeManager, PodIdentity
 from heteroflow.serving.node_manager.engines import HttpEngineClient
 from heteroflow.serving.node_manager.settings import NodeManagerSettings
-from heteroflow.serving.node_manager.spec import InstanceSpec
+from heteroflow.serving.node_manager.spec import InstanceSpec, endpoint_url
+from heteroflow.serving.node_manager.supervisor import PopenLauncher
 from heteroflow.serving.node_manager.testing import TEST_CLUSTER_TOKEN, FakeLauncher, fake_cluster_launcher
 from tests.support.polling import eventually
 
@@ -91,26 +94,52 @@ FAST_FT: dict[str, Any] = {
 
 
 def instance_spec(
-    endpoint_ids: tuple[int, ...], *, device_infos: dict[int, list[dict[str, Any]]] | None = None, **extra: Any
+    endpoint_ids: tuple[int, ...],
+    *,
+    device_infos: dict[int, list[dict[str, Any]]] | None = None,
+    ports: SimPorts | None = None,
+    **extra: Any,
 ) -> InstanceSpec:
-    """``device_infos``: endpoint id → its devices (``{"device_id": ..., "index": ...}``); default none."""
+    """``device_infos``: endpoint id → its devices (``{"device_id": ..., "index": ...}``); default none.
+    ``ports``: the real engine processes' ports (default the fake engines' fixed ones)."""
     devices = device_infos or {}
     return InstanceSpec.model_validate(
         {
             "instance_id": "inst-1",
             "dp_size": 4,
             "dp_master_ip": "127.0.0.1",
-            "dp_rpc_port": 29500,
-            "dp_store_port": 29600,
+            "dp_rpc_port": ports.rpc if ports else 29500,
+            "dp_store_port": ports.store if ports else 29600,
             "num_logical_experts": 4,
             "num_redundant_experts": 4,
             "endpoints": [
-                {"id": eid, "port": 8100 + eid, **({"device_infos": devices[eid]} if eid in devices else {})}
+                {
+                    "id": eid,
+                    "port": ports.engines[eid] if ports else 8100 + eid,
+                    **({"device_infos": devices[eid]} if eid in devices else {}),
+                }
                 for eid in endpoint_ids
             ],
             **extra,
         }
     )
+
+
+@dataclass(frozen=True)
+class SimPorts:
+    """Free loopback ports for a plane whose NodeManagers launch real ``heteroflow engine-sim`` processes."""
+
+    engines: dict[int, int]
+    rpc: int
+    store: int
+
+    @classmethod
+    def free(cls) -> SimPorts:
+        return cls({r: free_port() for r in range(4)}, free_port(), free_port())
+
+    def url(self, rank: int) -> str:
+        pod = next(name for name, ids in PODS.items() if rank in ids)
+        return endpoint_url(POD_IPS[pod], self.engines[rank])
 
 
 def loop_now() -> float:
@@ -483,6 +512,8 @@ async def open_plane(
     crash_at: str | None = None,
     fallback: FallbackStrategy | None = None,
     diagnosing_sec: float = 0.0,
+    sim_processes: SimPorts | None = None,
+    ready_within: float = 10.0,
 ) -> AsyncIterator[Plane]:
     """The plane started in the running loop, assembled and published; stopped on exit.
 
@@ -492,7 +523,10 @@ async def open_plane(
     known prefix). ``fallback``: the instance's configured (original) fallback; ``diagnosing_sec``: how long a
     faulted engine reads ``diagnosing`` (vLLM 0.34; 0 skips it). ``crash_at``: the first controller's crash hook
     fires at that step of a round (the test-only
-    ``crash_at_step``): its link is cut there, and :meth:`Plane.restart_controller` starts the next one."""
+    ``crash_at_step``): its link is cut there, and :meth:`Plane.restart_controller` starts the next one.
+    ``sim_processes``: the NodeManagers launch real ``heteroflow engine-sim`` processes on these ports (through
+    their real launcher, logs under ``tmp_path``) instead of the fake engines, whose cluster is then unused; run
+    such a plane on real time (``run_plane(virtual_time=False)``) and give it ``ready_within`` to start."""
 
     cluster = FakeEngineCluster(
         dp_size=4,
@@ -573,8 +607,14 @@ async def open_plane(
         await controller.start()
         for name, ids in PODS.items():
             launcher = fake_cluster_launcher(cluster)
+            spec = instance_spec(ids, device_infos=device_infos, ports=sim_processes, **(spec_extra or {}))
+            engines = HttpEngineClient(cluster.client, ft_path_prefix=None if profile_name else cluster.prefix)
+            if sim_processes is not None:
+                engines = HttpEngineClient.for_urls(
+                    {e.id: sim_processes.url(e.id) for e in spec.endpoints}, cluster_token=cluster_token
+                )
             nm = NodeManager(
-                spec=instance_spec(ids, device_infos=device_infos, **(spec_extra or {})),
+                spec=spec,
                 settings=NodeManagerSettings.load(
                     cluster_token=cluster_token,
                     engine_ft_poll_interval_sec=node_manager_poll_sec,
@@ -594,13 +634,14 @@ async def open_plane(
                     timeout_sec=2.0,
                     transport=httpx.ASGITransport(app=capp),
                 ),
-                engines=HttpEngineClient(cluster.client, ft_path_prefix=None if profile_name else cluster.prefix),
-                launcher=launcher,
-                clock=cluster.engine_clock,
+                engines=engines,
+                launcher=launcher if sim_processes is None else PopenLauncher(log_dir=tmp_path / f"engines-{name}"),
+                clock=cluster.engine_clock if sim_processes is None else SystemClock(),
             )
             nm_apps[name] = node_manager_app(nm, cluster_token=cluster_token)
             node_managers[name] = nm
-            launchers[name] = launcher
+            if sim_processes is None:
+                launchers[name] = launcher  # (the real launcher records nothing to read back)
             await nm.start()
         plane = Plane(cluster, controller, coordinator, node_managers, launchers, http, hooks, nm_apps)
         plane.link = first_link
@@ -620,7 +661,7 @@ async def open_plane(
             plane.real_coordinator, plane.engine_router, plane.view_calls = coordinator_app, router, timed
         await plane.until(
             assembled or (lambda s: s["can_serve"] and len(s["published_endpoints"]) == 4),
-            within=10,
+            within=ready_within,
             what="the instance is assembled and published",
         )
         yield plane
@@ -762,8 +803,6 @@ def run_process_plane(
 ) -> None:
     import uvicorn
     import yaml
-
-    from heteroflow.core.testing import free_port
 
     async def main() -> None:
         cluster = FakeEngineCluster(dp_size=4)
