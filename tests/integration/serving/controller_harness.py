@@ -514,6 +514,7 @@ async def open_plane(
     diagnosing_sec: float = 0.0,
     sim_processes: SimPorts | None = None,
     ready_within: float = 10.0,
+    elastic_ep: bool = False,
 ) -> AsyncIterator[Plane]:
     """The plane started in the running loop, assembled and published; stopped on exit.
 
@@ -526,7 +527,9 @@ async def open_plane(
     ``crash_at_step``): its link is cut there, and :meth:`Plane.restart_controller` starts the next one.
     ``sim_processes``: the NodeManagers launch real ``heteroflow engine-sim`` processes on these ports (through
     their real launcher, logs under ``tmp_path``) instead of the fake engines, whose cluster is then unused; run
-    such a plane on real time (``run_plane(virtual_time=False)``) and give it ``ready_within`` to start."""
+    such a plane on real time (``run_plane(virtual_time=False)``) and give it ``ready_within`` to start.
+    ``elastic_ep``: the fake engines serve vLLM 0.34's elastic EP routes (a resize to another size fails there).
+    """
 
     cluster = FakeEngineCluster(
         dp_size=4,
@@ -534,6 +537,7 @@ async def open_plane(
         profile_name=profile_name or "vllm-0.34",
         engine_clock=LoopClock(start=datetime.now(UTC)),
         diagnosing_sec=diagnosing_sec,
+        enable_elastic_ep=elastic_ep,
     )
     await cluster.start()
     coordinator = RecordingCoordinator()

@@ -10,6 +10,7 @@ from typing import Any
 
 import httpx
 
+from heteroflow.contracts.engine_protocol import SCALE_ELASTIC_EP_PATH
 from heteroflow.contracts.serving import (
     NM_ENGINES_RESTART_PATH,
     NM_FT_APPLY_PATH,
@@ -214,6 +215,40 @@ def test_a8_a_failed_fast_recovery_reconfigures_and_never_scales_down(tmp_path: 
         assert status["rounds"] == []  # no scale-down round
 
     run_plane(scenario, tmp_path, ft={"enable_fast_recovery": True, "fast_recovery_stability_sec": 0.3})
+
+
+def test_a8_no_fast_recovery_of_a_world_elastic_ep_resized_the_fallback_relaunches_it(tmp_path: Path) -> None:
+    """vLLM 0.34 plans a ``retry`` over the ranks its engines were launched with, as a ``scale_down``: after an
+    elastic EP resize outside HeteroFlow (here one that failed after asking for 2 ranks, which leaves the world
+    unknown) no retry is sent; the fast recovery fails at once and the whole-instance relaunch follows."""
+
+    async def scenario(plane: Plane) -> None:
+        resize = await plane.cluster.client(0).post(SCALE_ELASTIC_EP_PATH, json={"new_data_parallel_size": 2})
+        assert resize.status_code == 500, resize.text
+        await plane.until(
+            lambda s: any(r["elastic_ep_resized"] for pod in s["pods"] for r in pod["ranks"]),
+            within=10,
+            what="rank 0 marked resized",
+        )
+        plane.cluster.backends[3].inject(FaultKind.TRANSIENT)  # every rank unhealthy, nobody dead
+        await conformance.traffic(plane.cluster, [0, 1, 2, 3])
+        status = await plane.until(reconfiguring, within=20, what="reconfiguration instead of a retry")
+        assert status["fallback_strategy"] == "InstanceReconfiguration"
+        assert status["rounds"] == []  # no scale-down round either
+        timelines = (await plane.http.get("/controller/fault_tolerance/rounds")).json()
+        [recovery] = [t for t in timelines if t["kind"] == "fast_recovery"]
+        assert recovery["outcome"] == "failed"
+        timeline = await plane.round(recovery["request_id"])
+        assert "elastic EP resized the world of ranks [0]" in events(timeline, "failed")[0]["error"]
+        assert not events(timeline, "apply")  # no retry reached any engine
+
+    run_plane(
+        scenario,
+        tmp_path,
+        ft={"enable_fast_recovery": True, "fast_recovery_stability_sec": 0.3},
+        elastic_ep=True,
+        spec_extra={"enable_elastic_ep": True},
+    )
 
 
 def test_the_controller_collects_missing_evidence_instead_of_waiting_for_the_pollers(tmp_path: Path) -> None:

@@ -22,7 +22,9 @@ class FastRecovery:
     """F-11 / A8: the engine's ``retry`` on every active rank after the stability window (F-59, in ``decide``).
 
     Guarded like a round; success forgets the evidence; failure → whole-instance reconfiguration, never
-    scale-down (``after_fast_recovery``).
+    scale-down (``after_fast_recovery``). An instance whose world elastic EP resized outside HeteroFlow is not
+    retried at all (vLLM 0.34 plans a ``retry`` over the launch's ranks, as a ``scale_down``): it fails at once
+    and takes that fallback.
     """
 
     def __init__(self, ctrl: StrategyPorts, inst: Instance) -> None:
@@ -34,18 +36,26 @@ class FastRecovery:
         ctrl.history.begin(
             self.request_id, instance_id=inst.instance_id, kind="fast_recovery", trigger=inst.strategy.trigger
         )
-        guard = RoundGuard(ctrl, inst, self.request_id)
-        active = inst.runtime.active_dp_ranks
         ok = False
-        try:
-            await guard.acquire()
-            await self._retry(active)
-            ok = True
-        except (RoundFailedError, PeerError) as exc:
-            ctrl.history.add(self.request_id, "failed", error=str(exc))
-        finally:
-            await guard.release()
-            await ctrl.finalize_everywhere(inst, self.request_id, commit=ok, retired=inst.runtime.dead_committed)
+        resized = inst.elastic_ep_resized(ctrl.pods)
+        if resized:  # vLLM plans a retry over its launch's ranks too: the fallback relaunches a fresh world instead
+            ctrl.history.add(
+                self.request_id,
+                "failed",
+                error=f"elastic EP resized the world of ranks {sorted(resized)} outside HeteroFlow: no retry "
+                "until the instance is relaunched",
+            )
+        else:
+            guard = RoundGuard(ctrl, inst, self.request_id)
+            try:
+                await guard.acquire()
+                await self._retry(inst.runtime.active_dp_ranks)
+                ok = True
+            except (RoundFailedError, PeerError) as exc:
+                ctrl.history.add(self.request_id, "failed", error=str(exc))
+            finally:
+                await guard.release()
+                await ctrl.finalize_everywhere(inst, self.request_id, commit=ok, retired=inst.runtime.dead_committed)
         ctrl.history.finish(self.request_id, "succeeded" if ok else "failed")
         ctrl.metrics.rounds.labels(kind="fast_recovery", outcome="succeeded" if ok else "failed").inc()
         if ok:

@@ -22,6 +22,7 @@ others read it, or call the record's own methods where another module's step mus
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -214,3 +215,14 @@ class Instance:
     relaunches: Relaunches = field(default_factory=Relaunches)
     standing: StandingFaults = field(default_factory=StandingFaults)
     restores: Restores = field(default_factory=Restores)
+
+    def elastic_ep_resized(self, pods: Mapping[str, PodState]) -> dict[int, int | None]:
+        """Ranks not committed dead whose engine's world elastic EP resized since its launch, with the DP size asked
+        for, as their pods' last heartbeats said. vLLM 0.34's fault tolerance keeps the launch's DP size through a
+        resize, so neither a ``scale_down`` nor a ``retry`` round of such a world can be planned soundly."""
+        resized: dict[int, int | None] = {}
+        for pod in self.topology.pods:
+            state = pods.get(pod.pod_id)
+            if state is not None:
+                resized |= state.elastic_ep_resized()
+        return {rank: size for rank, size in resized.items() if rank not in self.runtime.dead_committed}

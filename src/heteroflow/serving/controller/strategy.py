@@ -184,7 +184,7 @@ class ScaleDownRound:
             survivors=len(ctx.survivors),
             topology_error=topology_error,
             capability_mismatch=mismatch,
-            elastic_ep_resized=self._elastic_ep_resized(),
+            elastic_ep_resized=inst.elastic_ep_resized(self.ctrl.pods),
         )
         self._set(rt.record_gate(inst.runtime, result))
         self._event(
@@ -196,16 +196,6 @@ class ScaleDownRound:
         if not result.allowed or plan is None:
             raise RoundFailedError(f"gate refused: {', '.join(r.value for r in result.reason_codes)}")
         return plan
-
-    def _elastic_ep_resized(self) -> dict[int, int | None]:
-        """Ranks not committed dead whose engine's world elastic EP resized, as their pods' heartbeats last said."""
-        inst = self.inst
-        resized: dict[int, int | None] = {}
-        for pod in inst.topology.pods:
-            state = self.ctrl.pods.get(pod.pod_id)
-            if state is not None:
-                resized |= state.elastic_ep_resized()
-        return {rank: size for rank, size in resized.items() if rank not in inst.runtime.dead_committed}
 
     async def _statuses(self, plan: RoundPlan) -> list[EndpointFtStatus]:
         """One status query per routable pod, all pods at once (a round waits for the slowest, not the sum)."""

@@ -12,7 +12,7 @@ from prometheus_client.registry import Collector
 from heteroflow.serving.node_manager.status import NodeManagerStatus
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
-FT_STATUSES = ("unknown", "healthy", "diagnosing", "unhealthy", "dead", "protocol_error")
+FT_STATUSES = ("unknown", "healthy", "diagnosing", "unhealthy", "dead", "protocol_error", "paused")
 
 
 class NodeManagerMetrics:
