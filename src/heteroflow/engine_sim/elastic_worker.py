@@ -190,6 +190,7 @@ class ElasticEpRank:
         try:
             self._group.connect_launch_store(handshake_timeout_sec)
             store = self._store()
+            self._log(f"elastic EP: launched rank {self._rank} waits for rank 0's scale-up handshake")
             epoch, boot = await_scale_up_bootstrap(store, rank=self._rank, deadline=deadline)
         except (TimeoutError, RuntimeError, StoreTimeoutError) as exc:
             raise RebuildError(timeout_text) from exc
@@ -199,6 +200,7 @@ class ElasticEpRank:
             deadline=commit_deadline,
             timeout_text=ELASTIC_EP_PREPARE_TIMEOUT_TEXT,
         )
+        self._log(f"elastic EP {epoch}: launched rank {self._rank} ready, waiting for the old ranks' commit")
         await_old_ranks_commit(store, epoch=epoch, cur=boot.cur, deadline=commit_deadline)
         self.active_epoch = epoch
         # the old ranks run no probe collective after their switch: the group's creation is the rendezvous

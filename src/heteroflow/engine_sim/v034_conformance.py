@@ -524,11 +524,16 @@ async def v034_elastic_ep_unexpected_rank(h: ElasticEpHarness) -> None:
     h.stop(3)
 
 
+async def _logged(h: ElasticEpHarness, rank: int, text: str) -> bool:
+    return text in h.log_text(rank)
+
+
 async def v034_elastic_ep_after_ft_scale_down(h: ElasticEpHarness) -> None:
     """After an FT ``scale_down`` removed rank 1, a scale-up to 3 (rank 2 launched for it) waits at the ready
     barrier for every rank of ``range(3)``, the removed rank 1 included, and times out: 408, ``failed``, the
-    survivor serving on alone. Nothing in the release refuses it earlier (inferred from its source, not run:
-    elastic EP never reads the FT state)."""
+    survivor serving on alone. Rank 2 is up before the request and gets ready while rank 0 still waits, so the
+    only rank missing is the removed one. Nothing in the release refuses it earlier (inferred from its source,
+    not run: elastic EP never reads the FT state). Needs the ranks' logs (:meth:`ElasticEpHarness.log_text`)."""
     expect(h.dp_size == 2, "the check starts from 2 ranks")
     await conformance.inject(h, 1, "kill_worker")
     await conformance.wait_status(h, [1], "dead", within=DEAD_WITHIN)
@@ -537,13 +542,20 @@ async def v034_elastic_ep_after_ft_scale_down(h: ElasticEpHarness) -> None:
     expect((await apply(h, 0, _scale_down(request_id, [1], port=h.free_port()))).status_code == 202, "apply 202")
     await conformance.wait_status(h, [0], "healthy", within=30.0, ft_state_absent=True)
     h.launch_scale_up(2, new_dp_size=3)
-    answer = (await _scale_all(h, [0], 3))[0]
+    waiting = "launched rank 2 waits for rank 0's scale-up handshake"
+    await h.eventually(lambda: _logged(h, 2, waiting), within=60.0, what="the launched rank 2 waits for rank 0")
+    scale = asyncio.create_task(_scale_all(h, [0], 3))
+    ready = "launched rank 2 ready"
+    await h.eventually(lambda: _logged(h, 2, ready), within=30.0, what="the launched rank 2 got ready")
+    expect(not scale.done(), "rank 2 got ready while rank 0 still waited at the ready barrier")
+    answer = (await asyncio.wait_for(scale, timeout=60.0))[0]
     _vllm_error(answer, 408, "Request Timeout", "Scale failed due to request drain timeout after 120 seconds")
     status = await elastic_status(h, 0)
     expect(
         status["phase"] == "failed" and status["error"] == ELASTIC_EP_PREPARE_TIMEOUT_TEXT,
         f"the ready barrier waited for the removed rank: {status}",
     )
+    expect(f"elastic EP {status['epoch']}: {ready}" in h.log_text(2), "rank 2 was ready for this very operation")
     info = await conformance.sim_info(h, 0)
     expect((info["members"], info["dead_ranks"]) == ([0], [1]), f"the survivor kept its world: {info}")
     expect((await conformance.complete(h, 0, "alone")).status_code == 200, "the survivor serves on")
