@@ -356,17 +356,33 @@ async def _health_200(h: EngineClusterHarness, rank: int) -> bool:
         return False
 
 
+async def _logged(h: ElasticEpHarness, rank: int, text: str) -> bool:
+    return text in h.log_text(rank)
+
+
+async def _gated(h: EngineClusterHarness, rank: int) -> bool:
+    """The rank's elastic EP serving gate is closed (a path it does not exempt answers 503)."""
+    return (await h.client(rank).get("/v1/models")).status_code == 503
+
+
 async def v034_elastic_ep_grow(h: ElasticEpHarness, baseline: list[str]) -> dict[str, Any]:
     """A 2-rank world grows to 3: rank 2 launched with ``VLLM_ELASTIC_EP_SCALE_UP_LAUNCH=1`` waits for rank 0's
-    bootstrap, both old ranks get the request; 200 on each, the new rank serves only after the commit, every
+    bootstrap, both old ranks get the request; a request still running on rank 1 when its gate closes (prepared)
+    finishes before the commit (pause mode ``"wait"``); 200 on each, the new rank serves only after the commit, every
     rank serves the same greedy outputs, the redundancy is ``(4 + 4) * 3 // 2 - 4 = 8``, and the FT sentinel's
     size stays the launch size (2 on the old ranks, 3 on the new one). Returns what it saw."""
     expect(h.dp_size == 2, "the resize checks start from 2 ranks")
     seen: dict[str, Any] = {}
     h.launch_scale_up(2, new_dp_size=3)
-    # a request running on rank 1 when the resize starts finishes (pause mode "wait"), in lockstep with rank 0
-    running = asyncio.create_task(h.client(1).post("/v1/completions", json={"prompt": "a long one", "max_tokens": 200}))
-    answers = await _scale_all(h, [0, 1], 3)
+    waiting = "launched rank 2 waits for rank 0's scale-up handshake"
+    await h.eventually(lambda: _logged(h, 2, waiting), within=60.0, what="the launched rank 2 waits for rank 0")
+    # a request running on rank 1 when the gate closes (prepare done) finishes (pause mode "wait") before the
+    # commit, in lockstep with rank 0: rank 2 is up already, so the prepare takes a few polls only
+    running = asyncio.create_task(h.client(1).post("/v1/completions", json={"prompt": "a long one", "max_tokens": 256}))
+    scale = asyncio.create_task(_scale_all(h, [0, 1], 3))
+    await h.eventually(lambda: _gated(h, 1), within=30.0, what="rank 1's serving gate closes once prepared")
+    expect(not running.done(), "the request was still running on rank 1 when its resize had prepared")
+    answers = await scale
     for rank, resp in enumerate(answers):
         expect(resp.status_code == 200, f"scale-up on rank {rank}: HTTP {resp.status_code} {resp.text}")
         expect(resp.json() == {"message": "Scaled to 3 data parallel engines"}, resp.text)
@@ -522,10 +538,6 @@ async def v034_elastic_ep_unexpected_rank(h: ElasticEpHarness) -> None:
     for rank in (0, 1):
         expect((await conformance.complete(h, rank, "still")).status_code == 200, f"rank {rank} serves on")
     h.stop(3)
-
-
-async def _logged(h: ElasticEpHarness, rank: int, text: str) -> bool:
-    return text in h.log_text(rank)
 
 
 async def v034_elastic_ep_after_ft_scale_down(h: ElasticEpHarness) -> None:
