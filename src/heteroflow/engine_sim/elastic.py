@@ -12,9 +12,11 @@ What a resize is (all file:line references are to the vLLM 0.34.0 wheel):
   ``dp_rank >= new`` (L528, L794-816; ``async_llm.py`` L1358-1362).
 - Prepare: rank 0 publishes an epoch (``uuid4().hex``, L430) and the bootstrap; every rank of ``range(new)`` gets
   ready, and every old rank waits for all of them, 300 s (L481-515). Then the API gates serving (503), commit
-  waits for every old rank (``commit_ready`` over ``range(cur)``, 600 s, L628-654), pauses its scheduler —
-  ``"wait"``/``"keep"`` on a remaining rank (running requests finish), ``"abort"`` on a retiring one (L803-806,
-  ``v1/engine/core_client.py`` L1692-1701) — and switches.
+  waits for every old rank (``commit_ready`` over ``range(cur)``, 600 s, L628-654), pauses its scheduler and
+  switches. A retiring rank pauses with ``"abort"`` (L803-806). A remaining one pauses with ``"wait"`` (running
+  requests step on and finish) when the fused MoE kernel cannot be reused, else with ``"keep"`` (running requests
+  are kept without being stepped while the group switches; ``v1/engine/core_client.py`` L1692-1701, ``v1/engine/core.py``
+  L1026-1048). The simulator models ``"wait"`` only.
 """
 
 from __future__ import annotations
