@@ -15,8 +15,8 @@ What a resize is (all file:line references are to the vLLM 0.34.0 wheel):
   waits for every old rank (``commit_ready`` over ``range(cur)``, 600 s, L628-654), pauses its scheduler and
   switches. A retiring rank pauses with ``"abort"`` (L803-806). A remaining one pauses with ``"wait"`` (running
   requests step on and finish) when the fused MoE kernel cannot be reused, else with ``"keep"`` (running requests
-  are kept without being stepped while the group switches; ``v1/engine/core_client.py`` L1692-1701, ``v1/engine/core.py``
-  L1026-1048). The simulator models ``"wait"`` only.
+  are kept without being stepped while the group switches; ``v1/engine/core_client.py`` L1692-1701,
+  ``v1/engine/core.py`` L1026-1048). The simulator models ``"wait"`` only.
 """
 
 from __future__ import annotations
