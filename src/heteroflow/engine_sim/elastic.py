@@ -58,13 +58,18 @@ class Resize:
 
     @property
     def retires(self) -> bool:
-        """This rank leaves the world: a scale-down retires the top ranks (``async_llm.py`` L1358-1362)."""
-        return not self.scale_up and self.rank >= self.new
+        return retires(rank=self.rank, cur=self.cur, new=self.new)
 
-    @property
-    def new_ranks(self) -> range:
-        """The ranks a scale-up launches externally: only these may join (``external_elastic_ep.py`` L467-472)."""
-        return range(self.cur, self.new)
+
+def retires(*, rank: int, cur: int, new: int) -> bool:
+    """``rank`` leaves the world: a scale-down retires ``dp_rank >= new`` (``async_llm.py`` L1358-1362,
+    ``external_elastic_ep.py`` L528)."""
+    return new < cur and rank >= new
+
+
+def launched_ranks(*, cur: int, new: int) -> range:
+    """The ranks a scale-up launches externally: only these may join (``external_elastic_ep.py`` L467-472)."""
+    return range(cur, new)
 
 
 def redundant_experts_after(*, num_experts: int, num_redundant_experts: int, cur: int, new: int) -> int:

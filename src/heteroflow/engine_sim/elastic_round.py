@@ -24,6 +24,7 @@ from heteroflow.contracts.engine_protocol import (
     elastic_ep_unexpected_rank_text,
 )
 from heteroflow.engine_sim.collectives import StoreTimeoutError
+from heteroflow.engine_sim.elastic import launched_ranks
 from heteroflow.engine_sim.elastic_store import Bootstrap, ElasticStore
 
 POLL_SEC = 0.1
@@ -122,11 +123,6 @@ class ElasticRound:
     next_poll: float = 0.0
     seen_epoch: str | None = None
     """The epoch this rank has now taken part in, failed or not (the next operation's ``previous_epoch``)."""
-
-    @property
-    def retires(self) -> bool:
-        """A scale-down retires ``dp_rank >= new`` (L528)."""
-        return self.new < self.cur and self.rank >= self.new
 
     def begin(self, now: float) -> None:
         """Rank 0 publishes the epoch and its bootstrap at once (L699-716), refusing while another operation is
@@ -250,7 +246,7 @@ def await_scale_up_bootstrap(store: ElasticStore, *, rank: int, deadline: float)
             current = None
         boot = None if current is None else current.bootstrap
         if current is not None and boot is not None and current.prepared and not current.completed:
-            if current.error is None and rank in range(boot.cur, boot.new):
+            if current.error is None and rank in launched_ranks(cur=boot.cur, new=boot.new):
                 return current.epoch, boot
             if current.error is None and current.epoch not in refused:
                 refused.add(current.epoch)

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 
 from heteroflow.contracts.engine_protocol import ELASTIC_EP_ACTIVE_TEXT, ELASTIC_EP_PREPARE_TIMEOUT_TEXT
 from heteroflow.engine_sim.collectives import BoundedStore, RebuildError, StoreTimeoutError
+from heteroflow.engine_sim.elastic import retires
 from heteroflow.engine_sim.elastic_round import (
     FINISHED_TIMEOUT_TEXT,
     ElasticEpError,
@@ -161,7 +162,7 @@ class ElasticEpRank:
             deadline = time.monotonic() + self._rebuild_timeout_sec  # a slow store is tried again until then
             retry_store(lambda: store.mark(epoch, what, rank), deadline=deadline, timeout_text=FINISHED_TIMEOUT_TEXT)
 
-        if op.retires:
+        if retires(rank=op.rank, cur=op.cur, new=op.new):
             self._group.retire()
             mark("finished", self._rank)
             self.round = None

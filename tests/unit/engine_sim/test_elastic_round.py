@@ -15,6 +15,7 @@ from heteroflow.contracts.engine_protocol import (
     elastic_ep_unexpected_rank_text,
 )
 from heteroflow.engine_sim.collectives import BoundedStore, StoreTimeoutError
+from heteroflow.engine_sim.elastic import retires
 from heteroflow.engine_sim.elastic_round import (
     FINISHED_TIMEOUT_TEXT,
     POLL_SEC,
@@ -103,7 +104,7 @@ def test_a_scale_up_prepares_once_every_new_rank_is_ready_and_switches_between_w
     r1.commit(4.0, timeout_sec=600.0)
     assert _step(r0, 4.5, in_wave=True) is None  # a step of the old group still runs
     assert _step(r0, 4.6) == "switch"
-    assert not r0.retires
+    assert not retires(rank=r0.rank, cur=r0.cur, new=r0.new)
 
 
 def test_a_scale_down_retires_the_top_ranks_which_wait_without_getting_ready(store: ElasticStore) -> None:
@@ -112,7 +113,7 @@ def test_a_scale_down_retires_the_top_ranks_which_wait_without_getting_ready(sto
     r2.begin(0.0)
     assert _step(r2, 0.5) is None
     assert not store.store.check([key("d", "ready", 2)], timeout=1.0)
-    assert r2.retires
+    assert retires(rank=r2.rank, cur=r2.cur, new=r2.new)
     store.mark("d", "ready", 1)
     assert _step(r2, 1.0) == "prepared"
 
