@@ -425,16 +425,6 @@ SCALE_ELASTIC_EP_PATH = "/scale_elastic_ep"
 IS_SCALING_ELASTIC_EP_PATH = "/is_scaling_elastic_ep"
 
 
-class ScaleElasticEpRequest(BaseModel):
-    """``POST /scale_elastic_ep``: resize the DP group over contiguous ranks ``range(new_data_parallel_size)``."""
-
-    model_config = ConfigDict(frozen=True, extra="ignore")
-
-    new_data_parallel_size: StrictInt = Field(gt=0)
-    drain_timeout: StrictInt = Field(default=120, gt=0)
-    """Seconds to drain in-flight requests before the resize (408 when they do not drain)."""
-
-
 class ElasticEpStatus(BaseModel):
     """``POST /is_scaling_elastic_ep``: where the last resize stands, as vLLM 0.34 answers it
     (``entrypoints/serve/elastic_ep/api_router.py`` L84-114; the fields from ``ExternalElasticEPScaleCoordinator

@@ -101,7 +101,8 @@ class _GuardedPaths:
 
 class ElasticEpGate:
     """ASGI middleware: vLLM 0.34's ``ScalingMiddleware`` (``entrypoints/serve/elastic_ep/middleware.py``
-    L35-65). While a committed resize runs, or for good once a scale-down retired this rank, every path but
+    L35-65). From the moment a resize's prepare succeeded (``async_llm.py`` L1352) until its commit succeeds (a failed
+    commit leaves it closed), or for good once a scale-down retired this rank, every path but
     ``/health`` and ``/is_scaling_elastic_ep`` answers 503 ``{"error": …}`` with vLLM's text — the FT routes and
     ``/metrics`` included. vLLM adds it after its API-key middleware, so it runs first (a 503 before a 401:
     ``entrypoints/serve/middleware/register.py`` L32-47). The simulator's own ``/sim/…`` routes stay open."""

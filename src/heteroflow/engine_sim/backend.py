@@ -142,6 +142,10 @@ class WorkerStartError(RuntimeError):
     """The worker could not join its first group (a peer never came, a port was taken, …)."""
 
 
+class WorkerGoneError(RuntimeError):
+    """The worker cannot take the command: it has exited (or its input is closed)."""
+
+
 class WorkerBackend(Protocol):
     async def start(self, sink: EventSink) -> Ready:
         """Launch the worker and wait until it has joined the first group."""
@@ -162,12 +166,14 @@ class WorkerBackend(Protocol):
     def inject(self, kind: FaultKind, *, delay_sec: float = 0.0) -> None: ...
 
     def elastic_prepare(self, request: ElasticPrepare) -> None:
-        """Start preparing an elastic EP resize; the outcome comes back as :class:`ElasticPrepared`."""
+        """Start preparing an elastic EP resize; the outcome comes back as :class:`ElasticPrepared`.
+
+        Raises :class:`WorkerGoneError` when the command cannot reach the worker (no outcome would come)."""
         ...
 
     def elastic_commit(self, *, timeout_sec: float) -> None:
         """Commit the prepared resize once every old rank is ready to (``timeout_sec``: vLLM's 600 s); the
-        outcome comes back as :class:`ElasticCommitted`."""
+        outcome comes back as :class:`ElasticCommitted`; :class:`WorkerGoneError` as for :meth:`elastic_prepare`."""
         ...
 
     def tick(self, now: float) -> None:

@@ -12,9 +12,11 @@ What a resize is (all file:line references are to the vLLM 0.34.0 wheel):
   ``dp_rank >= new`` (L528, L794-816; ``async_llm.py`` L1358-1362).
 - Prepare: rank 0 publishes an epoch (``uuid4().hex``, L430) and the bootstrap; every rank of ``range(new)`` gets
   ready, and every old rank waits for all of them, 300 s (L481-515). Then the API gates serving (503), commit
-  waits for every old rank (``commit_ready`` over ``range(cur)``, 600 s, L628-654), pauses its scheduler —
-  ``"wait"``/``"keep"`` on a remaining rank (running requests finish), ``"abort"`` on a retiring one (L803-806,
-  ``v1/engine/core_client.py`` L1692-1701) — and switches.
+  waits for every old rank (``commit_ready`` over ``range(cur)``, 600 s, L628-654), pauses its scheduler and
+  switches. A retiring rank pauses with ``"abort"`` (L803-806). A remaining one pauses with ``"wait"`` (running
+  requests step on and finish) when the fused MoE kernel cannot be reused, else with ``"keep"`` (running requests
+  are kept without being stepped while the group switches; ``v1/engine/core_client.py`` L1692-1701,
+  ``v1/engine/core.py`` L1026-1048). The simulator models ``"wait"`` only.
 """
 
 from __future__ import annotations
@@ -56,13 +58,18 @@ class Resize:
 
     @property
     def retires(self) -> bool:
-        """This rank leaves the world: a scale-down retires the top ranks (``async_llm.py`` L1358-1362)."""
-        return not self.scale_up and self.rank >= self.new
+        return retires(rank=self.rank, cur=self.cur, new=self.new)
 
-    @property
-    def new_ranks(self) -> range:
-        """The ranks a scale-up launches externally: only these may join (``external_elastic_ep.py`` L467-472)."""
-        return range(self.cur, self.new)
+
+def retires(*, rank: int, cur: int, new: int) -> bool:
+    """``rank`` leaves the world: a scale-down retires ``dp_rank >= new`` (``async_llm.py`` L1358-1362,
+    ``external_elastic_ep.py`` L528)."""
+    return new < cur and rank >= new
+
+
+def launched_ranks(*, cur: int, new: int) -> range:
+    """The ranks a scale-up launches externally: only these may join (``external_elastic_ep.py`` L467-472)."""
+    return range(cur, new)
 
 
 def redundant_experts_after(*, num_experts: int, num_redundant_experts: int, cur: int, new: int) -> int:

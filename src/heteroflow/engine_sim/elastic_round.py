@@ -11,8 +11,9 @@ that the old group keeps stepping in lockstep while the operation waits; when :m
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, TypeVar
 
 from heteroflow.contracts.engine_protocol import (
     ELASTIC_EP_ACTIVE_TEXT,
@@ -23,6 +24,7 @@ from heteroflow.contracts.engine_protocol import (
     elastic_ep_unexpected_rank_text,
 )
 from heteroflow.engine_sim.collectives import StoreTimeoutError
+from heteroflow.engine_sim.elastic import launched_ranks
 from heteroflow.engine_sim.elastic_store import Bootstrap, ElasticStore
 
 POLL_SEC = 0.1
@@ -30,6 +32,7 @@ POLL_SEC = 0.1
 UNEXPECTED_RANK_PREFIX = elastic_ep_unexpected_rank_text(0).rsplit(" ", 1)[0]
 
 Stage = Literal["bootstrap", "ready", "prepared", "commit"]
+_T = TypeVar("_T")
 
 
 class ElasticEpError(RuntimeError):
@@ -38,6 +41,54 @@ class ElasticEpError(RuntimeError):
     def __init__(self, message: str, *, timed_out: bool = False) -> None:
         super().__init__(message)
         self.timed_out = timed_out
+
+
+def past_deadline(now: float, deadline: float, timeout_text: str) -> None:
+    """A store call timed out (one slow read): tolerated until the operation's own ``deadline``, then vLLM's
+    ``TimeoutError`` with ``timeout_text``."""
+    if now > deadline:
+        raise ElasticEpError(timeout_text, timed_out=True) from None
+
+
+def retry_store(call: Callable[[], _T], *, deadline: float, timeout_text: str) -> _T:
+    """One store call, tried again after a :class:`StoreTimeoutError` until ``deadline`` (see
+    :func:`past_deadline`)."""
+    while True:
+        try:
+            return call()
+        except StoreTimeoutError:
+            past_deadline(time.monotonic(), deadline, timeout_text)
+
+
+FINISHED_TIMEOUT_TEXT = "Timed out waiting for all old ranks to finish external Elastic EP scaling."
+"""Rank 0's wait for every old rank's switch (``_wait_for_all_old_ranks``, L559-591)."""
+
+
+def await_old_ranks(
+    store: ElasticStore,
+    *,
+    epoch: str,
+    what: str,
+    cur: int,
+    deadline: float,
+    timeout_text: str,
+    poll_sec: float,
+    failure_prefix: str = "",
+) -> None:
+    """Wait until every old rank (``range(cur)``) marked ``what``; a failure published for the operation raises
+    :class:`ElasticEpError` (``failure_prefix`` + the failure), and so does ``deadline`` (a store call that timed
+    out is tried again until then)."""
+    while True:
+        try:
+            error = store.error(epoch)
+            if error is not None:
+                raise ElasticEpError(f"{failure_prefix}{error}")
+            if store.all_marked(epoch, what, range(cur)):
+                return
+        except StoreTimeoutError:
+            pass
+        past_deadline(time.monotonic(), deadline, timeout_text)
+        time.sleep(poll_sec)  # polling the peers' keys with the deadline above
 
 
 def _timeout_text(stage: Stage) -> str:
@@ -72,11 +123,6 @@ class ElasticRound:
     next_poll: float = 0.0
     seen_epoch: str | None = None
     """The epoch this rank has now taken part in, failed or not (the next operation's ``previous_epoch``)."""
-
-    @property
-    def retires(self) -> bool:
-        """A scale-down retires ``dp_rank >= new`` (L528)."""
-        return self.new < self.cur and self.rank >= self.new
 
     def begin(self, now: float) -> None:
         """Rank 0 publishes the epoch and its bootstrap at once (L699-716), refusing while another operation is
@@ -120,8 +166,7 @@ class ElasticRound:
                 return self._poll_ready(now)
             return self._poll_commit(now, in_wave=in_wave)
         except StoreTimeoutError:
-            if now > self.deadline:  # the store never answered in time: the operation's own deadline
-                raise ElasticEpError(_timeout_text(self.stage), timed_out=True) from None
+            past_deadline(now, self.deadline, _timeout_text(self.stage))
             return None
 
     def _poll_bootstrap(self, now: float) -> None:
@@ -201,7 +246,7 @@ def await_scale_up_bootstrap(store: ElasticStore, *, rank: int, deadline: float)
             current = None
         boot = None if current is None else current.bootstrap
         if current is not None and boot is not None and current.prepared and not current.completed:
-            if current.error is None and rank in range(boot.cur, boot.new):
+            if current.error is None and rank in launched_ranks(cur=boot.cur, new=boot.new):
                 return current.epoch, boot
             if current.error is None and current.epoch not in refused:
                 refused.add(current.epoch)
@@ -213,12 +258,8 @@ def await_scale_up_bootstrap(store: ElasticStore, *, rank: int, deadline: float)
 def await_old_ranks_commit(store: ElasticStore, *, epoch: str, cur: int, deadline: float) -> None:
     """The launched rank got ready: wait until every old rank is ready to commit (then all switch together);
     raises :class:`ElasticEpError` on the operation's failure or at ``deadline``."""
-    while True:
-        error = store.error(epoch)
-        if error is not None:
-            raise ElasticEpError(f"the scale-up this rank was launched for failed: {error}")
-        if store.all_marked(epoch, "commit_ready", range(cur)):
-            return
-        if time.monotonic() > deadline:
-            raise ElasticEpError(ELASTIC_EP_DRAIN_TIMEOUT_TEXT, timed_out=True)
-        time.sleep(POLL_SEC)  # waiting for the old ranks' commit, with the deadline above
+    await_old_ranks(
+        store, epoch=epoch, what="commit_ready", cur=cur, deadline=deadline,
+        timeout_text=ELASTIC_EP_DRAIN_TIMEOUT_TEXT, poll_sec=POLL_SEC,
+        failure_prefix="the scale-up this rank was launched for failed: ",
+    )  # fmt: skip

@@ -15,13 +15,17 @@ import time
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from heteroflow.contracts.engine_protocol import ELASTIC_EP_ACTIVE_TEXT
+from heteroflow.contracts.engine_protocol import ELASTIC_EP_ACTIVE_TEXT, ELASTIC_EP_PREPARE_TIMEOUT_TEXT
 from heteroflow.engine_sim.collectives import BoundedStore, RebuildError, StoreTimeoutError
+from heteroflow.engine_sim.elastic import retires
 from heteroflow.engine_sim.elastic_round import (
+    FINISHED_TIMEOUT_TEXT,
     ElasticEpError,
     ElasticRound,
+    await_old_ranks,
     await_old_ranks_commit,
     await_scale_up_bootstrap,
+    retry_store,
 )
 from heteroflow.engine_sim.elastic_store import ElasticStore
 from heteroflow.engine_sim.placement import ExpertPlacement
@@ -153,9 +157,14 @@ class ElasticEpRank:
         assert op.epoch is not None
         epoch, store = op.epoch, op.store
         self._group.drop_group()
-        if op.retires:
+
+        def mark(what: str, rank: int | None = None) -> None:
+            deadline = time.monotonic() + self._rebuild_timeout_sec  # a slow store is tried again until then
+            retry_store(lambda: store.mark(epoch, what, rank), deadline=deadline, timeout_text=FINISHED_TIMEOUT_TEXT)
+
+        if retires(rank=op.rank, cur=op.cur, new=op.new):
             self._group.retire()
-            store.mark(epoch, "finished", self._rank)
+            mark("finished", self._rank)
             self.round = None
             self._log(f"elastic EP {epoch}: rank {self._rank} retired")
             self._emit({"ev": "eep_committed", "ok": True, "retired": True})
@@ -163,16 +172,13 @@ class ElasticEpRank:
         placement = self._group.join_resized_group(
             epoch, new=op.new, num_redundant_experts=op.num_redundant_experts, slots_per_rank=op.slots_per_rank
         )
-        store.mark(epoch, "finished", self._rank)
+        mark("finished", self._rank)
         if self._rank == 0:
-            deadline = time.monotonic() + self._rebuild_timeout_sec
-            while not store.all_marked(epoch, "finished", range(op.cur)):
-                if time.monotonic() > deadline:
-                    raise ElasticEpError(
-                        "Timed out waiting for all old ranks to finish external Elastic EP scaling.", timed_out=True
-                    )
-                time.sleep(0.01)  # polling the peers' keys with a deadline
-            store.mark(epoch, "completed")
+            await_old_ranks(
+                store, epoch=epoch, what="finished", cur=op.cur, deadline=time.monotonic() + self._rebuild_timeout_sec,
+                timeout_text=FINISHED_TIMEOUT_TEXT, poll_sec=0.01,
+            )  # fmt: skip
+            mark("completed")
         self.round = None
         self._emit({"ev": "eep_committed", "ok": True, "placement": placement.describe()})
 
@@ -185,12 +191,18 @@ class ElasticEpRank:
         try:
             self._group.connect_launch_store(handshake_timeout_sec)
             store = self._store()
+            self._log(f"elastic EP: launched rank {self._rank} waits for rank 0's scale-up handshake")
             epoch, boot = await_scale_up_bootstrap(store, rank=self._rank, deadline=deadline)
         except (TimeoutError, RuntimeError, StoreTimeoutError) as exc:
             raise RebuildError(timeout_text) from exc
-        store.mark(epoch, "ready", self._rank)
-        wait = max(handshake_timeout_sec, self._rebuild_timeout_sec)
-        await_old_ranks_commit(store, epoch=epoch, cur=boot.cur, deadline=time.monotonic() + wait)
+        commit_deadline = time.monotonic() + max(handshake_timeout_sec, self._rebuild_timeout_sec)
+        retry_store(
+            lambda: store.mark(epoch, "ready", self._rank),
+            deadline=commit_deadline,
+            timeout_text=ELASTIC_EP_PREPARE_TIMEOUT_TEXT,
+        )
+        self._log(f"elastic EP {epoch}: launched rank {self._rank} ready, waiting for the old ranks' commit")
+        await_old_ranks_commit(store, epoch=epoch, cur=boot.cur, deadline=commit_deadline)
         self.active_epoch = epoch
         # the old ranks run no probe collective after their switch: the group's creation is the rendezvous
         self._group.join_resized_group(

@@ -33,6 +33,7 @@ from heteroflow.engine_sim.backend import (
     WorkerBackend,
     WorkerEvent,
     WorkerExited,
+    WorkerGoneError,
 )
 from heteroflow.engine_sim.elastic import ElasticEpConfig, plan_resize
 
@@ -314,7 +315,7 @@ class EngineCore:
         )
         epoch = prepared.epoch if isinstance(prepared, ElasticPrepared) and prepared.epoch else epoch
         self._fail_unless_ok(prepared, epoch=epoch, new=new)
-        self._elastic_status = ElasticEpStatus(
+        self._elastic_status = ElasticEpStatus(  # not a repeat: a rank other than 0 learns the epoch from prepare
             is_scaling_elastic_ep=True, phase="preparing", epoch=epoch, requested_data_parallel_size=new
         )
         self.elastic_scaling = True
@@ -343,12 +344,22 @@ class EngineCore:
         self.elastic_scaling = False
 
     async def _elastic_call(self, send: Callable[[], None]) -> ElasticPrepared | ElasticCommitted:
+        """Send one resize step and wait for its outcome. Fails at once, like vLLM's call to a dead engine core,
+        when the engine is not serving (a dead worker, a fault) or the command cannot reach the worker."""
         waiter: asyncio.Future[ElasticPrepared | ElasticCommitted] = asyncio.get_running_loop().create_future()
         self._elastic_waiter = waiter
         try:
-            send()
+            if not self._state.serving:
+                raise ElasticEpFailedError(
+                    f"the engine cannot resize (it is {self._state.health}): {self._unavailable_reason()}"
+                )
+            try:
+                send()
+            except WorkerGoneError as exc:
+                raise ElasticEpFailedError(str(exc)) from exc
             return await waiter
         except ElasticEpFailedError as exc:
+            _log.warning("engine.elastic_ep_failed", rank=self._state.rank, error=str(exc), timed_out=False)
             self._elastic_status = ElasticEpStatus(
                 phase="failed",
                 epoch=self._elastic_status.epoch,

@@ -28,6 +28,7 @@ from heteroflow.engine_sim.backend import (
     WaveChanged,
     WorkerEvent,
     WorkerExited,
+    WorkerGoneError,
     WorkerStartError,
 )
 from heteroflow.engine_sim.state import RebuildPlan
@@ -199,12 +200,14 @@ class ProcessWorkerBackend:
         if self._sink is not None:
             self._sink(WorkerExited(reason=f"worker exited with code {code}"))
 
-    def _send(self, command: dict[str, Any]) -> None:
+    def _send(self, command: dict[str, Any]) -> bool:
+        """Write one command; False when the worker is gone (the command is dropped)."""
         proc = self._proc
         if proc is None or proc.stdin is None or proc.returncode is not None or proc.stdin.is_closing():
-            return
+            return False
         # buffered by the transport: never blocks the event loop, even while the worker is stopped
         proc.stdin.write((json.dumps(command, separators=(",", ":")) + "\n").encode())
+        return True
 
     def submit(self, job: GenerationJob) -> None:
         self._send(
@@ -221,10 +224,12 @@ class ProcessWorkerBackend:
         self._send({"op": "rebuild", "plan": plan_to_wire(plan)})
 
     def elastic_prepare(self, request: ElasticPrepare) -> None:
-        self._send({"op": "eep_prepare", **asdict(request)})
+        if not self._send({"op": "eep_prepare", **asdict(request)}):
+            raise WorkerGoneError("the worker has exited: the prepare cannot reach it")
 
     def elastic_commit(self, *, timeout_sec: float) -> None:
-        self._send({"op": "eep_commit", "timeout_sec": timeout_sec})
+        if not self._send({"op": "eep_commit", "timeout_sec": timeout_sec}):
+            raise WorkerGoneError("the worker has exited: the commit cannot reach it")
 
     def _signal(self, sig: signal.Signals) -> None:
         pid = self.worker_pid

@@ -77,6 +77,10 @@ class ElasticEpHarness(EngineClusterHarness, Protocol):
         """Kill one rank's processes (a retired rank, once the resize completed)."""
         ...
 
+    def log_text(self, rank: int) -> str:
+        """What one rank's processes (API server and worker) wrote so far."""
+        ...
+
 
 def auth_headers(token: str) -> dict[str, str]:
     """The header the engine's OpenAI, FT and sim routes want when a cluster token is configured."""
@@ -357,6 +361,13 @@ class SimProcessCluster:
             at = args.index("--elastic-ep-max-dp-size") + 1
             args[at] = str(max(int(args[at]), new_dp_size))
         self._spawn(rank, args, extra_env={SCALE_UP_LAUNCH_ENV: "1"})
+
+    def log_text(self, rank: int) -> str:
+        """``engine-{rank}.log`` so far; empty without a log directory or before the rank wrote anything."""
+        if self._log_dir is None:
+            return ""
+        path = self._log_dir / f"engine-{rank}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
 
     def stop(self, rank: int) -> None:
         """SIGKILL one rank's session (an orchestrator removing a retired rank) and wait for it."""

@@ -356,17 +356,33 @@ async def _health_200(h: EngineClusterHarness, rank: int) -> bool:
         return False
 
 
+async def _logged(h: ElasticEpHarness, rank: int, text: str) -> bool:
+    return text in h.log_text(rank)
+
+
+async def _gated(h: EngineClusterHarness, rank: int) -> bool:
+    """The rank's elastic EP serving gate is closed (a path it does not exempt answers 503)."""
+    return (await h.client(rank).get("/v1/models")).status_code == 503
+
+
 async def v034_elastic_ep_grow(h: ElasticEpHarness, baseline: list[str]) -> dict[str, Any]:
     """A 2-rank world grows to 3: rank 2 launched with ``VLLM_ELASTIC_EP_SCALE_UP_LAUNCH=1`` waits for rank 0's
-    bootstrap, both old ranks get the request; 200 on each, the new rank serves only after the commit, every
+    bootstrap, both old ranks get the request; a request still running on rank 1 when its gate closes (prepared)
+    finishes before the commit (pause mode ``"wait"``); 200 on each, the new rank serves only after the commit, every
     rank serves the same greedy outputs, the redundancy is ``(4 + 4) * 3 // 2 - 4 = 8``, and the FT sentinel's
     size stays the launch size (2 on the old ranks, 3 on the new one). Returns what it saw."""
     expect(h.dp_size == 2, "the resize checks start from 2 ranks")
     seen: dict[str, Any] = {}
     h.launch_scale_up(2, new_dp_size=3)
-    # a request running on rank 1 when the resize starts finishes (pause mode "wait"), in lockstep with rank 0
-    running = asyncio.create_task(h.client(1).post("/v1/completions", json={"prompt": "a long one", "max_tokens": 200}))
-    answers = await _scale_all(h, [0, 1], 3)
+    waiting = "launched rank 2 waits for rank 0's scale-up handshake"
+    await h.eventually(lambda: _logged(h, 2, waiting), within=60.0, what="the launched rank 2 waits for rank 0")
+    # a request running on rank 1 when the gate closes (prepare done) finishes (pause mode "wait") before the
+    # commit, in lockstep with rank 0: rank 2 is up already, so the prepare takes a few polls only
+    running = asyncio.create_task(h.client(1).post("/v1/completions", json={"prompt": "a long one", "max_tokens": 256}))
+    scale = asyncio.create_task(_scale_all(h, [0, 1], 3))
+    await h.eventually(lambda: _gated(h, 1), within=30.0, what="rank 1's serving gate closes once prepared")
+    expect(not running.done(), "the request was still running on rank 1 when its resize had prepared")
+    answers = await scale
     for rank, resp in enumerate(answers):
         expect(resp.status_code == 200, f"scale-up on rank {rank}: HTTP {resp.status_code} {resp.text}")
         expect(resp.json() == {"message": "Scaled to 3 data parallel engines"}, resp.text)
@@ -527,8 +543,9 @@ async def v034_elastic_ep_unexpected_rank(h: ElasticEpHarness) -> None:
 async def v034_elastic_ep_after_ft_scale_down(h: ElasticEpHarness) -> None:
     """After an FT ``scale_down`` removed rank 1, a scale-up to 3 (rank 2 launched for it) waits at the ready
     barrier for every rank of ``range(3)``, the removed rank 1 included, and times out: 408, ``failed``, the
-    survivor serving on alone. Nothing in the release refuses it earlier (inferred from its source, not run:
-    elastic EP never reads the FT state)."""
+    survivor serving on alone. Rank 2 is up before the request and gets ready while rank 0 still waits, so the
+    only rank missing is the removed one. Nothing in the release refuses it earlier (inferred from its source,
+    not run: elastic EP never reads the FT state). Needs the ranks' logs (:meth:`ElasticEpHarness.log_text`)."""
     expect(h.dp_size == 2, "the check starts from 2 ranks")
     await conformance.inject(h, 1, "kill_worker")
     await conformance.wait_status(h, [1], "dead", within=DEAD_WITHIN)
@@ -537,13 +554,20 @@ async def v034_elastic_ep_after_ft_scale_down(h: ElasticEpHarness) -> None:
     expect((await apply(h, 0, _scale_down(request_id, [1], port=h.free_port()))).status_code == 202, "apply 202")
     await conformance.wait_status(h, [0], "healthy", within=30.0, ft_state_absent=True)
     h.launch_scale_up(2, new_dp_size=3)
-    answer = (await _scale_all(h, [0], 3))[0]
+    waiting = "launched rank 2 waits for rank 0's scale-up handshake"
+    await h.eventually(lambda: _logged(h, 2, waiting), within=60.0, what="the launched rank 2 waits for rank 0")
+    scale = asyncio.create_task(_scale_all(h, [0], 3))
+    ready = "launched rank 2 ready"
+    await h.eventually(lambda: _logged(h, 2, ready), within=30.0, what="the launched rank 2 got ready")
+    expect(not scale.done(), "rank 2 got ready while rank 0 still waited at the ready barrier")
+    answer = (await asyncio.wait_for(scale, timeout=60.0))[0]
     _vllm_error(answer, 408, "Request Timeout", "Scale failed due to request drain timeout after 120 seconds")
     status = await elastic_status(h, 0)
     expect(
         status["phase"] == "failed" and status["error"] == ELASTIC_EP_PREPARE_TIMEOUT_TEXT,
         f"the ready barrier waited for the removed rank: {status}",
     )
+    expect(f"elastic EP {status['epoch']}: {ready}" in h.log_text(2), "rank 2 was ready for this very operation")
     info = await conformance.sim_info(h, 0)
     expect((info["members"], info["dead_ranks"]) == ([0], [1]), f"the survivor kept its world: {info}")
     expect((await conformance.complete(h, 0, "alone")).status_code == 200, "the survivor serves on")

@@ -94,7 +94,8 @@ def test_a_rank_launched_outside_the_new_ranks_fails_the_scale_up(elastic_world:
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("elastic_world", [{"elastic_ep_prepare_timeout_sec": 2.0}], indirect=True)
+# rank 2 is up before the request: the ready barrier's 5 s leave it time to get ready while rank 0 waits
+@pytest.mark.parametrize("elastic_world", [{"elastic_ep_prepare_timeout_sec": 5.0}], indirect=True)
 def test_after_an_ft_scale_down_a_scale_up_waits_for_the_removed_rank_and_times_out(
     elastic_world: SimProcessCluster,
 ) -> None:

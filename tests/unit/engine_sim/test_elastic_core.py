@@ -21,6 +21,8 @@ from heteroflow.engine_sim.backend import (
     JobFinished,
     Ready,
     TokenGenerated,
+    WorkerExited,
+    WorkerGoneError,
 )
 from heteroflow.engine_sim.elastic import ElasticEpConfig
 from heteroflow.engine_sim.engine import (
@@ -41,6 +43,8 @@ class ScriptedBackend:
         self.commits = 0
         self.jobs: list[GenerationJob] = []
         self.cancelled_all = 0
+        self.gone = False
+        """The worker's input is closed: an elastic command cannot reach it (the process backend raises)."""
 
     async def start(self, sink: EventSink) -> Ready:
         self.sink = sink
@@ -66,6 +70,8 @@ class ScriptedBackend:
         _ = kind, delay_sec
 
     def elastic_prepare(self, request: ElasticPrepare) -> None:
+        if self.gone:
+            raise WorkerGoneError("the worker has exited: the prepare cannot reach it")
         self.prepares.append(request)
 
     def elastic_commit(self, *, timeout_sec: float) -> None:
@@ -233,5 +239,38 @@ def test_requests_on_one_api_server_are_serialised_and_the_current_size_returns_
         await second  # behind the lock: the size is 3 by now, so it returns at once
         assert len(backend.prepares) == 1
         assert core.state.dp_size == 3
+
+    run(scenario)
+
+
+def test_a_scale_on_a_rank_whose_worker_died_fails_at_once_and_frees_the_next_request() -> None:
+    async def scenario() -> None:
+        core, backend = await _core(rank=1, dp_size=2)
+        backend.emit(WorkerExited(reason="worker exited with code -9"))
+        assert core.state.health == "dead"
+        for _ in range(2):  # the lock is released: the second request is not stuck behind the first
+            with pytest.raises(ElasticEpFailedError, match="the engine cannot resize"):
+                await core.scale_elastic_ep(3)
+        assert backend.prepares == []  # never sent to a worker that cannot answer
+        status = core.elastic_status()
+        assert (status.phase, status.is_scaling_elastic_ep, status.requested_data_parallel_size) == ("failed", False, 3)
+        assert status.error is not None
+        assert "(it is dead)" in status.error
+        assert not core.elastic_scaling
+
+    run(scenario)
+
+
+def test_a_prepare_that_cannot_reach_the_worker_fails_at_once() -> None:
+    async def scenario() -> None:
+        core, backend = await _core(rank=0, dp_size=2)
+        backend.gone = True  # exited, its exit event not read yet: the engine still looks healthy
+        assert core.state.serving
+        with pytest.raises(ElasticEpFailedError, match="cannot reach"):
+            await core.scale_elastic_ep(3)
+        status = core.elastic_status()
+        assert (status.phase, status.error) == ("failed", "the worker has exited: the prepare cannot reach it")
+        assert status.epoch is not None  # rank 0 made one before it tried
+        assert not core.elastic_scaling
 
     run(scenario)

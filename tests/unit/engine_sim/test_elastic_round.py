@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from heteroflow.contracts.engine_protocol import (
@@ -12,8 +14,17 @@ from heteroflow.contracts.engine_protocol import (
     elastic_ep_ready_failed_text,
     elastic_ep_unexpected_rank_text,
 )
-from heteroflow.engine_sim.collectives import BoundedStore
-from heteroflow.engine_sim.elastic_round import POLL_SEC, ElasticEpError, ElasticRound
+from heteroflow.engine_sim.collectives import BoundedStore, StoreTimeoutError
+from heteroflow.engine_sim.elastic import retires
+from heteroflow.engine_sim.elastic_round import (
+    FINISHED_TIMEOUT_TEXT,
+    POLL_SEC,
+    ElasticEpError,
+    ElasticRound,
+    await_old_ranks,
+    await_old_ranks_commit,
+    retry_store,
+)
 from heteroflow.engine_sim.elastic_store import ElasticStore, key
 
 
@@ -36,6 +47,29 @@ class MemoryStore:
         total = int(self.data.get(name, b"0")) + value
         self.data[name] = str(total).encode()
         return total
+
+
+class SlowOnceStore(MemoryStore):
+    """A store whose next ``set`` or ``check`` times out once each time the test asks for it (a slow read)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.slow: list[str] = []
+        self.timed_out = 0
+
+    def _maybe_slow(self, call: str) -> None:
+        if call in self.slow:
+            self.slow.remove(call)
+            self.timed_out += 1
+            raise StoreTimeoutError(f"store {call} did not finish within 0.5 s")
+
+    def set(self, name: str, value: str | bytes) -> None:
+        self._maybe_slow("set")
+        super().set(name, value)
+
+    def check(self, names: list[str]) -> bool:
+        self._maybe_slow("check")
+        return super().check(names)
 
 
 @pytest.fixture
@@ -70,7 +104,7 @@ def test_a_scale_up_prepares_once_every_new_rank_is_ready_and_switches_between_w
     r1.commit(4.0, timeout_sec=600.0)
     assert _step(r0, 4.5, in_wave=True) is None  # a step of the old group still runs
     assert _step(r0, 4.6) == "switch"
-    assert not r0.retires
+    assert not retires(rank=r0.rank, cur=r0.cur, new=r0.new)
 
 
 def test_a_scale_down_retires_the_top_ranks_which_wait_without_getting_ready(store: ElasticStore) -> None:
@@ -79,7 +113,7 @@ def test_a_scale_down_retires_the_top_ranks_which_wait_without_getting_ready(sto
     r2.begin(0.0)
     assert _step(r2, 0.5) is None
     assert not store.store.check([key("d", "ready", 2)], timeout=1.0)
-    assert r2.retires
+    assert retires(rank=r2.rank, cur=r2.cur, new=r2.new)
     store.mark("d", "ready", 1)
     assert _step(r2, 1.0) == "prepared"
 
@@ -155,3 +189,35 @@ def test_polls_are_spaced(store: ElasticStore) -> None:
     assert r1.poll(1.2, in_wave=False) is None
     stages.append(r1.stage)
     assert stages == ["bootstrap", "ready"]
+
+
+def test_a_launched_rank_and_rank_0_retry_a_store_call_that_timed_out_until_the_deadline() -> None:
+    raw = SlowOnceStore()
+    store = ElasticStore(BoundedStore(raw), timeout=1.0)
+    deadline = time.monotonic() + 30.0
+    raw.slow.append("set")  # the launched rank's "ready" mark
+    retry_store(lambda: store.mark("s", "ready", 2), deadline=deadline, timeout_text=ELASTIC_EP_PREPARE_TIMEOUT_TEXT)
+    assert raw.check([key("s", "ready", 2)])
+    for rank in (0, 1):
+        store.mark("s", "commit_ready", rank)
+        store.mark("s", "finished", rank)
+    raw.slow.append("check")  # the launched rank's read of the old ranks' commit marks
+    await_old_ranks_commit(store, epoch="s", cur=2, deadline=deadline)
+    raw.slow.append("check")  # rank 0's read of the old ranks' "finished" marks, after the switch
+    await_old_ranks(
+        store, epoch="s", what="finished", cur=2, deadline=deadline, timeout_text=FINISHED_TIMEOUT_TEXT, poll_sec=0.01
+    )
+    assert raw.timed_out == 3
+
+
+def test_a_store_that_keeps_timing_out_fails_at_the_operations_deadline_with_vllms_text() -> None:
+    raw = SlowOnceStore()
+    store = ElasticStore(BoundedStore(raw), timeout=1.0)
+    raw.slow.extend(["check"] * 1000)
+    with pytest.raises(ElasticEpError, match=FINISHED_TIMEOUT_TEXT) as late:
+        await_old_ranks(
+            store, epoch="s", what="finished", cur=2, deadline=time.monotonic() + 0.05,
+            timeout_text=FINISHED_TIMEOUT_TEXT, poll_sec=0.01,
+        )  # fmt: skip
+    assert late.value.timed_out
+    assert raw.timed_out > 1  # tried again until the deadline
