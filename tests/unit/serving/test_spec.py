@@ -156,20 +156,22 @@ def test_operator_flags_are_appended_and_fractional_timeouts_kept() -> None:
     assert dict(command.env) == {"ASCEND_RT_VISIBLE_DEVICES": "0"}
 
 
+SIM_RANK_2: dict[str, object] = {
+    "instance_id": "i",
+    "dp_size": 4,
+    "dp_master_ip": "127.0.0.1",
+    "dp_rpc_port": 29500,
+    "dp_store_port": 29600,
+    "num_logical_experts": 4,
+    "num_redundant_experts": 4,
+    "endpoints": [{"id": 2, "port": 8102}],
+    "sim": {"python": "/py"},
+}
+"""A simulated pod of one rank (2) of a 4-rank instance with 4 logical and 4 redundant experts."""
+
+
 def test_sim_command_line_of_a_relaunch_without_ranks_is_a_smaller_contiguous_world() -> None:
-    spec = InstanceSpec.model_validate(
-        {
-            "instance_id": "i",
-            "dp_size": 4,
-            "dp_master_ip": "127.0.0.1",
-            "dp_rpc_port": 29500,
-            "dp_store_port": 29600,
-            "num_logical_experts": 4,
-            "num_redundant_experts": 4,
-            "endpoints": [{"id": 2, "port": 8102}],
-            "sim": {"python": "/py"},
-        }
-    )
+    spec = InstanceSpec.model_validate(SIM_RANK_2)
     target = launch_target(spec, master_ip="127.0.0.2", master_port=29501, retired={0, 1})
     command = engine_command(spec, 2, pod_ip="127.0.0.1", cluster_token="tok", target=target)
     argv = list(command.argv)
@@ -228,25 +230,14 @@ def test_elastic_ep_is_launched_with_the_configured_size_as_its_ceiling() -> Non
 
 
 def test_the_simulator_line_carries_the_same_elastic_ep_flags() -> None:
-    raw: dict[str, object] = {
-        "instance_id": "i",
-        "dp_size": 4,
-        "dp_master_ip": "127.0.0.1",
-        "dp_rpc_port": 29500,
-        "dp_store_port": 29600,
-        "num_logical_experts": 4,
-        "num_redundant_experts": 4,
-        "endpoints": [{"id": 2, "port": 8102}],
-        "sim": {"python": "/py"},
-    }
-    on = InstanceSpec.model_validate(raw | {"enable_elastic_ep": True})
+    on = InstanceSpec.model_validate(SIM_RANK_2 | {"enable_elastic_ep": True})
     argv = list(engine_command(on, 2, pod_ip="127.0.0.1", cluster_token=None).argv)
     assert argv[argv.index("--enable-elastic-ep") :][:3] == ["--enable-elastic-ep", "--elastic-ep-max-dp-size", "4"]
     target = launch_target(on, master_ip="127.0.0.1", master_port=29500, retired={0})
     smaller = list(engine_command(on, 2, pod_ip="127.0.0.1", cluster_token=None, target=target).argv)
     assert smaller[smaller.index("--dp-size") + 1] == "3"
     assert smaller[smaller.index("--elastic-ep-max-dp-size") + 1] == "4"
-    off = list(engine_command(InstanceSpec.model_validate(raw), 2, pod_ip="127.0.0.1", cluster_token=None).argv)
+    off = list(engine_command(InstanceSpec.model_validate(SIM_RANK_2), 2, pod_ip="127.0.0.1", cluster_token=None).argv)
     assert "--enable-elastic-ep" not in off
 
 

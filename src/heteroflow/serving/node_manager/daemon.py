@@ -40,7 +40,6 @@ from heteroflow.contracts.serving import (
     NmApplyResponse,
     ProbeRequest,
     ProbeResponse,
-    ProbeResult,
     RegisterRequest,
     SoftwareFaultReport,
 )
@@ -125,6 +124,7 @@ class NodeManager:
             stop_grace_sec=settings.engine_stop_grace_sec,
             is_retired=lambda endpoint_id: endpoint_id in self._state.retired,
             on_launch=self._launched_fresh,
+            clock=clock,
         )
         self._polls: dict[int, PollState] = {eid: PollState() for eid in spec.endpoint_ids}
         self._dead_since: dict[int, float] = {}
@@ -538,20 +538,8 @@ class NodeManager:
             ids = self._local(request.endpoint_ids)
         else:
             ids = sorted(self.spec.endpoint_ids - self._state.retired)
-        results = list(await asyncio.gather(*(self._probe_one(eid, request) for eid in ids)))
+        results = list(await asyncio.gather(*(self._lifecycle.probe(eid, request) for eid in ids)))
         return ProbeResponse(request_id=request.request_id, ok=all(r.ok for r in results), results=results)
-
-    async def _probe_one(self, endpoint_id: int, request: ProbeRequest) -> ProbeResult:
-        identity = self.supervisor.identity(endpoint_id)
-        if endpoint_id in self._state.retired or not self.supervisor.running(endpoint_id):
-            return ProbeResult(endpoint_id=endpoint_id, ok=False, detail="engine not running", identity=identity)
-        started = self._clock.monotonic()
-        try:
-            await self._engines.complete(endpoint_id, max_tokens=request.max_tokens, timeout_sec=request.timeout_sec)
-        except (EngineUnreachableError, EngineProtocolError) as exc:
-            return ProbeResult(endpoint_id=endpoint_id, ok=False, detail=str(exc), identity=identity)
-        latency = round(self._clock.monotonic() - started, 4)
-        return ProbeResult(endpoint_id=endpoint_id, ok=True, latency_sec=latency, identity=identity)
 
     # == engine lifecycle routes (the controller's fallbacks, F-14) ========================================
     async def stop_engines(self, endpoint_ids: Iterable[int] | None = None) -> EnginesResponse:

@@ -4,7 +4,8 @@ controller's fallbacks ask for (F-14).
 :class:`EngineLifecycle` holds the launch target (master, members: ``spec.LaunchTarget``) the next launch uses and
 the world each running engine was started in, which the NodeManager translates every apply and status through
 (a relaunch without some ranks renumbers the survivors), and whether vLLM's elastic EP resized that world since
-(:meth:`EngineLifecycle.watch_resize`). It starts engines through the
+(:meth:`EngineLifecycle.watch_resize`), and probes a running engine with one short completion
+(:meth:`EngineLifecycle.probe`). It starts engines through the
 :class:`~.supervisor.ProcessSupervisor` and tells its owner each start (``on_launch``: a new engine has no poll
 history and no command). Its :attr:`EngineLifecycle.lock` is held by the stop/start/restart routes for
 their whole body: while it is held the controller is taking the engines over, and the suicide handling waits.
@@ -18,7 +19,8 @@ from collections.abc import Callable, Iterable, Sequence
 import structlog
 
 from heteroflow.contracts.engine_protocol import ApplyRequest
-from heteroflow.contracts.serving import EngineRank
+from heteroflow.contracts.serving import EngineRank, ProbeRequest, ProbeResult
+from heteroflow.core.clock import Clock
 from heteroflow.serving.node_manager.engines import ElasticEpReading, EngineCallError, EngineClient
 from heteroflow.serving.node_manager.ft_manager import elastic_resize
 from heteroflow.serving.node_manager.service import FtServiceError
@@ -55,6 +57,7 @@ class EngineLifecycle:
         stop_grace_sec: float,
         is_retired: Callable[[int], bool],
         on_launch: Callable[[int], None],
+        clock: Clock,
     ) -> None:
         self._spec = spec
         self._pod_ip = pod_ip
@@ -64,6 +67,7 @@ class EngineLifecycle:
         self._stop_grace_sec = stop_grace_sec
         self._is_retired = is_retired
         self._on_launch = on_launch
+        self._clock = clock
         self.target: LaunchTarget = default_target(spec)
         """The world the next launch starts engines in (the spec's, until a start or restart replaces it)."""
         self.launched: dict[int, LaunchTarget] = {}
@@ -197,3 +201,16 @@ class EngineLifecycle:
             )
         self.resized[endpoint_id] = reading
         return reading
+
+    async def probe(self, endpoint_id: int, request: ProbeRequest) -> ProbeResult:
+        """One short completion of a running, not retired engine (F-52, F-54): its latency and process identity."""
+        identity = self._supervisor.identity(endpoint_id)
+        if self._is_retired(endpoint_id) or not self._supervisor.running(endpoint_id):
+            return ProbeResult(endpoint_id=endpoint_id, ok=False, detail="engine not running", identity=identity)
+        started = self._clock.monotonic()
+        try:
+            await self._engines.complete(endpoint_id, max_tokens=request.max_tokens, timeout_sec=request.timeout_sec)
+        except EngineCallError as exc:
+            return ProbeResult(endpoint_id=endpoint_id, ok=False, detail=str(exc), identity=identity)
+        latency = round(self._clock.monotonic() - started, 4)
+        return ProbeResult(endpoint_id=endpoint_id, ok=True, latency_sec=latency, identity=identity)
